@@ -1,0 +1,230 @@
+"""Loading and saving models: onnx-ir in memory, weights memory-mapped, atomic writes, clear errors."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from onnxprec.errors import InvalidArgumentError, ModelLoadError
+
+__all__ = [
+    "ModelSource",
+    "external_data_paths",
+    "load_model",
+    "save_model",
+    "total_initializer_bytes",
+]
+
+logger = logging.getLogger(__name__)
+
+ModelSource = str | os.PathLike | onnx.ModelProto | ir.Model
+
+# Protobuf cannot serialize a message above 2 GiB; stay below with margin.
+_PROTOBUF_LIMIT = 2_000_000_000
+
+
+def load_model(source: ModelSource) -> ir.Model:
+    """Loads a model into onnx-ir without reading external weights into memory.
+
+    Args:
+        source: A path to an ``.onnx`` file, an ``onnx.ModelProto`` or an ``ir.Model``.
+            An ``ir.Model`` is returned as is (the caller owns it and it is modified in place).
+
+    Returns:
+        The model. External tensors are memory-mapped on first access, never copied.
+
+    Raises:
+        ModelLoadError: The file is missing, is not an ONNX model, is truncated, or references
+            external data that is missing or too short.
+    """
+    if isinstance(source, ir.Model):
+        return source
+    if isinstance(source, onnx.ModelProto):
+        _check_model_proto(source, "the in-memory model")
+        return ir.serde.deserialize_model(source)
+    path = Path(source)
+    if not path.exists():
+        raise ModelLoadError(f"Model file '{path}' does not exist: check the path (--onnx_path).")
+    if not path.is_file():
+        raise ModelLoadError(f"'{path}' is a directory, not an ONNX file: pass the path of a .onnx file.")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        raise ModelLoadError(
+            f"'{path}' is not a readable ONNX model (it may be truncated or corrupt: {_short(e)}); "
+            "re-export or re-download it."
+        ) from None
+    _check_model_proto(proto, f"'{path}'")
+    _check_external_data(proto, path)
+    model = ir.serde.deserialize_model(proto)
+    ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
+    logger.debug("Loaded %s: %d nodes in the main graph", path, len(model.graph))
+    return model
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
+
+
+def _check_model_proto(proto: onnx.ModelProto, where: str) -> None:
+    """Rejects byte strings that protobuf happened to parse but that are not models."""
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
+        raise ModelLoadError(
+            f"{where} is not an ONNX model (no IR version, graph or opset import): "
+            "pass a model saved by onnx.save or an exporter."
+        )
+    if len(proto.graph.node) == 0:
+        raise ModelLoadError(f"{where} has an empty graph: there is nothing to convert.")
+
+
+def _external_entries(tensor: onnx.TensorProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def _iter_graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from _iter_graph_tensors(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _iter_graph_tensors(g)
+
+
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Checks that every external data file exists and is long enough, before anything is mapped."""
+    sizes: dict[Path, int] = {}
+    for tensor in _iter_graph_tensors(proto.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = _external_entries(tensor)
+        location = info.get("location", "")
+        data_path = path.parent / location
+        if data_path not in sizes:
+            if not data_path.is_file():
+                raise ModelLoadError(
+                    f"External data file '{location}' (needed by tensor '{tensor.name}') is missing next to "
+                    f"'{path}': copy it into '{path.parent}' beside the model."
+                )
+            sizes[data_path] = data_path.stat().st_size
+        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        if end > sizes[data_path]:
+            raise ModelLoadError(
+                f"External data file '{data_path}' is truncated: tensor '{tensor.name}' needs {end} bytes, "
+                f"the file has {sizes[data_path]}; copy the complete file again."
+            )
+
+
+def external_data_paths(model: ir.Model) -> set[Path]:
+    """Returns the resolved paths of all external data files the model's tensors reference."""
+    paths: set[Path] = set()
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                paths.add(Path(tensor.path).resolve())
+    return paths
+
+
+def total_initializer_bytes(model: ir.Model) -> int:
+    """Sum of the byte sizes of all initializers (main graph and subgraphs), without reading them."""
+    total = 0
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                total += value.const_value.nbytes
+    return total
+
+
+def check_output_path(output: Path, protected: set[Path]) -> None:
+    """Refuses to write over the input model or one of its external data files."""
+    resolved = output.resolve()
+    data_file = resolved.with_name(resolved.name + ".data")
+    for p in protected:
+        if resolved == p or data_file == p:
+            raise InvalidArgumentError(
+                f"Output path '{output}' would overwrite the input model or its data file '{p}': "
+                "choose another --output_path."
+            )
+    if not resolved.parent.is_dir():
+        raise InvalidArgumentError(
+            f"Output folder '{resolved.parent}' does not exist: create it or choose another --output_path."
+        )
+
+
+def save_model(
+    model: ir.Model,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    protected: set[Path] | None = None,
+) -> Path:
+    """Saves atomically: the model is written to a temporary file beside ``path`` and renamed.
+
+    Args:
+        model: The model to save. Lazy tensors are evaluated here, one at a time.
+        path: Destination ``.onnx`` path.
+        external_data: ``True`` writes weights above 1 KiB to ``<name>.data`` beside the model;
+            ``False`` embeds them; ``None`` (default) embeds them unless the model exceeds 2 GB.
+        protected: Files that must not be overwritten (the input model and its data files).
+
+    Returns:
+        The path written.
+    """
+    out = Path(path)
+    check_output_path(out, protected or set())
+    if external_data is None:
+        external_data = total_initializer_bytes(model) > _PROTOBUF_LIMIT
+        if external_data:
+            logger.info("Model weights exceed 2 GB: saving them as external data in '%s.data'", out.name)
+    data_name = out.name + ".data"
+    data_path = out.with_name(data_name)
+    data_existed = data_path.exists()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        if external_data:
+            with _progress(model) as callback:
+                ir.save(model, tmp_name, external_data=data_name, size_threshold_bytes=1024, callback=callback)
+        else:
+            ir.save(model, tmp_name)
+        os.replace(tmp_name, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp_name)
+        if external_data and not data_existed:
+            with contextlib.suppress(OSError):
+                os.remove(data_path)
+        raise
+    logger.debug("Saved %s (external data: %s)", out, external_data)
+    return out
+
+
+@contextlib.contextmanager
+def _progress(model: ir.Model) -> Iterator[Callable[[ir.TensorProtocol, ir.external_data.CallbackInfo], None]]:
+    """A tqdm progress bar over tensors written to external data (silent when not on a terminal)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc="Saving weights", unit="tensor", disable=None, leave=False)
+
+    def callback(tensor: ir.TensorProtocol, info: ir.external_data.CallbackInfo) -> None:
+        if bar.total is None:
+            bar.total = info.total
+        bar.update()
+
+    try:
+        yield callback
+    finally:
+        bar.close()

@@ -1,0 +1,62 @@
+"""Lazy, clamped dtype conversion of tensors (weights are converted while they are written, one at a time)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+__all__ = ["cast_array", "converted_tensor", "finite_max", "release"]
+
+# Convert big tensors in slices so the temporary float32 copy made by clipping stays small.
+_CHUNK_ELEMENTS = 1 << 22
+
+_NUMPY = {
+    ir.DataType.FLOAT: np.dtype(np.float32),
+    ir.DataType.FLOAT16: np.dtype(np.float16),
+    ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
+    ir.DataType.DOUBLE: np.dtype(np.float64),
+}
+
+
+def finite_max(dtype: ir.DataType) -> float:
+    """The largest finite value of a floating-point ``dtype``."""
+    return float(ml_dtypes.finfo(_NUMPY[dtype]).max)
+
+
+def cast_array(array: np.ndarray, to: ir.DataType) -> np.ndarray:
+    """Casts to ``to`` with round-to-nearest-even, clamping out-of-range values to the finite range.
+
+    The sign is always kept: huge values become ``+-max`` (never inf), tiny values round to the nearest
+    representable value of the same sign, or to a zero of the same sign. NaN stays NaN; +-inf become +-max.
+    """
+    target = _NUMPY[to]
+    limit = finite_max(to)
+    source = np.asarray(array)
+    out = np.empty(source.shape, dtype=target)
+    flat_in = source.reshape(-1)
+    flat_out = out.reshape(-1)
+    needs_clamp = np.dtype(source.dtype).itemsize > target.itemsize or source.dtype == np.float16
+    for start in range(0, flat_in.size, _CHUNK_ELEMENTS):
+        part = flat_in[start : start + _CHUNK_ELEMENTS]
+        if needs_clamp:
+            part = np.clip(part, -limit, limit)
+        flat_out[start : start + _CHUNK_ELEMENTS] = part.astype(target)
+    return out
+
+
+def release(tensor: ir.TensorProtocol) -> None:
+    """Unmaps an external tensor so its pages stop counting against resident memory."""
+    if isinstance(tensor, ir.ExternalTensor):
+        tensor.release()
+
+
+def converted_tensor(tensor: ir.TensorProtocol, to: ir.DataType, name: str | None = None) -> ir.LazyTensor:
+    """A tensor that converts ``tensor`` to ``to`` only when it is read (e.g. while saving)."""
+
+    def load() -> ir.TensorProtocol:
+        result = cast_array(tensor.numpy(), to)
+        release(tensor)
+        return ir.Tensor(result, dtype=to)
+
+    return ir.LazyTensor(load, dtype=to, shape=ir.Shape(tensor.shape.numpy()), name=name or tensor.name)

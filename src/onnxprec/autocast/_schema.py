@@ -1,0 +1,101 @@
+"""What an op's schema allows in low precision, slot by slot."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+
+__all__ = ["DTYPE_ATTRIBUTE_OPS", "SchemaSupport", "schema_support"]
+
+# Ops whose floating-point output type comes from an attribute; AutoCast rewrites that attribute.
+DTYPE_ATTRIBUTE_OPS = {
+    "Cast": "to",
+    "RandomNormal": "dtype",
+    "RandomUniform": "dtype",
+    "RandomNormalLike": "dtype",
+    "RandomUniformLike": "dtype",
+    "EyeLike": "dtype",
+    "Bernoulli": "dtype",
+    "ConstantOfShape": "value",
+    "Constant": "value",
+}
+
+_TYPE_STR = {ir.DataType.FLOAT16: "tensor(float16)", ir.DataType.BFLOAT16: "tensor(bfloat16)"}
+
+
+@dataclass(frozen=True)
+class SchemaSupport:
+    """Low-precision support of one node, from its schema.
+
+    Attributes:
+        supported: Whether the node may compute in low precision.
+        reason: Why not, when ``supported`` is False.
+        fp32_inputs: Input slots that must stay FP32 even in a low-precision node (Resize scales...).
+    """
+
+    supported: bool
+    reason: str = ""
+    fp32_inputs: frozenset[int] = frozenset()
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema(op_type: str, domain: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op_type, max_inclusive_version=opset, domain=domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _formal(
+    params: Sequence[onnx.defs.OpSchema.FormalParameter], index: int
+) -> onnx.defs.OpSchema.FormalParameter | None:
+    if index < len(params):
+        return params[index]
+    if params and params[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        return params[-1]
+    return None
+
+
+def schema_support(
+    node: ir.Node, opset: int, low: ir.DataType, float_inputs: tuple[int, ...], float_outputs: tuple[int, ...]
+) -> SchemaSupport | None:
+    """Checks ``node``'s schema at ``opset`` for the ``low`` type on the slots that carry FP32.
+
+    Args:
+        node: The node.
+        opset: The model's opset for the node's domain.
+        low: FLOAT16 or BFLOAT16.
+        float_inputs: Indices of inputs that carry FP32 tensors.
+        float_outputs: Indices of outputs that carry FP32 tensors.
+
+    Returns:
+        The support, or None when the op has no ONNX schema (a custom or contrib op).
+    """
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    schema = _schema(node.op_type, domain, opset)
+    if schema is None:
+        return None
+    low_str = _TYPE_STR[low]
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    input_params = {p.type_str for p in schema.inputs}
+    for j in float_outputs:
+        formal = _formal(schema.outputs, j)
+        if formal is None:
+            continue
+        types = allowed.get(formal.type_str, {formal.type_str})
+        if low_str not in types:
+            return SchemaSupport(False, f"{node.op_type}-{schema.since_version} has no {low.name.lower()} output type")
+        if formal.type_str not in input_params and node.op_type not in DTYPE_ATTRIBUTE_OPS:
+            return SchemaSupport(False, f"{node.op_type} output type is set by an attribute AutoCast does not rewrite")
+    fp32_inputs = set()
+    for i in float_inputs:
+        formal = _formal(schema.inputs, i)
+        if formal is not None and low_str not in allowed.get(formal.type_str, {formal.type_str}):
+            fp32_inputs.add(i)
+    if float_inputs and not float_outputs and fp32_inputs == set(float_inputs):
+        return SchemaSupport(False, f"{node.op_type}-{schema.since_version} has no {low.name.lower()} input type")
+    return SchemaSupport(True, fp32_inputs=frozenset(fp32_inputs))

@@ -1,0 +1,157 @@
+"""Rules -> one decision per node (low or high precision) with the reason, subgraphs included."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from onnxprec.autocast._schema import schema_support
+from onnxprec.autocast.rules import Rule, RuleContext
+from onnxprec.passes.infer_types import is_standard_op
+
+__all__ = ["CONTROL_FLOW_OPS", "Decision", "PluginPrecision", "classify"]
+
+logger = logging.getLogger(__name__)
+
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+_F = ir.DataType.FLOAT
+
+
+@dataclass(frozen=True)
+class PluginPrecision:
+    """Precision of a custom op from ``trt_plugins_precision``: one for the whole node, or per slot."""
+
+    inputs: tuple[str, ...] | None  # "fp16"/"fp32" per input slot; None: every slot follows ``default``
+    outputs: tuple[str, ...] | None
+    default: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a node computes and why.
+
+    Attributes:
+        low: True for the low-precision type, False for FP32.
+        reason: The rule (or default) that decided.
+        fp32_inputs: Input slots that stay FP32 inside a low node (schema or plugin requirements).
+        fp32_outputs: Output slots that stay FP32 inside a low node (plugin requirements).
+    """
+
+    low: bool
+    reason: str
+    fp32_inputs: frozenset[int] = frozenset()
+    fp32_outputs: frozenset[int] = frozenset()
+
+
+def _float_slots(values: Sequence[ir.Value | None]) -> tuple[int, ...]:
+    return tuple(i for i, v in enumerate(values) if v is not None and v.dtype == _F)
+
+
+def _plugin_decision(node: ir.Node, plugin: PluginPrecision) -> Decision:
+    def fp32_slots(per_slot: tuple[str, ...] | None, count: int) -> frozenset[int]:
+        if per_slot is None:
+            return frozenset(range(count)) if plugin.default == "fp32" else frozenset()
+        return frozenset(i for i in range(count) if i < len(per_slot) and per_slot[i] == "fp32")
+
+    fp32_in = fp32_slots(plugin.inputs, len(node.inputs))
+    fp32_out = fp32_slots(plugin.outputs, len(node.outputs))
+    low = len(fp32_in) < len(node.inputs) or len(fp32_out) < len(node.outputs)
+    if not low:
+        return Decision(False, "custom op: trt_plugins_precision says fp32")
+    return Decision(True, "custom op: trt_plugins_precision", fp32_in, fp32_out)
+
+
+def _decide(
+    node: ir.Node,
+    *,
+    opsets: Mapping[str, int],
+    low: ir.DataType,
+    rules: Sequence[Rule],
+    includes: Sequence[Rule],
+    ctx: RuleContext,
+    plugins: Mapping[str, PluginPrecision],
+    inherited: str | None,
+) -> Decision:
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    opset = opsets.get(domain, 1)
+    if not is_standard_op(node, opset):
+        plugin = plugins.get(node.op_type)
+        if plugin is not None:
+            return _plugin_decision(node, plugin)
+        return Decision(False, f"custom op {node.domain or 'ai.onnx'}::{node.op_type} (no ONNX schema)")
+    if node.op_type in CONTROL_FLOW_OPS:
+        return Decision(False, "control-flow interface kept in FP32 (its subgraph nodes are classified)")
+    support = schema_support(node, opset, low, _float_slots(node.inputs), _float_slots(node.outputs))
+    if support is not None and not support.supported:
+        return Decision(False, support.reason)
+    reason = inherited
+    if reason is None:
+        for rule in rules:
+            reason = rule(node, ctx)
+            if reason:
+                break
+    if reason:
+        for include in includes:
+            hit = include(node, ctx)
+            if hit:
+                return Decision(
+                    True, f"included: {hit} (overrides: {reason})", support.fp32_inputs if support else frozenset()
+                )
+        return Decision(False, reason)
+    return Decision(True, "default", support.fp32_inputs if support else frozenset())
+
+
+def classify(
+    model: ir.Model,
+    *,
+    low: ir.DataType,
+    rules: Sequence[Rule],
+    includes: Sequence[Rule] = (),
+    ctx: RuleContext | None = None,
+    plugins: Mapping[str, PluginPrecision] | None = None,
+) -> dict[ir.Node, Decision]:
+    """Decides every node's precision, nodes of If/Loop/Scan bodies included.
+
+    Schema limits and custom ops come first and cannot be overridden (the model would be invalid). Then
+    the exclude ``rules`` in order; ``includes`` (nodes_to_include / op_types_to_include) override them.
+    Control-flow nodes keep an FP32 interface; the nodes of their bodies are classified like any other,
+    and inherit a data-range exclusion of the control-flow node (their own tensors are not observed).
+    """
+    ctx = ctx or RuleContext()
+    plugins = plugins or {}
+    opsets = dict(model.opset_imports)
+    if "ai.onnx" in opsets and "" not in opsets:
+        opsets[""] = opsets["ai.onnx"]
+    decisions: dict[ir.Node, Decision] = {}
+
+    def visit(graph: ir.Graph, inherited: str | None) -> None:
+        for node in graph:
+            decision = _decide(
+                node,
+                opsets=opsets,
+                low=low,
+                rules=rules,
+                includes=includes,
+                ctx=ctx,
+                plugins=plugins,
+                inherited=inherited,
+            )
+            decisions[node] = decision
+            logger.debug("%s %s '%s': %s", "LOW " if decision.low else "HIGH", node.op_type, node.name, decision.reason)
+            if node.op_type in CONTROL_FLOW_OPS:
+                own = inherited
+                if own is None:
+                    own = next((r for r in (rule(node, ctx) for rule in rules) if r), None)
+                    own = f"enclosing {node.op_type} '{node.name}': {own}" if own else None
+                for attr in node.attributes.values():
+                    if attr.type == ir.AttributeType.GRAPH:
+                        visit(attr.as_graph(), own)
+                    elif attr.type == ir.AttributeType.GRAPHS:
+                        for sub in attr.as_graphs():
+                            visit(sub, own)
+
+    visit(model.graph, None)
+    return decisions

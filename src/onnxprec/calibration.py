@@ -1,0 +1,363 @@
+"""Calibration data: every source a user may have -> a list of validated feed dicts (one per batch).
+
+Sources: a ``.npz`` file (split along the batch axis), a folder of ``.npz`` files (one batch each), a
+Polygraphy JSON file, a dict of arrays, a list of dicts, an ONNX Runtime ``CalibrationDataReader``
+(anything with ``get_next()``), or ``None`` for realistic random data (see :func:`random_feeds`).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import os
+import re
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError
+
+__all__ = [
+    "CalibrationSource",
+    "InputSpec",
+    "feed_batches",
+    "input_specs",
+    "load_calibration",
+    "parse_input_shapes",
+    "random_feeds",
+]
+
+logger = logging.getLogger(__name__)
+
+CalibrationSource = str | os.PathLike | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | Any
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A graph input the caller must feed: name, numpy dtype and dims (``int``, or ``str``/``None`` if dynamic)."""
+
+    name: str
+    dtype: np.dtype
+    dims: tuple[int | str | None, ...]
+    value: ir.Value
+
+    def describe(self) -> str:
+        dims = "x".join(str(d) if isinstance(d, int) else (d or "?") for d in self.dims)
+        return f"{self.name}: {self.dtype} [{dims}]"
+
+
+def input_specs(model: ir.Model) -> list[InputSpec]:
+    """The inputs that must be fed (graph inputs that are not initializers)."""
+    specs = []
+    for value in model.graph.inputs:
+        if value.is_initializer():
+            continue
+        if value.dtype is None:
+            raise CalibrationDataError(f"Graph input '{value.name}' has no element type; fix the model's inputs.")
+        dims: tuple[int | str | None, ...] = ()
+        if value.shape is not None:
+            dims = tuple(
+                d if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None) for d in value.shape
+            )
+        specs.append(InputSpec(str(value.name), value.dtype.numpy(), dims, value))
+    return specs
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading user data
+
+
+def load_calibration(source: CalibrationSource, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    """Reads ``source`` into validated batches (one feed dict per ORT run)."""
+    if isinstance(source, (str, os.PathLike)):
+        batches = _load_path(Path(source), specs)
+    elif isinstance(source, Mapping):
+        batches = _split_batches(dict(source), specs)
+    elif hasattr(source, "get_next"):
+        batches = []
+        while (item := source.get_next()) is not None:
+            batches.append(dict(item))
+    elif isinstance(source, Iterable):
+        batches = [dict(b) for b in source]  # type: ignore[arg-type]
+    else:
+        raise CalibrationDataError(
+            f"Unsupported calibration data of type {type(source).__name__}: pass a .npz file, a folder of .npz "
+            "files, a Polygraphy .json file, a dict of arrays, a list of dicts or a CalibrationDataReader."
+        )
+    if not batches:
+        raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
+    for i, batch in enumerate(batches):
+        _validate(batch, specs, f"batch {i}")
+    logger.info("Calibration data: %d batch(es)", len(batches))
+    return batches
+
+
+def _load_path(path: Path, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    if not path.exists():
+        raise CalibrationDataError(f"Calibration data '{path}' does not exist: check --calibration_data.")
+    if path.is_dir():
+        files = sorted(path.glob("*.npz"))
+        if not files:
+            raise CalibrationDataError(f"No NPZ files found in folder '{path}': put one .npz per batch there.")
+        return [_read_npz(f) for f in files]
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return _split_batches(_read_npz(path), specs)
+    if suffix == ".json":
+        return _read_polygraphy_json(path)
+    raise CalibrationDataError(
+        f"Unsupported calibration file '{path.name}': supported input types are .npz, a folder of .npz, "
+        "and Polygraphy .json."
+    )
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except Exception as e:
+        raise CalibrationDataError(
+            f"Invalid input file '{path}': not a readable .npz ({type(e).__name__}); write it with numpy.savez."
+        ) from None
+
+
+def _decode_json_value(obj: Any) -> Any:
+    """Decodes Polygraphy's encoded ndarrays (``{"array": base64(np.save), "polygraphy_class": "ndarray"}``)."""
+    if isinstance(obj, dict):
+        if "array" in obj and (obj.get("polygraphy_class") in (None, "ndarray")):
+            raw = base64.b64decode(obj["array"])
+            try:
+                return np.load(io.BytesIO(raw), allow_pickle=False)
+            except ValueError:
+                return np.load(io.BytesIO(zlib.decompress(raw)), allow_pickle=False)
+        if "values" in obj and obj.get("polygraphy_class") in ("OrderedDict", "dict"):
+            return {k: _decode_json_value(v) for k, v in obj["values"].items()}
+        return {k: _decode_json_value(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode_json_value(v) for v in obj]
+    return obj
+
+
+def _read_polygraphy_json(path: Path) -> list[dict[str, np.ndarray]]:
+    try:
+        data = _decode_json_value(json.loads(path.read_text()))
+    except (ValueError, OSError) as e:
+        raise CalibrationDataError(
+            f"Invalid input file '{path}': not a Polygraphy JSON input file ({type(e).__name__}); "
+            "write it with `polygraphy run --save-inputs` or polygraphy.json.save_json."
+        ) from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(b, dict) for b in data):
+        raise CalibrationDataError(f"Invalid input file '{path}': expected a list of {{input name: array}} objects.")
+    return [{k: np.asarray(v) for k, v in b.items()} for b in data]
+
+
+def _split_batches(arrays: dict[str, np.ndarray], specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    """Splits arrays along axis 0 into runs of the model's static batch size (dynamic: one batch)."""
+    batch = next((s.dims[0] for s in specs if s.dims and isinstance(s.dims[0], int)), None)
+    if not arrays or batch is None or batch <= 0:
+        return [arrays]
+    first = next(iter(arrays.values()))
+    total = first.shape[0] if first.ndim else 0
+    if total <= batch or total % batch:
+        return [arrays]
+    n = total // batch
+    return [{k: v[i * batch : (i + 1) * batch] for k, v in arrays.items()} for i in range(n)]
+
+
+def _validate(batch: Mapping[str, np.ndarray], specs: list[InputSpec], where: str) -> None:
+    expected = {s.name for s in specs}
+    given = set(batch)
+    if given != expected:
+        missing, extra = sorted(expected - given), sorted(given - expected)
+        raise CalibrationDataError(
+            f"Calibration input names do not match the model's inputs ({where}): missing {missing}, "
+            f"unexpected {extra}; the model expects {[s.describe() for s in specs]}."
+        )
+    for spec in specs:
+        array = np.asarray(batch[spec.name])
+        if array.dtype != spec.dtype:
+            raise CalibrationDataError(
+                f"Calibration input '{spec.name}' has dtype {array.dtype}, the model expects {spec.dtype} ({where}): "
+                f"convert it with .astype(np.{spec.dtype})."
+            )
+        if spec.dims and array.ndim != len(spec.dims):
+            raise CalibrationDataError(
+                f"Calibration input '{spec.name}' has rank {array.ndim} (shape {list(array.shape)}), the model "
+                f"expects {spec.describe()} ({where})."
+            )
+        for axis, (dim, size) in enumerate(zip(spec.dims, array.shape)):
+            if isinstance(dim, int) and dim > 0 and dim != size:
+                raise CalibrationDataError(
+                    f"Calibration input '{spec.name}' has size {size} on axis {axis}, the model expects "
+                    f"{spec.describe()} ({where})."
+                )
+
+
+def feed_batches(
+    source: CalibrationSource | None,
+    model: ir.Model,
+    *,
+    input_shapes: dict | None = None,
+    attempt: int = 0,
+    seed: int = 0,
+) -> list[dict[str, np.ndarray]]:
+    """Real calibration batches if ``source`` is given, else one batch of realistic random data."""
+    specs = input_specs(model)
+    if source is not None:
+        return load_calibration(source, specs)
+    return [random_feeds(model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Random data that lets real graphs run
+
+
+def parse_input_shapes(text: str | Mapping[str, Any] | None) -> dict[str, tuple[int, ...]]:
+    """Parses ``"name:1x3x320x320,ids:1x128"`` (or a dict) into ``{name: shape}``."""
+    if text is None:
+        return {}
+    if isinstance(text, Mapping):
+        return {str(k): tuple(int(d) for d in v) for k, v in text.items()}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, dims = item.rpartition(":")
+        if not sep or not name or not re.fullmatch(r"\d+(x\d+)*", dims):
+            raise InvalidArgumentError(
+                f"Invalid --input_shapes entry '{item}': write name:DIMxDIM..., e.g. input:1x3x224x224."
+            )
+        shapes[name] = tuple(int(d) for d in dims.split("x"))
+    return shapes
+
+
+# Dynamic dims are filled by name. Each retry picks the next size of every list.
+_BATCH_DIMS = (1, 2, 1, 4)
+_SEQUENCE_DIMS = (128, 64, 256, 32, 512)
+_IMAGE_DIMS = (224, 256, 320, 512, 640)
+_OTHER_DIMS = (1, 8, 16, 32, 64)
+_SEQ_NAME = re.compile(r"seq|sequence|len|length|token|time|frame|step|past|total|position|src|tgt|word", re.I)
+_BATCH_NAME = re.compile(r"^(n|b|bs|batch.*|.*_batch|batch_size|num_seq.*)$", re.I)
+_IMAGE_NAME = re.compile(r"^(h|w|height|width|.*_h|.*_w|.*height|.*width|img.*|image.*)$", re.I)
+
+
+def _pick(values: tuple[int, ...], attempt: int) -> int:
+    return values[attempt % len(values)]
+
+
+def _dynamic_size(spec: InputSpec, axis: int, dim: str | None, attempt: int) -> int:
+    if dim and _BATCH_NAME.match(dim):
+        return _pick(_BATCH_DIMS, attempt)
+    if dim and _SEQ_NAME.search(dim):
+        return _pick(_SEQUENCE_DIMS, attempt)
+    if dim and _IMAGE_NAME.match(dim):
+        return _pick(_IMAGE_DIMS, attempt)
+    rank = len(spec.dims)
+    if axis == 0:
+        return _pick(_BATCH_DIMS, attempt)
+    if rank == 4 and axis in (2, 3) and np.issubdtype(spec.dtype, np.floating):
+        return _pick(_IMAGE_DIMS, attempt)  # NCHW images
+    if rank in (2, 3) and axis == 1:
+        return _pick(_SEQUENCE_DIMS, attempt)  # [batch, seq(, hidden)]
+    return _pick(_OTHER_DIMS, attempt)
+
+
+def _gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
+    """Rows of the embedding table an integer input indexes, looking through reshapes and casts."""
+    for use in value.uses():
+        node = use.node
+        if node.op_type == "Gather" and use.idx == 1 and node.inputs[0] is not None:
+            table = node.inputs[0]
+            axis = node.attributes["axis"].as_int() if "axis" in node.attributes else 0
+            rows = table.shape[axis] if table.shape is not None else None
+            if isinstance(rows, int):
+                return rows
+        if depth and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity"):
+            rows = _gather_table_rows(node.outputs[0], depth - 1)
+            if rows is not None:
+                return rows
+    return None
+
+
+def random_feeds(
+    model: ir.Model,
+    specs: list[InputSpec] | None = None,
+    *,
+    input_shapes: Mapping | None = None,
+    attempt: int = 0,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """One batch of random inputs that a real model can run on.
+
+    Integer inputs that index an embedding table get ids inside the table; masks get ones; position ids get
+    ``0..n-1``; token-type ids get zeros; float inputs get standard-normal values. Dynamic dims get batch 1,
+    128 for sequence-like dims and 224 for image-like dims unless ``input_shapes`` sets them; ``attempt``
+    selects alternative sizes for a retry after a failed run.
+    """
+    specs = specs if specs is not None else input_specs(model)
+    overrides = parse_input_shapes(input_shapes) if not isinstance(input_shapes, dict) else dict(input_shapes)
+    unknown = set(overrides) - {s.name for s in specs}
+    if unknown:
+        raise InvalidArgumentError(
+            f"--input_shapes names unknown inputs {sorted(unknown)}; the model's inputs are {[s.name for s in specs]}."
+        )
+    rng = np.random.default_rng(seed)
+    named: dict[str, int] = {}  # one size per symbolic dim name, so related inputs agree
+    feeds = {}
+    for spec in specs:
+        if spec.name in overrides:
+            shape = overrides[spec.name]
+            if spec.dims and len(shape) != len(spec.dims):
+                raise InvalidArgumentError(
+                    f"--input_shapes gives {spec.name} rank {len(shape)}, the model expects {spec.describe()}."
+                )
+            for dim, size in zip(spec.dims, shape):
+                if isinstance(dim, str):
+                    named.setdefault(dim, size)
+        else:
+            sizes = []
+            for axis, dim in enumerate(spec.dims):
+                if isinstance(dim, int) and dim > 0:
+                    sizes.append(dim)
+                elif isinstance(dim, str) and dim in named:
+                    sizes.append(named[dim])
+                else:
+                    size = _dynamic_size(spec, axis, dim if isinstance(dim, str) else None, attempt)
+                    if isinstance(dim, str):
+                        named[dim] = size
+                    sizes.append(size)
+            shape = tuple(sizes)
+        feeds[spec.name] = _random_array(spec, shape, rng)
+    logger.debug("Random inputs: %s", {k: (v.dtype.name, v.shape) for k, v in feeds.items()})
+    return feeds
+
+
+def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    name = spec.name.lower()
+    if spec.dtype == np.bool_:
+        return np.ones(shape, dtype=np.bool_)
+    if np.issubdtype(spec.dtype, np.integer):
+        if "mask" in name:
+            return np.ones(shape, dtype=spec.dtype)
+        if "position" in name or name in ("pos", "pos_ids"):
+            n = shape[-1] if shape else 1
+            return np.broadcast_to(np.arange(n, dtype=spec.dtype), shape).copy()
+        if "type" in name or "segment" in name:
+            return np.zeros(shape, dtype=spec.dtype)
+        rows = _gather_table_rows(spec.value)
+        high = rows if rows is not None else 2
+        return rng.integers(0, high, size=shape).astype(spec.dtype)
+    if np.issubdtype(spec.dtype, np.floating):
+        if "mask" in name:
+            return np.ones(shape, dtype=spec.dtype)
+        return rng.standard_normal(shape).astype(spec.dtype)
+    raise CalibrationDataError(
+        f"Cannot make random data for input '{spec.name}' of type {spec.dtype}: pass --calibration_data."
+    )

@@ -1,0 +1,8 @@
+"""Generic onnx-ir passes, one per module (``<Verb><Object>Pass``), shared by AutoCast and the other tools."""
+
+from onnxprec.passes.convert_fp64_to_fp32 import ConvertFp64ToFp32Pass
+from onnxprec.passes.infer_types import InferTypesPass
+from onnxprec.passes.name_nodes import NameNodesPass
+from onnxprec.passes.upgrade_opset import UpgradeOpsetPass
+
+__all__ = ["ConvertFp64ToFp32Pass", "InferTypesPass", "NameNodesPass", "UpgradeOpsetPass"]
