@@ -13,6 +13,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from onnxprec._protobuf import load_mapped, write_streaming
 from onnxprec.errors import InvalidArgumentError, ModelLoadError
 
 __all__ = [
@@ -27,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 ModelSource = str | os.PathLike | onnx.ModelProto | ir.Model
 
+# Files at least this large are memory-mapped instead of parsed into memory.
+_MAP_FILE_BYTES = 32 * 1024 * 1024
 # Protobuf cannot serialize a message above 2 GiB; stay below with margin.
 _PROTOBUF_LIMIT = 2_000_000_000
 
@@ -56,7 +59,7 @@ def load_model(source: ModelSource) -> ir.Model:
     if not path.is_file():
         raise ModelLoadError(f"'{path}' is a directory, not an ONNX file: pass the path of a .onnx file.")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = _read_proto(path)
     except (DecodeError, RuntimeError, ValueError, OSError) as e:
         raise ModelLoadError(
             f"'{path}' is not a readable ONNX model (it may be truncated or corrupt: {_short(e)}); "
@@ -68,6 +71,15 @@ def load_model(source: ModelSource) -> ir.Model:
     ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
     logger.debug("Loaded %s: %d nodes in the main graph", path, len(model.graph))
     return model
+
+
+def _read_proto(path: Path) -> onnx.ModelProto:
+    """Large single files are scanned with their weights memory-mapped; others go through onnx.load."""
+    stat = path.stat()
+    # onnx-ir refuses to map files with several hard links (a security check), so those are read normally.
+    if stat.st_size >= _MAP_FILE_BYTES and stat.st_nlink == 1:
+        return load_mapped(path)
+    return onnx.load(str(path), load_external_data=False)
 
 
 def _short(error: BaseException) -> str:
@@ -199,7 +211,9 @@ def save_model(
             with _progress(model) as callback:
                 ir.save(model, tmp_name, external_data=data_name, size_threshold_bytes=1024, callback=callback)
         else:
-            ir.save(model, tmp_name)
+            _inline_subgraph_external_tensors(model)
+            with open(tmp_name, "wb") as stream:
+                write_streaming(model, stream)
         os.replace(tmp_name, out)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -210,6 +224,24 @@ def save_model(
         raise
     logger.debug("Saved %s (external data: %s)", out, external_data)
     return out
+
+
+def _inline_subgraph_external_tensors(model: ir.Model) -> None:
+    """Reads external tensors of subgraphs into memory so a single-file save is self-contained."""
+    for graph in model.graph.subgraphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                value.const_value = ir.Tensor(value.const_value.numpy().copy(), name=value.name)
+
+
+def to_model_proto(model: ir.Model) -> onnx.ModelProto:
+    """A self-contained ModelProto: weights mapped from files are read in (the model must be under 2 GB)."""
+    import io
+
+    _inline_subgraph_external_tensors(model)
+    buffer = io.BytesIO()
+    write_streaming(model, buffer)
+    return onnx.load_model_from_string(buffer.getvalue())
 
 
 @contextlib.contextmanager

@@ -48,7 +48,10 @@ def cast_array(array: np.ndarray, to: ir.DataType) -> np.ndarray:
 def release(tensor: ir.TensorProtocol) -> None:
     """Unmaps an external tensor so its pages stop counting against resident memory."""
     if isinstance(tensor, ir.ExternalTensor):
-        tensor.release()
+        try:
+            tensor.release()
+        except BufferError:  # a numpy view of the mapping is still alive: it is unmapped when that goes
+            pass
 
 
 def converted_tensor(tensor: ir.TensorProtocol, to: ir.DataType, name: str | None = None) -> ir.LazyTensor:

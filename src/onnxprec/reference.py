@@ -8,6 +8,7 @@ a memory budget, so a large model's activations never all sit in memory at once.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import tempfile
@@ -21,6 +22,8 @@ import onnx_ir as ir
 
 from onnxprec._graph import FLOAT_TYPES
 from onnxprec._io import total_initializer_bytes
+from onnxprec._protobuf import write_streaming
+from onnxprec._tensors import release
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
 
 __all__ = [
@@ -212,7 +215,9 @@ def _model_factory(model: ir.Model) -> Iterator[Callable[[list[str]], object]]:
         def make_bytes(names: list[str]) -> object:
             try:
                 model.graph.outputs.extend(by_name[n] for n in names)
-                return ir.serde.serialize_model(model).SerializeToString()
+                buffer = io.BytesIO()
+                write_streaming(model, buffer)  # inlines weights mapped from the model file
+                return buffer.getvalue()
             finally:
                 model.graph.outputs[:] = original
 
@@ -221,6 +226,9 @@ def _model_factory(model: ir.Model) -> Iterator[Callable[[list[str]], object]]:
     with tempfile.TemporaryDirectory(prefix="onnxprec-ref-") as tmp:
         base = Path(tmp) / "base.onnx"
         ir.save(model, base, external_data="weights.data", size_threshold_bytes=1024)
+        for value in model.graph.initializers.values():  # unmap the source pages the copy touched
+            if value.const_value is not None:
+                release(value.const_value)
         copy = ir.load(base)
         original = list(copy.graph.outputs)
         by_name = ir.convenience.create_value_mapping(copy.graph)

@@ -31,7 +31,14 @@ from onnx_ir.passes.common import (
 )
 
 from onnxprec import calibration
-from onnxprec._io import ModelSource, external_data_paths, load_model, save_model, total_initializer_bytes
+from onnxprec._io import (
+    ModelSource,
+    external_data_paths,
+    load_model,
+    save_model,
+    to_model_proto,
+    total_initializer_bytes,
+)
 from onnxprec.autocast.classify import Decision, PluginPrecision, classify
 from onnxprec.autocast.convert import ConversionStats, ConvertPrecisionPass, RemoveRedundantCastsPass
 from onnxprec.autocast.rules import (
@@ -489,7 +496,7 @@ def convert_to_mixed_precision(
         input_shapes=input_shapes,
     )
     model, _report, reference = convert_model(onnx_path, options)
-    proto = ir.serde.serialize_model(model)
+    proto = to_model_proto(model)
     if reference is not None and proto.ByteSize() < 2_000_000_000:
         _log_numeric(
             numeric_check(

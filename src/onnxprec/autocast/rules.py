@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxprec._tensors import release
 from onnxprec.reference import TensorStats
 
 __all__ = [
@@ -56,8 +57,8 @@ class RuleContext:
                 result = math.inf
             else:
                 result = float(max(abs(float(array.max())), abs(float(array.min()))))
-            if isinstance(tensor, ir.ExternalTensor):
-                tensor.release()
+            del array
+            release(tensor)
             self._init_absmax[key] = result
         return self._init_absmax[key]
 

@@ -1,0 +1,198 @@
+"""Streaming ONNX protobuf I/O: weights are memory-mapped on load and written one tensor at a time on save.
+
+``onnx.load`` of a single-file 650 MB model holds the file bytes and the parsed message (1.3 GB) and
+``onnx.save`` builds the whole message again. Here the file is scanned at the protobuf wire level: large
+``raw_data`` fields of main-graph initializers become external references into the model file itself
+(memory-mapped by onnx-ir, read only when needed), and on save each initializer is encoded and written on
+its own, so peak memory is the graph structure plus one tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import onnx
+import onnx_ir as ir
+
+from onnxprec._tensors import release
+
+__all__ = ["load_mapped", "write_streaming"]
+
+logger = logging.getLogger(__name__)
+
+_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+_MODEL_GRAPH = 7
+_GRAPH_INITIALIZER = 5
+_TENSOR_RAW_DATA = 9
+_MAP_THRESHOLD = 1024  # raw_data fields at least this large are mapped, not copied
+
+
+def _varint(buf: memoryview | bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _fields(buf: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Yields (field number, wire type, field start, value start, value end) of a message's fields."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == _WIRE_VARINT:
+            _, value_end = _varint(buf, pos)
+        elif wire == _WIRE_I64:
+            value_end = pos + 8
+        elif wire == _WIRE_I32:
+            value_end = pos + 4
+        elif wire == _WIRE_LEN:
+            length, pos = _varint(buf, pos)
+            value_end = pos + length
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} at byte {field_start}")
+        if value_end > end:
+            raise ValueError(f"field {number} at byte {field_start} runs past the end of its message (truncated file)")
+        yield number, wire, field_start, pos, value_end
+        pos = value_end
+
+
+def _mapped_tensor(buf: memoryview, start: int, end: int, location: str) -> onnx.TensorProto:
+    """Parses an initializer, turning a large ``raw_data`` field into a reference into the model file."""
+    kept = bytearray()
+    raw: tuple[int, int] | None = None
+    for number, wire, field_start, value_start, value_end in _fields(buf, start, end):
+        if number == _TENSOR_RAW_DATA and wire == _WIRE_LEN and value_end - value_start >= _MAP_THRESHOLD:
+            raw = (value_start, value_end - value_start)
+        else:
+            kept += buf[field_start:value_end]
+    tensor = onnx.TensorProto()
+    tensor.ParseFromString(bytes(kept))
+    if raw is not None:
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", str(raw[0])), ("length", str(raw[1]))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+    return tensor
+
+
+def load_mapped(path: Path) -> onnx.ModelProto:
+    """Parses a model file whose large initializers become external references into the file itself.
+
+    The returned proto is small (no weights); onnx-ir maps the weights from ``path`` on first access.
+
+    Raises:
+        ValueError: The file is not valid protobuf (e.g. truncated).
+    """
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        buf = memoryview(mapped)
+        try:
+            head = bytearray()
+            graph_rest = bytearray()
+            tensors: list[onnx.TensorProto] = []
+            for number, wire, field_start, value_start, value_end in _fields(buf, 0, len(buf)):
+                if number != _MODEL_GRAPH or wire != _WIRE_LEN:
+                    head += buf[field_start:value_end]
+                    continue
+                for g_number, g_wire, g_start, g_value_start, g_value_end in _fields(buf, value_start, value_end):
+                    if g_number == _GRAPH_INITIALIZER and g_wire == _WIRE_LEN:
+                        tensors.append(_mapped_tensor(buf, g_value_start, g_value_end, path.name))
+                    else:
+                        graph_rest += buf[g_start:g_value_end]
+            model = onnx.ModelProto()
+            model.ParseFromString(bytes(head))
+            graph = onnx.GraphProto()
+            graph.ParseFromString(bytes(graph_rest))
+            graph.initializer.extend(tensors)
+            model.graph.CopyFrom(graph)
+        finally:
+            buf.release()
+    return model
+
+
+def _tensor_header(value: ir.Value, tensor: ir.TensorProtocol) -> bytes:
+    """A TensorProto without its data: name, dims, data type."""
+    proto = onnx.TensorProto(name=value.name, data_type=int(tensor.dtype))
+    proto.dims.extend(int(d) for d in tensor.shape.numpy())
+    return proto.SerializeToString()
+
+
+def _streamable(value: ir.Value) -> bool:
+    tensor = value.const_value
+    return tensor is not None and tensor.dtype != ir.DataType.STRING and value.name is not None
+
+
+def write_streaming(model: ir.Model, stream: BinaryIO) -> None:
+    """Writes ``model`` as one protobuf file, encoding and writing one main-graph initializer at a time.
+
+    Every tensor's bytes are embedded (external references of the source model are read and inlined),
+    so the result is self-contained. The caller keeps the model below the 2 GB protobuf limit.
+    """
+    graph = model.graph
+    streamed = [v for v in graph.initializers.values() if _streamable(v)]
+    for value in streamed:
+        assert value.name is not None
+        graph.initializers.pop(value.name)
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value in streamed:
+            graph.register_initializer(value)
+    names = {v.name for v in streamed}
+    kept_info = [vi for vi in proto.graph.value_info if vi.name not in names]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept_info)
+    graph_bytes = proto.graph.SerializeToString()
+    proto.ClearField("graph")
+
+    headers = []
+    total = len(graph_bytes)
+    for value in streamed:
+        tensor = value.const_value
+        assert tensor is not None
+        header = _tensor_header(value, tensor)
+        raw_field = b"\x4a" + _encode_varint(tensor.nbytes)  # field 9 (raw_data), length-delimited
+        body = len(header) + len(raw_field) + tensor.nbytes
+        headers.append((header + raw_field, body))
+        total += 1 + len(_encode_varint(body)) + body
+
+    stream.write(proto.SerializeToString())
+    stream.write(b"\x3a" + _encode_varint(total))  # field 7 (graph), length-delimited
+    stream.write(graph_bytes)
+    from tqdm.auto import tqdm
+
+    for value, (header, body) in tqdm(
+        list(zip(streamed, headers)), desc="Writing weights", unit="tensor", disable=None, leave=False
+    ):
+        tensor = value.const_value
+        assert tensor is not None
+        data = tensor.tobytes()
+        if len(data) != tensor.nbytes:
+            raise RuntimeError(f"tensor '{value.name}' produced {len(data)} bytes, expected {tensor.nbytes}")
+        stream.write(b"\x2a" + _encode_varint(body))  # field 5 (initializer), length-delimited
+        stream.write(header)
+        stream.write(data)
+        del data
+        release(tensor)
+    stream.flush()
