@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
@@ -48,10 +50,9 @@ def cast_array(array: np.ndarray, to: ir.DataType) -> np.ndarray:
 def release(tensor: ir.TensorProtocol) -> None:
     """Unmaps an external tensor so its pages stop counting against resident memory."""
     if isinstance(tensor, ir.ExternalTensor):
-        try:
+        # BufferError: a numpy view of the mapping is still alive; it is unmapped when that view goes.
+        with contextlib.suppress(BufferError):
             tensor.release()
-        except BufferError:  # a numpy view of the mapping is still alive: it is unmapped when that goes
-            pass
 
 
 def converted_tensor(tensor: ir.TensorProtocol, to: ir.DataType, name: str | None = None) -> ir.LazyTensor:
