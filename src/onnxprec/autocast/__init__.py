@@ -395,7 +395,7 @@ def convert_model(
         keep_io_types=options.keep_io_types,
         init_conversion_max_bytes=options.init_conversion_max_bytes,
     )
-    cleanup = RemoveRedundantCastsPass()
+    cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
     _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())
     report.stats = convert.stats
     report.stats.casts = sum(1 for cast in convert.created if cast.graph is not None)

@@ -229,11 +229,13 @@ class RemoveRedundantCastsPass(ir.passes.InPlacePass):
 
     - ``Cast(to=T)`` of a tensor already of type T is bypassed (a graph output keeps its name).
     - ``Cast(Cast(x: a -> b) -> c)`` reads ``x`` directly when ``a -> b`` is exact (widening).
-    - A Cast of an initializer becomes a converted initializer (clamped to the finite range).
+    - A Cast of an initializer becomes a converted initializer (clamped to the finite range), unless the
+      initializer is larger than ``fold_max_bytes`` (``init_conversion_max_bytes``: cast at run time).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fold_max_bytes: int | None = None) -> None:
         super().__init__()
+        self.fold_max_bytes = fold_max_bytes
         self.removed = 0
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -270,6 +272,7 @@ class RemoveRedundantCastsPass(ir.passes.InPlacePass):
             and len(source.uses()) == 1
             and not out.is_graph_output()
             and source.graph is graph
+            and (self.fold_max_bytes is None or source.const_value.nbytes <= self.fold_max_bytes)
         ):
             public = out.name
             folded = ir.Value(

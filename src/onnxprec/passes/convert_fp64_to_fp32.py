@@ -50,8 +50,9 @@ class ConvertFp64ToFp32Pass(ir.passes.InPlacePass):
         # Boundary casts for FP64 inputs/outputs of the main graph.
         for inp in main.inputs:
             if inp.dtype == _D and inp.uses():
+                uses = list(inp.uses())
                 cast = make_cast(inp, _F, names)
-                for use in list(inp.uses()):
+                for use in uses:
                     use.node.replace_input_with(use.idx, cast.outputs[0])
                 main.insert_before(next(iter(main)), cast)
                 count += 1

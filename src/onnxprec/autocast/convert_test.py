@@ -1,0 +1,297 @@
+"""Conversion cases on tiny hand-built graphs: casts, initializers, clamping, special ops, subgraphs, I/O."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxprec._testing import F, F16, make_model, run, tensor_info
+from onnxprec.autocast import convert_to_mixed_precision
+
+RNG = np.random.default_rng(0)
+INF = float("inf")
+
+
+def _check(model: onnx.ModelProto) -> None:
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+
+
+def _ops(model: onnx.ModelProto, op: str) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == op]
+
+
+def _init(model: onnx.ModelProto, name: str) -> onnx.TensorProto:
+    return next(i for i in model.graph.initializer if i.name == name)
+
+
+def _mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((8, 8)).astype(np.float32) * 0.3
+    b = rng.standard_normal(8).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["X", "W", "B"], ["g"], name="gemm"),
+        helper.make_node("Add", ["g", "B"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["Y"], name="relu"),
+    ]
+    return make_model(nodes, [tensor_info("X", F, [4, 8])], [tensor_info("Y", F, [4, 8])], {"W": w, "B": b})
+
+
+@pytest.mark.parametrize("keep_io", [True, False])
+def test_full_conversion_io_types_and_numerics(keep_io: bool) -> None:
+    model = _mlp()
+    out = convert_to_mixed_precision(model, keep_io_types=keep_io, data_max=INF)
+    _check(out)
+    io_type = F if keep_io else F16
+    assert out.graph.input[0].type.tensor_type.elem_type == io_type
+    assert out.graph.output[0].type.tensor_type.elem_type == io_type
+    assert [i.name for i in out.graph.input] == ["X"] and [o.name for o in out.graph.output] == ["Y"]
+    assert len(_ops(out, "Cast")) == (2 if keep_io else 0)
+    assert all(i.data_type == F16 for i in out.graph.initializer)
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    (ref,) = run(model, {"X": x})
+    (got,) = run(out, {"X": x})
+    np.testing.assert_allclose(got.astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_excluded_middle_node_gets_one_cast_each_way() -> None:
+    out = convert_to_mixed_precision(_mlp(), nodes_to_exclude=["add"], data_max=INF, keep_io_types=True)
+    _check(out)
+    casts = _ops(out, "Cast")
+    # X down, g up (into the FP32 Add), a down (into Relu), Y up: 4 boundaries, no more.
+    assert len(casts) == 4
+    add = next(n for n in out.graph.node if n.name == "add")
+    # B is shared by the low Gemm and the high Add: FP32 original kept, one fp16 copy for the Gemm.
+    assert _init(out, "B").data_type == F
+    assert "B" in add.input
+    fp16_copies = [i for i in out.graph.initializer if i.name.startswith("B_") and i.data_type == F16]
+    assert len(fp16_copies) == 1
+
+
+def test_value_with_several_consumers_shares_one_cast() -> None:
+    nodes = [
+        helper.make_node("Exp", ["X"], ["e"], name="high_exp"),
+        helper.make_node("Relu", ["e"], ["r1"], name="r1"),
+        helper.make_node("Sigmoid", ["e"], ["r2"], name="r2"),
+        helper.make_node("Add", ["r1", "r2"], ["Y"], name="add"),
+    ]
+    model = make_model(nodes, [tensor_info("X", F, [3])], [tensor_info("Y", F, [3])])
+    out = convert_to_mixed_precision(model, nodes_to_exclude=["high_.*"], data_max=INF, keep_io_types=True)
+    _check(out)
+    down = [c for c in _ops(out, "Cast") if c.input[0] == "e"]
+    assert len(down) == 1, "both low consumers of 'e' must read the same Cast"
+
+
+def test_tied_weight_converted_once_not_per_use() -> None:
+    w = RNG.standard_normal((4, 4)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", [x, "W"], [y], name=f"mm{i}") for i, (x, y) in enumerate([("X", "a"), ("a", "b"), ("b", "Y")])]
+    model = make_model(nodes, [tensor_info("X", F, [1, 4])], [tensor_info("Y", F, [1, 4])], {"W": w})
+    out = convert_to_mixed_precision(model, data_max=INF)
+    assert [i.name for i in out.graph.initializer] == ["W"]
+    assert _init(out, "W").data_type == F16
+
+
+def test_init_conversion_max_bytes_casts_at_runtime_once() -> None:
+    w = RNG.standard_normal((16, 16)).astype(np.float32)  # 1024 bytes
+    nodes = [helper.make_node("MatMul", [x, "W"], [y], name=f"mm{i}") for i, (x, y) in enumerate([("X", "a"), ("a", "b"), ("b", "Y")])]
+    model = make_model(nodes, [tensor_info("X", F, [1, 16])], [tensor_info("Y", F, [1, 16])], {"W": w})
+    out = convert_to_mixed_precision(model, data_max=INF, init_conversion_max_bytes=512)
+    _check(out)
+    assert _init(out, "W").data_type == F
+    assert len([c for c in _ops(out, "Cast") if c.input[0] == "W"]) == 1
+
+
+def test_clamping_keeps_sign_and_never_makes_inf() -> None:
+    values = np.array([1e6, -1e6, -1e-9, 1e-9, 4e-8, -4e-8, 0.5], dtype=np.float32)
+    nodes = [helper.make_node("Add", ["X", "C"], ["Y"], name="add")]
+    model = make_model(nodes, [tensor_info("X", F, [7])], [tensor_info("Y", F, [7])], {"C": values})
+    out = convert_to_mixed_precision(model, data_max=INF, init_max=INF)
+    got = numpy_helper.to_array(_init(out, "C"))
+    assert got.dtype == np.float16
+    assert np.isfinite(got).all()
+    assert got[0] == 65504 and got[1] == -65504
+    assert np.signbit(got[2]) and got[2] == 0  # tiny negative: negative zero, not +5.96e-8
+    assert not np.signbit(got[3]) and got[3] == 0
+    assert got[4] == np.float16(5.96e-8) and got[5] == -np.float16(5.96e-8)  # nearest representable, same sign
+
+
+def test_constant_node_mask_becomes_finite_like_initializers() -> None:
+    mask = numpy_helper.from_array(np.array([0.0, -1e9, -1e-9], dtype=np.float32), name="m")
+    nodes = [
+        helper.make_node("Constant", [], ["mask"], value=mask, name="const"),
+        helper.make_node("Add", ["X", "mask"], ["s"], name="add"),
+        helper.make_node("Softmax", ["s"], ["Y"], name="softmax"),
+    ]
+    model = make_model(nodes, [tensor_info("X", F, [3])], [tensor_info("Y", F, [3])])
+    out = convert_to_mixed_precision(model, data_max=INF, init_max=INF, keep_io_types=True)
+    _check(out)
+    x = np.array([0.1, 0.2, 0.3], np.float32)
+    (ref,) = run(model, {"X": x})
+    (got,) = run(out, {"X": x})
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, atol=1e-3)
+
+
+def test_cast_to_float_inside_low_region_is_rewritten() -> None:
+    nodes = [
+        helper.make_node("Cast", ["I"], ["f"], to=F, name="cast_in"),
+        helper.make_node("Mul", ["f", "X"], ["Y"], name="mul"),
+    ]
+    model = make_model(nodes, [tensor_info("I", TensorProto.INT64, [3]), tensor_info("X", F, [3])],
+                       [tensor_info("Y", F, [3])])
+    out = convert_to_mixed_precision(model, data_max=INF)
+    _check(out)
+    cast = next(n for n in out.graph.node if n.name == "cast_in")
+    assert helper.get_attribute_value(cast.attribute[0]) == F16
+    assert len(_ops(out, "Cast")) == 1  # no Cast fp32 -> fp16 pair after it
+
+
+def test_resize_scales_stay_fp32() -> None:
+    scales = np.array([1, 1, 2, 2], dtype=np.float32)
+    nodes = [helper.make_node("Resize", ["X", "", "S"], ["Y"], mode="nearest", name="resize")]
+    model = make_model(nodes, [tensor_info("X", F, [1, 1, 2, 2])], [tensor_info("Y", F, [1, 1, 4, 4])], {"S": scales})
+    for kind in ("fp16", "bf16"):
+        out = convert_to_mixed_precision(model, low_precision_type=kind, data_max=INF, keep_io_types=True)
+        _check(out)
+        assert _init(out, "S").data_type == F
+
+
+def test_bf16_rounds_to_nearest_even_and_upgrades_opset() -> None:
+    w = np.array([1.00390625, 1.01171875, -3.0e38, 1e-3], dtype=np.float32)  # ties to even, near-max
+    nodes = [helper.make_node("Mul", ["X", "W"], ["Y"], name="mul")]
+    model = make_model(nodes, [tensor_info("X", F, [4])], [tensor_info("Y", F, [4])], {"W": w})
+    out = convert_to_mixed_precision(model, low_precision_type="bf16", data_max=INF, init_max=INF)
+    _check(out)
+    assert out.opset_import[0].version == 22
+    stored = _init(out, "W")
+    assert stored.data_type == TensorProto.BFLOAT16
+    got = np.frombuffer(stored.raw_data, dtype=ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got, w.astype(ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize(("opset", "isinf_low"), [(13, False), (20, True)])
+def test_isinf_follows_its_schema(opset: int, isinf_low: bool) -> None:
+    nodes = [
+        helper.make_node("Relu", ["X"], ["r"], name="relu"),
+        helper.make_node("IsInf", ["r"], ["Y"], name="isinf"),
+    ]
+    model = make_model(nodes, [tensor_info("X", F, [3])], [tensor_info("Y", TensorProto.BOOL, [3])], opset=opset)
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    _check(out)
+    isinf = next(n for n in out.graph.node if n.name == "isinf")
+    feeds_fp32 = any(c.output[0] == isinf.input[0] for c in _ops(out, "Cast"))
+    assert feeds_fp32 is not isinf_low
+
+
+def test_if_subgraph_nodes_are_converted_and_valid() -> None:
+    then_graph = helper.make_graph(
+        [helper.make_node("Mul", ["a", "W"], ["t"], name="then_mul")], "then", [], [tensor_info("t", F, [3])])
+    else_graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "W"], ["e"], name="else_add")], "else", [], [tensor_info("e", F, [3])])
+    nodes = [
+        helper.make_node("Relu", ["X"], ["a"], name="relu"),
+        helper.make_node("If", ["C"], ["o"], then_branch=then_graph, else_branch=else_graph, name="if"),
+        helper.make_node("Sigmoid", ["o"], ["Y"], name="sig"),
+    ]
+    w = np.array([2.0, 3.0, 4.0], np.float32)
+    model = make_model(nodes, [tensor_info("X", F, [3]), tensor_info("C", TensorProto.BOOL, [])],
+                       [tensor_info("Y", F, [3])], {"W": w})
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    _check(out)
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    for cond in (True, False):
+        feeds = {"X": x, "C": np.array(cond)}
+        np.testing.assert_allclose(run(out, feeds)[0], run(model, feeds)[0], atol=2e-3)
+    if_node = next(n for n in out.graph.node if n.op_type == "If")
+    branches = {a.name: helper.get_attribute_value(a) for a in if_node.attribute}
+    then_ops = [n.op_type for n in branches["then_branch"].node]
+    assert "Mul" in then_ops and "Cast" in then_ops  # converted inside, FP32 interface kept
+
+
+def test_loop_with_float_carried_state_runs() -> None:
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Mul", ["s_in", "K"], ["m"], name="body_mul"),
+         helper.make_node("Add", ["m", "X"], ["s_out"], name="body_add")],
+        "body",
+        [tensor_info("i", TensorProto.INT64, []), tensor_info("cond_in", TensorProto.BOOL, []), tensor_info("s_in", F, [2])],
+        [tensor_info("cond_out", TensorProto.BOOL, []), tensor_info("s_out", F, [2])],
+    )
+    nodes = [helper.make_node("Loop", ["N", "", "S0"], ["S"], body=body, name="loop"),
+             helper.make_node("Relu", ["S"], ["Y"], name="relu")]
+    model = make_model(nodes, [tensor_info("X", F, [2]), tensor_info("S0", F, [2]), tensor_info("N", TensorProto.INT64, [])],
+                       [tensor_info("Y", F, [2])], {"K": np.array([0.5, 0.25], np.float32)})
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    _check(out)
+    feeds = {"X": np.array([1.0, 2.0], np.float32), "S0": np.array([0.0, 1.0], np.float32), "N": np.array(5)}
+    np.testing.assert_allclose(run(out, feeds)[0], run(model, feeds)[0], rtol=1e-3)
+
+
+def test_fp64_model_keeps_double_io_and_converts_inside() -> None:
+    nodes = [helper.make_node("Mul", ["X", "W"], ["m"], name="mul"), helper.make_node("Relu", ["m"], ["Y"], name="relu")]
+    model = make_model(nodes, [tensor_info("X", TensorProto.DOUBLE, [2])], [tensor_info("Y", TensorProto.DOUBLE, [2])],
+                       {"W": np.array([1.5, -2.0])})
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    _check(out)
+    assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.DOUBLE
+    assert out.graph.output[0].type.tensor_type.elem_type == TensorProto.DOUBLE
+    assert _init(out, "W").data_type == F16
+    x = np.array([1.0, 3.0])
+    np.testing.assert_allclose(run(out, {"X": x})[0], [1.5, 0.0])
+
+
+def test_contrib_op_stays_fp32_without_tensorrt() -> None:
+    nodes = [
+        helper.make_node("FusedMatMul", ["X", "W"], ["f"], domain="com.microsoft", alpha=1.0, name="fused"),
+        helper.make_node("Relu", ["f"], ["Y"], name="relu"),
+    ]
+    model = make_model(nodes, [tensor_info("X", F, [2, 2])], [tensor_info("Y", F, [2, 2])],
+                       {"W": np.eye(2, dtype=np.float32)}, extra_opsets={"com.microsoft": 1})
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    fused = next(n for n in out.graph.node if n.op_type == "FusedMatMul")
+    assert fused.domain == "com.microsoft"  # not renamed into a TensorRT plugin domain
+    assert _init(out, "W").data_type == F
+    x = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+    np.testing.assert_allclose(run(out, {"X": x})[0], np.maximum(x, 0), atol=1e-3)
+
+
+def test_custom_op_marked_fp16_by_plugin_precision() -> None:
+    nodes = [helper.make_node("MyPlugin", ["X"], ["Y"], domain="my.domain", name="plugin")]
+    model = make_model(nodes, [tensor_info("X", F, [2])], [tensor_info("Y", F, [2])], extra_opsets={"my.domain": 1})
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True, trt_plugins_precision=["MyPlugin:fp16"])
+    plugin = next(n for n in out.graph.node if n.op_type == "MyPlugin")
+    assert any(c.output[0] == plugin.input[0] for c in _ops(out, "Cast"))
+
+
+def test_graph_output_also_consumed_keeps_name() -> None:
+    nodes = [helper.make_node("Relu", ["X"], ["Y1"], name="relu"), helper.make_node("Neg", ["Y1"], ["Y2"], name="neg")]
+    model = make_model(nodes, [tensor_info("X", F, [2])], [tensor_info("Y1", F, [2]), tensor_info("Y2", F, [2])])
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    _check(out)
+    assert [o.name for o in out.graph.output] == ["Y1", "Y2"]
+    x = np.array([1.0, -1.0], np.float32)
+    for got, ref in zip(run(out, {"X": x}), run(model, {"X": x})):
+        np.testing.assert_allclose(got, ref)
+
+
+def test_redundant_user_casts_are_removed() -> None:
+    nodes = [
+        helper.make_node("Cast", ["X"], ["h"], to=F16, name="to16"),
+        helper.make_node("Cast", ["h"], ["f"], to=F, name="to32"),
+        helper.make_node("Relu", ["f"], ["Y"], name="relu"),
+    ]
+    model = make_model(nodes, [tensor_info("X", F, [2])], [tensor_info("Y", F, [2])])
+    out = convert_to_mixed_precision(model, data_max=INF)
+    _check(out)
+    assert _ops(out, "Cast") == []
+
+
+def test_repeated_calls_are_independent() -> None:
+    """No module-level state: a second conversion gives the same model (ModelOpt mutates global tables)."""
+    first = convert_to_mixed_precision(_mlp(), nodes_to_exclude=["add"], data_max=INF)
+    convert_to_mixed_precision(_mlp(), op_types_to_exclude=["Relu"], data_max=INF, low_precision_type="bf16")
+    again = convert_to_mixed_precision(_mlp(), nodes_to_exclude=["add"], data_max=INF)
+    assert first.SerializeToString() == again.SerializeToString()
