@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._testing import F, F16, make_model, run, tensor_info
+from onnxprec._testing import F16, F, make_model, run, tensor_info
 from onnxprec.autocast import convert_to_mixed_precision
 
 RNG = np.random.default_rng(0)
@@ -87,7 +87,10 @@ def test_value_with_several_consumers_shares_one_cast() -> None:
 
 def test_tied_weight_converted_once_not_per_use() -> None:
     w = RNG.standard_normal((4, 4)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", [x, "W"], [y], name=f"mm{i}") for i, (x, y) in enumerate([("X", "a"), ("a", "b"), ("b", "Y")])]
+    nodes = [
+        helper.make_node("MatMul", [x, "W"], [y], name=f"mm{i}")
+        for i, (x, y) in enumerate([("X", "a"), ("a", "b"), ("b", "Y")])
+    ]
     model = make_model(nodes, [tensor_info("X", F, [1, 4])], [tensor_info("Y", F, [1, 4])], {"W": w})
     out = convert_to_mixed_precision(model, data_max=INF)
     assert [i.name for i in out.graph.initializer] == ["W"]
@@ -96,7 +99,10 @@ def test_tied_weight_converted_once_not_per_use() -> None:
 
 def test_init_conversion_max_bytes_casts_at_runtime_once() -> None:
     w = RNG.standard_normal((16, 16)).astype(np.float32)  # 1024 bytes
-    nodes = [helper.make_node("MatMul", [x, "W"], [y], name=f"mm{i}") for i, (x, y) in enumerate([("X", "a"), ("a", "b"), ("b", "Y")])]
+    nodes = [
+        helper.make_node("MatMul", [x, "W"], [y], name=f"mm{i}")
+        for i, (x, y) in enumerate([("X", "a"), ("a", "b"), ("b", "Y")])
+    ]
     model = make_model(nodes, [tensor_info("X", F, [1, 16])], [tensor_info("Y", F, [1, 16])], {"W": w})
     out = convert_to_mixed_precision(model, data_max=INF, init_conversion_max_bytes=512)
     _check(out)
@@ -140,8 +146,9 @@ def test_cast_to_float_inside_low_region_is_rewritten() -> None:
         helper.make_node("Cast", ["I"], ["f"], to=F, name="cast_in"),
         helper.make_node("Mul", ["f", "X"], ["Y"], name="mul"),
     ]
-    model = make_model(nodes, [tensor_info("I", TensorProto.INT64, [3]), tensor_info("X", F, [3])],
-                       [tensor_info("Y", F, [3])])
+    model = make_model(
+        nodes, [tensor_info("I", TensorProto.INT64, [3]), tensor_info("X", F, [3])], [tensor_info("Y", F, [3])]
+    )
     out = convert_to_mixed_precision(model, data_max=INF)
     _check(out)
     cast = next(n for n in out.graph.node if n.name == "cast_in")
@@ -188,17 +195,20 @@ def test_isinf_follows_its_schema(opset: int, isinf_low: bool) -> None:
 
 def test_if_subgraph_nodes_are_converted_and_valid() -> None:
     then_graph = helper.make_graph(
-        [helper.make_node("Mul", ["a", "W"], ["t"], name="then_mul")], "then", [], [tensor_info("t", F, [3])])
+        [helper.make_node("Mul", ["a", "W"], ["t"], name="then_mul")], "then", [], [tensor_info("t", F, [3])]
+    )
     else_graph = helper.make_graph(
-        [helper.make_node("Add", ["a", "W"], ["e"], name="else_add")], "else", [], [tensor_info("e", F, [3])])
+        [helper.make_node("Add", ["a", "W"], ["e"], name="else_add")], "else", [], [tensor_info("e", F, [3])]
+    )
     nodes = [
         helper.make_node("Relu", ["X"], ["a"], name="relu"),
         helper.make_node("If", ["C"], ["o"], then_branch=then_graph, else_branch=else_graph, name="if"),
         helper.make_node("Sigmoid", ["o"], ["Y"], name="sig"),
     ]
     w = np.array([2.0, 3.0, 4.0], np.float32)
-    model = make_model(nodes, [tensor_info("X", F, [3]), tensor_info("C", TensorProto.BOOL, [])],
-                       [tensor_info("Y", F, [3])], {"W": w})
+    model = make_model(
+        nodes, [tensor_info("X", F, [3]), tensor_info("C", TensorProto.BOOL, [])], [tensor_info("Y", F, [3])], {"W": w}
+    )
     out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
     _check(out)
     x = np.array([0.5, -1.0, 2.0], np.float32)
@@ -213,17 +223,29 @@ def test_if_subgraph_nodes_are_converted_and_valid() -> None:
 
 def test_loop_with_float_carried_state_runs() -> None:
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Mul", ["s_in", "K"], ["m"], name="body_mul"),
-         helper.make_node("Add", ["m", "X"], ["s_out"], name="body_add")],
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Mul", ["s_in", "K"], ["m"], name="body_mul"),
+            helper.make_node("Add", ["m", "X"], ["s_out"], name="body_add"),
+        ],
         "body",
-        [tensor_info("i", TensorProto.INT64, []), tensor_info("cond_in", TensorProto.BOOL, []), tensor_info("s_in", F, [2])],
+        [
+            tensor_info("i", TensorProto.INT64, []),
+            tensor_info("cond_in", TensorProto.BOOL, []),
+            tensor_info("s_in", F, [2]),
+        ],
         [tensor_info("cond_out", TensorProto.BOOL, []), tensor_info("s_out", F, [2])],
     )
-    nodes = [helper.make_node("Loop", ["N", "", "S0"], ["S"], body=body, name="loop"),
-             helper.make_node("Relu", ["S"], ["Y"], name="relu")]
-    model = make_model(nodes, [tensor_info("X", F, [2]), tensor_info("S0", F, [2]), tensor_info("N", TensorProto.INT64, [])],
-                       [tensor_info("Y", F, [2])], {"K": np.array([0.5, 0.25], np.float32)})
+    nodes = [
+        helper.make_node("Loop", ["N", "", "S0"], ["S"], body=body, name="loop"),
+        helper.make_node("Relu", ["S"], ["Y"], name="relu"),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("X", F, [2]), tensor_info("S0", F, [2]), tensor_info("N", TensorProto.INT64, [])],
+        [tensor_info("Y", F, [2])],
+        {"K": np.array([0.5, 0.25], np.float32)},
+    )
     out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
     _check(out)
     feeds = {"X": np.array([1.0, 2.0], np.float32), "S0": np.array([0.0, 1.0], np.float32), "N": np.array(5)}
@@ -231,9 +253,16 @@ def test_loop_with_float_carried_state_runs() -> None:
 
 
 def test_fp64_model_keeps_double_io_and_converts_inside() -> None:
-    nodes = [helper.make_node("Mul", ["X", "W"], ["m"], name="mul"), helper.make_node("Relu", ["m"], ["Y"], name="relu")]
-    model = make_model(nodes, [tensor_info("X", TensorProto.DOUBLE, [2])], [tensor_info("Y", TensorProto.DOUBLE, [2])],
-                       {"W": np.array([1.5, -2.0])})
+    nodes = [
+        helper.make_node("Mul", ["X", "W"], ["m"], name="mul"),
+        helper.make_node("Relu", ["m"], ["Y"], name="relu"),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("X", TensorProto.DOUBLE, [2])],
+        [tensor_info("Y", TensorProto.DOUBLE, [2])],
+        {"W": np.array([1.5, -2.0])},
+    )
     out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
     _check(out)
     assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.DOUBLE
@@ -248,8 +277,13 @@ def test_contrib_op_stays_fp32_without_tensorrt() -> None:
         helper.make_node("FusedMatMul", ["X", "W"], ["f"], domain="com.microsoft", alpha=1.0, name="fused"),
         helper.make_node("Relu", ["f"], ["Y"], name="relu"),
     ]
-    model = make_model(nodes, [tensor_info("X", F, [2, 2])], [tensor_info("Y", F, [2, 2])],
-                       {"W": np.eye(2, dtype=np.float32)}, extra_opsets={"com.microsoft": 1})
+    model = make_model(
+        nodes,
+        [tensor_info("X", F, [2, 2])],
+        [tensor_info("Y", F, [2, 2])],
+        {"W": np.eye(2, dtype=np.float32)},
+        extra_opsets={"com.microsoft": 1},
+    )
     out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
     fused = next(n for n in out.graph.node if n.op_type == "FusedMatMul")
     assert fused.domain == "com.microsoft"  # not renamed into a TensorRT plugin domain
