@@ -214,6 +214,7 @@ def save_model(
             _inline_subgraph_external_tensors(model)
             with open(tmp_name, "wb") as stream:
                 write_streaming(model, stream)
+        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp_name, out)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -224,6 +225,12 @@ def save_model(
         raise
     logger.debug("Saved %s (external data: %s)", out, external_data)
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _inline_subgraph_external_tensors(model: ir.Model) -> None:

@@ -290,7 +290,7 @@ def random_feeds(
     model: ir.Model,
     specs: list[InputSpec] | None = None,
     *,
-    input_shapes: Mapping | None = None,
+    input_shapes: str | Mapping | None = None,
     attempt: int = 0,
     seed: int = 0,
 ) -> dict[str, np.ndarray]:

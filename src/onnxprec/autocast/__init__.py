@@ -25,7 +25,6 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import (
     InlinePass,
-    LiftConstantsToInitializersPass,
     RemoveUnusedNodesPass,
     TopologicalSortPass,
 )
@@ -55,7 +54,13 @@ from onnxprec.autocast.rules import (
 )
 from onnxprec.autocast.validate import IOContract, NumericReport, check_io_contract, check_structure, numeric_check
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
-from onnxprec.passes import ConvertFp64ToFp32Pass, InferTypesPass, NameNodesPass, UpgradeOpsetPass
+from onnxprec.passes import (
+    ConvertFp64ToFp32Pass,
+    InferTypesPass,
+    LiftFloatConstantsPass,
+    NameNodesPass,
+    UpgradeOpsetPass,
+)
 from onnxprec.passes.infer_types import is_standard_op
 from onnxprec.reference import ReferenceResult, run_reference
 
@@ -273,7 +278,7 @@ def _sanitize(model: ir.Model, options: AutoCastOptions) -> None:
         steps.append(InlinePass())
     steps += [
         NameNodesPass(),
-        LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=0),
+        LiftFloatConstantsPass(),
         UpgradeOpsetPass(_target_opset(model, options)),
         ConvertFp64ToFp32Pass(),
         RemoveUnusedNodesPass(),

@@ -1,0 +1,152 @@
+"""Calibration sources, their validation, realistic random data, and streaming reference statistics."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from onnxprec import calibration
+from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError
+from onnxprec.reference import run_reference
+
+
+def _model(batch: int | str = 2) -> ir.Model:
+    nodes = [helper.make_node("Relu", ["X"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["Y"], name="neg")]
+    proto = make_model(nodes, [tensor_info("X", F, [batch, 3])], [tensor_info("Y", F, [batch, 3])])
+    return ir.serde.deserialize_model(proto)
+
+
+def test_npz_is_split_along_static_batch(tmp_path: Path) -> None:
+    path = tmp_path / "c.npz"
+    np.savez(path, X=np.arange(18, dtype=np.float32).reshape(6, 3))
+    batches = calibration.feed_batches(path, _model(2))
+    assert len(batches) == 3 and all(b["X"].shape == (2, 3) for b in batches)
+
+
+def test_npz_folder_and_empty_folder(tmp_path: Path) -> None:
+    for i in range(2):
+        np.savez(tmp_path / f"b{i}.npz", X=np.full((2, 3), i, np.float32))
+    assert len(calibration.feed_batches(tmp_path, _model())) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CalibrationDataError, match="No NPZ files found"):
+        calibration.feed_batches(empty, _model())
+
+
+def test_polygraphy_json(tmp_path: Path) -> None:
+    def encode(array: np.ndarray) -> dict:
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
+
+    data = [{"X": encode(np.ones((2, 3), np.float32))}, {"X": encode(np.zeros((2, 3), np.float32))}]
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps(data))
+    batches = calibration.feed_batches(path, _model())
+    assert len(batches) == 2 and batches[0]["X"].sum() == 6
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(CalibrationDataError, match="Invalid input file"):
+        calibration.feed_batches(bad, _model())
+
+
+@pytest.mark.parametrize(
+    ("feeds", "message"),
+    [
+        ({"Z": np.ones((2, 3), np.float32)}, "do not match"),
+        ({"X": np.ones((2, 3), np.float64)}, "dtype float64"),
+        ({"X": np.ones((2, 4), np.float32)}, "size 4 on axis 1"),
+        ({"X": np.ones((2, 3, 1), np.float32)}, "rank 3"),
+    ],
+)
+def test_mismatched_calibration_data(feeds: dict, message: str) -> None:
+    with pytest.raises(CalibrationDataError, match=message):
+        calibration.feed_batches(feeds, _model())
+
+
+def test_unsupported_file_type(tmp_path: Path) -> None:
+    path = tmp_path / "x.txt"
+    path.write_text("1 2 3")
+    with pytest.raises(CalibrationDataError, match="supported input types"):
+        calibration.feed_batches(path, _model())
+
+
+def test_random_feeds_are_realistic() -> None:
+    table = np.zeros((30000, 8), np.float32)
+    nodes = [
+        helper.make_node("Gather", ["T", "input_ids"], ["g"], name="embed"),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=F),
+        helper.make_node("Unsqueeze", ["m", "ax"], ["mu"]),
+        helper.make_node("Mul", ["g", "mu"], ["Y"]),
+    ]
+    proto = make_model(
+        nodes,
+        [
+            tensor_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            tensor_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+        ],
+        [tensor_info("Y", F, None)],
+        {"T": table, "ax": np.array([2], np.int64)},
+    )
+    feeds = calibration.random_feeds(ir.serde.deserialize_model(proto))
+    assert feeds["input_ids"].shape == (1, 128)
+    assert feeds["input_ids"].min() >= 0 and feeds["input_ids"].max() < 30000
+    assert feeds["input_ids"].max() > 1000  # spread over the table, not {-1, 0, 1}
+    assert (feeds["attention_mask"] == 1).all()
+    override = calibration.random_feeds(
+        ir.serde.deserialize_model(proto), input_shapes="input_ids:2x7,attention_mask:2x7"
+    )
+    assert override["input_ids"].shape == (2, 7)
+
+
+def test_random_image_dims_and_invalid_shapes_text() -> None:
+    proto = make_model(
+        [helper.make_node("Relu", ["img"], ["Y"])],
+        [tensor_info("img", F, ["N", 3, "H", "W"])],
+        [tensor_info("Y", F, None)],
+    )
+    feeds = calibration.random_feeds(ir.serde.deserialize_model(proto))
+    assert feeds["img"].shape == (1, 3, 224, 224)
+    with pytest.raises(InvalidArgumentError, match="name:DIMxDIM"):
+        calibration.parse_input_shapes("img=1x3")
+
+
+def test_multi_batch_statistics_are_exact_and_chunking_does_not_change_them() -> None:
+    model = _model(2)
+    batches = [
+        {"X": np.array([[1, -2, 3], [0, 0, 0]], np.float32)},
+        {"X": np.array([[-7, 5, 0.5], [1, 1, 1]], np.float32)},
+    ]
+    one = run_reference(model, batches)
+    tiny = run_reference(model, batches, budget_bytes=1)  # one tensor per chunk
+    r = one.stats["r"]
+    assert (r.min, r.max, r.absmax, r.shape, r.batches) == (0.0, 5.0, 5.0, (2, 3), 2)
+    y = one.stats["Y"]
+    assert (y.min, y.max, y.absmax) == (-5.0, 0.0, 5.0)
+    for name in ("r", "Y", "X"):
+        assert (tiny.stats[name].absmax, tiny.stats[name].min) == (one.stats[name].absmax, one.stats[name].min)
+    np.testing.assert_array_equal(one.first_outputs["Y"], -np.maximum(batches[0]["X"], 0))
+
+
+def test_random_data_retries_other_sizes(tmp_path: Path) -> None:
+    """A model that cannot run with sequence 128 (a fixed 64-long table added to it) runs after a retry."""
+    from onnxprec.autocast import convert_to_mixed_precision
+
+    nodes = [helper.make_node("Add", ["x", "P"], ["Y"], name="add_pos")]
+    proto = make_model(
+        nodes,
+        [tensor_info("x", F, ["batch", "seq", 4])],
+        [tensor_info("Y", F, None)],
+        {"P": np.zeros((64, 4), np.float32)},
+    )
+    out = convert_to_mixed_precision(proto)
+    onnx.checker.check_model(out)

@@ -1,0 +1,118 @@
+"""AutoCast on real trained models with their real inputs, against ONNX Runtime FP32 outputs.
+
+Needs ../shared/models (skipped with a message on a fresh clone); SmolLM2 also needs the zoo cache built by
+``python -m benchmarks.zoo build smollm2_135m`` (slow tests, ``-m slow``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprec._testing import run, shared_path
+from onnxprec.autocast import convert_file, convert_to_mixed_precision
+
+MODELS = shared_path("models")
+needs_shared = pytest.mark.skipif(
+    MODELS is None, reason="../shared/models is absent (fresh clone): real-model tests skipped"
+)
+
+
+def _effnet() -> tuple[Path, dict[str, np.ndarray]]:
+    assert MODELS is not None
+    return MODELS / "efficientnet_lite0.onnx", {"input": np.load(MODELS / "efficientnet_lite0_input.npy")}
+
+
+def _minilm() -> tuple[Path, dict[str, np.ndarray]]:
+    assert MODELS is not None
+    return MODELS / "minilm_l6_v2_bert.onnx", dict(np.load(MODELS / "minilm_l6_v2_bert_inputs.npz"))
+
+
+def _rel_l2(ref: np.ndarray, got: np.ndarray) -> float:
+    return float(np.linalg.norm(ref - got.astype(np.float32)) / np.linalg.norm(ref))
+
+
+def _strict(model: onnx.ModelProto) -> None:
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+
+
+@needs_shared
+def test_efficientnet_fp16_matches_fp32_on_real_photos(tmp_path: Path) -> None:
+    path, feeds = _effnet()
+    out = tmp_path / "e.onnx"
+    report = convert_file(path, out, keep_io_types=True, calibration_data=feeds)
+    model = onnx.load(out)
+    _strict(model)
+    (ref,) = run(path, feeds)
+    (got,) = run(out, feeds)
+    assert _rel_l2(ref, got) < 0.01
+    assert (ref.argmax(1) == got.argmax(1)).all()  # same top-1 class on every photo
+    assert report.stats.low_nodes == report.stats.nodes == 131
+    assert report.stats.casts == 2  # the input and the output, nothing else
+    assert report.numeric is not None and report.numeric.max_rel_l2 < 0.01
+
+
+@needs_shared
+def test_minilm_fp16_matches_fp32_on_real_sentences(tmp_path: Path) -> None:
+    path, feeds = _minilm()
+    out = tmp_path / "m.onnx"
+    report = convert_file(path, out, keep_io_types=True, calibration_data=feeds)
+    _strict(onnx.load(out))
+    (ref,) = run(path, feeds)
+    (got,) = run(out, feeds)
+    assert _rel_l2(ref, got) < 0.01
+    cos = np.sum(ref * got, -1) / (np.linalg.norm(ref, axis=-1) * np.linalg.norm(got, axis=-1))
+    assert cos.min() > 0.999
+    # Only the attention-mask arithmetic (finfo.min = -3.4e38 on padded tokens) stays FP32; shape values and
+    # token ids above data_max do not count (ModelOpt keeps Gather/Reshape/Shape in FP32 because of them).
+    high = {n.op_type: d.reason for n, d in report.decisions.items() if not d.low}
+    assert set(high) <= {"Where", "Add", "Softmax"}, high
+    assert all("3.403e+38" in reason for reason in high.values())
+
+
+@needs_shared
+@pytest.mark.parametrize("loader", [_effnet, _minilm])
+def test_bf16_models_are_valid(loader) -> None:  # type: ignore[no-untyped-def]
+    path, feeds = loader()
+    model = convert_to_mixed_precision(str(path), low_precision_type="bf16", keep_io_types=True, calibration_data=feeds)
+    _strict(model)
+    assert model.opset_import[0].version >= 22
+    floats = [t for t in model.graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.BFLOAT16)]
+    bf16 = sum(t.data_type == onnx.TensorProto.BFLOAT16 for t in floats)
+    assert bf16 >= 0.9 * len(floats)
+
+
+ZOO = Path(os.environ.get("ONNXPREC_ZOO", Path.home() / ".cache" / "onnxprec" / "zoo"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (ZOO / "smollm2_135m.onnx").exists() or shared_path("models", "smollm2_eval_input_ids.npy") is None,
+    reason="SmolLM2 not built: run `python -m benchmarks.zoo build smollm2_135m`",
+)
+def test_smollm2_fp16_perplexity_within_half_percent(tmp_path: Path) -> None:
+    ids_path = shared_path("models", "smollm2_eval_input_ids.npy")
+    assert ids_path is not None
+    ids = np.load(ids_path)
+    out = tmp_path / "s.onnx"
+    convert_file(ZOO / "smollm2_135m.onnx", out, keep_io_types=True)
+    nll, count = 0.0, 0
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for start in range(0, len(ids), 2):
+        window = ids[start : start + 2]
+        (logits,) = session.run(None, {"input_ids": window})
+        logits = logits[:, :-1].astype(np.float64)
+        logits -= logits.max(-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        nll -= float(np.take_along_axis(logp, window[:, 1:, None], -1).sum())
+        count += window[:, 1:].size
+    ppl = math.exp(nll / count)
+    assert abs(ppl / 18.99 - 1) < 0.005, ppl
