@@ -329,3 +329,57 @@ def test_repeated_calls_are_independent() -> None:
     convert_to_mixed_precision(_mlp(), op_types_to_exclude=["Relu"], data_max=INF, low_precision_type="bf16")
     again = convert_to_mixed_precision(_mlp(), nodes_to_exclude=["add"], data_max=INF)
     assert first.SerializeToString() == again.SerializeToString()
+
+
+def test_already_fp16_model_is_rejected_clearly() -> None:
+    from onnxprec.errors import UnsupportedModelError
+
+    nodes = [helper.make_node("Relu", ["X"], ["Y"], name="relu")]
+    model = make_model(nodes, [tensor_info("X", F16, [2])], [tensor_info("Y", F16, [2])])
+    with pytest.raises(UnsupportedModelError, match="no FP32 tensors"):
+        convert_to_mixed_precision(model, data_max=INF)
+
+
+def test_opset_upgrade_and_requested_opset(caplog: pytest.LogCaptureFixture) -> None:
+    nodes = [helper.make_node("ReduceMean", ["X"], ["Y"], axes=[1], keepdims=0, name="mean")]
+    model = make_model(nodes, [tensor_info("X", F, [2, 3])], [tensor_info("Y", F, [2])], opset=11, ir_version=6)
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    _check(out)
+    assert out.opset_import[0].version == 13 and out.ir_version == 7  # raised only as far as needed
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True, opset=19)
+    _check(out)
+    assert out.opset_import[0].version == 19
+    with caplog.at_level("WARNING"):
+        out = convert_to_mixed_precision(out, data_max=INF, opset=17)
+    assert "lower than the original model's opset" in caplog.text
+    assert out.opset_import[0].version == 19
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(run(out, {"X": x})[0], x.mean(1), rtol=1e-3)
+
+
+def test_layernorm_pattern_over_a_non_trailing_axis_is_not_fused() -> None:
+    """ModelOpt fuses this into LayerNormalization(axis=-2), which normalizes the wrong dims (|error| ~ 1)."""
+    eps = np.array(1e-5, np.float32)
+    two = np.array(2.0, np.float32)
+    axes = np.array([-2], np.int64)
+    nodes = [
+        helper.make_node("ReduceMean", ["X", "axes"], ["mu"], name="rm1"),
+        helper.make_node("Sub", ["X", "mu"], ["d"], name="sub"),
+        helper.make_node("Pow", ["d", "two"], ["sq"], name="pow"),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["var"], name="rm2"),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="add"),
+        helper.make_node("Sqrt", ["ve"], ["sd"], name="sqrt"),
+        helper.make_node("Div", ["d", "sd"], ["Y"], name="div"),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("X", F, [2, 4, 3])],
+        [tensor_info("Y", F, [2, 4, 3])],
+        {"axes": axes, "two": two, "eps": eps},
+        opset=18,
+    )
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    _check(out)
+    assert not _ops(out, "LayerNormalization")
+    x = np.random.default_rng(3).standard_normal((2, 4, 3)).astype(np.float32)
+    np.testing.assert_allclose(run(out, {"X": x})[0], run(model, {"X": x})[0], atol=5e-3)
