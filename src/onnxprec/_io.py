@@ -14,6 +14,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnxprec._protobuf import load_mapped, write_streaming
+from onnxprec._tensors import release
 from onnxprec.errors import InvalidArgumentError, ModelLoadError
 
 __all__ = [
@@ -242,13 +243,18 @@ def _inline_subgraph_external_tensors(model: ir.Model) -> None:
 
 
 def to_model_proto(model: ir.Model) -> onnx.ModelProto:
-    """A self-contained ModelProto: weights mapped from files are read in (the model must be under 2 GB)."""
-    import io
+    """A self-contained ModelProto: weights mapped from files are read into it (as ``onnx.load`` would).
 
-    _inline_subgraph_external_tensors(model)
-    buffer = io.BytesIO()
-    write_streaming(model, buffer)
-    return onnx.load_model_from_string(buffer.getvalue())
+    Above 2 GB the message cannot be serialized as one file: save it with external data
+    (``onnx.save(..., save_as_external_data=True)``), or use :func:`onnxprec.autocast.convert_file`.
+    """
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                value.const_value = ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=value.name)
+                release(tensor)
+    return ir.serde.serialize_model(model)
 
 
 @contextlib.contextmanager
