@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 __all__ = [
     "FLOAT_TYPES",
+    "TYPE_ATTRIBUTES",
     "NameAllocator",
     "all_graphs",
     "dtype_name",
@@ -15,6 +16,17 @@ __all__ = [
 ]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+
+# Ops whose output element type is set by an integer attribute rather than by an input.
+TYPE_ATTRIBUTES = {
+    "Cast": "to",
+    "RandomNormal": "dtype",
+    "RandomUniform": "dtype",
+    "RandomNormalLike": "dtype",
+    "RandomUniformLike": "dtype",
+    "EyeLike": "dtype",
+    "Bernoulli": "dtype",
+}
 
 _SHORT = {
     ir.DataType.FLOAT: "fp32",

@@ -32,6 +32,7 @@ from onnx_ir.passes.common import (
 from onnxprec import calibration
 from onnxprec._io import (
     ModelSource,
+    check_output_path,
     external_data_paths,
     load_model,
     save_model,
@@ -539,8 +540,6 @@ def convert_file(
     )
     source = Path(onnx_path)
     protected = {source.resolve()} if source.exists() else set()
-    from onnxprec._io import check_output_path
-
     check_output_path(output, protected)  # fail before the work, not after
     model, report, reference = convert_model(source, options)
     protected |= external_data_paths(model)

@@ -9,20 +9,12 @@ from dataclasses import dataclass
 import onnx
 import onnx_ir as ir
 
-__all__ = ["DTYPE_ATTRIBUTE_OPS", "SchemaSupport", "schema_support"]
+from onnxprec._graph import TYPE_ATTRIBUTES
 
-# Ops whose floating-point output type comes from an attribute; AutoCast rewrites that attribute.
-DTYPE_ATTRIBUTE_OPS = {
-    "Cast": "to",
-    "RandomNormal": "dtype",
-    "RandomUniform": "dtype",
-    "RandomNormalLike": "dtype",
-    "RandomUniformLike": "dtype",
-    "EyeLike": "dtype",
-    "Bernoulli": "dtype",
-    "ConstantOfShape": "value",
-    "Constant": "value",
-}
+__all__ = ["SchemaSupport", "schema_support"]
+
+# Ops whose floating-point output type comes from an attribute or a constant value; AutoCast rewrites it.
+_RETYPABLE = frozenset({*TYPE_ATTRIBUTES, "ConstantOfShape", "Constant"})
 
 _TYPE_STR = {ir.DataType.FLOAT16: "tensor(float16)", ir.DataType.BFLOAT16: "tensor(bfloat16)"}
 
@@ -89,7 +81,7 @@ def schema_support(
         types = allowed.get(formal.type_str, {formal.type_str})
         if low_str not in types:
             return SchemaSupport(False, f"{node.op_type}-{schema.since_version} has no {low.name.lower()} output type")
-        if formal.type_str not in input_params and node.op_type not in DTYPE_ATTRIBUTE_OPS:
+        if formal.type_str not in input_params and node.op_type not in _RETYPABLE:
             return SchemaSupport(False, f"{node.op_type} output type is set by an attribute AutoCast does not rewrite")
     fp32_inputs = set()
     for i in float_inputs:

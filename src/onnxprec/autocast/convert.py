@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxprec._graph import FLOAT_TYPES, NameAllocator, all_graphs, dtype_name, make_cast
+from onnxprec._graph import FLOAT_TYPES, TYPE_ATTRIBUTES, NameAllocator, all_graphs, dtype_name, make_cast
 from onnxprec._tensors import cast_array, converted_tensor
 from onnxprec.autocast.classify import Decision
 
@@ -29,7 +29,6 @@ _WIDENS = {
     (ir.DataType.BFLOAT16, ir.DataType.DOUBLE),
     (ir.DataType.FLOAT, ir.DataType.DOUBLE),
 }
-_RANDOM_DTYPE_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "EyeLike", "Bernoulli")
 
 
 @dataclass
@@ -100,11 +99,9 @@ class ConvertPrecisionPass(ir.passes.InPlacePass):
         """Rewrites attributes that set an FP32 output type (Cast ``to``, ConstantOfShape ``value``...)."""
         if node.domain not in ("", "ai.onnx"):
             return
-        if node.op_type == "Cast" and node.attributes["to"].as_int() == _F:
-            node.attributes["to"] = ir.AttrInt64("to", self.low)
-        elif node.op_type in _RANDOM_DTYPE_OPS and "dtype" in node.attributes:
-            if node.attributes["dtype"].as_int() == _F:
-                node.attributes["dtype"] = ir.AttrInt64("dtype", self.low)
+        name = TYPE_ATTRIBUTES.get(node.op_type)
+        if name is not None and name in node.attributes and node.attributes[name].as_int() == _F:
+            node.attributes[name] = ir.AttrInt64(name, self.low)
         elif node.op_type in ("ConstantOfShape", "Constant"):
             self._retarget_constant(node)
 

@@ -6,7 +6,7 @@ import logging
 
 import onnx_ir as ir
 
-from onnxprec._graph import NameAllocator, all_graphs, make_cast
+from onnxprec._graph import TYPE_ATTRIBUTES, NameAllocator, all_graphs, make_cast
 from onnxprec._tensors import converted_tensor
 
 __all__ = ["ConvertFp64ToFp32Pass"]
@@ -15,16 +15,6 @@ logger = logging.getLogger(__name__)
 
 _D = ir.DataType.DOUBLE
 _F = ir.DataType.FLOAT
-# Ops whose output type is set by an integer attribute rather than by an input.
-_DTYPE_ATTRS = {
-    "Cast": "to",
-    "RandomNormal": "dtype",
-    "RandomUniform": "dtype",
-    "RandomNormalLike": "dtype",
-    "RandomUniformLike": "dtype",
-    "EyeLike": "dtype",
-    "Bernoulli": "dtype",
-}
 
 
 class ConvertFp64ToFp32Pass(ir.passes.InPlacePass):
@@ -74,7 +64,7 @@ class ConvertFp64ToFp32Pass(ir.passes.InPlacePass):
 
     def _retype_node(self, node: ir.Node, io_values: set[ir.Value]) -> int:
         count = 0
-        attr_name = _DTYPE_ATTRS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        attr_name = TYPE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if attr_name and attr_name in node.attributes and node.attributes[attr_name].as_int() == _D:
             node.attributes[attr_name] = ir.AttrInt64(attr_name, _F)
             count += 1
