@@ -155,3 +155,46 @@ def test_unsupported_schema_beats_include() -> None:
     model = make_model(nodes, scalars, [tensor_info("Y", F, None)])
     d = _decisions(model, data_max=INF, op_types_to_include=["Range"])
     assert d["range"][0] is False and "no float16" in d["range"][1]
+
+
+def _masked_attention() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """scores + mask -> Softmax -> MatMul, with finfo.min in the mask and one fully masked row."""
+    nodes = [
+        helper.make_node("Add", ["S", "M"], ["masked"], name="add_mask"),
+        helper.make_node("Softmax", ["masked"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "V"], ["Y"], name="pv"),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("S", F, [3, 4]), tensor_info("M", F, [3, 4])],
+        [tensor_info("Y", F, [3, 2])],
+        {"V": np.arange(8, dtype=np.float32).reshape(4, 2) / 8},
+    )
+    lowest = np.finfo(np.float32).min
+    mask = np.array([[0, 0, lowest, lowest], [0, lowest, lowest, lowest], [lowest] * 4], np.float32)
+    scores = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    return model, {"S": scores, "M": mask}
+
+
+def test_softmax_looks_past_mask_sentinels_and_is_fed_through_a_saturating_cast() -> None:
+    model, feeds = _masked_attention()
+    d = _decisions(model, calibration_data=feeds, keep_io_types=True)
+    assert d["add_mask"][0] is False  # -3.4e38 + score would overflow fp16
+    assert d["softmax"] == (True, "default") and d["pv"][0] is True
+    out = convert_to_mixed_precision(model, calibration_data=feeds, keep_io_types=True)
+    onnx.checker.check_model(out, full_check=True)
+    clip = next(n for n in out.graph.node if n.op_type == "Clip")
+    assert clip.input[0] == "masked"
+    from onnxprec._testing import run
+
+    (ref,) = run(model, feeds)
+    (got,) = run(out, feeds)
+    assert np.isfinite(got).all()  # the fully masked row stays uniform, as in FP32
+    np.testing.assert_allclose(got, ref, atol=2e-3)
+
+
+def test_softmax_still_trips_on_large_unmasked_values() -> None:
+    model, feeds = _masked_attention()
+    feeds["S"][0, 0] = 1000.0
+    d = _decisions(model, calibration_data=feeds, keep_io_types=True)
+    assert d["softmax"][0] is False and "reaches 1000" in d["softmax"][1]
