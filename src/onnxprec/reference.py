@@ -27,7 +27,6 @@ from onnxprec._tensors import release
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
 
 __all__ = [
-    "SENTINEL",
     "ReferenceResult",
     "TensorStats",
     "ort_providers",
@@ -42,11 +41,7 @@ DEFAULT_BUDGET_BYTES = 768 * 1024 * 1024
 
 @dataclass
 class TensorStats:
-    """Running statistics of one tensor over all batches (ModelOpt's ``TensorStats`` fields).
-
-    ``unmasked_absmax`` leaves out masking sentinels (``|x| >= SENTINEL``, e.g. ``finfo(float32).min`` or
-    -inf added to attention scores): the largest magnitude among the values that carry information.
-    """
+    """Running statistics of one tensor over all batches (ModelOpt's ``TensorStats`` fields)."""
 
     absmax: float
     min: float
@@ -54,26 +49,17 @@ class TensorStats:
     shape: tuple[int, ...]
     dtype: np.dtype
     batches: int = 1
-    unmasked_absmax: float = 0.0
 
     @classmethod
     def of(cls, array: np.ndarray) -> TensorStats:
         lo, hi = _min_max(array)
-        absmax = max(abs(lo), abs(hi))
-        return cls(absmax, lo, hi, tuple(array.shape), array.dtype, 1, _unmasked_absmax(array, absmax))
+        return cls(max(abs(lo), abs(hi)), lo, hi, tuple(array.shape), array.dtype)
 
     def update(self, array: np.ndarray) -> None:
         lo, hi = _min_max(array)
         self.min, self.max = min(self.min, lo), max(self.max, hi)
-        absmax = max(abs(lo), abs(hi))
-        self.absmax = max(self.absmax, absmax)
-        self.unmasked_absmax = max(self.unmasked_absmax, _unmasked_absmax(array, absmax))
+        self.absmax = max(self.absmax, abs(lo), abs(hi))
         self.batches += 1
-
-    @property
-    def has_sentinels(self) -> bool:
-        """Whether the tensor holds masking sentinels (values of magnitude >= SENTINEL, or infinities)."""
-        return self.absmax >= SENTINEL and self.unmasked_absmax < SENTINEL
 
     @property
     def size(self) -> int:
@@ -82,20 +68,6 @@ class TensorStats:
     @property
     def is_float(self) -> bool:
         return bool(np.issubdtype(self.dtype, np.floating))
-
-
-# Magnitudes from here up are masking sentinels (finfo.min fills, -inf), not data: no model computes with them.
-SENTINEL = 1e30
-
-
-def _unmasked_absmax(array: np.ndarray, absmax: float) -> float:
-    if absmax < SENTINEL or math.isnan(absmax) or not np.issubdtype(array.dtype, np.floating):
-        return absmax
-    if np.isnan(array).any():
-        return math.inf
-    magnitudes = np.abs(array)
-    kept = magnitudes[magnitudes < SENTINEL]
-    return float(kept.max()) if kept.size else 0.0
 
 
 def _min_max(array: np.ndarray) -> tuple[float, float]:

@@ -63,7 +63,7 @@ from onnxprec.passes import (
     UpgradeOpsetPass,
 )
 from onnxprec.passes.infer_types import is_standard_op
-from onnxprec.reference import SENTINEL, ReferenceResult, run_reference
+from onnxprec.reference import ReferenceResult, run_reference
 
 __all__ = [
     "AutoCastOptions",
@@ -395,15 +395,11 @@ def convert_model(
     report.decisions = classify(
         model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
     )
-    sentinels = (
-        frozenset(name for name, s in reference.stats.items() if s.absmax >= SENTINEL) if reference else frozenset()
-    )
     convert = ConvertPrecisionPass(
         report.decisions,
         options.low,
         keep_io_types=options.keep_io_types,
         init_conversion_max_bytes=options.init_conversion_max_bytes,
-        saturate=sentinels,
     )
     cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
     _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())

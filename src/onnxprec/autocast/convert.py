@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import FLOAT_TYPES, TYPE_ATTRIBUTES, NameAllocator, all_graphs, dtype_name, make_cast
-from onnxprec._tensors import cast_array, converted_tensor, finite_max
+from onnxprec._tensors import cast_array, converted_tensor
 from onnxprec.autocast.classify import Decision
 
 __all__ = ["ConversionStats", "ConvertPrecisionPass", "RemoveRedundantCastsPass"]
@@ -51,8 +51,6 @@ class ConvertPrecisionPass(ir.passes.InPlacePass):
         low: FLOAT16 or BFLOAT16.
         keep_io_types: Keep FP32 graph inputs and outputs (casts at the boundary) instead of retyping them.
         init_conversion_max_bytes: Initializers larger than this stay FP32 and are cast at run time.
-        saturate: Names of tensors holding masking sentinels (e.g. -3.4e38): their casts to ``low`` clip to the
-            low type's finite range first, so the sentinels become -65504 rather than -inf.
     """
 
     def __init__(
@@ -62,11 +60,8 @@ class ConvertPrecisionPass(ir.passes.InPlacePass):
         *,
         keep_io_types: bool = False,
         init_conversion_max_bytes: int | None = None,
-        saturate: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
-        self.saturate = saturate
-        self.saturating_clips = 0
         self.decisions = decisions
         self.low = low
         self.keep_io_types = keep_io_types
@@ -90,37 +85,15 @@ class ConvertPrecisionPass(ir.passes.InPlacePass):
         cached = self._casts.get(key)
         if cached is not None:
             return cached
-        saturate = to == self.low and value.name in self.saturate
-        source = self._clip_to_low_range(value) if saturate else None
-        cast = make_cast(source.outputs[0] if source else value, to, self._names)
+        cast = make_cast(value, to, self._names)
         producer = value.producer()
-        new_nodes = [source, cast] if source else [cast]
         if producer is not None and producer.graph is graph:
-            graph.insert_after(producer, new_nodes)
+            graph.insert_after(producer, cast)
         else:
-            graph.insert_before(next(iter(graph)), new_nodes)
+            graph.insert_before(next(iter(graph)), cast)
         self._casts[key] = cast.outputs[0]
         self.created.append(cast)
         return cast.outputs[0]
-
-    def _clip_to_low_range(self, value: ir.Value) -> ir.Node:
-        """``Clip(value, -max, max)`` so masking sentinels become the low type's extreme, not -inf or NaN."""
-        if not self._limits:
-            limit = finite_max(self.low)
-            for side, sign in (("min", -1.0), ("max", 1.0)):
-                bound = ir.Value(
-                    name=self._names(f"autocast_{dtype_name(self.low)}_{side}"),
-                    type=ir.TensorType(_F),
-                    shape=ir.Shape([]),
-                    const_value=ir.tensor(np.array(sign * limit, np.float32)),
-                )
-                self._main.register_initializer(bound)
-                self._limits.append(bound)
-        out = ir.Value(name=self._names(f"{value.name}_saturated"), type=ir.TensorType(_F), shape=value.shape)
-        self.saturating_clips += 1
-        return ir.Node(
-            "", "Clip", [value, *self._limits], outputs=[out], name=self._names.node(f"{value.name}_saturate")
-        )
 
     def _retarget_attributes(self, node: ir.Node) -> None:
         """Rewrites attributes that set an FP32 output type (Cast ``to``, ConstantOfShape ``value``...)."""
@@ -152,8 +125,6 @@ class ConvertPrecisionPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self._names = NameAllocator(model)
         self._casts: dict[tuple[ir.Value, ir.DataType, ir.Graph], ir.Value] = {}
-        self._main = model.graph
-        self._limits: list[ir.Value] = []
         graphs = list(all_graphs(model.graph))
         self._fp32 = self._collect_fp32(graphs)
         self._retype(model, graphs)

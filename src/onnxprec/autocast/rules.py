@@ -119,19 +119,11 @@ class InitializerRangeRule:
         return None
 
 
-# Ops for which masking sentinels in the input are harmless: a masked entry's probability is 0 whether the
-# sentinel is -3.4e38, -inf or (after AutoCast's saturating cast) -65504.
-SENTINEL_TOLERANT_OPS = frozenset({"Softmax"})
-
-
 class DataRangeRule:
     """Keeps nodes whose floating-point inputs or outputs exceed ``data_max`` in the reference run.
 
     Integer and bool tensors never trip it: shape values and token ids above 512 are not overflow risks
-    (ModelOpt checks them too and needlessly keeps Reshape, Gather and Shape nodes in FP32). A Softmax looks
-    past masking sentinels in its input (``finfo.min`` fills added to attention scores): only the values that
-    carry information must fit; the converter feeds it through a saturating cast, so a fully masked row stays
-    uniform as in FP32 instead of becoming NaN.
+    (ModelOpt checks them too and needlessly keeps Reshape, Gather and Shape nodes in FP32).
     """
 
     def __init__(self, data_max: float) -> None:
@@ -147,11 +139,8 @@ class DataRangeRule:
                 stats = ctx.stats.get(str(value.name))
                 if stats is None or not stats.is_float or stats.size == 0:
                     continue
-                absmax = stats.absmax
-                if kind == "input" and node.op_type in SENTINEL_TOLERANT_OPS and stats.has_sentinels:
-                    absmax = stats.unmasked_absmax
-                if absmax > self.data_max:
-                    return f"{kind} '{value.name}' reaches {absmax:.4g} > data_max {self.data_max:g}"
+                if stats.absmax > self.data_max:
+                    return f"{kind} '{value.name}' reaches {stats.absmax:.4g} > data_max {self.data_max:g}"
         return None
 
 
