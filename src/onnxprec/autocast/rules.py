@@ -45,7 +45,12 @@ class RuleContext:
     _init_absmax: dict[int, float] = field(default_factory=dict)
 
     def initializer_absmax(self, value: ir.Value) -> float:
-        """Largest magnitude of an initializer's values (read once, then the mapping is released)."""
+        """Largest magnitude of an initializer's values, masking sentinels left out.
+
+        Values of magnitude >= ``SENTINEL`` (``finfo(float32).min`` or -inf used as an attention-mask fill)
+        are not data: converting them clamps them to the low type's extreme (-65504), which masks just as
+        well. Read once, then the mapping is released.
+        """
         key = id(value)
         if key not in self._init_absmax:
             tensor = value.const_value
@@ -56,7 +61,10 @@ class RuleContext:
             elif np.isnan(array).any():
                 result = math.inf
             else:
-                result = float(max(abs(float(array.max())), abs(float(array.min()))))
+                magnitudes = np.abs(array)
+                kept = magnitudes[magnitudes < SENTINEL]
+                result = float(kept.max()) if kept.size else 0.0
+                del magnitudes, kept
             del array
             release(tensor)
             self._init_absmax[key] = result
@@ -72,6 +80,9 @@ class RuleContext:
             return self.stats[value.name].shape
         return None
 
+
+# Magnitudes from here up are masking sentinels (finfo.min fills, infinities), not data.
+SENTINEL = 1e30
 
 Rule = Callable[[ir.Node, RuleContext], "str | None"]
 

@@ -155,3 +155,32 @@ def test_unsupported_schema_beats_include() -> None:
     model = make_model(nodes, scalars, [tensor_info("Y", F, None)])
     d = _decisions(model, data_max=INF, op_types_to_include=["Range"])
     assert d["range"][0] is False and "no float16" in d["range"][1]
+
+
+def test_mask_sentinel_initializers_do_not_trip_init_max() -> None:
+    """A finfo.min mask fill is clamped to -65504 (still a mask), so its Where need not stay FP32."""
+    lowest = np.array(np.finfo(np.float32).min, np.float32)
+    nodes = [
+        helper.make_node("Where", ["C", "fill", "X"], ["masked"], name="mask_fill"),
+        helper.make_node("Softmax", ["masked"], ["Y"], axis=-1, name="softmax"),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_info("C", TensorProto.BOOL, [2, 3]), tensor_info("X", F, [2, 3])],
+        [tensor_info("Y", F, [2, 3])],
+        {"fill": lowest},
+    )
+    d = _decisions(model, data_max=INF)
+    assert d["mask_fill"] == (True, "default")
+    big = make_model(
+        nodes,
+        [tensor_info("C", TensorProto.BOOL, [2, 3]), tensor_info("X", F, [2, 3])],
+        [tensor_info("Y", F, [2, 3])],
+        {"fill": np.array(-1e6, np.float32)},
+    )
+    assert _decisions(big, data_max=INF)["mask_fill"][0] is False  # a real large value still trips
+    out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
+    from onnxprec._testing import run
+
+    feeds = {"C": np.array([[True, False, False], [False, False, True]]), "X": np.ones((2, 3), np.float32)}
+    np.testing.assert_allclose(run(out, feeds)[0], run(model, feeds)[0], atol=1e-3)
