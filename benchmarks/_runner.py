@@ -1,0 +1,163 @@
+"""One converter run, as a user would start it: ``python benchmarks/_runner.py TOOL --input IN --output OUT``.
+
+A standalone script (stdlib only at the top; it runs in the project venv or in the anchors venv, never imports
+the ``benchmarks`` package). The harness wraps it in ``/usr/bin/time -v`` for whole-process wall time and peak
+RSS; the script itself reports, as one line ``@@BENCH {json}`` on stdout, the time spent importing the tool and
+the conversion-only time (load + convert + save, the tool's own entry point, without interpreter start-up and
+imports).
+
+Tools (each the entry point users call):
+  onnxprec           ``python -m onnxprec.autocast`` (its CLI main, ModelOpt's flags)
+  modelopt           ``python -m modelopt.onnx.autocast`` (its CLI main)
+  occ_fp16           onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)
+  occ_amp            onnxconverter_common.auto_mixed_precision.auto_convert_mixed_precision on the real inputs
+  ort_fp16           onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)
+  baseline_loadsave  onnx.load + onnx.save (external data kept external)
+"""
+
+from __future__ import annotations
+
+import time
+
+_T0 = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+MARKER = "@@BENCH "
+# never import benchmarks/*.py (harness.py, metrics.py...) as top-level modules by accident
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if not p or str(Path(p).resolve()) != _HERE]
+
+
+def _autocast_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["--onnx_path", args.input, "--output_path", args.output, "--keep_io_types"]
+    if args.data_max is not None:
+        argv += ["--data_max", args.data_max]
+    return argv
+
+
+def _has_external_data(model: Any) -> bool:
+    from onnx import TensorProto
+
+    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def _load(path: str) -> tuple[Any, bool]:
+    """onnx.load, telling whether the weights were external (so that the result keeps them external)."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    external = _has_external_data(model)
+    if external:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(Path(path).parent))
+    return model, external
+
+
+def _save(model: Any, path: str, external: bool) -> None:
+    import onnx
+
+    if external or model.ByteSize() > 2_000_000_000:
+        onnx.save_model(
+            model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=Path(path).name + ".data"
+        )
+    else:
+        onnx.save_model(model, path)
+
+
+def _inputs(path: str | None) -> dict[str, Any]:
+    import numpy as np
+
+    if not path:
+        raise SystemExit("this tool needs --inputs (an .npz of the model's real inputs)")
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def run(args: argparse.Namespace) -> tuple[float, float, int]:
+    """Imports and runs the tool; returns (import seconds, conversion seconds, exit code)."""
+    t = time.perf_counter()
+    tool = args.tool
+    if tool == "onnxprec":
+        import onnxprec.autocast  # noqa: F401  (the CLI imports it lazily: count it as import time)
+        from onnxprec.cli import autocast_main
+
+        t_imp = time.perf_counter() - t
+        t = time.perf_counter()
+        rc = autocast_main(_autocast_argv(args))
+        return t_imp, time.perf_counter() - t, int(rc or 0)
+    if tool == "modelopt":
+        from modelopt.onnx.autocast.__main__ import main as modelopt_main
+
+        t_imp = time.perf_counter() - t
+        t = time.perf_counter()
+        modelopt_main(_autocast_argv(args))
+        return t_imp, time.perf_counter() - t, 0
+    if tool == "baseline_loadsave":
+        import onnx  # noqa: F401
+
+        t_imp = time.perf_counter() - t
+        t = time.perf_counter()
+        model, external = _load(args.input)
+        _save(model, args.output, external)
+        return t_imp, time.perf_counter() - t, 0
+    if tool in ("occ_fp16", "ort_fp16"):
+        if tool == "occ_fp16":
+            from onnxconverter_common.float16 import convert_float_to_float16
+        else:
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+        t_imp = time.perf_counter() - t
+        t = time.perf_counter()
+        model, external = _load(args.input)
+        model = convert_float_to_float16(model, keep_io_types=True)
+        _save(model, args.output, external)
+        return t_imp, time.perf_counter() - t, 0
+    if tool == "occ_amp":
+        from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
+
+        t_imp = time.perf_counter() - t
+        feeds = _inputs(args.inputs)
+        t = time.perf_counter()
+        model, external = _load(args.input)
+        model = auto_convert_mixed_precision(model, feeds, rtol=args.rtol, atol=args.atol, keep_io_types=True)
+        _save(model, args.output, external)
+        return t_imp, time.perf_counter() - t, 0
+    raise SystemExit(f"unknown tool {tool!r}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tool")
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--data-max", default=None, help="AutoCast --data_max (e.g. inf); default: the tool's own")
+    ap.add_argument("--inputs", default=None, help=".npz of real inputs (occ_amp)")
+    ap.add_argument("--rtol", type=float, default=0.01, help="occ_amp rtol")
+    ap.add_argument("--atol", type=float, default=0.001, help="occ_amp atol")
+    args = ap.parse_args()
+    record: dict[str, Any] = {"tool": args.tool, "pid": os.getpid()}
+    try:
+        t_imp, t_conv, rc = run(args)
+        record.update(import_s=t_imp, convert_s=t_conv, rc=rc)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 2
+        record.update(rc=rc, error=str(e.code))
+    except BaseException as e:  # report any failure as a result, with its traceback in the log
+        traceback.print_exc()
+        rc = 1
+        record.update(rc=rc, error=f"{type(e).__name__}: {e}"[:500])
+    record["process_s"] = time.perf_counter() - _T0
+    sys.stderr.flush()
+    print(MARKER + json.dumps(record), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,548 @@
+"""The benchmark run: every tool on every model, alternating (A B A B), then the metrics, into one JSON file.
+
+For each model, ``repeats`` rounds each run every tool once, in the same order (so a slow spell on the shared
+machine hits all tools alike); every run is a fresh process measured by :mod:`benchmarks.proc`. A tool that
+times out, passes the memory limit or fails on its first round is not run again on that model. Then the kept
+output of each tool (its first successful round) goes to the metrics worker (:mod:`benchmarks.metrics`), and
+the model's block is written to the results file before the next model starts, so an interrupted run keeps
+what it measured.
+
+Ratios against an anchor are computed per round (a tool's round r against the anchor's round r, measured
+seconds apart) and then summarised (median, min, max).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from . import zoo
+from .metrics import external_files, file_size
+from .proc import gnu_time_available, run_measured
+from .tools import HEAVY_MODELS, TOOLS, Tool, default_tools, family, python_for, tool_command
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SCHEMA = 1
+RATIO_ANCHORS = ("modelopt", "modelopt:inf", "baseline_loadsave")
+TOP1_MODELS = frozenset({"efficientnet_lite0", "smollm2_135m"})
+PERPLEXITY_MODELS = frozenset({"smollm2_135m"})
+EVAL_BATCH = {"smollm2_135m": 2}  # windows per ONNX Runtime call when measuring accuracy (bounds memory)
+METRICS_TIMEOUT_S = 3600.0
+MIB = 1 << 20
+
+_ONNXPREC_COUNTS = re.compile(r"Converted (\d+)/(\d+) nodes \([\d.]+%\) to \w+; (\d+) casts inserted")
+_MODELOPT_COUNTS = re.compile(r"Converted (\d+)/(\d+) nodes \([\d.]+%\) to \w+")
+
+
+@dataclass
+class RunConfig:
+    """What ``python -m benchmarks run`` was asked to do."""
+
+    models: list[str]
+    tools: list[str] | None = None
+    repeats: int = 3
+    heavy_repeats: int = 1
+    timeout_s: float = 600.0
+    mem_limit_mb: float | None = None
+    zoo_dir: Path | None = None
+    results_dir: Path = RESULTS_DIR
+    work_dir: Path | None = None
+    tag: str | None = None
+    metrics: bool = True
+    latency: bool = True
+    latency_budget_s: float = 3.0
+    keep_outputs: bool = False
+    anchors_python: Path | None = None
+    command: str = ""
+    progress: Callable[[str], None] | None = None
+    _anchor_versions: dict[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# environment
+# ------------------------------------------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, RAM (from /proc), OS and Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": round(ram / (1 << 30), 1) if ram else None,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "gnu_time": gnu_time_available(),
+    }
+
+
+def _git(*args: str) -> str | None:
+    try:
+        res = subprocess.run(
+            ["git", "--no-optional-locks", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def project_versions() -> dict[str, Any]:
+    """onnxprec (version, git sha, whether src/ differs from it) and the libraries of this venv."""
+    out: dict[str, Any] = {}
+    for pkg in ("onnxprec", "onnx", "onnxruntime", "onnx-ir", "numpy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    sha = _git("rev-parse", "--short=10", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=all", "--", "src")
+    out["onnxprec_git"] = f"{sha}{'+local changes in src/' if dirty else ''}" if sha else None
+    out["onnxprec_src_sha256"] = onnxprec_source_hash()
+    return out
+
+
+def onnxprec_source_hash() -> str | None:
+    """Short SHA-256 of the onnxprec sources in use (tells apart runs made while src/ was being edited)."""
+    try:
+        import onnxprec
+    except ImportError:
+        return None
+    root = Path(onnxprec.__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(p.relative_to(root).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def anchor_versions(python: Path) -> dict[str, str]:
+    """Versions of the anchors venv's tools."""
+    code = (
+        "import json, importlib.metadata as m\n"
+        "out = {}\n"
+        "for p in ('nvidia-modelopt', 'onnxconverter-common', 'onnx', 'onnxruntime', 'torch'):\n"
+        "    try: out[p] = m.version(p)\n"
+        "    except m.PackageNotFoundError: out[p] = None\n"
+        "print(json.dumps(out))"
+    )
+    res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    return dict(json.loads(res.stdout))
+
+
+def default_mem_limit_mb() -> float:
+    """75 % of the machine's RAM: a tool above it is stopped (recorded as memory-limit)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024 * 0.75
+    except OSError:
+        pass
+    return 16 * 1024.0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# statistics
+# ------------------------------------------------------------------------------------------------------------
+
+
+def stats(values: Sequence[float | None]) -> dict[str, Any] | None:
+    """median, min, max and n of the non-None values (None when there are none)."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def paired_ratios(tool_runs: list[dict[str, Any]], anchor_runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per-round ratios of a tool against an anchor (rounds where both succeeded), summarised.
+
+    speedup = anchor wall / tool wall (higher is better); time_ratio its inverse; rss_ratio = tool peak RSS /
+    anchor peak RSS (lower is better)."""
+    by_round = {r["repeat"]: r for r in anchor_runs if r["status"] == "ok"}
+    speed, tratio, rss = [], [], []
+    for r in tool_runs:
+        a = by_round.get(r["repeat"])
+        if r["status"] != "ok" or a is None:
+            continue
+        speed.append(a["wall_s"] / r["wall_s"])
+        tratio.append(r["wall_s"] / a["wall_s"])
+        if r.get("peak_rss_mb") and a.get("peak_rss_mb"):
+            rss.append(r["peak_rss_mb"] / a["peak_rss_mb"])
+    if not speed:
+        return None
+    return {"speedup": stats(speed), "time_ratio": stats(tratio), "rss_ratio": stats(rss), "paired": True}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the run
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _tool_counts(tool: Tool, log: str) -> dict[str, int] | None:
+    """The tool's own "Converted X/Y nodes" (and casts) line, when it prints one."""
+    if tool.runner == "onnxprec":
+        m = list(_ONNXPREC_COUNTS.finditer(log))
+        if m:
+            low, total, casts = (int(x) for x in m[-1].groups())
+            return {"low_nodes": low, "nodes": total, "casts_inserted": casts}
+    elif tool.runner == "modelopt":
+        m = list(_MODELOPT_COUNTS.finditer(log))
+        if m:
+            low, total = (int(x) for x in m[-1].groups())
+            return {"low_nodes": low, "nodes": total}
+    return None
+
+
+def _applicable(tool: Tool, model_bytes: int) -> str | None:
+    """Why ``tool`` is skipped on a model of this size, or None."""
+    if tool.max_model_mb is not None and model_bytes / MIB > tool.max_model_mb:
+        return f"model above {tool.max_model_mb:.0f} MB (too slow for this tool)"
+    return None
+
+
+def _results_path(config: RunConfig, started: dt.datetime) -> Path:
+    tag = config.tag
+    if not tag:
+        tag = "all" if len(config.models) > 6 else "+".join(config.models)[:60]
+    tag = re.sub(r"[^A-Za-z0-9._+-]+", "-", tag)
+    base = config.results_dir / f"{started:%Y-%m-%d}-{tag}"
+    path = base.with_suffix(".json")
+    n = 2
+    while path.exists():
+        path = Path(f"{base}-{n}.json")
+        n += 1
+    return path
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def _say(config: RunConfig, msg: str) -> None:
+    logger.info("%s", msg)
+    if config.progress is not None:
+        config.progress(msg)
+
+
+def run(config: RunConfig) -> Path:
+    """Runs the benchmark; returns the results JSON path (written after every model)."""
+    started = dt.datetime.now().astimezone()
+    plan: list[tuple[str, list[Tool]]] = []
+    for model in config.models:
+        zoo._check_name(model)
+        names = config.tools if config.tools is not None else list(default_tools(model))
+        plan.append((model, [TOOLS[n] for n in names]))
+    if any(t.venv == "anchors" for _, ts in plan for t in ts) and config.anchors_python is None:
+        from .anchors_env import ensure_anchor_venv
+
+        config.anchors_python = ensure_anchor_venv()
+    mem_limit = config.mem_limit_mb if config.mem_limit_mb is not None else default_mem_limit_mb()
+    out_path = _results_path(config, started)
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "run_id": out_path.stem,
+        "date": started.isoformat(timespec="seconds"),
+        "command": config.command,
+        "machine": machine_info(),
+        "versions": {
+            "project": project_versions(),
+            "anchors": anchor_versions(config.anchors_python) if config.anchors_python else {},
+        },
+        "settings": {
+            "repeats": config.repeats,
+            "heavy_repeats": config.heavy_repeats,
+            "heavy_models": sorted(HEAVY_MODELS),
+            "timeout_s": config.timeout_s,
+            "mem_limit_mb": round(mem_limit),
+            "latency_budget_s": config.latency_budget_s,
+            "page_cache": "model files read once before every tool run (when they fit in half the free RAM)",
+        },
+        "models": {},
+    }
+    _write_json(out_path, data)
+    _say(config, f"results -> {out_path}")
+    work_root = Path(tempfile.mkdtemp(prefix="onnxprec-bench-", dir=config.work_dir))
+    try:
+        for model, tools in plan:
+            t0 = time.perf_counter()
+            data["models"][model] = _run_model(config, model, tools, work_root / _safe(model), mem_limit)
+            data["finished"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            _write_json(out_path, data)
+            _say(config, f"{model}: done in {time.perf_counter() - t0:.0f} s")
+    finally:
+        if config.keep_outputs:
+            _say(config, f"outputs kept in {work_root}")
+        else:
+            shutil.rmtree(work_root, ignore_errors=True)
+    return out_path
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem_limit: float) -> dict[str, Any]:
+    src = zoo.model_path(model, config.zoo_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    inputs_npz = work / "inputs.npz"
+    with open(inputs_npz, "wb") as f:
+        np.savez(f, **zoo.inputs(model, config.zoo_dir))  # type: ignore[arg-type]
+    size = file_size(src)
+    files = model_files(src)
+    repeats = config.heavy_repeats if model in HEAVY_MODELS else config.repeats
+    block: dict[str, Any] = {
+        "onnxprec_src_sha256": onnxprec_source_hash(),
+        "family": family(model),
+        "file_bytes": size,
+        "repeats": repeats,
+        "order": [t.id for t in tools],
+        "tools": {},
+    }
+    active: list[Tool] = []
+    for tool in tools:
+        why = _applicable(tool, size)
+        entry: dict[str, Any] = {
+            "label": tool.label,
+            "command": tool.user_command.format(src=f"{model}.onnx", dst="out.onnx"),
+            "runs": [],
+        }
+        if why:
+            entry["status"] = "skipped"
+            entry["reason"] = why
+            _say(config, f"{model} {tool.id}: skipped ({why})")
+        else:
+            active.append(tool)
+        block["tools"][tool.id] = entry
+    kept: dict[str, Path] = {}
+    stopped: set[str] = set()
+    for rep in range(repeats):
+        for tool in active:
+            if tool.id in stopped or (tool.max_repeats is not None and rep >= tool.max_repeats):
+                continue
+            entry = block["tools"][tool.id]
+            rdir = work / f"{_safe(tool.id)}-r{rep}"
+            rdir.mkdir(parents=True, exist_ok=True)
+            dst = rdir / "out.onnx"
+            cmd = tool_command(tool, python_for(tool, config.anchors_python), src, dst, inputs_npz)
+            timeout = min(config.timeout_s, tool.timeout_s or config.timeout_s)
+            warm_page_cache(files)
+            res = run_measured(cmd, rdir / "log.txt", timeout_s=timeout, mem_limit_mb=mem_limit, cwd=rdir)
+            log = (rdir / "log.txt").read_text(errors="replace")
+            runner = res.runner or {}
+            record: dict[str, Any] = {
+                "repeat": rep,
+                "status": res.status,
+                "wall_s": res.wall_s,
+                "peak_rss_mb": res.peak_rss_mb,
+                "rss_source": res.rss_source,
+                "poll_peak_rss_mb": res.poll_peak_rss_mb,
+                "user_s": res.user_s,
+                "sys_s": res.sys_s,
+                "import_s": runner.get("import_s"),
+                "convert_s": runner.get("convert_s"),
+                "returncode": res.returncode,
+            }
+            if res.status == "ok" and dst.exists():
+                record["out_bytes"] = file_size(dst)
+                counts = _tool_counts(tool, log)
+                if counts:
+                    record["tool_reported"] = counts
+            elif res.status == "ok":
+                record["status"] = "failed"
+                record["error"] = "no output file"
+            if record["status"] == "memory-limit":
+                record["error"] = f"stopped above the memory limit ({mem_limit:.0f} MiB) after {res.wall_s:.0f} s"
+            elif record["status"] == "timeout":
+                record["error"] = f"stopped at the timeout ({timeout:.0f} s)"
+            if record["status"] != "ok":
+                record["error"] = (
+                    record.get("error") or runner.get("error") or _last_error(res.log_tail) or "see log_tail"
+                )
+                record["log_tail"] = res.log_tail[-12:]
+                stopped.add(tool.id)
+            entry["runs"].append(record)
+            _say(
+                config,
+                f"{model} r{rep} {tool.id:18s} {record['status']:12s} wall {res.wall_s:7.2f} s  "
+                f"rss {res.peak_rss_mb or 0:8.0f} MB"
+                + (f"  convert {record['convert_s']:.2f} s" if record.get("convert_s") is not None else "")
+                + (f"  ({record.get('error')})" if record["status"] != "ok" else ""),
+            )
+            if record["status"] == "ok" and tool.id not in kept:
+                kept[tool.id] = dst
+            elif tool.id not in kept or kept[tool.id].parent != rdir:
+                shutil.rmtree(rdir, ignore_errors=True)
+    for tool in active:
+        _summarise(block["tools"][tool.id])
+    for tool in active:
+        entry = block["tools"][tool.id]
+        entry["vs"] = {}
+        for anchor in RATIO_ANCHORS:
+            if anchor != tool.id and anchor in block["tools"]:
+                ratios = paired_ratios(entry["runs"], block["tools"][anchor]["runs"])
+                if ratios:
+                    entry["vs"][anchor] = ratios
+    if config.metrics and kept:
+        block.update(_metrics(config, model, src, work, kept, [t for t in active if t.evaluate]))
+        merge_tool_metrics(block)
+    if not config.keep_outputs:
+        for p in kept.values():
+            shutil.rmtree(p.parent, ignore_errors=True)
+    return block
+
+
+def model_files(path: Path) -> list[Path]:
+    """The model file and its external data files."""
+    return [path, *external_files(onnx.load(str(path), load_external_data=False), path.parent)]
+
+
+def warm_page_cache(files: list[Path]) -> float:
+    """Reads the model's files once, so that every tool run starts with the model in the page cache (as right
+    after exporting it) instead of whichever run comes first paying for the disk; skipped when the files would
+    not fit in half the available memory. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    total = sum(p.stat().st_size for p in files if p.exists())
+    try:
+        import psutil
+
+        if total > psutil.virtual_memory().available / 2:
+            return 0.0
+    except ImportError:
+        pass
+    buf = bytearray(16 << 20)
+    for p in files:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+    return time.perf_counter() - t0
+
+
+def _last_error(tail: list[str]) -> str:
+    for line in reversed(tail):
+        if line.strip() and not line.startswith(("\t", " ")):
+            return line.strip()[:300]
+    return "see log_tail"
+
+
+def _summarise(entry: dict[str, Any]) -> None:
+    runs = entry["runs"]
+    ok = [r for r in runs if r["status"] == "ok"]
+    if not runs:
+        entry["status"] = "not run"
+    elif len(ok) == len(runs):
+        entry["status"] = "ok"
+    elif ok:
+        entry["status"] = "partial"
+    else:
+        entry["status"] = runs[0]["status"]
+    summary: dict[str, Any] = {}
+    for key in ("wall_s", "peak_rss_mb", "convert_s", "import_s", "user_s", "sys_s"):
+        s = stats([r.get(key) for r in ok])
+        if s:
+            summary[key] = s
+    sizes = sorted({r["out_bytes"] for r in ok if "out_bytes" in r})
+    if sizes:
+        summary["out_bytes"] = sizes[0]
+        if len(sizes) > 1:
+            summary["out_bytes_differ"] = sizes
+    counts = [r["tool_reported"] for r in ok if "tool_reported" in r]
+    if counts:
+        entry["tool_reported"] = counts[0]
+    entry["summary"] = summary
+    if not ok and runs:
+        entry["error"] = runs[0].get("error")
+
+
+def _metrics(
+    config: RunConfig, model: str, src: Path, work: Path, kept: dict[str, Path], evaluate: list[Tool]
+) -> dict[str, Any]:
+    """Runs the metrics worker on the kept outputs; returns the model-level keys to add to its block (the
+    per-tool metrics under ``_tool_metrics``, for :func:`merge_tool_metrics`)."""
+    spec = {
+        "model": model,
+        "fp32": str(src),
+        "inputs": str(work / "inputs.npz"),
+        "candidates": {k: str(v) for k, v in kept.items()},
+        "evaluate": [t.id for t in evaluate if t.id in kept],
+        "top1": model in TOP1_MODELS,
+        "perplexity": model in PERPLEXITY_MODELS,
+        "batch": EVAL_BATCH.get(model),
+        "latency": config.latency,
+        "latency_budget_s": config.latency_budget_s,
+        "work": str(work / "metrics"),
+    }
+    spec_path = work / "metrics-spec.json"
+    out_path = work / "metrics-out.json"
+    spec_path.write_text(json.dumps(spec))
+    _say(config, f"{model}: metrics (structure, accuracy, CPU latency) for {', '.join(kept)}")
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    res = run_measured(
+        [sys.executable, "-m", "benchmarks.metrics", str(spec_path), str(out_path)],
+        work / "metrics-log.txt",
+        timeout_s=METRICS_TIMEOUT_S,
+        cwd=REPO_ROOT,
+        env=env,
+    )
+    if res.status != "ok" or not out_path.exists():
+        logger.error("%s: metrics worker %s:\n%s", model, res.status, "\n".join(res.log_tail))
+        return {"metrics_error": f"{res.status}: {_last_error(res.log_tail)}"}
+    result = json.loads(out_path.read_text())
+    block: dict[str, Any] = {"fp32": result.get("fp32", {}), "metrics_s": time.perf_counter() - t0}
+    if "latency_mode" in result:
+        block["latency_mode"] = result["latency_mode"]
+    block["_tool_metrics"] = result.get("tools", {})
+    return block
+
+
+def merge_tool_metrics(block: dict[str, Any]) -> None:
+    """Moves the worker's per-tool metrics into each tool's entry."""
+    for key, metrics in block.pop("_tool_metrics", {}).items():
+        block["tools"].setdefault(key, {}).update(metrics)
