@@ -61,10 +61,12 @@ class RuleContext:
             elif np.isnan(array).any():
                 result = math.inf
             else:
-                magnitudes = np.abs(array)
-                kept = magnitudes[magnitudes < SENTINEL]
-                result = float(kept.max()) if kept.size else 0.0
-                del magnitudes, kept
+                result = max(abs(float(array.max())), abs(float(array.min())))
+                if result >= SENTINEL:  # rare: look again, past the sentinels
+                    magnitudes = np.abs(array)
+                    kept = magnitudes[magnitudes < SENTINEL]
+                    result = float(kept.max()) if kept.size else 0.0
+                    del magnitudes, kept
             del array
             release(tensor)
             self._init_absmax[key] = result
