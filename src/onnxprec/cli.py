@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from onnxprec._lazy_sympy import defer_sympy
 from onnxprec.errors import OnnxprecError
 
 __all__ = ["add_autocast_arguments", "autocast_main", "main"]
@@ -170,6 +171,7 @@ def _guarded(run: object, args: argparse.Namespace) -> int:
 
 def autocast_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m onnxprec.autocast``."""
+    defer_sympy()
     parser = argparse.ArgumentParser(
         prog="python -m onnxprec.autocast",
         description="Convert an FP32 ONNX model to mixed FP32/FP16 or FP32/BF16 (ModelOpt AutoCast flags).",
@@ -180,6 +182,7 @@ def autocast_main(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnxprec`` console script."""
+    defer_sympy()
     parser = argparse.ArgumentParser(prog="onnxprec", description="Make ONNX models smaller and faster.")
     sub = parser.add_subparsers(dest="command", required=True)
     autocast = sub.add_parser("autocast", help="FP32 -> mixed FP16/BF16 (ModelOpt AutoCast flags).")

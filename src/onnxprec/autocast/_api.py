@@ -1,0 +1,564 @@
+"""AutoCast's pipeline and public functions (re-exported lazily by ``onnxprec.autocast``).
+
+The pipeline, one pass per step::
+
+    load -> sanitize -> (reference run) -> classify -> convert -> remove redundant casts -> validate -> save
+
+``convert_to_mixed_precision`` takes the same arguments as ModelOpt's and returns an ``onnx.ModelProto``;
+``convert_file`` streams path to path (weights converted while they are written; external data on request
+or above 2 GB) and returns a report.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+from onnx_ir.passes.common import (
+    InlinePass,
+    RemoveUnusedNodesPass,
+    TopologicalSortPass,
+)
+
+from onnxprec import calibration
+from onnxprec._io import (
+    ModelSource,
+    check_output_path,
+    external_data_paths,
+    load_model,
+    save_model,
+    to_model_proto,
+    total_initializer_bytes,
+)
+from onnxprec.autocast.classify import Decision, PluginPrecision, classify
+from onnxprec.autocast.convert import ConversionStats, ConvertPrecisionPass, RemoveRedundantCastsPass
+from onnxprec.autocast.rules import (
+    REDUCING_OPS,
+    DataRangeRule,
+    DepthOfReductionRule,
+    InitializerRangeRule,
+    NodeNameRule,
+    NodeRuleBase,
+    OpTypeRule,
+    Rule,
+    RuleContext,
+    UserRule,
+)
+from onnxprec.autocast.validate import IOContract, NumericReport, check_io_contract, check_structure, numeric_check
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
+from onnxprec.passes import (
+    ConvertFp64ToFp32Pass,
+    InferTypesPass,
+    LiftFloatConstantsPass,
+    NameNodesPass,
+    UpgradeOpsetPass,
+)
+from onnxprec.passes.infer_types import is_standard_op
+from onnxprec.reference import ReferenceResult, run_reference
+
+__all__ = [
+    "AutoCastOptions",
+    "AutoCastReport",
+    "NodeRuleBase",
+    "convert_file",
+    "convert_model",
+    "convert_to_mixed_precision",
+    "default_output_path",
+]
+
+logger = logging.getLogger(__name__)
+
+LOW_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
+MIN_OPSET = {"fp16": 13, "bf16": 22}
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+        "MatMulNBits",
+        "GatherBlockQuantized",
+        "QLinearAdd",
+        "QLinearMul",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "QAttention",
+        "QGemm",
+    }
+)
+_RANDOM_RETRIES = 5
+
+
+@dataclass
+class AutoCastOptions:
+    """All AutoCast settings, validated once. Field names and defaults follow ModelOpt's AutoCast."""
+
+    low_precision_type: str = "fp16"
+    nodes_to_exclude: Sequence[str] | None = None
+    op_types_to_exclude: Sequence[str] | None = None
+    nodes_to_include: Sequence[str] | None = None
+    op_types_to_include: Sequence[str] | None = None
+    data_max: float = 512
+    init_max: float = 65504
+    keep_io_types: bool = False
+    calibration_data: Any = None
+    custom_rule: Any = None
+    init_conversion_max_bytes: int | None = None
+    providers: Sequence[str] = ("cpu",)
+    trt_plugins: Sequence[str] = ()
+    trt_plugins_precision: Sequence[str] = ()
+    max_depth_of_reduction: int | None = None
+    opset: int | None = None
+    input_shapes: str | Mapping[str, Sequence[int]] | None = None
+    validate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.low_precision_type not in LOW_TYPES:
+            raise InvalidArgumentError(
+                f"Unsupported low_precision_type '{self.low_precision_type}': use 'fp16' or 'bf16'."
+            )
+        for name in ("data_max", "init_max"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive number or inf, got {value!r}.")
+        if self.max_depth_of_reduction is not None and self.max_depth_of_reduction <= 0:
+            raise InvalidArgumentError("max_depth_of_reduction must be a positive integer.")
+        if self.init_conversion_max_bytes is not None and self.init_conversion_max_bytes < 0:
+            raise InvalidArgumentError("init_conversion_max_bytes must be >= 0.")
+        if self.opset is not None and not 1 <= int(self.opset) <= onnx.defs.onnx_opset_version():
+            raise InvalidArgumentError(
+                f"opset {self.opset} is out of range: this onnx supports up to {onnx.defs.onnx_opset_version()}."
+            )
+        self.exclude_patterns = _compile(self.nodes_to_exclude, "nodes_to_exclude")
+        self.include_patterns = _compile(self.nodes_to_include, "nodes_to_include")
+        self.plugins = _parse_plugin_precisions(self.trt_plugins_precision)
+        self.input_shape_map = calibration.parse_input_shapes(self.input_shapes)
+        for plugin in self.trt_plugins:
+            if not Path(plugin).is_file():
+                raise InvalidArgumentError(f"TensorRT plugin library '{plugin}' does not exist: check --trt_plugins.")
+
+    @property
+    def low(self) -> ir.DataType:
+        return LOW_TYPES[self.low_precision_type]
+
+
+def _compile(patterns: Sequence[str] | None, what: str) -> list[re.Pattern[str]]:
+    compiled = []
+    for pattern in patterns or ():
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as e:
+            raise InvalidArgumentError(f"Invalid regular expression '{pattern}' in {what}: {e}.") from None
+    return compiled
+
+
+def _parse_plugin_precisions(items: Sequence[str]) -> dict[str, PluginPrecision]:
+    """Parses ``op:fp16`` or ``op:[fp16,fp32]:[fp16]`` (per input, per output)."""
+    plugins = {}
+    for item in items:
+        m = re.fullmatch(r"([^:]+):(fp16|fp32)", item) or re.fullmatch(r"([^:]+):\[([^\]]*)\]:\[([^\]]*)\]", item)
+        if m is None:
+            raise InvalidArgumentError(
+                f"Invalid --trt_plugins_precision '{item}': write op:fp16, op:fp32 or op:[fp16,fp32]:[fp16]."
+            )
+        if m.lastindex == 2:
+            plugins[m.group(1)] = PluginPrecision(None, None, m.group(2))
+            continue
+        slots = [tuple(s.strip() for s in g.split(",") if s.strip()) for g in (m.group(2), m.group(3))]
+        bad = [s for group in slots for s in group if s not in ("fp16", "fp32")]
+        if bad:
+            raise InvalidArgumentError(
+                f"Invalid precision {bad[0]!r} in --trt_plugins_precision '{item}': use fp16 or fp32."
+            )
+        plugins[m.group(1)] = PluginPrecision(slots[0], slots[1], "fp16")
+    return plugins
+
+
+@dataclass
+class AutoCastReport:
+    """What a conversion did and measured."""
+
+    low_precision_type: str
+    decisions: dict[ir.Node, Decision] = field(default_factory=dict)
+    stats: ConversionStats = field(default_factory=ConversionStats)
+    numeric: NumericReport | None = None
+    reference_batches: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    output_path: Path | None = None
+
+    @property
+    def summary(self) -> str:
+        s = self.stats
+        pct = 100.0 * s.low_nodes / s.nodes if s.nodes else 0.0
+        return (
+            f"Converted {s.low_nodes}/{s.nodes} nodes ({pct:.1f}%) to {self.low_precision_type}; "
+            f"{s.casts} casts inserted"
+        )
+
+
+def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16") -> Path:
+    """``<name>.fp16.onnx`` (or ``.bf16.onnx``) beside the input."""
+    path = Path(onnx_path)
+    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
+    return path.with_name(f"{stem}.{low_precision_type}.onnx")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pipeline steps
+
+
+def _check_convertible(model: ir.Model) -> None:
+    quantized = sorted({n.op_type for n in model.graph.all_nodes() if n.op_type in QUANTIZED_OPS})
+    if quantized:
+        raise UnsupportedModelError(
+            f"The model is already quantized (it has {', '.join(quantized)} nodes): AutoCast converts FP32 "
+            "models; run it on the FP32 model before quantization."
+        )
+    graph = model.graph
+    has_fp32 = (
+        any(v.dtype == ir.DataType.FLOAT for v in (*graph.inputs, *graph.outputs))
+        or any(v.dtype == ir.DataType.FLOAT for v in graph.initializers.values())
+        or any(out.dtype == ir.DataType.FLOAT for node in graph.all_nodes() for out in node.outputs)
+    )
+    has_fp64 = any(v.dtype == ir.DataType.DOUBLE for v in graph.initializers.values())
+    if not has_fp32 and not has_fp64:
+        raise UnsupportedModelError(
+            "The model has no FP32 tensors to convert (is it already FP16/BF16?): pass the FP32 model."
+        )
+
+
+def _check_op_types(model: ir.Model, options: AutoCastOptions) -> None:
+    known = {s.name for s in onnx.defs.get_all_schemas_with_history()}
+    known.update(n.op_type for n in model.graph.all_nodes())
+    for what, names in (
+        ("op_types_to_exclude", options.op_types_to_exclude),
+        ("op_types_to_include", options.op_types_to_include),
+    ):
+        for name in names or ():
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                raise InvalidArgumentError(
+                    f"Unknown op type '{name}' in {what}: it is neither an ONNX op nor in the model.{hint}"
+                )
+
+
+def _target_opset(model: ir.Model, options: AutoCastOptions) -> int:
+    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    minimum = MIN_OPSET[options.low_precision_type]
+    if options.opset is None:
+        return max(current, minimum)
+    if options.opset < minimum:
+        kind = "FP16" if options.low_precision_type == "fp16" else "BF16"
+        logger.warning(
+            "Opset %d has limited %s support; opset %d or newer is recommended.", options.opset, kind, minimum
+        )
+    if options.opset < current:
+        logger.warning(
+            "--opset %d is lower than the original model's opset %d; keeping opset %d.", options.opset, current, current
+        )
+        return current
+    return int(options.opset)
+
+
+def _sanitize(model: ir.Model, options: AutoCastOptions) -> None:
+    steps: list[ir.passes.PassBase] = []
+    if model.functions:
+        steps.append(InlinePass())
+    steps += [
+        NameNodesPass(),
+        LiftFloatConstantsPass(),
+        UpgradeOpsetPass(_target_opset(model, options)),
+        ConvertFp64ToFp32Pass(),
+        RemoveUnusedNodesPass(),
+        TopologicalSortPass(),
+        InferTypesPass(),
+    ]
+    _run_passes(model, *steps)
+
+
+def _run_passes(model: ir.Model, *steps: ir.passes.PassBase) -> None:
+    """Runs passes in order; a user error raised inside a pass surfaces as itself, not as a PassError."""
+    try:
+        ir.passes.Sequential(*steps)(model)
+    except ir.passes.PassError as e:
+        cause = e.__cause__
+        while isinstance(cause, ir.passes.PassError):
+            cause = cause.__cause__
+        if isinstance(cause, OnnxprecError):
+            raise cause from None
+        raise
+
+
+def _needs_reference(model: ir.Model, options: AutoCastOptions) -> bool:
+    if math.isfinite(options.data_max):
+        return True
+    if options.max_depth_of_reduction is None:
+        return False
+    ctx = RuleContext()
+    for node in model.graph:
+        if node.op_type in REDUCING_OPS:
+            values = [v for v in node.inputs[:2] if v is not None]
+            if any(ctx.shape(v) is None for v in values):
+                return True
+    return False
+
+
+def _reference_run(model: ir.Model, options: AutoCastOptions) -> ReferenceResult:
+    if options.calibration_data is not None:
+        batches = calibration.feed_batches(options.calibration_data, model)
+        return run_reference(model, batches, providers=options.providers)
+    last_error: Exception | None = None
+    for attempt in range(_RANDOM_RETRIES):
+        feeds = calibration.feed_batches(None, model, input_shapes=options.input_shape_map, attempt=attempt)
+        try:
+            return run_reference(model, feeds, providers=options.providers)
+        except CalibrationDataError as e:
+            last_error = e
+            if options.input_shape_map:
+                break
+            logger.info("Random inputs of attempt %d did not run (%s); trying other dynamic sizes", attempt, e)
+    raise CalibrationDataError(
+        f"The model does not run on random inputs ({last_error}); set the dynamic input sizes with "
+        "--input_shapes name:1x3x320x320,... (API: input_shapes=) or pass real inputs with --calibration_data."
+    )
+
+
+def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:
+    """Replaces guessed or missing element types with those ONNX Runtime observed."""
+    for node in model.graph:
+        for out in node.outputs:
+            stats = reference.stats.get(str(out.name))
+            if stats is not None:
+                observed = ir.DataType.from_numpy(stats.dtype)
+                if out.dtype != observed:
+                    out.dtype = observed
+
+
+def _rules(options: AutoCastOptions) -> tuple[list[Rule], list[Rule]]:
+    rules: list[Rule] = []
+    if options.exclude_patterns:
+        rules.append(NodeNameRule(options.exclude_patterns))
+    if options.op_types_to_exclude:
+        rules.append(OpTypeRule(options.op_types_to_exclude))
+    if math.isfinite(options.init_max):
+        rules.append(InitializerRangeRule(options.init_max))
+    if math.isfinite(options.data_max):
+        rules.append(DataRangeRule(options.data_max))
+    if options.max_depth_of_reduction is not None:
+        rules.append(DepthOfReductionRule(options.max_depth_of_reduction))
+    if options.custom_rule is not None:
+        rules.append(UserRule(options.custom_rule))
+    includes: list[Rule] = []
+    if options.include_patterns:
+        includes.append(NodeNameRule(options.include_patterns, "nodes_to_include"))
+    if options.op_types_to_include:
+        includes.append(OpTypeRule(options.op_types_to_include, "op_types_to_include"))
+    return rules, includes
+
+
+def convert_model(
+    source: ModelSource, options: AutoCastOptions
+) -> tuple[ir.Model, AutoCastReport, ReferenceResult | None]:
+    """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights."""
+    report = AutoCastReport(options.low_precision_type)
+    tick = time.perf_counter()
+    model = load_model(source)
+    _check_convertible(model)
+    _check_op_types(model, options)
+    contract = IOContract.of(model)
+    _sanitize(model, options)
+    report.seconds["load+sanitize"] = time.perf_counter() - tick
+
+    tick = time.perf_counter()
+    reference = _reference_run(model, options) if _needs_reference(model, options) else None
+    if reference is not None:
+        _fill_types(model, reference)
+        report.reference_batches = reference.num_batches
+    report.seconds["reference"] = time.perf_counter() - tick
+
+    tick = time.perf_counter()
+    rules, includes = _rules(options)
+    ctx = RuleContext(stats=reference.stats if reference else None)
+    report.decisions = classify(
+        model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
+    )
+    convert = ConvertPrecisionPass(
+        report.decisions,
+        options.low,
+        keep_io_types=options.keep_io_types,
+        init_conversion_max_bytes=options.init_conversion_max_bytes,
+    )
+    cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
+    _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())
+    report.stats = convert.stats
+    report.stats.casts = sum(1 for cast in convert.created if cast.graph is not None)
+    report.seconds["classify+convert"] = time.perf_counter() - tick
+
+    if options.validate:
+        tick = time.perf_counter()
+        check_io_contract(model, contract.expected(options.low, options.keep_io_types))
+        has_custom = any(not is_standard_op(n, model.opset_imports.get("", 1)) for n in model.graph.all_nodes())
+        check_structure(model, has_custom_ops=has_custom)
+        report.seconds["validate"] = time.perf_counter() - tick
+    logger.info(report.summary)
+    logger.debug("Timings: %s", {k: round(v, 3) for k, v in report.seconds.items()})
+    return model, report, reference
+
+
+def _log_numeric(report: NumericReport) -> None:
+    if report.skipped:
+        logger.info("Numeric check skipped: %s", report.skipped)
+        return
+    for name, err in report.errors.items():
+        level = logging.WARNING if (not err["finite"] or err["rel_l2"] > 0.05) else logging.INFO
+        logger.log(
+            level,
+            "Output '%s' vs FP32: max abs error %.4g, relative L2 error %.4g%s",
+            name,
+            err["max_abs"],
+            err["rel_l2"],
+            "" if err["finite"] else " (NON-FINITE VALUES)",
+        )
+
+
+def convert_to_mixed_precision(
+    onnx_path: ModelSource,
+    low_precision_type: str = "fp16",
+    nodes_to_exclude: Sequence[str] | None = None,
+    op_types_to_exclude: Sequence[str] | None = None,
+    nodes_to_include: Sequence[str] | None = None,
+    op_types_to_include: Sequence[str] | None = None,
+    data_max: float = 512,
+    init_max: float = 65504,
+    keep_io_types: bool = False,
+    calibration_data: Any = None,
+    custom_rule: Any = None,
+    init_conversion_max_bytes: int | None = None,
+    providers: Sequence[str] = ("cpu",),
+    trt_plugins: Sequence[str] = (),
+    trt_plugins_precision: Sequence[str] = (),
+    max_depth_of_reduction: int | None = None,
+    opset: int | None = None,
+    *,
+    input_shapes: str | Mapping[str, Sequence[int]] | None = None,
+) -> onnx.ModelProto:
+    """Converts an FP32 model to mixed FP32/FP16 (or BF16); ModelOpt AutoCast's signature and defaults.
+
+    Args:
+        onnx_path: Path to the FP32 model, or an ``onnx.ModelProto``.
+        low_precision_type: ``"fp16"`` or ``"bf16"``.
+        nodes_to_exclude: Regexes (``re.match``) of node names to keep in FP32.
+        op_types_to_exclude: Op types to keep in FP32.
+        nodes_to_include: Regexes of node names to convert even if a rule excludes them.
+        op_types_to_include: Op types to convert even if a rule excludes them.
+        data_max: Keep nodes whose floating-point inputs/outputs exceed this in the reference run
+            (``inf`` skips the reference run).
+        init_max: Keep nodes with FP32 initializers whose magnitude exceeds this.
+        keep_io_types: Keep FP32 graph inputs and outputs.
+        calibration_data: ``.npz`` file, folder of ``.npz``, Polygraphy ``.json``, dict of arrays, list of dicts
+            or a CalibrationDataReader; None: realistic random data.
+        custom_rule: A ``NodeRuleBase``-like object or a callable on ``onnx_ir.Node``.
+        init_conversion_max_bytes: Initializers above this size stay FP32 and are cast at run time.
+        providers: ONNX Runtime providers for the reference run: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
+        trt_plugins: TensorRT plugin libraries (recorded; TensorRT is not needed).
+        trt_plugins_precision: Custom op precisions, ``op:fp16`` or ``op:[fp16,fp32]:[fp16]``.
+        max_depth_of_reduction: Keep nodes that accumulate more terms than this per output element.
+        opset: Target opset (default: at least 13 for FP16, 22 for BF16; never lowered).
+        input_shapes: Sizes of dynamic inputs for random data, ``"name:1x3x224x224,..."`` or a dict.
+
+    Returns:
+        The converted model.
+    """
+    options = AutoCastOptions(
+        low_precision_type=low_precision_type,
+        nodes_to_exclude=nodes_to_exclude,
+        op_types_to_exclude=op_types_to_exclude,
+        nodes_to_include=nodes_to_include,
+        op_types_to_include=op_types_to_include,
+        data_max=data_max,
+        init_max=init_max,
+        keep_io_types=keep_io_types,
+        calibration_data=calibration_data,
+        custom_rule=custom_rule,
+        init_conversion_max_bytes=init_conversion_max_bytes,
+        providers=tuple(providers),
+        trt_plugins=tuple(trt_plugins),
+        trt_plugins_precision=tuple(trt_plugins_precision),
+        max_depth_of_reduction=max_depth_of_reduction,
+        opset=opset,
+        input_shapes=input_shapes,
+    )
+    model, _report, reference = convert_model(onnx_path, options)
+    proto = to_model_proto(model)
+    if reference is not None and proto.ByteSize() < 2_000_000_000:
+        _log_numeric(
+            numeric_check(
+                proto.SerializeToString(),
+                reference,
+                low=options.low,
+                keep_io_types=options.keep_io_types,
+                providers=list(options.providers),
+            )
+        )
+    return proto
+
+
+def convert_file(
+    onnx_path: str | Path,
+    output_path: str | Path | None = None,
+    *,
+    external_data: bool | None = None,
+    **kwargs: Any,
+) -> AutoCastReport:
+    """Converts a model file to a new file, streaming weights (the path-to-path form for large models).
+
+    Args:
+        onnx_path: The FP32 model.
+        output_path: Where to write; default ``<name>.fp16.onnx`` / ``<name>.bf16.onnx`` beside the input.
+        external_data: True: weights in ``<output>.data``; None: only when above 2 GB.
+        **kwargs: Any :class:`AutoCastOptions` field (the arguments of :func:`convert_to_mixed_precision`).
+
+    Returns:
+        The report (counts, decisions, numeric check, timings).
+    """
+    options = AutoCastOptions(**kwargs)
+    output = (
+        Path(output_path) if output_path is not None else default_output_path(onnx_path, options.low_precision_type)
+    )
+    source = Path(onnx_path)
+    protected = {source.resolve()} if source.exists() else set()
+    check_output_path(output, protected)  # fail before the work, not after
+    model, report, reference = convert_model(source, options)
+    protected |= external_data_paths(model)
+    tick = time.perf_counter()
+    big = total_initializer_bytes(model) > 2_000_000_000
+    report.output_path = save_model(
+        model, output, external_data=external_data if external_data is not None else big, protected=protected
+    )
+    report.seconds["save"] = time.perf_counter() - tick
+    if reference is not None and options.validate:
+        tick = time.perf_counter()
+        report.numeric = numeric_check(
+            str(output),
+            reference,
+            low=options.low,
+            keep_io_types=options.keep_io_types,
+            providers=list(options.providers),
+        )
+        _log_numeric(report.numeric)
+        report.seconds["numeric check"] = time.perf_counter() - tick
+    logger.info("Saved %s", output)
+    return report
