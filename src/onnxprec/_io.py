@@ -13,6 +13,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from onnxprec._graph import all_graphs
 from onnxprec._protobuf import load_mapped, write_streaming
 from onnxprec._tensors import release
 from onnxprec.errors import InvalidArgumentError, ModelLoadError
@@ -143,7 +144,7 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
 def external_data_paths(model: ir.Model) -> set[Path]:
     """Returns the resolved paths of all external data files the model's tensors reference."""
     paths: set[Path] = set()
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in all_graphs(model.graph):
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor):
@@ -154,7 +155,7 @@ def external_data_paths(model: ir.Model) -> set[Path]:
 def total_initializer_bytes(model: ir.Model) -> int:
     """Sum of the byte sizes of all initializers (main graph and subgraphs), without reading them."""
     total = 0
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in all_graphs(model.graph):
         for value in graph.initializers.values():
             if value.const_value is not None:
                 total += value.const_value.nbytes
@@ -248,7 +249,7 @@ def to_model_proto(model: ir.Model) -> onnx.ModelProto:
     Above 2 GB the message cannot be serialized as one file: save it with external data
     (``onnx.save(..., save_as_external_data=True)``), or use :func:`onnxprec.autocast.convert_file`.
     """
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in all_graphs(model.graph):
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor):

@@ -37,7 +37,6 @@ from onnxprec._io import (
     load_model,
     save_model,
     to_model_proto,
-    total_initializer_bytes,
 )
 from onnxprec.autocast.classify import Decision, PluginPrecision, classify
 from onnxprec.autocast.convert import ConversionStats, ConvertPrecisionPass, RemoveRedundantCastsPass
@@ -544,10 +543,7 @@ def convert_file(
     model, report, reference = convert_model(source, options)
     protected |= external_data_paths(model)
     tick = time.perf_counter()
-    big = total_initializer_bytes(model) > 2_000_000_000
-    report.output_path = save_model(
-        model, output, external_data=external_data if external_data is not None else big, protected=protected
-    )
+    report.output_path = save_model(model, output, external_data=external_data, protected=protected)
     report.seconds["save"] = time.perf_counter() - tick
     if reference is not None and options.validate:
         tick = time.perf_counter()
