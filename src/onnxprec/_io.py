@@ -20,10 +20,12 @@ from onnxprec.errors import InvalidArgumentError, ModelLoadError
 
 __all__ = [
     "ModelSource",
+    "atomic_path",
     "external_data_paths",
     "load_model",
     "save_model",
     "total_initializer_bytes",
+    "write_atomically",
 ]
 
 logger = logging.getLogger(__name__)
@@ -206,21 +208,17 @@ def save_model(
     data_name = out.name + ".data"
     data_path = out.with_name(data_name)
     data_existed = data_path.exists()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
     try:
-        if external_data:
-            with _progress(model) as callback:
-                ir.save(model, tmp_name, external_data=data_name, size_threshold_bytes=1024, callback=callback)
-        else:
-            _inline_subgraph_external_tensors(model)
-            with open(tmp_name, "wb") as stream:
-                write_streaming(model, stream)
-        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp_name, out)
+        with atomic_path(out) as tmp_name:
+            if external_data:
+                with _progress(model) as callback:
+                    ir.save(model, tmp_name, external_data=data_name, size_threshold_bytes=1024, callback=callback)
+                _fsync(data_path)
+            else:
+                _inline_subgraph_external_tensors(model)
+                with open(tmp_name, "wb") as stream:
+                    write_streaming(model, stream)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp_name)
         if external_data and not data_existed:
             with contextlib.suppress(OSError):
                 os.remove(data_path)
@@ -233,6 +231,51 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _fsync(path: Path) -> None:
+    """Flushes a file (or a directory entry) to disk."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a directory
+        logger.debug("fsync of %s not supported", path)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary path beside ``path``; on success it is fsynced and renamed over ``path``.
+
+    The only way onnxprec writes a file: a reader sees the old file or the complete new one, never a
+    partial file, and a failure leaves nothing behind. The directory entry is fsynced after the rename.
+    """
+    out = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+        _fsync(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    _fsync(out.parent)
+
+
+def write_atomically(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Writes ``data`` to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(data)
+    return Path(path)
 
 
 def _inline_subgraph_external_tensors(model: ir.Model) -> None:

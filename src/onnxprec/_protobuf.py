@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from onnxprec._tensors import release
 
-__all__ = ["load_mapped", "write_streaming"]
+__all__ = ["load_mapped", "structure_proto", "write_streaming"]
 
 logger = logging.getLogger(__name__)
 
@@ -196,3 +196,31 @@ def write_streaming(model: ir.Model, stream: BinaryIO) -> None:
         del data
         release(tensor)
     stream.flush()
+
+
+def structure_proto(model: ir.Model, threshold: int = 1024) -> onnx.ModelProto:
+    """The model as a small ModelProto for ONNX's C++ APIs (checker, shape inference), at any model size.
+
+    Main-graph initializers larger than ``threshold`` bytes are left out and declared as graph inputs of
+    the same type and shape instead, so their data is neither read nor copied. The model is unchanged.
+    """
+    graph = model.graph
+    order = list(graph.initializers.values())
+    big = [v for v in order if v.const_value is not None and v.const_value.nbytes > threshold]
+    for value in big:
+        assert value.name is not None
+        graph.initializers.pop(value.name)
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        graph.initializers.clear()
+        for value in order:
+            graph.initializers.add(value)
+    declared = {i.name for i in proto.graph.input}
+    for value in big:
+        tensor = value.const_value
+        assert tensor is not None and value.name is not None
+        if value.name not in declared:
+            dims = [int(d) for d in tensor.shape.numpy()]
+            proto.graph.input.append(onnx.helper.make_tensor_value_info(value.name, int(tensor.dtype), dims))
+    return proto

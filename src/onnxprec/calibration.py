@@ -14,10 +14,10 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx_ir as ir
@@ -25,6 +25,7 @@ import onnx_ir as ir
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 
 __all__ = [
+    "Batches",
     "CalibrationSource",
     "InputSpec",
     "feed_batches",
@@ -32,6 +33,7 @@ __all__ = [
     "load_calibration",
     "parse_input_shapes",
     "random_feeds",
+    "run_on_data",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,48 +76,117 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
 # Reading user data
 
 
-def load_calibration(source: CalibrationSource, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
-    """Reads ``source`` into validated batches (one feed dict per ORT run)."""
-    if isinstance(source, (str, os.PathLike)):
-        batches = _load_path(Path(source), specs)
-    elif isinstance(source, Mapping):
-        batches = _split_batches(dict(source), specs)
-    elif hasattr(source, "get_next"):
-        batches = []
-        while (item := source.get_next()) is not None:
-            batches.append(dict(item))
-    elif isinstance(source, Iterable):
-        batches = [dict(b) for b in source]  # type: ignore[arg-type]
-    else:
-        raise CalibrationDataError(
-            f"Unsupported calibration data of type {type(source).__name__}: pass a .npz file, a folder of .npz "
-            "files, a Polygraphy .json file, a dict of arrays, a list of dicts or a CalibrationDataReader."
-        )
-    if not batches:
-        raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
-    for i, batch in enumerate(batches):
-        _validate(batch, specs, f"batch {i}")
-    logger.info("Calibration data: %d batch(es)", len(batches))
+class Batches:
+    """Validated calibration batches read lazily from a source, re-iterable where the source allows it.
+
+    A file, a folder, a dict or a list is read again on each iteration (one batch in memory at a time); a
+    ``CalibrationDataReader`` or a generator can be iterated once (:attr:`one_shot`), and the reference
+    runner spools it to disk when it needs several passes. The first batch is read and checked when the
+    object is made, so a mismatched or unreadable source fails before any work.
+    """
+
+    def __init__(self, source: CalibrationSource, specs: list[InputSpec]) -> None:
+        self._specs = specs
+        self._source = source
+        self._first: dict[str, np.ndarray] | None = None
+        self._files: list[Path] | None = None
+        self._split = False
+        self._iterator: Iterator[dict[str, np.ndarray]] | None = None
+        if isinstance(source, (str, os.PathLike)):
+            self._files, self._split = _batch_files(Path(source))
+            self.one_shot = False
+        else:
+            self.one_shot = hasattr(source, "get_next") or (
+                isinstance(source, Iterable) and not isinstance(source, Mapping) and iter(source) is source
+            )
+            if not (isinstance(source, (Mapping, Iterable)) or hasattr(source, "get_next")):
+                raise CalibrationDataError(
+                    f"Unsupported calibration data of type {type(source).__name__}: pass a .npz file, a folder of "
+                    ".npz files, a Polygraphy .json file, a dict of arrays, a list of dicts or a "
+                    "CalibrationDataReader."
+                )
+        self._iterator = self._raw()
+        first = next(self._iterator, None)
+        if first is None:
+            raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
+        _validate(first, specs, "batch 0")
+        self._first = first
+
+    @property
+    def first(self) -> dict[str, np.ndarray]:
+        assert self._first is not None
+        return self._first
+
+    def _raw(self) -> Iterator[dict[str, np.ndarray]]:
+        source = self._source
+        if self._files is not None:
+            for path in self._files:
+                if path.suffix.lower() == ".json":
+                    yield from _read_polygraphy_json(path)
+                elif self._split:
+                    yield from _split_batches(_read_npz(path), self._specs)
+                else:
+                    yield _read_npz(path)
+        elif isinstance(source, Mapping):
+            yield from _split_batches({k: np.asarray(v) for k, v in source.items()}, self._specs)
+        elif hasattr(source, "get_next"):
+            while (item := source.get_next()) is not None:
+                yield dict(item)
+        else:
+            for item in source:  # type: ignore[union-attr]
+                yield dict(item)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if self.one_shot:
+            if self._iterator is None:
+                raise CalibrationDataError(
+                    "This calibration source can be read only once: pass a list, a file or a folder to reuse it."
+                )
+            iterator, self._iterator = self._iterator, None
+            assert self._first is not None
+            yield self._first
+            for i, batch in enumerate(iterator, start=1):
+                _validate(batch, self._specs, f"batch {i}")
+                yield batch
+            return
+        for i, batch in enumerate(self._raw()):
+            if i:
+                _validate(batch, self._specs, f"batch {i}")
+            yield batch
+
+    def __len__(self) -> int:
+        """The number of batches (reads the source once when it is not already known)."""
+        return sum(1 for _ in self)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        for i, batch in enumerate(self):
+            if i == index:
+                return batch
+        raise IndexError(index)
+
+
+def load_calibration(source: CalibrationSource, specs: list[InputSpec]) -> Batches:
+    """Validated batches (one feed dict per ORT run) from any supported source, read lazily."""
+    batches = Batches(source, specs)
+    logger.info("Calibration data: %s", "a one-shot reader" if batches.one_shot else "re-readable source")
     return batches
 
 
-def _load_path(path: Path, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+def _batch_files(path: Path) -> tuple[list[Path], bool]:
+    """The files to read, and whether the one .npz file is split along the batch axis."""
     if not path.exists():
         raise CalibrationDataError(f"Calibration data '{path}' does not exist: check --calibration_data.")
     if path.is_dir():
         files = sorted(path.glob("*.npz"))
         if not files:
             raise CalibrationDataError(f"No NPZ files found in folder '{path}': put one .npz per batch there.")
-        return [_read_npz(f) for f in files]
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
-        return _split_batches(_read_npz(path), specs)
-    if suffix == ".json":
-        return _read_polygraphy_json(path)
-    raise CalibrationDataError(
-        f"Unsupported calibration file '{path.name}': supported input types are .npz, a folder of .npz, "
-        "and Polygraphy .json."
-    )
+        return files, False
+    if path.suffix.lower() not in (".npz", ".json"):
+        raise CalibrationDataError(
+            f"Unsupported calibration file '{path.name}': supported input types are .npz, a folder of .npz, "
+            "and Polygraphy .json."
+        )
+    return [path], True
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -209,12 +280,50 @@ def feed_batches(
     input_shapes: dict | None = None,
     attempt: int = 0,
     seed: int = 0,
-) -> list[dict[str, np.ndarray]]:
-    """Real calibration batches if ``source`` is given, else one batch of realistic random data."""
+) -> Iterable[dict[str, np.ndarray]]:
+    """Real calibration batches (read lazily) if ``source`` is given, else one batch of realistic random data."""
     specs = input_specs(model)
     if source is not None:
         return load_calibration(source, specs)
     return [random_feeds(model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed)]
+
+
+RANDOM_ATTEMPTS = 5
+_T = TypeVar("_T")
+
+
+def run_on_data(
+    model: ir.Model,
+    source: CalibrationSource | None,
+    run: Callable[[Iterable[dict[str, np.ndarray]]], _T],
+    *,
+    input_shapes: dict | None = None,
+    attempts: int = RANDOM_ATTEMPTS,
+) -> _T:
+    """Calls ``run(batches)`` on the user's data, or on realistic random data with retries (any tool).
+
+    Random data is tried with other dynamic sizes and another seed each attempt when ``run`` raises
+    :class:`CalibrationDataError` (the model did not run on it), unless the user fixed the sizes.
+
+    Raises:
+        CalibrationDataError: The user's data does not fit, or no random attempt ran; says how to fix it.
+    """
+    if source is not None:
+        return run(feed_batches(source, model))
+    last_error: Exception | None = None
+    for attempt in range(attempts):
+        batches = feed_batches(None, model, input_shapes=input_shapes, attempt=attempt, seed=attempt)
+        try:
+            return run(batches)
+        except CalibrationDataError as e:
+            last_error = e
+            if input_shapes:
+                break
+            logger.info("Random inputs of attempt %d did not run (%s); trying other dynamic sizes", attempt, e)
+    raise CalibrationDataError(
+        f"The model does not run on random inputs ({last_error}); set the dynamic input sizes with "
+        "--input_shapes name:1x3x320x320,... (API: input_shapes=) or pass real inputs with --calibration_data."
+    ) from last_error
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper
 from onnxprec import calibration
 from onnxprec._testing import F, make_model, tensor_info
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
+from onnxprec.observers import RangeObserver
 from onnxprec.reference import run_reference
 
 
@@ -126,8 +127,9 @@ def test_multi_batch_statistics_are_exact_and_chunking_does_not_change_them() ->
         {"X": np.array([[1, -2, 3], [0, 0, 0]], np.float32)},
         {"X": np.array([[-7, 5, 0.5], [1, 1, 1]], np.float32)},
     ]
-    one = run_reference(model, batches)
-    tiny = run_reference(model, batches, budget_bytes=1)  # one tensor per chunk
+    one = run_reference(model, batches, observers=[RangeObserver()])
+    tiny = run_reference(model, batches, observers=[RangeObserver()], budget_bytes=1)  # one tensor per chunk
+    assert one.stats is not None and tiny.stats is not None
     r = one.stats["r"]
     assert (r.min, r.max, r.absmax, r.shape, r.batches) == (0.0, 5.0, 5.0, (2, 3), 2)
     y = one.stats["Y"]

@@ -1,174 +1,114 @@
-"""Reference runs: ONNX Runtime on calibration batches -> streaming per-tensor statistics.
+"""Reference runs: ONNX Runtime over calibration batches, every selected tensor handed to observers.
 
-Only running statistics are kept per tensor (absmax, min, max, dtype, first shape), never the tensors of
-all batches. Intermediate tensors are marked as graph outputs in chunks whose estimated size stays under
-a memory budget, so a large model's activations never all sit in memory at once.
+A tool says *which* tensors it needs (a selector over ``ir.Value``) and *what* it keeps of them
+(observers, :mod:`onnxprec.observers`); the runner never keeps a tensor after handing it over. Selected
+tensors are marked as graph outputs in chunks whose estimated size stays under a memory budget, so a large
+model's activations never all sit in memory at once. ONNX Runtime maps the model's weights from their
+files itself (no second copy in this process, no weight pre-packing), and the graph is serialized once:
+each chunk only adds its outputs to the same small message.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import math
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
+from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES
-from onnxprec._io import total_initializer_bytes
-from onnxprec._protobuf import write_streaming
-from onnxprec._tensors import release
-from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
+from onnxprec._protobuf import structure_proto
+from onnxprec.errors import CalibrationDataError, UnsupportedModelError
+from onnxprec.observers import Observer, RangeObserver, TensorStats
 
 __all__ = [
+    "DEFAULT_BUDGET_BYTES",
     "ReferenceResult",
+    "Selector",
     "TensorStats",
-    "ort_providers",
+    "float_tensors",
     "run_reference",
 ]
 
 logger = logging.getLogger(__name__)
 
-_IN_MEMORY_LIMIT = 256 * 1024 * 1024  # below this, hand ORT the serialized bytes instead of temp files
 DEFAULT_BUDGET_BYTES = 768 * 1024 * 1024
 
-
-@dataclass
-class TensorStats:
-    """Running statistics of one tensor over all batches (ModelOpt's ``TensorStats`` fields)."""
-
-    absmax: float
-    min: float
-    max: float
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    batches: int = 1
-
-    @classmethod
-    def of(cls, array: np.ndarray) -> TensorStats:
-        lo, hi = _min_max(array)
-        return cls(max(abs(lo), abs(hi)), lo, hi, tuple(array.shape), array.dtype)
-
-    def update(self, array: np.ndarray) -> None:
-        lo, hi = _min_max(array)
-        self.min, self.max = min(self.min, lo), max(self.max, hi)
-        self.absmax = max(self.absmax, abs(lo), abs(hi))
-        self.batches += 1
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def is_float(self) -> bool:
-        return bool(np.issubdtype(self.dtype, np.floating))
-
-
-def _min_max(array: np.ndarray) -> tuple[float, float]:
-    if array.size == 0 or not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-        return 0.0, 0.0
-    if np.issubdtype(array.dtype, np.floating) and np.isnan(array).any():
-        return -math.inf, math.inf  # NaN in FP32 already: treat as unbounded
-    return float(array.min()), float(array.max())
+Selector = Callable[[ir.Value], bool]
+Feeds = Mapping[str, np.ndarray]
 
 
 @dataclass
 class ReferenceResult:
-    """What a reference run leaves behind: statistics by tensor name, and the first batch for validation."""
+    """What every reference run leaves behind besides its observers: the first batch and its outputs.
 
-    stats: dict[str, TensorStats]
+    ``stats`` holds the range statistics when the run was given a :class:`RangeObserver` (AutoCast).
+    """
+
     first_feeds: dict[str, np.ndarray]
-    first_outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    first_outputs: dict[str, np.ndarray]
     num_batches: int = 1
+    chunks: int = 1
+    stats: dict[str, TensorStats] | None = None
 
 
-_PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "trt": "TensorrtExecutionProvider",
-    "dml": "DmlExecutionProvider",
-}
+def float_tensors(value: ir.Value) -> bool:
+    """The default selector: every node output of float (or not yet known) element type."""
+    return value.dtype is None or value.dtype in FLOAT_TYPES
 
 
-def ort_providers(providers: Sequence[str] | None) -> list:
-    """Maps ModelOpt-style provider names (``cpu``, ``cuda:0``, ``trt``, ``dml``) to ONNX Runtime's."""
-    import onnxruntime as ort
-
-    available = set(ort.get_available_providers())
-    result: list = []
-    for item in providers or ["cpu"]:
-        kind, _, device = item.lower().partition(":")
-        if kind not in _PROVIDERS:
-            raise InvalidArgumentError(
-                f"Unknown provider '{item}': use cpu, cuda[:N], trt or dml (e.g. --providers cuda:0 cpu)."
-            )
-        name = _PROVIDERS[kind]
-        if name not in available:
-            raise InvalidArgumentError(
-                f"Provider '{item}' ({name}) is not available in this onnxruntime build "
-                f"(available: {sorted(available)}); install onnxruntime-gpu or use --providers cpu."
-            )
-        result.append((name, {"device_id": int(device)}) if device else name)
-    if "CPUExecutionProvider" not in [p if isinstance(p, str) else p[0] for p in result]:
-        result.append("CPUExecutionProvider")
-    return result
+def _selected(model: ir.Model, select: Selector | Iterable[ir.Value]) -> list[ir.Value]:
+    outputs = set(model.graph.outputs)
+    if not callable(select):
+        wanted = set(select)
+        return [out for node in model.graph for out in node.outputs if out in wanted and out not in outputs]
+    return [out for node in model.graph for out in node.outputs if out.name and out not in outputs and select(out)]
 
 
-def _session_options() -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    # Keep every marked tensor as the model computes it: only the basic, semantics-preserving rewrites.
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return options
+# --------------------------------------------------------------------------------------------------
+# Chunking under a memory budget
 
 
-def _concrete_sizes(model: ir.Model, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+def _concrete_sizes(proto: onnx.ModelProto, feeds: Feeds) -> dict[str, int]:
     """Byte sizes of intermediate tensors from ONNX shape inference with the inputs' concrete shapes."""
-    import onnx
-    from onnx_ir.passes.common import _c_api_utils
-
-    def infer(proto: onnx.ModelProto) -> dict[str, int]:
-        for inp in proto.graph.input:
-            array = feeds.get(inp.name)
-            if array is None or not inp.type.HasField("tensor_type"):
-                continue
-            shape = inp.type.tensor_type.shape
-            shape.ClearField("dim")
-            for size in np.asarray(array).shape:
-                shape.dim.add().dim_value = int(size)
-        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-        sizes = {}
-        for info in inferred.graph.value_info:
-            tensor_type = info.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
-            if tensor_type.HasField("shape") and all(d >= 0 for d in dims) and tensor_type.elem_type:
-                itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).itemsize
-                sizes[info.name] = math.prod(dims) * itemsize
-        return sizes
-
+    for inp in proto.graph.input:
+        array = feeds.get(inp.name)
+        if array is None or not inp.type.HasField("tensor_type"):
+            continue
+        shape = inp.type.tensor_type.shape
+        shape.ClearField("dim")
+        for size in np.asarray(array).shape:
+            shape.dim.add().dim_value = int(size)
     try:
-        return _c_api_utils.call_onnx_api(infer, model)
+        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception as e:  # inference is only an estimate here; fall back to the heuristic
         logger.debug("Concrete shape inference failed: %s", e)
         return {}
+    sizes = {}
+    for info in inferred.graph.value_info:
+        tensor_type = info.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
+        if tensor_type.HasField("shape") and all(d >= 0 for d in dims) and tensor_type.elem_type:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).itemsize
+            sizes[info.name] = math.prod(dims) * itemsize
+    return sizes
 
 
-def _estimated_sizes(model: ir.Model, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+def _estimated_sizes(model: ir.Model, feeds: Feeds) -> dict[str, int]:
     """Byte size of every main-graph tensor: concrete shape inference, else the largest activation input.
 
     Shapes that inference cannot make concrete (e.g. after a Pad whose pads are computed) are estimated
     as the largest non-constant input of their producer: right within a small factor for the elementwise,
     convolution and matmul chains that make up real models, which is all the chunking needs.
     """
-    sizes = _concrete_sizes(model, feeds)
+    sizes = _concrete_sizes(structure_proto(model), feeds)
     for name, array in feeds.items():
         sizes[name] = int(np.asarray(array).nbytes)
     default = max(sizes.values(), default=4)
@@ -193,123 +133,167 @@ def _chunks(values: list[ir.Value], sizes: dict[str, int], budget: int) -> list[
     return chunks
 
 
-def _values_to_mark(model: ir.Model) -> list[ir.Value]:
-    outputs = set(model.graph.outputs)
-    marked = []
-    for node in model.graph:
-        for out in node.outputs:
-            if not out.name or out in outputs:
-                continue
-            if out.dtype is None or out.dtype in FLOAT_TYPES:
-                marked.append(out)
-    return marked
+# --------------------------------------------------------------------------------------------------
+# Batches that can be iterated once per chunk
 
 
-@contextlib.contextmanager
-def _model_factory(model: ir.Model) -> Iterator[Callable[[list[str]], object]]:
-    """Yields ``make(output_names) -> path or bytes`` for ORT, writing the weights at most once."""
-    if total_initializer_bytes(model) < _IN_MEMORY_LIMIT:
-        original = list(model.graph.outputs)
-        by_name = ir.convenience.create_value_mapping(model.graph)
+class _Replay:
+    """Iterates a batch source once per chunk; a one-shot iterator is spooled to temporary .npz files."""
 
-        def make_bytes(names: list[str]) -> object:
-            try:
-                model.graph.outputs.extend(by_name[n] for n in names)
-                buffer = io.BytesIO()
-                write_streaming(model, buffer)  # inlines weights mapped from the model file
-                return buffer.getvalue()
-            finally:
-                model.graph.outputs[:] = original
+    def __init__(self, batches: Iterable[Feeds], stack: contextlib.ExitStack) -> None:
+        self._source = batches
+        self._one_shot = iter(batches) is batches
+        self._stack = stack
+        self._spool: Path | None = None
+        self._count = 0
 
-        yield make_bytes
-        return
-    with tempfile.TemporaryDirectory(prefix="onnxprec-ref-") as tmp:
-        base = Path(tmp) / "base.onnx"
-        ir.save(model, base, external_data="weights.data", size_threshold_bytes=1024)
-        for value in model.graph.initializers.values():  # unmap the source pages the copy touched
-            if value.const_value is not None:
-                release(value.const_value)
-        copy = ir.load(base)
-        original = list(copy.graph.outputs)
-        by_name = ir.convenience.create_value_mapping(copy.graph)
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if not self._one_shot:
+            for batch in self._source:
+                yield dict(batch)
+            return
+        if self._spool is not None:
+            for i in range(self._count):
+                with np.load(self._spool / f"{i}.npz", allow_pickle=False) as data:
+                    yield {k: data[k] for k in data.files}
+            return
+        self._spool = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-batches-")))
+        for batch in self._source:
+            feeds = dict(batch)
+            np.savez(self._spool / f"{self._count}.npz", **feeds)  # type: ignore[arg-type]
+            self._count += 1
+            yield feeds
 
-        def make_file(names: list[str]) -> object:
-            copy.graph.outputs[:] = original + [by_name[n] for n in names]
-            path = Path(tmp) / "marked.onnx"
-            ir.save(copy, path)
-            return str(path)
 
-        yield make_file
+def _first(batches: Iterable[Feeds]) -> tuple[dict[str, np.ndarray], Iterable[Feeds]]:
+    """The first batch, and the source with that batch put back in front (for one-shot iterators)."""
+    if iter(batches) is not batches:
+        for batch in batches:
+            return dict(batch), batches
+        raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
+    iterator = iter(batches)
+    first = next(iterator, None)
+    if first is None:
+        raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
+
+    def chained() -> Iterator[Feeds]:
+        yield first
+        yield from iterator
+
+    return dict(first), chained()
+
+
+# --------------------------------------------------------------------------------------------------
+# The run
 
 
 def run_reference(
     model: ir.Model,
-    batches: Sequence[dict[str, np.ndarray]],
+    batches: Iterable[Feeds],
     *,
+    select: Selector | Iterable[ir.Value] = float_tensors,
+    observers: Sequence[Observer] = (),
     providers: Sequence[str] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    observe_inputs: bool = True,
 ) -> ReferenceResult:
-    """Runs ``model`` on every batch and returns running statistics for every float tensor of the main graph.
+    """Runs ``model`` on every batch; each selected tensor of each batch goes to every observer.
+
+    Args:
+        model: The model (unchanged; its memory-mapped weights are given to ONNX Runtime by reference).
+        batches: Feed dicts: a list, a re-iterable source, or a one-shot iterator (spooled to disk when
+            more than one chunk needs it).
+        select: Which node outputs to observe: a predicate over values (default: float tensors) or values.
+        observers: Objects with ``update(name, array)``; a :class:`RangeObserver` also fills ``stats``.
+        providers: ModelOpt-style provider names (``cpu``, ``cuda:0``, ...).
+        budget_bytes: Upper bound on the estimated bytes of the tensors fetched in one run.
+        observe_inputs: Also hand the graph inputs of every batch to the observers.
 
     Raises:
         UnsupportedModelError: ONNX Runtime cannot load the model.
         CalibrationDataError: ONNX Runtime fails on the given inputs.
     """
-    import onnxruntime as ort
-
-    provider_list = ort_providers(providers)
-    marked = _values_to_mark(model)
-    chunks = _chunks(marked, _estimated_sizes(model, batches[0]), budget_bytes)
+    first, batches = _first(batches)
+    marked = _selected(model, select)
+    chunks = _chunks(marked, _estimated_sizes(model, first), budget_bytes)
     graph_outputs = [str(v.name) for v in model.graph.outputs]
-    stats: dict[str, TensorStats] = {}
     first_outputs: dict[str, np.ndarray] = {}
-    for batch in batches:
-        for name, array in batch.items():
-            _record(stats, name, array)
+    count = 0
     from tqdm.auto import tqdm
 
-    with _model_factory(model) as make:
-        progress = tqdm(total=len(chunks) * len(batches), desc="Reference run", disable=None, leave=False)
+    with contextlib.ExitStack() as stack:
+        replay = _Replay(batches, stack)
+        payload, folder = stack.enter_context(_ort.ort_model(model))
+        base = _base_proto(payload)
+        n_outputs = len(base.graph.output)
+        progress = stack.enter_context(tqdm(desc="Reference run", unit="run", disable=None, leave=False))
         for chunk_index, chunk in enumerate(chunks):
             names = [str(v.name) for v in chunk]
-            try:
-                session = ort.InferenceSession(make(names), _session_options(), providers=provider_list)
-            except Exception as e:
-                raise UnsupportedModelError(
-                    f"ONNX Runtime cannot load the model for the reference run ({_first_line(e)}); "
-                    "skip the reference run with --data_max inf, or use a provider that supports its ops."
-                ) from None
+            session = _chunk_session(base, payload, folder, chunk, providers)
+            del base.graph.output[n_outputs:]
             fetch = graph_outputs + names if chunk_index == 0 else names
-            for i, batch in enumerate(batches):
+            count = 0
+            for i, batch in enumerate(replay):
+                if chunk_index == 0 and observe_inputs:
+                    for name, array in batch.items():
+                        _observe(observers, name, array)
                 try:
-                    results = session.run(fetch, batch)
+                    results = session.run(batch, fetch)
                 except Exception as e:
                     raise CalibrationDataError(
-                        f"ONNX Runtime failed to run the model on calibration batch {i} ({_first_line(e)}); "
+                        f"ONNX Runtime failed to run the model on calibration batch {i} ({_ort.first_line(e)}); "
                         "check the input shapes or pass real inputs with --calibration_data."
-                    ) from None
+                    ) from e
                 for name, array in zip(fetch, results):
-                    _record(stats, name, array)
                     if chunk_index == 0 and i == 0 and name in graph_outputs:
                         first_outputs[name] = array
+                    _observe(observers, name, array)
                 del results
+                count += 1
                 progress.update()
             del session
-        progress.close()
-    logger.info("Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(stats), len(batches), len(chunks))
-    return ReferenceResult(stats, dict(batches[0]), first_outputs, len(batches))
+    ranges = next((o for o in observers if isinstance(o, RangeObserver)), None)
+    logger.info("Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(marked), count, len(chunks))
+    return ReferenceResult(first, first_outputs, count, len(chunks), ranges.stats if ranges else None)
 
 
-def _record(stats: dict[str, TensorStats], name: str, array: np.ndarray) -> None:
-    array = np.asarray(array)
-    current = stats.get(name)
-    if current is None:
-        stats[name] = TensorStats.of(array)
-    else:
-        current.update(array)
+def _observe(observers: Sequence[Observer], name: str, array: np.ndarray) -> None:
+    for observer in observers:
+        observer.update(name, array)
 
 
-def _first_line(error: BaseException) -> str:
-    lines = [ln for ln in str(error).strip().splitlines() if ln.strip()]
-    text = lines[0] if lines else type(error).__name__
-    return text[:300]
+def _base_proto(payload: bytes | str) -> onnx.ModelProto:
+    """The model's message, parsed once (weights stay file references), to which each chunk adds outputs."""
+    if isinstance(payload, bytes):
+        proto = onnx.ModelProto()
+        proto.ParseFromString(payload)
+        return proto
+    return onnx.load(payload, load_external_data=False)
+
+
+def _chunk_session(
+    base: onnx.ModelProto,
+    payload: bytes | str,
+    folder: Path | None,
+    chunk: list[ir.Value],
+    providers: Sequence[str] | None,
+) -> _ort.Session:
+    base.graph.output.extend(ir.serde.serialize_value(v) for v in chunk)
+    if isinstance(payload, bytes):
+        source: bytes | str = base.SerializeToString()
+    else:  # a temporary model whose weights are in its external data file: rewrite only the small .onnx
+        onnx.save(base, payload)
+        source = payload
+    try:
+        return _ort.create_session(
+            source,
+            providers=providers,
+            optimization="basic",
+            low_memory=True,
+            external_data_folder=folder,
+            what="the model for the reference run",
+        )
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(
+            f"{e}; skip the reference run with --data_max inf, or use a provider that supports its ops."
+        ) from e

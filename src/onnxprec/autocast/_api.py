@@ -16,11 +16,12 @@ import logging
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import (
@@ -52,8 +53,8 @@ from onnxprec.autocast.rules import (
     RuleContext,
     UserRule,
 )
-from onnxprec.autocast.validate import IOContract, NumericReport, check_io_contract, check_structure, numeric_check
-from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
+from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
+from onnxprec.observers import RangeObserver
 from onnxprec.passes import (
     ConvertFp64ToFp32Pass,
     InferTypesPass,
@@ -63,6 +64,7 @@ from onnxprec.passes import (
 )
 from onnxprec.passes.infer_types import is_standard_op
 from onnxprec.reference import ReferenceResult, run_reference
+from onnxprec.validate import IOContract, NumericReport, check_io_contract, check_structure, numeric_check
 
 __all__ = [
     "AutoCastOptions",
@@ -97,7 +99,6 @@ QUANTIZED_OPS = frozenset(
         "QGemm",
     }
 )
-_RANDOM_RETRIES = 5
 
 
 @dataclass
@@ -316,30 +317,19 @@ def _needs_reference(model: ir.Model, options: AutoCastOptions) -> bool:
 
 
 def _reference_run(model: ir.Model, options: AutoCastOptions) -> ReferenceResult:
-    if options.calibration_data is not None:
-        batches = calibration.feed_batches(options.calibration_data, model)
-        return run_reference(model, batches, providers=options.providers)
-    last_error: Exception | None = None
-    for attempt in range(_RANDOM_RETRIES):
-        feeds = calibration.feed_batches(None, model, input_shapes=options.input_shape_map, attempt=attempt)
-        try:
-            return run_reference(model, feeds, providers=options.providers)
-        except CalibrationDataError as e:
-            last_error = e
-            if options.input_shape_map:
-                break
-            logger.info("Random inputs of attempt %d did not run (%s); trying other dynamic sizes", attempt, e)
-    raise CalibrationDataError(
-        f"The model does not run on random inputs ({last_error}); set the dynamic input sizes with "
-        "--input_shapes name:1x3x320x320,... (API: input_shapes=) or pass real inputs with --calibration_data."
-    )
+    """Range statistics of every float tensor on the calibration data (or realistic random data)."""
+
+    def run(batches: Iterable[dict[str, np.ndarray]]) -> ReferenceResult:
+        return run_reference(model, batches, observers=[RangeObserver()], providers=options.providers)
+
+    return calibration.run_on_data(model, options.calibration_data, run, input_shapes=options.input_shape_map)
 
 
 def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:
     """Replaces guessed or missing element types with those ONNX Runtime observed."""
     for node in model.graph:
         for out in node.outputs:
-            stats = reference.stats.get(str(out.name))
+            stats = (reference.stats or {}).get(str(out.name))
             if stats is not None:
                 observed = ir.DataType.from_numpy(stats.dtype)
                 if out.dtype != observed:
@@ -507,8 +497,6 @@ def convert_to_mixed_precision(
             numeric_check(
                 proto.SerializeToString(),
                 reference,
-                low=options.low,
-                keep_io_types=options.keep_io_types,
                 providers=list(options.providers),
             )
         )
@@ -550,8 +538,6 @@ def convert_file(
         report.numeric = numeric_check(
             str(output),
             reference,
-            low=options.low,
-            keep_io_types=options.keep_io_types,
             providers=list(options.providers),
         )
         _log_numeric(report.numeric)

@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec._tensors import release
-from onnxprec.reference import TensorStats
+from onnxprec.observers import TensorStats
 
 __all__ = [
     "DataRangeRule",

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import _c_api_utils
 
+from onnxprec import _ort, metrics
 from onnxprec._graph import dtype_name
+from onnxprec._protobuf import structure_proto
 from onnxprec.errors import ValidationError
-from onnxprec.reference import ReferenceResult, ort_providers
+from onnxprec.reference import ReferenceResult
 
 __all__ = ["IOContract", "NumericReport", "check_io_contract", "check_structure", "numeric_check"]
 
@@ -65,19 +66,16 @@ def check_structure(model: ir.Model, *, has_custom_ops: bool) -> None:
     Weights above 1 KB are stripped before the C++ call, so this is cheap and works above 2 GB.
     """
 
-    def check(proto: onnx.ModelProto) -> None:
+    proto = structure_proto(model)
+    try:
         onnx.checker.check_model(proto, full_check=not has_custom_ops)
         if has_custom_ops:
             onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False)
-
-    try:
-        _c_api_utils.call_onnx_api(check, model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        first = str(e).strip().splitlines()[0][:400]
         raise ValidationError(
-            f"Converted model fails onnx.checker/type inference ({first}). This is a bug in onnxprec: please "
-            "report it; meanwhile exclude the node it names with --nodes_to_exclude."
-        ) from None
+            f"Converted model fails onnx.checker/type inference ({_ort.first_line(e, 400)}). This is a bug in "
+            "onnxprec: please report it; meanwhile exclude the node it names with --nodes_to_exclude."
+        ) from e
 
 
 @dataclass
@@ -92,57 +90,35 @@ class NumericReport:
         return max((e["rel_l2"] for e in self.errors.values()), default=0.0)
 
 
-def _feed_for(session: object, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    types = {i.name: i.type for i in session.get_inputs()}  # type: ignore[attr-defined]
-    result = {}
-    for name, array in feeds.items():
-        if types.get(name) == "tensor(float16)" and array.dtype == np.float32:
-            array = array.astype(np.float16)
-        result[name] = array
-    return result
-
-
 def numeric_check(
-    model: str | bytes,
+    model: str | bytes | ir.Model,
     reference: ReferenceResult,
     *,
-    low: ir.DataType,
-    keep_io_types: bool,
     providers: list[str] | None = None,
 ) -> NumericReport:
     """Runs the converted model on the reference run's first batch and compares outputs with FP32.
 
-    Never raises for a model ONNX Runtime cannot run (e.g. BF16 on a CPU build without BF16 kernels): the
-    report then says why the check was skipped.
+    BF16 and FP8 inputs and outputs are fed and fetched like any other. Never raises for a model ONNX Runtime
+    cannot run (e.g. a BF16 op without a CPU kernel): the report then says why the check was skipped.
     """
-    import onnxruntime as ort
-
     report = NumericReport()
-    if low == ir.DataType.BFLOAT16 and not keep_io_types:
-        report.skipped = "BF16 inputs cannot be fed from numpy; run with keep_io_types to check numerics"
-        return report
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    # No graph rewrites: on CPUs without FP16 kernels ORT would otherwise fold the FP16->FP32 casts it
-    # inserts into FP32 copies of every weight, doubling the check's memory for nothing.
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        session = ort.InferenceSession(model, options, providers=ort_providers(providers))
-        outputs = session.run(None, _feed_for(session, reference.first_feeds))
-    except Exception as e:  # ORT raises its own exception types; any failure means "cannot check here"
-        report.skipped = f"ONNX Runtime could not run the converted model: {str(e).strip().splitlines()[0][:200]}"
+        # No graph rewrites: on CPUs without FP16 kernels ORT would otherwise fold the FP16->FP32 casts it
+        # inserts into FP32 copies of every weight, doubling the check's memory for nothing.
+        session = _ort.create_session(model, providers=providers, optimization="none", what="the converted model")
+        outputs = session.run(reference.first_feeds)
+    except Exception as e:  # any failure means "cannot check here", never a failed conversion
+        report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"
         return report
-    for meta, actual in zip(session.get_outputs(), outputs):
-        expected = reference.first_outputs.get(meta.name)
+    for name, actual in zip(session.output_names, outputs):
+        expected = reference.first_outputs.get(name)
         if expected is None or not np.issubdtype(np.asarray(expected).dtype, np.floating):
             continue
-        ref = np.asarray(expected, dtype=np.float64)
-        out = np.asarray(actual, dtype=np.float64)
-        diff = np.abs(ref - out)
-        norm = float(np.linalg.norm(ref))
-        report.errors[meta.name] = {
-            "max_abs": float(diff.max()) if diff.size else 0.0,
-            "rel_l2": float(np.linalg.norm(ref - out) / norm) if norm > 0 else float(np.linalg.norm(out)),
-            "finite": float(np.isfinite(out).all()),
+        result = metrics.compare(expected, np.asarray(actual, dtype=np.float32))
+        report.errors[name] = {
+            "max_abs": result["max_abs"],
+            "rel_l2": result["rel_l2"],
+            "cosine": result["cosine"],
+            "finite": float(result["nonfinite"] == 0),
         }
     return report

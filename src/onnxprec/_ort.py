@@ -1,0 +1,324 @@
+"""The runtime layer: ONNX Runtime providers, sessions and feeds/fetches of every float type.
+
+Every ONNX Runtime session in onnxprec is created here. :func:`create_session` takes an ``ir.Model`` (its
+memory-mapped weights are handed to ONNX Runtime by file reference, never copied through Python), a path, or
+serialized bytes; :class:`Session` feeds and fetches FP32, FP16, BF16 and FP8 tensors alike (numpy has no BF16
+or FP8 dtype, so those travel as ``ml_dtypes`` arrays through OrtValues).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.metadata
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxprec._graph import all_graphs
+from onnxprec.errors import InvalidArgumentError, UnsupportedModelError
+
+__all__ = [
+    "Optimization",
+    "Session",
+    "create_session",
+    "first_line",
+    "import_onnxruntime",
+    "resolve_providers",
+]
+
+logger = logging.getLogger(__name__)
+
+Optimization = Literal["none", "basic", "all"]
+
+PROVIDER_NAMES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "dml": "DmlExecutionProvider",
+}
+
+# ONNX element types numpy cannot hold natively: they are fed and fetched as ml_dtypes arrays.
+_ML_DTYPES: dict[int, np.dtype[Any]] = {
+    onnx.TensorProto.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
+    onnx.TensorProto.FLOAT8E4M3FN: np.dtype(ml_dtypes.float8_e4m3fn),
+    onnx.TensorProto.FLOAT8E4M3FNUZ: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    onnx.TensorProto.FLOAT8E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    onnx.TensorProto.FLOAT8E5M2FNUZ: np.dtype(ml_dtypes.float8_e5m2fnuz),
+}
+_TYPE_STRINGS: dict[str, np.dtype[Any]] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(double)": np.dtype(np.float64),
+    "tensor(bfloat16)": _ML_DTYPES[onnx.TensorProto.BFLOAT16],
+    "tensor(float8e4m3fn)": _ML_DTYPES[onnx.TensorProto.FLOAT8E4M3FN],
+    "tensor(float8e4m3fnuz)": _ML_DTYPES[onnx.TensorProto.FLOAT8E4M3FNUZ],
+    "tensor(float8e5m2)": _ML_DTYPES[onnx.TensorProto.FLOAT8E5M2],
+    "tensor(float8e5m2fnuz)": _ML_DTYPES[onnx.TensorProto.FLOAT8E5M2FNUZ],
+}
+_ONNX_TYPE_OF = {dtype: code for code, dtype in _ML_DTYPES.items()}
+
+# In-memory weights up to this size are embedded in the serialized model; larger ones go to a temp file.
+_INLINE_LIMIT = 256 * 1024 * 1024
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an exception's message (ONNX Runtime's are long and multi-line)."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else type(error).__name__
+    return text[:limit]
+
+
+def import_onnxruntime() -> Any:
+    """Imports onnxruntime, with a clear message when it is missing or when two builds share its folder."""
+    installed = []
+    for dist in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            installed.append(f"{dist}=={importlib.metadata.version(dist)}")
+    try:
+        ort = importlib.import_module("onnxruntime")
+    except ImportError:
+        raise UnsupportedModelError(
+            "onnxruntime is not installed: pip install onnxprec[cpu] (or onnxprec[gpu] for CUDA)."
+        ) from None
+    if len(installed) > 1 and not hasattr(ort, "InferenceSession"):
+        raise UnsupportedModelError(
+            f"Several ONNX Runtime builds are installed ({', '.join(installed)}) and overwrote each other: "
+            "pip uninstall them all, then install exactly one (onnxprec[cpu] or onnxprec[gpu])."
+        )
+    if len(installed) > 1:
+        logger.debug("Several ONNX Runtime distributions installed: %s", installed)
+    ort.set_default_logger_severity(3)  # errors reach the user as exceptions, not as log lines
+    return ort
+
+
+def resolve_providers(names: Sequence[str] | None = None, *, trt_plugins: Sequence[str] = ()) -> list[Any]:
+    """ONNX Runtime providers from ModelOpt-style names: ``cpu``, ``cuda[:N]``, ``trt[:N]``, ``dml[:N]``.
+
+    The CPU provider is always appended as the fallback. TensorRT plugin libraries are passed to the
+    TensorRT provider (``trt_extra_plugin_lib_paths``).
+
+    Raises:
+        InvalidArgumentError: An unknown name, or a provider this onnxruntime build does not have.
+    """
+    ort = import_onnxruntime()
+    available = set(ort.get_available_providers())
+    result: list[Any] = []
+    for item in names or ["cpu"]:
+        kind, _, device = str(item).lower().partition(":")
+        if kind not in PROVIDER_NAMES or (device and not device.isdigit()):
+            raise InvalidArgumentError(
+                f"Unknown provider '{item}': use cpu, cuda[:N], trt[:N] or dml[:N] (e.g. --providers cuda:0 cpu)."
+            )
+        name = PROVIDER_NAMES[kind]
+        if name not in available:
+            raise InvalidArgumentError(
+                f"Provider '{item}' ({name}) is not available in this onnxruntime build "
+                f"(available: {sorted(available)}); install onnxprec[gpu] or use cpu."
+            )
+        options: dict[str, str] = {}
+        if device:
+            options["device_id"] = device
+        if kind == "trt" and trt_plugins:
+            options["trt_extra_plugin_lib_paths"] = ";".join(str(Path(p).resolve()) for p in trt_plugins)
+        result.append((name, options) if options else name)
+    if "CPUExecutionProvider" not in [p if isinstance(p, str) else p[0] for p in result]:
+        result.append("CPUExecutionProvider")
+    return result
+
+
+def session_options(
+    optimization: Optimization = "basic",
+    *,
+    low_memory: bool = False,
+    custom_op_libraries: Sequence[str] = (),
+) -> Any:
+    """Session options: quiet logs, the graph optimization level, and optional memory savings.
+
+    Args:
+        optimization: ``none`` where numerics are compared (no ORT rewrites, no folded weight copies),
+            ``basic`` for reference runs (semantics-preserving rewrites only), ``all`` for latency.
+        low_memory: Do not pre-pack weights (pre-packing keeps a second copy of every MatMul weight).
+        custom_op_libraries: Shared libraries with custom op kernels to register.
+    """
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = {
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    if low_memory:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    for library in custom_op_libraries:
+        if not Path(library).is_file():
+            raise InvalidArgumentError(f"Custom op library '{library}' does not exist: check --custom_op_lib.")
+        options.register_custom_ops_library(str(library))
+    return options
+
+
+class Session:
+    """An ONNX Runtime session that feeds and fetches every float type, BF16 and FP8 included."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.input_types = {i.name: i.type for i in inner.get_inputs()}
+        self.output_types = {o.name: o.type for o in inner.get_outputs()}
+        self.output_names = [o.name for o in inner.get_outputs()]
+        special = {t for t in (*self.input_types.values(), *self.output_types.values()) if _is_special(t)}
+        self._bind = bool(special)
+
+    def feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Casts float feeds to the element types the model declares (e.g. FP32 data into an FP16 input)."""
+        result = {}
+        for name, array in feeds.items():
+            array = np.asarray(array)
+            wanted = _TYPE_STRINGS.get(self.input_types.get(name, ""))
+            if wanted is not None and array.dtype != wanted and _is_float(array.dtype):
+                array = array.astype(wanted)
+            result[name] = array
+        return result
+
+    def run(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str] | None = None) -> list[Any]:
+        """Runs the model; returns the fetched outputs (all by default) as numpy / ml_dtypes arrays."""
+        names = list(fetches) if fetches is not None else self.output_names
+        prepared = self.feeds(feeds)
+        if not self._bind:
+            return self.inner.run(names, prepared)
+        return self._run_bound(prepared, names)
+
+    def _run_bound(self, feeds: dict[str, np.ndarray], names: list[str]) -> list[Any]:
+        ort = import_onnxruntime()
+        binding = self.inner.io_binding()
+        for name, array in feeds.items():
+            code = _ONNX_TYPE_OF.get(array.dtype)
+            if code is None:
+                binding.bind_cpu_input(name, np.ascontiguousarray(array))
+            else:
+                raw = np.ascontiguousarray(array).view(np.uint16 if array.dtype.itemsize == 2 else np.uint8)
+                binding.bind_ortvalue_input(
+                    name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, onnx_element_type=code)
+                )
+        for name in names:
+            binding.bind_output(name, "cpu")
+        self.inner.run_with_iobinding(binding)
+        return [_to_numpy(value) for value in binding.get_outputs()]
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return bool(np.issubdtype(dtype, np.floating)) or dtype in _ONNX_TYPE_OF
+
+
+def _is_special(type_string: str) -> bool:
+    dtype = _TYPE_STRINGS.get(type_string)
+    return dtype is not None and dtype in _ONNX_TYPE_OF
+
+
+def _to_numpy(value: Any) -> Any:
+    """An OrtValue on the CPU as a numpy array; BF16/FP8 as ml_dtypes arrays (copied out of ORT's buffer)."""
+    type_string = value.data_type()
+    dtype = _TYPE_STRINGS.get(type_string)
+    if dtype is None or dtype not in _ONNX_TYPE_OF:
+        return value.numpy()
+    shape = tuple(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(shape, dtype=dtype)
+    if count:
+        ctypes.memmove(out.ctypes.data, value.data_ptr(), count * dtype.itemsize)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Sessions from a model in memory, a path or bytes
+
+
+def _external_base_dir(model: ir.Model) -> tuple[Path | None, int]:
+    """The one folder the model's external tensors live in (None if there are none) and in-memory bytes."""
+    folders: set[Path] = set()
+    in_memory = 0
+    for graph in all_graphs(model.graph):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                folders.add(Path(tensor.base_dir).resolve())
+            elif tensor is not None:
+                in_memory += tensor.nbytes
+    if len(folders) > 1:
+        return None, -1  # mixed folders: the caller writes a temporary copy
+    return (folders.pop() if folders else None), in_memory
+
+
+@contextlib.contextmanager
+def ort_model(model: ir.Model) -> Iterator[tuple[bytes | str, Path | None]]:
+    """Yields ``(bytes or path, external data folder)`` for ONNX Runtime without copying mapped weights.
+
+    Weights memory-mapped from files stay file references: ONNX Runtime maps the same files itself
+    (``session.model_external_initializers_file_folder_path``), so no second copy is made in this process.
+    In-memory weights are embedded when small; otherwise they are written once to a temporary file.
+    """
+    folder, in_memory = _external_base_dir(model)
+    if 0 <= in_memory < _INLINE_LIMIT:
+        yield ir.serde.serialize_model(model).SerializeToString(), folder
+        return
+    with tempfile.TemporaryDirectory(prefix="onnxprec-ort-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        ir.save(model, path, external_data="model.onnx.data", size_threshold_bytes=1024)  # model unchanged
+        yield str(path), None
+
+
+def create_session(
+    source: ir.Model | onnx.ModelProto | str | os.PathLike | bytes,
+    *,
+    providers: Sequence[str] | None = None,
+    optimization: Optimization = "basic",
+    low_memory: bool = False,
+    trt_plugins: Sequence[str] = (),
+    custom_op_libraries: Sequence[str] = (),
+    what: str = "the model",
+    external_data_folder: str | os.PathLike | None = None,
+) -> Session:
+    """Creates a session on ``providers`` (ModelOpt-style names, default cpu).
+
+    Args:
+        source: An ``ir.Model`` (mapped weights are passed by file reference), a ModelProto, a path or bytes.
+        providers: ``cpu``, ``cuda:N``, ``trt``, ``dml``; the CPU provider is always the fallback.
+        optimization: ``none``, ``basic`` or ``all`` (see :func:`session_options`).
+        low_memory: Skip weight pre-packing (reference runs on large models).
+        trt_plugins: TensorRT plugin libraries for the TensorRT provider.
+        custom_op_libraries: Custom op libraries registered on the session.
+        what: How error messages name the model.
+        external_data_folder: Folder of external data for a model given as bytes.
+
+    Raises:
+        UnsupportedModelError: ONNX Runtime cannot load the model (the message has ORT's first line).
+    """
+    ort = import_onnxruntime()
+    provider_list = resolve_providers(providers, trt_plugins=trt_plugins)
+    options = session_options(optimization, low_memory=low_memory, custom_op_libraries=custom_op_libraries)
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, ir.Model):
+            payload, folder = stack.enter_context(ort_model(source))
+        elif isinstance(source, onnx.ModelProto):
+            payload, folder = source.SerializeToString(), None
+        elif isinstance(source, bytes):
+            payload, folder = source, None
+        else:
+            payload, folder = str(source), None
+        folder = Path(external_data_folder) if external_data_folder is not None else folder
+        if folder is not None and isinstance(payload, bytes):
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        try:
+            inner = ort.InferenceSession(payload, options, providers=provider_list)
+        except Exception as e:  # ORT raises its own exception types
+            raise UnsupportedModelError(f"ONNX Runtime cannot load {what}: {first_line(e)}") from None
+    return Session(inner)

@@ -1,0 +1,116 @@
+"""Tests of the runtime layer: providers, sessions from every source, feeds and fetches of every float type."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from onnxprec import _ort
+from onnxprec._io import load_model
+from onnxprec._testing import make_model, tensor_info
+from onnxprec.errors import InvalidArgumentError, UnsupportedModelError
+
+
+def _identity(elem_type: int, opset: int = 22) -> onnx.ModelProto:
+    node = helper.make_node("Identity", ["x"], ["y"])
+    return make_model([node], [tensor_info("x", elem_type, [3])], [tensor_info("y", elem_type, [3])], opset=opset)
+
+
+def test_providers_map_modelopt_names_and_append_cpu() -> None:
+    assert _ort.resolve_providers(["cpu"]) == ["CPUExecutionProvider"]
+    assert _ort.resolve_providers(None) == ["CPUExecutionProvider"]
+    with pytest.raises(InvalidArgumentError, match="Unknown provider 'gpu'"):
+        _ort.resolve_providers(["gpu"])
+    with pytest.raises(InvalidArgumentError, match="not available in this onnxruntime build"):
+        _ort.resolve_providers(["cuda:0"])  # the CPU build has no CUDA provider
+
+
+def test_trt_plugins_reach_the_tensorrt_provider(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ort = _ort.import_onnxruntime()
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    plugin = tmp_path / "libplugin.so"
+    plugin.write_bytes(b"")
+    result = _ort.resolve_providers(["trt:1"], trt_plugins=[str(plugin)])
+    assert result[0] == (
+        "TensorrtExecutionProvider",
+        {"device_id": "1", "trt_extra_plugin_lib_paths": str(plugin.resolve())},
+    )
+    assert result[1] == "CPUExecutionProvider"
+
+
+@pytest.mark.parametrize(
+    ("elem_type", "dtype"),
+    [
+        (TensorProto.BFLOAT16, ml_dtypes.bfloat16),
+        (TensorProto.FLOAT8E4M3FN, ml_dtypes.float8_e4m3fn),
+        (TensorProto.FLOAT8E5M2, ml_dtypes.float8_e5m2),
+        (TensorProto.FLOAT16, np.float16),
+    ],
+)
+def test_feeds_and_fetches_every_float_type(elem_type: int, dtype: type) -> None:
+    session = _ort.create_session(_identity(elem_type, opset=21 if elem_type != TensorProto.BFLOAT16 else 22))
+    x = np.array([1.5, -2.0, 0.25], dtype=np.float32)
+    (y,) = session.run({"x": x})  # FP32 data is cast to the declared input type
+    assert y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(y.astype(np.float32), x.astype(dtype).astype(np.float32))
+
+
+def test_session_from_ir_model_maps_external_weights(tmp_path: Path) -> None:
+    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    proto = make_model(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        [tensor_info("x", TensorProto.FLOAT, [1, 64])],
+        [tensor_info("y", TensorProto.FLOAT, [1, 32])],
+        {"W": w},
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path, save_as_external_data=True, location="m.data", size_threshold=0)
+    model = load_model(path)
+    assert isinstance(model.graph.initializers["W"].const_value, ir.ExternalTensor)
+    with _ort.ort_model(model) as (payload, folder):
+        assert isinstance(payload, bytes) and folder == tmp_path.resolve()
+        assert len(payload) < 1024  # the weight travels by file reference, not by value
+    session = _ort.create_session(model, optimization="none")
+    (y,) = session.run({"x": np.ones((1, 64), np.float32)})
+    np.testing.assert_array_equal(y, np.ones((1, 64), np.float32) @ w)
+
+
+def test_large_in_memory_weights_go_through_a_temp_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_ort, "_INLINE_LIMIT", 1)
+    w = np.full((3, 4), 2.0, np.float32)
+    proto = make_model(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        [tensor_info("x", TensorProto.FLOAT, [1, 3])],
+        [tensor_info("y", TensorProto.FLOAT, [1, 4])],
+        {"W": w},
+    )
+    model = ir.serde.deserialize_model(proto)
+    with _ort.ort_model(model) as (payload, folder):
+        assert isinstance(payload, str) and Path(payload + ".data").is_file() and folder is None
+    assert not Path(payload).exists()  # removed afterwards
+    (y,) = _ort.create_session(model).run({"x": np.ones((1, 3), np.float32)})
+    np.testing.assert_array_equal(y, np.full((1, 4), 6.0, np.float32))
+
+
+def test_load_failure_is_one_clear_line() -> None:
+    bad = _identity(TensorProto.FLOAT)
+    bad.graph.node[0].op_type = "NoSuchOp"
+    with pytest.raises(UnsupportedModelError, match=r"^ONNX Runtime cannot load the model: ") as info:
+        _ort.create_session(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_first_line() -> None:
+    assert _ort.first_line(RuntimeError("\n  first\nsecond")) == "first"
+    assert _ort.first_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_custom_op_library_must_exist() -> None:
+    with pytest.raises(InvalidArgumentError, match="--custom_op_lib"):
+        _ort.session_options(custom_op_libraries=["/nonexistent/libops.so"])

@@ -1,0 +1,56 @@
+"""Tests of the metrics against direct numpy formulas."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from onnxprec import metrics
+
+
+def test_errors_match_the_formulas_and_stream_over_batches() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((6, 5, 7)).astype(np.float32)
+    cand = (ref + 0.01 * rng.standard_normal(ref.shape)).astype(np.float16)
+    r, c = ref.astype(np.float64), cand.astype(np.float64)
+    expected_rel = np.linalg.norm(c - r) / np.linalg.norm(r)
+    expected_cos = float((r * c).sum() / (np.linalg.norm(r) * np.linalg.norm(c)))
+    assert metrics.rel_l2(ref, cand) == pytest.approx(expected_rel, rel=1e-9)
+    assert metrics.cosine(ref, cand) == pytest.approx(expected_cos, rel=1e-12)
+    assert metrics.max_abs(ref, cand) == pytest.approx(float(np.abs(c - r).max()))
+    agree = float((r.argmax(-1) == c.argmax(-1)).mean())
+    assert metrics.top1_agreement(ref, cand) == pytest.approx(agree)
+    stream = metrics.ErrorStats(track_top1=True)
+    for i in range(0, 6, 2):  # the same numbers batch by batch
+        stream.update(ref[i : i + 2], cand[i : i + 2])
+    assert stream.rel_l2 == pytest.approx(expected_rel, rel=1e-9)
+    assert stream.top1 == pytest.approx(agree)
+
+
+def test_nonfinite_candidates_are_counted_not_summed() -> None:
+    ref = np.ones((2, 3), np.float32)
+    cand = ref.copy()
+    cand[0, 0] = np.nan
+    result = metrics.compare(ref, cand)
+    assert result["nonfinite"] == 1 and result["max_abs"] == 1.0
+    assert math.isinf(metrics.rel_l2(ref, cand))
+
+
+def test_perplexity_of_a_uniform_and_a_perfect_model() -> None:
+    ids = np.array([[0, 1, 2, 3]])
+    uniform = np.zeros((1, 4, 10), np.float32)
+    assert metrics.perplexity(uniform, ids) == pytest.approx(10.0)
+    perfect = np.full((1, 4, 10), -100.0, np.float32)
+    perfect[0, np.arange(3), ids[0, 1:]] = 100.0
+    assert metrics.perplexity(perfect, ids) == pytest.approx(1.0)
+    mask = np.array([[1, 1, 0, 0]])  # only the first target (ids[1]) counts
+    total, count = metrics.nll_sum(uniform, ids, mask)
+    assert count == 1 and total == pytest.approx(math.log(10))
+    stream = metrics.Perplexity()
+    stream.update(uniform, ids)
+    stream.update(perfect, ids)
+    assert stream.value == pytest.approx(math.exp(3 * math.log(10) / 6))
+    with pytest.raises(ValueError, match="do not match"):
+        metrics.nll_sum(uniform, ids[:, :3])

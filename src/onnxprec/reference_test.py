@@ -1,0 +1,111 @@
+"""Tests of the reference runner: selection, observers, chunking under a budget, one-shot sources."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from onnxprec import _ort
+from onnxprec._testing import make_model, tensor_info
+from onnxprec.errors import CalibrationDataError
+from onnxprec.observers import ChannelAbsMeanObserver, FirstBatchObserver, RangeObserver
+from onnxprec.reference import run_reference
+
+F = TensorProto.FLOAT
+
+
+def _chain(n: int = 6) -> ir.Model:
+    """x -> (MatMul W, Relu) x n/2 -> y, all [2, 16]."""
+    nodes, inits, prev = [], {}, "x"
+    rng = np.random.default_rng(0)
+    for i in range(n // 2):
+        nodes += [
+            helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        inits[f"W{i}"] = rng.standard_normal((16, 16)).astype(np.float32)
+        prev = f"r{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    proto = make_model(nodes, [tensor_info("x", F, [2, 16])], [tensor_info("y", F, [2, 16])], inits)
+    return ir.serde.deserialize_model(proto)
+
+
+def _numpy_chain(model: ir.Model, x: np.ndarray) -> dict[str, np.ndarray]:
+    values, prev = {}, x
+    for i in range(3):
+        w = model.graph.initializers[f"W{i}"].const_value.numpy()
+        values[f"m{i}"] = prev @ w
+        values[f"r{i}"] = prev = np.maximum(values[f"m{i}"], 0)
+    return values
+
+
+def _batches(k: int = 3) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((2, 16)).astype(np.float32)} for _ in range(k)]
+
+
+def test_observers_see_every_selected_tensor_of_every_batch() -> None:
+    model, batches = _chain(), _batches()
+    absmean, first = ChannelAbsMeanObserver(), FirstBatchObserver()
+    result = run_reference(model, batches, observers=[absmean, first])
+    expected = [_numpy_chain(model, b["x"]) for b in batches]
+    for name in ("m0", "r0", "m2", "r2"):
+        rows = np.concatenate([e[name] for e in expected])
+        np.testing.assert_allclose(absmean.mean(name), np.abs(rows).mean(0), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(first.arrays[name], expected[0][name], rtol=1e-4, atol=1e-5)
+    assert absmean.tokens["x"] == 6  # graph inputs too
+    assert result.num_batches == 3 and result.stats is None
+    np.testing.assert_allclose(result.first_outputs["y"], expected[0]["r2"], rtol=1e-4, atol=1e-5)
+
+
+def test_selector_limits_what_is_fetched() -> None:
+    model = _chain()
+    seen = RangeObserver()
+    run_reference(model, _batches(1), select=lambda v: v.name.startswith("m"), observers=[seen])
+    assert set(seen.stats) == {"x", "y", "m0", "m1", "m2"}
+    values = [model.graph.node(1).outputs[0]]  # r0, by object
+    seen = RangeObserver()
+    run_reference(model, _batches(1), select=values, observers=[seen], observe_inputs=False)
+    assert set(seen.stats) == {"y", "r0"}
+
+
+def test_budget_splits_runs_into_chunks_without_changing_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batches = _chain(), _batches()
+    whole, tiny = RangeObserver(), RangeObserver()
+    one = run_reference(model, batches, observers=[whole])
+    many = run_reference(model, batches, observers=[tiny], budget_bytes=1)
+    assert (one.chunks, many.chunks) == (1, 6)  # m0 r0 m1 r1 m2 r2: one tensor per run
+    assert whole.stats.keys() == tiny.stats.keys()
+    for name, stats in whole.stats.items():
+        assert (stats.min, stats.max, stats.batches) == (tiny.stats[name].min, tiny.stats[name].max, 3)
+    # The temp-file path for large in-memory weights gives the same statistics.
+    monkeypatch.setattr(_ort, "_INLINE_LIMIT", 1)
+    spilled = RangeObserver()
+    run_reference(model, batches, observers=[spilled], budget_bytes=1)
+    assert {k: v.absmax for k, v in spilled.stats.items()} == {k: v.absmax for k, v in whole.stats.items()}
+
+
+def test_one_shot_sources_are_spooled_once_for_all_chunks() -> None:
+    model, batches = _chain(), _batches(4)
+    pulled = []
+
+    def generate() -> Iterator[dict[str, np.ndarray]]:
+        for b in batches:
+            pulled.append(1)
+            yield b
+
+    observer = RangeObserver()
+    result = run_reference(model, generate(), observers=[observer], budget_bytes=1)
+    assert len(pulled) == 4 and result.num_batches == 4 and result.chunks > 1
+    assert all(s.batches == 4 for s in observer.stats.values())
+
+
+def test_empty_source_and_bad_feeds_are_clear_errors() -> None:
+    with pytest.raises(CalibrationDataError, match="holds no batch"):
+        run_reference(_chain(), iter([]))
+    with pytest.raises(CalibrationDataError, match="calibration batch 0"):
+        run_reference(_chain(), [{"x": np.ones((3, 5), np.float32)}])
