@@ -147,7 +147,8 @@ def session_options(
     Args:
         optimization: ``none`` where numerics are compared (no ORT rewrites, no folded weight copies),
             ``basic`` for reference runs (semantics-preserving rewrites only), ``all`` for latency.
-        low_memory: Do not pre-pack weights (pre-packing keeps a second copy of every MatMul weight).
+        low_memory: Do not pre-pack weights (pre-packing keeps a second copy of every MatMul weight) and
+            execute nodes in list order, so that observed activations are freed early.
         custom_op_libraries: Shared libraries with custom op kernels to register.
     """
     ort = import_onnxruntime()
@@ -160,6 +161,9 @@ def session_options(
     }[optimization]
     if low_memory:
         options.add_session_config_entry("session.disable_prepacking", "1")
+        # Kahn order over the node list: a tensor's consumers run soon after it (the default reverse-DFS
+        # order can keep every observed activation alive until the end of the run).
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     for library in custom_op_libraries:
         if not Path(library).is_file():
             raise InvalidArgumentError(f"Custom op library '{library}' does not exist: check --custom_op_lib.")

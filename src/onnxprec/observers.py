@@ -71,7 +71,10 @@ class TensorStats:
         return cls(max(abs(lo), abs(hi)), lo, hi, tuple(array.shape), array.dtype)
 
     def update(self, array: np.ndarray) -> None:
-        lo, hi = _min_max(array)
+        self.add(*_min_max(array))
+
+    def add(self, lo: float, hi: float) -> None:
+        """Adds one batch's minimum and maximum."""
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         self.absmax = max(self.absmax, abs(lo), abs(hi))
         self.batches += 1
@@ -109,6 +112,22 @@ class RangeObserver(_Filtered):
             self.stats[name] = TensorStats.of(array)
         else:
             current.update(array)
+
+    def update_range(
+        self, name: str, lo: float, hi: float, total: float, shape: tuple[int, ...], dtype: np.dtype
+    ) -> None:
+        """Adds one batch from reductions computed by the runtime: min, max, sum (NaN iff the tensor has NaN)."""
+        if not self.wants(name):
+            return
+        if math.isnan(total) or math.isnan(lo) or math.isnan(hi):
+            lo, hi = -math.inf, math.inf  # NaN in FP32 already: treat as unbounded
+        elif math.prod(shape) == 0:
+            lo = hi = 0.0
+        current = self.stats.get(name)
+        if current is None:
+            self.stats[name] = TensorStats(max(abs(lo), abs(hi)), lo, hi, shape, np.dtype(dtype))
+        else:
+            current.add(lo, hi)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,4 +248,4 @@ class FirstBatchObserver(_Filtered):
 
     def update(self, name: str, array: np.ndarray) -> None:
         if self.wants(name) and name not in self.arrays:
-            self.arrays[name] = np.asarray(array)
+            self.arrays[name] = np.array(array, copy=True)  # never pin the runtime's buffers

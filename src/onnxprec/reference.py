@@ -215,7 +215,10 @@ def run_reference(
     """
     first, batches = _first(batches)
     marked = _selected(model, select)
-    chunks = _chunks(marked, _estimated_sizes(model, first), budget_bytes)
+    # Ranges alone need no tensor out of the runtime: it reduces each FP32 tensor to min/max/sum/shape itself.
+    in_graph = [v for v in marked if v.dtype == ir.DataType.FLOAT] if _ranges_only(observers) else []
+    fetched = [v for v in marked if v not in set(in_graph)]
+    chunks = _chunks(fetched, _estimated_sizes(model, first), budget_bytes) if fetched else [[]]
     graph_outputs = [str(v.name) for v in model.graph.outputs]
     first_outputs: dict[str, np.ndarray] = {}
     count = 0
@@ -225,13 +228,18 @@ def run_reference(
         replay = _Replay(batches, stack)
         payload, folder = stack.enter_context(_ort.ort_model(model))
         base = _base_proto(payload)
-        n_outputs = len(base.graph.output)
+        n_outputs, original_nodes = len(base.graph.output), list(base.graph.node)
         progress = stack.enter_context(tqdm(desc="Reference run", unit="run", disable=None, leave=False))
         for chunk_index, chunk in enumerate(chunks):
             names = [str(v.name) for v in chunk]
+            reductions = _add_reductions(base, in_graph) if chunk_index == 0 and in_graph else {}
             session = _chunk_session(base, payload, folder, chunk, providers)
             del base.graph.output[n_outputs:]
+            if reductions:
+                base.graph.ClearField("node")
+                base.graph.node.extend(original_nodes)
             fetch = graph_outputs + names if chunk_index == 0 else names
+            fetch += [out for outs in reductions.values() for out in outs]
             count = 0
             for i, batch in enumerate(replay):
                 if chunk_index == 0 and observe_inputs:
@@ -244,17 +252,67 @@ def run_reference(
                         f"ONNX Runtime failed to run the model on calibration batch {i} ({_ort.first_line(e)}); "
                         "check the input shapes or pass real inputs with --calibration_data."
                     ) from e
-                for name, array in zip(fetch, results):
-                    if chunk_index == 0 and i == 0 and name in graph_outputs:
-                        first_outputs[name] = array
-                    _observe(observers, name, array)
+                by_name = dict(zip(fetch, results))
                 del results
+                for name, (lo, hi, total, shape) in reductions.items():
+                    minimum = by_name.pop(lo)
+                    args = (float(minimum), float(by_name.pop(hi)), float(by_name.pop(total)))
+                    for observer in observers:
+                        observer.update_range(name, *args, tuple(by_name.pop(shape).tolist()), minimum.dtype)  # type: ignore[attr-defined]
+                for name, array in by_name.items():
+                    if chunk_index == 0 and i == 0 and name in graph_outputs:
+                        # A copy: ORT's arrays can pin the session's buffers and weight mappings.
+                        first_outputs[name] = np.array(array, copy=True)
+                    _observe(observers, name, array)
+                del by_name
                 count += 1
                 progress.update()
             del session
     ranges = next((o for o in observers if isinstance(o, RangeObserver)), None)
     logger.info("Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(marked), count, len(chunks))
     return ReferenceResult(first, first_outputs, count, len(chunks), ranges.stats if ranges else None)
+
+
+def _ranges_only(observers: Sequence[Observer]) -> bool:
+    return bool(observers) and all(isinstance(o, RangeObserver) for o in observers)
+
+
+_REDUCTIONS = (("ReduceMin", "min"), ("ReduceMax", "max"), ("ReduceSum", "sum"), ("Shape", "shape"))
+
+
+def _add_reductions(proto: onnx.ModelProto, values: list[ir.Value]) -> dict[str, tuple[str, str, str, str]]:
+    """Appends min/max/sum/shape nodes for each value to ``proto``'s graph; returns their output names.
+
+    The sum is NaN exactly when the tensor holds a NaN (or both infinities, which min/max show anyway):
+    ReduceMin/ReduceMax alone do not propagate NaN reliably.
+    """
+    used = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
+    used |= {out for node in proto.graph.node for out in node.output}
+    after: dict[str, list[onnx.NodeProto]] = {}
+    result: dict[str, tuple[str, str, str, str]] = {}
+    for index, value in enumerate(values):
+        name = str(value.name)
+        outs = []
+        for op, suffix in _REDUCTIONS:
+            out = f"__onnxprec_{index}_{suffix}"
+            while out in used:
+                out += "_"
+            used.add(out)
+            attributes = {"keepdims": 0} if op != "Shape" else {}
+            after.setdefault(name, []).append(onnx.helper.make_node(op, [name], [out], name=out, **attributes))
+            elem = onnx.TensorProto.INT64 if op == "Shape" else onnx.TensorProto.FLOAT
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(out, elem, None))
+            outs.append(out)
+        result[name] = (outs[0], outs[1], outs[2], outs[3])
+    # Each reduction right after its tensor's producer, so the runtime frees the tensor as early as before.
+    nodes: list[onnx.NodeProto] = []
+    for node in proto.graph.node:
+        nodes.append(node)
+        for out in node.output:
+            nodes.extend(after.get(out, ()))
+    proto.graph.ClearField("node")
+    proto.graph.node.extend(nodes)
+    return result
 
 
 def _observe(observers: Sequence[Observer], name: str, array: np.ndarray) -> None:

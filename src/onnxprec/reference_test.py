@@ -8,6 +8,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
+from onnx_ir.passes.common import ShapeInferencePass
 
 from onnxprec import _ort
 from onnxprec._testing import make_model, tensor_info
@@ -109,3 +110,32 @@ def test_empty_source_and_bad_feeds_are_clear_errors() -> None:
         run_reference(_chain(), iter([]))
     with pytest.raises(CalibrationDataError, match="calibration batch 0"):
         run_reference(_chain(), [{"x": np.ones((3, 5), np.float32)}])
+
+
+def test_ranges_reduced_in_the_runtime_equal_ranges_of_fetched_tensors() -> None:
+    """Range-only runs reduce in ORT (min/max/sum/shape); NaN, empty tensors and shapes match the raw path."""
+    nodes = [
+        helper.make_node("Log", ["x"], ["log"], name="log"),  # NaN for negative inputs
+        helper.make_node("Relu", ["x"], ["relu"], name="relu"),
+        helper.make_node("Slice", ["relu", "s", "e"], ["empty"], name="slice"),  # [0, 3]
+        helper.make_node("Add", ["log", "relu"], ["y"], name="add"),
+    ]
+    proto = make_model(
+        nodes,
+        [tensor_info("x", F, [2, 3])],
+        [tensor_info("y", F, [2, 3])],
+        {"s": np.array([0], np.int64), "e": np.array([0], np.int64)},
+    )
+    model = ir.serde.deserialize_model(proto)
+    ShapeInferencePass()(model)
+    assert all(v.dtype == ir.DataType.FLOAT for n in model.graph for v in n.outputs)
+    batches = [{"x": np.array([[1, 2, 3], [4, 5, 6]], np.float32)}, {"x": np.array([[-1, 0, 9]] * 2, np.float32)}]
+    reduced, fetched = RangeObserver(), RangeObserver()
+    run_reference(model, batches, observers=[reduced])
+    run_reference(model, batches, observers=[fetched, FirstBatchObserver()])  # not range-only: raw tensors
+    for name in ("log", "relu", "empty"):
+        a, b = reduced.stats[name], fetched.stats[name]
+        assert (a.min, a.max, a.absmax, a.shape, a.batches) == (b.min, b.max, b.absmax, b.shape, b.batches)
+        assert a.dtype == b.dtype == np.float32
+    assert reduced.stats["log"].absmax == np.inf  # NaN in the second batch: unbounded
+    assert reduced.stats["relu"].max == 9 and reduced.stats["empty"].shape == (0, 3)

@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort, metrics
 from onnxprec._graph import dtype_name
+from onnxprec._io import load_model
 from onnxprec._protobuf import structure_proto
 from onnxprec.errors import ValidationError
 from onnxprec.reference import ReferenceResult
@@ -105,7 +106,11 @@ def numeric_check(
     try:
         # No graph rewrites: on CPUs without FP16 kernels ORT would otherwise fold the FP16->FP32 casts it
         # inserts into FP32 copies of every weight, doubling the check's memory for nothing.
-        session = _ort.create_session(model, providers=providers, optimization="none", what="the converted model")
+        # A saved model is mapped, so ONNX Runtime maps its weights instead of parsing a copy of the file.
+        source = load_model(model) if isinstance(model, str) else model
+        session = _ort.create_session(
+            source, providers=providers, optimization="none", low_memory=True, what="the converted model"
+        )
         outputs = session.run(reference.first_feeds)
     except Exception as e:  # any failure means "cannot check here", never a failed conversion
         report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"
