@@ -1,0 +1,182 @@
+"""GPTQ (Frantar et al., 2022): row-by-row quantization with second-order error compensation, on the ``[K, N]`` layout.
+
+The paper's weight is ``[out, in]`` and it walks input columns; the ONNX MatMul weight is ``[K, N] = [in, out]``, so
+this walks **rows** ``i`` of ``W``. With ``H = 2 X^T X / n`` and the upper Cholesky factor ``U`` of ``H^-1``
+(``H^-1 = U^T U``), quantizing row ``i`` to ``q_i`` and spreading its error over the rows not yet quantized is::
+
+    err_i = (w_i - q_i) / U[i, i]                     # [N]
+    W[i+1:, :] -= outer(U[i, i+1:], err_i)            # a ROW of U
+
+ONNX Runtime's, onnx-neural-compressor's and Quark's ports read a column ``U[i+1:, i]`` instead, which is zero for an
+upper-triangular factor: they propagate nothing and return plain RTN.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from onnxprec.quantization.algorithms.rtn import (
+    QuantizedWeight,
+    _as_float32_matrix,
+    block_params,
+    effective_block_size,
+    level_range,
+    to_blocks,
+)
+
+__all__ = ["gptq", "hessian_from_tokens"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_DAMP_RETRIES = 6
+
+
+def hessian_from_tokens(x: ArrayLike) -> tuple[np.ndarray, int]:
+    """``(X^T X, T)`` in float64 for tokens ``x`` ``[T, K]`` (what a streaming observer accumulates)."""
+    tokens = np.asarray(x, dtype=np.float64)
+    if tokens.ndim != 2:
+        raise ValueError(f"x must be [T, K], got shape {tokens.shape}")
+    return tokens.T @ tokens, int(tokens.shape[0])
+
+
+def _inverse_cholesky_upper(h: np.ndarray, damp: float) -> np.ndarray:
+    """Upper-triangular ``U`` with ``(H + damp * mean(diag H) * I)^-1 = U^T U``, in float64. Overwrites ``h``.
+
+    Instead of inverting ``H`` and factorising the inverse (two ``K^3`` steps and a third ``K x K`` matrix), this
+    factorises the reversed matrix: with ``J`` the row-reversal permutation, ``J H J = L L^T`` gives ``H = R R^T`` with
+    ``R = J L J`` upper-triangular, so ``H^-1 = R^-T R^-1`` and ``U = R^-1`` (upper-triangular, positive diagonal; the
+    Cholesky factor is unique). Peak memory: about three ``K x K`` float64 matrices.
+    If the factorisation fails (H numerically indefinite), the damping is multiplied by 10 and retried.
+    """
+    diagonal = np.diag(h).copy()
+    mean_diag = float(diagonal.mean())
+    index = np.arange(h.shape[0])
+    for attempt in range(_MAX_DAMP_RETRIES):
+        factor = damp * 10**attempt
+        h[index, index] = diagonal + factor * mean_diag
+        try:
+            reversed_lower = np.linalg.cholesky(h[::-1, ::-1])
+        except np.linalg.LinAlgError:
+            logger.warning("GPTQ: Hessian not positive definite with damping %g; retrying with %g", factor, factor * 10)
+            continue
+        upper = np.triu(np.linalg.inv(reversed_lower[::-1, ::-1]))
+        if np.isfinite(upper).all():
+            return upper
+    raise np.linalg.LinAlgError(f"GPTQ: Hessian not positive definite even with damping {damp * 10**_MAX_DAMP_RETRIES}")
+
+
+def gptq(
+    w: ArrayLike,
+    hessian: ArrayLike,
+    n_tokens: int,
+    block_size: int,
+    *,
+    symmetric: bool = True,
+    damp: float = 0.01,
+    act_order: bool = False,
+    lazy_batch: int = 128,
+    bits: int = 4,
+) -> QuantizedWeight:
+    """Quantizes ``w`` ``[K, N]`` with GPTQ, given ``hessian = sum_t x_t x_t^T`` ``[K, K]`` over ``n_tokens`` tokens.
+
+    Steps: ``H = 2 * hessian / n_tokens``; dead input channels (``H[i, i] == 0``) get ``H[i, i] = 1`` and
+    ``W[i, :] = 0``; ``act_order`` permutes rows by descending ``diag(H)``; ``damp * mean(diag H)`` is added to the
+    diagonal; ``U`` = upper Cholesky factor of ``H^-1``. Rows are then quantized in order (see the module docstring),
+    with updates inside a lazy batch of ``lazy_batch`` rows applied at once, and the batch's accumulated errors pushed
+    to the remaining rows with one GEMM, ``W[i2:] -= U[i1:i2, i2:]^T @ Err``.
+
+    Block scales (and zero points), one per block of ``block_size`` consecutive rows of the original order:
+
+    * without ``act_order``: computed when the walk reaches the block's first row, from the block's **current**
+      (already error-compensated) weights, rows beyond the lazy batch included (their pending update is applied to
+      the copy used for the statistics), exactly as RTN would on those weights;
+    * with ``act_order``: the permuted walk visits a block's rows out of order, so all block scales are computed up
+      front from the original weights (dead rows zeroed), like AutoGPTQ's ``static_groups``. They stay per real K
+      block, so the result still fits ``DequantizeLinear(block_size)``/``MatMulNBits``.
+
+    With ``H`` diagonal nothing is propagated and the result equals :func:`~.rtn.quantize_rtn`.
+    """
+    weight = _as_float32_matrix(w)
+    if np.may_share_memory(weight, np.asarray(w)):
+        weight = weight.copy()
+    k, n = weight.shape
+    h = np.array(hessian, dtype=np.float64)
+    if h.shape != (k, k):
+        raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h.shape}")
+    if n_tokens <= 0:
+        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
+    if lazy_batch < 1:
+        raise ValueError(f"lazy_batch must be positive, got {lazy_batch}")
+    bs = effective_block_size(k, block_size)
+    n_blocks = math.ceil(k / bs)
+    qmin, qmax = level_range(bits, symmetric)
+
+    h *= 2.0 / n_tokens
+    dead = np.diag(h) == 0
+    if dead.any():
+        h[dead, dead] = 1.0
+        weight[dead, :] = 0.0
+        logger.debug("GPTQ: %d dead input channels", int(dead.sum()))
+
+    scales = np.empty((n_blocks, n), dtype=np.float32)
+    zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.float32)
+    perm: np.ndarray | None = None
+    if act_order:
+        s_all, z_all = block_params(to_blocks(weight, bs), bits=bits, symmetric=symmetric)
+        scales[:] = s_all
+        if zero_points is not None and z_all is not None:
+            zero_points[:] = z_all
+        perm = np.argsort(-np.diag(h), kind="stable")
+        weight = weight[perm]
+        h = h[np.ix_(perm, perm)]
+
+    upper = _inverse_cholesky_upper(h, damp).astype(np.float32)
+    del h
+    levels = np.empty((k, n), dtype=np.float32)
+
+    for i1 in range(0, k, lazy_batch):
+        i2 = min(i1 + lazy_batch, k)
+        batch = weight[i1:i2]  # a view: updated in place
+        errors = np.empty((i2 - i1, n), dtype=np.float32)
+        u_batch = upper[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            row = i1 + i
+            if perm is None:
+                block = row // bs
+                if row % bs == 0:
+                    end = min(row + bs, k)
+                    current = weight[row:end]
+                    if end > i2:  # rows after this lazy batch still miss the batch's updates so far
+                        current = current.copy()
+                        current[i2 - row :] -= upper[i1:row, i2:end].T @ errors[:i]
+                    s, z = block_params(current[None], bits=bits, symmetric=symmetric)
+                    scales[block] = s[0]
+                    if zero_points is not None and z is not None:
+                        zero_points[block] = z[0]
+            else:
+                block = int(perm[row]) // bs
+            s_row = scales[block]
+            z_row = None if zero_points is None else zero_points[block]
+            q = np.rint(batch[i] / s_row)
+            if z_row is not None:
+                q += z_row
+            np.clip(q, qmin, qmax, out=q)
+            levels[row] = q
+            dq = (q - z_row) * s_row if z_row is not None else q * s_row
+            err = (batch[i] - dq) / u_batch[i, i]
+            batch[i + 1 :] -= np.outer(u_batch[i, i + 1 :], err)
+            errors[i] = err
+        if i2 < k:
+            weight[i2:] -= upper[i1:i2, i2:].T @ errors
+
+    if perm is not None:
+        unpermuted = np.empty_like(levels)
+        unpermuted[perm] = levels
+        levels = unpermuted
+    q_out = levels.astype(np.int8 if qmin < 0 else np.uint8)
+    zp_out = None if zero_points is None else zero_points.astype(np.uint8)
+    return QuantizedWeight(q=q_out, scales=scales, zero_points=zp_out, block_size=bs, bits=bits)

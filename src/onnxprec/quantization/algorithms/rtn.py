@@ -1,0 +1,311 @@
+"""Round-to-nearest (RTN) block-wise quantization of MatMul weights, with an optional per-block clip search.
+
+Conventions shared by every algorithm of this package:
+
+* The weight is the ``B`` input of an ONNX ``MatMul``: ``Y = X @ W`` with ``W`` of shape ``[K, N]`` (``K`` input
+  channels, the reduction axis; ``N`` output channels).
+* Blocks run **along K**: block ``b`` of column ``n`` is ``W[b*bs : (b+1)*bs, n]``. ``K`` need not be a multiple of
+  the block size; the last block is then partial, as in ONNX ``DequantizeLinear`` with ``axis=0, block_size=bs``
+  (scales of shape ``[ceil(K/bs), N]``). ``block_size=-1`` means per-channel: one block spanning all of ``K``.
+* Every block has one float32 scale ``s > 0`` and, when asymmetric, one integer zero point ``z``; a quantized value
+  ``q`` stands for ``(q - z) * s`` (``z = 0`` when symmetric).
+* Math is float32 whatever the input dtype (float16, bfloat16, float32, float64).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_CLIP_RATIOS",
+    "QuantizedWeight",
+    "block_params",
+    "effective_block_size",
+    "level_range",
+    "quantize_int8_per_channel",
+    "quantize_levels",
+    "quantize_rtn",
+    "reconstruction_error",
+    "to_blocks",
+]
+
+logger = logging.getLogger(__name__)
+
+# Shrink ratios of the block range tried by ``quantize_rtn(clip_search=True)``: 1.0 down to 0.7 in steps of 0.025.
+# With 16 levels the MSE-optimal clip of a Gaussian block of 32-128 values lies around 0.8-0.95; 0.7 leaves margin for
+# heavy-tailed blocks. 1.0 comes first so a tie keeps the unclipped range (never worse than plain RTN).
+DEFAULT_CLIP_RATIOS: tuple[float, ...] = tuple(round(1.0 - 0.025 * i, 3) for i in range(13))
+
+# Columns are processed in chunks of at most this many weight elements (K * columns) to bound temporaries.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def level_range(bits: int, symmetric: bool) -> tuple[int, int]:
+    """The integer range of ``bits``-bit levels: ``[-2^(b-1), 2^(b-1)-1]`` if symmetric, else ``[0, 2^b-1]``."""
+    if bits not in (4, 8):
+        raise InvalidArgumentError(f"Unsupported bit width {bits}: use 4 or 8.")
+    if symmetric:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+@dataclass
+class QuantizedWeight:
+    """A block-wise quantized ``[K, N]`` weight.
+
+    ``W[k, n] ~= (q[k, n] - zero_points[k // block_size, n]) * scales[k // block_size, n]`` (zero point 0 if None).
+    """
+
+    q: np.ndarray
+    """int8 ``[K, N]`` in ``[-8, 7]`` (symmetric) or uint8 in ``[0, 15]`` (asymmetric); 8 bits: full int8/uint8."""
+    scales: np.ndarray
+    """float32 ``[n_blocks, N]``, strictly positive, ``n_blocks = ceil(K / block_size)``."""
+    zero_points: np.ndarray | None
+    """uint8 ``[n_blocks, N]`` in the level range (``[0, 15]`` for 4 bits), or None when symmetric."""
+    block_size: int
+    """The effective block size along K (``K`` when quantized per channel)."""
+    bits: int = 4
+
+    def __post_init__(self) -> None:
+        if self.q.ndim != 2:
+            raise ValueError(f"q must be 2-D [K, N], got shape {self.q.shape}")
+        k, n = self.q.shape
+        expected = (math.ceil(k / self.block_size), n)
+        if self.scales.shape != expected:
+            raise ValueError(f"scales must have shape {expected}, got {self.scales.shape}")
+        if self.zero_points is not None and self.zero_points.shape != expected:
+            raise ValueError(f"zero_points must have shape {expected}, got {self.zero_points.shape}")
+
+    @property
+    def symmetric(self) -> bool:
+        """True when there are no zero points (signed levels)."""
+        return self.zero_points is None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(K, N)``."""
+        k, n = self.q.shape
+        return k, n
+
+    @property
+    def n_blocks(self) -> int:
+        """Number of blocks along K, ``ceil(K / block_size)``."""
+        return int(self.scales.shape[0])
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 ``[K, N]`` weight ``(q - zero_point) * scale``, block parameters broadcast over their rows."""
+        k = self.q.shape[0]
+        scales = np.repeat(self.scales.astype(np.float32), self.block_size, axis=0)[:k]
+        levels = self.q.astype(np.float32)
+        if self.zero_points is not None:
+            levels -= np.repeat(self.zero_points.astype(np.float32), self.block_size, axis=0)[:k]
+        return levels * scales
+
+
+def effective_block_size(k: int, block_size: int) -> int:
+    """Validates ``block_size`` (a power of two >= 16, or -1 for per-channel) and returns it (``k`` for -1)."""
+    if block_size == -1:
+        return k
+    if block_size < 16 or block_size & (block_size - 1):
+        raise InvalidArgumentError(f"Invalid block size {block_size}: use a power of two >= 16, or -1 for per-channel.")
+    return block_size
+
+
+def to_blocks(w: np.ndarray, block_size: int) -> np.ndarray:
+    """``[K, N] -> [n_blocks, block_size, N]`` float32; K is zero-padded to a multiple of ``block_size``.
+
+    Returns a view when no padding or conversion is needed (do not write to it).
+    """
+    k, n = w.shape
+    n_blocks = math.ceil(k / block_size)
+    w = np.asarray(w, dtype=np.float32)
+    if n_blocks * block_size == k:
+        return w.reshape(n_blocks, block_size, n)
+    padded = np.zeros((n_blocks * block_size, n), dtype=np.float32)
+    padded[:k] = w
+    return padded.reshape(n_blocks, block_size, n)
+
+
+def block_params(
+    blocks: np.ndarray, *, bits: int = 4, symmetric: bool = True, ratios: float | np.ndarray = 1.0
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scales and zero points of ``blocks`` ``[..., bs, N]`` (reduced over axis -2), each ``[..., N]`` float32.
+
+    With levels ``[qmin, qmax]`` (``[-8, 7]`` symmetric, ``[0, 15]`` asymmetric for 4 bits), block minimum ``lo`` and
+    maximum ``hi``, and shrink ratio ``r`` (``ratios`` broadcasts against ``[..., N]``):
+
+    * symmetric: ``s = r * max(lo / qmin, hi / qmax)`` (= ``max(-lo/8, hi/7)``), the smallest positive scale that
+      covers the block with all 16 levels (``amax/7`` would never use level -8);
+    * asymmetric: ``lo' = r * min(lo, 0)``, ``hi' = r * max(hi, 0)`` (0 stays exactly representable),
+      ``s = (hi' - lo') / (qmax - qmin)``, ``z = clip(rint(-lo' / s), qmin, qmax)`` (integer-valued float32).
+
+    A block of zeros gets ``s = 1`` (and ``z = 0``), so it quantizes to 0 and reconstructs exactly.
+    """
+    qmin, qmax = level_range(bits, symmetric)
+    lo = blocks.min(axis=-2)
+    hi = blocks.max(axis=-2)
+    ratios = np.asarray(ratios, dtype=np.float32)
+    if symmetric:
+        scales = np.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios
+        return np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32), None
+    lo = np.minimum(lo, np.float32(0.0)) * ratios
+    hi = np.maximum(hi, np.float32(0.0)) * ratios
+    scales = (hi - lo) / np.float32(qmax - qmin)
+    scales = np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+    zero_points = np.clip(np.rint(-lo / scales), qmin, qmax).astype(np.float32)
+    return scales, zero_points
+
+
+def quantize_levels(
+    blocks: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, bits: int = 4
+) -> np.ndarray:
+    """Integer levels ``clip(rint(w / s) + z, qmin, qmax)`` of ``blocks`` ``[..., bs, N]`` as float32.
+
+    ``scales``/``zero_points`` are ``[..., N]`` (one per block and column). Rounding is half-to-even (``np.rint``).
+    """
+    qmin, qmax = level_range(bits, zero_points is None)
+    levels = np.rint(blocks / scales[..., None, :])
+    if zero_points is not None:
+        levels += zero_points[..., None, :]
+    return np.clip(levels, qmin, qmax, out=levels)
+
+
+def _dequantize_levels(levels: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None) -> np.ndarray:
+    """``(levels - z) * s`` for ``levels`` ``[..., bs, N]`` and parameters ``[..., N]``."""
+    if zero_points is not None:
+        levels = levels - zero_points[..., None, :]
+    return levels * scales[..., None, :]
+
+
+def _as_float32_matrix(w: ArrayLike, name: str = "w") -> np.ndarray:
+    array = np.asarray(w)
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D [K, N] matrix, got shape {array.shape}")
+    array = array.astype(np.float32, copy=False)
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} has NaN or infinite values; they cannot be quantized")
+    return array
+
+
+def _chunk_columns(k: int, n: int, chunk_columns: int | None) -> int:
+    if chunk_columns is not None:
+        if chunk_columns < 1:
+            raise ValueError(f"chunk_columns must be positive, got {chunk_columns}")
+        return min(chunk_columns, n)
+    return max(1, min(n, _CHUNK_ELEMENTS // max(k, 1)))
+
+
+def _search_ratios(ratios: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The search grid as float32 with 1.0 first (prepended if absent), so ties keep the unclipped range."""
+    grid = [float(r) for r in np.asarray(ratios, dtype=np.float64).reshape(-1)]
+    if not grid or min(grid) <= 0:
+        raise ValueError(f"clip ratios must be positive, got {grid}")
+    rest = [r for r in grid if r != 1.0]
+    return np.asarray([1.0, *rest], dtype=np.float32)
+
+
+def _mse_ratio_search(blocks: np.ndarray, grid: np.ndarray, *, bits: int, symmetric: bool) -> np.ndarray:
+    """Per-(block, column) ratio of ``grid`` minimising the block's weight MSE; ``blocks`` ``[nb, bs, c]``."""
+    best_err = np.full(blocks.shape[::2], np.inf, dtype=np.float32)
+    best_ratio = np.ones(blocks.shape[::2], dtype=np.float32)
+    for ratio in grid:
+        scales, zero_points = block_params(blocks, bits=bits, symmetric=symmetric, ratios=ratio)
+        diff = blocks - _dequantize_levels(quantize_levels(blocks, scales, zero_points, bits=bits), scales, zero_points)
+        err = np.einsum("bkn,bkn->bn", diff, diff)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_ratio = np.where(better, ratio, best_ratio)
+    return best_ratio
+
+
+def quantize_rtn(
+    w: ArrayLike,
+    block_size: int,
+    *,
+    symmetric: bool = True,
+    clip_search: bool = False,
+    clip_ratios: float | np.ndarray | None = None,
+    search_ratios: Sequence[float] | np.ndarray = DEFAULT_CLIP_RATIOS,
+    bits: int = 4,
+    chunk_columns: int | None = None,
+) -> QuantizedWeight:
+    """Round-to-nearest block-wise quantization of a ``[K, N]`` weight (see :func:`block_params` for the math).
+
+    Args:
+        w: the weight, float16/bfloat16/float32/float64 ``[K, N]``.
+        block_size: a power of two >= 16 (blocks of rows along K), or -1 for one block per output channel.
+        symmetric: signed levels without zero points; else unsigned levels with uint8 zero points.
+        clip_search: per (block, column), try every ratio of ``search_ratios`` as the shrink of the block range and
+            keep the one with the lowest weight MSE of that block. 1.0 is always tried first, so the result is never
+            worse than plain RTN. Cost: ``len(search_ratios)`` quantizations.
+        clip_ratios: fixed shrink ratios instead of a search: a scalar or an ``[n_blocks, N]`` array (e.g. from
+            :func:`~onnxprec.quantization.algorithms.awq.awq_clip`). Excludes ``clip_search``.
+        search_ratios: the grid of ``clip_search``.
+        bits: 4 (default) or 8.
+        chunk_columns: columns processed at once (temporaries are a few ``K * chunk_columns`` float32 arrays);
+            default: about 4 M elements per chunk.
+    """
+    if clip_search and clip_ratios is not None:
+        raise ValueError("Pass either clip_search=True or clip_ratios, not both")
+    weight = _as_float32_matrix(w)
+    k, n = weight.shape
+    bs = effective_block_size(k, block_size)
+    n_blocks = math.ceil(k / bs)
+    ratios: np.ndarray | None = None
+    if clip_ratios is not None:
+        ratios = np.broadcast_to(np.asarray(clip_ratios, dtype=np.float32), (n_blocks, n))
+        if not (ratios > 0).all():
+            raise ValueError("clip_ratios must be positive")
+    grid = _search_ratios(search_ratios) if clip_search else None
+    qmin, _ = level_range(bits, symmetric)
+    q = np.empty((k, n), dtype=np.int8 if qmin < 0 else np.uint8)
+    scales = np.empty((n_blocks, n), dtype=np.float32)
+    zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.uint8)
+    step = _chunk_columns(k, n, chunk_columns)
+    for start in range(0, n, step):
+        cols = slice(start, min(start + step, n))
+        blocks = to_blocks(weight[:, cols], bs)
+        if grid is not None:
+            chunk_ratios: float | np.ndarray = _mse_ratio_search(blocks, grid, bits=bits, symmetric=symmetric)
+        else:
+            chunk_ratios = 1.0 if ratios is None else ratios[:, cols]
+        s, z = block_params(blocks, bits=bits, symmetric=symmetric, ratios=chunk_ratios)
+        levels = quantize_levels(blocks, s, z, bits=bits)
+        q[:, cols] = levels.reshape(-1, levels.shape[-1])[:k]
+        scales[:, cols] = s
+        if zero_points is not None and z is not None:
+            zero_points[:, cols] = z
+    return QuantizedWeight(q=q, scales=scales, zero_points=zero_points, block_size=bs, bits=bits)
+
+
+def quantize_int8_per_channel(w: ArrayLike, *, symmetric: bool = True) -> QuantizedWeight:
+    """INT8 per-output-channel quantization (e.g. for an lm_head kept at 8 bits): scales ``[1, N]``, all 256 levels.
+
+    Symmetric: ``s = max(-min/128, max/127)`` per column, q int8 in ``[-128, 127]``.
+    """
+    return quantize_rtn(w, -1, symmetric=symmetric, bits=8)
+
+
+def reconstruction_error(w: ArrayLike, qw: QuantizedWeight, x: ArrayLike | None = None) -> float:
+    """Relative Frobenius error ``||W - Wq|| / ||W||``, or of the outputs ``||X W - X Wq|| / ||X W||`` when ``x``
+    (``[T, K]`` tokens) is given. 0 when both numerator and denominator are 0, inf when only the denominator is.
+    """
+    weight = np.asarray(w).astype(np.float32, copy=False)
+    diff = weight - qw.dequantize()
+    if x is not None:
+        tokens = np.asarray(x).astype(np.float32, copy=False)
+        diff = tokens @ diff
+        weight = tokens @ weight
+    num = float(np.linalg.norm(diff.astype(np.float64)))
+    den = float(np.linalg.norm(weight.astype(np.float64)))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
