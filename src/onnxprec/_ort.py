@@ -95,8 +95,13 @@ def import_onnxruntime() -> Any:
             f"Several ONNX Runtime builds are installed ({', '.join(installed)}) and overwrote each other: "
             "pip uninstall them all, then install exactly one (onnxprec[cpu] or onnxprec[gpu])."
         )
-    if len(installed) > 1:
-        logger.debug("Several ONNX Runtime distributions installed: %s", installed)
+    if len(installed) > 1 and not getattr(import_onnxruntime, "warned", False):
+        import_onnxruntime.warned = True  # type: ignore[attr-defined]
+        logger.warning(
+            "Several ONNX Runtime builds are installed (%s); they share one package folder and the last one "
+            "installed wins: keep exactly one (onnxprec[cpu] or onnxprec[gpu]).",
+            ", ".join(installed),
+        )
     ort.set_default_logger_severity(3)  # errors reach the user as exceptions, not as log lines
     return ort
 

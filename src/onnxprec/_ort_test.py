@@ -114,3 +114,22 @@ def test_first_line() -> None:
 def test_custom_op_library_must_exist() -> None:
     with pytest.raises(InvalidArgumentError, match="--custom_op_lib"):
         _ort.session_options(custom_op_libraries=["/nonexistent/libops.so"])
+
+
+def test_two_runtime_builds_are_named_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import importlib.metadata
+    import types
+
+    versions = {"onnxruntime": "1.32.0", "onnxruntime-gpu": "1.31.1"}
+
+    def version(dist: str) -> str:
+        if dist not in versions:
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return versions[dist]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    broken = types.ModuleType("onnxruntime")  # what remains when one wheel overwrote the other's files
+    monkeypatch.setattr(importlib, "import_module", lambda name: broken)
+    with pytest.raises(UnsupportedModelError, match=r"onnxruntime==1\.32\.0, onnxruntime-gpu==1\.31\.1.*exactly one"):
+        _ort.import_onnxruntime()
