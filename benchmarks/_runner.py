@@ -7,7 +7,8 @@ the conversion-only time (load + convert + save, the tool's own entry point, wit
 imports).
 
 Tools (each the entry point users call):
-  onnxprec           ``python -m onnxprec.autocast`` (its CLI main, ModelOpt's flags)
+  onnxprec           ``python -m onnxprec.autocast`` (its CLI main, ModelOpt's flags; ``--report-json P`` adds
+                     ``--report_json P``, whose counts the harness reads)
   modelopt           ``python -m modelopt.onnx.autocast`` (its CLI main)
   occ_fp16           onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)
   occ_amp            onnxconverter_common.auto_mixed_precision.auto_convert_mixed_precision on the real inputs
@@ -90,8 +91,11 @@ def run(args: argparse.Namespace) -> tuple[float, float, int]:
         from onnxprec.cli import autocast_main
 
         t_imp = time.perf_counter() - t
+        argv = _autocast_argv(args)
+        if args.report_json:
+            argv += ["--report_json", args.report_json]
         t = time.perf_counter()
-        rc = autocast_main(_autocast_argv(args))
+        rc = autocast_main(argv)
         return t_imp, time.perf_counter() - t, int(rc or 0)
     if tool == "modelopt":
         from modelopt.onnx.autocast.__main__ import main as modelopt_main
@@ -139,6 +143,7 @@ def main() -> int:
     ap.add_argument("--output", required=True)
     ap.add_argument("--data-max", default=None, help="AutoCast --data_max (e.g. inf); default: the tool's own")
     ap.add_argument("--inputs", default=None, help=".npz of real inputs (occ_amp)")
+    ap.add_argument("--report-json", default=None, help="onnxprec: write its report JSON (--report_json) here")
     ap.add_argument("--rtol", type=float, default=0.01, help="occ_amp rtol")
     ap.add_argument("--atol", type=float, default=0.001, help="occ_amp atol")
     args = ap.parse_args()

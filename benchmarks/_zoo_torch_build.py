@@ -265,8 +265,12 @@ def token_windows(ids: list[int], seq: int, max_windows: int) -> np.ndarray:
 
 
 def perplexity(logits: np.ndarray, ids: np.ndarray) -> tuple[float, int]:
-    """(sum of next-token NLL, token count) for one batch of windows."""
-    lp = torch.log_softmax(torch.as_tensor(logits, dtype=torch.float32)[:, :-1], -1)
+    """(sum of next-token NLL, token count) for one batch of windows: ``logits[:, :-1]`` predict ``ids[:, 1:]``.
+
+    The same formula as ``onnxprec.metrics.nll_sum`` (log-softmax in float64), written again here because this
+    script runs in the torch venv, where onnxprec is not installed.
+    """
+    lp = torch.log_softmax(torch.as_tensor(logits, dtype=torch.float64)[:, :-1], -1)
     tgt = torch.as_tensor(ids)[:, 1:, None]
     return float(-lp.gather(-1, tgt).sum()), int(tgt.numel())
 
@@ -324,6 +328,7 @@ def build_smollm2_135m(out_dir: Path, seq: int = 256, max_windows: int = 16, tor
 
 
 def _check_ort(path: Path, feeds: dict[str, np.ndarray], ref: np.ndarray) -> None:
+    # A raw session: onnxprec (and its onnxprec._ort.create_session) is not installed in the torch venv.
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

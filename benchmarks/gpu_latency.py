@@ -1,6 +1,9 @@
 """GPU inference latency of FP32 and converted models with ONNX Runtime's CUDAExecutionProvider.
 
-Standalone (numpy + onnxruntime-gpu only; no onnxprec, no benchmarks package):
+A script (it never imports the ``benchmarks`` package); it needs onnxruntime-gpu, onnx, onnx-ir, ml_dtypes and
+onnxprec's runtime layer (:mod:`onnxprec._ort`, :mod:`onnxprec.metrics`). Where onnxprec is not installed it is
+imported from this checkout's ``src/`` (``pip install -e .`` would bring the CPU onnxruntime, which overwrites
+onnxruntime-gpu's files):
 
     python benchmarks/gpu_latency.py DIR [--out gpu-<date>.json] [--batches 1,full] [--iters 300]
 
@@ -26,10 +29,19 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+try:
+    from onnxprec import _ort, metrics
+    from onnxprec._io import write_atomically
+except ImportError:  # not installed on the GPU machine: this checkout's sources
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from onnxprec import _ort, metrics
+    from onnxprec._io import write_atomically
 
 MANIFEST = "manifest.json"
 
@@ -41,7 +53,7 @@ def assemble(root: Path) -> Path:
     out = root / "assembled"
     for rel, info in manifest.items():
         target = out / rel
-        if target.exists() and target.stat().st_size == info["bytes"] and _sha256(target) == info["sha256"]:
+        if target.exists() and target.stat().st_size == info["bytes"] and sha256(target) == info["sha256"]:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "wb") as f:
@@ -51,12 +63,13 @@ def assemble(root: Path) -> Path:
                     raise FileNotFoundError(f"{src} is missing: move every bundle-NN folder into {root}")
                 f.seek(piece["offset"])
                 f.write(src.read_bytes())
-        if _sha256(target) != info["sha256"]:
+        if sha256(target) != info["sha256"]:
             raise ValueError(f"{target}: SHA-256 mismatch after reassembly")
     return out
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """Hex SHA-256 of a file (also what gpu-prepare writes into the manifest)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -81,34 +94,24 @@ def card_info() -> dict[str, str]:
 
 
 class Bound:
-    """A session with its inputs and outputs bound on the device."""
+    """A session with its inputs and outputs bound on the device (IO binding on the session
+    :func:`onnxprec._ort.create_session` made: ``Session.run`` copies through the host on every call)."""
 
     def __init__(self, path: Path, feeds: dict[str, np.ndarray], provider: str) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        providers = (
-            ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-        )
-        self.sess = ort.InferenceSession(str(path), so, providers=providers)
+        ort = _ort.import_onnxruntime()
+        session = _ort.create_session(path, providers=[provider], optimization="all", what=path.name)
+        self.sess = session.inner
         self.providers = self.sess.get_providers()
         if provider == "cuda" and self.providers[0] != "CUDAExecutionProvider":
             raise RuntimeError(f"CUDAExecutionProvider unavailable (got {self.providers})")
-        device = "cuda" if provider == "cuda" else "cpu"
         self.binding = self.sess.io_binding()
         self._keep = []
-        for i in self.sess.get_inputs():
-            x = feeds[i.name]
-            if i.type == "tensor(float16)":
-                x = x.astype(np.float16)
-            elif i.type == "tensor(float)":
-                x = x.astype(np.float32)
-            ov = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x), device, 0)
+        for name, x in session.feeds({k: v for k, v in feeds.items() if k in session.input_types}).items():
+            ov = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x), provider, 0)
             self._keep.append(ov)
-            self.binding.bind_ortvalue_input(i.name, ov)
-        for o in self.sess.get_outputs():
-            self.binding.bind_output(o.name, device)
+            self.binding.bind_ortvalue_input(name, ov)
+        for name in session.output_names:
+            self.binding.bind_output(name, provider)
 
     def run(self) -> None:
         self.sess.run_with_iobinding(self.binding)
@@ -116,6 +119,33 @@ class Bound:
 
     def first_output(self) -> np.ndarray:
         return np.asarray(self.binding.copy_outputs_to_cpu()[0], dtype=np.float32)
+
+
+def time_alternating(
+    runs: Mapping[str, Callable[[], object]], rounds: int, per_round: Mapping[str, int]
+) -> dict[str, list[float]]:
+    """Single-run times (ms) of each callable: ``rounds`` rounds that each time ``per_round[key]`` runs of every
+    callable in turn, so that clock, thermal and neighbour drift hit all of them alike."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, run in runs.items():
+            for _ in range(per_round[k]):
+                t = time.perf_counter()
+                run()
+                times[k].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def latency_stats(times_ms: Sequence[float]) -> dict[str, Any]:
+    """Median, 10th and 90th percentile and mean (ms) of single runs, and their number."""
+    a = np.asarray(times_ms)
+    return {
+        "median_ms": float(np.median(a)),
+        "p10_ms": float(np.percentile(a, 10)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "mean_ms": float(a.mean()),
+        "iters": len(a),
+    }
 
 
 def _batch(feeds: dict[str, np.ndarray], batch: str) -> dict[str, np.ndarray]:
@@ -145,29 +175,15 @@ def time_model(folder: Path, batches: list[str], warmup: int, iters: int, rounds
             except Exception as e:
                 result[p.stem]["batches"][key] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 print(f"  {folder.name}/{p.stem} batch {key}: {e}", file=sys.stderr)
-        times: dict[str, list[float]] = {k: [] for k in bound}
         per_round = max(1, iters // rounds)
-        for _ in range(rounds):
-            for k, b in bound.items():
-                for _ in range(per_round):
-                    t = time.perf_counter()
-                    b.run()
-                    times[k].append((time.perf_counter() - t) * 1e3)
+        times = time_alternating({k: b.run for k, b in bound.items()}, rounds, dict.fromkeys(bound, per_round))
         ref = bound["fp32"].first_output() if "fp32" in bound else None
         for k, b in bound.items():
-            a = np.asarray(times[k])
-            r: dict[str, Any] = {
-                "median_ms": float(np.median(a)),
-                "p10_ms": float(np.percentile(a, 10)),
-                "p90_ms": float(np.percentile(a, 90)),
-                "mean_ms": float(a.mean()),
-                "iters": len(a),
-            }
+            r = latency_stats(times[k])
             if ref is not None:
-                out = b.first_output()
-                d = out.astype(np.float64) - ref.astype(np.float64)
-                r["rel_l2"] = float(np.linalg.norm(d) / max(np.linalg.norm(ref.astype(np.float64)), 1e-30))
-                r["max_abs"] = float(np.abs(d).max())
+                errors = metrics.compare(ref, b.first_output())
+                r["rel_l2"] = errors["rel_l2"]
+                r["max_abs"] = errors["max_abs"]
             result[k]["batches"][key] = r
             print(f"  {folder.name}/{k} batch {key}: {r['median_ms']:.3f} ms", file=sys.stderr)
         del bound
@@ -186,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--provider", choices=["cuda", "cpu"], default="cuda", help="cpu: only to test this script")
     a = ap.parse_args(args_list)
-    import onnxruntime as ort
+    ort = _ort.import_onnxruntime()
 
     if a.provider == "cuda" and hasattr(ort, "preload_dlls"):
         ort.preload_dlls()  # CUDA and cuDNN from the nvidia-* pip packages (onnxruntime-gpu >= 1.21)
@@ -220,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     path = a.out or Path(f"gpu-{now:%Y-%m-%d-%H%M}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    write_atomically(path, json.dumps(out, indent=1) + "\n")
     print(path)
     return 0
 

@@ -12,7 +12,6 @@ SmolLM2 (652 MB FP32) is not bundled by default: its GPU row is made by converti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -24,21 +23,12 @@ import numpy as np
 import onnx
 
 from . import zoo
+from .gpu_latency import MANIFEST, sha256
 from .metrics import external_files
 from .proc import run_measured
 from .tools import TOOLS, python_for, tool_command
 
 logger = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def variant_name(tool: str) -> str:
@@ -85,7 +75,7 @@ def bundle(staged: Path, out: Path, chunk_bytes: int) -> list[Path]:
     for p in files:
         rel = p.relative_to(staged).as_posix()
         size = p.stat().st_size
-        manifest[rel] = {"bytes": size, "sha256": _sha256(p), "pieces": []}
+        manifest[rel] = {"bytes": size, "sha256": sha256(p), "pieces": []}
         if size <= chunk_bytes:
             pieces.append((p, rel, 0, size))
         else:

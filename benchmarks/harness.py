@@ -35,24 +35,24 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxprec._io import write_atomically
+
 from . import zoo
 from .metrics import external_files, file_size
 from .proc import gnu_time_available, run_measured
-from .tools import HEAVY_MODELS, TOOLS, Tool, default_tools, family, python_for, tool_command
+from .tools import HEAVY_MODELS, RATIO_ANCHORS, TOOLS, Tool, default_tools, family, python_for, tool_command
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA = 1
-RATIO_ANCHORS = ("modelopt", "modelopt:inf", "baseline_loadsave")
 TOP1_MODELS = frozenset({"efficientnet_lite0", "smollm2_135m"})
 PERPLEXITY_MODELS = frozenset({"smollm2_135m"})
 EVAL_BATCH = {"smollm2_135m": 2}  # windows per ONNX Runtime call when measuring accuracy (bounds memory)
 METRICS_TIMEOUT_S = 3600.0
 MIB = 1 << 20
 
-_ONNXPREC_COUNTS = re.compile(r"Converted (\d+)/(\d+) nodes \([\d.]+%\) to \w+; (\d+) casts inserted")
 _MODELOPT_COUNTS = re.compile(r"Converted (\d+)/(\d+) nodes \([\d.]+%\) to \w+")
 
 
@@ -214,14 +214,17 @@ def paired_ratios(tool_runs: list[dict[str, Any]], anchor_runs: list[dict[str, A
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _tool_counts(tool: Tool, log: str) -> dict[str, int] | None:
-    """The tool's own "Converted X/Y nodes" (and casts) line, when it prints one."""
-    if tool.runner == "onnxprec":
-        m = list(_ONNXPREC_COUNTS.finditer(log))
-        if m:
-            low, total, casts = (int(x) for x in m[-1].groups())
-            return {"low_nodes": low, "nodes": total, "casts_inserted": casts}
-    elif tool.runner == "modelopt":
+def _tool_counts(tool: Tool, log: str, report_json: Path) -> dict[str, int] | None:
+    """The tool's own node counts: onnxprec's from its report JSON (``counts``), ModelOpt's from its log line
+    ("Converted X/Y nodes"); None when the tool reports none."""
+    if tool.report_json:
+        try:
+            counts = json.loads(report_json.read_text())["counts"]
+            return {"low_nodes": counts["low_nodes"], "nodes": counts["nodes"], "casts_inserted": counts["casts"]}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            logger.warning("%s: no counts from its report JSON %s (%s)", tool.id, report_json, e)
+            return None
+    if tool.runner == "modelopt":
         m = list(_MODELOPT_COUNTS.finditer(log))
         if m:
             low, total = (int(x) for x in m[-1].groups())
@@ -252,9 +255,7 @@ def _results_path(config: RunConfig, started: dt.datetime) -> Path:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data, indent=1, default=_json_default) + "\n")
 
 
 def _json_default(o: Any) -> Any:
@@ -370,7 +371,8 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
             rdir = work / f"{_safe(tool.id)}-r{rep}"
             rdir.mkdir(parents=True, exist_ok=True)
             dst = rdir / "out.onnx"
-            cmd = tool_command(tool, python_for(tool, config.anchors_python), src, dst, inputs_npz)
+            report_json = rdir / "report.json"
+            cmd = tool_command(tool, python_for(tool, config.anchors_python), src, dst, inputs_npz, report_json)
             timeout = min(config.timeout_s, tool.timeout_s or config.timeout_s)
             warm_page_cache(files)
             res = run_measured(cmd, rdir / "log.txt", timeout_s=timeout, mem_limit_mb=mem_limit, cwd=rdir)
@@ -391,7 +393,7 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
             }
             if res.status == "ok" and dst.exists():
                 record["out_bytes"] = file_size(dst)
-                counts = _tool_counts(tool, log)
+                counts = _tool_counts(tool, log, report_json)
                 if counts:
                     record["tool_reported"] = counts
             elif res.status == "ok":

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import gpu_latency, gpu_prepare, harness, report, zoo
+from benchmarks import gpu_latency, gpu_prepare, harness, report, report_autocast, report_common, zoo
 from benchmarks.proc import run_measured
 
 
@@ -61,7 +61,7 @@ def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
 
     md = report.write_report(results, tmp_path / "BENCHMARKS.md", tmp_path / "scaling.png")
     text = md.read_text()
-    wall = report._stat(s["wall_s"])
+    wall = report_common.stat(s["wall_s"])
     assert "| chain_24 | onnxprec |" in text
     assert wall in text
     assert "24/24 (100.0 %)" in text
@@ -110,13 +110,13 @@ def _run_file(run_id: str, date: str, tools: dict[str, float]) -> dict[str, Any]
 def test_merge_keeps_the_newest_and_marks_cross_run_ratios() -> None:
     old = _run_file("a", "2026-01-01T00:00:00", {"onnxprec": 2.0, "modelopt": 20.0})
     new = _run_file("b", "2026-01-02T00:00:00", {"onnxprec": 1.0})
-    merged = report.merge([old, new])
+    merged = report_common.merge([old, new])
     entry = merged.models["chain_24"]["tools"]["onnxprec"]
     assert entry["_run"] == "b"
     assert entry["_vs"]["modelopt"]["paired"] is False and entry["_vs"]["modelopt"]["speedup"]["median"] == 20.0
-    same = report.merge([old])
+    same = report_common.merge([old])
     assert same.models["chain_24"]["tools"]["onnxprec"]["_vs"]["modelopt"]["paired"] is True
-    assert "†" in report.cost_table(merged, ["chain_24"])
+    assert "†" in report_autocast.cost_table(merged, ["chain_24"])
 
 
 def test_gpu_bundles_round_trip_and_cpu_timing(tiny_zoo: Path, tmp_path: Path) -> None:

@@ -14,18 +14,22 @@ Definitions (the same for every tool, so the columns compare):
 * **output error** - against the FP32 model run by ONNX Runtime CPU on the model's real inputs (whole batch,
   in slices for SmolLM2): max |a-b|, relative L2 ||a-b||/||a||, cosine <a,b>/(||a|| ||b||) over the whole
   output, top-1 agreement (share of rows whose argmax over the last axis matches; classifiers and LLM logits
-  only), all on the model's first output (every output is kept in the JSON).
-* **perplexity** - SmolLM2 only: exp(mean next-token NLL) of the logits on the real 16x256 windows.
+  only), all on the model's first output (every output is kept in the JSON); computed by
+  :class:`onnxprec.metrics.ErrorStats`.
+* **perplexity** - SmolLM2 only: exp(mean next-token NLL) of the logits on the real 16x256 windows
+  (:class:`onnxprec.metrics.Perplexity`).
 * **CPU latency** - ONNX Runtime CPU, default session options, batch 1 (the first real sample); warm-up runs,
   then rounds that alternate the FP32 model and every candidate in one process (one model at a time for
-  models above ``TOGETHER_LIMIT_MB``); median and 10th/90th percentiles of single runs.
+  models above ``TOGETHER_LIMIT_MB``); median and 10th/90th percentiles of single runs (the same timing loop
+  and statistics as ``gpu_latency.py``).
 
 Run as a worker (``python -m benchmarks.metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given
-back to the system after each model.
+back to the system after each model. Sessions come from :func:`onnxprec._ort.create_session`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -39,7 +43,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .zoo import nll_sum
+from onnxprec import _ort, metrics
+from onnxprec._io import write_atomically
+
+from .gpu_latency import latency_stats, time_alternating
 
 logger = logging.getLogger(__name__)
 
@@ -123,14 +130,8 @@ def structure(path: Path) -> dict[str, Any]:
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _all_nodes(g)
+    for g in _all_graphs(graph):
+        yield from g.node
 
 
 def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -177,26 +178,15 @@ def _itemsize(data_type: int) -> float:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def session(path: Path) -> Any:
-    """An ONNX Runtime CPU session with default options (quiet)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+def session(path: Path, what: str = "the model") -> _ort.Session:
+    """An ONNX Runtime CPU session with ONNX Runtime's default optimizations (quiet); it casts FP32 feeds to
+    FP16 inputs (a tool that did not keep the I/O types) and fetches every float type."""
+    return _ort.create_session(path, optimization="all", what=what)
 
 
-def feeds_for(sess: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``feeds`` cast to the session's input types (FP16 inputs when a tool did not keep the I/O types)."""
-    out = {}
-    for i in sess.get_inputs():
-        x = feeds[i.name]
-        if i.type == "tensor(float16)" and x.dtype != np.float16:
-            x = x.astype(np.float16)
-        elif i.type == "tensor(float)" and x.dtype != np.float32:
-            x = x.astype(np.float32)
-        out[i.name] = x
-    return out
+def _own_feeds(sess: _ort.Session, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds that are inputs of ``sess`` (a converter may drop an unused input)."""
+    return {k: v for k, v in feeds.items() if k in sess.input_types}
 
 
 def batches(feeds: Mapping[str, np.ndarray], size: int | None) -> list[dict[str, np.ndarray]]:
@@ -213,67 +203,25 @@ def first_sample(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v[:1] if v.ndim else v for k, v in feeds.items()}
 
 
-class _Stream:
-    """Streaming comparison of one output against its reference, batch by batch."""
-
-    def __init__(self, top1: bool) -> None:
-        self.top1 = top1
-        self.max_abs = 0.0
-        self.d2 = self.r2 = self.c2 = self.rc = 0.0
-        self.nonfinite = 0
-        self.agree = self.rows = 0
-
-    def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
-        ref = ref.reshape(-1, ref.shape[-1] if ref.ndim else 1)
-        cand = cand.astype(np.float32, copy=False).reshape(ref.shape)
-        parts = max(1, ref.size // (1 << 22))  # ~4M values (32 MiB in float64) at a time
-        for r, c in zip(np.array_split(ref, parts), np.array_split(cand, parts)):
-            r64 = r.astype(np.float64)
-            c64 = c.astype(np.float64)
-            finite = np.isfinite(c64)
-            self.nonfinite += int(finite.size - finite.sum())
-            c64 = np.where(finite, c64, 0.0)
-            d = c64 - r64
-            if d.size:
-                self.max_abs = max(self.max_abs, float(np.abs(d).max()))
-            self.d2 += float((d * d).sum())
-            self.r2 += float((r64 * r64).sum())
-            self.c2 += float((c64 * c64).sum())
-            self.rc += float((r64 * c64).sum())
-            if self.top1:
-                self.agree += int((r.argmax(-1) == c.argmax(-1)).sum())
-                self.rows += r.shape[0]
-
-    def result(self) -> dict[str, Any]:
-        rel = math.sqrt(self.d2) / math.sqrt(self.r2) if self.r2 > 0 else math.sqrt(self.d2)
-        cos = self.rc / math.sqrt(self.r2 * self.c2) if self.r2 > 0 and self.c2 > 0 else 0.0
-        out: dict[str, Any] = {"max_abs": self.max_abs, "rel_l2": rel, "cosine": cos, "nonfinite": self.nonfinite}
-        if self.top1:
-            out["top1"] = self.agree / self.rows if self.rows else None
-        return out
-
-
 def reference_outputs(
     fp32: Path, feeds: Mapping[str, np.ndarray], batch: int | None, work: Path, perplexity: bool
 ) -> tuple[list[Path], list[str], float | None]:
     """Runs the FP32 model batch by batch; saves each batch's outputs to ``work``; returns the files, the output
     names and the FP32 perplexity (when asked)."""
-    sess = session(fp32)
-    names = [o.name for o in sess.get_outputs()]
+    sess = session(fp32, "the FP32 model")
+    names = sess.output_names
     files = []
-    total, count = 0.0, 0
+    ppl = metrics.Perplexity()
     for i, b in enumerate(batches(feeds, batch)):
-        outs = sess.run(None, feeds_for(sess, b))
+        outs = sess.run(_own_feeds(sess, b))
         f = work / f"ref-{i}.npz"
         np.savez(f, **{f"o{j}": o for j, o in enumerate(outs)})
         files.append(f)
         if perplexity:
-            s, n = nll_sum(outs[0], b["input_ids"])
-            total, count = total + s, count + n
+            ppl.update(outs[0], b["input_ids"])
         del outs
     del sess
-    ppl = math.exp(total / count) if perplexity and count else None
-    return files, names, ppl
+    return files, names, ppl.value if perplexity and ppl.tokens else None
 
 
 def accuracy(
@@ -286,24 +234,22 @@ def accuracy(
     perplexity: bool,
 ) -> dict[str, Any]:
     """Output error of ``path`` against the saved FP32 outputs (and its perplexity when asked)."""
-    sess = session(path)
-    streams = [_Stream(top1 and j == 0) for j in range(len(names))]
-    total, count = 0.0, 0
+    sess = session(path, "the result")
+    streams = [metrics.ErrorStats(track_top1=top1 and j == 0) for j in range(len(names))]
+    ppl = metrics.Perplexity()
     for b, f in zip(batches(feeds, batch), ref_files):
-        outs = sess.run(None, feeds_for(sess, b))
+        outs = sess.run(_own_feeds(sess, b))
         with np.load(f) as z:
             for j, o in enumerate(outs):
-                streams[j].add(z[f"o{j}"], o)
+                streams[j].update(z[f"o{j}"], o)
         if perplexity:
-            s, n = nll_sum(outs[0].astype(np.float32), b["input_ids"])
-            total, count = total + s, count + n
+            ppl.update(outs[0], b["input_ids"])
         del outs
     del sess
-    per_output = {name: s.result() for name, s in zip(names, streams)}
+    per_output = {name: s.as_dict() for name, s in zip(names, streams)}
     out: dict[str, Any] = {"output": names[0], **per_output[names[0]], "outputs": per_output}
     if perplexity:
-        mean = total / count if count else math.inf
-        out["perplexity"] = math.exp(mean) if mean < 700 else math.inf
+        out["perplexity"] = ppl.value if ppl.tokens else math.inf
     return out
 
 
@@ -324,11 +270,11 @@ def latency(
     for group in groups:
         sessions = {}
         per_iter: dict[str, int] = {}
-        times: dict[str, list[float]] = {}
         for key in group:
             try:
-                sess = session(paths[key])
-                f = feeds_for(sess, feeds)
+                wrapped = session(paths[key], f"{key}'s model")
+                f = wrapped.feeds(_own_feeds(wrapped, feeds))
+                sess = wrapped.inner  # the raw ORT session: only ONNX Runtime's own run is timed
                 sess.run(None, f)  # warm-up (first run allocates)
                 t = time.perf_counter()
                 sess.run(None, f)
@@ -339,22 +285,10 @@ def latency(
                 continue
             sessions[key] = (sess, f)
             per_iter[key] = int(min(max_iters / rounds, max(math.ceil(min_iters / rounds), budget_s / rounds / one)))
-            times[key] = []
-        for _ in range(rounds):
-            for key, (sess, f) in sessions.items():
-                for _ in range(per_iter[key]):
-                    t = time.perf_counter()
-                    sess.run(None, f)
-                    times[key].append((time.perf_counter() - t) * 1e3)
-        for key, ts in times.items():
-            a = np.asarray(ts)
-            out[key] = {
-                "median_ms": float(np.median(a)),
-                "p10_ms": float(np.percentile(a, 10)),
-                "p90_ms": float(np.percentile(a, 90)),
-                "iters": len(ts),
-            }
-        del sessions
+        runs = {key: functools.partial(sess.run, None, f) for key, (sess, f) in sessions.items()}
+        for key, ts in time_alternating(runs, rounds, per_iter).items():
+            out[key] = latency_stats(ts)
+        del sessions, runs
     return out
 
 
@@ -433,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     spec = json.loads(Path(args[0]).read_text())
     result = evaluate(spec)
-    Path(args[1]).write_text(json.dumps(result, indent=1, default=float))
+    write_atomically(args[1], json.dumps(result, indent=1, default=float))
     return 0
 
 

@@ -36,6 +36,8 @@ class Tool:
         max_model_mb: Skip models larger than this (occ_amp is quadratic-ish in model size).
         timeout_s: Its own timeout when shorter than the run's.
         max_repeats: At most this many rounds (occ_amp: minutes per run, and its time is not in question).
+        report_json: Whether the tool writes onnxprec's report JSON (``--report_json``): its own counts
+            (``{"counts": {"nodes", "low_nodes", "casts", ...}}``) are read from there.
     """
 
     id: str
@@ -50,13 +52,21 @@ class Tool:
     max_model_mb: float | None = None
     timeout_s: float | None = None
     max_repeats: int | None = None
+    report_json: bool = False
 
 
 _AUTOCAST = "--onnx_path {src} --output_path {dst} --keep_io_types"
 TOOLS: dict[str, Tool] = {
     t.id: t
     for t in (
-        Tool("onnxprec", "onnxprec", "project", "onnxprec", f"python -m onnxprec.autocast {_AUTOCAST}"),
+        Tool(
+            "onnxprec",
+            "onnxprec",
+            "project",
+            "onnxprec",
+            f"python -m onnxprec.autocast {_AUTOCAST}",
+            report_json=True,
+        ),
         Tool(
             "modelopt",
             "modelopt",
@@ -73,6 +83,7 @@ TOOLS: dict[str, Tool] = {
             f"python -m onnxprec.autocast {_AUTOCAST} --data_max inf",
             data_max="inf",
             anchor="modelopt:inf",
+            report_json=True,
         ),
         Tool(
             "modelopt:inf",
@@ -120,6 +131,9 @@ TOOLS: dict[str, Tool] = {
         ),
     )
 }
+
+# the tools whose runs the others' time and memory are taken against, round by round (see Tool.anchor)
+RATIO_ANCHORS = ("modelopt", "modelopt:inf", "baseline_loadsave")
 
 _CHAIN = re.compile(r"chain_\d+")
 _MATMUL = re.compile(r"matmul_[\d.]+gb")
@@ -175,11 +189,20 @@ def parse_tools(spec: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(spec))
 
 
-def tool_command(tool: Tool, python: Path | str, src: Path, dst: Path, inputs_npz: Path | None = None) -> list[str]:
-    """The argv that runs ``tool`` on ``src`` writing ``dst``."""
+def tool_command(
+    tool: Tool,
+    python: Path | str,
+    src: Path,
+    dst: Path,
+    inputs_npz: Path | None = None,
+    report_json: Path | None = None,
+) -> list[str]:
+    """The argv that runs ``tool`` on ``src`` writing ``dst`` (and its report JSON, for tools that write one)."""
     cmd = [str(python), str(RUNNER), tool.runner, "--input", str(src), "--output", str(dst)]
     if tool.data_max is not None:
         cmd += ["--data-max", tool.data_max]
+    if tool.report_json and report_json is not None:
+        cmd += ["--report-json", str(report_json)]
     if tool.needs_inputs:
         if inputs_npz is None:
             raise ValueError(f"{tool.id} needs the model's real inputs")

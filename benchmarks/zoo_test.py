@@ -7,17 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from benchmarks import zoo
+from onnxprec import _testing
+from onnxprec.metrics import perplexity
 
 
 def _run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)[0]
+    return _testing.run(path, feeds)[0]
 
 
 def test_chain_500_builds_checks_and_runs(tmp_path: Path) -> None:
@@ -103,15 +101,16 @@ def test_matmul_inputs_match_model_width() -> None:
 
 
 def test_perplexity_matches_direct_formula() -> None:
+    """The perplexity the zoo checks SmolLM2 with (and the benchmark reports): onnxprec.metrics.perplexity."""
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((2, 5, 11)).astype(np.float32) * 10
     ids = rng.integers(0, 11, (2, 5))
     lp = logits[:, :-1] - np.log(np.exp(logits[:, :-1].astype(np.float64)).sum(-1, keepdims=True))
     nll = -np.take_along_axis(lp, ids[:, 1:, None], -1).mean()
-    assert zoo.perplexity(logits, ids) == pytest.approx(np.exp(nll), rel=1e-6)
+    assert perplexity(logits, ids) == pytest.approx(np.exp(nll), rel=1e-6)
     # stable: a large common offset changes nothing (a naive softmax overflows), and hopeless logits give inf
-    assert zoo.perplexity(logits + 1e4, ids) == pytest.approx(np.exp(nll), rel=1e-4)
-    assert zoo.perplexity(logits * 1e4, ids) == np.inf
+    assert perplexity(logits + 1e4, ids) == pytest.approx(np.exp(nll), rel=1e-4)
+    assert perplexity(logits * 1e4, ids) == np.inf
 
 
 def test_zoo_refuses_a_folder_inside_the_repo() -> None:

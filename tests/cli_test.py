@@ -1,7 +1,9 @@
-"""The command line: ModelOpt's flags, default output path, and one clean line for every user error."""
+"""The command line: ModelOpt's flags, default output path, one clean line for every user error, the JSON report."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import onnxprec
+from onnxprec import cli
 from onnxprec._testing import F, make_model, run, tensor_info
+from onnxprec.errors import InvalidArgumentError
 
 
 def _cli(*args: str, module: str = "onnxprec.autocast") -> subprocess.CompletedProcess[str]:
@@ -156,3 +161,173 @@ def test_bad_flags(tmp_path: Path, model_path: Path, args: list[str], message: s
     assert "Traceback" not in result.stderr
     assert message in result.stderr, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no partial or stray output
+
+
+# --- --report_json and AutoCastReport.to_json ----------------------------------------------------------
+
+
+def _check_report_against_model(report: dict[str, object], written: Path, original: Path) -> None:
+    """The report's counts and per-node precisions agree with the model written."""
+    model = onnx.shape_inference.infer_shapes(onnx.load(written), strict_mode=True)
+    counts = report["counts"]
+    assert isinstance(counts, dict)
+    nodes = list(model.graph.node)
+    casts = [n for n in nodes if n.op_type == "Cast"]
+    assert len(nodes) == counts["nodes"] + counts["casts"]
+    assert len(casts) == counts["casts"]
+    low = TensorProto.FLOAT16 if report["low_precision_type"] == "fp16" else TensorProto.BFLOAT16
+    assert sum(i.data_type == low for i in model.graph.initializer) == counts["initializers_converted"]
+    listed = report["nodes"]
+    assert isinstance(listed, list)
+    assert len(listed) == counts["nodes"]
+    assert sum(n["precision"] != "fp32" for n in listed) == counts["low_nodes"]
+    assert {n["name"] for n in listed} == {n.name for n in onnx.load(original).graph.node}
+    types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.output)}
+    by_name = {n.name: n for n in nodes}
+    for entry in listed:
+        assert entry["reason"], entry
+        out = types[by_name[entry["name"]].output[0]]
+        assert out == (TensorProto.FLOAT if entry["precision"] == "fp32" else low), entry
+
+
+def test_report_json_lists_every_node_and_matches_the_model(model_path: Path, tmp_path: Path) -> None:
+    out, report_path = tmp_path / "out.onnx", tmp_path / "report.json"
+    result = _cli(
+        "--onnx_path", str(model_path), "--output_path", str(out), "-ne", "relu", "--report_json", str(report_path)
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["tool"] == "autocast" and report["onnxprec_version"] == onnxprec.__version__
+    assert (report["input"], report["output"], report["low_precision_type"]) == (str(model_path), str(out), "fp16")
+    assert report["counts"] == {
+        "nodes": 2,
+        "low_nodes": 1,
+        "casts": 2,
+        "initializers_converted": 1,
+        "initializers_copied": 0,
+        "initializers_cast_at_runtime": 0,
+    }
+    relu = next(n for n in report["nodes"] if n["name"] == "relu")
+    assert relu["precision"] == "fp32" and "nodes_to_exclude" in relu["reason"]
+    assert set(report["seconds"]) >= {"reference", "save"}
+    assert report["numeric"]["skipped"] == "" and set(report["numeric"]["outputs"]) == {"Y"}
+    _check_report_against_model(report, out, model_path)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_report_of_the_api_and_of_the_bundled_example(tmp_path: Path) -> None:
+    from onnxprec.autocast import convert_file
+
+    example = Path(__file__).resolve().parents[1] / "examples/strongly_typed_autocast/model/digits_cnn.onnx"
+    if not example.exists():
+        pytest.skip("the bundled example model is absent")
+    out = tmp_path / "d.bf16.onnx"
+    report = convert_file(example, out, low_precision_type="bf16", keep_io_types=True).to_json()
+    json.dumps(report, allow_nan=False)  # plain JSON: no NaN/inf, no numpy types
+    assert report["output"] == str(out) and report["low_precision_type"] == "bf16"
+    _check_report_against_model(report, out, example)
+
+
+def test_report_without_numeric_check_and_with_a_non_finite_error() -> None:
+    from types import SimpleNamespace
+
+    from onnxprec.autocast import AutoCastReport
+
+    report = AutoCastReport("fp16")
+    assert report.to_json()["numeric"] is None and report.to_json()["nodes"] == []
+    errors = {"y": {"max_abs": float("inf"), "rel_l2": float("nan"), "finite": 0.0}}
+    report.numeric = SimpleNamespace(skipped="", errors=errors)  # a NumericReport's fields
+    data = report.to_json()
+    json.dumps(data, allow_nan=False)
+    assert data["numeric"]["outputs"]["y"] == {"max_abs": None, "rel_l2": None, "finite": False}
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [("{model}", "would overwrite"), ("{tmp}/no/such/dir/r.json", "does not exist")],
+)
+def test_bad_report_path_fails_before_the_work(tmp_path: Path, model_path: Path, target: str, message: str) -> None:
+    before = model_path.read_bytes()
+    result = _cli("--onnx_path", str(model_path), "--report_json", target.format(model=model_path, tmp=tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "--report_json" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert model_path.read_bytes() == before
+    assert not model_path.with_name("model.fp16.onnx").exists()
+
+
+# --- subcommands, help, start-up --------------------------------------------------------------------------
+
+
+def test_help_shows_an_example_and_imports_nothing_heavy() -> None:
+    script = (
+        "import sys\n"
+        "from onnxprec.cli import {entry}\n"
+        "try:\n    {call}\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('onnx', 'onnx_ir', 'numpy', 'onnxruntime', 'sympy') if m in sys.modules)\n"
+        "print('heavy:', heavy, file=sys.stderr)\n"
+    )
+    for entry, call, example in [
+        ("tool_main", "tool_main('autocast', ['--help'])", "python -m onnxprec.autocast --onnx_path model.onnx"),
+        ("main", "main(['autocast', '--help'])", "onnxprec autocast --onnx_path model.onnx"),
+        ("main", "main(['--help'])", "autocast"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, "-c", script.format(entry=entry, call=call)], capture_output=True, text=True, timeout=60
+        )
+        assert "heavy: []" in result.stderr, (call, result.stderr)
+        assert example in result.stdout, (call, result.stdout)
+
+
+def test_use_standalone_type_inference_is_accepted(model_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.onnx"
+    result = _cli("--onnx_path", str(model_path), "--output_path", str(out), "--use_standalone_type_inference")
+    assert result.returncode == 0, result.stderr
+    assert out.exists()
+
+
+def test_a_tool_registers_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A nested subcommand ("quantize int4") from a ``_cli`` module: flags from its options, errors as one line."""
+    (tmp_path / "fake_int4_cli.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from onnxprec import _options\n"
+        "from onnxprec._options import CommonArgs, ToolOptions, from_args, option\n"
+        "from onnxprec.errors import InvalidArgumentError\n"
+        "DESCRIPTION = 'Fake INT4.'\n"
+        "EPILOG = 'example:\\n  {prog} --block_size 64'\n"
+        "@dataclass\n"
+        "class Int4Options(ToolOptions):\n"
+        "    block_size: int = option(128, flags=('--block_size',), help='Weights per scale.')\n"
+        "def add_arguments(parser):\n"
+        "    _options.add_arguments(parser, Int4Options, CommonArgs)\n"
+        "def run(args):\n"
+        "    options = from_args(Int4Options, args)\n"
+        "    if options.block_size % 2:\n"
+        "        raise InvalidArgumentError('block_size must be even: use 32, 64 or 128.')\n"
+        "    print('block', options.block_size)\n"
+        "    return 0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "_TOOLS", (*cli._TOOLS, ("quantize int4", "fake_int4_cli", "INT4 weights.")))
+    assert cli.main(["quantize", "int4", "--block_size", "64"]) == 0
+    assert "block 64" in capsys.readouterr().out
+    assert cli.main(["quantize", "int4", "--block_size", "3"]) == 2
+    assert capsys.readouterr().err.strip() == "error: block_size must be even: use 32, 64 or 128."
+    with pytest.raises(SystemExit):
+        cli.main(["quantize", "int4", "--help"])
+    assert "onnxprec quantize int4 --block_size 64" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "quantize" in capsys.readouterr().out
+
+
+def test_api_errors_keep_their_cause() -> None:
+    from onnxprec.autocast import AutoCastOptions, convert_file
+
+    with pytest.raises(InvalidArgumentError, match=r"Invalid regular expression '\('") as info:
+        AutoCastOptions(nodes_to_exclude=["("])
+    assert isinstance(info.value.__cause__, re.error)
+    with pytest.raises(InvalidArgumentError, match="both options= and data_max="):
+        convert_file("m.onnx", options=AutoCastOptions(), data_max=3.0)

@@ -6,7 +6,6 @@ Needs ../shared/models (skipped with a message on a fresh clone); SmolLM2 also n
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -14,8 +13,10 @@ import numpy as np
 import onnx
 import pytest
 
+from onnxprec._ort import create_session
 from onnxprec._testing import run, shared_path
 from onnxprec.autocast import convert_file, convert_to_mixed_precision
+from onnxprec.metrics import Perplexity, cosine, rel_l2
 
 MODELS = shared_path("models")
 needs_shared = pytest.mark.skipif(
@@ -33,10 +34,6 @@ def _minilm() -> tuple[Path, dict[str, np.ndarray]]:
     return MODELS / "minilm_l6_v2_bert.onnx", dict(np.load(MODELS / "minilm_l6_v2_bert_inputs.npz"))
 
 
-def _rel_l2(ref: np.ndarray, got: np.ndarray) -> float:
-    return float(np.linalg.norm(ref - got.astype(np.float32)) / np.linalg.norm(ref))
-
-
 def _strict(model: onnx.ModelProto) -> None:
     onnx.checker.check_model(model, full_check=True)
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
@@ -51,7 +48,7 @@ def test_efficientnet_fp16_matches_fp32_on_real_photos(tmp_path: Path) -> None:
     _strict(model)
     (ref,) = run(path, feeds)
     (got,) = run(out, feeds)
-    assert _rel_l2(ref, got) < 0.01
+    assert rel_l2(ref, got) < 0.01
     assert (ref.argmax(1) == got.argmax(1)).all()  # same top-1 class on every photo
     assert report.stats.low_nodes == report.stats.nodes == 131
     assert report.stats.casts == 2  # the input and the output, nothing else
@@ -66,9 +63,9 @@ def test_minilm_fp16_matches_fp32_on_real_sentences(tmp_path: Path) -> None:
     _strict(onnx.load(out))
     (ref,) = run(path, feeds)
     (got,) = run(out, feeds)
-    assert _rel_l2(ref, got) < 0.01
-    cos = np.sum(ref * got, -1) / (np.linalg.norm(ref, axis=-1) * np.linalg.norm(got, axis=-1))
-    assert cos.min() > 0.999
+    assert rel_l2(ref, got) < 0.01
+    width = ref.shape[-1]
+    assert min(cosine(r, g) for r, g in zip(ref.reshape(-1, width), got.reshape(-1, width))) > 0.999  # per token
     # Only the attention-mask arithmetic (finfo.min = -3.4e38 on padded tokens) stays FP32; shape values and
     # token ids above data_max do not count (ModelOpt keeps Gather/Reshape/Shape in FP32 because of them).
     high = {n.op_type: d.reason for n, d in report.decisions.items() if not d.low}
@@ -102,17 +99,10 @@ def test_smollm2_fp16_perplexity_within_half_percent(tmp_path: Path) -> None:
     ids = np.load(ids_path)
     out = tmp_path / "s.onnx"
     convert_file(ZOO / "smollm2_135m.onnx", out, keep_io_types=True)
-    nll, count = 0.0, 0
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    session = create_session(out, what="the FP16 SmolLM2")
+    ppl = Perplexity()
     for start in range(0, len(ids), 2):
         window = ids[start : start + 2]
-        (logits,) = session.run(None, {"input_ids": window})
-        logits = logits[:, :-1].astype(np.float64)
-        logits -= logits.max(-1, keepdims=True)
-        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-        nll -= float(np.take_along_axis(logp, window[:, 1:, None], -1).sum())
-        count += window[:, 1:].size
-    ppl = math.exp(nll / count)
-    assert abs(ppl / 18.99 - 1) < 0.005, ppl
+        (logits,) = session.run({"input_ids": window})
+        ppl.update(logits, window)
+    assert abs(ppl.value / 18.99 - 1) < 0.005, ppl.value

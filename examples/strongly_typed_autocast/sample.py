@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxprec import _ort, metrics
+
 _T = TypeVar("_T")
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -61,17 +63,6 @@ _ONNX_TO_NUMPY: dict[int, np.dtype] = {
     onnx.TensorProto.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
     onnx.TensorProto.DOUBLE: np.dtype(np.float64),
 }
-
-# ONNX Runtime's element type names -> numpy, for the io-binding path (bfloat16 is handled apart).
-_ORT_TO_NUMPY: dict[str, np.dtype] = {
-    "float": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "double": np.dtype(np.float64),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "bool": np.dtype(np.bool_),
-}
-
 
 # One PGM header token, after any whitespace and '#' comment lines.
 _PGM_HEADER_TOKEN = re.compile(rb"\s*(?:#[^\n]*\n\s*)*(\S+)")
@@ -268,59 +259,22 @@ def cast_feeds(feeds: Mapping[str, np.ndarray], dtypes: Mapping[str, np.dtype]) 
     return {name: array.astype(dtypes.get(name, array.dtype)) for name, array in feeds.items()}
 
 
-def _ort_element_type(value: ort.NodeArg) -> str:
-    """ONNX Runtime's type string without the ``tensor(...)`` wrapper, e.g. ``bfloat16``."""
-    return value.type.removeprefix("tensor(").removesuffix(")")
-
-
-def run_onnxruntime(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_onnxruntime(session: _ort.Session, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Runs a session and returns every output as float32 (or its own type when not floating point).
 
-    ONNX Runtime's numpy interface has no bfloat16, so when an input or output is bfloat16 the tensors are
-    passed as raw 16-bit OrtValues through io-binding, with outputs written into preallocated host buffers.
+    ONNX Runtime's numpy interface has no bfloat16; onnxprec's :class:`~onnxprec._ort.Session` passes bfloat16
+    tensors as raw 16-bit OrtValues through io-binding and returns them as ``ml_dtypes.bfloat16`` arrays, and it
+    casts float32 feeds to the model's input types.
 
     Args:
-        session: The session.
-        feeds: Input arrays, already of the model's input types (bfloat16 as ``ml_dtypes.bfloat16``).
+        session: The session, from :func:`onnxprec._ort.create_session`.
+        feeds: Input arrays.
 
     Returns:
         Output name -> array.
     """
-    outputs = session.get_outputs()
-    uses_bf16 = any(_ort_element_type(v) == "bfloat16" for v in [*session.get_inputs(), *outputs])
-    if not uses_bf16:
-        values = session.run(None, dict(feeds))
-        return {meta.name: _to_float32(value) for meta, value in zip(outputs, values, strict=True)}
-
-    binding = session.io_binding()
-    for name, array in feeds.items():
-        array = np.ascontiguousarray(array)
-        if array.dtype == ml_dtypes.bfloat16:
-            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), onnx.TensorProto.BFLOAT16)
-        else:
-            value = ort.OrtValue.ortvalue_from_numpy(array)
-        binding.bind_ortvalue_input(name, value)
-    batch = next(iter(feeds.values())).shape[0]
-    buffers: dict[str, np.ndarray] = {}
-    for meta in outputs:
-        # Symbolic dims are the batch dimension in this sample's models.
-        shape = [dim if isinstance(dim, int) else batch for dim in meta.shape]
-        if _ort_element_type(meta) == "bfloat16":
-            buffers[meta.name] = np.empty(shape, dtype=np.uint16)
-            value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(buffers[meta.name], onnx.TensorProto.BFLOAT16)
-            binding.bind_ortvalue_output(meta.name, value)
-        else:
-            element = _ort_element_type(meta)
-            if element not in _ORT_TO_NUMPY:
-                raise StageError(f"output {meta.name} has type {element}, which this sample does not handle")
-            buffers[meta.name] = np.empty(shape, dtype=_ORT_TO_NUMPY[element])
-            value = ort.OrtValue.ortvalue_from_numpy(buffers[meta.name])
-            binding.bind_ortvalue_output(meta.name, value)
-    session.run_with_iobinding(binding)
-    return {
-        name: _to_float32(buffer.view(ml_dtypes.bfloat16) if buffer.dtype == np.uint16 else buffer)
-        for name, buffer in buffers.items()
-    }
+    values = session.run(feeds)
+    return {name: _to_float32(value) for name, value in zip(session.output_names, values, strict=True)}
 
 
 def _to_float32(array: np.ndarray) -> np.ndarray:
@@ -352,18 +306,22 @@ def compare_with_gold(
     failures: list[str] = []
     if set(outputs) != set(gold):
         raise StageError(f"outputs {sorted(outputs)} differ from the gold reference's {sorted(gold)}")
+    agreement: float | None = None
     for name, reference in gold.items():
         actual = outputs[name]
         if actual.shape != reference.shape:
             failures.append(f"{name}: shape {actual.shape}, gold {reference.shape}")
             continue
-        if not np.all(np.isfinite(actual)):
-            failures.append(f"{name}: {int(np.sum(~np.isfinite(actual)))} values are not finite")
+        errors = metrics.compare(reference, actual, top1=name == logits_name)
+        if name == logits_name:
+            agreement = errors["top1"]  # argmax over the last axis: the predicted digits
+        if errors["nonfinite"]:
+            failures.append(f"{name}: {errors['nonfinite']} values are not finite")
             continue
         scale = float(np.max(np.abs(reference)))
         exponent = int(np.log2(UNIT_ROUNDOFF[precision]))
         tolerance = TOLERANCE_ULPS * UNIT_ROUNDOFF[precision] * scale
-        diff = float(np.max(np.abs(actual.astype(np.float64) - reference.astype(np.float64))))
+        diff = errors["max_abs"]
         verdict = "ok" if diff <= tolerance else "TOO LARGE"
         lines.append(
             f"{name}: max |diff| vs FP32 = {diff:.4g}, tolerance {tolerance:.4g} "
@@ -371,13 +329,12 @@ def compare_with_gold(
         )
         if diff > tolerance:
             failures.append(f"{name}: max |diff| {diff:.4g} exceeds tolerance {tolerance:.4g}")
-    if logits_name in outputs and outputs[logits_name].shape == gold[logits_name].shape:
-        predicted = outputs[logits_name].argmax(axis=1)
-        expected = gold[logits_name].argmax(axis=1)
-        same = int(np.sum(predicted == expected))
-        lines.append(f"predictions identical to FP32: {same}/{len(expected)}")
-        if same != len(expected):
-            failures.append(f"{len(expected) - same} predictions differ from FP32")
+    if agreement is not None:
+        images = len(gold[logits_name])
+        same = round(agreement * images)
+        lines.append(f"predictions identical to FP32: {same}/{images}")
+        if same != images:
+            failures.append(f"{images - same} predictions differ from FP32")
     if failures:
         for line in lines:
             print(f"  {line}")
@@ -398,11 +355,22 @@ def predictions_text(logits: np.ndarray) -> str:
     return " ".join(str(int(digit)) for digit in logits.argmax(axis=1))
 
 
-def _session_options() -> ort.SessionOptions:
-    """Session options that keep ONNX Runtime's own log quiet (errors still raise)."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # Fatal only: errors come back as exceptions, which the stages report.
-    return options
+def create_session(model_path: pathlib.Path, provider: str, what: str) -> _ort.Session:
+    """An ONNX Runtime session on ``provider`` (``CPUExecutionProvider``, ``CUDAExecutionProvider``) with ONNX
+    Runtime's default optimizations, through onnxprec's runtime layer (quiet logs; errors raise).
+
+    Raises:
+        onnxprec.errors.UnsupportedModelError: ONNX Runtime cannot load the model.
+    """
+    short = {name: key for key, name in _ort.PROVIDER_NAMES.items()}[provider]
+    return _ort.create_session(model_path, providers=[short], optimization="all", what=what)
+
+
+def _error_text(err: BaseException) -> str:
+    """The error's message and that of the ONNX Runtime error it replaced, if any (onnxprec's message keeps
+    only the first 300 characters of ONNX Runtime's)."""
+    context = err.__context__
+    return f"{err}\n{context}" if context is not None else str(err)
 
 
 def _skip_if_no_bf16_kernel(err: Exception, provider: str, precision: str) -> None:
@@ -423,7 +391,7 @@ def _skip_if_no_bf16_kernel(err: Exception, provider: str, precision: str) -> No
         r"Could not find an implementation for (\w+\(\d+\))",
         r"Provider type for (\w+) node .* is not set",
     ):
-        match = re.search(pattern, str(err))
+        match = re.search(pattern, _error_text(err))
         if match:
             raise StageSkipped(
                 f"ONNX Runtime {ort.__version__}'s {provider} has no bf16 kernel for {match.group(1)}, so the "
@@ -441,9 +409,9 @@ def stage_fp32(
     model_path: pathlib.Path, images: Images, input_name: str, work_dir: pathlib.Path
 ) -> dict[str, np.ndarray]:
     """Stage 2: runs the FP32 model on ONNX Runtime's CPU provider and saves the gold references."""
-    session = ort.InferenceSession(str(model_path), _session_options(), providers=["CPUExecutionProvider"])
+    session = create_session(model_path, "CPUExecutionProvider", "the FP32 model")
     gold = run_onnxruntime(session, {input_name: images.batch})
-    logits = gold[session.get_outputs()[0].name]
+    logits = gold[session.output_names[0]]
     print(f"  {shown(model_path)} on ONNX Runtime {ort.__version__} (CPUExecutionProvider)")
     print_predictions(images, logits)
     predicted = logits.argmax(axis=1)
@@ -509,23 +477,22 @@ def stage_onnxruntime(
         StageSkipped: The provider can't run this model here (no bf16 kernels on the CPU; CUDA unusable).
         StageError: A check failed.
     """
-    converted = onnx.load(converted_path)
     try:
-        session = ort.InferenceSession(str(converted_path), _session_options(), providers=[provider])
+        session = create_session(converted_path, provider, "the converted model")
     except Exception as err:
         _skip_if_no_bf16_kernel(err, provider, precision)
-        raise StageError(f"ONNX Runtime could not load the converted model on {provider}: {err}") from None
-    if provider not in session.get_providers():
+        raise StageError(f"{err} (on {provider})") from None
+    if provider not in session.inner.get_providers():
         raise StageSkipped(
             f"{provider} is installed but could not be initialised (no GPU, or CUDA/cuDNN libraries "
-            f"missing); the session got {session.get_providers()}"
+            f"missing); the session got {session.inner.get_providers()}"
         )
     try:
-        outputs = run_onnxruntime(session, cast_feeds(feeds, input_dtypes(converted)))
+        outputs = run_onnxruntime(session, feeds)  # float32 feeds: the session casts them to the input types
     except Exception as err:
         _skip_if_no_bf16_kernel(err, provider, precision)
         raise StageError(f"ONNX Runtime failed to run the converted model on {provider}: {err}") from None
-    logits_name = session.get_outputs()[0].name
+    logits_name = session.output_names[0]
     print(f"  ONNX Runtime {ort.__version__} ({provider}): predictions {predictions_text(outputs[logits_name])}")
     for line in compare_with_gold(outputs, gold, precision, logits_name):
         print(f"  {line}")

@@ -20,17 +20,17 @@ Training is seeded and runs on the CPU in well under a minute.
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from make_data import PIXEL_MAX, load_split
 from torch import nn
 
+from onnxprec._io import write_atomically
+from onnxprec._ort import create_session
 from onnxprec.export import export_torch
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -124,8 +124,8 @@ def train(model: DigitsCNN, inputs: np.ndarray, labels: np.ndarray, epochs: int,
 
 def accuracy_onnx(path: pathlib.Path, inputs: np.ndarray, labels: np.ndarray) -> int:
     """Counts the test images that the exported ONNX model classifies correctly (ONNX Runtime, CPU)."""
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    logits = session.run([OUTPUT_NAME], {INPUT_NAME: inputs})[0]
+    session = create_session(path, optimization="all", what="the exported model")
+    (logits,) = session.run({INPUT_NAME: inputs}, [OUTPUT_NAME])
     return int((logits.argmax(axis=1) == labels).sum())
 
 
@@ -138,13 +138,7 @@ def add_metadata(path: pathlib.Path, metadata: dict[str, str]) -> None:
         entry.value = value
     proto.doc_string = "Handwritten digit classifier for onnxprec's strongly typed AutoCast sample."
     onnx.checker.check_model(proto, full_check=True)
-    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        onnx.save(proto, tmp_path)
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
+    write_atomically(path, proto.SerializeToString())
 
 
 def main(argv: list[str] | None = None) -> int:

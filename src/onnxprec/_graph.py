@@ -1,4 +1,4 @@
-"""Small graph helpers shared by the passes: traversal, unique names, Cast insertion."""
+"""Small graph helpers shared by the passes: traversal, unique names, renames that remember, Cast insertion."""
 
 from __future__ import annotations
 
@@ -8,25 +8,25 @@ import onnx_ir as ir
 
 __all__ = [
     "FLOAT_TYPES",
-    "TYPE_ATTRIBUTES",
+    "ORIGINAL_NAME",
     "NameAllocator",
     "all_graphs",
+    "all_values",
+    "cast_graph_output",
     "dtype_name",
+    "insert_cast",
     "make_cast",
+    "original_name",
+    "record_original_name",
+    "rename_value",
+    "unique_name",
 ]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 
-# Ops whose output element type is set by an integer attribute rather than by an input.
-TYPE_ATTRIBUTES = {
-    "Cast": "to",
-    "RandomNormal": "dtype",
-    "RandomUniform": "dtype",
-    "RandomNormalLike": "dtype",
-    "RandomUniformLike": "dtype",
-    "EyeLike": "dtype",
-    "Bernoulli": "dtype",
-}
+# Key of ``Value.metadata_props`` holding a renamed tensor's name in the source model. onnx-ir writes it into the
+# ValueInfoProto's metadata_props, so a saved model keeps it (compare and dump match tensors through it).
+ORIGINAL_NAME = "onnxprec.original_name"
 
 _SHORT = {
     ir.DataType.FLOAT: "fp32",
@@ -47,36 +47,39 @@ def all_graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     yield from graph.subgraphs()
 
 
+def all_values(graph: ir.Graph) -> Iterator[ir.Value]:
+    """Every value defined in the graph and its subgraphs: graph inputs, initializers and node outputs."""
+    for g in all_graphs(graph):
+        yield from g.inputs
+        yield from g.initializers.values()
+        for node in g:
+            yield from node.outputs
+
+
+def unique_name(base: str, used: set[str]) -> str:
+    """``base``, or ``base_<n>`` with the smallest n >= 1 not in ``used``; the result is added to ``used``."""
+    name, n = base, 0
+    while name in used:
+        n += 1
+        name = f"{base}_{n}"
+    used.add(name)
+    return name
+
+
 class NameAllocator:
     """Hands out value and node names that collide with nothing already in the model."""
 
     def __init__(self, model: ir.Model) -> None:
-        self._values: set[str] = set()
-        self._nodes: set[str] = set()
-        for graph in all_graphs(model.graph):
-            self._values.update(v.name for v in graph.inputs if v.name)
-            self._values.update(v.name for v in graph.initializers.values() if v.name)
-            for node in graph:
-                if node.name:
-                    self._nodes.add(node.name)
-                self._values.update(v.name for v in node.outputs if v.name)
-
-    @staticmethod
-    def _unique(base: str, used: set[str]) -> str:
-        name, n = base, 0
-        while name in used:
-            n += 1
-            name = f"{base}_{n}"
-        used.add(name)
-        return name
+        self._values = {v.name for v in all_values(model.graph) if v.name}
+        self._nodes = {node.name for node in model.graph.all_nodes() if node.name}
 
     def __call__(self, base: str) -> str:
         """A new value name."""
-        return self._unique(base, self._values)
+        return unique_name(base, self._values)
 
     def node(self, base: str) -> str:
         """A new node name."""
-        return self._unique(base, self._nodes)
+        return unique_name(base, self._nodes)
 
 
 def make_cast(value: ir.Value, to: ir.DataType, names: NameAllocator) -> ir.Node:
@@ -91,3 +94,57 @@ def make_cast(value: ir.Value, to: ir.DataType, names: NameAllocator) -> ir.Node
         outputs=[out],
         name=names.node(f"{value.name}_{suffix}"),
     )
+
+
+def original_name(value: ir.Value) -> str | None:
+    """The name ``value`` had in the source model: the recorded :data:`ORIGINAL_NAME`, else its name."""
+    return value.metadata_props.get(ORIGINAL_NAME, value.name)
+
+
+def record_original_name(value: ir.Value, name: str) -> None:
+    """Records ``name`` as the name ``value`` had in the source model, unless one is recorded already."""
+    value.metadata_props.setdefault(ORIGINAL_NAME, name)
+
+
+def rename_value(value: ir.Value, name: str) -> None:
+    """Renames ``value``, recording its first name under :data:`ORIGINAL_NAME` (an earlier record is kept)."""
+    if value.name and value.name != name:
+        record_original_name(value, value.name)
+    value.name = name
+
+
+def insert_cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, names: NameAllocator) -> ir.Node:
+    """Inserts a Cast of ``value`` to ``to`` into ``graph`` and returns it; consumers are not rewired.
+
+    The Cast goes right after the producer of ``value`` when that is in ``graph``, else (graph inputs,
+    initializers, values of an enclosing graph) first in ``graph``.
+    """
+    cast = make_cast(value, to, names)
+    producer = value.producer()
+    if producer is not None and producer.graph is graph:
+        graph.insert_after(producer, cast)
+    elif len(graph):
+        graph.insert_before(next(iter(graph)), cast)
+    else:
+        graph.append(cast)
+    return cast
+
+
+def cast_graph_output(graph: ir.Graph, position: int, to: ir.DataType, names: NameAllocator) -> ir.Node:
+    """Casts ``graph.outputs[position]`` to ``to`` while keeping the output's public name, and returns the Cast.
+
+    The Cast's output takes the public name and the output's place; the value it casts is renamed
+    ``<name>_pre_cast`` (see :func:`rename_value`: its ``metadata_props`` record the public name).
+    """
+    value = graph.outputs[position]
+    public = value.name
+    rename_value(value, names(f"{public}_pre_cast"))
+    cast = make_cast(value, to, names)
+    cast.outputs[0].name = public
+    producer = value.producer()
+    if producer is not None and producer.graph is graph:
+        graph.insert_after(producer, cast)
+    else:
+        graph.append(cast)
+    graph.outputs[position] = cast.outputs[0]
+    return cast

@@ -329,5 +329,5 @@ def create_session(
         try:
             inner = ort.InferenceSession(payload, options, providers=provider_list)
         except Exception as e:  # ORT raises its own exception types
-            raise UnsupportedModelError(f"ONNX Runtime cannot load {what}: {first_line(e)}") from None
+            raise UnsupportedModelError(f"ONNX Runtime cannot load {what}: {first_line(e)}") from e
     return Session(inner)

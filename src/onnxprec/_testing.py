@@ -1,4 +1,4 @@
-"""Helpers for tests: tiny hand-built models, ORT runs, and locating ../shared data when present."""
+"""Helpers for tests: tiny hand-built models, ORT runs (through :mod:`onnxprec._ort`), and ../shared data."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from onnxprec._ort import create_session
 
 __all__ = ["SHARED", "make_model", "run", "shared_path", "tensor_info"]
 
@@ -50,13 +52,6 @@ def make_model(
 
 
 def run(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Runs a model on ONNX Runtime CPU; float inputs are cast to the model's input types."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    types = {i.name: i.type for i in session.get_inputs()}
-    cast = {k: (v.astype(np.float16) if types.get(k) == "tensor(float16)" else v) for k, v in feeds.items()}
-    return session.run(None, cast)
+    """Runs a model on ONNX Runtime CPU (default optimizations); float inputs are cast to the model's input
+    types, and BF16/FP8 outputs come back as ml_dtypes arrays (see :class:`onnxprec._ort.Session`)."""
+    return create_session(model, optimization="all", what="the test model").run(feeds)

@@ -1,121 +1,78 @@
-"""The ``onnxprec`` command line: one subcommand per tool, each with its own argument group.
+"""The ``onnxprec`` command line: one subcommand per tool, registered in :data:`_TOOLS`.
 
-User errors (:class:`onnxprec.errors.OnnxprecError`) print one line and exit with code 2, never a traceback.
+Each tool is a package with its API in ``_api`` and its command line in ``_cli``. A ``_cli`` module is
+imported only when its subcommand runs (``onnxprec --help`` imports none), so it should import nothing heavy
+at module level. It provides:
+
+- ``DESCRIPTION``: the paragraph at the top of ``--help``;
+- ``EPILOG``: examples shown at the end of ``--help``; ``{prog}`` is replaced by the command's name;
+- ``add_arguments(parser)``: the tool's flags, usually
+  ``onnxprec._options.add_arguments(parser, MyOptions, CommonArgs)`` from its options dataclasses;
+- ``run(args) -> int``: runs the tool on parsed arguments (``from_args(MyOptions, args)``) and returns the
+  exit code. It may raise :class:`~onnxprec.errors.OnnxprecError`: the user sees one line, exit code 2.
+
+Adding a tool is then two lines: its entry in ``_TOOLS`` below, and, for ``python -m onnxprec.<tool>``,
+a ``__main__.py`` with ``sys.exit(tool_main("<words>"))``. A name of several words is a nested subcommand::
+
+    ("quantize int4", "onnxprec.quantization.int4._cli", "FP32 -> INT4 weight-only quantization."),
+
+Flags every tool has (``--log_level``, ``--report_json``) are :class:`onnxprec._options.CommonArgs`, added by
+each tool's ``add_arguments``; logging is configured from ``--log_level`` before ``run`` is called, and ``run``
+writes its report with :func:`write_report` (after :func:`check_report_path`, before the work).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import itertools
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from onnxprec._lazy_sympy import defer_sympy
-from onnxprec.errors import OnnxprecError
+from onnxprec.errors import InvalidArgumentError, OnnxprecError
 
-__all__ = ["add_autocast_arguments", "autocast_main", "main"]
+if TYPE_CHECKING:
+    from pathlib import Path
+    from types import ModuleType
+
+__all__ = ["autocast_main", "check_report_path", "main", "tool_main", "write_report"]
 
 logger = logging.getLogger("onnxprec")
 
+# (subcommand words, module with the tool's command line, one-line help for ``onnxprec --help``)
+_TOOLS: tuple[tuple[str, str, str], ...] = (
+    ("autocast", "onnxprec.autocast._cli", "FP32 -> mixed FP32/FP16 or FP32/BF16 (ModelOpt AutoCast flags)."),
+)
 
-def add_autocast_arguments(parser: argparse.ArgumentParser) -> None:
-    """AutoCast's flags, spelled as in ModelOpt (``python -m modelopt.onnx.autocast``)."""
-    parser.add_argument("--onnx_path", required=True, help="Input FP32 ONNX model.")
-    parser.add_argument(
-        "--output_path",
-        default=None,
-        help="Output model (default: <name>.fp16.onnx or <name>.bf16.onnx beside the input).",
-    )
-    parser.add_argument(
-        "-t",
-        "--low_precision_type",
-        choices=["fp16", "bf16"],
-        default="fp16",
-        help="Low precision type (default: fp16).",
-    )
-    parser.add_argument(
-        "-d",
-        "--calibration_data",
-        default=None,
-        help="Inputs for the reference run: .npz, folder of .npz, or Polygraphy .json "
-        "(default: realistic random data).",
-    )
-    parser.add_argument(
-        "-ne", "--nodes_to_exclude", nargs="*", default=[], help="Regexes (re.match) of node names to keep in FP32."
-    )
-    parser.add_argument("-ope", "--op_types_to_exclude", nargs="*", default=[], help="Op types to keep in FP32.")
-    parser.add_argument(
-        "-ni",
-        "--nodes_to_include",
-        nargs="*",
-        default=[],
-        help="Regexes of node names to convert even if a rule excludes them.",
-    )
-    parser.add_argument(
-        "-opi", "--op_types_to_include", nargs="*", default=[], help="Op types to convert even if a rule excludes them."
-    )
-    parser.add_argument(
-        "--data_max",
-        type=float,
-        default=512,
-        help="Keep nodes whose float I/O exceed this in the reference run (inf: no reference run).",
-    )
-    parser.add_argument(
-        "--init_max", type=float, default=65504, help="Keep nodes whose FP32 initializers exceed this magnitude."
-    )
-    parser.add_argument(
-        "--init_conversion_max_bytes",
-        type=int,
-        default=None,
-        help="Initializers above this many bytes stay FP32 and are cast at run time.",
-    )
-    parser.add_argument(
-        "--max_depth_of_reduction",
-        type=int,
-        default=None,
-        help="Keep nodes that accumulate more terms than this per output element.",
-    )
-    parser.add_argument("--keep_io_types", action="store_true", help="Keep FP32 graph inputs and outputs.")
-    parser.add_argument(
-        "--log_level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="Log level (DEBUG prints every node's decision and the rule that made it).",
-    )
-    parser.add_argument(
-        "--providers",
-        nargs="*",
-        default=["cpu"],
-        help="ONNX Runtime providers for the reference run: cpu, cuda[:N], trt, dml.",
-    )
-    parser.add_argument("--trt_plugins", nargs="*", default=[], help="TensorRT plugin libraries (.so).")
-    parser.add_argument(
-        "--trt_plugins_precision",
-        nargs="*",
-        default=[],
-        help="Custom op precisions: op:fp16, op:fp32 or op:[fp16,fp32]:[fp16].",
-    )
-    parser.add_argument(
-        "--opset",
-        type=int,
-        default=None,
-        help="Target opset (default: at least 13 for fp16, 22 for bf16; never lowered).",
-    )
-    parser.add_argument(
-        "--use_standalone_type_inference",
-        action="store_true",
-        help="Accepted for ModelOpt compatibility; onnxprec always uses ONNX type inference.",
-    )
-    group = parser.add_argument_group("onnxprec extras")
-    group.add_argument(
-        "--input_shapes", default=None, help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128."
-    )
-    group.add_argument(
-        "--external_data", action="store_true", help="Save weights to <output>.data (automatic above 2 GB)."
-    )
-    group.add_argument(
-        "--no_validate", action="store_true", help="Skip the checker, I/O contract and numeric checks of the result."
-    )
+
+def check_report_path(path: str | None, protected: Iterable[str | Path] = ()) -> None:
+    """Fails before the work when ``--report_json`` cannot be written or would overwrite an input."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    resolved = Path(path).resolve()
+    for p in protected:
+        if Path(p).resolve() == resolved:
+            raise InvalidArgumentError(f"--report_json '{path}' would overwrite '{p}': choose another path.")
+    if not resolved.parent.is_dir():
+        raise InvalidArgumentError(
+            f"Folder '{resolved.parent}' of --report_json does not exist: create it or choose another path."
+        )
+
+
+def write_report(path: str | None, report: dict[str, Any]) -> None:
+    """Writes a tool's report as JSON (atomically) when ``--report_json`` was given."""
+    if path is None:
+        return
+    import json
+
+    from onnxprec._io import write_atomically
+
+    write_atomically(path, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    logger.info("Report written to %s", path)
 
 
 def _configure_logging(level: str) -> None:
@@ -124,40 +81,16 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def _run_autocast(args: argparse.Namespace) -> int:
-    from onnxprec.autocast import convert_file
+def _guarded(tool: ModuleType, args: argparse.Namespace) -> int:
+    """Runs a tool: user errors become one line on stderr and exit code 2, never a traceback."""
+    from onnxprec._options import CommonArgs, from_args
 
-    report = convert_file(
-        args.onnx_path,
-        args.output_path,
-        external_data=True if args.external_data else None,
-        low_precision_type=args.low_precision_type,
-        nodes_to_exclude=args.nodes_to_exclude,
-        op_types_to_exclude=args.op_types_to_exclude,
-        nodes_to_include=args.nodes_to_include,
-        op_types_to_include=args.op_types_to_include,
-        data_max=args.data_max,
-        init_max=args.init_max,
-        keep_io_types=args.keep_io_types,
-        calibration_data=args.calibration_data,
-        init_conversion_max_bytes=args.init_conversion_max_bytes,
-        providers=tuple(args.providers),
-        trt_plugins=tuple(args.trt_plugins),
-        trt_plugins_precision=tuple(args.trt_plugins_precision),
-        max_depth_of_reduction=args.max_depth_of_reduction,
-        opset=args.opset,
-        input_shapes=args.input_shapes,
-        validate=not args.no_validate,
-    )
-    print(f"{report.summary}; saved {report.output_path}")
-    return 0
-
-
-def _guarded(run: object, args: argparse.Namespace) -> int:
-    """Runs a tool: user errors become one line on stderr and exit code 2."""
-    _configure_logging(getattr(args, "log_level", "INFO"))
     try:
-        return run(args)  # type: ignore[operator]
+        _configure_logging(from_args(CommonArgs, args).log_level)
+        from onnxprec._lazy_sympy import defer_sympy
+
+        defer_sympy()  # before the tool imports onnx-ir
+        return int(tool.run(args))
     except OnnxprecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -169,27 +102,71 @@ def _guarded(run: object, args: argparse.Namespace) -> int:
         return 2
 
 
-def autocast_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m onnxprec.autocast``."""
-    defer_sympy()
-    parser = argparse.ArgumentParser(
-        prog="python -m onnxprec.autocast",
-        description="Convert an FP32 ONNX model to mixed FP32/FP16 or FP32/BF16 (ModelOpt AutoCast flags).",
+def _tool(words: str) -> tuple[str, str]:
+    for name, module, help_text in _TOOLS:
+        if name == words:
+            return module, help_text
+    raise KeyError(f"no tool '{words}' in onnxprec.cli._TOOLS: add it there.")
+
+
+def _setup(parser: argparse.ArgumentParser, module_name: str, prog: str) -> ModuleType:
+    """Imports a tool's ``_cli`` module and adds its description, example and flags to ``parser``."""
+    tool = importlib.import_module(module_name)
+    parser.description = tool.DESCRIPTION
+    parser.epilog = tool.EPILOG.format(prog=prog)
+    tool.add_arguments(parser)
+    parser.set_defaults(_tool=tool)
+    return tool
+
+
+def _parser(prog: str, help_text: str | None = None) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=prog, description=help_text, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_autocast_arguments(parser)
-    return _guarded(_run_autocast, parser.parse_args(argv))
+
+
+def tool_main(words: str, argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """Entry point of one tool on its own, e.g. ``python -m onnxprec.autocast`` is ``tool_main("autocast")``."""
+    module, _ = _tool(words)
+    parser = _parser(prog or f"python -m {module.rsplit('._cli', 1)[0]}")
+    tool = _setup(parser, module, parser.prog)
+    return _guarded(tool, parser.parse_args(argv))
+
+
+def autocast_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m onnxprec.autocast`` (kept for callers of earlier versions)."""
+    return tool_main("autocast", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``onnxprec`` console script."""
-    defer_sympy()
-    parser = argparse.ArgumentParser(prog="onnxprec", description="Make ONNX models smaller and faster.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    autocast = sub.add_parser("autocast", help="FP32 -> mixed FP16/BF16 (ModelOpt AutoCast flags).")
-    add_autocast_arguments(autocast)
-    autocast.set_defaults(run=_run_autocast)
-    args = parser.parse_args(argv)
-    return _guarded(args.run, args)
+    """Entry point of the ``onnxprec`` console script.
+
+    Only the ``_cli`` module of the subcommand named in ``argv`` is imported; the others are listed in
+    ``--help`` from their one-line help in :data:`_TOOLS`.
+    """
+    from onnxprec import __version__
+
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser("onnxprec", "Make ONNX models smaller and faster while keeping them accurate.")
+    parser.add_argument("--version", action="version", version=f"onnxprec {__version__}")
+    commands = list(itertools.takewhile(lambda arg: not arg.startswith("-"), args_list))
+    subparsers: dict[str, Any] = {"": parser.add_subparsers(dest="command", metavar="TOOL", required=True)}
+    for words, module, help_text in _TOOLS:
+        *parents, leaf = words.split()
+        for depth, word in enumerate(parents):
+            prefix = " ".join(parents[: depth + 1])
+            if prefix not in subparsers:
+                group = subparsers[" ".join(parents[:depth])].add_parser(word, help=f"{word} tools.")
+                subparsers[prefix] = group.add_subparsers(dest=f"command{depth + 1}", metavar="TOOL", required=True)
+        sub = subparsers[" ".join(parents)].add_parser(
+            leaf, help=help_text, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        if commands[: len(parents) + 1] == words.split():
+            _setup(sub, module, sub.prog)
+    args = parser.parse_args(args_list)
+    if not hasattr(args, "_tool"):  # only when the command words are not the leading arguments
+        parser.error(f"put the tool's name first: onnxprec {args.command} ...")
+    return _guarded(args._tool, args)
 
 
 if __name__ == "__main__":

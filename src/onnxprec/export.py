@@ -19,13 +19,15 @@ import io
 import logging
 import os
 import pathlib
-import uuid
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+
+from onnxprec import _ort, metrics
+from onnxprec._io import write_atomically
 
 if TYPE_CHECKING:
     import torch
@@ -127,16 +129,11 @@ def _run_torch(torch_mod: Any, model: torch.nn.Module, inputs: tuple[torch.Tenso
 
 
 def _run_onnxruntime(
-    model_bytes: bytes, input_names: Sequence[str], inputs: tuple[torch.Tensor, ...]
+    session: _ort.Session, input_names: Sequence[str], inputs: tuple[torch.Tensor, ...]
 ) -> list[np.ndarray]:
-    """Runs a serialized ONNX model on ONNX Runtime's CPU provider."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    """Runs the exported model's ONNX Runtime session on the given tensors."""
     feeds = {name: tensor.detach().cpu().numpy() for name, tensor in zip(input_names, inputs, strict=True)}
-    return session.run(None, feeds)
+    return session.run(feeds)
 
 
 def _compare(
@@ -167,10 +164,8 @@ def _compare(
             )
         if exp.size == 0:
             continue
-        exp64 = exp.astype(np.float64)
-        act64 = act.astype(np.float64)
-        max_abs_diff = float(np.max(np.abs(act64 - exp64)))
-        if not np.allclose(act64, exp64, atol=atol, rtol=rtol, equal_nan=True):
+        max_abs_diff = metrics.max_abs(exp, act)
+        if not np.allclose(act.astype(np.float64), exp.astype(np.float64), atol=atol, rtol=rtol, equal_nan=True):
             raise ExportMismatchError(
                 f"output '{name}' ({label}): ONNX Runtime differs from PyTorch, "
                 f"max abs diff {max_abs_diff:.3g} (atol={atol:g}, rtol={rtol:g}); "
@@ -182,26 +177,6 @@ def _compare(
 def _grow_batch(torch_mod: Any, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """Returns the inputs with one more row along dim 0 (the first row repeated), to test a dynamic batch."""
     return tuple(torch_mod.cat([tensor, tensor[:1]], dim=0) for tensor in inputs)
-
-
-def _write_atomically(data: bytes, path: pathlib.Path) -> None:
-    """Writes bytes to a temporary file beside ``path``, then renames it over ``path``.
-
-    The temporary file is created with mode 0o666 minus the umask, like a plain ``open(path, "wb")``
-    (``tempfile.mkstemp`` would leave it readable by its owner only).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
 
 
 def export_torch(
@@ -250,6 +225,7 @@ def export_torch(
         TypeError: ``model`` is not a ``torch.nn.Module``, or the inputs or outputs are not tensors.
         ValueError: Bad names, a bad ``static_batch``, or example inputs whose batch size does not match it.
         onnx.checker.ValidationError: The exported model is not valid ONNX.
+        onnxprec.errors.UnsupportedModelError: ONNX Runtime cannot load the exported model.
         ExportMismatchError: ONNX Runtime's outputs differ from PyTorch's beyond the tolerance.
     """
     torch_mod = _import_torch()
@@ -301,13 +277,15 @@ def export_torch(
 
         proto = onnx.load_from_string(model_bytes)
         onnx.checker.check_model(proto, full_check=True)
-        actual = _run_onnxruntime(model_bytes, in_names, inputs)
+        # ONNX Runtime's default optimizations: the check runs the model as its users will.
+        session = _ort.create_session(model_bytes, optimization="all", what="the exported model")
+        actual = _run_onnxruntime(session, in_names, inputs)
         _compare(expected, actual, out_names, atol, rtol, "example inputs")
         if static_batch is None:
             grown = _grow_batch(torch_mod, inputs)
             _compare(
                 _run_torch(torch_mod, model, grown),
-                _run_onnxruntime(model_bytes, in_names, grown),
+                _run_onnxruntime(session, in_names, grown),
                 out_names,
                 atol,
                 rtol,
@@ -316,7 +294,8 @@ def export_torch(
     finally:
         model.train(was_training)
 
-    _write_atomically(model_bytes, out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(out_path, model_bytes)
     batch_text = "dynamic batch" if static_batch is None else f"static batch {static_batch}"
     logger.info(
         "Exported %s to %s (opset %d, %s, %d bytes)",

@@ -7,10 +7,10 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from onnxprec import export
+from onnxprec._testing import run
 
 
 def _tiny_cnn():  # -> torch.nn.Module; torch is imported by the callers' importorskip.
@@ -60,8 +60,7 @@ def test_export_dynamic_batch(tmp_path: pathlib.Path) -> None:
     batch5 = torch.randn(5, 1, 6, 6)
     with torch.no_grad():
         expected = model(batch5).numpy()
-    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    got = session.run(None, {"input": batch5.numpy()})
+    got = run(out, {"input": batch5.numpy()})
     np.testing.assert_allclose(got[0], expected, atol=1e-4, rtol=1e-3)
 
 
@@ -130,8 +129,8 @@ def test_mismatch_reports_max_abs_diff(tmp_path: pathlib.Path, monkeypatch: pyte
     torch = pytest.importorskip("torch")
     real_run = export._run_onnxruntime
 
-    def off_by_half(model_bytes: bytes, names: list[str], inputs: tuple) -> list[np.ndarray]:
-        return [output + 0.5 for output in real_run(model_bytes, names, inputs)]
+    def off_by_half(session: object, names: list[str], inputs: tuple) -> list[np.ndarray]:
+        return [output + 0.5 for output in real_run(session, names, inputs)]
 
     monkeypatch.setattr(export, "_run_onnxruntime", off_by_half)
     with pytest.raises(export.ExportMismatchError, match=r"max abs diff 0\.5"):

@@ -298,8 +298,10 @@ def _add_reductions(proto: onnx.ModelProto, values: list[ir.Value]) -> dict[str,
             while out in used:
                 out += "_"
             used.add(out)
-            attributes = {"keepdims": 0} if op != "Shape" else {}
-            after.setdefault(name, []).append(onnx.helper.make_node(op, [name], [out], name=out, **attributes))
+            node = onnx.helper.make_node(op, [name], [out], name=out)
+            if op != "Shape":
+                node.attribute.append(onnx.helper.make_attribute("keepdims", 0))
+            after.setdefault(name, []).append(node)
             elem = onnx.TensorProto.INT64 if op == "Shape" else onnx.TensorProto.FLOAT
             proto.graph.output.append(onnx.helper.make_tensor_value_info(out, elem, None))
             outs.append(out)

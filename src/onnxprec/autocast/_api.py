@@ -14,10 +14,9 @@ from __future__ import annotations
 import difflib
 import logging
 import math
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,11 @@ from onnxprec._io import (
     save_model,
     to_model_proto,
 )
-from onnxprec.autocast.classify import Decision, PluginPrecision, classify
-from onnxprec.autocast.convert import ConversionStats, ConvertPrecisionPass, RemoveRedundantCastsPass
+from onnxprec._ops import QUANTIZED_OPS, is_standard_op
+from onnxprec._options import fields_in
+from onnxprec.autocast._options import AutoCastOptions
+from onnxprec.autocast.classify import Decision, classify
+from onnxprec.autocast.convert import ConversionStats, ConvertPrecisionPass, ConvertPrecisionResult
 from onnxprec.autocast.rules import (
     REDUCING_OPS,
     DataRangeRule,
@@ -60,9 +62,9 @@ from onnxprec.passes import (
     InferTypesPass,
     LiftFloatConstantsPass,
     NameNodesPass,
+    RemoveRedundantCastsPass,
     UpgradeOpsetPass,
 )
-from onnxprec.passes.infer_types import is_standard_op
 from onnxprec.reference import ReferenceResult, run_reference
 from onnxprec.validate import IOContract, NumericReport, check_io_contract, check_structure, numeric_check
 
@@ -80,115 +82,11 @@ logger = logging.getLogger(__name__)
 
 LOW_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 MIN_OPSET = {"fp16": 13, "bf16": 22}
-QUANTIZED_OPS = frozenset(
-    {
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "DynamicQuantizeLinear",
-        "QLinearConv",
-        "QLinearMatMul",
-        "MatMulInteger",
-        "ConvInteger",
-        "MatMulNBits",
-        "GatherBlockQuantized",
-        "QLinearAdd",
-        "QLinearMul",
-        "DynamicQuantizeMatMul",
-        "MatMulIntegerToFloat",
-        "QAttention",
-        "QGemm",
-    }
-)
-
-
-@dataclass
-class AutoCastOptions:
-    """All AutoCast settings, validated once. Field names and defaults follow ModelOpt's AutoCast."""
-
-    low_precision_type: str = "fp16"
-    nodes_to_exclude: Sequence[str] | None = None
-    op_types_to_exclude: Sequence[str] | None = None
-    nodes_to_include: Sequence[str] | None = None
-    op_types_to_include: Sequence[str] | None = None
-    data_max: float = 512
-    init_max: float = 65504
-    keep_io_types: bool = False
-    calibration_data: Any = None
-    custom_rule: Any = None
-    init_conversion_max_bytes: int | None = None
-    providers: Sequence[str] = ("cpu",)
-    trt_plugins: Sequence[str] = ()
-    trt_plugins_precision: Sequence[str] = ()
-    max_depth_of_reduction: int | None = None
-    opset: int | None = None
-    input_shapes: str | Mapping[str, Sequence[int]] | None = None
-    validate: bool = True
-
-    def __post_init__(self) -> None:
-        if self.low_precision_type not in LOW_TYPES:
-            raise InvalidArgumentError(
-                f"Unsupported low_precision_type '{self.low_precision_type}': use 'fp16' or 'bf16'."
-            )
-        for name in ("data_max", "init_max"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
-                raise InvalidArgumentError(f"{name} must be a positive number or inf, got {value!r}.")
-        if self.max_depth_of_reduction is not None and self.max_depth_of_reduction <= 0:
-            raise InvalidArgumentError("max_depth_of_reduction must be a positive integer.")
-        if self.init_conversion_max_bytes is not None and self.init_conversion_max_bytes < 0:
-            raise InvalidArgumentError("init_conversion_max_bytes must be >= 0.")
-        if self.opset is not None and not 1 <= int(self.opset) <= onnx.defs.onnx_opset_version():
-            raise InvalidArgumentError(
-                f"opset {self.opset} is out of range: this onnx supports up to {onnx.defs.onnx_opset_version()}."
-            )
-        self.exclude_patterns = _compile(self.nodes_to_exclude, "nodes_to_exclude")
-        self.include_patterns = _compile(self.nodes_to_include, "nodes_to_include")
-        self.plugins = _parse_plugin_precisions(self.trt_plugins_precision)
-        self.input_shape_map = calibration.parse_input_shapes(self.input_shapes)
-        for plugin in self.trt_plugins:
-            if not Path(plugin).is_file():
-                raise InvalidArgumentError(f"TensorRT plugin library '{plugin}' does not exist: check --trt_plugins.")
-
-    @property
-    def low(self) -> ir.DataType:
-        return LOW_TYPES[self.low_precision_type]
-
-
-def _compile(patterns: Sequence[str] | None, what: str) -> list[re.Pattern[str]]:
-    compiled = []
-    for pattern in patterns or ():
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as e:
-            raise InvalidArgumentError(f"Invalid regular expression '{pattern}' in {what}: {e}.") from None
-    return compiled
-
-
-def _parse_plugin_precisions(items: Sequence[str]) -> dict[str, PluginPrecision]:
-    """Parses ``op:fp16`` or ``op:[fp16,fp32]:[fp16]`` (per input, per output)."""
-    plugins = {}
-    for item in items:
-        m = re.fullmatch(r"([^:]+):(fp16|fp32)", item) or re.fullmatch(r"([^:]+):\[([^\]]*)\]:\[([^\]]*)\]", item)
-        if m is None:
-            raise InvalidArgumentError(
-                f"Invalid --trt_plugins_precision '{item}': write op:fp16, op:fp32 or op:[fp16,fp32]:[fp16]."
-            )
-        if m.lastindex == 2:
-            plugins[m.group(1)] = PluginPrecision(None, None, m.group(2))
-            continue
-        slots = [tuple(s.strip() for s in g.split(",") if s.strip()) for g in (m.group(2), m.group(3))]
-        bad = [s for group in slots for s in group if s not in ("fp16", "fp32")]
-        if bad:
-            raise InvalidArgumentError(
-                f"Invalid precision {bad[0]!r} in --trt_plugins_precision '{item}': use fp16 or fp32."
-            )
-        plugins[m.group(1)] = PluginPrecision(slots[0], slots[1], "fp16")
-    return plugins
 
 
 @dataclass
 class AutoCastReport:
-    """What a conversion did and measured."""
+    """What a conversion did and measured; :meth:`to_json` is the ``--report_json`` file."""
 
     low_precision_type: str
     decisions: dict[ir.Node, Decision] = field(default_factory=dict)
@@ -197,6 +95,7 @@ class AutoCastReport:
     reference_batches: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     output_path: Path | None = None
+    input_path: Path | None = None
 
     @property
     def summary(self) -> str:
@@ -206,6 +105,52 @@ class AutoCastReport:
             f"Converted {s.low_nodes}/{s.nodes} nodes ({pct:.1f}%) to {self.low_precision_type}; "
             f"{s.casts} casts inserted"
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what ``--report_json`` writes).
+
+        Returns:
+            ``tool``, ``onnxprec_version``, ``input`` and ``output`` (paths, None for in-memory models),
+            ``low_precision_type``, ``counts`` (nodes, low_nodes, casts, initializers_converted,
+            initializers_copied, initializers_cast_at_runtime), ``seconds`` per step, ``reference_batches``,
+            ``numeric`` (None without a numeric check, else ``skipped`` and per-output errors against FP32;
+            non-finite errors are None) and ``nodes``: every classified node (subgraph nodes included) with
+            its ``name``, ``op_type``, ``precision`` (fp16, bf16 or fp32) and the ``reason`` of that decision.
+        """
+        from onnxprec import __version__
+
+        def number(value: float) -> float | None:
+            return float(value) if math.isfinite(value) else None
+
+        numeric: dict[str, Any] | None = None
+        if self.numeric is not None:
+            numeric = {
+                "skipped": self.numeric.skipped,
+                "outputs": {
+                    name: {k: bool(v) if k == "finite" else number(v) for k, v in errors.items()}
+                    for name, errors in self.numeric.errors.items()
+                },
+            }
+        return {
+            "tool": "autocast",
+            "onnxprec_version": __version__,
+            "input": None if self.input_path is None else str(self.input_path),
+            "output": None if self.output_path is None else str(self.output_path),
+            "low_precision_type": self.low_precision_type,
+            "counts": asdict(self.stats),
+            "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
+            "reference_batches": self.reference_batches,
+            "numeric": numeric,
+            "nodes": [
+                {
+                    "name": node.name or "",
+                    "op_type": node.op_type,
+                    "precision": self.low_precision_type if decision.low else "fp32",
+                    "reason": decision.reason,
+                }
+                for node, decision in self.decisions.items()
+            ],
+        }
 
 
 def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16") -> Path:
@@ -289,17 +234,21 @@ def _sanitize(model: ir.Model, options: AutoCastOptions) -> None:
     _run_passes(model, *steps)
 
 
-def _run_passes(model: ir.Model, *steps: ir.passes.PassBase) -> None:
-    """Runs passes in order; a user error raised inside a pass surfaces as itself, not as a PassError."""
-    try:
-        ir.passes.Sequential(*steps)(model)
-    except ir.passes.PassError as e:
-        cause = e.__cause__
-        while isinstance(cause, ir.passes.PassError):
-            cause = cause.__cause__
-        if isinstance(cause, OnnxprecError):
-            raise cause from None
-        raise
+def _run_passes(model: ir.Model, *steps: ir.passes.PassBase) -> list[ir.passes.PassResult]:
+    """Runs passes in order and returns their results; a user error raised in a pass surfaces as itself."""
+    results: list[ir.passes.PassResult] = []
+    for step in steps:
+        try:
+            results.append(step(model))
+        except Exception as e:
+            cause: BaseException | None = e
+            while isinstance(cause, ir.passes.PassError):
+                cause = cause.__cause__
+            if isinstance(cause, OnnxprecError):
+                raise cause from None
+            done = [type(s).__name__ for s in steps[: len(results)]]
+            raise ir.passes.PassError(f"An error occurred in the '{step}' pass after the passes {done}") from e
+    return results
 
 
 def _needs_reference(model: ir.Model, options: AutoCastOptions) -> bool:
@@ -391,9 +340,10 @@ def convert_model(
         init_conversion_max_bytes=options.init_conversion_max_bytes,
     )
     cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
-    _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())
-    report.stats = convert.stats
-    report.stats.casts = sum(1 for cast in convert.created if cast.graph is not None)
+    converted = _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())[0]
+    assert isinstance(converted, ConvertPrecisionResult)
+    report.stats = converted.stats
+    report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
     report.seconds["classify+convert"] = time.perf_counter() - tick
 
     if options.validate:
@@ -448,48 +398,36 @@ def convert_to_mixed_precision(
 
     Args:
         onnx_path: Path to the FP32 model, or an ``onnx.ModelProto``.
-        low_precision_type: ``"fp16"`` or ``"bf16"``.
-        nodes_to_exclude: Regexes (``re.match``) of node names to keep in FP32.
+        low_precision_type: Low precision type: fp16 or bf16.
+        nodes_to_exclude: Regexes (re.match) of node names to keep in FP32.
         op_types_to_exclude: Op types to keep in FP32.
-        nodes_to_include: Regexes of node names to convert even if a rule excludes them.
+        nodes_to_include: Regexes (re.match) of node names to convert even if a rule excludes them.
         op_types_to_include: Op types to convert even if a rule excludes them.
-        data_max: Keep nodes whose floating-point inputs/outputs exceed this in the reference run
-            (``inf`` skips the reference run).
+        data_max: Keep nodes whose floating-point inputs or outputs exceed this magnitude in the reference run (inf: no
+            reference run).
         init_max: Keep nodes with FP32 initializers whose magnitude exceeds this.
         keep_io_types: Keep FP32 graph inputs and outputs.
-        calibration_data: ``.npz`` file, folder of ``.npz``, Polygraphy ``.json``, dict of arrays, list of dicts
-            or a CalibrationDataReader; None: realistic random data.
-        custom_rule: A ``NodeRuleBase``-like object or a callable on ``onnx_ir.Node``.
-        init_conversion_max_bytes: Initializers above this size stay FP32 and are cast at run time.
+        calibration_data: Inputs for the reference run: an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
+            ``.json``, a dict of arrays, a list of dicts or a CalibrationDataReader; None: realistic random data.
+        custom_rule: A ``NodeRuleBase``-like object (``check(NodeProto)``) or a callable on ``onnx_ir.Node``; True or a
+            reason string keeps the node in FP32.
+        init_conversion_max_bytes: Initializers above this many bytes stay FP32 and are cast at run time.
         providers: ONNX Runtime providers for the reference run: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
-        trt_plugins: TensorRT plugin libraries (recorded; TensorRT is not needed).
-        trt_plugins_precision: Custom op precisions, ``op:fp16`` or ``op:[fp16,fp32]:[fp16]``.
+        trt_plugins: TensorRT plugin libraries (.so); recorded, TensorRT is not needed.
+        trt_plugins_precision: Custom op precisions: op:fp16, op:fp32 or op:[fp16,fp32]:[fp16] (per input, per output).
         max_depth_of_reduction: Keep nodes that accumulate more terms than this per output element.
-        opset: Target opset (default: at least 13 for FP16, 22 for BF16; never lowered).
-        input_shapes: Sizes of dynamic inputs for random data, ``"name:1x3x224x224,..."`` or a dict.
+        opset: Target opset (default: at least 13 for fp16, 22 for bf16; never lowered).
+        input_shapes: Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes.
 
     Returns:
         The converted model.
+
+    Raises:
+        OnnxprecError: A bad argument or model; the message says how to fix it.
     """
-    options = AutoCastOptions(
-        low_precision_type=low_precision_type,
-        nodes_to_exclude=nodes_to_exclude,
-        op_types_to_exclude=op_types_to_exclude,
-        nodes_to_include=nodes_to_include,
-        op_types_to_include=op_types_to_include,
-        data_max=data_max,
-        init_max=init_max,
-        keep_io_types=keep_io_types,
-        calibration_data=calibration_data,
-        custom_rule=custom_rule,
-        init_conversion_max_bytes=init_conversion_max_bytes,
-        providers=tuple(providers),
-        trt_plugins=tuple(trt_plugins),
-        trt_plugins_precision=tuple(trt_plugins_precision),
-        max_depth_of_reduction=max_depth_of_reduction,
-        opset=opset,
-        input_shapes=input_shapes,
-    )
+    # Every parameter but onnx_path is an AutoCastOptions field of the same name, default and doc
+    # (onnxprec/_options_test.py checks it); locals() holds exactly the parameters at this point.
+    options = AutoCastOptions(**fields_in(AutoCastOptions, locals()))
     model, _report, reference = convert_model(onnx_path, options)
     proto = to_model_proto(model)
     if reference is not None and proto.ByteSize() < 2_000_000_000:
@@ -508,6 +446,7 @@ def convert_file(
     output_path: str | Path | None = None,
     *,
     external_data: bool | None = None,
+    options: AutoCastOptions | None = None,
     **kwargs: Any,
 ) -> AutoCastReport:
     """Converts a model file to a new file, streaming weights (the path-to-path form for large models).
@@ -516,12 +455,22 @@ def convert_file(
         onnx_path: The FP32 model.
         output_path: Where to write; default ``<name>.fp16.onnx`` / ``<name>.bf16.onnx`` beside the input.
         external_data: True: weights in ``<output>.data``; None: only when above 2 GB.
+        options: The settings as one object (e.g. built from command-line flags); or pass them as ``kwargs``.
         **kwargs: Any :class:`AutoCastOptions` field (the arguments of :func:`convert_to_mixed_precision`).
 
     Returns:
-        The report (counts, decisions, numeric check, timings).
+        The report (counts, decisions, numeric check, timings); ``report.to_json()`` is JSON-ready.
+
+    Raises:
+        OnnxprecError: A bad argument, model or output path; the message says how to fix it.
     """
-    options = AutoCastOptions(**kwargs)
+    if options is None:
+        options = AutoCastOptions(**kwargs)
+    elif kwargs:
+        raise InvalidArgumentError(
+            f"convert_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
+            "e.g. dataclasses.replace(options, ...)."
+        )
     output = (
         Path(output_path) if output_path is not None else default_output_path(onnx_path, options.low_precision_type)
     )
@@ -529,6 +478,7 @@ def convert_file(
     protected = {source.resolve()} if source.exists() else set()
     check_output_path(output, protected)  # fail before the work, not after
     model, report, reference = convert_model(source, options)
+    report.input_path = source
     protected |= external_data_paths(model)
     tick = time.perf_counter()
     report.output_path = save_model(model, output, external_data=external_data, protected=protected)

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import onnx
 import onnx_ir as ir
 
-from onnxprec._graph import TYPE_ATTRIBUTES
+from onnxprec._ops import TYPE_ATTRIBUTES, VALUE_ATTRIBUTE_OPS, normalized_domain
 
 __all__ = ["SchemaSupport", "schema_support"]
 
 # Ops whose floating-point output type comes from an attribute or a constant value; AutoCast rewrites it.
-_RETYPABLE = frozenset({*TYPE_ATTRIBUTES, "ConstantOfShape", "Constant"})
+_RETYPABLE = frozenset({*TYPE_ATTRIBUTES, *VALUE_ATTRIBUTE_OPS})
 
 _TYPE_STR = {ir.DataType.FLOAT16: "tensor(float16)", ir.DataType.BFLOAT16: "tensor(bfloat16)"}
 
@@ -67,8 +67,7 @@ def schema_support(
     Returns:
         The support, or None when the op has no ONNX schema (a custom or contrib op).
     """
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    schema = _schema(node.op_type, domain, opset)
+    schema = _schema(node.op_type, normalized_domain(node.domain), opset)
     if schema is None:
         return None
     low_str = _TYPE_STR[low]

@@ -8,15 +8,14 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
+from onnxprec._ops import CONTROL_FLOW_OPS, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec.autocast._schema import schema_support
 from onnxprec.autocast.rules import Rule, RuleContext
-from onnxprec.passes.infer_types import is_standard_op
 
-__all__ = ["CONTROL_FLOW_OPS", "Decision", "PluginPrecision", "classify"]
+__all__ = ["Decision", "PluginPrecision", "classify"]
 
 logger = logging.getLogger(__name__)
 
-CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 _F = ir.DataType.FLOAT
 
 
@@ -75,8 +74,7 @@ def _decide(
     plugins: Mapping[str, PluginPrecision],
     inherited: str | None,
 ) -> Decision:
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    opset = opsets.get(domain, 1)
+    opset = opsets.get(normalized_domain(node.domain), 1)
     if not is_standard_op(node, opset):
         plugin = plugins.get(node.op_type)
         if plugin is not None:
@@ -122,9 +120,7 @@ def classify(
     """
     ctx = ctx or RuleContext()
     plugins = plugins or {}
-    opsets = dict(model.opset_imports)
-    if "ai.onnx" in opsets and "" not in opsets:
-        opsets[""] = opsets["ai.onnx"]
+    opsets = opsets_by_domain(model)
     decisions: dict[ir.Node, Decision] = {}
 
     def visit(graph: ir.Graph, inherited: str | None) -> None:

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxprec._graph import ORIGINAL_NAME
+from onnxprec._io import load_model, save_model
 from onnxprec._testing import F16, F, make_model, run, tensor_info
 from onnxprec.autocast import convert_to_mixed_precision
+from onnxprec.autocast.classify import classify
+from onnxprec.autocast.convert import ConvertPrecisionPass, ConvertPrecisionResult
+from onnxprec.autocast.rules import NodeNameRule
+from onnxprec.passes import InferTypesPass
 
 RNG = np.random.default_rng(0)
 INF = float("inf")
@@ -383,3 +393,81 @@ def test_layernorm_pattern_over_a_non_trailing_axis_is_not_fused() -> None:
     assert not _ops(out, "LayerNormalization")
     x = np.random.default_rng(3).standard_normal((2, 4, 3)).astype(np.float32)
     np.testing.assert_allclose(run(out, {"X": x})[0], run(model, {"X": x})[0], atol=5e-3)
+
+
+# -- ConvertPrecisionPass on its own ---------------------------------------------------------------------------
+
+
+def _convert_pass(model: ir.Model, exclude: str | None = None) -> ConvertPrecisionPass:
+    rules = [NodeNameRule([re.compile(exclude)])] if exclude else []
+    decisions = classify(model, low=ir.DataType.FLOAT16, rules=rules)
+    return ConvertPrecisionPass(decisions, ir.DataType.FLOAT16, keep_io_types=True)
+
+
+def _run_pass(convert: ConvertPrecisionPass, model: ir.Model) -> ConvertPrecisionResult:
+    result = convert(model)
+    assert isinstance(result, ConvertPrecisionResult)
+    return result
+
+
+def _typed(proto: onnx.ModelProto) -> ir.Model:
+    model = ir.from_proto(proto)
+    InferTypesPass()(model)
+    return model
+
+
+def test_pass_returns_its_counts_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    model = _typed(_mlp())
+    convert = _convert_pass(model, exclude="add")
+    result = _run_pass(convert, model)
+    assert result.modified
+    stats = result.stats
+    assert (stats.nodes, stats.low_nodes, stats.casts) == (3, 2, 4)
+    assert (stats.initializers_converted, stats.initializers_copied, stats.initializers_cast_at_runtime) == (1, 1, 0)
+    assert [c.name for c in result.casts] == [
+        "X_cast_to_fp16",
+        "g_cast_to_fp32",
+        "a_cast_to_fp16",
+        "Y_pre_cast_cast_to_fp32",
+    ]
+    assert not hasattr(convert, "stats") and not hasattr(convert, "created")  # no run state on the pass
+    again = _run_pass(convert, model)
+    assert not again.modified and again.casts == [] and again.stats.casts == 0
+    assert sum(n.op_type == "Cast" for n in model.graph) == 4
+
+    # The FP16 value that Y now casts was renamed; it records Y, and saving keeps the record.
+    relu = next(n for n in model.graph if n.name == "relu")
+    assert relu.outputs[0].name == "Y_pre_cast" and relu.outputs[0].metadata_props[ORIGINAL_NAME] == "Y"
+    loaded = load_model(save_model(model, tmp_path / "fp16.onnx"))
+    relu = next(n for n in loaded.graph if n.name == "relu")
+    assert relu.outputs[0].metadata_props[ORIGINAL_NAME] == "Y"
+
+
+def test_pass_places_casts_inside_if_branches() -> None:
+    branches = {
+        name: helper.make_graph(
+            [helper.make_node(op, ["a", "W"], [out], name=f"{out}_{op}")], name, [], [tensor_info(out, F, [3])]
+        )
+        for name, op, out in (("then_branch", "Mul", "t"), ("else_branch", "Add", "e"))
+    }
+    nodes = [
+        helper.make_node("Relu", ["X"], ["a"], name="relu"),
+        helper.make_node("If", ["C"], ["o"], name="if", **branches),
+        helper.make_node("Sigmoid", ["o"], ["Y"], name="sig"),
+    ]
+    inputs = [tensor_info("X", F, [3]), tensor_info("C", TensorProto.BOOL, [])]
+    w = {"W": np.array([2.0, 3.0, 4.0], np.float32)}
+    model = _typed(make_model(nodes, inputs, [tensor_info("Y", F, [3])], w))
+    convert = _convert_pass(model)
+    result = _run_pass(convert, model)
+    assert result.modified and result.stats.initializers_converted == 1
+    # X down and o down (the If keeps an FP32 interface), Y up; each branch casts its FP16 output up.
+    where = sorted((cast.graph.name or "", cast.outputs[0].name or "") for cast in result.casts if cast.graph)
+    assert where == [
+        ("else_branch", "e"),
+        ("test", "X_cast_to_fp16"),
+        ("test", "Y"),
+        ("test", "o_cast_to_fp16"),
+        ("then_branch", "t"),
+    ]
+    assert not _run_pass(convert, model).modified

@@ -4,6 +4,15 @@ from onnxprec.passes.convert_fp64_to_fp32 import ConvertFp64ToFp32Pass
 from onnxprec.passes.infer_types import InferTypesPass
 from onnxprec.passes.lift_float_constants import LiftFloatConstantsPass
 from onnxprec.passes.name_nodes import NameNodesPass
+from onnxprec.passes.remove_redundant_casts import RemoveRedundantCastsPass, RemoveRedundantCastsResult
 from onnxprec.passes.upgrade_opset import UpgradeOpsetPass
 
-__all__ = ["ConvertFp64ToFp32Pass", "InferTypesPass", "LiftFloatConstantsPass", "NameNodesPass", "UpgradeOpsetPass"]
+__all__ = [
+    "ConvertFp64ToFp32Pass",
+    "InferTypesPass",
+    "LiftFloatConstantsPass",
+    "NameNodesPass",
+    "RemoveRedundantCastsPass",
+    "RemoveRedundantCastsResult",
+    "UpgradeOpsetPass",
+]

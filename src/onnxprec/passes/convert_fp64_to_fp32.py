@@ -6,8 +6,9 @@ import logging
 
 import onnx_ir as ir
 
-from onnxprec._graph import TYPE_ATTRIBUTES, NameAllocator, all_graphs, make_cast
-from onnxprec._tensors import converted_tensor
+from onnxprec._graph import NameAllocator, all_graphs, cast_graph_output, insert_cast
+from onnxprec._ops import is_default_domain
+from onnxprec.passes._retype import retarget_type_attributes, retype_initializer
 
 __all__ = ["ConvertFp64ToFp32Pass"]
 
@@ -17,64 +18,71 @@ _D = ir.DataType.DOUBLE
 _F = ir.DataType.FLOAT
 
 
-class ConvertFp64ToFp32Pass(ir.passes.InPlacePass):
-    """Retypes DOUBLE tensors, initializers, Cast targets and dtype attributes to FLOAT.
+def _is_cast(node: ir.Node) -> bool:
+    return node.op_type == "Cast" and is_default_domain(node.domain)
 
-    FP64 graph inputs and outputs of the main graph keep their type (the model's I/O contract): a Cast to
-    FP32 follows each such input and a Cast back to FP64 produces each such output.
+
+def _output_casts(graph: ir.Graph) -> set[ir.Node]:
+    """The Casts FLOAT -> DOUBLE that produce FP64 outputs of ``graph``: boundaries already in place."""
+    casts = set()
+    for out in graph.outputs:
+        producer = out.producer()
+        if out.dtype == _D and producer is not None and _is_cast(producer):
+            source = producer.inputs[0]
+            if source is not None and source.dtype == _F:
+                casts.add(producer)
+    return casts
+
+
+class ConvertFp64ToFp32Pass(ir.passes.InPlacePass):
+    """Retypes DOUBLE values, initializers, Cast targets and dtype attributes to FLOAT, subgraphs included.
+
+    Weights and Constant values are converted lazily and clamped to the finite FP32 range, keeping their
+    sign and their name. FP64 graph inputs and outputs of the main graph keep their type (the model's I/O
+    contract): a Cast to FP32 follows each such input (consumers that are Casts read it directly), and a
+    Cast back to FP64 produces each such output. That output keeps its name; the value it casts is renamed
+    ``<name>_pre_cast`` and records the output's name in ``metadata_props["onnxprec.original_name"]``
+    (:data:`onnxprec._graph.ORIGINAL_NAME`), which saving keeps.
+
+    The pass is idempotent: a second run finds the boundary casts in place and changes nothing.
     """
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         names = NameAllocator(model)
-        count = 0
         main = model.graph
         io_values = {*main.inputs, *main.outputs}
+        boundaries = _output_casts(main)
+        count = 0
         for graph in all_graphs(main):
+            if graph is not main:
+                for value in graph.inputs:  # Loop/Scan state and scan slices
+                    if value.dtype == _D:
+                        value.dtype = _F
+                        count += 1
             for init in list(graph.initializers.values()):
                 if init.dtype == _D and init.const_value is not None and init not in io_values:
-                    init.const_value = converted_tensor(init.const_value, _F)
-                    init.dtype = _F
+                    retype_initializer(init, _F)
                     count += 1
             for node in graph:
-                count += self._retype_node(node, io_values)
-        # Boundary casts for FP64 inputs/outputs of the main graph.
-        for inp in main.inputs:
-            if inp.dtype == _D and inp.uses():
-                uses = list(inp.uses())
-                cast = make_cast(inp, _F, names)
+                if node not in boundaries:
+                    count += retarget_type_attributes(node, _D, _F)
+                for out in node.outputs:
+                    if out.dtype == _D and out not in io_values:
+                        out.dtype = _F
+                        count += 1
+        for value in main.inputs:
+            uses = [use for use in value.uses() if not _is_cast(use.node)]
+            if value.dtype == _D and uses:
+                cast = insert_cast(main, value, _F, names)
                 for use in uses:
                     use.node.replace_input_with(use.idx, cast.outputs[0])
-                main.insert_before(next(iter(main)), cast)
                 count += 1
-        for i, out in enumerate(main.outputs):
-            if out.dtype == _D and not out.is_graph_input() and out.producer() is not None:
+        for position, out in enumerate(main.outputs):
+            producer = out.producer()
+            if out.dtype == _D and not out.is_graph_input() and producer is not None and producer not in boundaries:
                 out.dtype = _F
-                producer = out.producer()
-                assert producer is not None
-                cast = make_cast(out, _D, names)
-                final_name = out.name
-                out.name = names(f"{final_name}_fp32")
-                cast.outputs[0].name = final_name
-                main.insert_after(producer, cast)
-                main.outputs[i] = cast.outputs[0]
+                cast_graph_output(main, position, _D, names)
                 count += 1
         if count:
             logger.info("Converted %d FP64 tensors/attributes to FP32", count)
         return ir.passes.PassResult(model, modified=bool(count))
-
-    def _retype_node(self, node: ir.Node, io_values: set[ir.Value]) -> int:
-        count = 0
-        attr_name = TYPE_ATTRIBUTES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if attr_name and attr_name in node.attributes and node.attributes[attr_name].as_int() == _D:
-            node.attributes[attr_name] = ir.AttrInt64(attr_name, _F)
-            count += 1
-        if node.op_type in ("ConstantOfShape", "Constant") and "value" in node.attributes:
-            tensor = node.attributes["value"].as_tensor()
-            if tensor.dtype == _D:
-                node.attributes["value"] = ir.AttrTensor("value", ir.Tensor(tensor.numpy().astype("float32")))
-                count += 1
-        for out in node.outputs:
-            if out.dtype == _D and out not in io_values:
-                out.dtype = _F
-                count += 1
-        return count

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import logging
 
-import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
 
 from onnxprec._graph import FLOAT_TYPES, all_graphs
 
-__all__ = ["InferTypesPass", "is_standard_op"]
+__all__ = ["InferTypesPass"]
 
 logger = logging.getLogger(__name__)
-
-
-def is_standard_op(node: ir.Node, opset: int) -> bool:
-    """Whether ``node`` is an op of the ONNX standard (default or ai.onnx.ml domain) at ``opset``."""
-    if node.domain not in ("", "ai.onnx", "ai.onnx.ml"):
-        return False
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    return bool(onnx.defs.has(node.op_type, domain))
 
 
 class InferTypesPass(ir.passes.InPlacePass):

@@ -8,6 +8,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import FLOAT_TYPES, all_graphs
+from onnxprec._ops import is_default_domain
 
 __all__ = ["LiftFloatConstantsPass"]
 
@@ -40,7 +41,7 @@ class LiftFloatConstantsPass(ir.passes.InPlacePass):
         count = 0
         for graph in all_graphs(model.graph):
             for node in list(graph):
-                if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+                if node.op_type != "Constant" or not is_default_domain(node.domain):
                     continue
                 out = node.outputs[0]
                 tensor = _float_tensor(node)

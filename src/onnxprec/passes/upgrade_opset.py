@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import logging
 
-import onnx
 import onnx_ir as ir
 
+from onnxprec._ops import default_opset, min_ir_version
 from onnxprec.errors import UnsupportedModelError
 
-__all__ = ["UpgradeOpsetPass", "min_ir_version"]
+__all__ = ["UpgradeOpsetPass"]
 
 logger = logging.getLogger(__name__)
-
-
-def min_ir_version(opset: int) -> int:
-    """The lowest IR version that can carry ``opset`` of the default domain."""
-    for entry in onnx.helper.VERSION_TABLE:  # (release, ir_version, ai.onnx opset, ai.onnx.ml opset, ...)
-        if entry[2] >= opset:
-            return int(entry[1])
-    return int(onnx.IR_VERSION)
 
 
 class UpgradeOpsetPass(ir.passes.InPlacePass):
@@ -34,7 +26,7 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
         self.target = target
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+        current = default_opset(model)
         if current >= self.target:
             return ir.passes.PassResult(model, modified=False)
         from onnxscript import version_converter  # slow import: only when needed
@@ -52,7 +44,7 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             ) from None
         finally:
             converter_logger.setLevel(level)
-        reached = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+        reached = default_opset(model)
         if reached != self.target:
             raise UnsupportedModelError(
                 f"Could not upgrade the model from opset {current} to {self.target} (the ONNX version converter "

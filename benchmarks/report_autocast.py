@@ -1,0 +1,644 @@
+"""The AutoCast part of BENCHMARKS.md: its targets (as data), conversion cost, quality, CPU and GPU latency.
+
+The loading, merging and formatting it uses are :mod:`benchmarks.report_common`'s; the targets are evaluated by
+:func:`benchmarks.targets.evaluate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .report_common import (
+    GpuResults,
+    Merged,
+    ReportPart,
+    anchor_of,
+    cos,
+    grouped_tables,
+    median,
+    model_groups,
+    model_label,
+    model_sort_key,
+    num,
+    ordered,
+    ratio,
+    short_error,
+    size,
+    stat,
+    status_text,
+    table,
+    tool_label,
+)
+from .targets import Target, evaluate, targets_table
+from .tools import TOOLS
+from .zoo import SMOLLM2_FP32_PERPLEXITY
+
+logger = logging.getLogger(__name__)
+
+GIB_MB = 1024.0
+ERROR_TOLERANCE = 1.05  # "output error no worse": relative L2 at most 5 % above ModelOpt's
+
+# ------------------------------------------------------------------------------------------------------------
+# targets (the AutoCast issue's goals)
+# ------------------------------------------------------------------------------------------------------------
+
+_MODELOPT_WALL = "ModelOpt here {anchor_wall_s} s"
+
+
+def _versus_modelopt(tool: str, anchor: str, flag: str) -> tuple[Target, ...]:
+    """The result-quality targets of ``tool`` against ModelOpt with the same data_max, on every model."""
+    return (
+        Target(
+            f"{{model}}{flag}: nodes in low precision ≥ ModelOpt's",
+            "low_nodes",
+            ">=",
+            1,
+            "≥",
+            tool=tool,
+            anchor=anchor,
+            context=("of {float_nodes} float nodes; left in FP32: {fp32_nodes}",),
+        ),
+        Target(f"{{model}}{flag}: Cast nodes ≤ ModelOpt's", "casts", "<=", 1, "≤", tool=tool, anchor=anchor),
+        Target(
+            f"{{model}}{flag}: output error no worse than ModelOpt's",
+            "rel_l2",
+            "<=",
+            ERROR_TOLERANCE,
+            f"≤ {ERROR_TOLERANCE:g}× ModelOpt's",
+            tool=tool,
+            anchor=anchor,
+            context=("max abs {max_abs}",),
+        ),
+    )
+
+
+# fmt: off
+TARGETS: tuple[Target, ...] = (
+    Target("{model}: whole process ≥10× faster than ModelOpt", "speedup", ">=", 10, "≥ 10×", "smollm2_135m",
+           context=(_MODELOPT_WALL, " (issue: 156 s)"), digits=1),
+    Target("{model}: peak RSS ≤ 1/3 of ModelOpt's", "rss_ratio", "<=", 1 / 3, "≤ 0.333×", "smollm2_135m",
+           context=("ModelOpt here {anchor_rss_gib} GiB", " (issue: 5.9 GB)"), digits=3),
+    Target("{model}, data_max=inf: wall ≤ 1.5× a plain onnx.load + onnx.save", "time_ratio", "<=", 1.5, "≤ 1.5×",
+           "smollm2_135m", "onnxprec:inf", "baseline_loadsave"),
+    Target("{model}, data_max=inf: peak RSS < 1 GiB", "peak_rss_mb", "<", GIB_MB, "< 1024 MiB", "smollm2_135m",
+           "onnxprec:inf", anchor=None, digits=0),
+    Target("4 GiB external-data MatMul stack, data_max=inf: peak RSS < 1 GiB", "peak_rss_mb", "<", GIB_MB,
+           "< 1024 MiB", "matmul_4gb", "onnxprec:inf", anchor=None, digits=0),
+    Target("{model}: whole process ≥5× faster than ModelOpt", "speedup", ">=", 5, "≥ 5×", "minilm_l6_v2",
+           context=(_MODELOPT_WALL,), digits=1),
+    Target("{model}: whole process ≥5× faster than ModelOpt", "speedup", ">=", 5, "≥ 5×", "efficientnet_lite0",
+           context=(_MODELOPT_WALL,), digits=1),
+    Target("2000-node chain: whole process < 2 s", "wall_s", "<", 2, "< 2 s", "chain_2000",
+           context=(_MODELOPT_WALL, " (issue: 68 s)")),
+    Target("2000-node chain (data_max=inf): whole process < 2 s", "wall_s", "<", 2, "< 2 s", "chain_2000",
+           "onnxprec:inf", "modelopt:inf", context=(_MODELOPT_WALL, " (issue: 68 s)")),
+    *_versus_modelopt("onnxprec", "modelopt", ""),
+    *_versus_modelopt("onnxprec:inf", "modelopt:inf", " (data_max=inf)"),
+    Target("{model} FP16 perplexity within 0.5 % of FP32", "perplexity_change", "<=", 0.005,
+           "≤ 0.5 % from {fp32_perplexity}", "smollm2_135m", anchor=None,
+           context=("FP32 measured {fp32_perplexity} (reference {reference})",), reference=SMOLLM2_FP32_PERPLEXITY),
+)
+# fmt: on
+
+
+# ------------------------------------------------------------------------------------------------------------
+# tables
+# ------------------------------------------------------------------------------------------------------------
+
+
+def cost_table(merged: Merged, models: Sequence[str]) -> str:
+    """Time and memory, led by the ratios against ModelOpt (the same data_max variant)."""
+    rows = []
+    for model in models:
+        m = merged.models[model]
+        for tool in ordered(m["tools"]):
+            e = m["tools"][tool]
+            if e.get("status") in ("skipped", "not run"):
+                continue
+            anchor = anchor_of(tool)
+            v = e["_vs"].get(anchor) if anchor else None
+            s = e.get("summary", {})
+            if not s.get("wall_s"):
+                speed, rss = status_text(e), "–"
+            else:
+                paired = v.get("paired", True) if v else True
+                speed = ratio(v.get("speedup") if v else None, paired, 1) if anchor else "(anchor)"
+                rss = ratio(v.get("rss_ratio") if v else None, paired, 2) if anchor else "(anchor)"
+                other = m["tools"].get(anchor) if anchor else None
+                if anchor and not v and other and other.get("status") in ("timeout", "memory-limit", "failed"):
+                    speed = f"{tool_label(anchor, other)}: {other['status']}"
+            rows.append(
+                [
+                    model_label(model),
+                    tool_label(tool, e),
+                    speed,
+                    rss,
+                    stat(s.get("wall_s")),
+                    stat(s.get("peak_rss_mb"), 0),
+                    stat(s.get("convert_s")),
+                    stat(s.get("import_s")),
+                    str(s["wall_s"]["n"]) if s.get("wall_s") else "0",
+                    f"[{merged.run_number(e['_run'])}]",
+                ]
+            )
+    return table(
+        [
+            "Model",
+            "Tool",
+            "× faster than ModelOpt",
+            "peak RSS vs ModelOpt",
+            "wall s",
+            "peak RSS MiB",
+            "convert-only s",
+            "import s",
+            "n",
+            "run",
+        ],
+        rows,
+    )
+
+
+def baseline_table(merged: Merged, models: Sequence[str]) -> str | None:
+    """data_max=inf conversions against a plain onnx.load + onnx.save of the same model."""
+    rows = []
+    for model in models:
+        m = merged.models[model]
+        base = m["tools"].get("baseline_loadsave")
+        if not base or not base.get("summary", {}).get("wall_s"):
+            continue
+        for tool in ordered(m["tools"]):
+            v = m["tools"][tool]["_vs"].get("baseline_loadsave")
+            if not v:
+                continue
+            e = m["tools"][tool]
+            rows.append(
+                [
+                    model_label(model),
+                    tool_label(tool, e),
+                    ratio(v.get("time_ratio"), v.get("paired", True)),
+                    ratio(v.get("rss_ratio"), v.get("paired", True)),
+                    stat(e["summary"].get("wall_s")),
+                    stat(base["summary"].get("wall_s")),
+                    stat(e["summary"].get("peak_rss_mb"), 0),
+                    stat(base["summary"].get("peak_rss_mb"), 0),
+                ]
+            )
+    if not rows:
+        return None
+    return table(
+        [
+            "Model",
+            "Tool",
+            "wall vs load+save",
+            "peak RSS vs load+save",
+            "tool wall s",
+            "load+save wall s",
+            "tool RSS MiB",
+            "load+save RSS MiB",
+        ],
+        rows,
+    )
+
+
+def quality_table(merged: Merged, models: Sequence[str]) -> str:
+    """Structure and output error of each tool's result."""
+    rows = []
+    for model in models:
+        m = merged.models[model]
+        fp32 = m.get("fp32", {})
+        fs = fp32.get("structure")
+        if fs:
+            ppl = fp32.get("perplexity")
+            rows.append(
+                [
+                    model_label(model),
+                    "FP32 original",
+                    f"0/{fs.get('float_nodes', fs['nodes'])} ({fs['nodes']} nodes)",
+                    str(fs["casts"]),
+                    size(fs.get("file_bytes")),
+                    "–",
+                    "–",
+                    "–",
+                    "–",
+                    num(ppl, 3) if ppl else "–",
+                    "–",
+                ]
+            )
+        for tool in ordered(m["tools"]):
+            e = m["tools"][tool]
+            st = e.get("structure")
+            if not st:
+                continue
+            acc = e.get("accuracy", {})
+            rep = e.get("tool_reported")
+            base_casts = fs["casts"] if fs else 0
+            rows.append(
+                [
+                    model_label(model),
+                    tool_label(tool, e),
+                    f"{st['low_nodes']}/{st.get('float_nodes', st['nodes'])} ({st['low_pct']:.1f} %)"
+                    + (f", FP32: {_ops(st.get('fp32_ops', {}))}" if st.get("fp32_nodes") else ""),
+                    f"{st['casts']} ({st['casts'] - base_casts:+d})",
+                    size(st.get("file_bytes")),
+                    num(acc.get("max_abs"), 3) if "max_abs" in acc else short_error(acc.get("error", "–"), 70),
+                    num(acc.get("rel_l2"), 2) if "rel_l2" in acc else "–",
+                    cos(acc.get("cosine")),
+                    f"{acc['top1'] * 100:.2f} %" if acc.get("top1") is not None else "–",
+                    num(acc.get("perplexity"), 3) if acc.get("perplexity") is not None else "–",
+                    _reported(rep),
+                ]
+            )
+    return table(
+        [
+            "Model",
+            "Tool",
+            "low-precision nodes",
+            "Cast nodes (inserted)",
+            "size",
+            "max abs err",
+            "rel L2 err",
+            "cosine",
+            "top-1 agree",
+            "perplexity",
+            "tool's own count",
+        ],
+        rows,
+    )
+
+
+def _ops(counts: dict[str, int], most: int = 3) -> str:
+    """``3 Where, 2 Add`` (the most frequent op types first)."""
+    items = list(counts.items())
+    text = ", ".join(f"{n} {op}" for op, n in items[:most])
+    return text + (", …" if len(items) > most else "")
+
+
+def _reported(rep: dict[str, Any] | None) -> str:
+    if not rep:
+        return "–"
+    text = f"{rep['low_nodes']}/{rep['nodes']}"
+    if "casts_inserted" in rep:
+        text += f", {rep['casts_inserted']} casts"
+    return text
+
+
+def latency_table(merged: Merged, models: Sequence[str]) -> str | None:
+    """ONNX Runtime CPU latency of each result, batch 1, against the FP32 model timed in the same process."""
+    rows = []
+    for model in models:
+        m = merged.models[model]
+        base = m.get("fp32", {}).get("latency_cpu")
+        if not base or "median_ms" not in base:
+            continue
+        rows.append([model_label(model), "FP32 original", _lat(base), "1.00×"])
+        for tool in ordered(m["tools"]):
+            e = m["tools"][tool]
+            lat = e.get("latency_cpu")
+            if not lat:
+                continue
+            if "median_ms" not in lat:
+                rows.append([model_label(model), tool_label(tool, e), f"failed: {short_error(lat.get('error'))}", "–"])
+                continue
+            rows.append([model_label(model), tool_label(tool, e), _lat(lat), f"{num(lat.get('vs_fp32'))}×"])
+    if not rows:
+        return None
+    return table(["Model", "Model file", "median ms [p10–p90]", "vs FP32 (lower is faster)"], rows)
+
+
+def _lat(lat: dict[str, Any]) -> str:
+    return f"{num(lat['median_ms'])} [{num(lat['p10_ms'])}–{num(lat['p90_ms'])}] ({lat['iters']} runs)"
+
+
+GPU_LABELS = {
+    "fp32": "FP32 original",
+    "onnxprec": "onnxprec FP16",
+    "modelopt": "ModelOpt FP16",
+    "occ_fp16": "onnxconverter-common FP16",
+    "ort_fp16": "onnxruntime transformers FP16",
+}
+
+
+def gpu_section(gpu: Sequence[dict[str, Any]]) -> str | None:
+    """One table per GPU result file (newest first): per model and batch, FP32 then each variant."""
+    if not gpu:
+        return None
+    parts = []
+    order = list(GPU_LABELS)
+    for g in reversed(gpu):
+        rows = []
+        for model in sorted(g.get("models", {}), key=model_sort_key):
+            variants = g["models"][model]
+            names = sorted(variants, key=lambda v: (order.index(v) if v in order else len(order), v))
+            batches = sorted({b for v in variants.values() for b in v.get("batches", {})}, key=int)
+            for batch in batches:
+                base = variants.get("fp32", {}).get("batches", {}).get(batch, {}).get("median_ms")
+                mo = variants.get("modelopt", {}).get("batches", {}).get(batch, {}).get("median_ms")
+                for variant in names:
+                    r = variants[variant].get("batches", {}).get(batch)
+                    if r is None:
+                        continue
+                    label = GPU_LABELS.get(variant, variant)
+                    ppl = variants[variant].get("perplexity") if batch == batches[-1] else None
+                    ppl_text = num(ppl, 3) if ppl is not None else "–"
+                    if "median_ms" not in r:
+                        rows.append(
+                            [
+                                model_label(model),
+                                batch,
+                                label,
+                                f"failed: {r.get('error', '')[:70]}",
+                                "–",
+                                "–",
+                                "–",
+                                ppl_text,
+                            ]
+                        )
+                        continue
+                    rows.append(
+                        [
+                            model_label(model),
+                            batch,
+                            label,
+                            f"{num(r['median_ms'], 3)} [{num(r['p10_ms'], 3)}–{num(r['p90_ms'], 3)}]",
+                            f"**{num(base / r['median_ms'])}×**" if base else "–",
+                            f"{num(mo / r['median_ms'])}×" if mo and variant != "fp32" else "–",
+                            num(r.get("rel_l2"), 2) if r.get("rel_l2") is not None and variant != "fp32" else "–",
+                            ppl_text,
+                        ]
+                    )
+        head = (
+            f"### {g.get('card', '?')}, {g.get('date', '?')[:10]}\n\n"
+            f"**{g.get('card', '?')}** (driver {g.get('driver', '?')}), onnxruntime {g.get('onnxruntime', '?')}, "
+            f"{g.get('date', '?')[:16].replace('T', ' ')}: `{g.get('command', 'python benchmarks/gpu_latency.py')}` "
+            f"(`benchmarks/results/{g.get('file', '')}`); {g.get('warmup', '?')} warm-up runs, then "
+            f"{g.get('iters', '?')} timed runs per model file in {g.get('rounds', '?')} rounds alternating the files, "
+            "inputs and outputs bound on the GPU (IO binding)."
+        )
+        parts.append(
+            head
+            + "\n\n"
+            + table(
+                [
+                    "Model",
+                    "batch",
+                    "Model file",
+                    "median ms [p10–p90]",
+                    "speed-up vs FP32",
+                    "speed vs ModelOpt FP16",
+                    "rel L2 vs FP32",
+                    "perplexity",
+                ],
+                rows,
+            )
+        )
+        notes = [str(n) for n in g.get("notes", [])]
+        env = g.get("env")
+        if env:
+            notes.append("GPU machine: " + ", ".join(f"{k} {v}" for k, v in env.items()))
+        if g.get("conversion_on_gpu_machine_s"):
+            conv = g["conversion_on_gpu_machine_s"]
+            notes.append("SmolLM2 conversions there (s): " + ", ".join(f"{k} {num(v)}" for k, v in conv.items()))
+        if notes:
+            parts.append("\n".join(f"* {n}" for n in notes))
+    return "\n\n".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# chart
+# ------------------------------------------------------------------------------------------------------------
+
+
+def scaling_chart(merged: Merged, path: Path) -> bool:
+    """Wall time and peak RSS against model size for the chains and the MatMul stacks; False without data."""
+    chains = sorted((m for m in merged.models if m.startswith("chain_")), key=model_sort_key)
+    mats = sorted((m for m in merged.models if m.startswith("matmul_")), key=model_sort_key)
+    if not chains and not mats:
+        return False
+    try:
+        import matplotlib
+    except ImportError:
+        logger.warning("matplotlib is not installed (pip install matplotlib): no scaling chart")
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    styles = {
+        "onnxprec": ("tab:blue", "-", "o"),
+        "onnxprec:inf": ("tab:blue", "--", "s"),
+        "modelopt": ("tab:red", "-", "o"),
+        "modelopt:inf": ("tab:red", "--", "s"),
+        "baseline_loadsave": ("tab:gray", ":", "^"),
+    }
+    for row, (names, xlabel, xof) in enumerate(
+        (
+            (chains, "chain length (nodes)", lambda n: float(n.split("_")[1])),
+            (mats, "MatMul stack weights (GiB, external data)", lambda n: float(n[len("matmul_") : -2])),
+        )
+    ):
+        for col, (key, ylabel) in enumerate(
+            (("wall_s", "whole-process wall time (s)"), ("peak_rss_mb", "peak RSS (MiB)"))
+        ):
+            ax = axes[row][col]
+            for tool, (color, ls, marker) in styles.items():
+                xs, ys = [], []
+                stopped: list[tuple[float, float, str]] = []
+                for n in names:
+                    e = merged.models[n]["tools"].get(tool)
+                    if not e:
+                        continue
+                    med = median(e, key)
+                    if med is not None:
+                        xs.append(xof(n))
+                        ys.append(med)
+                    elif e.get("status") in ("timeout", "memory-limit", "failed") and e.get("runs"):
+                        first = e["runs"][0]
+                        y = first.get("wall_s") if key == "wall_s" else first.get("poll_peak_rss_mb")
+                        if y:
+                            stopped.append((xof(n), y, str(e["status"])))
+                if xs:
+                    ax.plot(xs, ys, color=color, ls=ls, marker=marker, label=TOOLS[tool].label)
+                for x, y, status in stopped:
+                    ax.plot([x], [y], color=color, marker="x", ms=10, ls="none")
+                    ax.annotate(
+                        f"{TOOLS[tool].label}: {status}",
+                        (x, y),
+                        xytext=(-8, -3),
+                        textcoords="offset points",
+                        ha="right",
+                        va="top",
+                        fontsize=7,
+                        color=color,
+                    )
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ticks = [xof(n) for n in names]
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([f"{t:g}" for t in ticks])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+    fig.suptitle("AutoCast scaling: onnxprec vs ModelOpt (keep_io_types; x = stopped run)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+METHOD = [
+    "## Method",
+    "",
+    "* **Tools** (`python -m benchmarks tools`): `onnxprec` = `python -m onnxprec.autocast --onnx_path M "
+    "--output_path O --keep_io_types` (project venv); `modelopt` = `python -m modelopt.onnx.autocast` with the "
+    "same flags (nvidia-modelopt 0.47.0, anchors venv); `:inf` variants add `--data_max inf` (no reference "
+    "run); `occ_fp16` = onnxconverter-common `float16.convert_float_to_float16(keep_io_types=True)`; `occ_amp` = "
+    "onnxconverter-common `auto_convert_mixed_precision` on the real inputs with rtol 0.01, atol 0.001 "
+    "(one round only, models under 200 MB, 900 s timeout); `ort_fp16` = onnxruntime "
+    "`transformers.float16.convert_float_to_float16(keep_io_types=True)`; `baseline_loadsave` = `onnx.load` + "
+    "`onnx.save` (external data stays external). All with their default settings otherwise.",
+    "* **One process per run**, started by `benchmarks/_runner.py`, which calls the tool's own entry point "
+    "(the CLI `main` for the AutoCast tools) and reports its import time and its conversion-only time (load + "
+    "convert + save). Whole-process wall time is measured around the child; peak RSS is the child's "
+    "`ru_maxrss` from `/usr/bin/time -v` (psutil polling of the process tree where GNU time is missing). A "
+    "watchdog stops a run past its timeout or past the memory limit; such runs are shown as timeout / "
+    "memory-limit and the tool is not retried on that model.",
+    "* **Rounds**: for each model, round r runs every tool once in a fixed order; ratios against the anchor "
+    "(ModelOpt with the same data_max, or load+save) are taken per round and summarised as median [min–max]. "
+    'Runs whose settings say "page cache warmed" read the model\'s files once before every tool run, so each '
+    "run starts with them in the page cache (without it, the first tool after a multi-GB run pays for the disk).",
+    "* **Default plan** (`python -m benchmarks tools`): real models get every tool (SmolLM2 also "
+    "onnxprec data_max=inf and load+save); chains get onnxprec and ModelOpt with both data_max settings; the "
+    "MatMul stacks get the data_max=inf variants and load+save only (a reference run of a multi-GB model is "
+    "not what those rows are about). chain_5000 and the MatMul stacks of 1 GiB and more get `--heavy-repeats` "
+    "rounds.",
+    "* **Quality and latency** are measured afterwards in a separate worker process on the first successful "
+    "output of each tool (`benchmarks/metrics.py` documents every definition). The zoo (`benchmarks/zoo.py`) "
+    "documents the models and their real inputs.",
+    '* **Targets**: ratios use the median over rounds. "Output error no worse" allows the relative L2 error '
+    f"to exceed ModelOpt's by at most {round((ERROR_TOLERANCE - 1) * 100)} % (rounding-order noise); "
+    "1 GiB = 1024 MiB.",
+    "* **GPU**: `python -m benchmarks gpu-prepare --out benchmarks/gpu-bundles` converts MiniLM and "
+    "EfficientNet with onnxprec, ModelOpt and onnxconverter-common here and packs them with the FP32 models "
+    "and real inputs into bundles of at most 60 MB; on the GPU machine `python benchmarks/gpu_latency.py DIR "
+    "--out benchmarks/results/gpu-<date>.json` reassembles them and times every file with the "
+    "CUDAExecutionProvider in one process. SmolLM2 is too large to move: its files are converted on the GPU "
+    "machine and put in `DIR/smollm2_135m/` (fp32.onnx, onnxprec.onnx, modelopt.onnx, occ_fp16.onnx, "
+    "inputs.npz) before running the same script.",
+    "",
+]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the AutoCast part of the document
+# ------------------------------------------------------------------------------------------------------------
+
+INTRO = (
+    "onnxprec AutoCast against the converters users would otherwise pick, on the benchmark zoo "
+    "(`benchmarks/zoo.py`): NVIDIA ModelOpt AutoCast (the anchor every ratio is taken against), "
+    "onnxconverter-common `float16` and `auto_mixed_precision`, and onnxruntime's `transformers.float16`. "
+    "Every tool runs as its own process (`benchmarks/_runner.py` under `/usr/bin/time -v`), the anchors "
+    "in their own virtual environment (`python -m benchmarks.anchors_env`), all AutoCast runs with "
+    "`--keep_io_types`. Rounds alternate the tools (A B A B ...), and ratios are taken round by round "
+    "against the anchor measured seconds apart, because the machine is shared and noisy: read the ratios "
+    "first, the absolute numbers second. Cells show the median over rounds and [min–max].",
+    "",
+    "Reproduce every table: `python -m benchmarks run` (then, to re-render only, `python -m benchmarks "
+    "report`). Rerun a subset with e.g. `python -m benchmarks run --models smollm2_135m --tools "
+    "onnxprec,modelopt`: the report keeps the newest measurement of every (model, tool).",
+    "",
+)
+
+
+def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> list[str]:
+    """Targets, conversion cost, quality, CPU and GPU latency, and the method, as markdown lines."""
+    out = [
+        "## Targets (AutoCast issue)",
+        "",
+        "Whole process, same flags, `--keep_io_types`. ✅ reached, ❌ not reached, – not measured. "
+        "Ratios: median over rounds [min–max]; † = ratio of medians from different runs.",
+        "",
+        targets_table(evaluate(TARGETS, merged)),
+        "",
+    ]
+    groups = model_groups(merged)
+    out += [
+        "## Conversion cost",
+        "",
+        "× faster = ModelOpt's whole-process wall time / the tool's (same `data_max` variant: the data_max=inf rows "
+        "compare with ModelOpt data_max=inf), per round; peak RSS vs ModelOpt = the tool's peak RSS / ModelOpt's "
+        "(lower is better). wall s and peak RSS are of the whole process (interpreter start-up and imports "
+        "included); convert-only s is the tool's own entry point (load + convert + save); import s the "
+        "imports before it.",
+        "",
+    ]
+    out += grouped_tables(merged, groups, cost_table)
+    bt = baseline_table(merged, [m for _, ms in groups for m in ms])
+    if bt:
+        out += [
+            "### data_max=inf against a plain `onnx.load` + `onnx.save`",
+            "",
+            "The floor for any converter that reads and writes the whole model (same process set-up, external "
+            "data kept external).",
+            "",
+            bt,
+            "",
+        ]
+    if png:
+        out += ["### Scaling chart", "", f"![wall time and peak RSS against model size]({png})", ""]
+    out += [
+        "## Quality of the result",
+        "",
+        "low-precision nodes: nodes (Cast and Constant excluded) with at least one FP16/BF16 input or output "
+        "(types from the model plus ONNX shape inference), out of the nodes with any floating-point input or "
+        'output (integer shape arithmetic excluded); "FP32:" names the op types of the float nodes left '
+        "in FP32. Cast nodes: all Cast nodes in the result (inserted = minus the FP32 model's own); size: "
+        ".onnx plus external data. Errors are "
+        "against the FP32 model on the real inputs (ONNX Runtime CPU, whole batch), on the first output: max "
+        "abs, relative L2 ||a−b||/||a||, cosine, top-1 agreement (argmax over the last axis; EfficientNet "
+        "logits per image, SmolLM2 logits per token). Perplexity: SmolLM2 on the 16 real 256-token windows. "
+        "\"tool's own count\" is the tool's log line (`Converted X/Y nodes`), which counts differently.",
+        "",
+    ]
+    out += grouped_tables(merged, groups, quality_table)
+    lat_parts = grouped_tables(merged, groups, latency_table)
+    if lat_parts:
+        out += [
+            "## Inference latency, ONNX Runtime CPU",
+            "",
+            "Batch 1 (the first real sample), default session options, on the benchmark machine; the FP32 model "
+            "and every result in one process (one at a time for the MatMul stacks above 3 GB in all), "
+            "alternating in rounds after warm-up. ONNX Runtime's CPU provider runs FP16 only where it has FP16 "
+            "kernels and inserts casts around the other nodes, so this table says what a CPU user gets, not what "
+            "a GPU gets.",
+            "",
+            *lat_parts,
+        ]
+    gs = gpu_section(gpu)
+    out += ["## Inference latency, ONNX Runtime CUDA", ""]
+    if gs:
+        out += [
+            "`python benchmarks/gpu_latency.py` on the GPU machine, models prepared by "
+            "`python -m benchmarks gpu-prepare` (SmolLM2's converted on the GPU machine itself).",
+            "",
+            gs,
+            "",
+        ]
+    else:
+        out += [
+            "Not measured yet: `python -m benchmarks gpu-prepare --out DIR`, move DIR to the GPU machine, run "
+            "`python benchmarks/gpu_latency.py DIR --out benchmarks/results/gpu-<date>.json` there, bring the JSON "
+            "back and run `python -m benchmarks report`.",
+            "",
+        ]
+    return out + METHOD
+
+
+PART = ReportPart(INTRO, sections)

@@ -1,0 +1,383 @@
+"""What every part of BENCHMARKS.md shares: loading and merging the result files, number formatting, tables.
+
+Every ``benchmarks/results/*.json`` written by ``python -m benchmarks run`` is read, oldest first; for each model
+and tool the newest measurement wins, so a partial rerun (``--models smollm2_135m --tools onnxprec,modelopt``)
+updates only its rows. Ratios between two tools come from the same run, round by round; when the newest
+measurements of a tool and its anchor come from different runs the ratio of their medians is shown instead,
+marked with a dagger. GPU latencies come from ``benchmarks/results/gpu-*.json`` (``benchmarks/gpu_latency.py``).
+
+A tool's part of the document (its introduction and sections, e.g. :mod:`benchmarks.report_autocast`) is a
+:class:`ReportPart`; its goals are :class:`benchmarks.targets.Target` data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .tools import RATIO_ANCHORS, TOOLS
+
+logger = logging.getLogger(__name__)
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODEL_LABELS = {
+    "efficientnet_lite0": "EfficientNet-Lite0",
+    "minilm_l6_v2": "MiniLM-L6-v2",
+    "smollm2_135m": "SmolLM2-135M",
+}
+TOOL_ORDER = tuple(TOOLS)  # table rows follow the tools' registry order (unknown tools last, by name)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# loading and merging
+# ------------------------------------------------------------------------------------------------------------
+
+
+def load_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
+    """Every run's result file, oldest first (GPU files excluded)."""
+    runs = []
+    for p in sorted(results_dir.glob("*.json")):
+        if p.name.startswith("gpu-"):
+            continue
+        data = _read_json(p)
+        if isinstance(data, dict) and "models" in data:
+            data.setdefault("run_id", p.stem)
+            try:
+                data["file"] = p.resolve().relative_to(REPO_ROOT).as_posix()
+            except ValueError:
+                data["file"] = str(p)
+            runs.append(data)
+    runs.sort(key=lambda d: d.get("date", ""))
+    return runs
+
+
+def load_gpu_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
+    """Every ``gpu-*.json``, oldest first."""
+    out = []
+    for p in sorted(results_dir.glob("gpu-*.json")):
+        data = _read_json(p)
+        if data is None:
+            continue
+        data.setdefault("file", p.name)
+        out.append(data)
+    out.sort(key=lambda d: d.get("date", ""))
+    return out
+
+
+def _read_json(path: Path) -> Any:
+    """The parsed file, or None (logged) when it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        logger.warning("skipping %s: %s", path, e)
+        return None
+
+
+@dataclass
+class Merged:
+    """The newest measurement of every (model, tool), and the runs they come from."""
+
+    models: dict[str, dict[str, Any]]
+    runs: list[dict[str, Any]]  # the runs that contributed, oldest first
+
+    def run_number(self, run_id: str) -> int:
+        """The run's number in the document (``[n]``), counting from 1."""
+        return next(i for i, r in enumerate(self.runs, 1) if r["run_id"] == run_id)
+
+    def run_of(self, model: str, tool: str) -> str:
+        """``[n]`` of the run the newest (model, tool) measurement comes from ("" when there is none)."""
+        e = self.models.get(model, {}).get("tools", {}).get(tool)
+        return f"[{self.run_number(e['_run'])}]" if e else ""
+
+
+def merge(runs: Sequence[dict[str, Any]]) -> Merged:
+    """Newest wins per (model, tool); a skipped or unrun tool never hides an older measurement."""
+    models: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for name, block in run.get("models", {}).items():
+            m = models.setdefault(name, {"tools": {}, "fp32": {}})
+            for key in ("family", "file_bytes"):
+                if key in block:
+                    m[key] = block[key]
+            if block.get("fp32"):
+                m["fp32"] = {**block["fp32"], "_run": run["run_id"]}
+            for tool, entry in block.get("tools", {}).items():
+                if entry.get("status") in ("skipped", "not run") and tool in m["tools"]:
+                    continue
+                m["tools"][tool] = {**entry, "_run": run["run_id"]}
+    used = {e["_run"] for m in models.values() for e in m["tools"].values()}
+    used |= {m["fp32"]["_run"] for m in models.values() if m["fp32"].get("_run")}
+    merged = Merged(models, [r for r in runs if r["run_id"] in used])
+    for m in models.values():
+        for tool, entry in m["tools"].items():
+            entry["_vs"] = {}
+            for anchor in RATIO_ANCHORS:
+                other = m["tools"].get(anchor)
+                if anchor == tool or other is None:
+                    continue
+                same_run = other["_run"] == entry["_run"]
+                if same_run and anchor in entry.get("vs", {}):
+                    entry["_vs"][anchor] = entry["vs"][anchor]
+                elif not same_run:
+                    cross = _cross_ratio(entry, other)
+                    if cross:
+                        entry["_vs"][anchor] = cross
+    return merged
+
+
+def median(entry: dict[str, Any], key: str) -> float | None:
+    """The median of a tool entry's summary statistic ``key`` (``wall_s``, ``peak_rss_mb``...), or None."""
+    s = entry.get("summary", {}).get(key)
+    return s["median"] if s else None
+
+
+def _cross_ratio(entry: dict[str, Any], anchor: dict[str, Any]) -> dict[str, Any] | None:
+    tw, aw = median(entry, "wall_s"), median(anchor, "wall_s")
+    if not tw or not aw:
+        return None
+    one = {"n": 1}
+    out: dict[str, Any] = {
+        "speedup": {"median": aw / tw, "min": aw / tw, "max": aw / tw, **one},
+        "time_ratio": {"median": tw / aw, "min": tw / aw, "max": tw / aw, **one},
+        "paired": False,
+    }
+    tr, ar = median(entry, "peak_rss_mb"), median(anchor, "peak_rss_mb")
+    if tr and ar:
+        out["rss_ratio"] = {"median": tr / ar, "min": tr / ar, "max": tr / ar, **one}
+    return out
+
+
+def vs(m: dict[str, Any] | None, tool: str, anchor: str) -> dict[str, Any] | None:
+    """The ratios of ``tool`` against ``anchor`` on one merged model (``speedup``, ``time_ratio``, ``rss_ratio``,
+    ``paired``), or None."""
+    if not m or tool not in m["tools"]:
+        return None
+    return m["tools"][tool].get("_vs", {}).get(anchor)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# formatting
+# ------------------------------------------------------------------------------------------------------------
+
+
+def num(x: float | None, digits: int = 2) -> str:
+    """A number for a table cell: ``digits`` significant-ish digits, scientific when tiny or huge, – for None."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    ax = abs(x)
+    if ax != 0 and (ax < 10 ** -(digits + 1) or ax >= 1e6):
+        return f"{x:.{max(1, digits - 1)}e}"
+    if ax >= 100:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.{max(0, digits - 1)}f}"
+    return f"{x:.{digits}f}" if ax >= 0.01 or ax == 0 else f"{x:.{digits + 2}f}"
+
+
+def stat(s: dict[str, Any] | None, digits: int = 2) -> str:
+    """``median [min–max]`` of a summary statistic (just the median for one value)."""
+    if not s:
+        return "–"
+    med, lo, hi = (num(s[k], digits) for k in ("median", "min", "max"))
+    if s.get("n", 1) <= 1 or lo == hi:
+        return med
+    return f"{med} [{lo}–{hi}]"
+
+
+def ratio(s: dict[str, Any] | None, paired: bool = True, digits: int = 2) -> str:
+    """``**median×** [min–max]`` of a ratio statistic; † when it is a ratio of medians from different runs."""
+    if not s:
+        return "–"
+    text = f"**{num(s['median'], digits)}×**"
+    lo, hi = num(s["min"], digits), num(s["max"], digits)
+    if s.get("n", 1) > 1 and lo != hi:
+        text += f" [{lo}–{hi}]"
+    return text + ("" if paired else " †")
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A markdown table."""
+    rows = list(rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def model_label(name: str) -> str:
+    """The zoo model's name in tables."""
+    return MODEL_LABELS.get(name, name)
+
+
+def tool_label(tool: str, entry: dict[str, Any]) -> str:
+    """The tool's name in tables (as recorded with its results, else from the registry)."""
+    return entry.get("label") or (TOOLS[tool].label if tool in TOOLS else tool)
+
+
+def anchor_of(tool: str) -> str | None:
+    """The tool whose time and memory ``tool``'s ratios are taken against."""
+    if tool in TOOLS:
+        return TOOLS[tool].anchor
+    return "modelopt:inf" if tool.endswith(":inf") else "modelopt"
+
+
+def size(nbytes: int | None) -> str:
+    """Bytes as MiB (GiB from 1 GiB)."""
+    if nbytes is None:
+        return "–"
+    if nbytes >= 1 << 30:
+        return f"{nbytes / (1 << 30):.2f} GiB"
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def cos(c: float | None) -> str:
+    """A cosine similarity, as ``1 − 1.9e-07`` when it is that close to 1."""
+    if c is None:
+        return "–"
+    if c > 0.999999:
+        return f"1 − {num(1 - c, 1)}"
+    return f"{c:.6f}"
+
+
+def ordered(tools: dict[str, Any]) -> list[str]:
+    """Tool ids in table order."""
+    return sorted(tools, key=lambda t: (TOOL_ORDER.index(t) if t in TOOL_ORDER else len(TOOL_ORDER), t))
+
+
+def model_sort_key(name: str) -> tuple[int, float, str]:
+    """Real models first, then the chains by length, then the MatMul stacks by size."""
+    if name.startswith("chain_"):
+        return (1, float(name.split("_")[1]), name)
+    if name.startswith("matmul_"):
+        return (2, float(name[len("matmul_") : -2]), name)
+    return (0, 0.0, name)
+
+
+def status_text(entry: dict[str, Any]) -> str:
+    """Why a tool has no numbers on a model (skipped, memory-limit, timeout, failed...)."""
+    status = entry.get("status", "?")
+    if status == "skipped":
+        return f"skipped: {entry.get('reason', '')}"
+    first = (entry.get("runs") or [{}])[0]
+    if status == "memory-limit":
+        peak, wall = num(first.get("poll_peak_rss_mb"), 0), num(first.get("wall_s"))
+        return f"**memory-limit**: stopped at {peak} MiB after {wall} s"
+    if status == "timeout":
+        return f"**timeout** after {num(first.get('wall_s'))} s"
+    return f"**{status}**" + (f": {short_error(entry.get('error'))}" if entry.get("error") else "")
+
+
+def short_error(err: object, width: int = 80) -> str:
+    """A failure message shortened for a table cell."""
+    text = str(err or "")
+    if "Load model from" in text and "failed:" in text:
+        return "ONNX Runtime cannot load the result (" + text.split("failed:", 1)[1].strip()[: width - 40] + "…)"
+    return text[:width]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the document's shared parts
+# ------------------------------------------------------------------------------------------------------------
+
+GpuResults = Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ReportPart:
+    """One tool's part of BENCHMARKS.md.
+
+    Attributes:
+        intro: Paragraph lines before the list of runs.
+        sections: ``(merged, gpu results, chart path or None) -> lines`` after it: targets, tables, method.
+    """
+
+    intro: Sequence[str]
+    sections: Callable[[Merged, GpuResults, str | None], list[str]]
+
+
+MODEL_GROUPS = (
+    "Real models",
+    "Chains (scaling in node count)",
+    "MatMul stacks (scaling in weight size, external data)",
+)
+
+
+def model_groups(merged: Merged) -> list[tuple[str, list[str]]]:
+    """``(title, models)`` of the real models, the chains and the MatMul stacks that have results."""
+    groups = [(title, [m for m in merged.models if model_sort_key(m)[0] == i]) for i, title in enumerate(MODEL_GROUPS)]
+    return [(t, sorted(ms, key=model_sort_key)) for t, ms in groups if ms]
+
+
+def runs_of(merged: Merged, models: Iterable[str]) -> str:
+    """``runs [1] date, [4] date`` of the runs the models' rows come from."""
+    ids = sorted(
+        {e["_run"] for name in models for e in merged.models[name]["tools"].values()},
+        key=merged.run_number,
+    )
+    parts = [f"[{merged.run_number(i)}] {_run_date(merged, i)}" for i in ids]
+    return "run " + ", ".join(parts) if len(parts) == 1 else "runs " + ", ".join(parts)
+
+
+def grouped_tables(
+    merged: Merged, groups: Sequence[tuple[str, list[str]]], make: Callable[[Merged, list[str]], str | None]
+) -> list[str]:
+    """For each ``(title, models)`` group that ``make`` gives a table: ``### title — runs ...`` and the table."""
+    out: list[str] = []
+    for title, models in groups:
+        made = make(merged, models)
+        if made:
+            out += [f"### {title} — {runs_of(merged, models)}", "", made, ""]
+    return out
+
+
+def _run_date(merged: Merged, run_id: str) -> str:
+    run = next(r for r in merged.runs if r["run_id"] == run_id)
+    return str(run.get("date", "?"))[:16].replace("T", " ")
+
+
+def runs_section(merged: Merged) -> list[str]:
+    """``## Runs``: each contributing run's command, machine, versions and settings, numbered as cited."""
+    out = ["## Runs", ""]
+    for i, r in enumerate(merged.runs, 1):
+        mach = r.get("machine", {})
+        pv = r.get("versions", {}).get("project", {})
+        av = r.get("versions", {}).get("anchors", {})
+        st = r.get("settings", {})
+        out.append(
+            f"**[{i}]** {str(r.get('date', '?'))[:19].replace('T', ' ')} — `{r.get('command', '?')}` "
+            f"(`{r.get('file', r['run_id'])}`)  "
+        )
+        out.append(
+            f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores, {mach.get('ram_gib', '?')} GiB RAM, "
+            f"{mach.get('os', '?')}, Python {mach.get('python', '?')}; shared with other jobs  "
+        )
+        out.append(
+            f"onnxprec {pv.get('onnxprec', '?')} (git {pv.get('onnxprec_git', '?')}), onnx {pv.get('onnx', '?')}, "
+            f"onnxruntime {pv.get('onnxruntime', '?')}, onnx-ir {pv.get('onnx-ir', '?')}; anchors venv: "
+            + (", ".join(f"{k} {v}" for k, v in av.items() if v) or "not used")
+            + "  "
+        )
+        out.append(
+            f"settings: {st.get('repeats', '?')} rounds ({st.get('heavy_repeats', '?')} for "
+            f"{', '.join(st.get('heavy_models', []))}), timeout {st.get('timeout_s', '?')} s per tool run, "
+            f"memory limit {st.get('mem_limit_mb', '?')} MiB"
+            + ("; page cache warmed before every tool run" if st.get("page_cache") else "")
+            + (f"; onnxprec sources sha256 {pv['onnxprec_src_sha256']}" if pv.get("onnxprec_src_sha256") else "")
+        )
+        changed = sorted(
+            name
+            for name, block in r.get("models", {}).items()
+            if block.get("onnxprec_src_sha256") not in (None, pv.get("onnxprec_src_sha256"))
+        )
+        if changed:
+            out[-1] += "  "
+            out.append(f"⚠ src/onnxprec changed while this run was going; different sources for: {', '.join(changed)}")
+        out.append("")
+    return out

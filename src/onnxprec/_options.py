@@ -1,0 +1,422 @@
+"""Options declared once: a tool's options dataclass is the single source of its API keywords, flags and help.
+
+A tool declares each setting once, as a dataclass field made with :func:`option`; the flag spellings, choices
+and help text live in the field's metadata::
+
+    @dataclass
+    class Int4Options(ToolOptions):
+        TITLE = "INT4 options"  # the argparse group's title
+
+        block_size: int = option(128, flags=("-b", "--block_size"), help="Weights per scale.")
+        method: str = option("rtn", flags=("--method",), choices=("rtn", "awq", "gptq"), help="Algorithm.")
+        nodes_to_exclude: Sequence[str] | None = option(None, flags=("-ne",), nargs="*", help="Regexes...")
+        custom_rule: Any = option(None, api_only=True, help="A callable on onnx_ir.Node (API only).")
+
+From that one declaration:
+
+- :func:`add_arguments` adds one argparse group per class, one flag per field (``api_only`` fields get none);
+- :func:`from_args` builds the options from parsed arguments. Every flag defaults to None in argparse and None
+  means "not given": the dataclass default applies (as in Polygraphy), so defaults are written only once;
+- :func:`args_doc` renders the ``Args:`` lines of an API docstring and :func:`signature_mismatches` checks a
+  function (e.g. a ModelOpt-compatible signature) against the fields: same names, defaults and docs.
+
+Flag types come from ``type=``, else from a scalar annotation (``int``, ``float``, ``str``, with or without
+``| None``), else ``str``. A ``bool`` field's flag sets the opposite of its default (``--keep_io_types`` sets
+True; ``--no_validate`` on a field defaulting to True sets False). ``nargs`` fields are stored as tuples; a
+single string given to one through the API is taken as a one-item tuple.
+
+Options shared by several tools are declared once too: an API setting as a field factory
+(:func:`providers_option`), a command-line-only group as its own class (:class:`CommonArgs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, NamedTuple, TypeVar
+
+__all__ = [
+    "CommonArgs",
+    "OptionSpec",
+    "ToolOptions",
+    "add_arguments",
+    "args_doc",
+    "fields_in",
+    "from_args",
+    "option",
+    "option_fields",
+    "parse_args_doc",
+    "providers_option",
+    "signature_mismatches",
+]
+
+_METADATA_KEY = "onnxprec.option"
+_SCALAR_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
+
+T = TypeVar("T", bound="ToolOptions")
+
+
+class OptionSpec(NamedTuple):
+    """How one field appears on the command line and in docs (stored in the field's metadata).
+
+    Attributes:
+        help: The flag's help text (one or two sentences, no default: it is appended automatically).
+        flags: The flag spellings, e.g. ``("-t", "--low_precision_type")``; empty for API-only fields.
+        choices: Allowed values of the flag.
+        nargs: ``"*"`` or ``"+"`` for list flags (stored as tuples).
+        type: Converts the flag's text; default from the annotation (int, float, str), else str.
+        metavar: The value's name in ``--help``.
+        doc: The API docstring text when it differs from ``help`` (e.g. it accepts more than text).
+        group: Title of the argparse group when not the class's ``TITLE`` (e.g. "onnxprec extras").
+    """
+
+    help: str
+    flags: tuple[str, ...] = ()
+    choices: tuple[Any, ...] | None = None
+    nargs: str | None = None
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    doc: str | None = None
+    group: str | None = None
+
+    @property
+    def api_only(self) -> bool:
+        """True for fields that have no flag (e.g. a callable)."""
+        return not self.flags
+
+    @property
+    def api_doc(self) -> str:
+        """The text of this field in an API docstring's ``Args:``."""
+        return self.doc if self.doc is not None else self.help
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    flags: Iterable[str] = (),
+    api_only: bool = False,
+    choices: Iterable[Any] | None = None,
+    nargs: str | None = None,
+    type: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+    doc: str | None = None,
+    group: str | None = None,
+) -> Any:
+    """Declares one option: a dataclass field whose metadata says how it appears as a flag and in docs.
+
+    Args:
+        default: The default (API and command line). Omit it for a required option (a required flag).
+        help: What the option does, one or two sentences; the default is appended to the flag's help.
+        flags: The flag spellings; at least one unless ``api_only``.
+        api_only: The option has no flag (a callable, an in-memory object...).
+        choices: Allowed values.
+        nargs: ``"*"`` or ``"+"`` for list options.
+        type: Converts the flag's text (default: from the annotation, else str).
+        metavar: The value's name in ``--help``.
+        doc: API docstring text when it differs from ``help``.
+        group: Title of the argparse group, when not the options class's ``TITLE``.
+
+    Returns:
+        A ``dataclasses.field`` (typed Any so that ``name: T = option(...)`` type-checks).
+
+    Raises:
+        TypeError: Neither ``flags`` nor ``api_only`` is given, or both are, or the help text is empty.
+    """
+    flag_tuple = tuple(flags)
+    if bool(flag_tuple) == api_only:
+        raise TypeError(
+            "option() needs flags=(...) for a command-line option, or api_only=True for one without a flag."
+        )
+    if not help.strip():
+        raise TypeError("option() needs a help text: every option is documented.")
+    if nargs not in (None, "*", "+"):
+        raise TypeError(f"option(nargs={nargs!r}) is not supported: use '*', '+' or None.")
+    spec = OptionSpec(
+        help=help,
+        flags=flag_tuple,
+        choices=tuple(choices) if choices is not None else None,
+        nargs=nargs,
+        type=type,
+        metavar=metavar,
+        doc=doc,
+        group=group,
+    )
+    metadata = {_METADATA_KEY: spec}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=metadata)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError(f"option() default {default!r} is mutable: use a tuple or None.")
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+class ToolOptions:
+    """Base of a tool's options dataclasses (decorate subclasses with ``@dataclass``).
+
+    ``TITLE`` is the argparse group's title. ``__post_init__`` stores every ``nargs`` field as a tuple;
+    a subclass that defines its own ``__post_init__`` calls ``super().__post_init__()`` first.
+    """
+
+    TITLE: ClassVar[str] = "options"
+
+    def __post_init__(self) -> None:
+        for f, spec in option_fields(type(self)):
+            if spec.nargs is None:
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, str):
+                setattr(self, f.name, (value,))
+            elif value is not None and not isinstance(value, tuple):
+                setattr(self, f.name, tuple(value))
+
+
+def option_fields(cls: type) -> list[tuple[dataclasses.Field[Any], OptionSpec]]:
+    """The fields of an options dataclass with their specs, in declaration order.
+
+    Raises:
+        TypeError: ``cls`` is not a dataclass, or one of its init fields was not declared with :func:`option`.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} is not a dataclass: decorate it with @dataclasses.dataclass.")
+    result = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        spec = f.metadata.get(_METADATA_KEY)
+        if not isinstance(spec, OptionSpec):
+            raise TypeError(
+                f"{cls.__name__}.{f.name} has no help or flags: declare it with onnxprec._options.option()."
+            )
+        result.append((f, spec))
+    return result
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _flag_type(f: dataclasses.Field[Any], spec: OptionSpec) -> Callable[[str], Any]:
+    if spec.type is not None:
+        return spec.type
+    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+    annotation = re.sub(r"\s*\|\s*None$", "", annotation.strip())
+    return _SCALAR_TYPES.get(annotation, str)
+
+
+def _is_bool(f: dataclasses.Field[Any]) -> bool:
+    return f.type in ("bool", bool)
+
+
+def _show_default(value: Any) -> str | None:
+    if value is None or value is False or value is True or value == () or value is dataclasses.MISSING:
+        return None
+    if isinstance(value, tuple):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def _flag_help(f: dataclasses.Field[Any], spec: OptionSpec) -> str:
+    shown = _show_default(_default(f))
+    if shown is None or "default:" in spec.help:
+        return spec.help
+    if spec.help.endswith(")."):  # "... (inf: no reference run)." -> "... (inf: no reference run; default: 512)."
+        return f"{spec.help[:-2]}; default: {shown})."
+    return f"{spec.help.rstrip('.')} (default: {shown})."
+
+
+def add_arguments(parser: argparse.ArgumentParser, *classes: type) -> None:
+    """Adds the flags of options classes to ``parser``, one argument group per title.
+
+    Groups are created in the order their titles first appear, so fields of several classes that name the
+    same ``group`` (e.g. "onnxprec extras") share it. Every flag defaults to None (= the dataclass default).
+
+    Args:
+        parser: The parser (or subparser) of a tool.
+        *classes: Options dataclasses whose fields were declared with :func:`option`.
+    """
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for cls in classes:
+        for f, spec in option_fields(cls):
+            if spec.api_only:
+                continue
+            title = spec.group if spec.group else str(getattr(cls, "TITLE", ToolOptions.TITLE))
+            group = groups.get(title)
+            if group is None:
+                group = groups[title] = parser.add_argument_group(title)
+            kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": _flag_help(f, spec)}
+            if _is_bool(f):
+                kwargs["action"] = "store_false" if _default(f) is True else "store_true"
+            else:
+                kwargs["type"] = _flag_type(f, spec)
+                if spec.nargs is not None:
+                    kwargs["nargs"] = spec.nargs
+                if spec.choices is not None:
+                    kwargs["choices"] = spec.choices
+                if spec.metavar is not None:
+                    kwargs["metavar"] = spec.metavar
+                if _default(f) is dataclasses.MISSING:
+                    kwargs["required"] = True
+            group.add_argument(*spec.flags, **kwargs)
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Builds ``cls`` from parsed arguments: flags not given (None) keep the dataclass default.
+
+    Args:
+        cls: An options dataclass whose flags were added with :func:`add_arguments`.
+        args: The parsed arguments.
+
+    Returns:
+        The options, validated by the class's ``__post_init__``.
+    """
+    kwargs: dict[str, Any] = {}
+    for f, spec in option_fields(cls):
+        if spec.api_only:
+            continue
+        value = getattr(args, f.name, None)
+        if value is not None:
+            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**kwargs)
+
+
+def fields_in(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of ``values`` that are fields of ``cls``: ``cls(**fields_in(cls, locals()))`` in a wrapper."""
+    names = {f.name for f, _ in option_fields(cls)}
+    return {name: value for name, value in values.items() if name in names}
+
+
+def args_doc(cls: type, names: Iterable[str] | None = None, *, indent: int = 8, width: int = 120) -> str:
+    """Renders the ``Args:`` lines of a Google-style docstring from the fields' docs.
+
+    Args:
+        cls: An options dataclass.
+        names: The fields to render, in this order (default: all, in declaration order).
+        indent: Indentation of each ``name:`` line (8 inside a function's docstring).
+        width: Line length to wrap to.
+
+    Returns:
+        The lines, to paste under ``Args:`` (continuation lines are indented 4 more).
+    """
+    import textwrap
+
+    specs = {f.name: spec for f, spec in option_fields(cls)}
+    lines = []
+    for name in names if names is not None else specs:
+        text = f"{name}: {specs[name].api_doc}"
+        lines += textwrap.wrap(
+            text, width=width, initial_indent=" " * indent, subsequent_indent=" " * (indent + 4), break_on_hyphens=False
+        )
+    return "\n".join(lines)
+
+
+def parse_args_doc(docstring: str | None) -> dict[str, str]:
+    """The ``Args:`` section of a Google-style docstring as ``{name: text}`` (whitespace normalized)."""
+    result: dict[str, str] = {}
+    lines = inspect.cleandoc(docstring or "").splitlines()
+    try:
+        start = lines.index("Args:") + 1
+    except ValueError:
+        return result
+    current: str | None = None
+    for line in lines[start:]:
+        if line and not line.startswith(" "):
+            break  # the next section (Returns:, Raises:...)
+        m = re.match(r"^ {4}(\*{0,2}\w+)(?: \([^)]*\))?: ?(.*)$", line)
+        if m:
+            current = m.group(1)
+            result[current] = m.group(2).strip()
+        elif current is not None and line.strip():
+            result[current] = f"{result[current]} {line.strip()}"
+    return result
+
+
+def signature_mismatches(function: Callable[..., Any], cls: type, *, skip: Iterable[str] = ()) -> list[str]:
+    """Where a function's parameters disagree with an options class (empty when they agree).
+
+    Checks that every parameter (except ``skip``) is a field of ``cls`` with the same default, and that the
+    function's docstring documents it with the field's doc text, word for word.
+
+    Args:
+        function: A function that forwards its parameters to ``cls`` (e.g. a ModelOpt-compatible wrapper).
+        cls: The options dataclass.
+        skip: Parameters that are not options (e.g. the input model).
+
+    Returns:
+        One line per problem, saying how to fix it.
+    """
+    problems = []
+    specs = {f.name: (f, spec) for f, spec in option_fields(cls)}
+    documented = parse_args_doc(function.__doc__)
+    skipped = set(skip)
+    for name, param in inspect.signature(function).parameters.items():
+        if name in skipped or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if name not in specs:
+            problems.append(f"parameter '{name}' of {function.__name__} is not a field of {cls.__name__}: add it.")
+            continue
+        f, spec = specs[name]
+        default = _default(f)
+        if param.default is inspect.Parameter.empty or param.default != default:
+            problems.append(
+                f"parameter '{name}' of {function.__name__} defaults to {param.default!r} but "
+                f"{cls.__name__}.{name} to {default!r}: make them equal."
+            )
+        want = " ".join(spec.api_doc.split())
+        if documented.get(name) != want:
+            problems.append(
+                f"the docstring of {function.__name__} documents '{name}' as {documented.get(name)!r}; "
+                f"write the field's doc instead: {want!r}."
+            )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------
+# Options shared by several tools, declared once here: API settings as field factories used in each tool's
+# options class, command-line-only flags as a group of their own that each tool adds.
+
+
+def providers_option(purpose: str, *, flags: Iterable[str] = ("--providers",)) -> Any:
+    """The ONNX Runtime execution providers option, shared by every tool that runs a model.
+
+    Args:
+        purpose: What the runs are for, e.g. "the reference run" or "calibration".
+        flags: The spellings (``--providers`` by default; e.g. ``--calibration_eps`` for a ModelOpt-like tool).
+
+    Returns:
+        An :func:`option` field defaulting to ``("cpu",)``.
+    """
+    return option(
+        ("cpu",),
+        flags=flags,
+        nargs="*",
+        metavar="PROVIDER",
+        help=f"ONNX Runtime providers for {purpose}, in order of preference: cpu, cuda[:N], trt, dml.",
+        doc=f"ONNX Runtime providers for {purpose}: ``cpu``, ``cuda:N``, ``trt``, ``dml``.",
+    )
+
+
+@dataclasses.dataclass
+class CommonArgs(ToolOptions):
+    """Flags every tool's command line has, declared once (``onnxprec.cli`` configures logging from them)."""
+
+    TITLE = "common"
+
+    log_level: str = option(
+        "INFO",
+        flags=("--log_level",),
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="Log level; DEBUG also logs why each decision was made.",
+    )
+    report_json: str | None = option(
+        None,
+        flags=("--report_json",),
+        metavar="PATH",
+        help="Also write a JSON report of the run (counts, per-node decisions with reasons, errors, timings).",
+    )

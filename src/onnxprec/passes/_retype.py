@@ -1,0 +1,61 @@
+"""Retyping helpers shared by the precision passes: weights and type-setting attributes, clamped to the new type."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec._ops import TYPE_ATTRIBUTES, VALUE_ATTRIBUTE_OPS, is_default_domain
+from onnxprec._tensors import cast_array, converted_tensor
+
+__all__ = ["retarget_type_attributes", "retype_initializer"]
+
+
+def retype_initializer(value: ir.Value, to: ir.DataType) -> None:
+    """Converts an initializer to ``to`` in place, lazily (on save) and clamped to the finite range of ``to``.
+
+    The value and its tensor keep their name; the sign of every element is kept (see
+    :func:`onnxprec._tensors.cast_array`).
+    """
+    if value.const_value is None:
+        raise ValueError(f"'{value.name}' is not an initializer with a value")
+    value.const_value = converted_tensor(value.const_value, to)
+    value.dtype = to
+
+
+def retarget_type_attributes(node: ir.Node, source: ir.DataType, target: ir.DataType) -> bool:
+    """Rewrites the attributes of ``node`` that make an output of type ``source`` to make it ``target``.
+
+    These are the integer type attributes of :data:`onnxprec._ops.TYPE_ATTRIBUTES` (Cast ``to``, Random*
+    ``dtype``...) and the ``value`` of Constant and ConstantOfShape, converted with clamping and keeping its
+    name (a ``value_float``/``value_floats`` Constant becomes a ``value`` tensor when ``source`` is FLOAT).
+    Output values are not retyped here.
+
+    Returns:
+        Whether an attribute changed.
+    """
+    if not is_default_domain(node.domain):
+        return False
+    attrs = node.attributes
+    type_attribute = TYPE_ATTRIBUTES.get(node.op_type)
+    if type_attribute is not None:
+        if type_attribute in attrs and attrs[type_attribute].as_int() == source:
+            attrs[type_attribute] = ir.AttrInt64(type_attribute, target)
+            return True
+        return False
+    if node.op_type not in VALUE_ATTRIBUTE_OPS:
+        return False
+    if "value" in attrs:
+        tensor = attrs["value"].as_tensor()
+        if tensor.dtype != source:
+            return False
+        converted = ir.Tensor(cast_array(tensor.numpy(), target), dtype=target, name=tensor.name)
+        attrs["value"] = ir.AttrTensor("value", converted)
+        return True
+    scalar = "value_float" if "value_float" in attrs else "value_floats" if "value_floats" in attrs else None
+    if scalar is None or source != ir.DataType.FLOAT:
+        return False
+    array = np.asarray(attrs[scalar].value, dtype=np.float32)
+    del attrs[scalar]
+    attrs["value"] = ir.AttrTensor("value", ir.Tensor(cast_array(array, target), dtype=target))
+    return True

@@ -1,0 +1,52 @@
+"""UpgradeOpsetPass: raises the default opset (never lowers it), subgraphs included, IR version only as needed."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnx import TensorProto, helper
+
+from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.passes import UpgradeOpsetPass
+
+
+def _squeeze_model(opset: int) -> ir.Model:
+    nodes = [helper.make_node("Squeeze", ["X"], ["Y"], axes=[0], name="squeeze")]
+    proto = make_model(nodes, [tensor_info("X", F, [1, 3])], [tensor_info("Y", F, [3])], opset=opset, ir_version=6)
+    return ir.from_proto(proto)
+
+
+def test_upgrades_once_and_raises_ir_version_only_as_needed() -> None:
+    model = _squeeze_model(11)
+    upgrade = UpgradeOpsetPass(13)
+    assert upgrade(model).modified
+    assert model.opset_imports[""] == 13 and model.ir_version == 7
+    (squeeze,) = (n for n in model.graph if n.op_type == "Squeeze")
+    assert "axes" not in squeeze.attributes and len(squeeze.inputs) == 2  # opset 13: axes is an input
+    assert not upgrade(model).modified
+    assert model.opset_imports[""] == 13
+
+
+def test_never_lowers_the_opset() -> None:
+    model = _squeeze_model(17)
+    assert not UpgradeOpsetPass(13)(model).modified
+    assert model.opset_imports[""] == 17 and model.ir_version == 6
+
+
+def test_converts_ops_inside_if_branches() -> None:
+    branches = {
+        name: helper.make_graph(
+            [helper.make_node("Squeeze", ["X"], [out], axes=[0], name=f"squeeze_{out}")],
+            name,
+            [],
+            [tensor_info(out, F, [3])],
+        )
+        for name, out in (("then_branch", "t"), ("else_branch", "e"))
+    }
+    nodes = [helper.make_node("If", ["C"], ["Y"], name="if", **branches)]
+    inputs = [tensor_info("X", F, [1, 3]), tensor_info("C", TensorProto.BOOL, [])]
+    model = ir.from_proto(make_model(nodes, inputs, [tensor_info("Y", F, [3])], opset=11, ir_version=6))
+    assert UpgradeOpsetPass(13)(model).modified
+    squeezes = [n for n in model.graph.all_nodes() if n.op_type == "Squeeze"]
+    assert len(squeezes) == 2
+    assert all("axes" not in n.attributes and len(n.inputs) == 2 for n in squeezes)
+    assert not UpgradeOpsetPass(13)(model).modified
