@@ -160,7 +160,10 @@ def write_streaming(model: ir.Model, stream: BinaryIO) -> None:
         for value in streamed:
             graph.register_initializer(value)
     names = {v.name for v in streamed}
+    # Initializers' value_info is redundant with the tensor header, unless it carries metadata (such as the
+    # original name a conversion recorded).
     kept_info = [vi for vi in proto.graph.value_info if vi.name not in names]
+    kept_info += [ir.serde.serialize_value(v) for v in streamed if v.metadata_props]
     del proto.graph.value_info[:]
     proto.graph.value_info.extend(kept_info)
     graph_bytes = proto.graph.SerializeToString()

@@ -84,3 +84,20 @@ def test_save_with_external_data_never_touches_the_input_data(tmp_path: Path) ->
     np.testing.assert_array_equal(run(out, {"X": x})[0], run(_model(), {"X": x})[0])
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert leftovers == []  # the temporary file was renamed, not left behind
+
+
+def test_streaming_save_keeps_initializer_metadata(tmp_path: Path) -> None:
+    """The original name a conversion records on an initializer survives the single-file streaming save."""
+    from onnxprec._graph import ORIGINAL_NAME
+
+    proto = make_model(
+        [helper.make_node("Add", ["x", "w16"], ["y"])],
+        [tensor_info("x", F, [4])],
+        [tensor_info("y", F, [4])],
+        {"w16": np.arange(4, dtype=np.float32)},
+    )
+    model = ir.serde.deserialize_model(proto)
+    model.graph.initializers["w16"].metadata_props[ORIGINAL_NAME] = "W"
+    save_model(model, tmp_path / "m.onnx", external_data=False)
+    loaded = load_model(tmp_path / "m.onnx")
+    assert loaded.graph.initializers["w16"].metadata_props[ORIGINAL_NAME] == "W"
