@@ -68,7 +68,7 @@ def load_model(source: ModelSource) -> ir.Model:
         raise ModelLoadError(
             f"'{path}' is not a readable ONNX model (it may be truncated or corrupt: {_short(e)}); "
             "re-export or re-download it."
-        ) from None
+        ) from e
     _check_model_proto(proto, f"'{path}'")
     _check_external_data(proto, path)
     model = ir.serde.deserialize_model(proto)

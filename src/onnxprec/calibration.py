@@ -196,7 +196,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     except Exception as e:
         raise CalibrationDataError(
             f"Invalid input file '{path}': not a readable .npz ({type(e).__name__}); write it with numpy.savez."
-        ) from None
+        ) from e
 
 
 def _decode_json_value(obj: Any) -> Any:
@@ -223,7 +223,7 @@ def _read_polygraphy_json(path: Path) -> list[dict[str, np.ndarray]]:
         raise CalibrationDataError(
             f"Invalid input file '{path}': not a Polygraphy JSON input file ({type(e).__name__}); "
             "write it with `polygraphy run --save-inputs` or polygraphy.json.save_json."
-        ) from None
+        ) from e
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(b, dict) for b in data):

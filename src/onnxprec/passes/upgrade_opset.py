@@ -41,7 +41,7 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
                 f"Could not upgrade the model from opset {current} to {self.target} ({e}); "
                 f"upgrade it yourself (onnx.version_converter) or pass --opset {current} to convert at "
                 "the model's own opset."
-            ) from None
+            ) from e
         finally:
             converter_logger.setLevel(level)
         reached = default_opset(model)
