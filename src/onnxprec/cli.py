@@ -44,6 +44,10 @@ logger = logging.getLogger("onnxprec")
 # (subcommand words, module with the tool's command line, one-line help for ``onnxprec --help``)
 _TOOLS: tuple[tuple[str, str, str], ...] = (
     ("autocast", "onnxprec.autocast._cli", "FP32 -> mixed FP32/FP16 or FP32/BF16 (ModelOpt AutoCast flags)."),
+    ("preprocess", "onnxprec.preprocess._cli", "Shape inference and graph optimization before quantization."),
+    ("evaluate", "onnxprec.evaluate._cli", "Models side by side: perplexity, accuracy, agreement, latency."),
+    ("dump", "onnxprec.debug._dump_cli", "Write each quantized (or every float) node output to .bin/.txt files."),
+    ("compare", "onnxprec.debug._compare_cli", "Node-by-node errors of a converted model; where it first diverges."),
 )
 
 

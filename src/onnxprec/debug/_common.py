@@ -1,0 +1,117 @@
+"""What dump and compare share: models named and typed as AutoCast sees them, replayable batches, topology."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec import calibration
+from onnxprec._io import ModelSource, load_model
+from onnxprec.passes import InferTypesPass, NameNodesPass
+
+__all__ = [
+    "UNFETCHABLE",
+    "depths",
+    "fetchable",
+    "model_path",
+    "prepare",
+    "replayable",
+]
+
+logger = logging.getLogger(__name__)
+
+# Element types ONNX Runtime's Python API cannot return as arrays (packed sub-byte types).
+UNFETCHABLE = frozenset(
+    t
+    for t in (getattr(ir.DataType, name, None) for name in ("INT4", "UINT4", "INT2", "UINT2", "FLOAT4E2M1"))
+    if t is not None
+)
+
+
+def fetchable(value: ir.Value) -> bool:
+    """Whether ONNX Runtime can hand ``value`` back as an array (a tensor, not of a packed 4-bit type)."""
+    if value.type is not None and not isinstance(value.type, ir.TensorType):
+        return False  # a sequence, an optional or a map
+    return value.dtype not in UNFETCHABLE
+
+
+def model_path(source: ModelSource) -> Path | None:
+    """The file of a model given as a path (None for in-memory models)."""
+    return Path(source) if isinstance(source, (str, os.PathLike)) else None
+
+
+def prepare(source: ModelSource) -> ir.Model:
+    """Loads a model and names and types it as AutoCast does, so that node names match its ``nodes_to_exclude``.
+
+    Unnamed nodes get AutoCast's names (``NameNodesPass``: ``<OpType>``, ``<OpType>_1``...) and values of unknown
+    type get inferred types. A path or ModelProto is loaded into a new model; an ``ir.Model`` is annotated in
+    place (names and types only).
+    """
+    model = load_model(source)
+    names = [node.name for node in model.graph.all_nodes()]
+    if not all(names) or len(set(names)) != len(names):
+        NameNodesPass()(model)
+    if any(out.dtype is None for node in model.graph for out in node.outputs):
+        InferTypesPass()(model)
+    return model
+
+
+def depths(graph: ir.Graph) -> dict[ir.Node, int]:
+    """Each node's depth: 1 + the largest depth of the nodes producing its inputs (graph inputs are at 0)."""
+    result: dict[ir.Node, int] = {}
+    for node in graph:
+        deepest = 0
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None:
+                deepest = max(deepest, result.get(producer, 0))
+        result[node] = deepest + 1
+    return result
+
+
+class _Spooled:
+    """Batches of a one-shot source, written once to ``.npz`` files and read back on every iteration."""
+
+    def __init__(self, batches: Iterable[Mapping[str, np.ndarray]], folder: Path) -> None:
+        self._files: list[Path] = []
+        for index, batch in enumerate(batches):
+            path = folder / f"{index}.npz"
+            np.savez(path, **{k: np.asarray(v) for k, v in batch.items()})  # type: ignore[arg-type]
+            self._files.append(path)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for path in self._files:
+            with np.load(path, allow_pickle=False) as data:
+                yield {k: data[k] for k in data.files}
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def replayable(batches: Iterable[Mapping[str, np.ndarray]], stack: contextlib.ExitStack) -> Iterable[Any]:
+    """``batches`` if they can be iterated again, else a copy spooled to a temporary folder (closed by ``stack``).
+
+    Both models of a comparison, and each chunk of tensors, must see exactly the same batches.
+    """
+    one_shot = getattr(batches, "one_shot", None)
+    if one_shot is False or (one_shot is None and iter(batches) is not batches):
+        return batches
+    import tempfile
+
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-debug-batches-")))
+    logger.debug("Spooling a one-shot calibration source to %s", folder)
+    return _Spooled(batches, folder)
+
+
+def calibration_batches(source: Any, model: ir.Model, stack: contextlib.ExitStack) -> Any:
+    """A user's calibration source as re-iterable, validated batches for ``model`` (None stays None)."""
+    if source is None:
+        return None
+    return replayable(calibration.load_calibration(source, calibration.input_specs(model)), stack)

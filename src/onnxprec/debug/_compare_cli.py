@@ -1,0 +1,114 @@
+"""``onnxprec compare REFERENCE CANDIDATE`` (and ``python -m onnxprec.debug compare``).
+
+The flags come from :class:`~onnxprec.debug.CompareOptions` (declared once, with the API keywords), the report
+outputs below and the shared :class:`onnxprec._options.CommonArgs`. Nothing heavy is imported until :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxprec import _options
+from onnxprec._options import CommonArgs, ToolOptions, from_args, option
+from onnxprec.cli import write_report
+from onnxprec.debug._options import CompareOptions
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = ["DESCRIPTION", "EPILOG", "ReportArgs", "add_arguments", "run"]
+
+DESCRIPTION = (
+    "Run a model and its conversion (FP16/BF16/INT4...) on the same inputs, match their tensors by name, recorded "
+    "original names, inserted Casts and DequantizeLinear, and report per node the max abs error, relative L2 error "
+    "and cosine similarity, the first node that diverges beyond tolerance (with the --nodes_to_exclude pattern "
+    "that keeps it in high precision), and the final outputs' error and top-1 agreement."
+)
+EPILOG = """\
+examples:
+  {prog} model.onnx model.fp16.onnx --calibration_data inputs.npz --html report.html
+      the per-node table on the terminal, all rows and a plot of the error along the graph in report.html
+  {prog} model.onnx model.fp16.onnx --verify --json report.json
+      also re-runs AutoCast keeping the first divergent node in FP32 and checks that this fixes it
+"""
+
+
+@dataclass
+class ReportArgs(ToolOptions):
+    """Where the comparison goes besides the terminal."""
+
+    TITLE = "report"
+
+    json: str | None = option(None, flags=("--json",), metavar="PATH", help="Write the whole report as JSON.")
+    html: str | None = option(
+        None, flags=("--html",), metavar="PATH", help="Write a self-contained HTML report (table and error plot)."
+    )
+    max_rows: int = option(40, flags=("--max_rows",), help="Rows of the terminal table (the rest go to --json/--html).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("reference", metavar="REFERENCE", help="The source model (e.g. FP32).")
+    parser.add_argument("candidate", metavar="CANDIDATE", help="Its conversion or quantization (same inputs).")
+    _options.add_arguments(parser, CompareOptions, ReportArgs, CommonArgs)
+
+
+def _check_outputs(paths: dict[str, str | None], inputs: list[str]) -> None:
+    """Fails before the work when a report cannot be written or would overwrite a model."""
+    protected = {Path(p).resolve() for p in inputs}
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in protected:
+            raise InvalidArgumentError(f"{flag} '{path}' would overwrite an input model: choose another path.")
+        if not resolved.parent.is_dir():
+            raise InvalidArgumentError(
+                f"Folder '{resolved.parent}' of {flag} does not exist: create it or choose another path."
+            )
+        if resolved.is_dir():
+            raise InvalidArgumentError(f"{flag} '{path}' is a folder: give a file path.")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compares; prints the table, the first divergence, its exclude pattern and the verification."""
+    from onnxprec._io import write_atomically
+    from onnxprec.debug.compare import compare_models
+
+    common = from_args(CommonArgs, args)
+    options = from_args(CompareOptions, args)
+    outputs = from_args(ReportArgs, args)
+    _check_outputs(
+        {"--json": outputs.json, "--html": outputs.html, "--report_json": common.report_json},
+        [args.reference, args.candidate],
+    )
+    report = compare_models(
+        args.reference,
+        args.candidate,
+        options.calibration_data,
+        options.atol,
+        options.rtol,
+        input_shapes=options.input_shapes,
+        providers=options.providers,
+        verify=options.verify,
+    )
+    print(report.table(outputs.max_rows))
+    print()
+    for o in report.outputs.values():
+        top1 = "" if o.top1 is None else f", top-1 agreement {o.top1:.4f}"
+        print(f"output {o.name}: max_abs {o.max_abs}, rel_l2 {o.rel_l2}, cosine {o.cosine}{top1}")
+    print(report.summary)
+    if report.exclude_pattern is not None:
+        print(f"keep it in high precision: --nodes_to_exclude '{report.exclude_pattern}'")
+    if report.verification is not None:
+        print(report.verification.summary)
+    for note in report.notes:
+        print(note)
+    data = report.to_json()
+    if outputs.json is not None:
+        import json
+
+        write_atomically(outputs.json, json.dumps(data, indent=1, allow_nan=False) + "\n")
+    if outputs.html is not None:
+        write_atomically(outputs.html, report.to_html())
+    write_report(common.report_json, data)
+    return 0

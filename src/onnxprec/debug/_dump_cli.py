@@ -1,0 +1,67 @@
+"""``onnxprec dump`` (and ``python -m onnxprec.debug dump``): AMD Quark's ``dump_model`` on the command line.
+
+The flags come from :class:`~onnxprec.debug.DumpOptions` (declared once, with the API keywords), ``--onnx_path``
+and the shared :class:`onnxprec._options.CommonArgs`. Nothing heavy is imported until :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from onnxprec import _options
+from onnxprec._options import CommonArgs, ToolOptions, from_args, option
+from onnxprec.cli import check_report_path, write_report
+from onnxprec.debug._options import DumpOptions
+
+__all__ = ["DESCRIPTION", "EPILOG", "ModelArgs", "add_arguments", "run"]
+
+DESCRIPTION = (
+    "Run a model on one batch and write each quantized node's output (DequantizeLinear, QuantizeLinear, "
+    "MatMulNBits...) as <name>.bin (raw little-endian) and <name>.txt (one value a line), with index.json; "
+    "--dump_float adds every float node output as <name>_float.bin/.txt. Same meaning as AMD Quark's dump_model."
+)
+EPILOG = """\
+examples:
+  {prog} --onnx_path model.int4.onnx --calibration_data inputs.npz --output_dir dump_int4
+      dequantized weights, QDQ and MatMulNBits outputs of the first batch; dump_int4/index.json lists them
+  {prog} --onnx_path model.onnx --input_shapes input:1x3x224x224 --dump_float
+      every float node output on random inputs, in ./dump_results
+"""
+
+
+@dataclass
+class ModelArgs(ToolOptions):
+    """The model to dump (the API takes it as the first argument of ``dump_model``)."""
+
+    TITLE = "input"
+
+    onnx_path: str = option(flags=("--onnx_path",), metavar="PATH", help="The ONNX model to run and dump.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _options.add_arguments(parser, ModelArgs, DumpOptions, CommonArgs)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dumps the model; prints one summary line on stdout."""
+    from onnxprec.debug.dump import dump_model
+
+    files = from_args(ModelArgs, args)
+    common = from_args(CommonArgs, args)
+    options = from_args(DumpOptions, args)
+    check_report_path(common.report_json, protected=[files.onnx_path])
+    result = dump_model(
+        files.onnx_path,
+        options.dump_data_reader,
+        options.random_data_reader_input_shape,
+        options.dump_float,
+        options.output_dir,
+        providers=options.providers,
+    )
+    write_report(
+        common.report_json,
+        {"tool": "dump", "output_dir": str(result.output_dir), "chunks": result.chunks, **result.index},
+    )
+    print(result.summary)
+    return 0

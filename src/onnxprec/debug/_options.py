@@ -1,0 +1,127 @@
+"""The options of ``dump`` and ``compare``, each declared once: API keyword, flag and help.
+
+This module imports nothing heavy (no onnx, onnx-ir or numpy), so the command line can print ``--help`` without
+loading the runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "CompareOptions", "DumpOptions"]
+
+# A node diverges when rel_l2 > rtol and max_abs > atol (or it has non-finite values the reference has not):
+# FP16 conversions of real models stay below 1e-2 relative L2 on almost every node, a real divergence does not.
+DEFAULT_RTOL = 0.05
+DEFAULT_ATOL = 1e-3
+
+_BUDGET_DOC = (
+    "Upper bound on the bytes of the tensors fetched in one ONNX Runtime run (tensors are fetched in chunks); "
+    "None: the reference runner's default (768 MiB)."
+)
+
+
+def _check_budget(budget_bytes: int | None) -> None:
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise InvalidArgumentError(f"budget_bytes must be positive, got {budget_bytes}.")
+
+
+@dataclass
+class DumpOptions(ToolOptions):
+    """The settings of :func:`onnxprec.debug.dump_model` (AMD Quark's ``dump_model`` arguments and more)."""
+
+    TITLE = "dump options"
+
+    dump_data_reader: Any = option(  # noqa: RUF009 (option() returns a dataclasses.field)
+        None,
+        flags=("-d", "--calibration_data"),
+        metavar="PATH",
+        help="Inputs: an .npz file, a folder of .npz files or a Polygraphy .json; only the first batch is used "
+        "(default: realistic random inputs).",
+        doc="Inputs: a path (``.npz``, folder of ``.npz``, Polygraphy ``.json``), a dict of arrays, a list of dicts "
+        "or a CalibrationDataReader; only the first batch is used. None: realistic random inputs.",
+    )
+    random_data_reader_input_shape: Any = option(  # noqa: RUF009
+        None,
+        flags=("--input_shapes",),
+        metavar="SHAPES",
+        help="Shapes of the random inputs when no data is given: name:1x3x224x224,ids:1x128.",
+        doc="Shapes of the random inputs when there is no reader: ``{name: shape}`` (``{}`` or None: sizes "
+        'chosen from the model), a list of shapes in input order, or ``"name:1x3x224x224,ids:1x128"``.',
+    )
+    dump_float: bool = option(
+        False,
+        flags=("--dump_float",),
+        help="Also dump every node's float output as <name>_float.bin and <name>_float.txt.",
+    )
+    output_dir: str = option(
+        "./dump_results",
+        flags=("--output_dir",),
+        metavar="DIR",
+        help="Folder of the dump (created; its parent must exist).",
+    )
+    providers: Sequence[str] = providers_option("the run")
+    budget_bytes: int | None = option(None, api_only=True, help=_BUDGET_DOC)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_budget(self.budget_bytes)
+
+
+@dataclass
+class CompareOptions(ToolOptions):
+    """The settings of :func:`onnxprec.debug.compare_models`."""
+
+    TITLE = "compare options"
+
+    calibration_data: Any = option(  # noqa: RUF009
+        None,
+        flags=("-d", "--calibration_data"),
+        metavar="PATH",
+        help="Inputs for both models: an .npz file, a folder of .npz files or a Polygraphy .json "
+        "(default: realistic random inputs made from the reference's inputs).",
+        doc="Inputs for both models: a path (``.npz``, folder of ``.npz``, Polygraphy ``.json``), a dict of arrays, "
+        "a list of dicts or a CalibrationDataReader; None: realistic random inputs for the reference's inputs.",
+    )
+    atol: float = option(
+        DEFAULT_ATOL,
+        flags=("--atol",),
+        help="A node diverges when its max abs error exceeds atol and its relative L2 error exceeds rtol, or "
+        "when it has non-finite values the reference has not.",
+    )
+    rtol: float = option(DEFAULT_RTOL, flags=("--rtol",), help="Relative L2 error tolerance (see --atol).")
+    input_shapes: str | Mapping[str, Sequence[int]] | None = option(
+        None,
+        flags=("--input_shapes",),
+        metavar="SHAPES",
+        help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128.",
+        doc='Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes.',
+    )
+    providers: Sequence[str] = providers_option("both models' runs")
+    verify: bool = option(
+        False,
+        flags=("--verify",),
+        help="Re-run AutoCast on the reference with the printed --nodes_to_exclude pattern and compare again, "
+        "to check that keeping the first divergent node in high precision fixes the divergence.",
+    )
+    autocast_options: Mapping[str, Any] | None = option(
+        None,
+        api_only=True,
+        help="Other ``convert_to_mixed_precision`` arguments for the conversion of ``verify`` (e.g. "
+        "``{'data_max': math.inf}`` when the candidate was made that way).",
+    )
+    budget_bytes: int | None = option(None, api_only=True, help=_BUDGET_DOC)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}.")
+        _check_budget(self.budget_bytes)

@@ -1,0 +1,763 @@
+"""``onnxprec compare``: where a converted or quantized model first departs from its reference, node by node.
+
+The pipeline::
+
+    load both (named as AutoCast names them) -> match tensors -> for each chunk of tensors: run the reference
+    (arrays spooled) then the candidate (each array compared as it arrives) -> rows in topological order ->
+    first divergence -> the --nodes_to_exclude pattern -> (verify: AutoCast with it, compare again)
+
+Memory: the selected tensors are split into chunks whose estimated size fits half the budget; for each chunk
+the reference's arrays are copied as they arrive and kept (in memory up to half the budget, beyond it -- several
+batches -- in a temporary file) until the candidate's run on the same batches hands over the matching arrays,
+which update streaming :class:`~onnxprec.metrics.ErrorStats` and are dropped. At most one chunk of each model
+is held at a time.
+
+Divergence: a tensor *diverges* when the candidate has non-finite values where the reference has none, or when
+its relative L2 error exceeds ``rtol`` **and** its max abs error exceeds ``atol`` (the absolute guard keeps
+tensors that are nearly all zeros from being flagged for negligible differences). ``first_divergence`` is the
+node of the first diverging tensor in the reference's topological order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxprec import calibration
+from onnxprec._graph import FLOAT_TYPES
+from onnxprec._io import ModelSource
+from onnxprec._ops import QUANTIZED_OPS
+from onnxprec._options import fields_in
+from onnxprec.debug._common import calibration_batches, depths, model_path, prepare, replayable
+from onnxprec.debug._html import fmt as _fmt
+from onnxprec.debug._options import DEFAULT_ATOL, DEFAULT_RTOL, CompareOptions
+from onnxprec.debug.match import Match, carried_source, carrier_ops, match_values
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
+from onnxprec.metrics import ErrorStats
+from onnxprec.reference import DEFAULT_BUDGET_BYTES, _chunks, _estimated_sizes, float_tensors, run_reference
+
+__all__ = [
+    "CompareReport",
+    "CompareRow",
+    "OutputError",
+    "Verification",
+    "compare_models",
+    "exclude_pattern",
+]
+
+logger = logging.getLogger(__name__)
+
+CRITERION = (
+    "diverged = non-finite values where the reference is finite, or (rel_l2 > rtol and max_abs > atol); "
+    "rel_l2 = ||cand - ref|| / ||ref||, over all batches"
+)
+
+
+def exclude_pattern(node_name: str) -> str:
+    """The ``--nodes_to_exclude`` regex (``re.match``) that selects exactly this node name."""
+    return f"^{re.escape(node_name)}$"
+
+
+def _json_fields(record: Any) -> dict[str, Any]:
+    """A dataclass's fields, float values that are not finite as None."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in record.__dict__.items()
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+
+
+@dataclass
+class CompareRow:
+    """One reference tensor (a node output), its candidate counterpart and their errors over all batches."""
+
+    index: int
+    """Position of the node in the reference's topological order."""
+    depth: int
+    """1 + the depth of the deepest node feeding it (graph inputs at 0)."""
+    node: str
+    op_type: str
+    tensor: str
+    candidate: str | None
+    """The matched candidate tensor (None: unmatched)."""
+    match: str
+    """How it was matched (``name``, ``original name``, ``producer``, ``through Cast``, ``via consumer ...``) or
+    why it was not."""
+    status: str = "not run"
+    """``compared``, ``unmatched``, ``shape mismatch`` or ``not run``."""
+    candidate_dtype: str | None = None
+    max_abs: float | None = None
+    rel_l2: float | None = None
+    cosine: float | None = None
+    ref_absmax: float | None = None
+    nonfinite: int = 0
+    """Non-finite candidate values (summed over batches)."""
+    ref_nonfinite: int = 0
+    diverged: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, non-finite numbers as None (JSON has no inf or nan)."""
+        return _json_fields(self)
+
+
+@dataclass
+class OutputError:
+    """Errors of one final output of the candidate against the reference's."""
+
+    name: str
+    candidate: str | None
+    max_abs: float | None = None
+    rel_l2: float | None = None
+    cosine: float | None = None
+    top1: float | None = None
+    """Fraction of rows (all axes but the last) whose argmax agrees."""
+    nonfinite: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, non-finite numbers as None (JSON has no inf or nan)."""
+        return _json_fields(self)
+
+
+@dataclass
+class Verification:
+    """The result of ``verify``: AutoCast re-run with the exclude pattern, and the comparison of its result."""
+
+    pattern: str
+    node: str
+    low_precision_type: str
+    keep_io_types: bool
+    before: CompareRow
+    after: CompareRow | None
+    after_first_divergence: str | None
+    outputs_before: dict[str, OutputError]
+    outputs_after: dict[str, OutputError]
+
+    @property
+    def fixed(self) -> bool:
+        """The node no longer diverges."""
+        return self.after is not None and self.after.status == "compared" and not self.after.diverged
+
+    @property
+    def resolved(self) -> bool:
+        """No node diverges any more."""
+        return self.fixed and self.after_first_divergence is None
+
+    @property
+    def summary(self) -> str:
+        after = self.after
+        was = f"rel_l2 {_fmt(self.before.rel_l2)}"
+        now = f"rel_l2 {_fmt(after.rel_l2)}" if after is not None else "not compared"
+        verdict = "fixed" if self.fixed else "NOT fixed"
+        rest = ""
+        if self.resolved:
+            rest = "no node diverges any more"
+        elif self.after_first_divergence:
+            rest = f"first divergence now at '{self.after_first_divergence}'"
+        outputs = "; ".join(
+            f"output {name} rel_l2 {_fmt(o.rel_l2)} -> {_fmt(self.outputs_after[name].rel_l2)}"
+            for name, o in self.outputs_before.items()
+            if name in self.outputs_after
+        )
+        parts = [
+            f"verify: AutoCast {self.low_precision_type} keep_io_types={self.keep_io_types} with "
+            f"--nodes_to_exclude '{self.pattern}': node '{self.node}' {was} -> {now}: {verdict}"
+        ]
+        parts += [p for p in (rest, outputs) if p]
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "node": self.node,
+            "low_precision_type": self.low_precision_type,
+            "keep_io_types": self.keep_io_types,
+            "fixed": self.fixed,
+            "resolved": self.resolved,
+            "before": self.before.to_json(),
+            "after": None if self.after is None else self.after.to_json(),
+            "after_first_divergence": self.after_first_divergence,
+            "outputs_before": {k: v.to_json() for k, v in self.outputs_before.items()},
+            "outputs_after": {k: v.to_json() for k, v in self.outputs_after.items()},
+        }
+
+
+@dataclass
+class CompareReport:
+    """The per-node comparison of a candidate model against its reference.
+
+    ``rows`` are in the reference's topological order; ``first_divergence`` is the node name of the first row
+    that diverges (see the module docstring for the criterion), ``exclude_pattern`` the ``--nodes_to_exclude``
+    regex that keeps that node in high precision.
+    """
+
+    rows: list[CompareRow]
+    outputs: dict[str, OutputError]
+    atol: float
+    rtol: float
+    batches: int = 0
+    chunks: int = 0
+    reference: str | None = None
+    candidate: str | None = None
+    verification: Verification | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def first_divergence_row(self) -> CompareRow | None:
+        return next((row for row in self.rows if row.diverged), None)
+
+    @property
+    def first_divergence(self) -> str | None:
+        """The name of the first node (topological order) whose output diverges beyond tolerance, or None."""
+        row = self.first_divergence_row
+        return row.node if row is not None else None
+
+    @property
+    def exclude_pattern(self) -> str | None:
+        """``--nodes_to_exclude`` regex keeping the first divergent node in high precision (None: no divergence)."""
+        node = self.first_divergence
+        return exclude_pattern(node) if node is not None else None
+
+    def row(self, node: str) -> CompareRow | None:
+        """The first row of the node named ``node``."""
+        return next((r for r in self.rows if r.node == node), None)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        statuses = [r.status for r in self.rows]
+        return {
+            "tensors": len(self.rows),
+            "compared": statuses.count("compared"),
+            "unmatched": statuses.count("unmatched"),
+            "shape_mismatch": statuses.count("shape mismatch"),
+            "diverged": sum(1 for r in self.rows if r.diverged),
+        }
+
+    @property
+    def summary(self) -> str:
+        c = self.counts
+        first = self.first_divergence_row
+        where = (
+            f"first divergence at node '{first.node}' ({first.op_type}, tensor '{first.tensor}', rel_l2 "
+            f"{_fmt(first.rel_l2)}, max_abs {_fmt(first.max_abs)})"
+            if first is not None
+            else f"no node diverges (rtol {self.rtol:g}, atol {self.atol:g})"
+        )
+        return (
+            f"Compared {c['compared']}/{c['tensors']} tensors over {self.batches} batch(es) "
+            f"({c['unmatched']} unmatched, {c['diverged']} diverged); {where}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready data: settings, counts, the first divergence and its pattern, outputs, rows, verification."""
+        from onnxprec import __version__
+
+        first = self.first_divergence_row
+        return {
+            "tool": "compare",
+            "onnxprec_version": __version__,
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "criterion": CRITERION,
+            "batches": self.batches,
+            "chunks": self.chunks,
+            "counts": self.counts,
+            "first_divergence": None
+            if first is None
+            else {
+                "node": first.node,
+                "op_type": first.op_type,
+                "tensor": first.tensor,
+                "index": first.index,
+                "exclude_pattern": self.exclude_pattern,
+            },
+            "outputs": {name: o.to_json() for name, o in self.outputs.items()},
+            "rows": [r.to_json() for r in self.rows],
+            "verification": None if self.verification is None else self.verification.to_json(),
+            "notes": list(self.notes),
+        }
+
+    def to_html(self) -> str:
+        """A self-contained HTML page (inline CSS, JS and SVG; nothing fetched): summary, plot, per-node table."""
+        from onnxprec.debug._html import render
+
+        return render(self)
+
+    def table(self, max_rows: int = 40) -> str:
+        """The terminal table: every row when there are few, else the first divergence's neighbourhood."""
+        from onnxprec.debug._html import text_table
+
+        return text_table(self, max_rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Streaming comparison
+
+
+class _Accumulator:
+    """Errors of one reference tensor against its candidate, batch by batch."""
+
+    def __init__(self, track_top1: bool = False) -> None:
+        self.errors = ErrorStats(track_top1=track_top1)
+        self.ref_absmax = 0.0
+        self.ref_nonfinite = 0
+        self.batches = 0
+        self.mismatch: str | None = None
+        self.candidate_dtype: str | None = None
+
+    def update(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+        self.candidate_dtype = str(candidate.dtype)
+        if reference.shape != candidate.shape:
+            self.mismatch = f"reference {list(reference.shape)} vs candidate {list(candidate.shape)}"
+            return
+        if self.mismatch is not None:
+            return
+        ref = reference if reference.dtype.kind in "fiub" else reference.astype(np.float32)
+        if ref.dtype.kind == "f":
+            finite = np.isfinite(ref)
+            self.ref_nonfinite += int(finite.size - np.count_nonzero(finite))
+            if ref.size:
+                self.ref_absmax = max(self.ref_absmax, float(np.max(np.abs(ref), where=finite, initial=0.0)))
+        elif ref.size:
+            self.ref_absmax = max(self.ref_absmax, float(np.abs(ref.astype(np.float64)).max()))
+        self.errors.update(reference, candidate)
+        self.batches += 1
+
+
+class _Spool:
+    """The reference's arrays of one chunk, per batch, until the candidate's arrays arrive.
+
+    Arrays are copied (ONNX Runtime's arrays can pin the finished session's memory) and kept in memory while they
+    fit in ``limit`` bytes; the rest (several batches) goes to one temporary file and is read back one array at a
+    time.
+    """
+
+    def __init__(self, wanted: Iterable[str], limit: int, folder: Path) -> None:
+        self.wanted = set(wanted)
+        self.limit = limit
+        self.path = folder / "spool.bin"
+        self.held = 0
+        self._seen: dict[str, int] = {}
+        self._memory: dict[tuple[str, int], np.ndarray] = {}
+        self._stored: dict[tuple[str, int], tuple[int, np.dtype, tuple[int, ...]]] = {}
+        self._end = 0
+
+    def update(self, name: str, array: np.ndarray) -> None:
+        if name not in self.wanted:
+            return
+        batch = self._seen.get(name, 0)
+        self._seen[name] = batch + 1
+        array = np.asarray(array)
+        if self.held + array.nbytes <= self.limit:
+            self._memory[(name, batch)] = np.array(array, copy=True)
+            self.held += array.nbytes
+            return
+        with open(self.path, "ab") as stream:
+            np.ascontiguousarray(array).tofile(stream)
+        self._stored[(name, batch)] = (self._end, array.dtype, array.shape)
+        self._end += array.nbytes
+
+    def pop(self, name: str, batch: int) -> np.ndarray | None:
+        array = self._memory.pop((name, batch), None)
+        if array is not None:
+            self.held -= array.nbytes
+            return array
+        stored = self._stored.pop((name, batch), None)
+        if stored is None:
+            return None
+        offset, dtype, shape = stored
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.fromfile(self.path, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def close(self) -> None:
+        self._memory.clear()
+        self.path.unlink(missing_ok=True)
+
+
+class _Comparer:
+    """Compares each candidate array with the spooled reference arrays it was matched to."""
+
+    def __init__(self, spool: _Spool, targets: Mapping[str, list[tuple[str, _Accumulator]]]) -> None:
+        self.spool = spool
+        self.targets = targets
+        self._seen: dict[str, int] = {}
+
+    def update(self, name: str, array: np.ndarray) -> None:
+        targets = self.targets.get(name)
+        if not targets:
+            return
+        batch = self._seen.get(name, 0)
+        self._seen[name] = batch + 1
+        candidate = np.asarray(array)
+        references: dict[str, np.ndarray | None] = {}
+        for ref_name, accumulator in targets:
+            if ref_name not in references:
+                references[ref_name] = self.spool.pop(ref_name, batch)
+            reference = references[ref_name]
+            if reference is not None:
+                accumulator.update(reference, candidate)
+
+
+@dataclass
+class _Plan:
+    """What to compare: reference values with their matches, and the final outputs paired by name or position."""
+
+    rows: list[CompareRow]
+    values: list[ir.Value]
+    matches: dict[ir.Value, Match]
+    outputs: list[tuple[ir.Value, ir.Value | None]]
+
+
+def _selected(model: ir.Model) -> list[ir.Value]:
+    return [
+        out
+        for node in model.graph
+        if node.op_type != "Constant"
+        for out in node.outputs
+        if out.name and float_tensors(out)
+    ]
+
+
+def _pair_outputs(reference: ir.Model, candidate: ir.Model) -> list[tuple[ir.Value, ir.Value | None]]:
+    by_name = {v.name: v for v in candidate.graph.outputs}
+    same_count = len(reference.graph.outputs) == len(candidate.graph.outputs)
+    pairs = []
+    for position, value in enumerate(reference.graph.outputs):
+        twin = by_name.get(value.name)
+        if twin is None and same_count:
+            twin = candidate.graph.outputs[position]
+        pairs.append((value, twin))
+    return pairs
+
+
+def _plan(reference: ir.Model, candidate: ir.Model) -> _Plan:
+    values = _selected(reference)
+    matches = match_values(candidate, values)
+    level = depths(reference.graph)
+    position = {node: i for i, node in enumerate(reference.graph)}
+    rows = []
+    for value in values:
+        node = value.producer()
+        assert node is not None
+        m = matches[value]
+        rows.append(
+            CompareRow(
+                index=position[node],
+                depth=level[node],
+                node=node.name or "",
+                op_type=node.op_type,
+                tensor=value.name or "",
+                candidate=m.candidate.name if m.candidate is not None else None,
+                match=m.how,
+                status="not run" if m.candidate is not None else "unmatched",
+            )
+        )
+    return _Plan(rows, values, matches, _pair_outputs(reference, candidate))
+
+
+def _check_inputs(reference: ir.Model, candidate: ir.Model) -> None:
+    ref = {s.name: s for s in calibration.input_specs(reference)}
+    cand = {s.name: s for s in calibration.input_specs(candidate)}
+    if set(ref) != set(cand):
+        raise InvalidArgumentError(
+            f"The models have different inputs: reference {sorted(ref)}, candidate {sorted(cand)}; compare a model "
+            "with a conversion of it (same input names)."
+        )
+    for name, spec in ref.items():
+        other = cand[name].dtype
+        both_float = np.issubdtype(spec.dtype, np.floating) and (
+            np.issubdtype(other, np.floating) or "float" in str(other)
+        )
+        if spec.dtype != other and not both_float:
+            raise InvalidArgumentError(
+                f"Input '{name}' is {spec.dtype} in the reference but {other} in the candidate: compare a model with "
+                "a conversion of it (same integer inputs)."
+            )
+
+
+@contextlib.contextmanager
+def _runtime_errors(which: str, options: CompareOptions) -> Iterator[None]:
+    """ONNX Runtime's refusal to load a model, said for compare (the runner's own hint is about AutoCast)."""
+    try:
+        yield
+    except UnsupportedModelError as e:
+        reason = str(e).split("; skip the reference run", 1)[0]
+        raise UnsupportedModelError(
+            f"{reason} (the {which} model, providers {list(options.providers)}); compare on a provider that has "
+            "kernels for its types, e.g. --providers cuda:0 for BF16."
+        ) from None
+
+
+def _stream(
+    reference: ir.Model,
+    candidate: ir.Model,
+    plan: _Plan,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    options: CompareOptions,
+) -> tuple[dict[str, _Accumulator], dict[str, _Accumulator], int, int]:
+    """Runs both models chunk by chunk on the same batches; returns accumulators per row tensor and per output."""
+    # Half the budget for each model: the reference's chunk (fetched, then copied) and then the spooled chunk
+    # with the candidate's each stay within the budget.
+    budget = (options.budget_bytes or DEFAULT_BUDGET_BYTES) // 2
+    first = next(iter(batches), None)
+    if first is None:
+        raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
+    graph_outputs = set(reference.graph.outputs)
+    matched = [v for v in plan.values if plan.matches[v].candidate is not None]
+    inner = [v for v in matched if v not in graph_outputs]
+    chunks = _chunks(inner, _estimated_sizes(reference, first), budget) if inner else [[]]
+    rows: dict[str, _Accumulator] = {}
+    outputs: dict[str, _Accumulator] = {}
+    count = 0
+    with tempfile.TemporaryDirectory(prefix="onnxprec-compare-") as tmp:
+        for index, chunk in enumerate(chunks):
+            # Graph outputs come with every run; they are compared with the first chunk.
+            chunk_values = list(chunk) + ([v for v in matched if v in graph_outputs] if index == 0 else [])
+            targets: dict[str, list[tuple[str, _Accumulator]]] = {}
+            for value in chunk_values:
+                cand = plan.matches[value].candidate
+                assert cand is not None
+                accumulator = rows.setdefault(str(value.name), _Accumulator())
+                targets.setdefault(str(cand.name), []).append((str(value.name), accumulator))
+            if index == 0:
+                for ref_out, cand_out in plan.outputs:
+                    if cand_out is not None:
+                        accumulator = outputs.setdefault(str(ref_out.name), _Accumulator(track_top1=True))
+                        targets.setdefault(str(cand_out.name), []).append((str(ref_out.name), accumulator))
+            wanted = {ref_name for pairs in targets.values() for ref_name, _ in pairs}
+            spool = _Spool(wanted, budget, Path(tmp))
+            common = {"providers": options.providers, "budget_bytes": budget, "observe_inputs": False}
+            logger.info("Chunk %d/%d: %d tensors", index + 1, len(chunks), len(chunk_values))
+            with _runtime_errors("reference", options):
+                result = run_reference(reference, batches, select=chunk, observers=[spool], **common)  # type: ignore[arg-type]
+            count = result.num_batches
+            cand_values = [plan.matches[v].candidate for v in chunk]
+            with _runtime_errors("candidate", options):
+                run_reference(candidate, batches, select=cand_values, observers=[_Comparer(spool, targets)], **common)  # type: ignore[arg-type]
+            spool.close()
+    return rows, outputs, count, len(chunks)
+
+
+def _fill(
+    plan: _Plan, rows: Mapping[str, _Accumulator], outputs: Mapping[str, _Accumulator], options: CompareOptions
+) -> dict[str, OutputError]:
+    for row in plan.rows:
+        accumulator = rows.get(row.tensor)
+        if accumulator is None:
+            continue
+        row.candidate_dtype = accumulator.candidate_dtype
+        if accumulator.mismatch is not None:
+            row.status = "shape mismatch"
+            row.match = f"{row.match}; {accumulator.mismatch}"
+            continue
+        if not accumulator.batches:
+            continue
+        errors = accumulator.errors
+        row.status = "compared"
+        row.max_abs, row.rel_l2, row.cosine = errors.max_abs, errors.rel_l2, errors.cosine
+        row.ref_absmax = accumulator.ref_absmax
+        row.nonfinite, row.ref_nonfinite = errors.nonfinite, accumulator.ref_nonfinite
+        row.diverged = errors.nonfinite > accumulator.ref_nonfinite or (
+            errors.rel_l2 > options.rtol and errors.max_abs > options.atol
+        )
+    result = {}
+    for ref_out, cand_out in plan.outputs:
+        name = str(ref_out.name)
+        error = OutputError(name, cand_out.name if cand_out is not None else None)
+        accumulator = outputs.get(name)
+        if accumulator is not None and accumulator.batches:
+            stats = accumulator.errors
+            error.max_abs, error.rel_l2, error.cosine = stats.max_abs, stats.rel_l2, stats.cosine
+            error.top1, error.nonfinite = stats.top1, stats.nonfinite
+        result[name] = error
+    return result
+
+
+def _compare(reference: ir.Model, candidate: ir.Model, options: CompareOptions, data: Any) -> CompareReport:
+    _check_inputs(reference, candidate)
+    plan = _plan(reference, candidate)
+
+    def run(batches: Iterable[Mapping[str, np.ndarray]]) -> tuple[Any, ...]:
+        with contextlib.ExitStack() as stack:
+            return _stream(reference, candidate, plan, replayable(batches, stack), options)
+
+    shapes = calibration.parse_input_shapes(options.input_shapes) if options.input_shapes else None
+    rows, outputs, batches, chunks = calibration.run_on_data(reference, data, run, input_shapes=shapes)
+    report = CompareReport(plan.rows, _fill(plan, rows, outputs, options), options.atol, options.rtol, batches, chunks)
+    subgraphs = sum(1 for _ in reference.graph.subgraphs())
+    if subgraphs:
+        report.notes.append(f"{subgraphs} subgraph(s) (If/Loop/Scan bodies) are compared only through their outputs")
+    hint = _upstream_hint(candidate, report.first_divergence)
+    if hint:
+        report.notes.append(hint)
+    return report
+
+
+def _upstream_hint(candidate: ir.Model, node_name: str | None) -> str | None:
+    """A note when the first divergent node already computes in FP32 in the candidate (the cause is upstream)."""
+    node = next((n for n in candidate.graph if node_name and n.name == node_name), None)
+    if node is None:
+        return None
+    floats = [v for v in node.inputs if v is not None and v.dtype in FLOAT_TYPES]
+    if not floats or any(v.dtype != ir.DataType.FLOAT for v in floats):
+        return None
+    if any(op in QUANTIZED_OPS for v in floats for op in carrier_ops(v)):
+        return None  # a dequantized (e.g. INT4) weight or activation: excluding the node from quantization helps
+    producers = sorted({p.name for v in floats if (p := carried_source(v).producer()) is not None and p.name})
+    where = f"; its inputs come from {', '.join(producers[:5])}" if producers else ""
+    return (
+        f"'{node_name}' already computes in FP32 in the candidate, so excluding it changes nothing: the difference "
+        f"comes from its inputs or its weights{where}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Verification with AutoCast
+
+
+def _float_types(model: ir.Model) -> set[ir.DataType]:
+    types = {out.dtype for node in model.graph.all_nodes() for out in node.outputs}
+    types |= {v.dtype for v in model.graph.initializers.values()}
+    return {t for t in types if t in FLOAT_TYPES}
+
+
+def _keeps_io_types(reference: ir.Model, candidate: ir.Model) -> bool:
+    ref = {v.name: v.dtype for v in (*reference.graph.inputs, *reference.graph.outputs)}
+    return all(v.dtype == ref.get(v.name) for v in (*candidate.graph.inputs, *candidate.graph.outputs) if v.name in ref)
+
+
+def _verify(
+    source: ModelSource,
+    reference: ir.Model,
+    candidate: ir.Model,
+    report: CompareReport,
+    options: CompareOptions,
+    data: Any,
+) -> Verification | None:
+    first = report.first_divergence_row
+    if first is None:
+        report.notes.append("verify: nothing to verify, no node diverges")
+        return None
+    types = _float_types(candidate)
+    if ir.DataType.BFLOAT16 in types:
+        low = "bf16"
+    elif ir.DataType.FLOAT16 in types:
+        low = "fp16"
+    else:
+        report.notes.append("verify: skipped, the candidate has no FP16 or BF16 tensors (not an AutoCast model)")
+        return None
+    from onnxprec.autocast import convert_file, convert_to_mixed_precision
+
+    pattern = exclude_pattern(first.node)
+    keep_io = _keeps_io_types(reference, candidate)
+    settings: dict[str, Any] = {
+        "low_precision_type": low,
+        "keep_io_types": keep_io,
+        "calibration_data": data,
+        "input_shapes": options.input_shapes,
+        "providers": options.providers,
+        **dict(options.autocast_options or {}),
+    }
+    settings["nodes_to_exclude"] = [*settings.get("nodes_to_exclude", ()), pattern]
+    logger.info("verify: AutoCast %s with --nodes_to_exclude '%s'", low, pattern)
+    with tempfile.TemporaryDirectory(prefix="onnxprec-verify-") as tmp:
+        path = model_path(source)
+        fixed: ModelSource
+        if path is not None:
+            fixed = Path(tmp) / "fixed.onnx"
+            convert_file(path, fixed, **settings)
+        else:
+            proto = source if isinstance(source, onnx.ModelProto) else ir.serde.serialize_model(reference)
+            fixed = convert_to_mixed_precision(proto, **settings)
+        after = _compare(reference, prepare(fixed), replace(options, verify=False), data)
+    return Verification(
+        pattern=pattern,
+        node=first.node,
+        low_precision_type=low,
+        keep_io_types=keep_io,
+        before=first,
+        after=next((r for r in after.rows if r.tensor == first.tensor), None),
+        after_first_divergence=after.first_divergence,
+        outputs_before=report.outputs,
+        outputs_after=after.outputs,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# API
+
+
+def compare_models(
+    reference: ModelSource,
+    candidate: ModelSource,
+    calibration_data: Any = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    *,
+    input_shapes: str | Mapping[str, Any] | None = None,
+    providers: Any = ("cpu",),
+    verify: bool = False,
+    autocast_options: Mapping[str, Any] | None = None,
+    budget_bytes: int | None = None,
+) -> CompareReport:
+    """Runs both models on the same inputs and compares every matched tensor, in the reference's topological order.
+
+    Tensors are matched by name, then by the original name converters record, then through inserted Casts,
+    QuantizeLinear/DequantizeLinear and renamed nodes (:mod:`onnxprec.debug.match`). Each float node output of
+    the reference gets a row with max abs error, relative L2 error and cosine similarity over all batches; the
+    final outputs also get top-1 agreement. Both models are run chunk by chunk on the same batches, so memory
+    stays bounded (see the module docstring).
+
+    Args:
+        reference: The source model: a path, an ``onnx.ModelProto`` or an ``ir.Model``.
+        candidate: Its conversion or quantization (same input names).
+        calibration_data: Inputs for both models: a path (``.npz``, folder of ``.npz``, Polygraphy ``.json``), a dict of
+            arrays, a list of dicts or a CalibrationDataReader; None: realistic random inputs for the reference's
+            inputs.
+        atol: A node diverges when its max abs error exceeds atol and its relative L2 error exceeds rtol, or when it
+            has non-finite values the reference has not.
+        rtol: Relative L2 error tolerance (see --atol).
+        input_shapes: Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes.
+        providers: ONNX Runtime providers for both models' runs: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
+        verify: Re-run AutoCast on the reference with the printed --nodes_to_exclude pattern and compare again, to
+            check that keeping the first divergent node in high precision fixes the divergence.
+        autocast_options: Other ``convert_to_mixed_precision`` arguments for the conversion of ``verify`` (e.g.
+            ``{'data_max': math.inf}`` when the candidate was made that way).
+        budget_bytes: Upper bound on the bytes of the tensors fetched in one ONNX Runtime run (tensors are fetched in
+            chunks); None: the reference runner's default (768 MiB).
+
+    Returns:
+        The report: ``rows``, ``outputs``, ``first_divergence``, ``exclude_pattern``, ``verification``,
+        ``to_json()``, ``to_html()`` and ``table()``.
+
+    Raises:
+        OnnxprecError: A bad model or input data, or models with different inputs.
+    """
+    options = CompareOptions(**fields_in(CompareOptions, locals()))
+    ref_model = prepare(reference)
+    cand_model = prepare(candidate)
+    with contextlib.ExitStack() as stack:
+        data = calibration_batches(options.calibration_data, ref_model, stack)
+        report = _compare(ref_model, cand_model, options, data)
+        ref_path, cand_path = model_path(reference), model_path(candidate)
+        report.reference = str(ref_path) if ref_path is not None else None
+        report.candidate = str(cand_path) if cand_path is not None else None
+        if options.verify:
+            report.verification = _verify(reference, ref_model, cand_model, report, options, data)
+    logger.info(report.summary)
+    return report

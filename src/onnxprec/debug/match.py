@@ -1,0 +1,176 @@
+"""Which tensor of a converted or quantized model holds the values of a tensor of its source model.
+
+Converters keep most names, but not all: AutoCast renames a graph output's producer output (``y`` becomes
+``y_pre_cast`` behind a Cast that keeps the public name) and removes Casts that became no-ops; INT4 replaces a
+MatMul's weight by a DequantizeLinear output or the whole node by ``MatMulNBits``. :func:`match_values` tries,
+for each reference tensor, in this order:
+
+1. ``name``: the candidate tensor of the same name;
+2. ``original name``: a candidate tensor whose ``metadata_props["onnxprec.original_name"]`` records that name;
+3. ``producer``: the same output of the candidate node named like the reference tensor's producer;
+4. ``through <op>``: the reference tensor is the output of a value-preserving Cast or Identity that the candidate
+   dropped; it matches what the Cast's input matches;
+5. ``via consumer``: the candidate node named like a consumer of the reference tensor reads, through a chain of
+   Cast / QuantizeLinear / DequantizeLinear / Identity, the output of a node of the reference producer's name or
+   op type.
+
+Only tensors ONNX Runtime can fetch qualify (node outputs or graph outputs of the main graph, not INT4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from onnxprec._graph import FLOAT_TYPES, ORIGINAL_NAME
+from onnxprec.debug._common import fetchable
+
+__all__ = ["Match", "carried_source", "carrier_ops", "match_values"]
+
+# Ops a converter inserts that carry a tensor's values on (up to rounding or quantization).
+_CARRIERS = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Identity"})
+
+
+@dataclass(frozen=True)
+class Match:
+    """The candidate tensor matched to one reference tensor, and how it was found (``candidate`` None: none)."""
+
+    reference: ir.Value
+    candidate: ir.Value | None
+    how: str
+
+
+class _Index:
+    """Lookups over the candidate's main graph."""
+
+    def __init__(self, model: ir.Model) -> None:
+        graph = model.graph
+        self.by_name: dict[str, ir.Value] = {}
+        self.by_original: dict[str, list[ir.Value]] = {}
+        self.nodes: dict[str, ir.Node] = {}
+        for node in graph:
+            if node.name:
+                self.nodes.setdefault(node.name, node)
+            for out in node.outputs:
+                self._add(out)
+        for out in graph.outputs:
+            self._add(out)
+
+    def _add(self, value: ir.Value) -> None:
+        if not value.name or not fetchable(value):
+            return
+        self.by_name.setdefault(value.name, value)
+        original = value.metadata_props.get(ORIGINAL_NAME)
+        if original and original != value.name:
+            self.by_original.setdefault(original, []).append(value)
+
+
+def _is_float_cast(node: ir.Node) -> bool:
+    if node.op_type == "Identity":
+        return True
+    if node.op_type != "Cast" or "to" not in node.attributes:
+        return False
+    source = node.inputs[0] if node.inputs else None
+    to = ir.DataType(node.attributes["to"].as_int())
+    return (
+        source is not None
+        and source.dtype in FLOAT_TYPES
+        and to in FLOAT_TYPES
+        and source.dtype.itemsize <= to.itemsize
+    )
+
+
+def _chain(value: ir.Value) -> tuple[ir.Value, list[str]]:
+    ops: list[str] = []
+    while len(ops) < 16:
+        producer = value.producer()
+        if producer is None or producer.op_type not in _CARRIERS or not producer.inputs or producer.inputs[0] is None:
+            break
+        ops.append(producer.op_type)
+        value = producer.inputs[0]
+    return value, ops
+
+
+def carried_source(value: ir.Value) -> ir.Value:
+    """The value at the start of the chain of carrier ops (Cast, Q/DQ, Identity...) ending in ``value``."""
+    return _chain(value)[0]
+
+
+def carrier_ops(value: ir.Value) -> list[str]:
+    """The op types of that chain, nearest first."""
+    return _chain(value)[1]
+
+
+class _Matcher:
+    def __init__(self, candidate: ir.Model) -> None:
+        self.index = _Index(candidate)
+        self.done: dict[ir.Value, Match] = {}
+
+    def match(self, value: ir.Value, depth: int = 0) -> Match:
+        found = self.done.get(value)
+        if found is None:
+            found = self._find(value, depth)
+            self.done[value] = found
+        return found
+
+    def _find(self, value: ir.Value, depth: int) -> Match:
+        index = self.index
+        name = value.name or ""
+        if name in index.by_name:
+            return Match(value, index.by_name[name], "name")
+        renamed = index.by_original.get(name)
+        if renamed:
+            # Prefer the tensor computed by a real node over the Cast that re-exposes it.
+            renamed = sorted(renamed, key=lambda v: v.producer() is not None and v.producer().op_type == "Cast")  # type: ignore[union-attr]
+            return Match(value, renamed[0], "original name")
+        producer = value.producer()
+        if producer is None:
+            return Match(value, None, "not a node output")
+        twin = index.nodes.get(producer.name or "")
+        position = value.index()
+        if twin is not None and position is not None and position < len(twin.outputs):
+            out = twin.outputs[position]
+            if out.name and fetchable(out):
+                return Match(value, out, "producer")
+        if _is_float_cast(producer) and producer.inputs[0] is not None and depth < 32:
+            upstream = self.match(producer.inputs[0], depth + 1)
+            if upstream.candidate is not None:
+                return Match(value, upstream.candidate, f"through {producer.op_type}")
+        ref_origin = carried_source(value).producer() or producer
+        for node, idx in self._uses(value):
+            consumer = index.nodes.get(node.name or "")
+            if consumer is None or idx >= len(consumer.inputs) or consumer.inputs[idx] is None:
+                continue
+            source = carried_source(consumer.inputs[idx])  # type: ignore[arg-type]
+            origin = source.producer()
+            if origin is None or not source.name or not fetchable(source):
+                continue
+            if origin.name == ref_origin.name or origin.op_type == ref_origin.op_type:
+                return Match(value, source, f"via consumer {node.name}")
+        return Match(value, None, "no candidate tensor")
+
+    def _uses(self, value: ir.Value, depth: int = 0) -> list[tuple[ir.Node, int]]:
+        """The reference's consumers of ``value``, looking through carrier ops the candidate does not have."""
+        uses = []
+        for use in value.uses():
+            uses.append((use.node, use.idx))
+            if use.node.op_type in _CARRIERS and use.node.name not in self.index.nodes and depth < 16:
+                for out in use.node.outputs:
+                    uses += self._uses(out, depth + 1)
+        return uses
+
+
+def match_values(candidate: ir.Model, values: Iterable[ir.Value]) -> dict[ir.Value, Match]:
+    """Matches each reference value (node outputs of the reference's main graph) to a candidate tensor.
+
+    Args:
+        candidate: The converted or quantized model.
+        values: Values of the reference model.
+
+    Returns:
+        A :class:`Match` per value (``candidate`` is None where nothing matched; ``how`` says why).
+    """
+    matcher = _Matcher(candidate)
+    return {value: matcher.match(value) for value in values}

@@ -1,0 +1,27 @@
+"""Evaluation: run one or several models side by side on the same data and report task metrics.
+
+Perplexity for causal LMs (with or without KV-cache inputs), top-1/top-5 accuracy against labels, agreement
+with a reference model's outputs (top-1 agreement, max abs, relative L2, cosine) and latency per batch on the
+chosen execution provider, batch by batch in bounded memory. The implementation lives in ``_api`` and is
+imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnxprec.evaluate._api import EvaluateOptions, EvaluationReport, ModelResult, evaluate_models
+
+__all__ = ["EvaluateOptions", "EvaluationReport", "ModelResult", "evaluate_models"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("onnxprec.evaluate._api"), name)
+    raise AttributeError(f"module 'onnxprec.evaluate' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

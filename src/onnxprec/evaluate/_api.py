@@ -1,0 +1,730 @@
+"""Evaluation: models side by side on the same data, batch by batch, with task metrics and latency.
+
+The loop, for each batch of the data (split to ``batch_size``)::
+
+    reference model -> outputs -> (perplexity, accuracy)
+    each other model -> outputs -> (perplexity, accuracy) + agreement with the reference outputs -> dropped
+
+so at most two models' outputs for one batch are in memory. Latency is measured afterwards on the first batch:
+warm-up runs, then ``latency_runs`` rounds in which every model runs once (the order rotates each round), so
+that all models see the same machine state.
+
+Causal LMs are recognised by an ``input_ids`` input and ``[batch, seq, vocab]`` logits. Inputs the data does not
+hold are built from the model's input metadata: KV-cache inputs (``past_key_values.*``) as empty
+``[batch, heads, 0, head_dim]`` tensors, ``attention_mask`` as ones, ``position_ids`` from the mask.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxprec import _ort, calibration, metrics
+from onnxprec._io import load_model
+from onnxprec._options import fields_in
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
+from onnxprec.evaluate._options import EvaluateOptions
+
+__all__ = ["EvaluateOptions", "EvaluationReport", "ModelResult", "evaluate_models"]
+
+logger = logging.getLogger(__name__)
+
+_WARMUP_RUNS = 2
+_PAST = re.compile(r"past|cache", re.IGNORECASE)
+_PRESENT = re.compile(r"present", re.IGNORECASE)
+_SCORES = re.compile(r"logit|score|prob", re.IGNORECASE)
+_NUMPY_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+ModelLike = str | os.PathLike | onnx.ModelProto | ir.Model
+
+
+# --------------------------------------------------------------------------------------------------
+# Results
+
+
+def _number(value: float | None) -> float | None:
+    """JSON-ready: finite floats as they are, nan/inf as None."""
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+@dataclass
+class ModelResult:
+    """One model's metrics over the whole data set."""
+
+    name: str
+    path: str | None
+    is_reference: bool = False
+    batches: int = 0
+    samples: int = 0
+    perplexity: float | None = None
+    tokens: int = 0
+    top1_accuracy: float | None = None
+    top5_accuracy: float | None = None
+    labelled: int = 0
+    agreement: dict[str, dict[str, Any]] | None = None
+    main_output: str | None = None
+    latency_ms: dict[str, float] | None = None
+    seconds: float = 0.0
+
+    @property
+    def main_agreement(self) -> dict[str, Any] | None:
+        """Agreement of the main output (LM logits, the labelled output, or the first output)."""
+        if not self.agreement:
+            return None
+        return self.agreement.get(self.main_output or "", next(iter(self.agreement.values())))
+
+    def to_json(self) -> dict[str, Any]:
+        agreement = None
+        if self.agreement is not None:
+            agreement = {
+                name: {k: (_number(v) if isinstance(v, float) else v) for k, v in stats.items()}
+                for name, stats in self.agreement.items()
+            }
+        return {
+            "name": self.name,
+            "path": self.path,
+            "reference": self.is_reference,
+            "batches": self.batches,
+            "samples": self.samples,
+            "perplexity": _number(self.perplexity),
+            "tokens": self.tokens,
+            "accuracy": None
+            if self.top1_accuracy is None
+            else {"top1": self.top1_accuracy, "top5": self.top5_accuracy, "samples": self.labelled},
+            "main_output": self.main_output,
+            "agreement": agreement,
+            "latency_ms": None
+            if self.latency_ms is None
+            else {k: (round(v, 4) if k != "runs" else int(v)) for k, v in self.latency_ms.items()},
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass
+class EvaluationReport:
+    """All models' results; :meth:`table` for the terminal, :meth:`to_json` for scripts (``--json``)."""
+
+    models: list[ModelResult] = field(default_factory=list)
+    data: str | None = None
+    providers: list[str] = field(default_factory=list)
+    latency_batch: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def reference(self) -> ModelResult:
+        return next(m for m in self.models if m.is_reference)
+
+    def __getitem__(self, name: str) -> ModelResult:
+        for result in self.models:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        """``tool``, ``onnxprec_version``, ``data``, ``providers``, ``reference`` (a model name),
+        ``latency_batch`` (input shapes of the timed batch) and ``models``: per model ``name``, ``path``,
+        ``reference``, ``batches``, ``samples``, ``perplexity`` and ``tokens``, ``accuracy`` (``top1``, ``top5``,
+        ``samples``; None without labels), ``main_output``, ``agreement`` (None for the reference; per output
+        ``max_abs``, ``rel_l2``, ``cosine``, ``nonfinite`` and, for scores, ``top1``), ``latency_ms``
+        (``median``, ``p90``, ``mean``, ``min``, ``runs``; None without latency runs) and ``seconds``.
+        Non-finite numbers are None."""
+        from onnxprec import __version__
+
+        return {
+            "tool": "evaluate",
+            "onnxprec_version": __version__,
+            "data": self.data,
+            "providers": list(self.providers),
+            "reference": self.reference.name,
+            "latency_batch": {k: list(v) for k, v in self.latency_batch.items()},
+            "models": [m.to_json() for m in self.models],
+        }
+
+    def table(self) -> str:
+        """A plain-text table: one row per model, columns for the metrics that were measured."""
+        columns: list[tuple[str, Any]] = [("model", lambda m: m.name + (" (ref)" if m.is_reference else ""))]
+        if any(m.perplexity is not None for m in self.models):
+            columns.append(("perplexity", lambda m: _fmt(m.perplexity, "{:.4f}")))
+        if any(m.top1_accuracy is not None for m in self.models):
+            columns.append(("top-1 acc", lambda m: _fmt(m.top1_accuracy, "{:.2%}")))
+            columns.append(("top-5 acc", lambda m: _fmt(m.top5_accuracy, "{:.2%}")))
+        if len(self.models) > 1:
+            if any((m.main_agreement or {}).get("top1") is not None for m in self.models):
+                columns.append(("top-1 agree", lambda m: _fmt((m.main_agreement or {}).get("top1"), "{:.2%}")))
+            columns.append(("max abs", lambda m: _fmt((m.main_agreement or {}).get("max_abs"), "{:.3g}")))
+            columns.append(("rel L2", lambda m: _fmt((m.main_agreement or {}).get("rel_l2"), "{:.3g}")))
+            columns.append(("cosine", lambda m: _fmt((m.main_agreement or {}).get("cosine"), "{:.6f}")))
+        if any(m.latency_ms for m in self.models):
+            columns.append(("median ms", lambda m: _fmt((m.latency_ms or {}).get("median"), "{:.2f}")))
+            columns.append(("p90 ms", lambda m: _fmt((m.latency_ms or {}).get("p90"), "{:.2f}")))
+        rows = [[title for title, _ in columns]] + [[str(get(m)) for _, get in columns] for m in self.models]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+        lines = [
+            "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        main = self.reference.main_output
+        notes = []
+        if len(self.models) > 1 and main:
+            notes.append(f"agreement with {self.reference.name} on output '{main}'")
+        if self.latency_batch:
+            shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in self.latency_batch.items())
+            notes.append(f"latency per batch ({shapes}) on {', '.join(self.providers)}")
+        return "\n".join(lines + ([f"({'; '.join(notes)})"] if notes else []))
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return spec.format(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+
+
+@dataclass
+class _Input:
+    name: str
+    type: str
+    dims: list[int | str | None]
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        kind = _NUMPY_TYPES.get(self.type)
+        return np.dtype(kind) if kind is not None else None
+
+
+@dataclass
+class _Model:
+    """A model under evaluation: its session, what is fed and fetched, and its running metrics."""
+
+    result: ModelResult
+    session: _ort.Session
+    inputs: dict[str, _Input]
+    fetch: list[str]
+    past: dict[str, tuple[int, int, np.dtype]] = field(default_factory=dict)  # name -> (heads, head_dim, dtype)
+    logits: str | None = None
+    ids: str | None = None
+    scores: str | None = None
+    ppl: metrics.Perplexity | None = None
+    agreement: dict[str, metrics.ErrorStats] = field(default_factory=dict)
+    top1: int = 0
+    top5: int | None = 0  # None when a model has fewer than 5 classes
+    labelled: int = 0
+    first_feeds: dict[str, np.ndarray] | None = None
+
+
+def _name_of(source: ModelLike, index: int) -> tuple[str, str | None]:
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        name = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
+        return name, str(path)
+    return f"model{index}", None
+
+
+def _open(source: ModelLike, name: str, options: EvaluateOptions) -> _ort.Session:
+    if isinstance(source, (str, os.PathLike)):
+        if not Path(source).exists():
+            raise ModelLoadError(f"Model file '{source}' does not exist: check the model paths.")
+        load_model(source)  # one-line errors for a corrupt or truncated file (weights stay mapped)
+    return _ort.create_session(
+        source,
+        providers=list(options.providers),
+        optimization=options.optimization,  # type: ignore[arg-type]
+        custom_op_libraries=list(options.custom_op_libs),
+        what=f"model '{name}'",
+    )
+
+
+def _inputs(session: _ort.Session) -> dict[str, _Input]:
+    return {i.name: _Input(i.name, i.type, list(i.shape or [])) for i in session.inner.get_inputs()}
+
+
+def _past_layout(spec: _Input) -> tuple[int, int]:
+    """(heads, head_dim) of a ``[batch, heads, past, head_dim]`` KV-cache input, from its metadata."""
+    dims = spec.dims
+    if len(dims) != 4 or not isinstance(dims[1], int) or not isinstance(dims[3], int) or isinstance(dims[2], int):
+        raise InvalidArgumentError(
+            f"Cannot build an empty KV cache for input '{spec.name}' of shape {dims}: expected "
+            "[batch, heads, past_sequence, head_dim] with static heads and head_dim; put it in the data."
+        )
+    return dims[1], dims[3]
+
+
+def _setup(result: ModelResult, session: _ort.Session, options: EvaluateOptions, labels: bool) -> _Model:
+    inputs = _inputs(session)
+    outputs = {o.name: o for o in session.inner.get_outputs()}
+    past = {
+        name: (*_past_layout(spec), spec.dtype or np.dtype(np.float32))
+        for name, spec in inputs.items()
+        if _PAST.search(name) and "float" in spec.type
+    }
+    fetch = [name for name in session.output_names if not (past and _PRESENT.search(name))]
+    model = _Model(result, session, inputs, fetch, past)
+    ids = "input_ids" if "input_ids" in inputs else None
+    rank3 = [n for n in fetch if len(outputs[n].shape or []) == 3 and "float" in outputs[n].type]
+    # By name: an encoder's [batch, seq, hidden] states look like logits; --perplexity takes any rank-3 output.
+    logits = next((n for n in rank3 if "logit" in n.lower()), rank3[0] if options.perplexity and rank3 else None)
+    if options.perplexity is not False and ids is not None and logits is not None:
+        model.ids, model.logits, model.ppl = ids, logits, metrics.Perplexity()
+    elif options.perplexity:
+        raise InvalidArgumentError(
+            f"Model '{result.name}' is not a causal LM (perplexity needs an input_ids input and [batch, seq, vocab] "
+            f"logits; its inputs are {list(inputs)}, its outputs {fetch}): drop --perplexity."
+        )
+    floats = [n for n in fetch if "float" in outputs[n].type]
+    model.scores = model.logits or (floats[0] if floats else None)
+    if labels and model.scores is None:
+        raise InvalidArgumentError(f"Model '{result.name}' has no float output to score --labels against.")
+    result.main_output = model.scores or (fetch[0] if fetch else None)
+    return model
+
+
+def _synthesizable(model: _Model, name: str) -> bool:
+    return name in model.past or name in ("attention_mask", "position_ids")
+
+
+def _complete(model: _Model, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's feeds: the batch's arrays (integers cast to the declared type) and the inputs built here."""
+    feeds: dict[str, np.ndarray] = {}
+    for name, array in batch.items():
+        spec = model.inputs.get(name)
+        if spec is None:
+            raise InvalidArgumentError(
+                f"Model '{model.result.name}' has no input '{name}' (its inputs are {list(model.inputs)}): "
+                "evaluate models with the same inputs."
+            )
+        wanted = spec.dtype
+        if wanted is not None and array.dtype != wanted and array.dtype.kind in "iub" and wanted.kind in "iub":
+            array = array.astype(wanted)
+        feeds[name] = array
+    ids = batch.get(model.ids) if model.ids else None
+    reference = ids if ids is not None else next(iter(batch.values()))
+    size, length = (reference.shape[0], reference.shape[1] if reference.ndim > 1 else 1)
+    for name, (heads, head_dim, dtype) in model.past.items():
+        if name not in feeds:
+            feeds[name] = np.zeros((size, heads, 0, head_dim), dtype=dtype)
+    if "attention_mask" in model.inputs and "attention_mask" not in feeds:
+        mask_dtype = model.inputs["attention_mask"].dtype or np.dtype(np.int64)
+        feeds["attention_mask"] = np.ones((size, length), dtype=mask_dtype)  # past length is 0
+    if "position_ids" in model.inputs and "position_ids" not in feeds:
+        mask = np.asarray(feeds.get("attention_mask", np.ones((size, length), np.int64)))[:, -length:]
+        positions = np.cumsum(mask, axis=-1) - 1
+        positions[mask == 0] = 1  # as Hugging Face's generate does for padding
+        feeds["position_ids"] = positions.astype(model.inputs["position_ids"].dtype or np.int64)
+    return feeds
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+
+
+def _peek(source: Any) -> dict[str, np.dtype] | None:
+    """Names and dtypes of the first batch of the data, when they can be read without consuming it."""
+    arrays: Mapping[str, Any] | None = None
+    if isinstance(source, Mapping):
+        arrays = source
+    elif isinstance(source, (list, tuple)) and source and isinstance(source[0], Mapping):
+        arrays = source[0]
+    elif isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        first = min(path.glob("*.npz"), default=None) if path.is_dir() else path
+        if first is not None and first.suffix.lower() == ".npz" and first.is_file():
+            try:
+                with np.load(first, allow_pickle=False) as data:
+                    return {k: data[k].dtype for k in data.files}
+            except Exception:  # calibration reports a bad file with its own message
+                return None
+        if first is not None and first.suffix.lower() == ".json" and first.is_file():
+            try:
+                batches = calibration._read_polygraphy_json(first)
+            except CalibrationDataError:
+                return None
+            arrays = batches[0] if batches else None
+    if arrays is None:
+        return None
+    return {str(k): np.asarray(v).dtype for k, v in arrays.items()}
+
+
+def _token_windows(path: Path, ids_name: str) -> dict[str, np.ndarray]:
+    try:
+        ids = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as e:
+        raise CalibrationDataError(
+            f"Cannot read token ids from '{path}' ({type(e).__name__}): save them with np.save."
+        ) from None
+    if ids.ndim != 2 or ids.dtype.kind not in "iu":
+        raise CalibrationDataError(
+            f"'{path}' holds {ids.dtype} {list(ids.shape)}: token windows are integer ids of shape [N, seq]."
+        )
+    return {ids_name: np.asarray(ids, dtype=np.int64)}
+
+
+def _batches(source: Any, reference: _Model) -> Iterable[dict[str, np.ndarray]]:
+    """Lazy batches of the data, validated against the reference model's inputs."""
+    if isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npy":
+        if reference.ids is None:
+            raise InvalidArgumentError(
+                f"An .npy of token ids is for causal LMs; model '{reference.result.name}' has no input_ids input: "
+                "pass an .npz with every input."
+            )
+        source = _token_windows(Path(source), reference.ids)
+    given = _peek(source)
+    specs = []
+    for spec in reference.inputs.values():
+        if given is not None and spec.name not in given and _synthesizable(reference, spec.name):
+            continue
+        if given is None and _synthesizable(reference, spec.name):
+            continue
+        dtype = spec.dtype  # None for BF16/FP8 inputs
+        found = given.get(spec.name) if given is not None else None
+        if found is not None and (dtype is None or found.kind == dtype.kind or {found.kind, dtype.kind} <= set("iu")):
+            dtype = found  # FP32 data for FP16/BF16 models, int64 ids for int32 inputs: cast per model
+        dtype = dtype if dtype is not None else np.dtype(np.float32)
+        dims = tuple(d if isinstance(d, int) else (d if isinstance(d, str) else None) for d in spec.dims)
+        specs.append(calibration.InputSpec(spec.name, dtype, dims, ir.Value(name=spec.name)))
+    return calibration.load_calibration(source, specs)
+
+
+def _split(batch: dict[str, np.ndarray], size: int | None) -> Iterator[dict[str, np.ndarray]]:
+    first = next(iter(batch.values()))
+    total = first.shape[0] if first.ndim else 1
+    if size is None or total <= size:
+        yield batch
+        return
+    for start in range(0, total, size):
+        yield {k: (v[start : start + size] if v.ndim and v.shape[0] == total else v) for k, v in batch.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _run(model: _Model, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
+    tick = time.perf_counter()
+    try:
+        outputs = model.session.run(feeds, model.fetch)
+    except Exception as e:  # ONNX Runtime's own exception types
+        shapes = {k: list(v.shape) for k, v in feeds.items()}
+        raise UnsupportedModelError(
+            f"ONNX Runtime cannot run model '{model.result.name}' on inputs {shapes}: {_ort.first_line(e)}"
+        ) from None
+    return outputs, time.perf_counter() - tick
+
+
+def _score(
+    model: _Model, feeds: Mapping[str, np.ndarray], outputs: dict[str, np.ndarray], labels: np.ndarray | None
+) -> None:
+    """Perplexity and accuracy of one batch."""
+    if model.ppl is not None:
+        assert model.ids is not None and model.logits is not None
+        logits, ids = outputs[model.logits], feeds[model.ids]
+        if logits.shape[:2] != ids.shape:
+            raise UnsupportedModelError(
+                f"Model '{model.result.name}': logits {list(logits.shape)} do not match input_ids "
+                f"{list(ids.shape)} as [batch, seq, vocab] and [batch, seq]: drop --perplexity."
+            )
+        mask = feeds.get("attention_mask")
+        model.ppl.update(logits, ids, None if mask is None else mask[:, -ids.shape[1] :])  # past tokens not scored
+    if labels is not None:
+        assert model.scores is not None
+        scores = np.asarray(outputs[model.scores])
+        if scores.shape[:-1] != labels.shape:
+            raise CalibrationDataError(
+                f"--labels of shape {list(labels.shape)} for this batch do not match output '{model.scores}' of "
+                f"shape {list(scores.shape)} (one label per row of the last axis)."
+            )
+        flat = scores.reshape(-1, scores.shape[-1]).astype(np.float32)
+        target = labels.reshape(-1)
+        keep = target >= 0
+        flat, target = flat[keep], target[keep]
+        if len(target):
+            model.top1 += int((flat.argmax(-1) == target).sum())
+            if flat.shape[-1] < 5:
+                model.top5 = None
+            elif model.top5 is not None:
+                top = np.argpartition(-flat, 4, axis=-1)[:, :5]
+                model.top5 += int((top == target[:, None]).any(-1).sum())
+        model.labelled += len(target)
+
+
+def _agree(model: _Model, reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+    """Adds one batch to the agreement statistics of ``model``'s outputs with the reference outputs."""
+    ref_names = list(reference)
+    for position, (name, got) in enumerate(outputs.items()):
+        ref_name = name if name in reference else (ref_names[position] if position < len(ref_names) else None)
+        if ref_name is None:
+            continue
+        expected = reference[ref_name]
+        if expected.dtype.kind not in "fiubV" or got.dtype.kind not in "fiubV":
+            continue
+        if expected.shape != got.shape:
+            raise UnsupportedModelError(
+                f"Output '{name}' of model '{model.result.name}' has shape {list(got.shape)}, the reference's "
+                f"'{ref_name}' {list(expected.shape)}: compare models with the same outputs."
+            )
+        stats = model.agreement.get(name)
+        if stats is None:
+            scores = name in (model.scores, model.logits) and expected.ndim >= 2
+            stats = model.agreement[name] = metrics.ErrorStats(
+                track_top1=scores and (bool(_SCORES.search(name)) or expected.ndim == 2 or name == model.logits)
+            )
+        stats.update(expected, got)
+
+
+def _latency(models: list[_Model], runs: int) -> None:
+    """Median/p90 latency per batch on the first batch: warm-up, then rounds in which every model runs once."""
+    for model in models:
+        assert model.first_feeds is not None
+        for _ in range(_WARMUP_RUNS):
+            _run(model, model.first_feeds)
+    times: dict[int, list[float]] = {id(m): [] for m in models}
+    for round_ in range(runs):
+        offset = round_ % len(models)
+        for model in models[offset:] + models[:offset]:
+            assert model.first_feeds is not None
+            times[id(model)].append(_run(model, model.first_feeds)[1])
+    for model in models:
+        ms = np.asarray(times[id(model)]) * 1000.0
+        model.result.latency_ms = {
+            "median": float(np.median(ms)),
+            "p90": float(np.percentile(ms, 90)),
+            "mean": float(ms.mean()),
+            "min": float(ms.min()),
+            "runs": float(runs),
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Public API
+
+
+def _reference_index(models: list[ModelLike], names: list[str], reference: Any) -> int | None:
+    """Index of the reference among the models, or None when it is another model."""
+    if reference is None:
+        return 0
+    if isinstance(reference, int) and not isinstance(reference, bool):
+        if not 0 <= reference < len(models):
+            raise InvalidArgumentError(f"reference={reference} is not the index of one of the {len(models)} models.")
+        return reference
+    if isinstance(reference, str) and reference in names:
+        return names.index(reference)
+    if isinstance(reference, (str, os.PathLike)):
+        wanted = Path(reference).resolve()
+        for i, source in enumerate(models):
+            if isinstance(source, (str, os.PathLike)) and Path(source).resolve() == wanted:
+                return i
+        return None
+    for i, source in enumerate(models):
+        if source is reference:
+            return i
+    return None
+
+
+def _load_labels(labels: Any) -> np.ndarray:
+    if isinstance(labels, (str, os.PathLike)):
+        try:
+            labels = np.load(labels, allow_pickle=False)
+        except Exception as e:
+            raise CalibrationDataError(
+                f"Cannot read labels from '{labels}' ({type(e).__name__}): save class ids with np.save."
+            ) from None
+    array = np.asarray(labels)
+    if array.dtype.kind not in "iu" or array.ndim < 1:
+        raise CalibrationDataError(
+            f"Labels must be integer class ids, one per sample (got {array.dtype} {list(array.shape)})."
+        )
+    return array.astype(np.int64)
+
+
+def _describe(data: Any) -> str | None:
+    """The data as the report names it: a path, or the type of an in-memory source."""
+    if data is None or isinstance(data, (str, os.PathLike)):
+        return None if data is None else str(data)
+    return type(data).__name__
+
+
+def evaluate_models(
+    models: ModelLike | Sequence[ModelLike],
+    data: Any,
+    *,
+    reference: Any = None,
+    labels: Any = None,
+    providers: Sequence[str] | None = None,
+    batch_size: int | None = None,
+    perplexity: bool | None = None,
+    latency_runs: int = 10,
+    custom_op_libs: Sequence[str] = (),
+    optimization: str = "all",
+) -> EvaluationReport:
+    """Runs models side by side on the same data and reports task metrics, batch by batch.
+
+    Args:
+        models: One model or several (paths, ``onnx.ModelProto`` or ``onnx_ir.Model``), e.g. an FP32 original and
+            its FP16/BF16/INT4 versions. Paths are mapped by ONNX Runtime, never copied through Python.
+        data: Inputs: an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``, an ``.npy`` of token ids
+            ``[N, seq]`` (token windows), a dict of arrays, a list of dicts or a CalibrationDataReader; None: one
+            batch of realistic random data.
+        reference: The model the others are compared with: one of the models (path or name) or another model
+            file (default: the first model).
+        labels: Class ids (a path to an ``.npy`` or an array), one per sample in data order (negative ids are
+            ignored): top-1/top-5 accuracy of the first float output.
+        providers: ONNX Runtime providers for the evaluation: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
+        batch_size: Split each batch of the data into runs of at most this many samples (default: as stored).
+        perplexity: Report perplexity: True requires causal LMs, False never, None (default) for every model with
+            ``input_ids`` and ``[batch, seq, vocab]`` logits (an output whose name contains ``logits``).
+        latency_runs: Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency).
+        custom_op_libs: Custom op libraries (.so/.dll) registered on every session.
+        optimization: ONNX Runtime graph optimization level of the sessions (all: as deployed).
+
+    Returns:
+        The report: per model perplexity, accuracy, agreement with the reference and latency; ``table()`` for a
+        terminal and ``to_json()`` for scripts.
+
+    Raises:
+        OnnxprecError: A bad model, data, labels or argument; the message says how to fix it.
+    """
+    values = fields_in(EvaluateOptions, locals())
+    if providers is None:
+        del values["providers"]
+    options = EvaluateOptions(**values)
+    return run_evaluation(models, options)
+
+
+def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOptions) -> EvaluationReport:
+    """:func:`evaluate_models` with the settings as one object (e.g. built from command-line flags)."""
+    sources = [models] if isinstance(models, (str, os.PathLike, onnx.ModelProto, ir.Model)) else list(models)
+    if not sources:
+        raise InvalidArgumentError("No model to evaluate: pass at least one model.")
+    named = [_name_of(source, i) for i, source in enumerate(sources)]
+    index = _reference_index(sources, [n for n, _ in named], options.reference)
+    if index is None:  # another model: evaluated first, as the reference
+        sources.insert(0, options.reference)
+        named.insert(0, _name_of(options.reference, len(sources)))
+        index = 0
+    names = [n for n, _ in named]
+    for i, name in enumerate(names):
+        if names.count(name) > 1:
+            names[i] = f"{name}#{i}"
+    for what, path in (("--data", options.data), ("--labels", options.labels)):
+        if isinstance(path, (str, os.PathLike)) and not Path(path).exists():
+            raise CalibrationDataError(f"{what} '{path}' does not exist: check the path.")
+    labels = _load_labels(options.labels) if options.labels is not None else None
+    report = EvaluationReport(data=_describe(options.data), providers=list(options.providers))
+    loaded: list[_Model] = []
+    for i, (source, name) in enumerate(zip(sources, names)):
+        result = ModelResult(name, named[i][1], is_reference=i == index)
+        loaded.append(_setup(result, _open(source, name, options), options, labels is not None))
+        report.models.append(result)
+        logger.debug("Model %s: fetch %s%s", name, loaded[-1].fetch, " (causal LM)" if loaded[-1].ppl else "")
+    ref = loaded[index]
+    order = [ref] + [m for m in loaded if m is not ref]
+    for model in order:
+        missing = [n for n in model.inputs if n not in ref.inputs and not _synthesizable(model, n)]
+        if missing:
+            raise InvalidArgumentError(
+                f"Model '{model.result.name}' needs inputs {missing} that the reference "
+                f"'{ref.result.name}' does not have: evaluate models with the same inputs."
+            )
+    if options.data is None:
+        reference_model = load_model(sources[index])
+        random = calibration.random_feeds(reference_model)
+        batches: Iterable[dict[str, np.ndarray]] = [{k: v for k, v in random.items() if not _synthesizable(ref, k)}]
+        logger.info("No --data: one batch of realistic random inputs")
+    else:
+        batches = _batches(options.data, ref)
+    offset = 0
+    for number, stored in enumerate(batches):
+        for batch in _split(stored, options.batch_size):
+            _evaluate_batch(order, batch, labels, offset)
+            first = next(iter(batch.values()))
+            offset += first.shape[0] if first.ndim else 1
+        logger.debug("Batch %d done (%d samples so far)", number, offset)
+    if labels is not None and offset != labels.shape[0]:
+        raise CalibrationDataError(
+            f"--labels has {labels.shape[0]} entries but the data has {offset} samples: give one label per sample."
+        )
+    for model in loaded:
+        result = model.result
+        if model.ppl is not None:
+            result.perplexity, result.tokens = model.ppl.value, model.ppl.tokens
+        if labels is not None and model.labelled:
+            result.top1_accuracy = model.top1 / model.labelled
+            result.top5_accuracy = None if model.top5 is None else model.top5 / model.labelled
+            result.labelled = model.labelled
+        if not result.is_reference:
+            result.agreement = {name: stats.as_dict() for name, stats in model.agreement.items()}
+    if options.latency_runs:
+        _latency(order, int(options.latency_runs))
+        assert ref.first_feeds is not None
+        report.latency_batch = {k: list(v.shape) for k, v in ref.first_feeds.items()}
+    for model in loaded:
+        logger.info("%s", _summary(model.result))
+    return report
+
+
+def _evaluate_batch(order: list[_Model], batch: dict[str, np.ndarray], labels: np.ndarray | None, offset: int) -> None:
+    first = next(iter(batch.values()))
+    size = first.shape[0] if first.ndim else 1
+    batch_labels = None
+    if labels is not None:
+        batch_labels = labels[offset : offset + size]
+        if batch_labels.shape[0] != size:
+            raise CalibrationDataError(
+                f"--labels has {labels.shape[0]} entries but the data has more samples: give one label per sample."
+            )
+    reference: dict[str, np.ndarray] | None = None
+    for model in order:
+        feeds = _complete(model, batch)
+        if model.first_feeds is None:
+            model.first_feeds = feeds
+        arrays, seconds = _run(model, feeds)
+        outputs = dict(zip(model.fetch, arrays))
+        model.result.seconds += seconds
+        model.result.batches += 1
+        model.result.samples += size
+        _score(model, feeds, outputs, batch_labels)
+        if reference is None:
+            reference = outputs
+        else:
+            _agree(model, reference, outputs)
+        del arrays, outputs
+
+
+def _summary(result: ModelResult) -> str:
+    parts = [f"{result.name}{' (reference)' if result.is_reference else ''}: {result.samples} samples"]
+    if result.perplexity is not None:
+        parts.append(f"perplexity {result.perplexity:.4f} over {result.tokens} tokens")
+    if result.top1_accuracy is not None:
+        parts.append(f"top-1 {result.top1_accuracy:.2%}, top-5 {_fmt(result.top5_accuracy, '{:.2%}')}")
+    main = result.main_agreement
+    if main is not None:
+        agree = f"top-1 agreement {main['top1']:.2%}, " if main.get("top1") is not None else ""
+        parts.append(f"{agree}max abs {main['max_abs']:.3g}, rel L2 {main['rel_l2']:.3g}, cosine {main['cosine']:.6f}")
+    if result.latency_ms:
+        parts.append(f"latency median {result.latency_ms['median']:.2f} ms, p90 {result.latency_ms['p90']:.2f} ms")
+    return "; ".join(parts)

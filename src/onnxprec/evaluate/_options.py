@@ -1,0 +1,93 @@
+"""Evaluation options, each declared once: API keyword, command-line flag and help.
+
+Nothing heavy is imported here, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = ["OPTIMIZATION_LEVELS", "EvaluateOptions"]
+
+OPTIMIZATION_LEVELS = ("none", "basic", "all")
+
+
+@dataclass
+class EvaluateOptions(ToolOptions):
+    """All evaluation settings, validated once (the models themselves are the API's first argument)."""
+
+    TITLE = "evaluation options"
+
+    data: Any = option(  # noqa: RUF009 (option() returns a dataclasses.field)
+        None,
+        flags=("--data",),
+        metavar="PATH",
+        help="Inputs: an .npz file, a folder of .npz files, a Polygraphy .json, or an .npy of token ids [N, seq] "
+        "(token windows for a causal LM) (default: one batch of realistic random data).",
+        doc="Inputs: an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``, an ``.npy`` of token ids "
+        "``[N, seq]`` (token windows), a dict of arrays, a list of dicts or a CalibrationDataReader; None: one "
+        "batch of realistic random data.",
+    )
+    reference: Any = option(  # noqa: RUF009
+        None,
+        flags=("--reference",),
+        metavar="MODEL",
+        help="The model the others are compared with: one of the models (path or name) or another model file "
+        "(default: the first model).",
+    )
+    labels: Any = option(  # noqa: RUF009
+        None,
+        flags=("--labels",),
+        metavar="PATH",
+        help="Class ids (.npy, one per sample in data order; negative ids are ignored): top-1/top-5 accuracy.",
+        doc="Class ids (a path to an ``.npy`` or an array), one per sample in data order (negative ids are "
+        "ignored): top-1/top-5 accuracy of the first float output.",
+    )
+    providers: Sequence[str] = providers_option("the evaluation")
+    batch_size: int | None = option(
+        None,
+        flags=("--batch_size",),
+        metavar="N",
+        help="Split each batch of the data into runs of at most this many samples (default: as stored).",
+    )
+    perplexity: bool = option(
+        None,
+        flags=("--perplexity",),
+        help="Report perplexity; an error if a model is not a causal LM (default: automatic when a model has "
+        "input_ids and [batch, seq, vocab] logits (an output named like 'logits')).",
+        doc="Report perplexity: True requires causal LMs, False never, None (default) for every model with "
+        "``input_ids`` and ``[batch, seq, vocab]`` logits (an output whose name contains ``logits``).",
+    )
+    latency_runs: int = option(
+        10,
+        flags=("--latency_runs",),
+        metavar="N",
+        help="Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency).",
+    )
+    custom_op_libs: Sequence[str] = option(
+        (),
+        flags=("--custom_op_lib",),
+        nargs="*",
+        metavar="PATH",
+        help="Custom op libraries (.so/.dll) registered on every session.",
+    )
+    optimization: str = option(
+        "all",
+        flags=("--optimization",),
+        choices=OPTIMIZATION_LEVELS,
+        help="ONNX Runtime graph optimization level of the sessions (all: as deployed).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size is not None and int(self.batch_size) <= 0:
+            raise InvalidArgumentError(f"batch_size must be a positive integer, got {self.batch_size}.")
+        if int(self.latency_runs) < 0:
+            raise InvalidArgumentError(f"latency_runs must be >= 0, got {self.latency_runs}.")
+        if self.optimization not in OPTIMIZATION_LEVELS:
+            raise InvalidArgumentError(f"optimization must be one of {OPTIMIZATION_LEVELS}, got {self.optimization!r}.")

@@ -1,0 +1,42 @@
+"""Pre-processing for quantization: ONNX Runtime's ``quant_pre_process``, same arguments, at any model size.
+
+Symbolic shape inference, ONNX Runtime's basic graph optimization (constant folding, Conv+BatchNormalization
+and other fusions) and ONNX shape inference, plus an optional verified opset upgrade (``opset=``). Unlike ONNX
+Runtime's version it handles models above 2 GB, models with contrib ops or If/Loop subgraphs, and a failing
+symbolic shape inference; every step logs what it changed. The implementation lives in ``_api`` and is
+imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnxprec.preprocess._api import (
+        PreprocessOptions,
+        PreprocessReport,
+        StepReport,
+        default_output_path,
+        preprocess_file,
+        quant_pre_process,
+    )
+
+__all__ = [
+    "PreprocessOptions",
+    "PreprocessReport",
+    "StepReport",
+    "default_output_path",
+    "preprocess_file",
+    "quant_pre_process",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("onnxprec.preprocess._api"), name)
+    raise AttributeError(f"module 'onnxprec.preprocess' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,69 @@
+"""``onnxprec preprocess`` and ``python -m onnxprec.preprocess``: ONNX Runtime's pre-processing, same flags.
+
+The flags come from :class:`~onnxprec.preprocess._options.PreprocessOptions` (declared once, with the API
+keywords), the input/output flags below (``--input``/``--output`` as in ``python -m
+onnxruntime.quantization.preprocess``) and the shared :class:`onnxprec._options.CommonArgs`. The skip flags
+take no value (ONNX Runtime's take one: ``--skip_optimization True``). Nothing heavy is imported until
+:func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxprec import _options
+from onnxprec._options import CommonArgs, ToolOptions, from_args, option
+from onnxprec.cli import check_report_path, write_report
+from onnxprec.errors import ModelLoadError
+from onnxprec.preprocess._options import PreprocessOptions
+
+__all__ = ["DESCRIPTION", "EPILOG", "FileArgs", "add_arguments", "run"]
+
+DESCRIPTION = (
+    "Prepare a model for quantization, as ONNX Runtime's quant_pre_process does: symbolic shape inference, "
+    "ONNX Runtime basic graph optimization (constant folding, Conv+BatchNormalization fusion...), ONNX shape "
+    "inference; for models of any size, with contrib ops or If/Loop subgraphs. Each step logs what it changed."
+)
+EPILOG = """\
+examples:
+  {prog} --input model.onnx --output model.pre.onnx
+      the three steps of ONNX Runtime's quant_pre_process; the log says what each changed
+  {prog} --input model.onnx --output model.opset21.onnx --opset 21 --save_as_external_data --all_tensors_to_one_file
+      also upgrade to opset 21 (INT4 DequantizeLinear), checked by running the model before and after
+"""
+
+
+@dataclass
+class FileArgs(ToolOptions):
+    """The input and output of the command line (the API takes them as its first two arguments)."""
+
+    TITLE = "input and output"
+
+    input: str = option(flags=("--input",), metavar="PATH", help="Input ONNX model.")
+    output: str | None = option(
+        None, flags=("--output",), metavar="PATH", help="Output model (default: <name>.pre.onnx beside the input)."
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """ONNX Runtime's pre-processing flags and onnxprec's extras."""
+    _options.add_arguments(parser, FileArgs, PreprocessOptions, CommonArgs)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Pre-processes the model; prints one summary line on stdout."""
+    from onnxprec.preprocess._api import default_output_path, preprocess_file
+
+    files = from_args(FileArgs, args)
+    common = from_args(CommonArgs, args)
+    options = from_args(PreprocessOptions, args)
+    if not Path(files.input).exists():
+        raise ModelLoadError(f"Model file '{files.input}' does not exist: check --input.")
+    output = files.output or str(default_output_path(files.input))
+    check_report_path(common.report_json, protected=[files.input, output])
+    report = preprocess_file(files.input, output, options)
+    write_report(common.report_json, report.to_json())
+    print(f"{report.summary}; saved {report.output_path}")
+    return 0
