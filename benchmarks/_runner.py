@@ -8,7 +8,8 @@ imports).
 
 Tools (each the entry point users call):
   onnxprec           ``python -m onnxprec.autocast`` (its CLI main, ModelOpt's flags; ``--report-json P`` adds
-                     ``--report_json P``, whose counts the harness reads)
+                     ``--report_json P``, whose counts the harness reads); with ``--inputs`` they are its
+                     calibration data (``-d``), and ``--target T`` adds ``--target_accuracy T``
   modelopt           ``python -m modelopt.onnx.autocast`` (its CLI main)
   occ_fp16           onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)
   occ_amp            onnxconverter_common.auto_mixed_precision.auto_convert_mixed_precision on the real inputs
@@ -94,6 +95,10 @@ def run(args: argparse.Namespace) -> tuple[float, float, int]:
         argv = _autocast_argv(args)
         if args.report_json:
             argv += ["--report_json", args.report_json]
+        if args.inputs:
+            argv += ["-d", args.inputs]
+        if args.target:
+            argv += ["--target_accuracy", args.target]
         t = time.perf_counter()
         rc = autocast_main(argv)
         return t_imp, time.perf_counter() - t, int(rc or 0)
@@ -144,6 +149,7 @@ def main() -> int:
     ap.add_argument("--data-max", default=None, help="AutoCast --data_max (e.g. inf); default: the tool's own")
     ap.add_argument("--inputs", default=None, help=".npz of real inputs (occ_amp)")
     ap.add_argument("--report-json", default=None, help="onnxprec: write its report JSON (--report_json) here")
+    ap.add_argument("--target", default=None, help="onnxprec: --target_accuracy (e.g. rel_l2<=1e-3)")
     ap.add_argument("--rtol", type=float, default=0.01, help="occ_amp rtol")
     ap.add_argument("--atol", type=float, default=0.001, help="occ_amp atol")
     args = ap.parse_args()

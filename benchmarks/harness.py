@@ -214,13 +214,18 @@ def paired_ratios(tool_runs: list[dict[str, Any]], anchor_runs: list[dict[str, A
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _tool_counts(tool: Tool, log: str, report_json: Path) -> dict[str, int] | None:
-    """The tool's own node counts: onnxprec's from its report JSON (``counts``), ModelOpt's from its log line
-    ("Converted X/Y nodes"); None when the tool reports none."""
+def _tool_counts(tool: Tool, log: str, report_json: Path) -> dict[str, Any] | None:
+    """The tool's own node counts: onnxprec's from its report JSON (``counts``, and ``target`` for the accuracy
+    target runs), ModelOpt's from its log line ("Converted X/Y nodes"); None when the tool reports none."""
     if tool.report_json:
         try:
-            counts = json.loads(report_json.read_text())["counts"]
-            return {"low_nodes": counts["low_nodes"], "nodes": counts["nodes"], "casts_inserted": counts["casts"]}
+            report = json.loads(report_json.read_text())
+            counts = report["counts"]
+            found = {"low_nodes": counts["low_nodes"], "nodes": counts["nodes"], "casts_inserted": counts["casts"]}
+            search = report.get("target")
+            if search:  # --target_accuracy: what the search did (AutoCast issue 11)
+                found["target"] = {k: search[k] for k in ("target", "mode", "reached", "moved", "sessions", "runs")}
+            return found
         except (OSError, ValueError, KeyError, TypeError) as e:
             logger.warning("%s: no counts from its report JSON %s (%s)", tool.id, report_json, e)
             return None

@@ -33,7 +33,7 @@ from .report_common import (
     tool_label,
 )
 from .targets import Target, evaluate, targets_table
-from .tools import TOOLS
+from .tools import TARGET, TOOLS
 from .zoo import SMOLLM2_FP32_PERPLEXITY
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,24 @@ TARGETS: tuple[Target, ...] = (
     Target("{model} FP16 perplexity within 0.5 % of FP32", "perplexity_change", "<=", 0.005,
            "≤ 0.5 % from {fp32_perplexity}", "smollm2_135m", anchor=None,
            context=("FP32 measured {fp32_perplexity} (reference {reference})",), reference=SMOLLM2_FP32_PERPLEXITY),
+    # issue 11: attention masks in FP16 without FP32 islands (the Cast-count row above), and target accuracy
+    Target("{model} FP16 perplexity within 0.1 % of FP32 (masks in FP16)", "perplexity_change", "<=", 0.001,
+           "≤ 0.1 % from {fp32_perplexity}", "smollm2_135m", anchor=None,
+           context=("FP32 measured {fp32_perplexity}",), reference=SMOLLM2_FP32_PERPLEXITY),
+    *(
+        target
+        for model in ("smollm2_135m", "minilm_l6_v2")
+        for target in (
+            Target(f"{{model}}: --target_accuracy {TARGET} met (real inputs)", "own_rel_l2", "<=", 1e-3,
+                   "≤ 1e-3", model, "onnxprec:target", anchor=None, digits=2),
+            Target("{model}: target mode < 5× a default conversion on the same data", "time_ratio", "<", 5,
+                   "< 5×", model, "onnxprec:target", "onnxprec:data", context=("default here {anchor_wall_s} s",),
+                   digits=1),
+            Target("{model}: target mode nodes in low precision ≥ the default's, where the default meets the target",
+                   "low_nodes_at_target", ">=", 1, "≥", model, "onnxprec:target", "onnxprec:data",
+                   context=("of {float_nodes} float nodes; left in FP32: {fp32_nodes}",), reference=1e-3),
+        )
+    ),
 )
 # fmt: on
 
@@ -128,6 +146,8 @@ def cost_table(merged: Merged, models: Sequence[str]) -> str:
             s = e.get("summary", {})
             if not s.get("wall_s"):
                 speed, rss = status_text(e), "–"
+            elif tool in _TARGET_TOOLS:
+                speed, rss = "– (accuracy target table)", "–"
             else:
                 paired = v.get("paired", True) if v else True
                 speed = ratio(v.get("speedup") if v else None, paired, 1) if anchor else "(anchor)"
@@ -161,6 +181,61 @@ def cost_table(merged: Merged, models: Sequence[str]) -> str:
             "import s",
             "n",
             "run",
+        ],
+        rows,
+    )
+
+
+_TARGET_TOOLS = ("onnxprec:data", "onnxprec:target")
+
+
+def target_table(merged: Merged, models: Sequence[str]) -> str | None:
+    """``--target_accuracy`` against the default on the same calibration data and against onnxconverter-common's
+    ``auto_mixed_precision`` (AutoCast issue 11)."""
+    rows = []
+    for model in models:
+        m = merged.models[model]
+        base = m["tools"].get("onnxprec:data")
+        if not base and "onnxprec:target" not in m["tools"]:
+            continue
+        for tool in ("onnxprec:data", "onnxprec:target", "occ_amp"):
+            e = m["tools"].get(tool)
+            if not e or e.get("status") in ("skipped", "not run"):
+                continue
+            s, st, acc = e.get("summary", {}), e.get("structure"), e.get("accuracy", {})
+            v = e["_vs"].get("onnxprec:data") if tool != "onnxprec:data" else None
+            search = (e.get("tool_reported") or {}).get("target") or {}
+            rows.append(
+                [
+                    model_label(model),
+                    tool_label(tool, e),
+                    stat(s.get("wall_s")) if s.get("wall_s") else status_text(e),
+                    ratio(v.get("time_ratio"), v.get("paired", True), 1) if v and v.get("time_ratio") else "–",
+                    f"{st['low_nodes']}/{st.get('float_nodes', st['nodes'])}" if st else "–",
+                    str(st["casts"]) if st else "–",
+                    num(acc.get("rel_l2"), 2) if "rel_l2" in acc else "–",
+                    num(acc.get("perplexity"), 3) if acc.get("perplexity") is not None else "–",
+                    (
+                        f"{search['mode']}, {search['moved']} moved, {search['sessions']} sessions, "
+                        f"{search['runs']} runs, {'reached' if search['reached'] else 'NOT reached'}"
+                    )
+                    if search
+                    else "–",
+                ]
+            )
+    if not rows:
+        return None
+    return table(
+        [
+            "Model",
+            "Tool",
+            "wall s",
+            "time vs onnxprec on the same data",
+            "low-precision nodes",
+            "Cast nodes",
+            "rel L2 err",
+            "perplexity",
+            "search",
         ],
         rows,
     )
@@ -594,6 +669,20 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
             "data kept external).",
             "",
             bt,
+            "",
+        ]
+    tt = target_table(merged, [m for _, ms in groups for m in ms])
+    if tt:
+        out += [
+            f"### Accuracy target: `--target_accuracy {TARGET}` (AutoCast issue 11)",
+            "",
+            "All three on the same real inputs: `onnxprec:data` is the default conversion with them as "
+            "calibration data (`-d`), `onnxprec:target` adds the target, `occ_amp` is onnxconverter-common's "
+            "`auto_convert_mixed_precision` on them (rtol 0.01, atol 0.001: its own check, not the same "
+            "criterion). Time ratio: the tool's whole-process wall time / the default's in the same round. Errors "
+            "and nodes as in the quality table below.",
+            "",
+            tt,
             "",
         ]
     if png:

@@ -13,6 +13,9 @@ Metrics:
 * ``low_nodes``, ``casts``, ``rel_l2`` - the tool's result against the anchor's (the same metric of the
   anchor's result, times ``bound``); ``rel_l2`` also needs no more non-finite outputs than the anchor's.
 * ``perplexity_change`` - ``|perplexity / FP32 perplexity - 1|`` (the FP32 one measured, else ``reference``).
+* ``own_rel_l2`` - the tool's own relative L2 error against FP32 on the real inputs, against the bound itself.
+* ``low_nodes_at_target`` - the tool's low-precision nodes against the anchor's times ``bound``, when the
+  anchor's own relative L2 error meets the tool's accuracy target (``Target.reference``); not applicable else.
 
 Context fragments (:attr:`Target.context`) are ``str.format`` templates; a fragment whose fields are missing is
 left out. Fields: ``anchor_wall_s``, ``anchor_rss_gib`` (the anchor's medians) and the metric's own
@@ -199,6 +202,27 @@ def _perplexity_change(t: Target, model: str, merged: Merged) -> Measure:
     return Measure(change, t.bound, f"{num(ppl, 3)} ({change * 100:+.2f} %)", fields)
 
 
+def _own_rel_l2(t: Target, model: str, merged: Merged) -> Measure | None:
+    e = _entry(merged, model, t.tool)
+    acc = e.get("accuracy", {}) if e else {}
+    if "rel_l2" not in acc:
+        return None
+    return Measure(acc["rel_l2"], t.bound, f"rel L2 {num(acc['rel_l2'], 2)}", {}, also=acc.get("nonfinite", 0) == 0)
+
+
+def _low_nodes_at_target(t: Target, model: str, merged: Merged) -> Measure | None:
+    pair = _pair(t, model, merged)
+    if pair is None or t.reference is None:
+        return None
+    theirs = pair[1].get("accuracy", {}).get("rel_l2")
+    low = _low_nodes(t, model, merged)
+    if low is None or theirs is None:
+        return None
+    if theirs > t.reference:
+        return Measure(None, 0, f"n/a: the default misses it (rel L2 {num(theirs, 2)})", low.fields)
+    return low
+
+
 METRICS: dict[str, Metric] = {
     "speedup": _ratio_metric("speedup"),
     "time_ratio": _ratio_metric("time_ratio"),
@@ -209,6 +233,8 @@ METRICS: dict[str, Metric] = {
     "casts": _casts,
     "rel_l2": _rel_l2,
     "perplexity_change": _perplexity_change,
+    "own_rel_l2": _own_rel_l2,
+    "low_nodes_at_target": _low_nodes_at_target,
 }
 
 

@@ -59,3 +59,33 @@ def test_autocast_targets_name_known_metrics_and_tools() -> None:
     rows = evaluate(report_autocast.TARGETS, _merged())
     assert rows[0].measured == "not measured"  # SmolLM2 absent
     assert any(r.target == "chain_8: nodes in low precision ≥ ModelOpt's" and r.reached for r in rows)
+
+
+def test_accuracy_target_metrics() -> None:
+    """Issue 11: the target's own error against its bound; low nodes against the default only where it meets it."""
+    structure = {"nodes": 10, "float_nodes": 10, "low_nodes": 8, "fp32_nodes": 2, "casts": 2}
+    target = _tool("a", 5.0, structure=structure, accuracy={"rel_l2": 9e-4, "nonfinite": 0})
+    meets = _tool("a", 1.0, structure={**structure, "low_nodes": 7}, accuracy={"rel_l2": 8e-4, "nonfinite": 0})
+    misses = _tool("a", 1.0, structure={**structure, "low_nodes": 10}, accuracy={"rel_l2": 2e-3, "nonfinite": 0})
+    merged = Merged(
+        {
+            "m1": {"tools": {"onnxprec:target": target, "onnxprec:data": meets}, "fp32": {}},
+            "m2": {"tools": {"onnxprec:target": target, "onnxprec:data": misses}, "fp32": {}},
+        },
+        [{"run_id": "a"}],
+    )
+    targets = [
+        Target("{model}: met", "own_rel_l2", "<=", 1e-3, "≤", "m1", "onnxprec:target", anchor=None),
+        *(
+            Target("{model}: ≥ default", "low_nodes_at_target", ">=", 1, "≥", m, "onnxprec:target", "onnxprec:data",
+                   reference=1e-3)
+            for m in ("m1", "m2")
+        ),
+    ]  # fmt: skip
+    rows = evaluate(targets, merged)
+    assert [(r.target, r.reached) for r in rows] == [
+        ("m1: met", True),
+        ("m1: ≥ default", True),
+        ("m2: ≥ default", None),
+    ]
+    assert rows[2].measured.startswith("n/a: the default misses it")

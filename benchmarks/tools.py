@@ -38,6 +38,7 @@ class Tool:
         max_repeats: At most this many rounds (occ_amp: minutes per run, and its time is not in question).
         report_json: Whether the tool writes onnxprec's report JSON (``--report_json``): its own counts
             (``{"counts": {"nodes", "low_nodes", "casts", ...}}``) are read from there.
+        target: onnxprec's ``--target_accuracy`` (with the real inputs as calibration data).
     """
 
     id: str
@@ -53,9 +54,11 @@ class Tool:
     timeout_s: float | None = None
     max_repeats: int | None = None
     report_json: bool = False
+    target: str | None = None
 
 
 _AUTOCAST = "--onnx_path {src} --output_path {dst} --keep_io_types"
+TARGET = "rel_l2<=1e-3"  # the accuracy target of the onnxprec:target runs (AutoCast issue 11)
 TOOLS: dict[str, Tool] = {
     t.id: t
     for t in (
@@ -93,6 +96,29 @@ TOOLS: dict[str, Tool] = {
             f"python -m modelopt.onnx.autocast {_AUTOCAST} --data_max inf",
             data_max="inf",
             anchor=None,
+        ),
+        Tool(
+            "onnxprec:data",
+            "onnxprec",
+            "project",
+            "onnxprec, real inputs as calibration data",
+            f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz",
+            anchor=None,
+            needs_inputs=True,
+            report_json=True,
+        ),
+        Tool(
+            "onnxprec:target",
+            "onnxprec",
+            "project",
+            f"onnxprec --target_accuracy {TARGET}",
+            f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz --target_accuracy '{TARGET}'",
+            anchor="onnxprec:data",
+            needs_inputs=True,
+            report_json=True,
+            target=TARGET,
+            timeout_s=3600,
+            max_repeats=1,
         ),
         Tool(
             "occ_fp16",
@@ -133,7 +159,7 @@ TOOLS: dict[str, Tool] = {
 }
 
 # the tools whose runs the others' time and memory are taken against, round by round (see Tool.anchor)
-RATIO_ANCHORS = ("modelopt", "modelopt:inf", "baseline_loadsave")
+RATIO_ANCHORS = ("modelopt", "modelopt:inf", "baseline_loadsave", "onnxprec:data")
 
 _CHAIN = re.compile(r"chain_\d+")
 _MATMUL = re.compile(r"matmul_[\d.]+gb")
@@ -207,6 +233,8 @@ def tool_command(
         if inputs_npz is None:
             raise ValueError(f"{tool.id} needs the model's real inputs")
         cmd += ["--inputs", str(inputs_npz)]
+    if tool.target is not None:
+        cmd += ["--target", tool.target]
     return cmd
 
 

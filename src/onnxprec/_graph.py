@@ -19,6 +19,7 @@ __all__ = [
     "original_name",
     "record_original_name",
     "rename_value",
+    "tensor_dtype",
     "unique_name",
 ]
 
@@ -34,6 +35,12 @@ _SHORT = {
     ir.DataType.BFLOAT16: "bf16",
     ir.DataType.DOUBLE: "fp64",
 }
+
+
+def tensor_dtype(value: ir.Value) -> ir.DataType | None:
+    """The element type of a tensor value; None for sequences, optionals and maps (``Value.dtype`` looks through
+    them: a sequence of FP32 tensors is no FP32 tensor to convert or cast) and for untyped values."""
+    return value.dtype if isinstance(value.type, ir.TensorType) else None
 
 
 def dtype_name(dtype: ir.DataType) -> str:

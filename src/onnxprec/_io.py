@@ -34,6 +34,8 @@ ModelSource = str | os.PathLike | onnx.ModelProto | ir.Model
 
 # Files at least this large are memory-mapped instead of parsed into memory.
 _MAP_FILE_BYTES = 32 * 1024 * 1024
+# ``ir.Model.meta`` key: the external data files of the model file it was loaded from.
+_DATA_FILES = "onnxprec.external_data_files"
 # Protobuf cannot serialize a message above 2 GiB; stay below with margin.
 _PROTOBUF_LIMIT = 2_000_000_000
 
@@ -70,9 +72,10 @@ def load_model(source: ModelSource) -> ir.Model:
             "re-export or re-download it."
         ) from e
     _check_model_proto(proto, f"'{path}'")
-    _check_external_data(proto, path)
+    data_files = _check_external_data(proto, path)
     model = ir.serde.deserialize_model(proto)
     ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
+    model.meta[_DATA_FILES] = data_files
     logger.debug("Loaded %s: %d nodes in the main graph", path, len(model.graph))
     return model
 
@@ -100,6 +103,94 @@ def _check_model_proto(proto: onnx.ModelProto, where: str) -> None:
         )
     if len(proto.graph.node) == 0:
         raise ModelLoadError(f"{where} has an empty graph: there is nothing to convert.")
+    _check_opsets(proto)
+    opsets = {("" if d.domain == "ai.onnx" else d.domain): d.version for d in proto.opset_import}
+    _check_graph(proto.graph, set(), opsets, proto)
+
+
+def _invalid(problem: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"The graph is not a valid ONNX graph ({problem}): fix the model (onnx.checker.check_model names the problem)."
+    )
+
+
+def _check_opsets(proto: onnx.ModelProto) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx") and entry.version > newest:
+            raise ModelLoadError(
+                f"The model imports opset {entry.version} of the default domain; this onnx knows up to {newest}: "
+                "upgrade onnx and onnxruntime, or export the model at an older opset."
+            )
+
+
+def _node_name(node: onnx.NodeProto) -> str:
+    return node.name or f"{node.op_type} making '{node.output[0] if node.output else ''}'"
+
+
+def _check_graph(graph: onnx.GraphProto, outer: set[str], opsets: dict[str, int], model: onnx.ModelProto) -> None:
+    """Rejects what no runtime can run, in ONNX's own terms: values read but never made (dangling inputs),
+    values made twice, cycles, inputs declared twice, default-domain ops that do not exist at the imported opset,
+    and domains the model does not import. Subgraphs see the values of their enclosing graphs."""
+    functions = {(f.domain, f.name) for f in model.functions}
+    defined = set(outer)
+    producers: dict[str, onnx.NodeProto] = {}
+    for value in graph.input:
+        if value.name in defined - outer:
+            raise _invalid(f"graph input '{value.name}' is declared twice")
+        defined.add(value.name)
+    defined.update(t.name for t in graph.initializer)
+    defined.update(t.values.name for t in graph.sparse_initializer)
+    for node in graph.node:
+        for out in node.output:
+            if not out:
+                continue
+            if out in producers:
+                raise _invalid(
+                    f"value '{out}' is made twice, by node '{_node_name(producers[out])}' and by node "
+                    f"'{_node_name(node)}'"
+                )
+            producers[out] = node
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in opsets and (node.domain, node.op_type) not in functions:
+            raise ModelLoadError(
+                f"Node '{_node_name(node)}' uses domain '{node.domain}', which the model does not import: add it to "
+                "the model's opset_import."
+            )
+        standard = domain in ("", "ai.onnx.ml") and (node.domain, node.op_type) not in functions
+        if standard and not onnx.defs.has(node.op_type, opsets[domain], domain):
+            raise ModelLoadError(
+                f"Node '{_node_name(node)}' is '{node.op_type}', which is no ONNX op at opset {opsets[domain]}: "
+                "fix the model, or give the op its custom domain."
+            )
+    # What is read must be made by an input, an initializer or another node, without a cycle (Kahn's order).
+    made = defined | set(producers)
+    missing: dict[int, int] = {}  # node index -> inputs not yet made
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            if name and name not in made:
+                raise _invalid(f"node '{_node_name(node)}' reads '{name}', which no node, input or initializer makes")
+            if name and name not in defined:
+                readers.setdefault(name, []).append(index)
+                missing[index] = missing.get(index, 0) + 1
+    queue = [i for i in range(len(graph.node)) if i not in missing]
+    while queue:
+        for name in graph.node[queue.pop()].output:
+            for reader in readers.pop(name, ()):
+                missing[reader] -= 1
+                if not missing[reader]:
+                    queue.append(reader)
+    stuck = next((i for i, count in missing.items() if count), None)
+    if stuck is not None:
+        node = graph.node[stuck]
+        name = next(n for n in node.input if n in readers)
+        raise _invalid(f"node '{_node_name(node)}' reads '{name}', which depends on the node's own output (a cycle)")
+    for node in graph.node:
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                _check_graph(sub, made, opsets, model)
 
 
 def _external_entries(tensor: onnx.TensorProto) -> dict[str, str]:
@@ -119,8 +210,9 @@ def _iter_graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                     yield from _iter_graph_tensors(g)
 
 
-def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
-    """Checks that every external data file exists and is long enough, before anything is mapped."""
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> set[Path]:
+    """Checks that every external data file exists, lies in the model's folder and is long enough, before
+    anything is mapped; returns their resolved paths."""
     sizes: dict[Path, int] = {}
     for tensor in _iter_graph_tensors(proto.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -128,6 +220,12 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
         info = _external_entries(tensor)
         location = info.get("location", "")
         data_path = path.parent / location
+        folder = path.parent.resolve()
+        if folder not in data_path.resolve().parents:
+            raise ModelLoadError(
+                f"External data file '{location}' (needed by tensor '{tensor.name}') is outside the model's folder "
+                f"'{path.parent}': move it beside the model and fix its location."
+            )
         if data_path not in sizes:
             if not data_path.is_file():
                 raise ModelLoadError(
@@ -141,11 +239,13 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
                 f"External data file '{data_path}' is truncated: tensor '{tensor.name}' needs {end} bytes, "
                 f"the file has {sizes[data_path]}; copy the complete file again."
             )
+    return {p.resolve() for p in sizes}
 
 
 def external_data_paths(model: ir.Model) -> set[Path]:
-    """Returns the resolved paths of all external data files the model's tensors reference."""
-    paths: set[Path] = set()
+    """Returns the resolved paths of all external data files the model's tensors reference, and those the
+    model file referenced when it was loaded (a converted weight no longer shows where it came from)."""
+    paths: set[Path] = set(model.meta.get(_DATA_FILES, ()))
     for graph in all_graphs(model.graph):
         for value in graph.initializers.values():
             tensor = value.const_value
@@ -177,6 +277,12 @@ def check_output_path(output: Path, protected: set[Path]) -> None:
     if not resolved.parent.is_dir():
         raise InvalidArgumentError(
             f"Output folder '{resolved.parent}' does not exist: create it or choose another --output_path."
+        )
+    if resolved.is_dir():
+        raise InvalidArgumentError(f"Output path '{output}' is a directory: give the path of the .onnx file to write.")
+    if not os.access(resolved.parent, os.W_OK | os.X_OK):
+        raise InvalidArgumentError(
+            f"Output folder '{resolved.parent}' is not writable: choose another --output_path or fix its permissions."
         )
 
 

@@ -8,6 +8,7 @@ import onnx_ir as ir
 __all__ = [
     "CONTROL_FLOW_OPS",
     "DEFAULT_DOMAINS",
+    "KEEP_FP32_OPS",
     "QUANTIZED_OPS",
     "TYPE_ATTRIBUTES",
     "VALUE_ATTRIBUTE_OPS",
@@ -46,6 +47,14 @@ QUANTIZED_OPS = frozenset(
         "QGemm",
     }
 )
+
+# Default-domain ops that mixed precision keeps in FP32, with the reason (their schema would allow FP16/BF16).
+KEEP_FP32_OPS = {
+    "BitCast": "BitCast reinterprets the bits of its input: its input keeps its type",
+    "QuantizeLinear": "quantization keeps its FP32 input and scale (exact rounding; the output is an integer)",
+    "EyeLike": "EyeLike reads only the shape of its input (nothing to gain; ONNX Runtime has no FP16 kernel)",
+    "MeanVarianceNormalization": "ONNX's function body of MeanVarianceNormalization adds an FP32 epsilon",
+}
 
 # Default-domain ops whose output element type is set by an integer attribute rather than by an input.
 TYPE_ATTRIBUTES = {

@@ -150,7 +150,7 @@ def test_convert_to_mixed_precision_keeps_modelopt_positional_order() -> None:
         "init_conversion_max_bytes", "providers", "trt_plugins", "trt_plugins_precision", "max_depth_of_reduction",
         "opset",
     ]  # fmt: skip
-    assert [p.name for p in params if p.kind is p.KEYWORD_ONLY] == ["input_shapes"]
+    assert [p.name for p in params if p.kind is p.KEYWORD_ONLY] == ["input_shapes", "target_accuracy"]
 
 
 def test_every_option_has_help_and_every_flag_is_unique() -> None:

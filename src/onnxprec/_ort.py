@@ -102,7 +102,7 @@ def import_onnxruntime() -> Any:
             "installed wins: keep exactly one (onnxprec[cpu] or onnxprec[gpu]).",
             ", ".join(installed),
         )
-    ort.set_default_logger_severity(3)  # errors reach the user as exceptions, not as log lines
+    ort.set_default_logger_severity(4)  # errors reach the user as exceptions, not as log lines
     return ort
 
 
@@ -158,7 +158,7 @@ def session_options(
     """
     ort = import_onnxruntime()
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # errors come as exceptions (one line each), not as log lines
     options.graph_optimization_level = {
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -191,6 +191,9 @@ class Session:
         """Casts float feeds to the element types the model declares (e.g. FP32 data into an FP16 input)."""
         result = {}
         for name, array in feeds.items():
+            if array is None or isinstance(array, list):  # an optional or a sequence: ONNX Runtime takes it as is
+                result[name] = array
+                continue
             array = np.asarray(array)
             wanted = _TYPE_STRINGS.get(self.input_types.get(name, ""))
             if wanted is not None and array.dtype != wanted and _is_float(array.dtype):

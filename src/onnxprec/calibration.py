@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import logging
+import math
 import os
 import re
 import zlib
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 import onnx_ir as ir
 
+from onnxprec import _input_contracts
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 
 __all__ = [
@@ -50,9 +52,15 @@ class InputSpec:
     dims: tuple[int | str | None, ...]
     value: ir.Value
 
+    @property
+    def kind(self) -> str:
+        """``tensor``, ``sequence``, ``optional`` or ``map``: what the input holds (``dtype`` is its element type)."""
+        return "tensor" if self.value.type is None else type(self.value.type).__name__.removesuffix("Type").lower()
+
     def describe(self) -> str:
         dims = "x".join(str(d) if isinstance(d, int) else (d or "?") for d in self.dims)
-        return f"{self.name}: {self.dtype} [{dims}]"
+        kind = "" if self.kind == "tensor" else f"{self.kind} of "
+        return f"{self.name}: {kind}{self.dtype} [{dims}]"
 
 
 def input_specs(model: ir.Model) -> list[InputSpec]:
@@ -128,7 +136,7 @@ class Batches:
                 else:
                     yield _read_npz(path)
         elif isinstance(source, Mapping):
-            yield from _split_batches({k: np.asarray(v) for k, v in source.items()}, self._specs)
+            yield from _split_batches({k: _as_feed(v) for k, v in source.items()}, self._specs)
         elif hasattr(source, "get_next"):
             while (item := source.get_next()) is not None:
                 yield dict(item)
@@ -231,10 +239,15 @@ def _read_polygraphy_json(path: Path) -> list[dict[str, np.ndarray]]:
     return [{k: np.asarray(v) for k, v in b.items()} for b in data]
 
 
+def _as_feed(value: Any) -> Any:
+    """An array; a list (a sequence input) or None (an empty optional) as it is."""
+    return value if value is None or isinstance(value, list) else np.asarray(value)
+
+
 def _split_batches(arrays: dict[str, np.ndarray], specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
     """Splits arrays along axis 0 into runs of the model's static batch size (dynamic: one batch)."""
     batch = next((s.dims[0] for s in specs if s.dims and isinstance(s.dims[0], int)), None)
-    if not arrays or batch is None or batch <= 0:
+    if not arrays or batch is None or batch <= 0 or not all(isinstance(v, np.ndarray) for v in arrays.values()):
         return [arrays]
     first = next(iter(arrays.values()))
     total = first.shape[0] if first.ndim else 0
@@ -254,6 +267,9 @@ def _validate(batch: Mapping[str, np.ndarray], specs: list[InputSpec], where: st
             f"unexpected {extra}; the model expects {[s.describe() for s in specs]}."
         )
     for spec in specs:
+        if spec.kind != "tensor":
+            _validate_container(batch[spec.name], spec, where)
+            continue
         array = np.asarray(batch[spec.name])
         if array.dtype != spec.dtype:
             raise CalibrationDataError(
@@ -273,6 +289,22 @@ def _validate(batch: Mapping[str, np.ndarray], specs: list[InputSpec], where: st
                 )
 
 
+def _validate_container(value: object, spec: InputSpec, where: str) -> None:
+    """A sequence input takes a list of arrays, an optional input an array (or a list) or None."""
+    items = value if isinstance(value, list) else [] if value is None else [value]
+    if spec.kind == "sequence" and not isinstance(value, list):
+        raise CalibrationDataError(
+            f"Calibration input '{spec.name}' is a sequence: give a list of arrays, not {type(value).__name__} "
+            f"({where})."
+        )
+    for item in items:
+        if isinstance(item, np.ndarray) and item.dtype != spec.dtype:
+            raise CalibrationDataError(
+                f"Calibration input '{spec.name}' holds dtype {item.dtype}, the model expects {spec.describe()} "
+                f"({where}): convert it with .astype(np.{spec.dtype})."
+            )
+
+
 def feed_batches(
     source: CalibrationSource | None,
     model: ir.Model,
@@ -280,12 +312,13 @@ def feed_batches(
     input_shapes: dict | None = None,
     attempt: int = 0,
     seed: int = 0,
+    unnamed: int | None = None,
 ) -> Iterable[dict[str, np.ndarray]]:
     """Real calibration batches (read lazily) if ``source`` is given, else one batch of realistic random data."""
     specs = input_specs(model)
     if source is not None:
         return load_calibration(source, specs)
-    return [random_feeds(model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed)]
+    return [random_feeds(model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed, unnamed=unnamed)]
 
 
 RANDOM_ATTEMPTS = 5
@@ -302,8 +335,10 @@ def run_on_data(
 ) -> _T:
     """Calls ``run(batches)`` on the user's data, or on realistic random data with retries (any tool).
 
-    Random data is tried with other dynamic sizes and another seed each attempt when ``run`` raises
-    :class:`CalibrationDataError` (the model did not run on it), unless the user fixed the sizes.
+    Random data is tried again when ``run`` raises :class:`CalibrationDataError` (the model did not run on it):
+    each attempt has its own seed and other sizes for the dynamic dims (attempt 1 sets every dynamic dim to 1,
+    as ModelOpt does), unless the user fixed the sizes. When a dim has no name, the sizes that the last error
+    message and the model's constants suggest are tried for it (at most :data:`UNNAMED_ATTEMPTS`).
 
     Raises:
         CalibrationDataError: The user's data does not fit, or no random attempt ran; says how to fix it.
@@ -319,11 +354,55 @@ def run_on_data(
             last_error = e
             if input_shapes:
                 break
-            logger.info("Random inputs of attempt %d did not run (%s); trying other dynamic sizes", attempt, e)
-    raise CalibrationDataError(
-        f"The model does not run on random inputs ({last_error}); set the dynamic input sizes with "
-        "--input_shapes name:1x3x320x320,... (API: input_shapes=) or pass real inputs with --calibration_data."
-    ) from last_error
+            logger.info("Random inputs of attempt %d did not run (%s); trying other inputs", attempt, e)
+    if not input_shapes and _has_unnamed_dims(model):
+        for i, size in enumerate(_unnamed_candidates(model, str(last_error))[:UNNAMED_ATTEMPTS]):
+            batches = feed_batches(None, model, attempt=0, seed=attempts + i, unnamed=size)
+            try:
+                result = run(batches)
+            except CalibrationDataError as e:
+                logger.info("Random inputs with unnamed dims of size %d did not run (%s)", size, e)
+                continue
+            logger.info("The model runs on random inputs whose unnamed dynamic dims have size %d", size)
+            return result
+    dynamic = [s.describe() for s in input_specs(model) if any(not (isinstance(d, int) and d >= 0) for d in s.dims)]
+    if dynamic:
+        named = ", ".join(dynamic[:3]) + (f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else "")
+        advice = (
+            f"set the sizes of the dynamic inputs ({named}) with --input_shapes name:1x3x320x320,... (API: "
+            "input_shapes=) or pass real inputs with --calibration_data"
+        )
+    else:  # every size is fixed: only real values can help
+        advice = "pass real inputs with --calibration_data (or skip the reference run with --data_max inf)"
+    raise CalibrationDataError(f"The model does not run on random inputs ({last_error}); {advice}.") from last_error
+
+
+UNNAMED_ATTEMPTS = 8
+# Random data for one input above this many bytes is refused (a huge static dim, or a typo in --input_shapes).
+RANDOM_BYTES_LIMIT = 4 << 30
+_COMMON_SIZES = (32, 64, 128, 256, 16, 8, 512, 4, 2, 3)
+
+
+def _has_unnamed_dims(model: ir.Model) -> bool:
+    return any(d is None or (isinstance(d, int) and d < 0) for spec in input_specs(model) for d in spec.dims)
+
+
+def _unnamed_candidates(model: ir.Model, error: str) -> list[int]:
+    """Sizes worth trying for unnamed dims: numbers in the runtime's error message (a MatMul or broadcast that
+    names the size it wanted), then small integer constants of the model, then common sizes."""
+    found: list[int] = [int(n) for n in re.findall(r"(?<![\w.])(\d{1,4})(?![\w.])", error)]
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or tensor.size > 16:
+                continue
+            found += [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
+    found += _COMMON_SIZES
+    candidates: list[int] = []
+    for size in found:
+        if 1 < size <= 4096 and size not in candidates:
+            candidates.append(size)
+    return candidates
 
 
 # --------------------------------------------------------------------------------------------------
@@ -358,7 +437,10 @@ _IMAGE_NAME = re.compile(r"^(h|w|height|width|.*_h|.*_w|.*height|.*width|img.*|i
 
 
 def _pick(values: tuple[int, ...], attempt: int) -> int:
-    return values[attempt % len(values)]
+    """Attempt 0 takes the first size, attempt 1 is ModelOpt's (every dynamic dim 1), later ones the next sizes."""
+    if attempt == 1:
+        return 1
+    return values[max(attempt - 1, 0) % len(values)]
 
 
 def _dynamic_size(spec: InputSpec, axis: int, dim: str | None, attempt: int) -> int:
@@ -402,13 +484,19 @@ def random_feeds(
     input_shapes: str | Mapping | None = None,
     attempt: int = 0,
     seed: int = 0,
-) -> dict[str, np.ndarray]:
+    unnamed: int | None = None,
+) -> dict[str, Any]:
     """One batch of random inputs that a real model can run on.
 
-    Integer inputs that index an embedding table get ids inside the table; masks get ones; position ids get
-    ``0..n-1``; token-type ids get zeros; float inputs get standard-normal values. Dynamic dims get batch 1,
-    128 for sequence-like dims and 224 for image-like dims unless ``input_shapes`` sets them; ``attempt``
-    selects alternative sizes for a retry after a failed run.
+    Inputs that an op reads as parameters (Reshape targets, Slice and Reduce axes, Resize scales, NMS
+    thresholds, Split sizes, Gather indices...) get values valid for that op, made after the data they refer to
+    (:mod:`onnxprec._input_contracts`); float inputs of domain-limited ops (Log, Sqrt, Acos...) stay in the
+    domain. Integer inputs that index an embedding table get ids inside the table; masks get ones with padding
+    (zeros at the end of rows, so the masked path is measured too); position ids get ``0..n-1``; token-type ids
+    get zeros; other float inputs get standard-normal values (BF16 and FP8 included), sequences a list of two
+    tensors. Static dims (size 0 included) are kept; dynamic dims get batch 1, 128 for sequence-like dims and 224
+    for image-like dims unless ``input_shapes`` sets them; ``attempt`` selects alternative sizes for a retry
+    (attempt 1: every dynamic dim 1), ``unnamed`` a size for every dim without a name.
     """
     specs = specs if specs is not None else input_specs(model)
     overrides = parse_input_shapes(input_shapes) if not isinstance(input_shapes, dict) else dict(input_shapes)
@@ -419,7 +507,7 @@ def random_feeds(
         )
     rng = np.random.default_rng(seed)
     named: dict[str, int] = {}  # one size per symbolic dim name, so related inputs agree
-    feeds = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         if spec.name in overrides:
             shape = overrides[spec.name]
@@ -433,28 +521,70 @@ def random_feeds(
         else:
             sizes = []
             for axis, dim in enumerate(spec.dims):
-                if isinstance(dim, int) and dim > 0:
-                    sizes.append(dim)
+                if isinstance(dim, int) and dim >= 0:
+                    sizes.append(dim)  # a static size 0 is a size like any other
                 elif isinstance(dim, str) and dim in named:
                     sizes.append(named[dim])
+                elif unnamed is not None and not isinstance(dim, str):
+                    sizes.append(unnamed)
                 else:
                     size = _dynamic_size(spec, axis, dim if isinstance(dim, str) else None, attempt)
                     if isinstance(dim, str):
                         named[dim] = size
                     sizes.append(size)
             shape = tuple(sizes)
-        feeds[spec.name] = _random_array(spec, shape, rng)
-    logger.debug("Random inputs: %s", {k: (v.dtype.name, v.shape) for k, v in feeds.items()})
+        shapes[spec.name] = shape
+        size = math.prod(shape) * spec.dtype.itemsize
+        if size > RANDOM_BYTES_LIMIT:
+            dims = "x".join(str(d) for d in shape)
+            raise CalibrationDataError(
+                f"Random data for input '{spec.name}' ({spec.dtype} [{dims}]) would take {size / 1e9:.1f} GB: pass "
+                "real inputs with --calibration_data, or skip the reference run with --data_max inf."
+            )
+    feeds: dict[str, Any] = {}
+    # Data first, then the parameters that refer to it (a Reshape target needs the size of its data).
+    for spec in sorted(specs, key=lambda s: _input_contracts.is_parameter(s.value)):
+        array = None
+        if spec.kind == "tensor" and spec.name not in overrides:
+            known = {k: np.shape(v) for k, v in feeds.items() if isinstance(v, np.ndarray)}
+            array = _input_contracts.contract_array(spec.value, spec.dims, shapes[spec.name], spec.dtype, known, rng)
+        feeds[spec.name] = array if array is not None else _random_value(spec, shapes[spec.name], rng, attempt)
+    feeds = {spec.name: feeds[spec.name] for spec in specs}
+    logger.debug("Random inputs: %s", {k: (np.asarray(v).dtype.name, np.shape(v)) for k, v in feeds.items()})
     return feeds
+
+
+def _random_value(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator, attempt: int) -> Any:
+    if spec.kind == "tensor":
+        return _random_array(spec, shape, rng)
+    # A sequence or an optional: the element shape is not declared, so a small one that broadcasts.
+    element = shape or ((3,), (1,), (2, 3))[attempt % 3]
+    items = [_random_array(spec, element, rng) for _ in range(2)]
+    inner = spec.value.type.elem_type if isinstance(spec.value.type, ir.OptionalType) else None
+    if spec.kind == "sequence" or isinstance(inner, ir.SequenceType):
+        return items
+    return items[0]
+
+
+def _padded_mask(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """Ones with padding: each row (the last axis) keeps a random length >= 1 and is zero after it; with one
+    row, a quarter of it is padding. Realistic masks exercise the masked path (its fill values get measured)."""
+    if not shape or shape[-1] <= 1 or math.prod(shape) == 0:
+        return np.ones(shape, dtype=dtype)
+    n = shape[-1]
+    rows = math.prod(shape[:-1])
+    lengths = rng.integers(1, n + 1, size=rows) if rows > 1 else np.array([n - max(1, n // 4)])
+    mask = np.arange(n)[None, :] < lengths[:, None]
+    return mask.reshape(shape).astype(dtype)
 
 
 def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     name = spec.name.lower()
+    if "mask" in name and (spec.dtype == np.bool_ or np.issubdtype(spec.dtype, np.number)):
+        return _padded_mask(shape, spec.dtype, rng)
     if spec.dtype == np.bool_:
-        return np.ones(shape, dtype=np.bool_)
+        return np.ones(shape, dtype=np.bool_) if not shape else rng.random(shape) < 0.5
     if np.issubdtype(spec.dtype, np.integer):
-        if "mask" in name:
-            return np.ones(shape, dtype=spec.dtype)
         if "position" in name or name in ("pos", "pos_ids"):
             n = shape[-1] if shape else 1
             return np.broadcast_to(np.arange(n, dtype=spec.dtype), shape).copy()
@@ -463,10 +593,9 @@ def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Genera
         rows = _gather_table_rows(spec.value)
         high = rows if rows is not None else 2
         return rng.integers(0, high, size=shape).astype(spec.dtype)
-    if np.issubdtype(spec.dtype, np.floating):
-        if "mask" in name:
-            return np.ones(shape, dtype=spec.dtype)
-        return rng.standard_normal(shape).astype(spec.dtype)
+    if np.issubdtype(spec.dtype, np.floating) or ir.DataType.from_numpy(spec.dtype).is_floating_point():
+        # numpy has no BF16 or FP8 dtype: ml_dtypes arrays, made from FP32 values
+        return rng.standard_normal(shape).astype(np.float32).astype(spec.dtype)
     raise CalibrationDataError(
         f"Cannot make random data for input '{spec.name}' of type {spec.dtype}: pass --calibration_data."
     )

@@ -48,6 +48,7 @@ _TOOLS: tuple[tuple[str, str, str], ...] = (
     ("evaluate", "onnxprec.evaluate._cli", "Models side by side: perplexity, accuracy, agreement, latency."),
     ("dump", "onnxprec.debug._dump_cli", "Write each quantized (or every float) node output to .bin/.txt files."),
     ("compare", "onnxprec.debug._compare_cli", "Node-by-node errors of a converted model; where it first diverges."),
+    ("quantize int4", "onnxprec.quantization.int4._cli", "INT4 weight-only quantization: RTN, AWQ, GPTQ."),
 )
 
 

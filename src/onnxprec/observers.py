@@ -16,7 +16,7 @@ Every observer's memory is independent of the number of batches.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -56,7 +56,11 @@ class _Filtered:
 
 @dataclass
 class TensorStats:
-    """Running statistics of one tensor over all batches (ModelOpt's ``TensorStats`` fields)."""
+    """Running statistics of one tensor over all batches (ModelOpt's ``TensorStats`` fields).
+
+    ``unmasked_absmax`` is set only for tensors observed with a sentinel threshold (see :class:`RangeObserver`):
+    the largest magnitude among the values above the threshold, i.e. leaving out attention-mask fills.
+    """
 
     absmax: float
     min: float
@@ -64,6 +68,7 @@ class TensorStats:
     shape: tuple[int, ...]
     dtype: np.dtype
     batches: int = 1
+    unmasked_absmax: float | None = None
 
     @classmethod
     def of(cls, array: np.ndarray) -> TensorStats:
@@ -97,11 +102,19 @@ def _min_max(array: np.ndarray) -> tuple[float, float]:
 
 
 class RangeObserver(_Filtered):
-    """Running :class:`TensorStats` per tensor name (graph inputs included when they are fed to it)."""
+    """Running :class:`TensorStats` per tensor name (graph inputs included when they are fed to it).
 
-    def __init__(self, names: Collection[str] | None = None) -> None:
+    Args:
+        names: The tensors to observe (None: all).
+        sentinels: Tensor name -> threshold: values at or below it are masking sentinels (e.g. a
+            ``finfo(float32).min`` attention-mask fill), and the tensor's ``unmasked_absmax`` is the largest
+            magnitude among the other values. The reference run reduces it inside ONNX Runtime.
+    """
+
+    def __init__(self, names: Collection[str] | None = None, sentinels: Mapping[str, float] | None = None) -> None:
         super().__init__(names)
         self.stats: dict[str, TensorStats] = {}
+        self.sentinels: dict[str, float] = dict(sentinels or {})
 
     def update(self, name: str, array: np.ndarray) -> None:
         if not self.wants(name):
@@ -109,14 +122,27 @@ class RangeObserver(_Filtered):
         array = np.asarray(array)
         current = self.stats.get(name)
         if current is None:
-            self.stats[name] = TensorStats.of(array)
+            current = self.stats[name] = TensorStats.of(array)
         else:
             current.update(array)
+        threshold = self.sentinels.get(name)
+        if threshold is not None:
+            kept = np.abs(array[~(array <= threshold)])  # NaN is kept: it is data, not a mask
+            value = float(kept.max()) if kept.size else 0.0
+            _merge_unmasked(current, math.inf if math.isnan(value) else value)
 
     def update_range(
-        self, name: str, lo: float, hi: float, total: float, shape: tuple[int, ...], dtype: np.dtype
+        self,
+        name: str,
+        lo: float,
+        hi: float,
+        total: float,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        unmasked: float | None = None,
     ) -> None:
-        """Adds one batch from reductions computed by the runtime: min, max, sum (NaN iff the tensor has NaN)."""
+        """Adds one batch from reductions computed by the runtime: min, max, sum (NaN iff the tensor has NaN),
+        and, for tensors with a sentinel threshold, the largest magnitude past the sentinels."""
         if not self.wants(name):
             return
         if math.isnan(total) or math.isnan(lo) or math.isnan(hi):
@@ -125,9 +151,15 @@ class RangeObserver(_Filtered):
             lo = hi = 0.0
         current = self.stats.get(name)
         if current is None:
-            self.stats[name] = TensorStats(max(abs(lo), abs(hi)), lo, hi, shape, np.dtype(dtype))
+            current = self.stats[name] = TensorStats(max(abs(lo), abs(hi)), lo, hi, shape, np.dtype(dtype))
         else:
             current.add(lo, hi)
+        if unmasked is not None:
+            _merge_unmasked(current, math.inf if math.isnan(total) else unmasked)
+
+
+def _merge_unmasked(stats: TensorStats, value: float) -> None:
+    stats.unmasked_absmax = value if stats.unmasked_absmax is None else max(stats.unmasked_absmax, value)
 
 
 # --------------------------------------------------------------------------------------------------

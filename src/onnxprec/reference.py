@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -60,7 +61,10 @@ class ReferenceResult:
 
 
 def float_tensors(value: ir.Value) -> bool:
-    """The default selector: every node output of float (or not yet known) element type."""
+    """The default selector: every node output of float (or not yet known) element type; tensors only (a
+    sequence or optional of floats is not measured)."""
+    if value.type is not None and not isinstance(value.type, ir.TensorType):
+        return False
     return value.dtype is None or value.dtype in FLOAT_TYPES
 
 
@@ -215,8 +219,11 @@ def run_reference(
     """
     first, batches = _first(batches)
     marked = _selected(model, select)
-    # Ranges alone need no tensor out of the runtime: it reduces each FP32 tensor to min/max/sum/shape itself.
-    in_graph = [v for v in marked if v.dtype == ir.DataType.FLOAT] if _ranges_only(observers) else []
+    # Ranges need no tensor out of the runtime: it reduces each FP32 tensor to min/max/sum/shape itself. Only the
+    # tensors another observer wants are fetched.
+    in_graph = _reduced_in_graph(marked, observers)
+    ranges = next((o for o in observers if isinstance(o, RangeObserver)), None)
+    sentinels = ranges.sentinels if ranges else {}
     fetched = [v for v in marked if v not in set(in_graph)]
     chunks = _chunks(fetched, _estimated_sizes(model, first), budget_bytes) if fetched else [[]]
     graph_outputs = [str(v.name) for v in model.graph.outputs]
@@ -232,7 +239,7 @@ def run_reference(
         progress = stack.enter_context(tqdm(desc="Reference run", unit="run", disable=None, leave=False))
         for chunk_index, chunk in enumerate(chunks):
             names = [str(v.name) for v in chunk]
-            reductions = _add_reductions(base, in_graph) if chunk_index == 0 and in_graph else {}
+            reductions = _add_reductions(base, in_graph, sentinels) if chunk_index == 0 and in_graph else {}
             session = _chunk_session(base, payload, folder, chunk, providers)
             del base.graph.output[n_outputs:]
             if reductions:
@@ -254,50 +261,67 @@ def run_reference(
                     ) from e
                 by_name = dict(zip(fetch, results))
                 del results
-                for name, (lo, hi, total, shape) in reductions.items():
+                for name, (lo, hi, total, shape, *past) in reductions.items():
                     minimum = by_name.pop(lo)
                     args = (float(minimum), float(by_name.pop(hi)), float(by_name.pop(total)))
+                    dims = tuple(by_name.pop(shape).tolist())
+                    unmasked = float(by_name.pop(past[0])) if past else None
                     for observer in observers:
-                        observer.update_range(name, *args, tuple(by_name.pop(shape).tolist()), minimum.dtype)  # type: ignore[attr-defined]
+                        if isinstance(observer, RangeObserver):
+                            observer.update_range(name, *args, dims, minimum.dtype, unmasked)
                 for name, array in by_name.items():
                     if chunk_index == 0 and i == 0 and name in graph_outputs:
                         # A copy: ORT's arrays can pin the session's buffers and weight mappings.
-                        first_outputs[name] = np.array(array, copy=True)
+                        first_outputs[name] = _copy(array)
                     _observe(observers, name, array)
                 del by_name
                 count += 1
                 progress.update()
             del session
-    ranges = next((o for o in observers if isinstance(o, RangeObserver)), None)
     logger.info("Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(marked), count, len(chunks))
     return ReferenceResult(first, first_outputs, count, len(chunks), ranges.stats if ranges else None)
 
 
-def _ranges_only(observers: Sequence[Observer]) -> bool:
-    return bool(observers) and all(isinstance(o, RangeObserver) for o in observers)
+def _reduced_in_graph(marked: list[ir.Value], observers: Sequence[Observer]) -> list[ir.Value]:
+    """The FP32 tensors that only range observers want: they are reduced inside the runtime, never fetched."""
+    if not any(isinstance(o, RangeObserver) for o in observers):
+        return []
+    others = [o for o in observers if not isinstance(o, RangeObserver)]
+
+    def fetched(name: str) -> bool:
+        return any(getattr(o, "wants", lambda _: True)(name) for o in others)
+
+    return [v for v in marked if v.dtype == ir.DataType.FLOAT and not fetched(str(v.name))]
 
 
 _REDUCTIONS = (("ReduceMin", "min"), ("ReduceMax", "max"), ("ReduceSum", "sum"), ("Shape", "shape"))
 
 
-def _add_reductions(proto: onnx.ModelProto, values: list[ir.Value]) -> dict[str, tuple[str, str, str, str]]:
+def _add_reductions(
+    proto: onnx.ModelProto, values: list[ir.Value], sentinels: Mapping[str, float] | None = None
+) -> dict[str, tuple[str, ...]]:
     """Appends min/max/sum/shape nodes for each value to ``proto``'s graph; returns their output names.
 
     The sum is NaN exactly when the tensor holds a NaN (or both infinities, which min/max show anyway):
-    ReduceMin/ReduceMax alone do not propagate NaN reliably.
+    ReduceMin/ReduceMax alone do not propagate NaN reliably. A value with a threshold in ``sentinels`` also
+    gets the largest magnitude among its elements above the threshold (a fifth output name).
     """
     used = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
     used |= {out for node in proto.graph.node for out in node.output}
+
+    def fresh(base: str) -> str:
+        while base in used:
+            base += "_"
+        used.add(base)
+        return base
+
     after: dict[str, list[onnx.NodeProto]] = {}
-    result: dict[str, tuple[str, str, str, str]] = {}
+    result: dict[str, tuple[str, ...]] = {}
     for index, value in enumerate(values):
         name = str(value.name)
         outs = []
         for op, suffix in _REDUCTIONS:
-            out = f"__onnxprec_{index}_{suffix}"
-            while out in used:
-                out += "_"
-            used.add(out)
+            out = fresh(f"__onnxprec_{index}_{suffix}")
             node = onnx.helper.make_node(op, [name], [out], name=out)
             if op != "Shape":
                 node.attribute.append(onnx.helper.make_attribute("keepdims", 0))
@@ -305,7 +329,22 @@ def _add_reductions(proto: onnx.ModelProto, values: list[ir.Value]) -> dict[str,
             elem = onnx.TensorProto.INT64 if op == "Shape" else onnx.TensorProto.FLOAT
             proto.graph.output.append(onnx.helper.make_tensor_value_info(out, elem, None))
             outs.append(out)
-        result[name] = (outs[0], outs[1], outs[2], outs[3])
+        threshold = (sentinels or {}).get(name)
+        if threshold is not None:
+            # max(|x| where not x <= threshold): NaN stays (it is data), sentinels count as 0
+            t, masked, mag, kept, out = (fresh(f"__onnxprec_{index}_{s}") for s in ("t", "m", "a", "k", "past"))
+            zero = fresh(f"__onnxprec_{index}_0")
+            after[name] += [
+                onnx.helper.make_node("Constant", [], [t], value=onnx.numpy_helper.from_array(np.float32(threshold))),
+                onnx.helper.make_node("Constant", [], [zero], value=onnx.numpy_helper.from_array(np.float32(0))),
+                onnx.helper.make_node("LessOrEqual", [name, t], [masked]),
+                onnx.helper.make_node("Abs", [name], [mag]),
+                onnx.helper.make_node("Where", [masked, zero, mag], [kept]),
+                onnx.helper.make_node("ReduceMax", [kept], [out], keepdims=0),
+            ]
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
+            outs.append(out)
+        result[name] = tuple(outs)
     # Each reduction right after its tensor's producer, so the runtime frees the tensor as early as before.
     nodes: list[onnx.NodeProto] = []
     for node in proto.graph.node:
@@ -317,7 +356,16 @@ def _add_reductions(proto: onnx.ModelProto, values: list[ir.Value]) -> dict[str,
     return result
 
 
+def _copy(value: Any) -> Any:
+    """A copy of a fetched value: an array, a list of arrays (a sequence) or None (an empty optional)."""
+    if isinstance(value, list):
+        return [_copy(item) for item in value]
+    return None if value is None else np.array(value, copy=True)
+
+
 def _observe(observers: Sequence[Observer], name: str, array: np.ndarray) -> None:
+    if not isinstance(array, np.ndarray):
+        return  # a sequence or an optional (graph input or output): observers take tensors
     for observer in observers:
         observer.update(name, array)
 
@@ -354,6 +402,10 @@ def _chunk_session(
             what="the model for the reference run",
         )
     except UnsupportedModelError as e:
-        raise UnsupportedModelError(
-            f"{e}; skip the reference run with --data_max inf, or use a provider that supports its ops."
-        ) from e
+        if "NOT_IMPLEMENTED" in str(e) or "No Op registered" in str(e) or "is not a registered function" in str(e):
+            advice = "skip the reference run with --data_max inf, or use a provider that supports its ops"
+        else:  # ONNX Runtime's graph checks: the model itself is broken
+            advice = (
+                "the model is not valid: fix it (onnx.checker.check_model(model, full_check=True) names the problem)"
+            )
+        raise UnsupportedModelError(f"{e}; {advice}.") from e

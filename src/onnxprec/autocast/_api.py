@@ -11,9 +11,11 @@ or above 2 GB) and returns a report.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +32,7 @@ from onnx_ir.passes.common import (
 )
 
 from onnxprec import calibration
+from onnxprec._graph import all_values
 from onnxprec._io import (
     ModelSource,
     check_output_path,
@@ -38,8 +41,9 @@ from onnxprec._io import (
     save_model,
     to_model_proto,
 )
-from onnxprec._ops import QUANTIZED_OPS, is_standard_op
+from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
+from onnxprec.autocast import details, masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
 from onnxprec.autocast.convert import ConversionStats, ConvertPrecisionPass, ConvertPrecisionResult
@@ -55,13 +59,14 @@ from onnxprec.autocast.rules import (
     RuleContext,
     UserRule,
 )
-from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
-from onnxprec.observers import RangeObserver
+from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError, ValidationError
+from onnxprec.observers import Observer, RangeObserver, TensorStats
 from onnxprec.passes import (
     ConvertFp64ToFp32Pass,
     InferTypesPass,
     LiftFloatConstantsPass,
     NameNodesPass,
+    OpsetUpgradeError,
     RemoveRedundantCastsPass,
     UpgradeOpsetPass,
 )
@@ -96,6 +101,11 @@ class AutoCastReport:
     seconds: dict[str, float] = field(default_factory=dict)
     output_path: Path | None = None
     input_path: Path | None = None
+    mask_regions: list[masks.MaskRegion] = field(default_factory=list)
+    target_search: target.TargetReport | None = None
+    details: details.Details | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # data_max, init_max... as the reports show them
+    command: str = ""
 
     @property
     def summary(self) -> str:
@@ -141,16 +151,32 @@ class AutoCastReport:
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "reference_batches": self.reference_batches,
             "numeric": numeric,
+            "masks": [region.to_json() for region in self.mask_regions],
+            "target": None if self.target_search is None else self.target_search.to_json(),
+            "settings": self.settings,
+            "command": self.command,
+            "by_op_type": _by_op_type_counts(self),
+            "errors_note": "" if self.details is None else self.details.error_note,
+            "suggestions": details.suggestions(self.decisions, self.details, LOW_TYPES[self.low_precision_type]),
             "nodes": [
                 {
                     "name": node.name or "",
                     "op_type": node.op_type,
                     "precision": self.low_precision_type if decision.low else "fp32",
                     "reason": decision.reason,
+                    **({} if self.details is None else self.details.node_json(node)),
                 }
                 for node, decision in self.decisions.items()
             ],
         }
+
+
+def _by_op_type_counts(report: AutoCastReport) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for node, decision in report.decisions.items():
+        entry = counts.setdefault(node.op_type, {"fp32": 0, report.low_precision_type: 0})
+        entry[report.low_precision_type if decision.low else "fp32"] += 1
+    return dict(sorted(counts.items(), key=lambda item: -sum(item[1].values())))
 
 
 def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16") -> Path:
@@ -165,12 +191,9 @@ def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16")
 
 
 def _check_convertible(model: ir.Model) -> None:
-    quantized = sorted({n.op_type for n in model.graph.all_nodes() if n.op_type in QUANTIZED_OPS})
-    if quantized:
-        raise UnsupportedModelError(
-            f"The model is already quantized (it has {', '.join(quantized)} nodes): AutoCast converts FP32 "
-            "models; run it on the FP32 model before quantization."
-        )
+    """Refuses models with nothing to convert. Quantized models are converted around their quantization nodes:
+    QuantizeLinear keeps its FP32 scale, DequantizeLinear follows its schema (FP16/BF16 output from opset 19),
+    QOperator and contrib ops (QLinearConv, MatMulNBits...) stay as they are, integer weights are never touched."""
     graph = model.graph
     has_fp32 = (
         any(v.dtype == ir.DataType.FLOAT for v in (*graph.inputs, *graph.outputs))
@@ -218,14 +241,14 @@ def _target_opset(model: ir.Model, options: AutoCastOptions) -> int:
     return int(options.opset)
 
 
-def _sanitize(model: ir.Model, options: AutoCastOptions) -> None:
+def _sanitize(model: ir.Model, options: AutoCastOptions, opset: int | None = None) -> None:
     steps: list[ir.passes.PassBase] = []
     if model.functions:
         steps.append(InlinePass())
     steps += [
         NameNodesPass(),
         LiftFloatConstantsPass(),
-        UpgradeOpsetPass(_target_opset(model, options)),
+        UpgradeOpsetPass(_target_opset(model, options) if opset is None else opset),
         ConvertFp64ToFp32Pass(),
         RemoveUnusedNodesPass(),
         TopologicalSortPass(),
@@ -265,19 +288,38 @@ def _needs_reference(model: ir.Model, options: AutoCastOptions) -> bool:
     return False
 
 
-def _reference_run(model: ir.Model, options: AutoCastOptions) -> ReferenceResult:
-    """Range statistics of every float tensor on the calibration data (or realistic random data)."""
+def _reference_run(
+    model: ir.Model,
+    options: AutoCastOptions,
+    sentinels: Mapping[str, float] | None = None,
+    keep: target.Calibration | None = None,
+) -> ReferenceResult:
+    """Range statistics of every float tensor on the calibration data (or realistic random data); tensors of
+    attention masks (``sentinels``: name -> threshold) are also measured past their sentinels. ``keep`` holds
+    the batches and the FP32 outputs of every batch (for ``target_accuracy``)."""
 
     def run(batches: Iterable[dict[str, np.ndarray]]) -> ReferenceResult:
-        return run_reference(model, batches, observers=[RangeObserver()], providers=options.providers)
+        observers: list[Observer] = [RangeObserver(sentinels=sentinels)]
+        if keep is not None:
+            batches = keep.hold(batches)
+            observers.append(keep.observer(model))
+        return run_reference(model, batches, observers=observers, providers=options.providers)
 
     return calibration.run_on_data(model, options.calibration_data, run, input_shapes=options.input_shape_map)
 
 
 def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:
-    """Replaces guessed or missing element types with those ONNX Runtime observed."""
+    """Replaces guessed or missing element types with those ONNX Runtime observed.
+
+    Only outputs of custom ops (whose types :class:`InferTypesPass` guessed) and untyped values: numpy has no
+    FP8 or BF16 dtype, so an observed dtype is not the truth about a known type (FP8 arrives as uint8).
+    """
+    opsets = opsets_by_domain(model)
     for node in model.graph:
+        guessed = not is_standard_op(node, opsets.get(normalized_domain(node.domain), 1))
         for out in node.outputs:
+            if not guessed and out.dtype is not None:
+                continue
             stats = (reference.stats or {}).get(str(out.name))
             if stats is not None:
                 observed = ir.DataType.from_numpy(stats.dtype)
@@ -308,20 +350,36 @@ def _rules(options: AutoCastOptions) -> tuple[list[Rule], list[Rule]]:
 
 
 def convert_model(
-    source: ModelSource, options: AutoCastOptions
+    source: ModelSource, options: AutoCastOptions, *, fp32_nodes: Mapping[str, str] | None = None
 ) -> tuple[ir.Model, AutoCastReport, ReferenceResult | None]:
-    """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights."""
+    """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights.
+
+    ``fp32_nodes`` (node name -> reason) stay FP32 whatever the rules say: nodes ONNX Runtime could not run in
+    the low type in an earlier attempt (see :func:`_kernel_gap`).
+    """
     report = AutoCastReport(options.low_precision_type)
     tick = time.perf_counter()
     model = load_model(source)
     _check_convertible(model)
     _check_op_types(model, options)
     contract = IOContract.of(model)
-    _sanitize(model, options)
+    try:
+        _sanitize(model, options)
+    except OpsetUpgradeError as e:
+        if isinstance(source, ir.Model):
+            raise  # the caller's model was changed in place: it cannot be read again
+        model = load_model(source)
+        own = default_opset(model)
+        logger.warning("%s; converting at the model's own opset %d instead.", str(e).split(";")[0], own)
+        _sanitize(model, options, opset=own)
     report.seconds["load+sanitize"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
-    reference = _reference_run(model, options) if _needs_reference(model, options) else None
+    mask_regions = masks.find_mask_regions(model)
+    sentinels = masks.sentinel_thresholds(mask_regions)
+    keep = target.Calibration() if options.target is not None else None
+    needed = keep is not None or _needs_reference(model, options)
+    reference = _reference_run(model, options, sentinels, keep) if needed else None
     if reference is not None:
         _fill_types(model, reference)
         report.reference_batches = reference.num_batches
@@ -329,12 +387,89 @@ def convert_model(
 
     tick = time.perf_counter()
     rules, includes = _rules(options)
-    ctx = RuleContext(stats=reference.stats if reference else None)
+    stats = reference.stats if reference else None
+    for region in mask_regions:
+        region.rewrite(options.low, stats)
+    report.mask_regions = mask_regions
+    ctx = RuleContext(stats=masks.stats_past_sentinels(stats, mask_regions, options.low))
     report.decisions = classify(
         model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
     )
+    for node in report.decisions:
+        if fp32_nodes and node.name is not None and node.name in fp32_nodes:
+            report.decisions[node] = Decision(False, fp32_nodes[node.name])
+    report.seconds["classify"] = time.perf_counter() - tick
+    if keep is not None:
+        tick = time.perf_counter()
+        assert options.target is not None
+        search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, _converted_clone)
+        report.decisions, report.target_search, report.numeric = target.search(search)
+        report.seconds["target"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    report.settings = {
+        "data_max": options.data_max,
+        "init_max": options.init_max,
+        "keep_io_types": options.keep_io_types,
+    }
+    if options.report is not None:
+        report.details = _details(model, report.decisions, options, ctx.stats, stats, reference)
+    converted = _convert(model, report.decisions, options)
+    report.stats = converted.stats
+    report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
+    if report.details is not None:
+        report.details.count_casts(converted.casts)
+    report.seconds["convert"] = time.perf_counter() - tick
+
+    if options.validate:
+        tick = time.perf_counter()
+        check_io_contract(model, contract.expected(options.low, options.keep_io_types))
+        opsets = opsets_by_domain(model)
+        has_custom = any(
+            not is_standard_op(n, opsets.get(normalized_domain(n.domain), 1)) for n in model.graph.all_nodes()
+        )
+        try:
+            check_structure(model, has_custom_ops=has_custom)
+        except ValidationError as e:
+            if not _checker_rejects_original(source, has_custom):
+                raise
+            logger.warning(
+                "onnx.checker rejects the original model too, so it cannot judge the conversion (%s); the result "
+                "is checked by ONNX Runtime only.",
+                str(e.__cause__ or e).splitlines()[0][:200],
+            )
+        report.seconds["validate"] = time.perf_counter() - tick
+    logger.info(report.summary)
+    logger.debug("Timings: %s", {k: round(v, 3) for k, v in report.seconds.items()})
+    return model, report, reference
+
+
+def _details(
+    model: ir.Model,
+    decisions: Mapping[ir.Node, Decision],
+    options: AutoCastOptions,
+    seen: Mapping[str, TensorStats] | None,
+    measured: Mapping[str, TensorStats] | None,
+    reference: ReferenceResult | None,
+) -> details.Details:
+    """What the HTML report shows per node; the errors along the graph on the first calibration sample."""
+    tick = time.perf_counter()
+    found = details.Details.of(model, seen, measured)
+    if reference is None:
+        found.error_note = "errors along the graph not measured: no reference run (data_max inf)"
+        return found
+    converted = _converted_clone(model, decisions, options)
+    feeds = details.first_sample(reference.first_feeds)
+    found.errors, found.error_note = details.layer_errors(model, converted, feeds, options.providers)
+    logger.info("Errors along the graph: %d tensors (%.1f s)", len(found.errors), time.perf_counter() - tick)
+    return found
+
+
+def _convert(
+    model: ir.Model, decisions: Mapping[ir.Node, Decision], options: AutoCastOptions
+) -> ConvertPrecisionResult:
+    """Converts the classified model in place: precisions, casts, then the redundant casts and unused nodes go."""
     convert = ConvertPrecisionPass(
-        report.decisions,
+        dict(decisions),
         options.low,
         keep_io_types=options.keep_io_types,
         init_conversion_max_bytes=options.init_conversion_max_bytes,
@@ -342,19 +477,72 @@ def convert_model(
     cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
     converted = _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())[0]
     assert isinstance(converted, ConvertPrecisionResult)
-    report.stats = converted.stats
-    report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
-    report.seconds["classify+convert"] = time.perf_counter() - tick
+    return converted
 
-    if options.validate:
-        tick = time.perf_counter()
-        check_io_contract(model, contract.expected(options.low, options.keep_io_types))
-        has_custom = any(not is_standard_op(n, model.opset_imports.get("", 1)) for n in model.graph.all_nodes())
-        check_structure(model, has_custom_ops=has_custom)
-        report.seconds["validate"] = time.perf_counter() - tick
-    logger.info(report.summary)
-    logger.debug("Timings: %s", {k: round(v, 3) for k, v in report.seconds.items()})
-    return model, report, reference
+
+def _converted_clone(model: ir.Model, decisions: Mapping[ir.Node, Decision], options: AutoCastOptions) -> ir.Model:
+    """A converted copy of the classified model (weights shared until converted); the model is unchanged."""
+    clone = model.clone()
+    for value in all_values(clone.graph):
+        if value.type is not None:
+            value.type = copy.copy(value.type)  # clones share type objects, and retyping mutates them
+    nodes = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))
+    _convert(clone, {nodes[node]: decision for node, decision in decisions.items()}, options)
+    return clone
+
+
+MAX_KERNEL_FALLBACKS = 8
+
+
+def _kernel_gap(
+    numeric: NumericReport,
+    report: AutoCastReport,
+    options: AutoCastOptions,
+    source: ModelSource,
+    fp32_nodes: dict[str, str],
+) -> bool:
+    """Whether ONNX Runtime could not run the converted FP16 model because of a node this conversion made low.
+
+    If so, the node is added to ``fp32_nodes`` with a WARNING naming it and its op, and the caller converts
+    again (ModelOpt's guide promises a model that runs). BF16 is not retried: ONNX Runtime's CPU provider has
+    almost no BF16 kernels, and BF16 models are meant for GPUs. A model given as an ``ir.Model`` cannot be
+    converted again (it was converted in place).
+    """
+    if not numeric.skipped or numeric.failed_node is None:
+        return False
+    node = next((n for n, d in report.decisions.items() if d.low and n.name == numeric.failed_node), None)
+    if node is None:
+        return False
+    if options.low != ir.DataType.FLOAT16 or isinstance(source, ir.Model) or len(fp32_nodes) >= MAX_KERNEL_FALLBACKS:
+        logger.log(
+            logging.INFO if options.low != ir.DataType.FLOAT16 else logging.WARNING,
+            "ONNX Runtime cannot run %s node '%s' of the converted model (%s): keep it in FP32 with "
+            "--nodes_to_exclude '%s' if your runtime has the same gap.",
+            node.op_type,
+            node.name,
+            numeric.skipped.split(": ", 1)[-1],
+            re.escape(str(node.name)),
+        )
+        return False
+    fp32_nodes[str(node.name)] = f"ONNX Runtime cannot run {node.op_type} in FP16 here"
+    logger.warning(
+        "ONNX Runtime cannot run %s node '%s' in FP16 (%s): converting again with it in FP32.",
+        node.op_type,
+        node.name,
+        numeric.skipped.split(": ", 1)[-1],
+    )
+    return True
+
+
+def _checker_rejects_original(source: ModelSource, has_custom_ops: bool) -> bool:
+    """Whether the user's model fails the same structural check (an ONNX bug, e.g. MVN-13's function body)."""
+    if isinstance(source, ir.Model):
+        return False  # converted in place: the original is gone
+    try:
+        check_structure(load_model(source), has_custom_ops=has_custom_ops)
+    except ValidationError:
+        return True
+    return False
 
 
 def _log_numeric(report: NumericReport) -> None:
@@ -393,6 +581,7 @@ def convert_to_mixed_precision(
     opset: int | None = None,
     *,
     input_shapes: str | Mapping[str, Sequence[int]] | None = None,
+    target_accuracy: Any = None,
 ) -> onnx.ModelProto:
     """Converts an FP32 model to mixed FP32/FP16 (or BF16); ModelOpt AutoCast's signature and defaults.
 
@@ -418,6 +607,10 @@ def convert_to_mixed_precision(
         max_depth_of_reduction: Keep nodes that accumulate more terms than this per output element.
         opset: Target opset (default: at least 13 for fp16, 22 for bf16; never lowered).
         input_shapes: Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes.
+        target_accuracy: Convert as many nodes as the outputs allow on the calibration data: ``rel_l2<=1e-3``,
+            ``cosine>=0.9999``, ``top1>=0.999`` or ``max_abs<=1e-2`` (comma-separated for several), or a callable
+            ``(reference, candidate) -> bool`` on dicts of output arrays of one batch; None: the default classification
+            only.
 
     Returns:
         The converted model.
@@ -428,17 +621,16 @@ def convert_to_mixed_precision(
     # Every parameter but onnx_path is an AutoCastOptions field of the same name, default and doc
     # (onnxprec/_options_test.py checks it); locals() holds exactly the parameters at this point.
     options = AutoCastOptions(**fields_in(AutoCastOptions, locals()))
-    model, _report, reference = convert_model(onnx_path, options)
-    proto = to_model_proto(model)
-    if reference is not None and proto.ByteSize() < 2_000_000_000:
-        _log_numeric(
-            numeric_check(
-                proto.SerializeToString(),
-                reference,
-                providers=list(options.providers),
-            )
-        )
-    return proto
+    fp32_nodes: dict[str, str] = {}
+    while True:
+        model, report, reference = convert_model(onnx_path, options, fp32_nodes=fp32_nodes)
+        proto = to_model_proto(model)
+        if reference is None or proto.ByteSize() >= 2_000_000_000:
+            return proto
+        numeric = numeric_check(proto.SerializeToString(), reference, providers=list(options.providers))
+        if not _kernel_gap(numeric, report, options, onnx_path, fp32_nodes):
+            _log_numeric(numeric)
+            return proto
 
 
 def convert_file(
@@ -477,20 +669,31 @@ def convert_file(
     source = Path(onnx_path)
     protected = {source.resolve()} if source.exists() else set()
     check_output_path(output, protected)  # fail before the work, not after
-    model, report, reference = convert_model(source, options)
-    report.input_path = source
-    protected |= external_data_paths(model)
-    tick = time.perf_counter()
-    report.output_path = save_model(model, output, external_data=external_data, protected=protected)
-    report.seconds["save"] = time.perf_counter() - tick
-    if reference is not None and options.validate:
+    if options.report is not None:
+        report_html.check_path(options.report, {*protected, output.resolve()})
+    fp32_nodes: dict[str, str] = {}
+    while True:
+        model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes)
+        report.input_path = source
+        protected |= external_data_paths(model)
+        tick = time.perf_counter()
+        report.output_path = save_model(model, output, external_data=external_data, protected=protected)
+        report.seconds["save"] = time.perf_counter() - tick
+        if reference is None or not options.validate or report.numeric is not None:  # target mode checked it
+            break
         tick = time.perf_counter()
         report.numeric = numeric_check(
             str(output),
             reference,
             providers=list(options.providers),
         )
-        _log_numeric(report.numeric)
         report.seconds["numeric check"] = time.perf_counter() - tick
+        if not _kernel_gap(report.numeric, report, options, source, fp32_nodes):
+            _log_numeric(report.numeric)
+            break
     logger.info("Saved %s", output)
+    if options.report is not None:
+        report.command = details.command_line(options, onnx_path, output_path)
+        report_html.write_html(options.report, report.to_json())
+        logger.info("HTML report written to %s", options.report)
     return report

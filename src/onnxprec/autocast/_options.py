@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from onnxprec.autocast.classify import PluginPrecision
+    from onnxprec.autocast.target import AccuracyTarget
 
 __all__ = ["LOW_PRECISION_TYPES", "AutoCastOptions"]
 
@@ -129,6 +130,29 @@ class AutoCastOptions(ToolOptions):
         help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128.",
         doc='Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes.',
     )
+    target_accuracy: Any = option(  # noqa: RUF009
+        None,
+        flags=("--target_accuracy",),
+        group=_EXTRAS,
+        metavar="TARGET",
+        help="Convert as many nodes as the outputs allow on the calibration data: rel_l2<=1e-3, cosine>=0.9999, "
+        "top1>=0.999 or max_abs<=1e-2 (comma-separated for several); the default classification is the start.",
+        doc="Convert as many nodes as the outputs allow on the calibration data: ``rel_l2<=1e-3``, "
+        "``cosine>=0.9999``, ``top1>=0.999`` or ``max_abs<=1e-2`` (comma-separated for several), or a callable "
+        "``(reference, candidate) -> bool`` on dicts of output arrays of one batch; None: the default "
+        "classification only.",
+    )
+    report: str | None = option(
+        None,
+        flags=("--report",),
+        group=_EXTRAS,
+        metavar="PATH",
+        help="Also write a self-contained HTML report (any browser, no network): each node's precision and why, "
+        "its range against data_max, casts, the error against FP32 along the graph, and the command to reproduce.",
+        doc="Path of a self-contained HTML report that :func:`convert_file` writes (each node's precision and why, "
+        "its range against ``data_max``, casts, the error against FP32 along the graph, the command to "
+        "reproduce); None: no report.",
+    )
     validate: bool = option(
         True,
         flags=("--no_validate",),
@@ -162,6 +186,7 @@ class AutoCastOptions(ToolOptions):
         self.include_patterns = _compile(self.nodes_to_include, "nodes_to_include")
         self.plugins = _parse_plugin_precisions(self.trt_plugins_precision)
         self.input_shape_map = _parse_input_shapes(self.input_shapes)
+        self.target = _parse_target(self.target_accuracy)
         for plugin in self.trt_plugins:
             if not os.path.isfile(plugin):
                 raise InvalidArgumentError(f"TensorRT plugin library '{plugin}' does not exist: check --trt_plugins.")
@@ -190,6 +215,14 @@ def _parse_input_shapes(shapes: str | Mapping[str, Sequence[int]] | None) -> dic
     from onnxprec import calibration
 
     return calibration.parse_input_shapes(shapes)
+
+
+def _parse_target(spec: Any) -> AccuracyTarget | None:
+    if spec is None:
+        return None
+    from onnxprec.autocast.target import AccuracyTarget
+
+    return AccuracyTarget.parse(spec)
 
 
 def _parse_plugin_precisions(items: Sequence[str]) -> dict[str, PluginPrecision]:

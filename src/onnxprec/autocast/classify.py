@@ -8,7 +8,15 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnxprec._ops import CONTROL_FLOW_OPS, is_standard_op, normalized_domain, opsets_by_domain
+from onnxprec._graph import tensor_dtype
+from onnxprec._ops import (
+    CONTROL_FLOW_OPS,
+    KEEP_FP32_OPS,
+    is_default_domain,
+    is_standard_op,
+    normalized_domain,
+    opsets_by_domain,
+)
 from onnxprec.autocast._schema import schema_support
 from onnxprec.autocast.rules import Rule, RuleContext
 
@@ -46,7 +54,11 @@ class Decision:
 
 
 def _float_slots(values: Sequence[ir.Value | None]) -> tuple[int, ...]:
-    return tuple(i for i, v in enumerate(values) if v is not None and v.dtype == _F)
+    return tuple(i for i, v in enumerate(values) if v is not None and tensor_dtype(v) == _F)
+
+
+def _is_container(value: ir.Value | None) -> bool:
+    return value is not None and value.type is not None and tensor_dtype(value) is None
 
 
 def _plugin_decision(node: ir.Node, plugin: PluginPrecision) -> Decision:
@@ -82,6 +94,15 @@ def _decide(
         return Decision(False, f"custom op {node.domain or 'ai.onnx'}::{node.op_type} (no ONNX schema)")
     if node.op_type in CONTROL_FLOW_OPS:
         return Decision(False, "control-flow interface kept in FP32 (its subgraph nodes are classified)")
+    if is_default_domain(node.domain) and node.op_type in KEEP_FP32_OPS:
+        return Decision(False, KEEP_FP32_OPS[node.op_type])
+    training = node.attributes.get("training_mode")
+    if node.op_type == "BatchNormalization" and training is not None and training.as_int():
+        return Decision(False, "training-mode BatchNormalization updates running statistics: kept in FP32")
+    if node.domain == "ai.onnx.ml":
+        return Decision(False, "ai.onnx.ml ops keep FP32 (tree and classifier attributes hold FP32 values)")
+    if any(_is_container(v) for v in (*node.inputs, *node.outputs)):
+        return Decision(False, "sequence/optional values keep their declared element type (FP32)")
     support = schema_support(node, opset, low, _float_slots(node.inputs), _float_slots(node.outputs))
     if support is not None and not support.supported:
         return Decision(False, support.reason)

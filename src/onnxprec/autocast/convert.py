@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from onnxprec._graph import NameAllocator, all_graphs, cast_graph_output, dtype_name, insert_cast
+from onnxprec._graph import NameAllocator, all_graphs, cast_graph_output, dtype_name, insert_cast, tensor_dtype
 from onnxprec._tensors import converted_tensor
 from onnxprec.autocast.classify import Decision
 from onnxprec.passes._retype import retarget_type_attributes, retype_initializer
@@ -118,10 +118,10 @@ class _Conversion:
     def _collect_fp32(self) -> set[ir.Value]:
         fp32: set[ir.Value] = set()
         for graph in self.graphs:
-            fp32.update(v for v in graph.inputs if v.dtype == _F)
-            fp32.update(v for v in graph.initializers.values() if v.dtype == _F)
+            fp32.update(v for v in graph.inputs if tensor_dtype(v) == _F)
+            fp32.update(v for v in graph.initializers.values() if tensor_dtype(v) == _F)
             for node in graph:
-                fp32.update(v for v in node.outputs if v.dtype == _F)
+                fp32.update(v for v in node.outputs if tensor_dtype(v) == _F)
         return fp32
 
     def _wanted(self, node: ir.Node, index: int, value: ir.Value) -> ir.DataType | None:

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxprec._graph import FLOAT_TYPES, tensor_dtype
 from onnxprec._tensors import release
 from onnxprec.observers import TensorStats
 
@@ -136,7 +137,8 @@ class DataRangeRule:
     """Keeps nodes whose floating-point inputs or outputs exceed ``data_max`` in the reference run.
 
     Integer and bool tensors never trip it: shape values and token ids above 512 are not overflow risks
-    (ModelOpt checks them too and needlessly keeps Reshape, Gather and Shape nodes in FP32).
+    (ModelOpt checks them too and needlessly keeps Reshape, Gather and Shape nodes in FP32). A float tensor the
+    reference run did not measure (the tensors of If/Loop/Scan bodies) is not "in range": its nodes stay FP32.
     """
 
     def __init__(self, data_max: float) -> None:
@@ -150,7 +152,11 @@ class DataRangeRule:
                 if value is None or value.is_initializer():
                     continue
                 stats = ctx.stats.get(str(value.name))
-                if stats is None or not stats.is_float or stats.size == 0:
+                if stats is None:
+                    if tensor_dtype(value) in FLOAT_TYPES:  # e.g. inside an If/Loop/Scan body
+                        return f"{kind} '{value.name}' was not measured by the reference run (kept in FP32)"
+                    continue
+                if not stats.is_float or stats.size == 0:
                     continue
                 if stats.absmax > self.data_max:
                     return f"{kind} '{value.name}' reaches {stats.absmax:.4g} > data_max {self.data_max:g}"

@@ -5,13 +5,14 @@ from onnxprec.passes.infer_types import InferTypesPass
 from onnxprec.passes.lift_float_constants import LiftFloatConstantsPass
 from onnxprec.passes.name_nodes import NameNodesPass
 from onnxprec.passes.remove_redundant_casts import RemoveRedundantCastsPass, RemoveRedundantCastsResult
-from onnxprec.passes.upgrade_opset import UpgradeOpsetPass
+from onnxprec.passes.upgrade_opset import OpsetUpgradeError, UpgradeOpsetPass
 
 __all__ = [
     "ConvertFp64ToFp32Pass",
     "InferTypesPass",
     "LiftFloatConstantsPass",
     "NameNodesPass",
+    "OpsetUpgradeError",
     "RemoveRedundantCastsPass",
     "RemoveRedundantCastsResult",
     "UpgradeOpsetPass",

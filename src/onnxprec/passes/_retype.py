@@ -23,13 +23,19 @@ def retype_initializer(value: ir.Value, to: ir.DataType) -> None:
     value.dtype = to
 
 
+# Type attributes whose absence means FLOAT (the *Like ops default to their input's type instead).
+_DEFAULT_TYPES = {"RandomNormal": ir.DataType.FLOAT, "RandomUniform": ir.DataType.FLOAT}
+
+
 def retarget_type_attributes(node: ir.Node, source: ir.DataType, target: ir.DataType) -> bool:
     """Rewrites the attributes of ``node`` that make an output of type ``source`` to make it ``target``.
 
     These are the integer type attributes of :data:`onnxprec._ops.TYPE_ATTRIBUTES` (Cast ``to``, Random*
     ``dtype``...) and the ``value`` of Constant and ConstantOfShape, converted with clamping and keeping its
     name (a ``value_float``/``value_floats`` Constant becomes a ``value`` tensor when ``source`` is FLOAT).
-    Output values are not retyped here.
+    Attributes left out are written when their default is ``source``: a ConstantOfShape without ``value`` (a
+    float32 zero) gets a zero of ``target``, a RandomNormal without ``dtype`` gets ``dtype=target``. Output
+    values are not retyped here.
 
     Returns:
         Whether an attribute changed.
@@ -39,7 +45,8 @@ def retarget_type_attributes(node: ir.Node, source: ir.DataType, target: ir.Data
     attrs = node.attributes
     type_attribute = TYPE_ATTRIBUTES.get(node.op_type)
     if type_attribute is not None:
-        if type_attribute in attrs and attrs[type_attribute].as_int() == source:
+        current = attrs[type_attribute].as_int() if type_attribute in attrs else _DEFAULT_TYPES.get(node.op_type)
+        if current == source:
             attrs[type_attribute] = ir.AttrInt64(type_attribute, target)
             return True
         return False
@@ -51,6 +58,11 @@ def retarget_type_attributes(node: ir.Node, source: ir.DataType, target: ir.Data
             return False
         converted = ir.Tensor(cast_array(tensor.numpy(), target), dtype=target, name=tensor.name)
         attrs["value"] = ir.AttrTensor("value", converted)
+        return True
+    if node.op_type == "ConstantOfShape" and source == ir.DataType.FLOAT:
+        # No ``value``: the default fill is a float32 zero, which only an explicit value of ``target`` retypes.
+        zero = cast_array(np.zeros(1, dtype=np.float32), target)
+        attrs["value"] = ir.AttrTensor("value", ir.Tensor(zero, dtype=target))
         return True
     scalar = "value_float" if "value_float" in attrs else "value_floats" if "value_floats" in attrs else None
     if scalar is None or source != ir.DataType.FLOAT:

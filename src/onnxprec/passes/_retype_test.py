@@ -41,3 +41,17 @@ def test_retype_initializer_is_lazy_clamped_and_keeps_the_name() -> None:
     np.testing.assert_array_equal(value.const_value.numpy(), [np.finfo(np.float32).max, -2.5])
     with pytest.raises(ValueError, match="not an initializer"):
         retype_initializer(ir.Value(name="X"), _F)
+
+
+def test_left_out_attributes_whose_default_is_the_source_type_are_written() -> None:
+    # Issue 9, cause 1: a ConstantOfShape without `value` makes a float32 zero (every inlined ONNX Attention has one).
+    fill = ir.Node("", "ConstantOfShape", [None])
+    assert retarget_type_attributes(fill, _F, _F16)
+    tensor = fill.attributes["value"].as_tensor()
+    assert tensor.dtype == _F16 and tensor.numpy().tolist() == [0.0]
+    assert not retarget_type_attributes(fill, _F, _F16)  # now it has a value of the target type
+    assert not retarget_type_attributes(ir.Node("", "ConstantOfShape", [None]), ir.DataType.DOUBLE, _F)
+    random = ir.Node("", "RandomNormal", [], attributes=[ir.AttrInt64s("shape", [2])])
+    assert retarget_type_attributes(random, _F, _F16) and random.attributes["dtype"].as_int() == _F16
+    like = ir.Node("", "RandomNormalLike", [None])  # follows its input's type: nothing to write
+    assert not retarget_type_attributes(like, _F, _F16) and "dtype" not in like.attributes

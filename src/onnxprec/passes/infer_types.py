@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 
+import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass
 
 from onnxprec._graph import FLOAT_TYPES, all_graphs
+from onnxprec._protobuf import structure_proto
 
 __all__ = ["InferTypesPass"]
 
@@ -17,13 +18,16 @@ logger = logging.getLogger(__name__)
 class InferTypesPass(ir.passes.InPlacePass):
     """Runs ONNX shape inference (non-strict) and guesses the types that it cannot infer.
 
+    Sequence, optional and map types are merged whole (onnx-ir's own pass would turn an untyped
+    ``seq(tensor(float))`` into ``tensor(float)``).
+
     Outputs of custom or contrib ops that ONNX cannot infer get the type of the node's first floating-point
     input, if any (the usual case for plugins such as fused attention or normalization). A reference run,
     when one happens, later replaces these guesses with the types ONNX Runtime observed.
     """
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        result = ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+        modified = _infer(model)
         guessed = 0
         for graph in all_graphs(model.graph):
             for node in graph:
@@ -41,4 +45,33 @@ class InferTypesPass(ir.passes.InPlacePass):
                         )
         if guessed:
             logger.info("Types of %d values could not be inferred and were guessed from their inputs", guessed)
-        return ir.passes.PassResult(model, modified=result.modified or bool(guessed))
+        return ir.passes.PassResult(model, modified=modified or bool(guessed))
+
+
+def _infer(model: ir.Model) -> bool:
+    """ONNX shape inference merged into ``model``; whole types are taken where the kind differs.
+
+    onnx-ir's ``ShapeInferencePass`` merges only element types, so an untyped value that inference finds to be
+    ``seq(tensor(float))`` would become ``tensor(float)``; here a sequence, optional or map type is kept whole.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
+            structure_proto(model), check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception as e:  # inference is best effort: the model stays as it is
+        logger.info("ONNX shape inference failed (%s); types stay as declared", str(e).splitlines()[0][:200])
+        return False
+    modified = False
+    for graph, inferred_graph in zip(model.graphs(), ir.serde.deserialize_model(inferred).graphs()):
+        found = ir.convenience.create_value_mapping(inferred_graph)
+        for name, value in ir.convenience.create_value_mapping(graph).items():
+            new = found.get(name)
+            if new is None:
+                continue
+            if new.shape is not None and value.shape != new.shape:
+                value.shape = new.shape
+                modified = True
+            if new.type is not None and value.type != new.type:
+                value.type = new.type
+                modified = True
+    return modified

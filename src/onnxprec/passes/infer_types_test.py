@@ -62,3 +62,23 @@ def test_types_values_inside_if_branches() -> None:
     inner = [v for n in model.graph.all_nodes() if n.op_type == "Fused" for v in n.outputs]
     assert [v.dtype for v in inner] == [ir.DataType.FLOAT, ir.DataType.FLOAT]
     assert not InferTypesPass()(model).modified
+
+
+def test_sequence_and_optional_types_are_kept_whole() -> None:
+    # Issue 9, cause 4: onnx-ir's merge copied only the element type, so seq(tensor(float)) became tensor(float).
+    nodes = [
+        helper.make_node("SequenceEmpty", [], ["empty"], dtype=F, name="empty"),
+        helper.make_node("SequenceInsert", ["empty", "X"], ["seq"], name="insert"),
+        helper.make_node("Optional", ["X"], ["opt"], name="optional"),
+        helper.make_node("OptionalGetElement", ["opt"], ["x2"], name="get"),
+        helper.make_node("ConcatFromSequence", ["seq"], ["Y"], axis=0, name="concat"),
+    ]
+    proto = make_model(nodes, [tensor_info("X", F, [2])], [tensor_info("Y", F, None)], opset=18)
+    model = ir.from_proto(proto)
+    assert InferTypesPass()(model).modified
+    seq = _value(model, "seq")
+    assert isinstance(seq.type, ir.SequenceType) and seq.dtype == ir.DataType.FLOAT
+    assert isinstance(_value(model, "empty").type, ir.SequenceType)
+    assert isinstance(_value(model, "opt").type, ir.OptionalType)
+    assert isinstance(_value(model, "x2").type, ir.TensorType)
+    assert not InferTypesPass()(model).modified

@@ -6,19 +6,39 @@ import logging
 
 import onnx_ir as ir
 
-from onnxprec._ops import default_opset, min_ir_version
+from onnxprec._ops import DEFAULT_DOMAINS, default_opset, min_ir_version
 from onnxprec.errors import UnsupportedModelError
 
-__all__ = ["UpgradeOpsetPass"]
+__all__ = ["OpsetUpgradeError", "UpgradeOpsetPass"]
 
 logger = logging.getLogger(__name__)
+
+
+class OpsetUpgradeError(UnsupportedModelError):
+    """The version converter failed, or changed the graph's inputs or outputs (e.g. Scan-8's batch axis): the
+    model it leaves behind is not the user's model; load it again."""
+
+
+def _interface(model: ir.Model) -> list[tuple[str, str, str]]:
+    """Name, type and shape of each graph input (initializers left out) and output."""
+    values = [v for v in model.graph.inputs if not v.is_initializer()] + list(model.graph.outputs)
+    return [(str(v.name), str(v.type), str(v.shape)) for v in values]
+
+
+def _imports_default_domain(model: ir.Model) -> bool:
+    return bool(set(model.opset_imports) & DEFAULT_DOMAINS) or any(
+        n.domain in DEFAULT_DOMAINS for n in model.graph.all_nodes()
+    )
 
 
 class UpgradeOpsetPass(ir.passes.InPlacePass):
     """Converts the model to ``target`` opset with onnxscript's version converter when it is lower.
 
-    The IR version is kept unless the new opset needs a newer one (ONNX Runtime releases reject IR
-    versions newer than they know, so we never raise it gratuitously).
+    Raises :class:`OpsetUpgradeError` when the conversion fails or changes the model's inputs or outputs (the
+    model is then left half converted: load it again). A model that does not use the default domain (an
+    ``ai.onnx.ml``-only model) only gets the import, for the Casts a conversion may add. The IR version is kept
+    unless the new opset needs a newer one (ONNX Runtime releases reject IR versions newer than they know, so we
+    never raise it gratuitously).
     """
 
     def __init__(self, target: int) -> None:
@@ -29,15 +49,22 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
         current = default_opset(model)
         if current >= self.target:
             return ir.passes.PassResult(model, modified=False)
+        if not _imports_default_domain(model):
+            # e.g. an ai.onnx.ml-only model: nothing to convert, only an import for the Casts to come
+            model.opset_imports[""] = self.target
+            model.ir_version = max(model.ir_version or 0, min_ir_version(self.target))
+            logger.info("Added the default domain at opset %d (the model imported only other domains)", self.target)
+            return ir.passes.PassResult(model, modified=True)
         from onnxscript import version_converter  # slow import: only when needed
 
         converter_logger = logging.getLogger("onnxscript.version_converter")
         level = converter_logger.level
         converter_logger.setLevel(logging.ERROR)  # it warns when it falls back to the C API: not our user's concern
+        before = _interface(model)
         try:
             version_converter.convert_version(model, self.target, fallback=True)
         except Exception as e:
-            raise UnsupportedModelError(
+            raise OpsetUpgradeError(
                 f"Could not upgrade the model from opset {current} to {self.target} ({e}); "
                 f"upgrade it yourself (onnx.version_converter) or pass --opset {current} to convert at "
                 "the model's own opset."
@@ -46,9 +73,20 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             converter_logger.setLevel(level)
         reached = default_opset(model)
         if reached != self.target:
-            raise UnsupportedModelError(
+            raise OpsetUpgradeError(
                 f"Could not upgrade the model from opset {current} to {self.target} (the ONNX version converter "
                 f"failed); upgrade it yourself or pass --opset {current} to convert at the model's own opset."
+            )
+        after = _interface(model)
+        if after != before:
+            changed = (
+                next(f"{a[0]}: {a[1]} {a[2]} -> {b[1]} {b[2]}" for a, b in zip(before, after) if a != b)
+                if len(after) == len(before)
+                else "the number of inputs/outputs"
+            )
+            raise OpsetUpgradeError(
+                f"Upgrading the model from opset {current} to {self.target} would change its inputs or outputs "
+                f"({changed})"
             )
         needed = min_ir_version(self.target)
         if model.ir_version < needed:

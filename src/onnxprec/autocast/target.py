@@ -1,0 +1,935 @@
+"""AutoCast by accuracy target (``--target_accuracy``): as many low-precision nodes as the outputs allow.
+
+The user states what the outputs must keep on their calibration data (``rel_l2<=1e-3``, ``cosine>=0.9999``,
+``top1>=0.999``, ``max_abs<=1e-2``, several joined by commas, or a callback on reference and candidate outputs).
+The reference run keeps the FP32 outputs of every batch (:class:`Calibration`). After the default
+(magnitude-based) classification:
+
+1. **Candidates** (:func:`_split`): main-graph float nodes whose precision only a measurement decided (the
+   default converts them, or ``data_max``/``max_depth_of_reduction`` keeps them in FP32). User excludes and
+   includes, schema limits, custom ops, control flow and initializer ranges stay as decided; nodes whose measured
+   tensors do not fit the low type (an FP16 overflow) stay FP32; subgraph nodes keep their default decision.
+2. **The default, for real**: converted in memory and run on every batch in one session. Its error is what the
+   pipeline reports, and it sets the direction: *upward* (it meets the target: convert the candidates it keeps in
+   FP32) or *downward* (it misses: keep candidates it converts in FP32).
+3. **Upward, all at once**: converting every upward candidate is checked for real first (one session); on LLMs
+   whose FP32 islands are only ``data_max`` margins this is the answer.
+4. **Otherwise, one emulation session** (:class:`Emulator`): the FP32 model in which every tensor edge that a
+   candidate can make low goes through the low type (``Cast`` to low and back) behind a boolean input, exactly where
+   the converter rounds (a low node's outputs, and the inputs a low node reads; weights clamped as converted). A
+   configuration is a set of feeds: trying one is one ``session.run`` per batch, never a build or a session. Its
+   verdicts are scaled to the real error of the default (:class:`_Scale`): the emulation rounds every low tensor as
+   FP16/BF16 hardware does, while ONNX Runtime's CPU computes many FP16 ops in FP32.
+5. **Sensitivity**: a validated structural proxy (:func:`_sensitivity`), the number of readers of the node's
+   outputs over its distance to the graph outputs. Validated against each node's exact output error (one emulated
+   run per node) by ``python -m benchmarks.target_proxy``: the node's own rounding error is nearly the same for
+   every node and ranks poorly; the numbers are in BENCHMARKS.md. Least sensitive first upward, most sensitive
+   first downward; a bisection on how many nodes to move (``log2(candidates)`` runs), then greedy steps on chunks
+   of the rest while runs are cheap (:data:`REFINE_RUNS`).
+6. **Check**: the choice is converted in memory and run for real on every batch; if it misses, the bisection goes
+   on with real checks (at most :data:`MAX_REAL_CHECKS`).
+
+Sessions: one for the default, one per real check, and at most one emulation session. ``TargetReport.steps``
+lists every configuration tried, with its errors, verdict and time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import operator
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxprec import _ort
+from onnxprec._ops import CONTROL_FLOW_OPS
+from onnxprec._tensors import finite_max
+from onnxprec.autocast.classify import Decision, classify
+from onnxprec.autocast.rules import DataRangeRule, DepthOfReductionRule, Rule, RuleContext
+from onnxprec.errors import InvalidArgumentError, UnsupportedModelError
+from onnxprec.metrics import ErrorStats
+from onnxprec.observers import TensorStats
+from onnxprec.validate import NumericReport
+
+if TYPE_CHECKING:
+    from onnxprec.autocast._options import AutoCastOptions
+
+__all__ = [
+    "MAX_REAL_CHECKS",
+    "AccuracyTarget",
+    "Bound",
+    "Calibration",
+    "Emulator",
+    "Measurement",
+    "TargetReport",
+    "search",
+]
+
+logger = logging.getLogger(__name__)
+
+_F = ir.DataType.FLOAT
+MAX_REAL_CHECKS = 3
+# Greedy steps after the bisection: at most this many emulated runs, and no more once they took this long.
+REFINE_RUNS = 6
+REFINE_SECONDS = 6.0
+METRICS = ("rel_l2", "cosine", "top1", "max_abs")
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+}
+_BOUND = re.compile(r"^\s*(rel_l2|cosine|top1|max_abs)\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*$")
+Callback = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], Any]
+
+
+# --------------------------------------------------------------------------------------------------
+# The target
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One condition on every float output: ``metric op value`` (e.g. ``rel_l2 <= 1e-3``)."""
+
+    metric: str
+    op: str
+    value: float
+
+    def holds(self, measured: float | None) -> bool:
+        return measured is not None and not math.isnan(measured) and _OPS[self.op](measured, self.value)
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+@dataclass(frozen=True)
+class AccuracyTarget:
+    """What the outputs must keep: bounds on every float output, and/or a callback.
+
+    The callback gets ``(reference, candidate)``, two dicts of output name -> array for one calibration batch,
+    and returns whether the candidate is good enough (True/False, or a number: nonzero is good); the target
+    holds when it holds on every batch.
+    """
+
+    bounds: tuple[Bound, ...] = ()
+    callback: Callback | None = None
+
+    @classmethod
+    def parse(cls, spec: str | Callback | AccuracyTarget) -> AccuracyTarget:
+        """From ``"rel_l2<=1e-3,top1>=0.99"``, a callable, or a target.
+
+        Raises:
+            InvalidArgumentError: A malformed bound, with the accepted forms.
+        """
+        if isinstance(spec, AccuracyTarget):
+            return spec
+        if callable(spec):
+            return cls(callback=spec)
+        bounds = []
+        for part in str(spec).split(","):
+            m = _BOUND.match(part)
+            value = None
+            if m:
+                with contextlib.suppress(ValueError):
+                    value = float(m.group(3))
+            if m is None or value is None or math.isnan(value):
+                raise InvalidArgumentError(
+                    f"Invalid --target_accuracy '{part.strip()}': write METRIC<=VALUE or METRIC>=VALUE with METRIC "
+                    "one of rel_l2, cosine, top1, max_abs (e.g. rel_l2<=1e-3 or cosine>=0.9999,top1>=0.99)."
+                )
+            bounds.append(Bound(m.group(1), m.group(2), value))
+        return cls(tuple(bounds))
+
+    @property
+    def needs_top1(self) -> bool:
+        return any(b.metric == "top1" for b in self.bounds)
+
+    def __str__(self) -> str:
+        parts = [str(b) for b in self.bounds]
+        if self.callback is not None:
+            parts.append(f"callback {getattr(self.callback, '__name__', 'target')}")
+        return ",".join(parts)
+
+
+@dataclass
+class Measurement:
+    """The outputs of one configuration against FP32 on every calibration batch.
+
+    Attributes:
+        errors: Output name -> max_abs, rel_l2, cosine, nonfinite (and top1).
+        ok: Whether the target holds.
+        seconds: Time of the run(s).
+    """
+
+    errors: dict[str, dict[str, float]]
+    ok: bool
+    seconds: float = 0.0
+    callback_ok: bool = True
+
+    def worst(self, metric: str) -> float | None:
+        values = [e[metric] for e in self.errors.values() if e.get(metric) is not None]
+        if not values:
+            return None
+        return min(values) if metric in ("cosine", "top1") else max(values)
+
+    def summary(self) -> str:
+        return ", ".join(f"{m} {self.worst(m):.4g}" for m in METRICS if self.worst(m) is not None)
+
+
+def _measure(
+    target: AccuracyTarget,
+    calibration: Calibration,
+    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+) -> Measurement:
+    """Runs every batch and compares the float outputs with the cached FP32 ones."""
+    tick = time.perf_counter()
+    stats: dict[str, ErrorStats] = {}
+    callback_ok = True
+    for batch, reference in zip(calibration.batches, calibration.outputs):
+        outputs = run(batch)
+        for name, expected in reference.items():
+            if not np.issubdtype(expected.dtype, np.floating):
+                continue
+            stats.setdefault(name, ErrorStats(track_top1=target.needs_top1)).update(
+                expected, np.asarray(outputs[name], dtype=np.float32)
+            )
+        if target.callback is not None and callback_ok:
+            callback_ok = bool(target.callback(reference, {k: np.asarray(v) for k, v in outputs.items()}))
+        del outputs
+    errors = {name: s.as_dict() for name, s in stats.items()}
+    ok = callback_ok and all(
+        e["nonfinite"] == 0 and all(b.holds(e.get(b.metric)) for b in target.bounds) for e in errors.values()
+    )
+    return Measurement(errors, ok, time.perf_counter() - tick, callback_ok)
+
+
+# --------------------------------------------------------------------------------------------------
+# Calibration data and FP32 outputs, kept from the reference run
+
+
+class Calibration:
+    """The calibration batches and the FP32 outputs of each, kept from the reference run.
+
+    :meth:`hold` turns a one-shot source into a list (it is read several times); :meth:`observer` is given to
+    the reference run, which hands it the graph outputs of every batch in order.
+    """
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, np.ndarray]] | Iterable[dict[str, np.ndarray]] = []
+        self.outputs: list[dict[str, np.ndarray]] = []
+        self._names: frozenset[str] = frozenset()
+        self._count: dict[str, int] = {}
+
+    def hold(self, batches: Iterable[dict[str, np.ndarray]]) -> Iterable[dict[str, np.ndarray]]:
+        if getattr(batches, "one_shot", False) or iter(batches) is batches:
+            batches = [dict(b) for b in batches]
+        self.batches = batches
+        return batches
+
+    def observer(self, model: ir.Model) -> Calibration:
+        self._names = frozenset(str(v.name) for v in model.graph.outputs)
+        return self
+
+    # the observer interface of the reference runner
+    def wants(self, name: str) -> bool:
+        return name in self._names
+
+    def update(self, name: str, array: np.ndarray) -> None:
+        if name not in self._names:
+            return
+        index = self._count.get(name, 0)
+        self._count[name] = index + 1
+        while len(self.outputs) <= index:
+            self.outputs.append({})
+        self.outputs[index][name] = np.array(array, copy=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The emulation session
+
+
+def _float_values(node: ir.Node) -> list[ir.Value]:
+    return [v for v in (*node.inputs, *node.outputs) if v is not None and v.dtype == _F]
+
+
+class Emulator:
+    """The FP32 model with switchable rounding through the low type; one ORT session for every configuration.
+
+    A tensor edge (tensor ``t`` read by node ``c``) is rounded when the producer of ``t`` is low or ``c`` is
+    low, as the converter does it (a low node writes the low type; a low node reads a cast of an FP32 tensor).
+    Initializers are rounded for their low readers only (the converter gives them a low copy), clamped to the
+    finite range as the converter clamps. Edges decided by fixed nodes are rounded unconditionally; the others
+    go through ``Where(switch, rounded, exact)``, with one boolean input per distinct set of candidates that
+    decides it.
+
+    Args:
+        model: The FP32 model after sanitizing (unchanged).
+        fixed_low: Main-graph nodes that are low whatever the search does.
+        candidates: The nodes the search may make low or FP32.
+        low: FLOAT16 or BFLOAT16.
+        keep_io_types: Whether FP32 graph inputs and outputs stay FP32.
+        providers: ONNX Runtime providers.
+    """
+
+    SWITCH = "__onnxprec_low_{}"
+
+    def __init__(
+        self,
+        model: ir.Model,
+        fixed_low: set[ir.Node],
+        candidates: Sequence[ir.Node],
+        low: ir.DataType,
+        *,
+        keep_io_types: bool,
+        providers: Sequence[str] | None = None,
+    ) -> None:
+        tick = time.perf_counter()
+        self.candidates = list(candidates)
+        self.low = low
+        self._stack = contextlib.ExitStack()
+        payload, folder = self._stack.enter_context(_ort.ort_model(model))
+        proto = _parse(payload)
+        graph = model.graph
+        nodes = list(graph)
+        if len(nodes) != len(proto.graph.node):
+            raise AssertionError("the serialized graph does not match the model")
+        index = {node: i for i, node in enumerate(nodes)}
+        candidate = {node: i for i, node in enumerate(self.candidates)}
+
+        def state(node: ir.Node | None) -> str | int:
+            if node is None or node.graph is not graph:
+                return "high"
+            if node in candidate:
+                return candidate[node]
+            return "low" if node in fixed_low else "high"
+
+        used = _names(proto)
+        self.switches: list[frozenset[int]] = []
+        switch_of: dict[frozenset[int], str] = {}
+        first: list[onnx.NodeProto] = []
+        after: dict[int, list[onnx.NodeProto]] = {}
+        self.fetch: dict[str, str] = {str(v.name): str(v.name) for v in graph.outputs}
+        rounded_edges = 0
+        for value in _float_tensors(graph):
+            producer = value.producer()
+            if value.is_initializer():
+                p_state: str | int = "high"  # the converter copies an initializer for its low readers
+            elif producer is None:
+                p_state = "high" if keep_io_types else "low"
+            else:
+                p_state = state(producer)
+            groups: dict[frozenset[int] | None, list[tuple[int, int]]] = {}
+            readers = [(index[u.node], u.idx, state(u.node)) for u in value.uses() if u.node.graph is graph]
+            if value.is_graph_output():
+                position = next(i for i, v in enumerate(graph.outputs) if v is value)
+                readers.append((-1, position, "high" if keep_io_types else "low"))
+            for node_index, slot, c_state in readers:
+                if "low" in (p_state, c_state):
+                    drivers: frozenset[int] | None = None
+                else:
+                    drivers = frozenset(s for s in (p_state, c_state) if isinstance(s, int))
+                    if not drivers:
+                        continue
+                groups.setdefault(drivers, []).append((node_index, slot))
+            if not groups:
+                continue
+            name = str(value.name)
+            new = _rounding(name, low, used, clamp=value.is_initializer())
+            where = first if producer is None or producer.graph is not graph else after.setdefault(index[producer], [])
+            where += new
+            exact_rounded = new[-1].output[0]
+            for drivers, uses in groups.items():
+                out = exact_rounded
+                if drivers is not None:
+                    switch = switch_of.get(drivers)
+                    if switch is None:
+                        switch = switch_of[drivers] = self.SWITCH.format(len(self.switches))
+                        self.switches.append(drivers)
+                    out = _fresh(f"{name}__emu", used)
+                    where.append(onnx.helper.make_node("Where", [switch, exact_rounded, name], [out]))
+                for node_index, slot in uses:
+                    if node_index < 0:
+                        self.fetch[str(graph.outputs[slot].name)] = out
+                    else:
+                        proto.graph.node[node_index].input[slot] = out
+                rounded_edges += len(uses)
+        ordered = list(first)
+        for i, node_proto in enumerate(proto.graph.node):
+            ordered.append(node_proto)
+            ordered += after.get(i, ())
+        proto.graph.ClearField("node")
+        proto.graph.node.extend(ordered)
+        for switch in switch_of.values():
+            proto.graph.input.append(onnx.helper.make_tensor_value_info(switch, onnx.TensorProto.BOOL, []))
+        for name, fetched in self.fetch.items():
+            if fetched != name:
+                proto.graph.output.append(onnx.helper.make_tensor_value_info(fetched, onnx.TensorProto.FLOAT, None))
+        self._proto = proto
+        self._folder = folder
+        self._payload = payload
+        self._providers = providers
+        self.session = self._session(proto)
+        self.runs = 0
+        self.sessions = 1
+        logger.info(
+            "Emulation session: %d candidates, %d switches, %d rounded edges (%.1f s)",
+            len(self.candidates),
+            len(self.switches),
+            rounded_edges,
+            time.perf_counter() - tick,
+        )
+
+    def _session(self, proto: onnx.ModelProto) -> _ort.Session:
+        if isinstance(self._payload, bytes):
+            source: bytes | str = proto.SerializeToString()
+        else:  # a temporary model whose weights are in its external data file: rewrite only the small .onnx
+            onnx.save(proto, self._payload)
+            source = self._payload
+        return _ort.create_session(
+            source,
+            providers=self._providers,
+            optimization="basic",
+            external_data_folder=self._folder,
+            what="the emulation model",
+        )
+
+    def close(self) -> None:
+        """Releases the session and the temporary files."""
+        self.session = None  # type: ignore[assignment]
+        self._stack.close()
+
+    def feeds(self, low: Iterable[int]) -> dict[str, np.ndarray]:
+        """The switch inputs of a configuration (candidate indices that are low)."""
+        chosen = set(low)
+        return {
+            self.SWITCH.format(k): np.array(not drivers.isdisjoint(chosen)) for k, drivers in enumerate(self.switches)
+        }
+
+    def run(self, low: Iterable[int]) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        """A function running one batch in the configuration where the candidates ``low`` are low."""
+        switches = self.feeds(low)
+        fetch = list(self.fetch.values())
+
+        def one(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.runs += 1
+            results = self.session.run({**batch, **switches}, fetch)
+            return dict(zip(self.fetch, results))
+
+        return one
+
+
+def _parse(payload: bytes | str) -> onnx.ModelProto:
+    if isinstance(payload, bytes):
+        proto = onnx.ModelProto()
+        proto.ParseFromString(payload)
+        return proto
+    return onnx.load(payload, load_external_data=False)
+
+
+def _names(proto: onnx.ModelProto) -> set[str]:
+    used = {v.name for v in (*proto.graph.input, *proto.graph.output, *proto.graph.initializer)}
+    used.update(out for node in proto.graph.node for out in node.output)
+    return used
+
+
+def _fresh(base: str, used: set[str]) -> str:
+    name, n = base, 0
+    while name in used:
+        n += 1
+        name = f"{base}_{n}"
+    used.add(name)
+    return name
+
+
+def _float_tensors(graph: ir.Graph) -> Iterable[ir.Value]:
+    yield from (v for v in graph.inputs if v.dtype == _F and not v.is_initializer())
+    yield from (v for v in graph.initializers.values() if v.dtype == _F)
+    for node in graph:
+        yield from (v for v in node.outputs if v.dtype == _F and v.name)
+
+
+def _rounding(name: str, low: ir.DataType, used: set[str], *, clamp: bool) -> list[onnx.NodeProto]:
+    """``Cast(Cast(x, low), FLOAT)`` (clamped first for weights, as the converter clamps them)."""
+    nodes = []
+    source = name
+    if clamp:
+        limit = finite_max(low)
+        lo, hi, clipped = _fresh(f"{name}__lo", used), _fresh(f"{name}__hi", used), _fresh(f"{name}__clip", used)
+        nodes += [
+            onnx.helper.make_node("Constant", [], [lo], value=onnx.numpy_helper.from_array(np.float32(-limit))),
+            onnx.helper.make_node("Constant", [], [hi], value=onnx.numpy_helper.from_array(np.float32(limit))),
+            onnx.helper.make_node("Clip", [name, lo, hi], [clipped]),
+        ]
+        source = clipped
+    down, up = _fresh(f"{name}__low", used), _fresh(f"{name}__round", used)
+    nodes += [
+        onnx.helper.make_node("Cast", [source], [down], to=int(low)),
+        onnx.helper.make_node("Cast", [down], [up], to=onnx.TensorProto.FLOAT),
+    ]
+    return nodes
+
+
+# --------------------------------------------------------------------------------------------------
+# Candidates and sensitivities
+
+
+def _overflows(node: ir.Node, stats: Mapping[str, TensorStats] | None, low: ir.DataType) -> bool:
+    """Whether a tensor of ``node`` was measured beyond the low type's range (it cannot be low at all)."""
+    if not stats:
+        return False
+    limit = finite_max(low)
+    for value in _float_values(node):
+        s = stats.get(str(value.name))
+        if s is not None and s.size and not s.absmax < limit:
+            return True
+    return False
+
+
+@dataclass
+class Step:
+    """One configuration tried: emulated (its verdict scaled to the measured error of the default) or real."""
+
+    kind: str  # "emulated" or "real"
+    what: str
+    low_nodes: int  # candidates low
+    measurement: Measurement
+    ok: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "low_nodes": self.low_nodes,
+            "ok": self.ok,
+            "errors": _jsonable(self.measurement.errors),
+            "seconds": round(self.measurement.seconds, 3),
+        }
+
+
+def _jsonable(errors: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float | None]]:
+    return {
+        name: {k: (float(v) if v is not None and math.isfinite(v) else None) for k, v in e.items()}
+        for name, e in errors.items()
+    }
+
+
+@dataclass
+class TargetReport:
+    """What the target search did: mode, candidates, each configuration tried, the sensitivities, the result."""
+
+    target: str
+    mode: str = ""
+    candidates: int = 0
+    moved: int = 0
+    sensitivity: dict[ir.Node, float] = field(default_factory=dict, repr=False)
+    steps: list[Step] = field(default_factory=list, repr=False)
+    sessions: int = 0
+    runs: int = 0
+    default: Measurement | None = None
+    final: Measurement | None = None
+    reached: bool = False
+    seconds: float = 0.0
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "mode": self.mode,
+            "candidates": self.candidates,
+            "moved": self.moved,
+            "reached": self.reached,
+            "sessions": self.sessions,
+            "runs": self.runs,
+            "seconds": round(self.seconds, 3),
+            "note": self.note,
+            "default": None if self.default is None else _jsonable(self.default.errors),
+            "final": None if self.final is None else _jsonable(self.final.errors),
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# The search
+
+
+@dataclass
+class Problem:
+    """What the search works on, from the pipeline."""
+
+    model: ir.Model
+    decisions: dict[ir.Node, Decision]  # the default classification
+    hard: dict[ir.Node, Decision]  # the classification by the rules that are not measurements
+    stats: Mapping[str, TensorStats] | None
+    calibration: Calibration
+    target: AccuracyTarget
+    low: ir.DataType
+    keep_io_types: bool
+    providers: Sequence[str] | None
+    build: Callable[[dict[ir.Node, Decision]], ir.Model]  # converts a clone of the model with these decisions
+    included: frozenset[ir.Node] = frozenset()  # nodes the user asked to convert (nodes/op_types_to_include)
+
+    @classmethod
+    def of(
+        cls,
+        model: ir.Model,
+        decisions: dict[ir.Node, Decision],
+        options: AutoCastOptions,
+        rules: Sequence[Rule],
+        includes: Sequence[Rule],
+        ctx: RuleContext,
+        calibration: Calibration,
+        build: Callable[[ir.Model, Mapping[ir.Node, Decision], AutoCastOptions], ir.Model],
+    ) -> Problem:
+        """The problem of the AutoCast pipeline: its model, classification, rules, statistics and options."""
+        assert options.target is not None
+        hard_rules = [r for r in rules if not isinstance(r, (DataRangeRule, DepthOfReductionRule))]
+        hard = classify(model, low=options.low, rules=hard_rules, includes=includes, ctx=ctx, plugins=options.plugins)
+        included = frozenset(n for n in model.graph if any(include(n, ctx) for include in includes))
+        return cls(
+            model,
+            decisions,
+            hard,
+            ctx.stats,
+            calibration,
+            options.target,
+            options.low,
+            options.keep_io_types,
+            options.providers,
+            lambda chosen: build(model, chosen, options),
+            included,
+        )
+
+
+def _split(problem: Problem) -> tuple[set[ir.Node], list[ir.Node], list[ir.Node]]:
+    """Fixed-low nodes, candidates, and nodes that overflow the low type (kept FP32)."""
+    graph = problem.model.graph
+    fixed_low: set[ir.Node] = set()
+    candidates: list[ir.Node] = []
+    overflow: list[ir.Node] = []
+    for node in graph:
+        decision = problem.decisions[node]
+        hard = problem.hard[node]
+        movable = (
+            hard.low
+            and node not in problem.included
+            and node.op_type not in CONTROL_FLOW_OPS
+            and bool(_float_values(node))
+        )
+        if not movable:
+            if decision.low:
+                fixed_low.add(node)
+            continue
+        if not decision.low and _overflows(node, problem.stats, problem.low):
+            overflow.append(node)
+            continue
+        candidates.append(node)
+    return fixed_low, candidates, overflow
+
+
+def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, NumericReport]:
+    """Finds the classification to convert: the decisions, the report, and the real model's errors (every batch).
+
+    The default classification is measured for real first: that error is what the pipeline reports, and it
+    decides the direction. Upward (the default meets the target), converting every candidate it keeps in FP32
+    is tried for real first; if that misses, the emulation bisects. Downward, the emulation bisects on the
+    number of nodes to keep in FP32. The emulation's verdicts are scaled to the measured error of the default
+    (:class:`_Scale`); the final choice is checked for real (:func:`_check`).
+    """
+    tick = time.perf_counter()
+    report = TargetReport(str(problem.target))
+    fixed_low, candidates, overflow = _split(problem)
+    report.candidates = len(candidates)
+    logger.info(
+        "Target %s: %d candidate nodes (%d converted by default), %d kept FP32 as they overflow %s",
+        report.target,
+        len(candidates),
+        sum(problem.decisions[n].low for n in candidates),
+        len(overflow),
+        problem.low.name.lower(),
+    )
+    report.default = report.final = _real(problem, problem.decisions, "default classification", report)
+    upward = report.default.ok
+    report.mode = "upward" if upward else "downward"
+    moving = [n for n in candidates if problem.decisions[n].low != upward]
+    fixed_low |= {n for n in candidates if problem.decisions[n].low and upward}
+    sensitivity = _sensitivity(problem.model)
+    # Least sensitive first upward; downward, the most sensitive go back to FP32 first.
+    ranked = sorted(moving, key=lambda n: sensitivity[n], reverse=not upward)
+    report.sensitivity = {n: sensitivity[n] for n in moving}
+    chosen = problem.decisions
+    if not moving:
+        report.note = "no candidate to move"
+    elif upward and _real(problem, _decisions(problem, set(moving), set(moving)), "every candidate low", report).ok:
+        report.final, report.moved = report.steps[-1].measurement, len(moving)
+        chosen = _decisions(problem, set(moving), set(moving))
+    else:
+        emulator = Emulator(
+            problem.model,
+            fixed_low,
+            ranked,
+            problem.low,
+            keep_io_types=problem.keep_io_types,
+            providers=problem.providers,
+        )
+        report.sessions += 1
+        try:
+            ranked, k, known = _bisect(problem, emulator, upward, report)
+        finally:
+            report.runs += emulator.runs
+            emulator.close()
+        chosen = _check(problem, ranked, k, known, upward, report)
+    report.reached = report.final.ok
+    report.seconds = time.perf_counter() - tick
+    logger.log(
+        logging.INFO if report.reached else logging.WARNING,
+        "Target %s %s (%s): %d of %d candidates moved (%s), %d sessions, %d runs, %.1f s",
+        report.target,
+        "reached" if report.reached else "NOT reached",
+        report.final.summary(),
+        report.moved,
+        len(moving),
+        report.mode,
+        report.sessions,
+        report.runs,
+        report.seconds,
+    )
+    numeric = NumericReport(
+        {
+            name: {"max_abs": e["max_abs"], "rel_l2": e["rel_l2"], "cosine": e["cosine"], "finite": e["nonfinite"] == 0}
+            for name, e in report.final.errors.items()
+        }
+    )
+    return chosen, report, numeric
+
+
+def _distance_to_outputs(model: ir.Model) -> dict[ir.Node, int]:
+    """The longest path, in nodes, from each main-graph node to a graph output (1: it writes one)."""
+    graph = model.graph
+    distance: dict[ir.Node, int] = {}
+    for node in reversed(list(graph)):
+        below = [distance.get(use.node, 0) for out in node.outputs for use in out.uses() if use.node.graph is graph]
+        distance[node] = 1 + max(below, default=0)
+    return distance
+
+
+def _sensitivity(model: ir.Model) -> dict[ir.Node, float]:
+    """The structural sensitivity proxy: readers of the node's outputs over its distance to the outputs.
+
+    An error injected near the outputs is diluted by fewer nodes; one in a tensor that many nodes read (a
+    residual stream) reaches the outputs along many paths.
+    """
+    distance = _distance_to_outputs(model)
+    result = {}
+    for node, d in distance.items():
+        readers = sum(len(out.uses()) + out.is_graph_output() for out in node.outputs)
+        result[node] = max(readers, 1) / d
+    return result
+
+
+class _Scale:
+    """Scales emulated errors to measured ones: each output's and metric's distance from perfect (rel_l2,
+    max_abs, 1 - cosine, 1 - top1) times the ratio the default classification shows, measured over emulated.
+
+    The emulation rounds every low tensor, as hardware with FP16/BF16 kernels does; ONNX Runtime's CPU computes
+    many FP16 ops in FP32 and drops the roundings between them, so the measured error can be lower.
+    """
+
+    def __init__(self, emulated: Measurement, real: Measurement) -> None:
+        self.factors: dict[tuple[str, str], float] = {}
+        for name, errors in emulated.errors.items():
+            for metric in METRICS:
+                e, r = _badness(metric, errors.get(metric)), _badness(metric, real.errors.get(name, {}).get(metric))
+                if e is not None and r is not None and e > 0 and r > 0:
+                    self.factors[name, metric] = min(16.0, max(1 / 16, r / e))
+
+    def holds(self, target: AccuracyTarget, measurement: Measurement) -> bool:
+        if not measurement.callback_ok:
+            return False
+        for name, errors in measurement.errors.items():
+            if errors["nonfinite"]:
+                return False
+            for bound in target.bounds:
+                bad = _badness(bound.metric, errors.get(bound.metric))
+                if bad is None:
+                    return False
+                scaled = bad * self.factors.get((name, bound.metric), 1.0)
+                if not bound.holds(1 - scaled if bound.metric in ("cosine", "top1") else scaled):
+                    return False
+        return True
+
+
+def _badness(metric: str, value: float | None) -> float | None:
+    if value is None or math.isnan(value):
+        return None
+    return 1 - value if metric in ("cosine", "top1") else value
+
+
+def _real(problem: Problem, decisions: dict[ir.Node, Decision], what: str, report: TargetReport) -> Measurement:
+    """Converts a clone with ``decisions`` and runs it on every batch, in one session."""
+    measurement = _measure_real(problem, problem.build(decisions))
+    report.sessions += 1
+    report.runs += len(problem.calibration.outputs)
+    low = sum(d.low for d in decisions.values())
+    report.steps.append(Step("real", what, low, measurement, measurement.ok))
+    _log("real", what, low, measurement, measurement.ok)
+    return measurement
+
+
+def _log(kind: str, what: str, low: int, measurement: Measurement, ok: bool) -> None:
+    logger.info("  %-8s %-32s %5d low: %s -> %s", kind, what, low, measurement.summary(), "ok" if ok else "miss")
+
+
+def _config(ranked: Sequence[ir.Node], k: int, upward: bool) -> set[int]:
+    """Candidate indices (into ``ranked``) that are low when ``k`` nodes moved."""
+    return set(range(k)) if upward else set(range(k, len(ranked)))
+
+
+def _bisect(
+    problem: Problem, emulator: Emulator, upward: bool, report: TargetReport
+) -> tuple[list[ir.Node], int, bool]:
+    """How many ranked candidates to move, found in the emulation, then refined by greedy steps.
+
+    Returns:
+        The ranking, reordered so that the chosen nodes to move come first; how many to move; and whether that
+        met the target in the emulation (False only when even moving every candidate misses).
+    """
+    ranked = list(emulator.candidates)
+    n = len(ranked)
+    base = sum(d.low for d in problem.decisions.values())
+    sign = 1 if upward else -1
+    default = _measure(problem.target, problem.calibration, emulator.run(_config(ranked, 0, upward)))
+    assert report.default is not None
+    scale = _Scale(default, report.default)
+    report.steps.append(Step("emulated", "default classification", base, default, report.default.ok))
+    _log("emulated", "default classification", base, default, report.default.ok)
+
+    def holds(moved: set[int], what: str) -> bool:
+        low = moved if upward else set(range(n)) - moved
+        measurement = _measure(problem.target, problem.calibration, emulator.run(low))
+        ok = scale.holds(problem.target, measurement)
+        report.steps.append(Step("emulated", what, base + sign * len(moved), measurement, ok))
+        _log("emulated", what, base + sign * len(moved), measurement, ok)
+        return ok
+
+    verb = "convert" if upward else "keep FP32"
+    good, bad = (0, n) if upward else (n, 0)  # downward, every candidate in FP32 is assumed to hold
+    while abs(good - bad) > 1:
+        k = (good + bad) // 2
+        if holds(set(range(k)), f"{verb} {k} of {n}"):
+            good = k
+        else:
+            bad = k
+    # Greedy steps: the ranking is a proxy, so try chunks of the other side too, while runs are cheap.
+    moved = set(range(good))
+    runs, spent = 0, 0.0
+    tried: set[frozenset[int]] = set()
+    for parts in (4, 8):
+        others = sorted(set(range(n)) - moved) if upward else sorted(moved)
+        for chunk in np.array_split(np.array(others, dtype=np.int64), parts):
+            step = frozenset(chunk.tolist())
+            if not step or step in tried or runs >= REFINE_RUNS or spent >= REFINE_SECONDS:
+                continue
+            tried.add(step)
+            tick = time.perf_counter()
+            trial = moved | step if upward else moved - step
+            if holds(trial, f"{'convert' if upward else 'convert back'} {len(step)} more"):
+                moved = trial
+            runs, spent = runs + 1, spent + time.perf_counter() - tick
+    first = sorted(moved)
+    known = upward or good < n  # downward: some k < n held in the emulation (n itself is not run)
+    return [ranked[i] for i in first] + [ranked[i] for i in range(n) if i not in moved], len(first), known
+
+
+def _check(
+    problem: Problem, ranked: list[ir.Node], k: int, known: bool, upward: bool, report: TargetReport
+) -> dict[ir.Node, Decision]:
+    """Checks the emulation's choice for real; if it misses, bisects on with real checks (at most
+    :data:`MAX_REAL_CHECKS` in all) towards the default (upward) or towards FP32 (downward)."""
+    n = len(ranked)
+    verb = "convert" if upward else "keep FP32"
+
+    def decisions(k: int) -> dict[ir.Node, Decision]:
+        low = _config(ranked, k, upward)
+        return _decisions(problem, set(ranked), {ranked[i] for i in low})
+
+    best: tuple[int, dict[ir.Node, Decision], Measurement] | None = None
+    if upward:
+        assert report.default is not None
+        best = (0, problem.decisions, report.default)
+    good: int | None = 0 if upward else None
+    bad: int | None = None
+    for _ in range(MAX_REAL_CHECKS):
+        chosen = decisions(k)
+        measurement = _real(problem, chosen, f"{verb} {k} of {n}", report)
+        if measurement.ok:
+            good, best = k, (k, chosen, measurement)
+        else:
+            bad = k
+        if upward:
+            assert good is not None
+            if bad is None or bad - good <= 1:
+                break
+            k = (good + bad) // 2
+        else:
+            if good is not None and (bad is None or good - bad <= 1):
+                break
+            top = n if good is None else good
+            if bad is None or top - bad <= 1:
+                if good is None and k != n:
+                    k = n  # nothing real met it yet: every candidate in FP32 is the last resort
+                    continue
+                break
+            k = (bad + top + 1) // 2
+    if best is None:
+        report.note = "the real model misses the target even with every candidate in FP32"
+        best = (k, decisions(k), report.steps[-1].measurement)
+    elif not known:
+        report.note = "the emulation found no configuration that meets the target"
+    report.moved, chosen, report.final = best
+    return chosen
+
+
+def _measure_real(problem: Problem, converted: ir.Model) -> Measurement:
+    """Runs a converted model on every batch, in one session without graph rewrites (as the numeric check).
+
+    Raises:
+        UnsupportedModelError: ONNX Runtime cannot run it here (e.g. BF16 kernels missing on the CPU provider).
+    """
+    try:
+        session = _ort.create_session(
+            converted, providers=problem.providers, optimization="none", low_memory=True, what="the converted model"
+        )
+        return _measure(
+            problem.target, problem.calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
+        )
+    except Exception as e:
+        low = problem.low.name.lower()
+        raise UnsupportedModelError(
+            f"--target_accuracy measures the converted model, and ONNX Runtime cannot run it with providers "
+            f"{list(problem.providers or ['cpu'])} ({_ort.first_line(e, 200)}): use a provider with {low} kernels "
+            "(--providers cuda:0) or convert without a target."
+        ) from e
+
+
+def _decisions(problem: Problem, movable: set[ir.Node], low: set[ir.Node]) -> dict[ir.Node, Decision]:
+    """The default decisions with the ``movable`` nodes low exactly when in ``low`` (reasons say what changed)."""
+    decisions = dict(problem.decisions)
+    for node in movable:
+        current = decisions[node]
+        if current.low == (node in low):
+            continue
+        if node in low:  # the schema's FP32 slots (Resize scales...) from the classification without measurements
+            reason = f"target accuracy: converted (default: {current.reason})"
+            decisions[node] = dataclasses.replace(problem.hard[node], reason=reason)
+        else:
+            decisions[node] = Decision(False, f"target accuracy: kept in FP32 (default: {current.reason})")
+    return decisions

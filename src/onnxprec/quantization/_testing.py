@@ -1,0 +1,121 @@
+"""Helpers for the quantization tests: tiny models, reading quantized weights back, numpy references."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxprec._ort import create_session
+from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.quantization.packing import unpack_matmulnbits
+
+__all__ = [
+    "correlated",
+    "dequantized_weights",
+    "mlp",
+    "run_fp32_compute",
+    "single_matmul",
+]
+
+
+def correlated(t: int, k: int, seed: int = 0, *, outliers: bool = True) -> np.ndarray:
+    """LLM-like tokens: correlated channels (a random mixing) and a few channels 10x larger."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((t, k)) @ (rng.standard_normal((k, k)) / np.sqrt(k))
+    if outliers:
+        x[:, rng.choice(k, max(1, k // 32), replace=False)] *= 10
+    return x.astype(np.float32)
+
+
+def single_matmul(
+    k: int = 96, n: int = 40, *, name: str = "mm", gemm: bool = False, dtype: int = F, seed: int = 0
+) -> tuple[onnx.ModelProto, np.ndarray]:
+    """``Y = X @ W`` (or ``Gemm(X, W^T, C, alpha=0.5, transB=1)`` with ``C`` ``[N]``) and its float32 W ``[K, N]``."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    if gemm:
+        c = rng.standard_normal(n).astype(np_dtype)
+        node = helper.make_node("Gemm", ["X", "W", "C"], ["Y"], name=name, transB=1, alpha=0.5, beta=2.0)
+        inits = {"W": w.T.astype(np_dtype), "C": c}
+        shape: list[int | str] = ["T", k]
+    else:
+        node = helper.make_node("MatMul", ["X", "W"], ["Y"], name=name)
+        inits = {"W": w.astype(np_dtype)}
+        shape = ["B", "T", k]
+    out_shape = [*shape[:-1], n]
+    model = make_model([node], [tensor_info("X", dtype, shape)], [tensor_info("Y", dtype, out_shape)], inits)
+    return model, w.astype(np_dtype).astype(np.float32)
+
+
+def mlp(k: int = 64, h: int = 96, n: int = 48, *, seed: int = 0, head: bool = True) -> onnx.ModelProto:
+    """``X -> Mul(gamma) -> {q, k} MatMuls (shared input) -> Add -> Relu -> MatMul -> [lm_head MatMul]``."""
+    rng = np.random.default_rng(seed)
+    inits = {
+        "gamma": rng.uniform(0.5, 2.0, k).astype(np.float32),
+        "Wq": (rng.standard_normal((k, h)) / np.sqrt(k)).astype(np.float32),
+        "Wk": (rng.standard_normal((k, h)) / np.sqrt(k)).astype(np.float32),
+        "Wo": (rng.standard_normal((h, n)) / np.sqrt(h)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Mul", ["X", "gamma"], ["xn"], name="/model/norm/Mul"),
+        helper.make_node("MatMul", ["xn", "Wq"], ["q"], name="/model/layers.0/q_proj/MatMul"),
+        helper.make_node("MatMul", ["xn", "Wk"], ["kk"], name="/model/layers.0/k_proj/MatMul"),
+        helper.make_node("Add", ["q", "kk"], ["s"], name="/model/layers.0/Add"),
+        helper.make_node("Relu", ["s"], ["r"], name="/model/layers.0/Relu"),
+        helper.make_node("MatMul", ["r", "Wo"], ["o"], name="/model/layers.0/o_proj/MatMul"),
+    ]
+    out = "o"
+    if head:
+        inits["Whead"] = (rng.standard_normal((n, 80)) / np.sqrt(n)).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", ["o", "Whead"], ["logits"], name="/model/lm_head/MatMul"))
+        out = "logits"
+    return make_model(
+        nodes, [tensor_info("X", F, ["B", "T", k])], [tensor_info(out, F, ["B", "T", 80 if head else n])], inits
+    )
+
+
+def run_fp32_compute(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Runs on ONNX Runtime CPU with float compute in the fused INT4 kernels (no int8 rounding of activations)."""
+    session = create_session(model, optimization="none", what="the test model")
+    return session.run(feeds)
+
+
+def _array(proto: onnx.ModelProto, name: str) -> np.ndarray:
+    for init in proto.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    raise KeyError(name)
+
+
+def _repeat(values: np.ndarray | float, block: int, rows: int) -> np.ndarray | float:
+    """Block parameters ``[n_blocks, N]`` repeated over the rows of their blocks."""
+    return np.repeat(values, block, axis=0)[:rows] if np.ndim(values) else values
+
+
+def dequantized_weights(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Float32 ``[K, N]`` weight each quantized node reads, by node name (MatMul/Gemm after QDQ, or MatMulNBits)."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    result = {}
+    for node in proto.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            zp = _array(proto, node.input[3]) if len(node.input) > 3 and node.input[3] else None
+            qw = unpack_matmulnbits(
+                _array(proto, node.input[1]), _array(proto, node.input[2]), zp, attrs["K"], bits=attrs["bits"]
+            )
+            result[node.name] = qw.dequantize()
+        elif node.op_type in ("MatMul", "Gemm") and node.input[1] in producers:
+            dq = producers[node.input[1]]
+            if dq.op_type != "DequantizeLinear":
+                continue
+            attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+            q = _array(proto, dq.input[0]).astype(np.float32)
+            scales = _array(proto, dq.input[1]).astype(np.float32)
+            zero = _array(proto, dq.input[2]).astype(np.float32) if len(dq.input) > 2 and dq.input[2] else 0.0
+            block = int(attrs.get("block_size") or q.shape[0])
+            result[node.name] = (q - _repeat(zero, block, q.shape[0])) * _repeat(scales, block, q.shape[0])
+    return result

@@ -1,0 +1,122 @@
+"""Activation statistics: exact against numpy, split into passes under a memory budget, batches split and replayed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from onnxprec.quantization._testing import mlp
+from onnxprec.quantization.calibrate import ReplayableBatches, collect_stats, plan_chunks, pruned_copy, stats_bytes
+from onnxprec.quantization.int4 import quantize
+from onnxprec.quantization.methods import METHODS
+from onnxprec.quantization.select import select_layers
+
+X = np.random.default_rng(0).standard_normal((3, 5, 64)).astype(np.float32)
+
+
+def _model() -> ir.Model:
+    return ir.serde.deserialize_model(mlp())
+
+
+def test_statistics_match_numpy() -> None:
+    model = _model()
+    groups = select_layers(model).groups()
+    gamma = next(v for k, v in model.graph.initializers.items() if k == "gamma").const_value.numpy()  # type: ignore[union-attr]
+    spec = METHODS["awq_gptq"]  # all three statistics
+    stats = collect_stats(model, groups, ReplayableBatches([{"X": X}], model, 1), spec, sample_tokens=7)
+    xn = (X * gamma).reshape(-1, 64)
+    first = stats[groups[0]]
+    np.testing.assert_allclose(first.absmean, np.abs(xn).mean(0), rtol=1e-5)  # type: ignore[arg-type]
+    exact = xn.astype(np.float64).T @ xn
+    np.testing.assert_allclose(first.gram, exact, rtol=1e-5, atol=1e-6 * np.abs(exact).max())  # type: ignore[arg-type]
+    assert first.sample.shape == (7, 64) and first.tokens == 15  # type: ignore[union-attr]
+    rows = {tuple(r) for r in xn.round(5)}
+    assert all(tuple(r) in rows for r in first.sample.round(5))  # type: ignore[union-attr]
+    assert stats[groups[1]].absmean.shape == (96,)  # type: ignore[union-attr]
+
+
+def test_chunks_fit_the_budget_and_several_passes_give_the_same_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    groups = select_layers(model).groups()
+    spec = METHODS["gptq"]
+    sizes = [stats_bytes(g, spec, 512) for g in groups]
+    assert plan_chunks(groups, spec, 512, sum(sizes)) == [groups]
+    assert plan_chunks(groups, spec, 512, 1) == [[g] for g in groups]
+    calib = [{"X": X}]
+    one = quantize(mlp(), calibration_method="gptq", calibration_data_reader=calib, block_size=16)
+    passes = []
+
+    def one_group_per_pass(groups, spec, sample_tokens, budget):  # type: ignore[no-untyped-def]
+        passes.extend(plan_chunks(groups, spec, sample_tokens, 1))
+        return [[g] for g in groups]
+
+    monkeypatch.setattr("onnxprec.quantization.int4._api.plan_chunks", one_group_per_pass)
+    several = quantize(mlp(), calibration_method="gptq", calibration_data_reader=calib, block_size=16)
+    assert len(passes) == 2
+    assert {i.name: i.raw_data for i in one.graph.initializer} == {
+        i.name: i.raw_data for i in several.graph.initializer
+    }
+
+
+def test_batches_split_along_a_dynamic_batch_axis_and_one_shot_sources_replay() -> None:
+    model = _model()
+
+    def generator() -> Iterator[dict[str, np.ndarray]]:
+        yield {"X": X}
+        yield {"X": X[:1]}
+
+    replay = ReplayableBatches(generator(), model, 1)
+    try:
+        next(iter(replay))  # an abandoned first iteration (the reference runner peeks at the first batch)
+        for _ in range(2):
+            batches = list(replay)
+            assert [b["X"].shape[0] for b in batches] == [1, 1, 1, 1]
+            np.testing.assert_array_equal(batches[2]["X"], X[2:3])
+        assert (replay.batches, replay.samples) == (4, 4)
+    finally:
+        replay.close()
+    assert [b["X"].shape[0] for b in ReplayableBatches([{"X": X}], model, 2)] == [2, 1]
+    assert [b["X"].shape[0] for b in ReplayableBatches([{"X": X}], model, 0)] == [3]
+
+
+def test_static_batch_is_not_split() -> None:
+    proto = mlp()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
+    model = ir.serde.deserialize_model(proto)
+    assert [b["X"].shape[0] for b in ReplayableBatches([{"X": X}], model, 1)] == [3]
+
+
+def test_pruned_copy_runs_only_what_the_inputs_need() -> None:
+    model = _model()
+    copy = pruned_copy(model, ["xn"])
+    assert [n.op_type for n in copy.graph] == ["Mul"]
+    assert len(model.graph) == 7  # the original is untouched
+    assert [str(v.name) for v in copy.graph.outputs] == ["xn"]
+
+
+@pytest.mark.parametrize("method", ["awq_lite", "gptq"])
+def test_calibration_reader_and_npz_sources(tmp_path, method: str) -> None:  # type: ignore[no-untyped-def]
+    class Reader:  # an ONNX Runtime CalibrationDataReader
+        def __init__(self) -> None:
+            self.items = iter([{"X": X[i : i + 1]} for i in range(3)])
+
+        def get_next(self):  # type: ignore[no-untyped-def]
+            return next(self.items, None)
+
+    np.savez(tmp_path / "calib.npz", X=X)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for i in range(3):
+        np.savez(folder / f"{i}.npz", X=X[i : i + 1])
+    results = [
+        quantize(mlp(), calibration_method=method, calibration_data_reader=source, block_size=16, stats_memory_mb=1)
+        for source in (Reader(), str(tmp_path / "calib.npz"), str(folder), [{"X": X}], iter([{"X": X}]))
+    ]
+    reference = {i.name: i.raw_data for i in results[0].graph.initializer}
+    for result in results[1:]:
+        assert {i.name: i.raw_data for i in result.graph.initializer} == reference
+    onnx.checker.check_model(results[0], full_check=True)

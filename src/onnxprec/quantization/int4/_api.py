@@ -1,0 +1,479 @@
+"""INT4 weight-only quantization: the pipeline and its public functions (re-exported by ``onnxprec.quantization.int4``).
+
+The pipeline, one step each::
+
+    load -> check -> sanitize (names, constants, opset 21 for QDQ) -> select layers
+         -> calibrate + decide (per chunk of input groups: one pass over the data, then AWQ / clip / GPTQ)
+         -> rewrite (AWQ input scaling, QDQ or MatMulNBits) -> validate -> save (weights quantized while written)
+
+``quantize`` takes ModelOpt's ``int4.quantize`` arguments and returns an ``onnx.ModelProto``; ``quantize_file``
+streams path to path (memory-mapped weights in, each weight quantized as it is written) and returns a report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxprec import _ort, calibration
+from onnxprec._graph import NameAllocator
+from onnxprec._io import ModelSource, check_output_path, external_data_paths, load_model, save_model, to_model_proto
+from onnxprec._ops import QUANTIZED_OPS, default_opset
+from onnxprec._options import fields_in
+from onnxprec._tensors import release
+from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
+from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
+from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
+from onnxprec.quantization.calibrate import ReplayableBatches, collect_stats, plan_chunks, quiet_onnx_ir
+from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
+from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
+from onnxprec.quantization.formats.matmulnbits import matmulnbits_block
+from onnxprec.quantization.formats.qdq import MIN_OPSET
+from onnxprec.quantization.int4._options import Int4Options
+from onnxprec.quantization.int4._report import Int4Report, LayerReport
+from onnxprec.quantization.methods import GroupStats, Recipe, decide_group
+from onnxprec.quantization.scaling import apply_input_scales
+from onnxprec.quantization.select import InputGroup, Selection, Target, select_layers
+from onnxprec.validate import check_structure
+
+__all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def default_output_path(onnx_path: str | Path) -> Path:
+    """``<name>.int4.onnx`` beside the input."""
+    path = Path(onnx_path)
+    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
+    return path.with_name(f"{stem}.int4.onnx")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Steps
+
+
+def _check_quantizable(model: ir.Model) -> None:
+    quantized = sorted({n.op_type for n in model.graph.all_nodes() if n.op_type in QUANTIZED_OPS})
+    if quantized:
+        raise UnsupportedModelError(
+            f"The model is already quantized (it has {', '.join(quantized)} nodes): pass the float model."
+        )
+
+
+def _sanitize(model: ir.Model, options: Int4Options) -> None:
+    """Names every node, turns float Constant nodes into initializers, and raises the opset for QDQ."""
+    with quiet_onnx_ir():
+        NameNodesPass()(model)
+        LiftFloatConstantsPass()(model)
+        if options.output_format == "qdq" and default_opset(model) < MIN_OPSET:
+            _upgrade_opset(model)
+    if options.output_format == "qdq":
+        model.ir_version = max(model.ir_version, 10)
+
+
+def _upgrade_opset(model: ir.Model) -> None:
+    """Opset 21 for DequantizeLinear with INT4 and ``block_size``; a failure says how to avoid the upgrade."""
+    try:
+        UpgradeOpsetPass(MIN_OPSET)(model)
+    except Exception as e:
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, OnnxprecError):
+            cause = cause.__cause__ or cause.__context__
+        reason = str(cause).split("; ")[0] if cause is not None else str(e).splitlines()[0]
+        raise UnsupportedModelError(
+            f"{reason}; --output_format matmulnbits needs no opset change, or upgrade the model to opset "
+            f"{MIN_OPSET} yourself."
+        ) from None
+
+
+def _read_weight(target: Target) -> np.ndarray:
+    """The target's float32 ``[K, N]`` weight (its mapping released)."""
+    tensor = target.weight.const_value
+    assert tensor is not None
+    array = np.asarray(tensor.numpy())
+    w = (array.T if target.transposed else array).astype(np.float32)
+    release(tensor)
+    return w
+
+
+def _owned_targets(groups: list[InputGroup], selection: Selection) -> dict[InputGroup, list[Target]]:
+    """The 4-bit targets each group decides: those whose first layer (in graph order) reads the group's input."""
+    target_of = {layer: target for target in selection.targets for layer in target.layers}
+    owner: dict[Target, InputGroup] = {}
+    for group in groups:
+        for layer in group.layers:
+            owner.setdefault(target_of[layer], group)
+    owned: dict[InputGroup, list[Target]] = {group: [] for group in groups}
+    for target, group in owner.items():
+        if target.bits == 4:
+            owned[group].append(target)
+    return owned
+
+
+def _awq_allowed(group: InputGroup, owned: list[Target], selection: Selection) -> bool:
+    """AWQ scales one input: every layer reading it must have its weight decided here, and only here."""
+    target_of = {layer: target for target in selection.targets for layer in target.layers}
+    members = set(group.layers)
+    return all(
+        target_of[layer] in owned and all(other in members for other in target_of[layer].layers)
+        for layer in group.layers
+    )
+
+
+def _calibrate_and_decide(
+    model: ir.Model,
+    selection: Selection,
+    options: Int4Options,
+    recipes: dict[Target, Recipe],
+    entries: dict[Target, LayerReport],
+    report: Int4Report,
+) -> dict[InputGroup, np.ndarray]:
+    """Statistics per chunk of input groups and the recipes they decide; returns the groups' AWQ scales."""
+    spec = options.spec
+    groups = [g for g in selection.groups() if any(t.bits == 4 for t in _targets_of(g, selection))]
+    owned = _owned_targets(groups, selection)
+    groups = [g for g in groups if owned[g]]
+    budget = options.stats_memory_mb * 1024 * 1024
+    chunks = plan_chunks(groups, spec, options.sample_tokens, budget)
+    if len(chunks) > 1:
+        logger.info(
+            "Activation statistics of %d layer inputs exceed --stats_memory_mb %d: calibrating in %d passes",
+            len(groups), options.stats_memory_mb, len(chunks),
+        )  # fmt: skip
+    scales: dict[InputGroup, np.ndarray] = {}
+    source = options.calibration_data_reader
+    if source is None:
+        logger.warning(
+            "No calibration data: %s runs on realistic random inputs. AWQ and GPTQ fit the statistics of the "
+            "calibration data; pass representative inputs (--calibration_data, API: calibration_data_reader=).",
+            options.method,
+        )
+    from tqdm.auto import tqdm
+
+    def run(batches: Iterable[dict[str, np.ndarray]]) -> None:
+        replay = ReplayableBatches(batches, model, options.calibration_batch_size)
+        bar = tqdm(total=len(groups), desc=f"Calibrating ({options.method})", unit="input", disable=None)
+        try:
+            for chunk in chunks:
+                tick = time.perf_counter()
+                stats = collect_stats(
+                    model, chunk, replay, spec, sample_tokens=options.sample_tokens, providers=options.calibration_eps
+                )
+                _add_seconds(report, "calibration runs", tick)
+                for group in chunk:
+                    group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
+                    if group_scales is not None:
+                        scales[group] = group_scales
+                    bar.update()
+        finally:
+            bar.close()
+            report.calibration.update({"batches": replay.batches, "samples": replay.samples})
+            replay.close()
+
+    tick = time.perf_counter()
+    shapes = calibration.parse_input_shapes(options.input_shapes)
+    calibration.run_on_data(model, source, run, input_shapes=shapes or None)
+    report.calibration.update({"passes": len(chunks), "random": source is None, "inputs": len(groups)})
+    report.seconds["calibration"] = time.perf_counter() - tick
+    return scales
+
+
+def _add_seconds(report: Int4Report, step: str, since: float) -> None:
+    report.seconds[step] = report.seconds.get(step, 0.0) + time.perf_counter() - since
+
+
+def _decide(
+    group: InputGroup,
+    targets: list[Target],
+    stats: GroupStats,
+    selection: Selection,
+    options: Int4Options,
+    recipes: dict[Target, Recipe],
+    entries: dict[Target, LayerReport],
+) -> np.ndarray | None:
+    """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ)."""
+    tick = time.perf_counter()
+    allowed = _awq_allowed(group, targets, selection)
+    if options.spec.awq_scales and not allowed:
+        logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
+    weights = [_read_weight(t) for t in targets]
+    decision = decide_group(weights, stats, options.method, options.quant_config(), awq_allowed=allowed)
+    del weights
+    seconds = (time.perf_counter() - tick) / len(targets)
+    for target, recipe in zip(targets, decision.recipes):
+        recipes[target] = recipe
+        entries[target].info.update(recipe.info)
+        entries[target].info["seconds"] = seconds
+    return decision.scales
+
+
+def _targets_of(group: InputGroup, selection: Selection) -> list[Target]:
+    target_of = {layer: target for target in selection.targets for layer in target.layers}
+    return [target_of[layer] for layer in group.layers]
+
+
+def _layer_entry(target: Target, method: str, block_size: int) -> LayerReport:
+    return LayerReport(
+        weight=target.name,
+        layers=[layer.name for layer in target.layers],
+        k=target.k,
+        n=target.n,
+        bits=target.bits,
+        method=method if target.bits == 4 else "rtn (8-bit per channel)",
+        block_size=block_size if target.bits == 4 else -1,
+        dtype=target.dtype.name.lower(),
+    )
+
+
+def _sizes(target: Target, recipe: Recipe, output_format: str) -> tuple[int, int, int]:
+    """(float bytes, stored bytes, ideal bytes) of one target."""
+    k, n, bits = target.k, target.n, recipe.bits
+    itemsize = target.dtype.itemsize
+    block = effective_block_size(k, recipe.block_size)
+    n_blocks = math.ceil(k / block)
+    ideal = math.ceil(k * n * bits / 8) + n_blocks * n * itemsize
+    if not recipe.symmetric:
+        ideal += math.ceil(n_blocks * n * bits / 8)
+    if output_format == "qdq":
+        stored = ideal
+    else:
+        block = matmulnbits_block(k, recipe.block_size)
+        n_blocks = math.ceil(k / block)
+        stored = n * n_blocks * block * bits // 8 + n * n_blocks * itemsize
+        if not recipe.symmetric:
+            stored += n * math.ceil(n_blocks * bits / 8)
+    return int(k * n * itemsize), int(stored), int(ideal)
+
+
+def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model, Int4Report]:
+    """Runs the pipeline up to (not including) saving; the returned model's quantized weights are lazy tensors."""
+    config = options.quant_config()
+    report = Int4Report(options.method, config.block_size, options.use_zero_point, options.output_format)
+    tick = time.perf_counter()
+    _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
+    model = load_model(source)
+    _check_quantizable(model)
+    _sanitize(model, options)
+    selection = select_layers(model, exclude=options.exclude_patterns, eight_bit=options.eight_bit_patterns)
+    report.excluded, report.skipped = selection.excluded, selection.skipped
+    if not selection.targets:
+        hint = " (all excluded by nodes_to_exclude)" if selection.excluded else ""
+        raise UnsupportedModelError(
+            f"Nothing to quantize{hint}: the model has no MatMul or Gemm whose weight is a 2-D float initializer "
+            f"and whose other input is computed ({len(selection.skipped)} MatMul/Gemm skipped; see --log_level DEBUG)."
+        )
+    report.seconds["load+select"] = time.perf_counter() - tick
+    logger.info(
+        "Quantizing %d weights of %d layers with %s (block %s, %s)",
+        len(selection.targets), len(selection.layers), options.method, config.block_size,
+        "zero points" if options.use_zero_point else "symmetric",
+    )  # fmt: skip
+
+    recipes: dict[Target, Recipe] = {}
+    entries = {t: _layer_entry(t, options.method, config.block_size) for t in selection.targets}
+    scales: dict[InputGroup, np.ndarray] = {}
+    if options.spec.needs_data and any(t.bits == 4 for t in selection.targets):
+        scales = _calibrate_and_decide(model, selection, options, recipes, entries, report)
+    for target in selection.targets:
+        if target not in recipes:
+            if target.bits == 8:
+                recipes[target] = Recipe("rtn", bits=8, block_size=-1, symmetric=config.symmetric)
+            else:
+                clip = options.spec.clip == "mse"
+                recipes[target] = Recipe(
+                    options.method, block_size=config.block_size, symmetric=config.symmetric, clip_search=clip
+                )
+
+    tick = time.perf_counter()
+    graph = model.graph
+    names = NameAllocator(model)
+    applied = {group: apply_input_scales(graph, group, s, names) for group, s in scales.items()}
+    target_of = {layer: target for target in selection.targets for layer in target.layers}
+    for group, how in applied.items():
+        for layer in group.layers:
+            entries[target_of[layer]].awq = how
+    for target in selection.targets:
+        recipe = recipes[target]
+        entry = entries[target]
+        tensor = target.weight.const_value
+        assert tensor is not None
+
+        def done(w: np.ndarray, qw: QuantizedWeight, seconds: float, entry: LayerReport = entry,
+                 recipe: Recipe = recipe) -> None:  # fmt: skip
+            entry.record(w, qw, recipe.dequantized(qw), seconds)
+            if report.progress is not None:
+                report.progress()
+
+        lazy = LazyQuantizedWeight(tensor, recipe, transposed=target.transposed, on_done=done)
+        if options.output_format == "qdq":
+            rewrite_qdq(graph, target, lazy, names)
+        else:
+            rewrite_matmulnbits(graph, target, lazy, names, accuracy_level=options.accuracy_level)
+        if not target.weight.uses() and target.weight.name in graph.initializers:
+            graph.initializers.pop(str(target.weight.name))
+        float_bytes, stored, ideal = _sizes(target, recipe, options.output_format)
+        report.float_bytes += float_bytes
+        report.quantized_bytes += stored
+        report.ideal_bytes += ideal
+        report.layers.append(entry)
+    if options.output_format == "matmulnbits":
+        model.opset_imports.setdefault(MS_DOMAIN, 1)
+    report.seconds["rewrite"] = time.perf_counter() - tick
+    check_structure(model, has_custom_ops=options.output_format == "matmulnbits")
+    return model, report
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public functions
+
+
+@contextlib.contextmanager
+def _log_level(level: str) -> Iterator[None]:
+    """Sets the ``onnxprec`` logger's level for the call (with a stderr handler if logging is not configured)."""
+    root = logging.getLogger("onnxprec")
+    old = root.level
+    handler: logging.Handler | None = None
+    if not logging.getLogger().handlers and not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[onnxprec] %(levelname)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(getattr(logging, level))
+    try:
+        yield
+    finally:
+        root.setLevel(old)
+        if handler is not None:
+            root.removeHandler(handler)
+
+
+def quantize(
+    onnx_path: ModelSource,
+    calibration_method: str = "awq_lite",
+    calibration_data_reader: Any = None,
+    calibration_eps: Sequence[str] = ("cpu",),
+    use_external_data_format: bool = False,
+    use_zero_point: bool = False,
+    block_size: int | None = None,
+    nodes_to_exclude: Sequence[str] | None = ("/lm_head",),
+    log_level: str = "INFO",
+    **kwargs: Any,
+) -> onnx.ModelProto:
+    """Quantizes the weights of MatMul/Gemm layers to INT4; ModelOpt's ``int4.quantize`` signature and defaults.
+
+    Args:
+        onnx_path: Path to the float model, an ``onnx.ModelProto`` or an ``onnx_ir.Model`` (modified in place).
+        calibration_method: rtn (no data), rtn_clip (RTN with a per-block MSE clip search, no data), awq_lite (AWQ
+            scale search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with
+            error propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt
+            are ModelOpt aliases.
+        calibration_data_reader: Calibration inputs: an ONNX Runtime ``CalibrationDataReader``, a list or iterator
+            of feed dicts, an ``.npz`` file or a folder of ``.npz`` files; None: realistic random data (AWQ and GPTQ
+            need representative data).
+        calibration_eps: ONNX Runtime providers for calibration: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
+        use_external_data_format: Save the weights in ``<output>.data`` (``quantize_file``; automatic above 2 GB).
+            ``quantize`` returns a ModelProto: save it with ``onnx.save(..., save_as_external_data=True)``.
+        use_zero_point: Asymmetric quantization: UINT4 weights with UINT4 zero points (default: symmetric INT4, all
+            16 levels).
+        block_size: Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel
+            (default: 128).
+        nodes_to_exclude: Regexes (re.search) of layers to keep in float, matched against the node name, its output
+            name and its weight name; give the flag with no pattern to quantize every layer.
+        log_level: Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR.
+        **kwargs: Any other :class:`Int4Options` field: ``output_format`` (qdq, matmulnbits), ``accuracy_level``,
+            ``awqlite_alpha_step``, ``awqclip_alpha_step``, ``awqclip_alpha_min``, ``awqclip_bsz_col``,
+            ``gptq_damp``, ``gptq_act_order``, ``layers_8bit``, ``calibration_batch_size``, ``sample_tokens``,
+            ``stats_memory_mb``, ``input_shapes``.
+
+    Returns:
+        The quantized model.
+
+    Raises:
+        OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
+    """
+    params = fields_in(Int4Options, locals())
+    options = _options(params, kwargs)
+    with _log_level(options.log_level):
+        model, report = quantize_model(onnx_path, options)
+        tick = time.perf_counter()
+        proto = to_model_proto(model)
+        report.seconds["quantize weights"] = time.perf_counter() - tick
+        logger.info(report.summary)
+    return proto
+
+
+def _options(params: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Int4Options:
+    import difflib
+
+    from onnxprec._options import option_fields
+
+    known = {f.name for f, _ in option_fields(Int4Options)}
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise InvalidArgumentError(f"Unknown INT4 option '{name}'.{hint}")
+    return Int4Options(**{**params, **kwargs})
+
+
+def quantize_file(
+    onnx_path: str | Path,
+    output_path: str | Path | None = None,
+    *,
+    external_data: bool | None = None,
+    options: Int4Options | None = None,
+    **kwargs: Any,
+) -> Int4Report:
+    """Quantizes a model file into a new file, each weight quantized while it is written (the path-to-path form).
+
+    Args:
+        onnx_path: The float model.
+        output_path: Where to write; default ``<name>.int4.onnx`` beside the input.
+        external_data: True: weights in ``<output>.data``; None: as ``use_external_data_format``, else only when
+            above 2 GB.
+        options: The settings as one object (e.g. built from command-line flags); or pass them as ``kwargs``.
+        **kwargs: Any :class:`Int4Options` field (the arguments of :func:`quantize`).
+
+    Returns:
+        The report; ``report.to_json()`` is JSON-ready.
+
+    Raises:
+        OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
+    """
+    if options is None:
+        options = _options({}, kwargs)
+    elif kwargs:
+        raise InvalidArgumentError(
+            f"quantize_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
+            "e.g. dataclasses.replace(options, ...)."
+        )
+    output = Path(output_path) if output_path is not None else default_output_path(onnx_path)
+    source = Path(onnx_path)
+    protected = {source.resolve()} if source.exists() else set()
+    check_output_path(output, protected)  # fail before the work, not after
+    if external_data is None and options.use_external_data_format:
+        external_data = True
+    with _log_level(options.log_level):
+        model, report = quantize_model(source, options)
+        report.input_path = source
+        protected |= external_data_paths(model)
+        tick = time.perf_counter()
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(report.layers), desc="Quantizing weights", unit="weight", disable=None) as bar:
+            report.progress = bar.update
+            try:
+                report.output_path = save_model(model, output, external_data=external_data, protected=protected)
+            finally:
+                report.progress = None
+        report.seconds["quantize+save"] = time.perf_counter() - tick
+        logger.info("%s; saved %s", report.summary, output)
+    return report

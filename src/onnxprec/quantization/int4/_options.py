@@ -1,0 +1,209 @@
+"""The INT4 quantizer's options, each declared once: API keyword (ModelOpt's names), command-line flag and help.
+
+Imports nothing heavy, so the command line can print ``--help`` without loading the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"]
+
+DEFAULT_BLOCK_SIZE = 128
+METHOD_NAMES = (
+    "rtn", "rtn_clip", "awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq",
+    "rtn_dq", "rtn_trt", "rtn_trt_dq", "awq_clip_trt",
+)  # fmt: skip
+OUTPUT_FORMATS = ("qdq", "matmulnbits")
+_EXTRAS = "onnxprec extras"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass
+class Int4Options(ToolOptions):
+    """All INT4 settings, validated once. The first eight are ModelOpt's ``int4.quantize`` arguments."""
+
+    TITLE = "INT4 options (ModelOpt names)"
+
+    calibration_method: str = option(
+        "awq_lite",
+        flags=("--calibration_method",),
+        choices=METHOD_NAMES,
+        help="rtn (no data), rtn_clip (RTN with a per-block MSE clip search, no data), awq_lite (AWQ scale "
+        "search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with error "
+        "propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt are "
+        "ModelOpt aliases.",
+    )
+    calibration_data_reader: Any = option(  # noqa: RUF009 (option() returns a dataclasses.field)
+        None,
+        flags=("--calibration_data", "--calibration_data_path"),
+        metavar="PATH",
+        help="Calibration inputs: an .npz file (split along the batch axis), a folder of .npz files or a Polygraphy "
+        ".json (default: realistic random data; AWQ and GPTQ need representative data).",
+        doc="Calibration inputs: an ONNX Runtime ``CalibrationDataReader``, a list or iterator of feed dicts, an "
+        "``.npz`` file or a folder of ``.npz`` files; None: realistic random data (AWQ and GPTQ need representative "
+        "data).",
+    )
+    calibration_eps: Sequence[str] = providers_option("calibration", flags=("--calibration_eps",))
+    use_external_data_format: bool = option(
+        False,
+        flags=("--external_data", "--use_external_data_format"),
+        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
+        doc="Save the weights in ``<output>.data`` (``quantize_file``; automatic above 2 GB). ``quantize`` returns "
+        "a ModelProto: save it with ``onnx.save(..., save_as_external_data=True)``.",
+    )
+    use_zero_point: bool = option(
+        False,
+        flags=("--use_zero_point",),
+        help="Asymmetric quantization: UINT4 weights with UINT4 zero points (default: symmetric INT4, all 16 levels).",
+    )
+    block_size: int | None = option(
+        None,
+        flags=("--block_size",),
+        help="Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel (default: 128).",
+    )
+    nodes_to_exclude: Sequence[str] | None = option(
+        ("/lm_head",),
+        flags=("--nodes_to_exclude", "-ne"),
+        nargs="*",
+        metavar="REGEX",
+        help="Regexes (re.search) of layers to keep in float, matched against the node name, its output name and "
+        "its weight name; give the flag with no pattern to quantize every layer.",
+    )
+    log_level: str = option(
+        "INFO", api_only=True, help="Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR."
+    )
+    output_format: str = option(
+        "qdq",
+        flags=("--output_format",),
+        choices=OUTPUT_FORMATS,
+        help="qdq: DequantizeLinear(INT4) -> MatMul at opset >= 21 (DirectML, TensorRT, QNN; ONNX Runtime fuses it "
+        "on CPU and CUDA); matmulnbits: com.microsoft::MatMulNBits (ONNX Runtime).",
+    )
+    accuracy_level: int = option(
+        4,
+        flags=("--accuracy_level",),
+        choices=(0, 1, 2, 3, 4),
+        help="MatMulNBits compute type for the activations: 4 int8 (the fast CPU path), 1 fp32, 2 fp16, 3 bf16, "
+        "0 unset (matmulnbits only; for qdq ONNX Runtime's session option sets it).",
+    )
+    awqlite_alpha_step: float = option(
+        0.1, flags=("--awqlite_alpha_step",), help="Step of the AWQ-lite exponent grid 0..1."
+    )
+    awqclip_alpha_step: float = option(0.05, flags=("--awqclip_alpha_step",), help="Step of the AWQ-clip ratio grid.")
+    awqclip_alpha_min: float = option(0.5, flags=("--awqclip_alpha_min",), help="Smallest AWQ-clip ratio.")
+    awqclip_bsz_col: int = option(
+        1024, flags=("--awqclip_bsz_col",), help="Output columns processed at once by the AWQ-clip search (memory)."
+    )
+    gptq_damp: float = option(
+        0.1,
+        flags=("--gptq_damp",),
+        help="GPTQ damping, as a fraction of the Hessian's mean diagonal (0.1 generalized better than the usual "
+        "0.01 from a few thousand calibration tokens on SmolLM2).",
+    )
+    gptq_act_order: bool = option(
+        False, flags=("--gptq_act_order",), help="GPTQ: quantize input channels in order of decreasing activation."
+    )
+    layers_8bit: Sequence[str] | None = option(
+        None,
+        flags=("--layers_8bit",),
+        nargs="*",
+        metavar="REGEX",
+        help="Regexes (re.search, like --nodes_to_exclude) of layers quantized to INT8 per output channel instead "
+        "(they win over --nodes_to_exclude, e.g. --layers_8bit lm_head).",
+    )
+    calibration_batch_size: int | None = option(
+        1,
+        flags=("--calibration_batch_size",),
+        group=_EXTRAS,
+        help="Split calibration batches along a dynamic batch axis into runs of this many samples (bounds the "
+        "memory of each run; 0 or None: as given).",
+    )
+    sample_tokens: int = option(
+        512,
+        flags=("--sample_tokens",),
+        group=_EXTRAS,
+        help="Tokens sampled per layer input for the AWQ and AWQ-clip losses.",
+    )
+    stats_memory_mb: int = option(
+        256,
+        flags=("--stats_memory_mb",),
+        group=_EXTRAS,
+        help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
+        "several passes over the data.",
+    )
+    input_shapes: str | Mapping[str, Sequence[int]] | None = option(
+        None,
+        flags=("--input_shapes",),
+        group=_EXTRAS,
+        metavar="SHAPES",
+        help="Sizes of dynamic inputs for random data: name:1x128,...",
+        doc='Sizes of dynamic inputs for random data: ``"name:1x128,..."`` or a dict of shapes.',
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from onnxprec.quantization.algorithms.rtn import effective_block_size
+        from onnxprec.quantization.methods import method_spec
+
+        self.method, self.spec = method_spec(self.calibration_method)
+        if self.block_size is None:
+            self.block_size = DEFAULT_BLOCK_SIZE
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool):
+            raise InvalidArgumentError(f"block_size must be an integer, got {self.block_size!r}.")
+        effective_block_size(1 << 30, self.block_size)  # raises for 48, 8, 0...
+        if self.output_format not in OUTPUT_FORMATS:
+            raise InvalidArgumentError(
+                f"Unknown output_format '{self.output_format}': use {' or '.join(OUTPUT_FORMATS)}."
+            )
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise InvalidArgumentError(f"accuracy_level must be 0..4, got {self.accuracy_level!r}.")
+        if self.log_level not in _LOG_LEVELS:
+            raise InvalidArgumentError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}.")
+        for name in ("awqlite_alpha_step", "awqclip_alpha_step"):
+            step = getattr(self, name)
+            if not 0 < step <= 1:
+                raise InvalidArgumentError(f"{name} must be in (0, 1], got {step!r}.")
+        if not 0 < self.awqclip_alpha_min <= 1:
+            raise InvalidArgumentError(f"awqclip_alpha_min must be in (0, 1], got {self.awqclip_alpha_min!r}.")
+        for name in ("awqclip_bsz_col", "sample_tokens", "stats_memory_mb"):
+            if getattr(self, name) < 1:
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
+        if self.calibration_batch_size is not None and self.calibration_batch_size < 0:
+            raise InvalidArgumentError(f"calibration_batch_size must be >= 0, got {self.calibration_batch_size!r}.")
+        if not 0 <= self.gptq_damp < 10:
+            raise InvalidArgumentError(f"gptq_damp must be in [0, 10), got {self.gptq_damp!r}.")
+        from onnxprec.quantization.select import compile_patterns
+
+        self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
+        self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
+
+    def quant_config(self) -> Any:
+        """The :class:`~onnxprec.quantization.methods.QuantConfig` of these options."""
+        from onnxprec.quantization.methods import QuantConfig
+
+        alphas = _grid(0.0, 1.0, self.awqlite_alpha_step)
+        ratios = tuple(sorted(_grid(self.awqclip_alpha_min, 1.0, self.awqclip_alpha_step), reverse=True))
+        return QuantConfig(
+            block_size=self.block_size or DEFAULT_BLOCK_SIZE,
+            symmetric=not self.use_zero_point,
+            alpha_grid=alphas,
+            clip_ratios=ratios,
+            clip_chunk_columns=self.awqclip_bsz_col,
+            gptq_damp=self.gptq_damp,
+            gptq_act_order=self.gptq_act_order,
+        )
+
+
+def _grid(low: float, high: float, step: float) -> tuple[float, ...]:
+    """``low, low + step, ...`` up to ``high`` inclusive (rounded to avoid 0.30000000000000004)."""
+    count = round((high - low) / step + 1e-9)
+    values = [round(low + i * step, 6) for i in range(count + 1)]
+    if values[-1] < high - 1e-9:
+        values.append(high)
+    return tuple(v for v in values if v <= high + 1e-9)

@@ -1,0 +1,138 @@
+"""What an INT4 run did and measured, per layer and in total; :meth:`Int4Report.to_json` is ``--report_json``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxprec.quantization.algorithms.rtn import QuantizedWeight
+
+__all__ = ["Int4Report", "LayerReport"]
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return round(value, 6) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+@dataclass
+class LayerReport:
+    """One quantized weight (shared by ``layers``)."""
+
+    weight: str
+    layers: list[str]
+    k: int
+    n: int
+    bits: int
+    method: str
+    block_size: int
+    dtype: str
+    awq: str | None = None
+    """How the AWQ scales were applied: ``"folded into <op> '<name>'"``, ``"Mul"``, or None (no AWQ scaling)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """alpha, clip ratios, errors on calibration data (``output_rel_error``), and at save time ``weight_rel_error``,
+    ``scale_min``/``scale_max``/``scale_mean`` and the quantization ``seconds``."""
+
+    def record(self, w: np.ndarray, qw: QuantizedWeight, dequantized: np.ndarray, seconds: float) -> None:
+        """Fills the save-time entries from the float weight and its quantized form."""
+        flat = np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
+        diff = (flat - np.ascontiguousarray(dequantized, dtype=np.float32).reshape(-1)).astype(np.float32)
+        den, num = float(np.dot(flat, flat)), float(np.dot(diff, diff))
+        self.info["weight_rel_error"] = math.sqrt(num / den) if den > 0 else 0.0
+        self.info["scale_min"] = float(qw.scales.min())
+        self.info["scale_max"] = float(qw.scales.max())
+        self.info["scale_mean"] = float(qw.scales.mean())
+        self.info["seconds"] = self.info.get("seconds", 0.0) + seconds
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "weight": self.weight,
+            "layers": self.layers,
+            "shape": [self.k, self.n],
+            "bits": self.bits,
+            "method": self.method,
+            "block_size": self.block_size,
+            "dtype": self.dtype,
+            "awq": self.awq,
+        }
+        data.update({key: _number(value) for key, value in self.info.items()})
+        return data
+
+
+@dataclass
+class Int4Report:
+    """The outcome of a run: settings, per-layer entries, exclusions, sizes and timings."""
+
+    method: str
+    block_size: int
+    use_zero_point: bool
+    output_format: str
+    layers: list[LayerReport] = field(default_factory=list)
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    float_bytes: int = 0
+    quantized_bytes: int = 0
+    ideal_bytes: int = 0
+    input_path: Path | None = None
+    output_path: Path | None = None
+    progress: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+    """Called after each weight is quantized (a progress bar while the model is written)."""
+
+    @property
+    def summary(self) -> str:
+        zp = "asymmetric with zero points" if self.use_zero_point else "symmetric"
+        block = "per channel" if self.block_size == -1 else f"block {self.block_size}"
+        layers = sum(len(entry.layers) for entry in self.layers)
+        eight = sum(1 for entry in self.layers if entry.bits == 8)
+        text = (
+            f"Quantized {len(self.layers)} weights ({layers} layers) with {self.method}, {block}, {zp}, "
+            f"{self.output_format}: {self.float_bytes / 1e6:.1f} MB -> {self.quantized_bytes / 1e6:.1f} MB"
+        )
+        if eight:
+            text += f"; {eight} at 8 bits"
+        if self.excluded:
+            text += f"; {len(self.excluded)} excluded"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready data: settings, ``counts``, ``sizes`` (float, quantized and ideal bytes), ``calibration``,
+        ``seconds`` per step, ``excluded`` (node and pattern), ``skipped`` (node and reason) and ``layers``."""
+        from onnxprec import __version__
+
+        return {
+            "tool": "quantize int4",
+            "onnxprec_version": __version__,
+            "input": None if self.input_path is None else str(self.input_path),
+            "output": None if self.output_path is None else str(self.output_path),
+            "method": self.method,
+            "block_size": self.block_size,
+            "use_zero_point": self.use_zero_point,
+            "output_format": self.output_format,
+            "counts": {
+                "weights": len(self.layers),
+                "layers": sum(len(entry.layers) for entry in self.layers),
+                "excluded": len(self.excluded),
+                "skipped": len(self.skipped),
+            },
+            "sizes": {
+                "float_bytes": self.float_bytes,
+                "quantized_bytes": self.quantized_bytes,
+                "ideal_bytes": self.ideal_bytes,
+            },
+            "calibration": {key: _number(value) for key, value in self.calibration.items()},
+            "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
+            "excluded": [{"node": node, "pattern": pattern} for node, pattern in self.excluded],
+            "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],
+            "layers": [entry.to_json() for entry in self.layers],
+        }

@@ -1,0 +1,83 @@
+"""Methods: aliases, what each needs, compact GPTQ results, and the recipes each decides."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization._testing import correlated
+from onnxprec.quantization.algorithms import gptq, hessian_from_tokens, quantize_rtn
+from onnxprec.quantization.methods import METHODS, CompactWeight, GroupStats, QuantConfig, decide_group, method_spec
+
+
+def test_aliases_and_unknown_names() -> None:
+    assert method_spec("rtn_dq")[0] == "rtn" and method_spec("awq_clip_trt")[0] == "awq_clip"
+    with pytest.raises(InvalidArgumentError, match=r"Unknown calibration_method 'awq'.*awq_lite"):
+        method_spec("awq")
+    assert not METHODS["rtn"].needs_data and not METHODS["rtn_clip"].needs_data
+    assert METHODS["gptq"].needs_gram and not METHODS["gptq"].needs_sample
+    assert METHODS["awq_full"].needs_absmean and METHODS["awq_full"].needs_sample
+
+
+@pytest.mark.parametrize(("symmetric", "k", "bits"), [(True, 33, 4), (False, 33, 4), (True, 64, 8)])
+def test_compact_weight_round_trip(symmetric: bool, k: int, bits: int) -> None:
+    w = np.random.default_rng(0).standard_normal((k, 7)).astype(np.float32)
+    qw = quantize_rtn(w, 16, symmetric=symmetric, bits=bits)
+    compact = CompactWeight.of(qw)
+    back = compact.expand()
+    np.testing.assert_array_equal(back.q, qw.q)
+    assert back.q.dtype == qw.q.dtype
+    np.testing.assert_array_equal(back.dequantize(), qw.dequantize())
+    if bits == 4:
+        assert compact.levels.nbytes == (k * 7 + 1) // 2
+
+
+def _group(seed: int = 0) -> tuple[list[np.ndarray], GroupStats]:
+    rng = np.random.default_rng(seed)
+    x = correlated(1024, 64, seed=seed)
+    weights = [rng.standard_normal((64, n)).astype(np.float32) for n in (32, 48)]
+    gram, tokens = hessian_from_tokens(x)
+    return weights, GroupStats(absmean=np.abs(x).mean(0), sample=x[:256], gram=gram, tokens=tokens)
+
+
+def _output_error(x: np.ndarray, w: np.ndarray, dq: np.ndarray) -> float:
+    return float(np.linalg.norm(x @ (w - dq)) / np.linalg.norm(x @ w))
+
+
+@pytest.mark.parametrize("method", ["awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq"])
+def test_every_method_beats_rtn_on_the_calibration_tokens(method: str) -> None:
+    weights, stats = _group()
+    config = QuantConfig(block_size=16)
+    decision = decide_group(weights, stats, method, config)
+    x = stats.sample
+    assert x is not None
+    for w, recipe in zip(weights, decision.recipes):
+        dq = recipe.dequantized(recipe.quantize(w))
+        rtn = quantize_rtn(w, 16).dequantize()
+        assert _output_error(x, w, dq) < _output_error(x, w, rtn)
+        assert recipe.info["output_rel_error"] > 0
+    if METHODS[method].awq_scales:
+        assert decision.scales is not None and decision.alpha is not None
+        assert all(r.awq_scales is decision.scales for r in decision.recipes)  # one vector for the shared input
+    if METHODS[method].gptq:
+        assert all(r.result is not None for r in decision.recipes)
+
+
+def test_gptq_recipe_is_the_textbook_gptq_and_awq_gptq_scales_the_hessian() -> None:
+    weights, stats = _group(1)
+    assert stats.gram is not None
+    decision = decide_group(weights, stats, "gptq", QuantConfig(block_size=16))
+    expected = gptq(weights[0], stats.gram, stats.tokens, 16)
+    np.testing.assert_array_equal(decision.recipes[0].quantize(weights[0]).q, expected.q)
+    combined = decide_group(weights, stats, "awq_gptq", QuantConfig(block_size=16))
+    s = combined.scales
+    assert s is not None
+    scaled = gptq(weights[0] * s[:, None], stats.gram / np.outer(s, s), stats.tokens, 16)
+    np.testing.assert_array_equal(combined.recipes[0].quantize(weights[0]).q, scaled.q)
+
+
+def test_awq_not_allowed_keeps_the_weights_unscaled() -> None:
+    weights, stats = _group(2)
+    decision = decide_group(weights, stats, "awq_lite", QuantConfig(block_size=16), awq_allowed=False)
+    assert decision.scales is None and all(r.awq_scales is None for r in decision.recipes)

@@ -1,0 +1,590 @@
+"""Bad input to ``python -m onnxprec.autocast``: one exact line on stderr, exit code 2, no traceback, no output file,
+the input untouched (issue 9).
+
+Each case builds its input in a fresh folder; ``{dir}`` in the expected message is that folder. All cases run as
+separate processes in parallel once per session (a module fixture), so the whole corpus takes a few seconds
+of wall time; each case is then checked on its own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxprec._testing import F16, F, make_model, tensor_info
+
+I64 = TensorProto.INT64
+
+
+def _good() -> onnx.ModelProto:
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["m"], name="mm"),
+        helper.make_node("Relu", ["m"], ["Y"], name="relu"),
+    ]
+    return make_model(nodes, [tensor_info("X", F, ["batch", 4])], [tensor_info("Y", F, ["batch", 4])], {"W": w})
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _graph(nodes: list[onnx.NodeProto], inputs=None, outputs=None, inits=None, **kw) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
+    return make_model(
+        nodes,
+        inputs if inputs is not None else [tensor_info("X", F, [2, 4])],
+        outputs if outputs is not None else [tensor_info("Y", F, [2, 4])],
+        inits,
+        **kw,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Each builder writes what it needs into the folder and returns the CLI arguments (after --onnx_path).
+
+
+def _model_file(d: Path, data: bytes, name: str = "model.onnx") -> list[str]:
+    (d / name).write_bytes(data)
+    return ["--onnx_path", str(d / name)]
+
+
+def _external(d: Path, cut: int | None) -> list[str]:
+    model = _good()
+    onnx.save(model, d / "model.onnx", save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    data = d / "model.onnx.data"
+    if cut is None:
+        data.unlink()
+    else:
+        data.write_bytes(data.read_bytes()[:cut])
+    return ["--onnx_path", str(d / "model.onnx")]
+
+
+def _escaping_external(d: Path) -> list[str]:
+    """External data at ``../escape.data``: outside the model's folder (onnx.save refuses to write that)."""
+    _external(d, 10**6)
+    (d.parent / f"{d.name}.escape.data").write_bytes((d / "model.onnx.data").read_bytes())
+    (d / "model.onnx.data").unlink()
+    model = onnx.load(d / "model.onnx", load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = f"../{d.name}.escape.data"
+    _save(model, d / "model.onnx")
+    return ["--onnx_path", str(d / "model.onnx")]
+
+
+def _with_model(model: onnx.ModelProto, *extra: str) -> Callable[[Path], list[str]]:
+    def build(d: Path) -> list[str]:
+        _save(model, d / "model.onnx")
+        return ["--onnx_path", str(d / "model.onnx"), *extra]
+
+    return build
+
+
+def _good_with(*extra: str) -> Callable[[Path], list[str]]:
+    return _with_model(_good(), *extra)
+
+
+def _calibration(write: Callable[[Path], Path]) -> Callable[[Path], list[str]]:
+    def build(d: Path) -> list[str]:
+        _save(_good(), d / "model.onnx")
+        return ["--onnx_path", str(d / "model.onnx"), "--calibration_data", str(write(d))]
+
+    return build
+
+
+def _npz(**arrays: np.ndarray) -> Callable[[Path], Path]:
+    def write(d: Path) -> Path:
+        np.savez(d / "inputs.npz", **arrays)  # type: ignore[arg-type]
+        return d / "inputs.npz"
+
+    return write
+
+
+def _text(name: str, text: str) -> Callable[[Path], Path]:
+    def write(d: Path) -> Path:
+        (d / name).write_text(text)
+        return d / name
+
+    return write
+
+
+def _empty_folder(d: Path) -> Path:
+    (d / "batches").mkdir()
+    return d / "batches"
+
+
+def _read_only_output(d: Path) -> list[str]:
+    _save(_good(), d / "model.onnx")
+    (d / "ro").mkdir()
+    (d / "ro").chmod(0o555)
+    return ["--onnx_path", str(d / "model.onnx"), "--output_path", str(d / "ro" / "out.onnx")]
+
+
+def _cyclic() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Add", ["X", "b"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu"),
+        helper.make_node("Identity", ["a"], ["Y"], name="out"),
+    ]
+    return _graph(nodes)
+
+
+def _duplicate_outputs() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Relu", ["X"], ["a"], name="relu"),
+        helper.make_node("Neg", ["X"], ["a"], name="neg"),
+        helper.make_node("Identity", ["a"], ["Y"], name="out"),
+    ]
+    return _graph(nodes)
+
+
+def _subgraph_missing_data(d: Path) -> list[str]:
+    then = helper.make_graph(
+        [helper.make_node("Add", ["X", "K"], ["t"], name="add")],
+        "then",
+        [],
+        [tensor_info("t", F, [2, 4])],
+        [numpy_helper.from_array(np.ones((2, 4), np.float32), "K")],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["X"], ["e"], name="neg")], "else", [], [tensor_info("e", F, [2, 4])]
+    )
+    model = _graph(
+        [helper.make_node("If", ["C"], ["Y"], then_branch=then, else_branch=other, name="if")],
+        [tensor_info("X", F, [2, 4]), tensor_info("C", TensorProto.BOOL, [])],
+    )
+    onnx.save(model, d / "model.onnx", save_as_external_data=True, location="w.bin", size_threshold=0)
+    (d / "w.bin").unlink()
+    return ["--onnx_path", str(d / "model.onnx")]
+
+
+@dataclass
+class Case:
+    """A bad input, the exact error line (a regular expression where ORT's own words vary: ``re:...``)."""
+
+    build: Callable[[Path], list[str]]
+    message: str
+    output: str = "out.onnx"  # relative to the folder; None-like "" when the default path is meant
+    extra: list[str] = field(default_factory=list)
+    as_user: bool = False  # root ignores permissions: run as an unprivileged user
+
+
+NO_FP32 = "The model has no FP32 tensors to convert (is it already FP16/BF16?): pass the FP32 model."
+CASES: dict[str, Case] = {
+    # --- the model file
+    "missing file": Case(
+        lambda d: ["--onnx_path", str(d / "nope.onnx")],
+        "Model file '{dir}/nope.onnx' does not exist: check the path (--onnx_path).",
+    ),
+    "directory": Case(
+        lambda d: (d / "dir.onnx").mkdir() or ["--onnx_path", str(d / "dir.onnx")],
+        "'{dir}/dir.onnx' is a directory, not an ONNX file: pass the path of a .onnx file.",
+    ),
+    "empty file": Case(
+        lambda d: _model_file(d, b""),
+        "'{dir}/model.onnx' is not an ONNX model (no IR version, graph or opset import): "
+        "pass a model saved by onnx.save or an exporter.",
+    ),
+    "text file": Case(
+        lambda d: _model_file(d, b"not a model at all"),
+        "re:'{dir}/model.onnx' is not a readable ONNX model \\(it may be truncated or corrupt: .*\\); "
+        "re-export or re-download it\\.",
+    ),
+    "wrong magic (PNG)": Case(
+        lambda d: _model_file(d, b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4),
+        "re:'{dir}/model.onnx' is not a readable ONNX model \\(it may be truncated or corrupt: .*\\); "
+        "re-export or re-download it\\.",
+    ),
+    "wrong magic (zip)": Case(
+        lambda d: _model_file(d, b"PK\x03\x04" + b"\x00" * 200),
+        "re:'{dir}/model.onnx' is not (a readable ONNX model \\(.*\\); re-export or re-download it|an ONNX model "
+        "\\(no IR version, graph or opset import\\): pass a model saved by onnx.save or an exporter)\\.",
+    ),
+    "truncated file": Case(
+        lambda d: _model_file(d, _good().SerializeToString()[:60]),
+        "re:'{dir}/model.onnx' is not a readable ONNX model \\(it may be truncated or corrupt: .*\\); "
+        "re-export or re-download it\\.",
+    ),
+    "truncated inside a weight": Case(
+        lambda d: _model_file(d, _good().SerializeToString()[:-40]),
+        "re:'{dir}/model.onnx' is not a readable ONNX model \\(it may be truncated or corrupt: .*\\); "
+        "re-export or re-download it\\.",
+    ),
+    "a tensor, not a model": Case(
+        lambda d: _model_file(d, numpy_helper.from_array(np.ones(3, np.float32), "t").SerializeToString()),
+        "re:'{dir}/model.onnx' is not (a readable ONNX model \\(.*\\); re-export or re-download it|an ONNX model "
+        "\\(no IR version, graph or opset import\\): pass a model saved by onnx.save or an exporter)\\.",
+    ),
+    "empty graph": Case(
+        _with_model(_graph([], outputs=[tensor_info("X", F, [2, 4])])),
+        "'{dir}/model.onnx' has an empty graph: there is nothing to convert.",
+    ),
+    "missing external data": Case(
+        lambda d: _external(d, None),
+        "External data file 'model.onnx.data' (needed by tensor 'W') is missing next to '{dir}/model.onnx': "
+        "copy it into '{dir}' beside the model.",
+    ),
+    "short external data": Case(
+        lambda d: _external(d, 10),
+        "External data file '{dir}/model.onnx.data' is truncated: tensor 'W' needs 64 bytes, the file has 10; "
+        "copy the complete file again.",
+    ),
+    "missing external data of a subgraph": Case(
+        _subgraph_missing_data,
+        "External data file 'w.bin' (needed by tensor 'K') is missing next to '{dir}/model.onnx': "
+        "copy it into '{dir}' beside the model.",
+    ),
+    "external data outside the model folder": Case(
+        _escaping_external,
+        "re:External data file '\\.\\./\\w+\\.escape\\.data' \\(needed by tensor 'W'\\) is outside the model's folder "
+        "'{dir}': move it beside the model and fix its location\\.",
+    ),
+    # --- the graph
+    "cyclic graph": Case(
+        _with_model(_cyclic()),
+        "The graph is not a valid ONNX graph (node 'add' reads 'b', which depends on the node's own output (a "
+        "cycle)): fix the model (onnx.checker.check_model names the problem).",
+    ),
+    "dangling input": Case(
+        _with_model(_graph([helper.make_node("Add", ["X", "ghost"], ["Y"], name="add")])),
+        "The graph is not a valid ONNX graph (node 'add' reads 'ghost', which no node, input or initializer "
+        "makes): fix the model (onnx.checker.check_model names the problem).",
+    ),
+    "duplicate output names": Case(
+        _with_model(_duplicate_outputs()),
+        "The graph is not a valid ONNX graph (value 'a' is made twice, by node 'relu' and by node 'neg'): fix the "
+        "model (onnx.checker.check_model names the problem).",
+    ),
+    "duplicate input names": Case(
+        _with_model(
+            _graph(
+                [helper.make_node("Add", ["X", "X"], ["Y"], name="add")],
+                [tensor_info("X", F, [2, 4]), tensor_info("X", F, [2, 4])],
+            )
+        ),
+        "The graph is not a valid ONNX graph (graph input 'X' is declared twice): fix the model "
+        "(onnx.checker.check_model names the problem).",
+    ),
+    "unknown op in the default domain": Case(
+        _with_model(_graph([helper.make_node("Frobnicate", ["X"], ["Y"], name="frob")])),
+        "Node 'frob' is 'Frobnicate', which is no ONNX op at opset 17: fix the model, or give the op its "
+        "custom domain.",
+    ),
+    "custom domain without an import": Case(
+        _with_model(_graph([helper.make_node("Fused", ["X"], ["Y"], domain="my.ops", name="fused")])),
+        "Node 'fused' uses domain 'my.ops', which the model does not import: add it to the model's opset_import.",
+    ),
+    "opset from the future": Case(
+        _with_model(_graph([helper.make_node("Relu", ["X"], ["Y"], name="relu")], opset=99)),
+        "re:The model imports opset 99 of the default domain; this onnx knows up to \\d+: upgrade onnx and "
+        "onnxruntime, or export the model at an older opset\\.",
+    ),
+    "no IR version": Case(
+        _with_model(_graph([helper.make_node("Relu", ["X"], ["Y"], name="relu")], ir_version=0)),
+        "'{dir}/model.onnx' is not an ONNX model (no IR version, graph or opset import): "
+        "pass a model saved by onnx.save or an exporter.",
+    ),
+    "input without a type": Case(
+        _with_model(
+            _graph([helper.make_node("Relu", ["X"], ["Y"], name="relu")], [helper.make_empty_tensor_value_info("X")])
+        ),
+        "Graph input 'X' has no element type; fix the model's inputs.",
+    ),
+    "already FP16": Case(
+        _with_model(
+            _graph(
+                [helper.make_node("Relu", ["X"], ["Y"], name="relu")],
+                [tensor_info("X", F16, [2, 4])],
+                [tensor_info("Y", F16, [2, 4])],
+            )
+        ),
+        NO_FP32,
+    ),
+    "integers only": Case(
+        _with_model(
+            _graph(
+                [helper.make_node("Add", ["X", "X"], ["Y"], name="add")],
+                [tensor_info("X", I64, [2, 4])],
+                [tensor_info("Y", I64, [2, 4])],
+            )
+        ),
+        NO_FP32,
+    ),
+    "huge static dims": Case(
+        _with_model(
+            _graph(
+                [helper.make_node("Relu", ["X"], ["Y"], name="relu")],
+                [tensor_info("X", F, [100000, 100000, 1000])],
+                [tensor_info("Y", F, [100000, 100000, 1000])],
+            )
+        ),
+        "Random data for input 'X' (float32 [100000x100000x1000]) would take 40000.0 GB: pass real inputs "
+        "with --calibration_data, or skip the reference run with --data_max inf.",
+    ),
+    "huge dims from --input_shapes": Case(
+        _with_model(
+            _graph(
+                [helper.make_node("Relu", ["X"], ["Y"], name="relu")],
+                [tensor_info("X", F, ["a", "b"])],
+                [tensor_info("Y", F, ["a", "b"])],
+            ),
+            "--input_shapes",
+            "X:1000000x1000000",
+        ),
+        "Random data for input 'X' (float32 [1000000x1000000]) would take 4000.0 GB: pass real inputs with "
+        "--calibration_data, or skip the reference run with --data_max inf.",
+    ),
+    "shape mismatch in the graph": Case(
+        _with_model(
+            make_model(
+                [helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")],
+                [tensor_info("X", F, [2, 4])],
+                [tensor_info("Y", F, [2, 4])],
+                {"W": np.ones((3, 4), np.float32)},
+            )
+        ),
+        "re:ONNX Runtime cannot load the model for the reference run: .*Incompatible dimensions for matrix "
+        "multiplication; the model is not valid: fix it \\(onnx.checker.check_model\\(model, full_check=True\\) names "
+        "the problem\\)\\.",
+    ),
+    # --- calibration data
+    "calibration: missing file": Case(
+        lambda d: _good_with("--calibration_data", str(d / "none.npz"))(d),
+        "Calibration data '{dir}/none.npz' does not exist: check --calibration_data.",
+    ),
+    "calibration: wrong input names": Case(
+        _calibration(_npz(wrong=np.ones((1, 4), np.float32))),
+        "Calibration input names do not match the model's inputs (batch 0): missing ['X'], unexpected ['wrong']; "
+        "the model expects ['X: float32 [batchx4]'].",
+    ),
+    "calibration: wrong dtype": Case(
+        _calibration(_npz(X=np.ones((1, 4), np.float64))),
+        "Calibration input 'X' has dtype float64, the model expects float32 (batch 0): convert it with "
+        ".astype(np.float32).",
+    ),
+    "calibration: wrong rank": Case(
+        _calibration(_npz(X=np.ones((1, 4, 1), np.float32))),
+        "Calibration input 'X' has rank 3 (shape [1, 4, 1]), the model expects X: float32 [batchx4] (batch 0).",
+    ),
+    "calibration: wrong static size": Case(
+        _calibration(_npz(X=np.ones((1, 5), np.float32))),
+        "Calibration input 'X' has size 5 on axis 1, the model expects X: float32 [batchx4] (batch 0).",
+    ),
+    "calibration: corrupt npz": Case(
+        _calibration(lambda d: (d / "bad.npz").write_bytes(b"PK\x03\x04junk") and d / "bad.npz"),
+        "re:Invalid input file '{dir}/bad.npz': not a readable .npz \\(\\w+\\); write it with numpy.savez\\.",
+    ),
+    "calibration: empty folder": Case(
+        _calibration(_empty_folder),
+        "No NPZ files found in folder '{dir}/batches': put one .npz per batch there.",
+    ),
+    "calibration: text file": Case(
+        _calibration(_text("inputs.txt", "1 2 3")),
+        "Unsupported calibration file 'inputs.txt': supported input types are .npz, a folder of .npz, and "
+        "Polygraphy .json.",
+    ),
+    "calibration: invalid JSON": Case(
+        _calibration(_text("inputs.json", "{not json")),
+        "Invalid input file '{dir}/inputs.json': not a Polygraphy JSON input file (JSONDecodeError); write it "
+        "with `polygraphy run --save-inputs` or polygraphy.json.save_json.",
+    ),
+    "calibration: JSON of the wrong shape": Case(
+        _calibration(_text("inputs.json", json.dumps([1, 2, 3]))),
+        "Invalid input file '{dir}/inputs.json': expected a list of {input name: array} objects.",
+    ),
+    "calibration: pickled objects": Case(
+        _calibration(_npz(X=np.array([{"a": 1}], dtype=object))),
+        "Invalid input file '{dir}/inputs.npz': not a readable .npz (ValueError); write it with numpy.savez.",
+    ),
+    # --- the output
+    "output equals input": Case(
+        _good_with(),
+        "Output path '{dir}/model.onnx' would overwrite the input model or its data file '{dir}/model.onnx': "
+        "choose another --output_path.",
+        output="model.onnx",
+    ),
+    "output over the input's external data": Case(
+        lambda d: _external(d, 10**6),
+        "Output path '{dir}/model.onnx.data' would overwrite the input model or its data file "
+        "'{dir}/model.onnx.data': choose another --output_path.",
+        output="model.onnx.data",
+    ),
+    "output folder missing": Case(
+        _good_with(),
+        "Output folder '{dir}/no/such' does not exist: create it or choose another --output_path.",
+        output="no/such/out.onnx",
+    ),
+    "output is a directory": Case(
+        lambda d: (d / "outdir").mkdir() or _good_with()(d),
+        "Output path '{dir}/outdir' is a directory: give the path of the .onnx file to write.",
+        output="outdir",
+    ),
+    "read-only output folder": Case(
+        _read_only_output,
+        "Output folder '{dir}/ro' is not writable: choose another --output_path or fix its permissions.",
+        output="",
+        as_user=True,
+    ),
+    # --- flags
+    "invalid regex": Case(
+        _good_with("--nodes_to_exclude", "(unclosed"),
+        "Invalid regular expression '(unclosed' in nodes_to_exclude: missing ), unterminated subpattern at position 0.",
+    ),
+    "unknown op type": Case(
+        _good_with("--op_types_to_exclude", "Cnov"),
+        "Unknown op type 'Cnov' in op_types_to_exclude: it is neither an ONNX op nor in the model. "
+        "Did you mean 'Conv'?",
+    ),
+    "negative data_max": Case(_good_with("--data_max", "-1"), "data_max must be a positive number or inf, got -1.0."),
+    "NaN init_max": Case(_good_with("--init_max", "nan"), "init_max must be a positive number or inf, got nan."),
+    "opset out of range": Case(
+        _good_with("--opset", "999"), "re:opset 999 is out of range: this onnx supports up to \\d+\\."
+    ),
+    "bad --input_shapes": Case(
+        _good_with("--input_shapes", "X=1x4"),
+        "Invalid --input_shapes entry 'X=1x4': write name:DIMxDIM..., e.g. input:1x3x224x224.",
+    ),
+    "--input_shapes of an unknown input": Case(
+        _good_with("--input_shapes", "ids:1x4"),
+        "--input_shapes names unknown inputs ['ids']; the model's inputs are ['X'].",
+    ),
+    "--input_shapes of the wrong rank": Case(
+        _good_with("--input_shapes", "X:1x4x4"),
+        "--input_shapes gives X rank 3, the model expects X: float32 [batchx4].",
+    ),
+    "unknown provider": Case(
+        _good_with("--providers", "tpu"),
+        "Unknown provider 'tpu': use cpu, cuda[:N], trt[:N] or dml[:N] (e.g. --providers cuda:0 cpu).",
+    ),
+    "missing TensorRT plugin": Case(
+        lambda d: _good_with("--trt_plugins", str(d / "libnope.so"))(d),
+        "TensorRT plugin library '{dir}/libnope.so' does not exist: check --trt_plugins.",
+    ),
+    "bad plugin precision": Case(
+        _good_with("--trt_plugins_precision", "Op:int3"),
+        "Invalid --trt_plugins_precision 'Op:int3': write op:fp16, op:fp32 or op:[fp16,fp32]:[fp16].",
+    ),
+    "report into a missing folder": Case(
+        lambda d: _good_with("--report_json", str(d / "no" / "r.json"))(d),
+        "Folder '{dir}/no' of --report_json does not exist: create it or choose another path.",
+    ),
+    "report over the input": Case(
+        lambda d: _good_with("--report_json", str(d / "model.onnx"))(d),
+        "--report_json '{dir}/model.onnx' would overwrite '{dir}/model.onnx': choose another path.",
+    ),
+}
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    folder: Path
+    output: Path | None
+    before: dict[str, str]
+    after: dict[str, str]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with its content hash (directories as such)."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        rel = str(path.relative_to(folder))
+        found[rel] = "<dir>" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def _unprivileged() -> list[str] | None:
+    """A command prefix that drops root (whose writes ignore permissions), or None if it is not possible."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"] if setpriv else None
+
+
+def _run(name: str, case: Case, root: Path) -> Outcome:
+    folder = root / re.sub(r"\W+", "_", name).strip("_")
+    folder.mkdir()
+    try:
+        args = case.build(folder)
+    except Exception as e:  # a broken builder fails its own case, not the corpus
+        return Outcome(-1, "", f"builder failed: {type(e).__name__}: {e}", folder, None, {}, {})
+    output = folder / case.output if case.output else None
+    if output is not None:
+        args += ["--output_path", str(output)]
+    prefix: list[str] = []
+    if case.as_user:
+        prefix = _unprivileged() or []
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+    before = _digest(folder)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HOME=str(root))  # HOME: ONNX Runtime's telemetry id
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "onnxprec.autocast", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=folder,
+        env=env,
+    )
+    after = _digest(folder)
+    return Outcome(result.returncode, result.stdout, result.stderr, folder, output, before, after)
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, Outcome]:
+    root = Path(tempfile.mkdtemp(prefix="onnxprec-bad-inputs-"))
+    root.chmod(0o755)  # an unprivileged run must reach its folder
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, 2 * (os.cpu_count() or 2))) as pool:
+            futures = {name: pool.submit(_run, name, case, root) for name, case in CASES.items()}
+            yield {name: future.result() for name, future in futures.items()}  # type: ignore[misc]
+    finally:
+        for path in root.rglob("*"):
+            if path.is_dir():
+                path.chmod(0o755)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_gives_one_exact_line(name: str, outcomes: dict[str, Outcome]) -> None:
+    case, outcome = CASES[name], outcomes[name]
+    if case.as_user and _unprivileged() is None:
+        pytest.skip("running as root without setpriv: permissions cannot be tested")
+    assert "Traceback" not in outcome.stderr + outcome.stdout, outcome.stderr
+    assert outcome.returncode == 2, outcome.stderr
+    # progress lines at the default INFO level may come first; nothing else may
+    lines = [line for line in outcome.stderr.splitlines() if line.strip() and not line.startswith("[onnxprec] INFO:")]
+    assert len(lines) == 1, outcome.stderr
+    expected = case.message.replace("{dir}", str(outcome.folder))
+    if expected.startswith("re:"):
+        assert re.fullmatch(
+            "error: " + expected[3:].replace(str(outcome.folder), re.escape(str(outcome.folder))), lines[0]
+        ), lines[0]
+    else:
+        assert lines[0] == f"error: {expected}"
+    assert outcome.stdout == ""
+    assert outcome.before == outcome.after, "the input folder changed (a partial output or a modified input)"
+    if outcome.output is not None and str(outcome.output.relative_to(outcome.folder)) not in outcome.before:
+        assert not outcome.output.is_file()  # no partial output (an existing input it named is checked above)

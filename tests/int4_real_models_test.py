@@ -1,0 +1,71 @@
+"""INT4 on real trained models: all-MiniLM-L6-v2 (../shared/models) and SmolLM2-135M (zoo cache; slow).
+
+Skipped with a message when the models are absent (a fresh clone has no ../shared).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprec._testing import run, shared_path
+from onnxprec.metrics import Perplexity, rel_l2
+from onnxprec.quantization.int4 import quantize, quantize_file
+
+MODELS = shared_path("models")
+SMOLLM2 = Path(os.environ.get("ONNXPREC_ZOO", Path.home() / ".cache" / "onnxprec" / "zoo")) / "smollm2_135m.onnx"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MODELS is None, reason="../shared/models is absent (fresh clone): real-model tests skipped")
+def test_minilm_every_method_beats_or_matches_onnxruntime_rtn(tmp_path: Path) -> None:
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    assert MODELS is not None
+    path = MODELS / "minilm_l6_v2_bert.onnx"
+    feeds = dict(np.load(MODELS / "minilm_l6_v2_bert_inputs.npz"))
+    (reference,) = run(path, feeds)[:1]
+    anchor = MatMulNBitsQuantizer(
+        onnx.load(path), algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False)
+    )
+    anchor.process()
+    anchor_error = rel_l2(reference, run(anchor.model.model, feeds)[0])
+    calibration = [{k: v[i : i + 1] for k, v in feeds.items()} for i in range(len(feeds["input_ids"]))]
+    errors = {}
+    for method in ("rtn", "awq_lite", "awq_clip", "awq_full", "gptq"):
+        model = quantize(path, calibration_method=method, calibration_data_reader=calibration, block_size=32,
+                         use_zero_point=True)  # fmt: skip
+        onnx.checker.check_model(model, full_check=True)
+        assert sum(n.op_type == "DequantizeLinear" for n in model.graph.node) == 36
+        errors[method] = rel_l2(reference, run(model, feeds)[0])
+    assert errors["rtn"] <= 1.02 * anchor_error, (errors, anchor_error)
+    for method in ("awq_lite", "awq_clip", "awq_full", "gptq"):
+        assert errors[method] < 0.95 * anchor_error, (method, errors, anchor_error)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOLLM2.exists(), reason=f"{SMOLLM2} is absent: build it with python -m benchmarks.zoo build")
+def test_smollm2_rtn_and_awq_perplexity(tmp_path: Path) -> None:
+    ids = np.load(SMOLLM2.with_name("smollm2_135m.inputs.npz"))["input_ids"]
+    calibration, evaluation = ids[:4], ids[8:12]
+
+    def perplexity(model: Path) -> float:
+        accumulator = Perplexity()
+        for window in evaluation:
+            accumulator.update(run(model, {"input_ids": window[None]})[0], window[None])
+        return accumulator.value
+
+    fp32 = perplexity(SMOLLM2)
+    results = {}
+    for method in ("rtn", "awq_lite"):
+        out = tmp_path / f"{method}.onnx"
+        report = quantize_file(SMOLLM2, out, calibration_method=method, block_size=128,
+                               calibration_data_reader=[{"input_ids": w[None]} for w in calibration])  # fmt: skip
+        assert len(report.excluded) == 1
+        assert abs(report.quantized_bytes / report.ideal_bytes - 1) < 0.02
+        results[method] = perplexity(out)
+    assert fp32 < results["awq_lite"] < results["rtn"] < 2 * fp32, (fp32, results)
