@@ -68,12 +68,12 @@ def test_gptq_recipe_is_the_textbook_gptq_and_awq_gptq_scales_the_hessian() -> N
     weights, stats = _group(1)
     assert stats.gram is not None
     decision = decide_group(weights, stats, "gptq", QuantConfig(block_size=16))
-    expected = gptq(weights[0], stats.gram, stats.tokens, 16)
+    expected = gptq(weights[0], stats.gram, stats.tokens, 16, damp=0.1)  # the recipe's default damping
     np.testing.assert_array_equal(decision.recipes[0].quantize(weights[0]).q, expected.q)
     combined = decide_group(weights, stats, "awq_gptq", QuantConfig(block_size=16))
     s = combined.scales
     assert s is not None
-    scaled = gptq(weights[0] * s[:, None], stats.gram / np.outer(s, s), stats.tokens, 16)
+    scaled = gptq(weights[0] * s[:, None], stats.gram / np.outer(s, s), stats.tokens, 16, damp=0.1)
     np.testing.assert_array_equal(combined.recipes[0].quantize(weights[0]).q, scaled.q)
 
 
