@@ -89,6 +89,7 @@ def test_report_loads_without_errors_and_matches_the_json(model: str, tmp_path: 
         page.goto(html_path.as_uri())
         page.wait_for_load_state("load")
         assert problems == []
+        page.screenshot(path=str(shots / f"{model}_page.png"))
 
         # the embedded JSON is the report
         embedded = json.loads(page.locator("#report-data").text_content() or "")
@@ -113,6 +114,7 @@ def test_report_loads_without_errors_and_matches_the_json(model: str, tmp_path: 
         if data["target"] is not None:
             steps = _cells(page, "#steps")
             assert [r[1] for r in steps] == [s["what"] for s in data["target"]["steps"]]
+            page.locator("#target").screenshot(path=str(shots / f"{model}_target.png"))
 
         # filtering works
         page.fill("#filter", data["nodes"][0]["name"])
@@ -125,7 +127,6 @@ def test_report_loads_without_errors_and_matches_the_json(model: str, tmp_path: 
 
         # the plot: points for every measured node, and a screenshot that shows them
         assert page.locator("#plot path").count() >= 2
-        page.screenshot(path=str(shots / f"{model}_page.png"))
         plot_png = shots / f"{model}_plot.png"
         page.locator("#along").screenshot(path=str(plot_png))
         assert _blue_pixels(page, plot_png) > 200  # the low-precision markers are on the screenshot
