@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 import onnx_ir as ir
@@ -91,3 +91,25 @@ class LazyQuantizedWeight:
         if key not in self._keys:
             raise KeyError(f"unknown piece '{key}' (the packer makes {sorted(self._keys)})")
         return ir.LazyTensor(lambda: self._take(key, dtype), dtype=dtype, shape=ir.Shape(shape), name=name)
+
+    def register_pieces(
+        self,
+        graph: ir.Graph,
+        specs: Mapping[str, tuple[ir.DataType, tuple[int, ...], str]],
+        keys: list[str],
+        unique_name: Callable[[str], str],
+    ) -> list[ir.Value]:
+        """Registers the pieces ``keys`` as initializers of ``graph`` (``specs``: key -> dtype, shape, base name)."""
+        values = []
+        for key in keys:
+            dtype, shape, base = specs[key]
+            name = unique_name(base)
+            value = ir.Value(
+                name=name,
+                type=ir.TensorType(dtype),
+                shape=ir.Shape(shape),
+                const_value=self.piece(key, dtype, shape, name),
+            )
+            graph.register_initializer(value)
+            values.append(value)
+        return values

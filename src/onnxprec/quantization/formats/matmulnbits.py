@@ -100,18 +100,7 @@ def rewrite_matmulnbits(
         "scales": (float_type, (n, n_blocks), f"{base}_scales"),
         "zero_points": (ir.DataType.UINT8, (n, math.ceil(n_blocks * bits / 8)), f"{base}_zero_points"),
     }
-    inputs: list[ir.Value | None] = []
-    for key in keys:
-        dtype, shape, name = specs[key]
-        unique = names(name)
-        value = ir.Value(
-            name=unique,
-            type=ir.TensorType(dtype),
-            shape=ir.Shape(shape),
-            const_value=weight.piece(key, dtype, shape, unique),
-        )
-        graph.register_initializer(value)
-        inputs.append(value)
+    inputs: list[ir.Value | None] = list(weight.register_pieces(graph, specs, keys, names))
     attributes = [
         ir.AttrInt64("K", k),
         ir.AttrInt64("N", n),

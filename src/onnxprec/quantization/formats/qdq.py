@@ -60,18 +60,7 @@ def rewrite_qdq(graph: ir.Graph, target: Target, weight: LazyQuantizedWeight, na
         "scales": (float_type, (n_blocks, n), f"{base}_scales"),
         "zero_points": (level_type, (n_blocks, n), f"{base}_zero_points"),
     }
-    inputs: list[ir.Value | None] = []
-    for key in keys:
-        dtype, shape, name = specs[key]
-        unique = names(name)
-        value = ir.Value(
-            name=unique,
-            type=ir.TensorType(dtype),
-            shape=ir.Shape(shape),
-            const_value=weight.piece(key, dtype, shape, unique),
-        )
-        graph.register_initializer(value)
-        inputs.append(value)
+    inputs: list[ir.Value | None] = list(weight.register_pieces(graph, specs, keys, names))
     nodes = []
     for layer in target.layers:
         out = ir.Value(name=names(f"{base}_dequantized"), type=ir.TensorType(float_type), shape=ir.Shape((k, n)))
