@@ -4,6 +4,8 @@
     python -m benchmarks report
     python -m benchmarks gpu-prepare --out DIR [--models ...] [--tools ...]
     python -m benchmarks tools
+    python -m benchmarks int4 [--plan smollm2|synthetic|all] [--tools ...]   (INT4: see benchmarks/int4.py)
+    python -m benchmarks utilities [--models ...] [--tools ...]   (issue 10's tools: see benchmarks/utilities.py)
 
 Models: zoo names (``python -m benchmarks.zoo list``) or groups real, chains, matmul, synthetic, all (default).
 Tools: see ``python -m benchmarks tools``; without ``--tools`` each model gets its default set.
@@ -34,6 +36,14 @@ def _list_arg(values: Sequence[str] | None) -> list[str] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "int4":
+        from . import int4
+
+        return int4.main(argv[1:])
+    if argv and argv[0] == "utilities":
+        from . import utilities
+
+        return utilities.main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -67,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--zoo-dir", type=Path, default=None)
 
     sub.add_parser("tools", help="list the tools and the default plan")
+    sub.add_parser("int4", help="the INT4 quantization benchmark (python -m benchmarks int4 --help)", add_help=False)
+    sub.add_parser("utilities", help="issue 10's tools (python -m benchmarks utilities --help)", add_help=False)
 
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)

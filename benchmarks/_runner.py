@@ -15,6 +15,14 @@ Tools (each the entry point users call):
   occ_amp            onnxconverter_common.auto_mixed_precision.auto_convert_mixed_precision on the real inputs
   ort_fp16           onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)
   baseline_loadsave  onnx.load + onnx.save (external data kept external)
+
+INT4 weight-only quantizers (``--method``, ``--block-size``, ``--zero-point``, ``--calib DIR`` of .npz feeds, one
+calibration batch a file, read in name order; ``--exclude`` regexes, ModelOpt's default ``/lm_head``):
+  onnxprec_int4      ``python -m onnxprec.quantization.int4`` (its CLI main; ``--format qdq|matmulnbits``)
+  modelopt_int4      ``modelopt.onnx.quantization.int4.quantize(...)`` with a CalibrationDataReader over the files,
+                     then ``onnx.save`` (external data above 2 GB); ModelOpt's CLI hides the method and block size
+  ort_int4           ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` (RTN, QDQ format,
+                     accuracy_level 4); ORT takes exact node names, so the regexes are resolved to names first
 """
 
 from __future__ import annotations
@@ -83,10 +91,98 @@ def _inputs(path: str | None) -> dict[str, Any]:
         return {k: z[k] for k in z.files}
 
 
+def _calibration_files(folder: str | None) -> list[str]:
+    if not folder:
+        return []
+    return sorted(str(p) for p in Path(folder).glob("*.npz"))
+
+
+def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
+    """The INT4 tools (see the module docstring)."""
+    t = time.perf_counter()
+    tool = args.tool
+    files = _calibration_files(args.calib)
+    if tool == "onnxprec_int4":
+        from onnxprec.quantization.int4._cli import add_arguments
+        from onnxprec.quantization.int4._cli import run as int4_run
+
+        t_imp = time.perf_counter() - t
+        argv = ["--onnx_path", args.input, "--output_path", args.output, "--calibration_method", args.method]
+        argv += ["--block_size", str(args.block_size), "--output_format", args.format]
+        argv += ["--nodes_to_exclude", *args.exclude]
+        if args.zero_point:
+            argv.append("--use_zero_point")
+        if args.calib:
+            argv += ["--calibration_data", args.calib]
+        if args.report_json:
+            argv += ["--report_json", args.report_json]
+        t = time.perf_counter()
+        ap = argparse.ArgumentParser()
+        add_arguments(ap)
+        rc = int4_run(ap.parse_args(argv))
+        return t_imp, time.perf_counter() - t, int(rc or 0)
+    import numpy as np
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(files)
+
+        def get_next(self) -> dict[str, Any] | None:
+            name = next(self.it, None)
+            if name is None:
+                return None
+            with np.load(name) as z:
+                return {k: z[k] for k in z.files}
+
+    if tool == "modelopt_int4":
+        from modelopt.onnx.quantization.int4 import quantize
+
+        t_imp = time.perf_counter() - t
+        t = time.perf_counter()
+        model = quantize(
+            args.input,
+            calibration_method=args.method,
+            calibration_data_reader=Reader() if files else None,
+            calibration_eps=["cpu"],
+            use_zero_point=args.zero_point,
+            block_size=args.block_size,
+            nodes_to_exclude=args.exclude,
+        )
+        _save(model, args.output, model.ByteSize() > 2_000_000_000)
+        return t_imp, time.perf_counter() - t, 0
+    if tool == "ort_int4":
+        import re
+
+        from onnxruntime.quantization import QuantFormat
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+
+        t_imp = time.perf_counter() - t
+        t = time.perf_counter()
+        model, external = _load(args.input)
+        excluded = [n.name for n in model.graph.node if any(re.search(p, n.name) for p in args.exclude)]
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=args.block_size,
+            is_symmetric=not args.zero_point,
+            accuracy_level=4,
+            quant_format=QuantFormat.QDQ,
+        )
+        q = MatMulNBitsQuantizer(model, nodes_to_exclude=excluded, algo_config=config)
+        q.process()
+        _save(q.model.model, args.output, external)
+        return t_imp, time.perf_counter() - t, 0
+    raise SystemExit(f"unknown tool {tool!r}")
+
+
 def run(args: argparse.Namespace) -> tuple[float, float, int]:
     """Imports and runs the tool; returns (import seconds, conversion seconds, exit code)."""
     t = time.perf_counter()
     tool = args.tool
+    if tool.endswith("_int4"):
+        return _int4(args)
     if tool == "onnxprec":
         import onnxprec.autocast  # noqa: F401  (the CLI imports it lazily: count it as import time)
         from onnxprec.cli import autocast_main
@@ -152,6 +248,12 @@ def main() -> int:
     ap.add_argument("--target", default=None, help="onnxprec: --target_accuracy (e.g. rel_l2<=1e-3)")
     ap.add_argument("--rtol", type=float, default=0.01, help="occ_amp rtol")
     ap.add_argument("--atol", type=float, default=0.001, help="occ_amp atol")
+    ap.add_argument("--method", default="rtn", help="INT4: calibration method")
+    ap.add_argument("--block-size", type=int, default=128, help="INT4: block size (-1 per channel)")
+    ap.add_argument("--zero-point", action="store_true", help="INT4: asymmetric (zero points)")
+    ap.add_argument("--format", default="qdq", help="onnxprec_int4: qdq or matmulnbits")
+    ap.add_argument("--calib", default=None, help="INT4: folder of .npz calibration feeds (default: random)")
+    ap.add_argument("--exclude", nargs="*", default=["/lm_head"], help="INT4: regexes of layers kept in float")
     args = ap.parse_args()
     record: dict[str, Any] = {"tool": args.tool, "pid": os.getpid()}
     try:

@@ -174,7 +174,7 @@ def build_efficientnet_lite0(out_dir: Path) -> None:
     # fold the pad-list arithmetic the TorchScript exporter emits around each Pad
     onnx.save(onnxscript.optimizer.optimize(onnx.load(str(out))), str(out))
     feeds = {"input": x}
-    np.savez(out_dir / "efficientnet_lite0.inputs.npz", **feeds)
+    np.savez(out_dir / "efficientnet_lite0.inputs.npz", input=x)
     _check_ort(out, feeds, ref)
 
 

@@ -1,7 +1,8 @@
 """BENCHMARKS.md (and the scaling chart) from the result files, without rerunning anything.
 
 The document is the title, each tool's introduction, the runs the numbers come from, then each tool's sections
-(:data:`PARTS`: today AutoCast's, :mod:`benchmarks.report_autocast`). Loading, merging (newest measurement per
+(:data:`PARTS`: AutoCast's, :mod:`benchmarks.report_autocast`), then the INT4 part
+(:mod:`benchmarks.report_int4`, from its own ``int4-*.json`` results). Loading, merging (newest measurement per
 model and tool) and formatting are :mod:`benchmarks.report_common`'s; targets are data evaluated by
 :mod:`benchmarks.targets`. A new tool's section is one more :class:`~benchmarks.report_common.ReportPart`.
 """
@@ -9,9 +10,10 @@ model and tool) and formatting are :mod:`benchmarks.report_common`'s; targets ar
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
-from . import report_autocast
+from . import report_autocast, report_int4, report_utilities
 from .report_common import (
     REPO_ROOT,
     RESULTS_DIR,
@@ -31,8 +33,15 @@ PNG_NAME = "scaling.png"
 PARTS: tuple[ReportPart, ...] = (report_autocast.PART,)
 
 
-def render(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> str:
-    """BENCHMARKS.md's text."""
+def render(
+    merged: Merged,
+    gpu: GpuResults = (),
+    png: str | None = None,
+    int4: Sequence[str] = (),
+    utilities: Sequence[str] = (),
+) -> str:
+    """BENCHMARKS.md's text (``int4``: the INT4 part's lines, :func:`benchmarks.report_int4.sections`;
+    ``utilities``: issue 10's tools, :func:`benchmarks.report_utilities.sections`)."""
     out: list[str] = [
         "# Benchmarks",
         "",
@@ -44,6 +53,10 @@ def render(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> str:
     out += runs_section(merged)
     for part in PARTS:
         out += part.sections(merged, gpu, png)
+    if int4:
+        out += ["", *int4]
+    if utilities:
+        out += ["", *utilities]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -60,6 +73,14 @@ def write_report(results_dir: Path = RESULTS_DIR, md_path: Path = MD_PATH, png_p
             rel_png = png.resolve().relative_to(md_path.resolve().parent).as_posix()
         except ValueError:
             rel_png = png.resolve().as_posix()
-    md_path.write_text(render(merged, load_gpu_results(results_dir), rel_png))
+    md_path.write_text(
+        render(
+            merged,
+            load_gpu_results(results_dir),
+            rel_png,
+            report_int4.sections(results_dir),
+            report_utilities.sections(results_dir),
+        )
+    )
     logger.info("wrote %s", md_path)
     return md_path

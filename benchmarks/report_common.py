@@ -46,7 +46,7 @@ def load_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
         if p.name.startswith("gpu-"):
             continue
         data = _read_json(p)
-        if isinstance(data, dict) and "models" in data:
+        if isinstance(data, dict) and "models" in data and data.get("kind", "autocast") == "autocast":
             data.setdefault("run_id", p.stem)
             try:
                 data["file"] = p.resolve().relative_to(REPO_ROOT).as_posix()
@@ -54,6 +54,25 @@ def load_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
                 data["file"] = str(p)
             runs.append(data)
     runs.sort(key=lambda d: d.get("date", ""))
+    return runs
+
+
+def load_kind(results_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The result files ``<kind>-*.json`` whose ``"kind"`` is ``kind`` (another tool's benchmark: ``int4``,
+    ``utilities``), oldest first, each with its ``file`` (relative to the repository) and ``number`` (1, 2, ...)."""
+    runs = []
+    for p in sorted(results_dir.glob(f"{kind}-*.json")):
+        data = _read_json(p)
+        if not isinstance(data, dict) or data.get("kind") != kind:
+            continue
+        try:
+            data["file"] = p.resolve().relative_to(REPO_ROOT).as_posix()
+        except ValueError:
+            data["file"] = str(p)
+        runs.append(data)
+    runs.sort(key=lambda d: d.get("date", ""))
+    for i, r in enumerate(runs, 1):
+        r["number"] = i
     return runs
 
 

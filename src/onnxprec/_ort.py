@@ -298,6 +298,7 @@ def create_session(
     custom_op_libraries: Sequence[str] = (),
     what: str = "the model",
     external_data_folder: str | os.PathLike | None = None,
+    optimized_model_path: str | os.PathLike | None = None,
 ) -> Session:
     """Creates a session on ``providers`` (ModelOpt-style names, default cpu).
 
@@ -310,6 +311,8 @@ def create_session(
         custom_op_libraries: Custom op libraries registered on the session.
         what: How error messages name the model.
         external_data_folder: Folder of external data for a model given as bytes.
+        optimized_model_path: Write the graph ONNX Runtime optimized (at ``optimization``) there, every
+            initializer of 1 KiB or more in one external data file ``<name>.data`` beside it (so any size works).
 
     Raises:
         UnsupportedModelError: ONNX Runtime cannot load the model (the message has ORT's first line).
@@ -317,6 +320,13 @@ def create_session(
     ort = import_onnxruntime()
     provider_list = resolve_providers(providers, trt_plugins=trt_plugins)
     options = session_options(optimization, low_memory=low_memory, custom_op_libraries=custom_op_libraries)
+    if optimized_model_path is not None:
+        optimized = Path(optimized_model_path)
+        options.optimized_model_filepath = str(optimized)
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", optimized.name + ".data"
+        )
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     with contextlib.ExitStack() as stack:
         if isinstance(source, ir.Model):
             payload, folder = stack.enter_context(ort_model(source))

@@ -34,6 +34,8 @@ __all__ = [
     "ReferenceResult",
     "Selector",
     "TensorStats",
+    "chunk_values",
+    "estimated_sizes",
     "float_tensors",
     "run_reference",
 ]
@@ -105,7 +107,7 @@ def _concrete_sizes(proto: onnx.ModelProto, feeds: Feeds) -> dict[str, int]:
     return sizes
 
 
-def _estimated_sizes(model: ir.Model, feeds: Feeds) -> dict[str, int]:
+def estimated_sizes(model: ir.Model, feeds: Feeds) -> dict[str, int]:
     """Byte size of every main-graph tensor: concrete shape inference, else the largest activation input.
 
     Shapes that inference cannot make concrete (e.g. after a Pad whose pads are computed) are estimated
@@ -124,7 +126,7 @@ def _estimated_sizes(model: ir.Model, feeds: Feeds) -> dict[str, int]:
     return sizes
 
 
-def _chunks(values: list[ir.Value], sizes: dict[str, int], budget: int) -> list[list[ir.Value]]:
+def chunk_values(values: list[ir.Value], sizes: dict[str, int], budget: int) -> list[list[ir.Value]]:
     chunks: list[list[ir.Value]] = [[]]
     used = 0
     for value in values:
@@ -225,7 +227,7 @@ def run_reference(
     ranges = next((o for o in observers if isinstance(o, RangeObserver)), None)
     sentinels = ranges.sentinels if ranges else {}
     fetched = [v for v in marked if v not in set(in_graph)]
-    chunks = _chunks(fetched, _estimated_sizes(model, first), budget_bytes) if fetched else [[]]
+    chunks = chunk_values(fetched, estimated_sizes(model, first), budget_bytes) if fetched else [[]]
     graph_outputs = [str(v.name) for v in model.graph.outputs]
     first_outputs: dict[str, np.ndarray] = {}
     count = 0

@@ -45,7 +45,7 @@ from onnxprec.debug._options import DEFAULT_ATOL, DEFAULT_RTOL, CompareOptions
 from onnxprec.debug.match import Match, carried_source, carrier_ops, match_values
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
 from onnxprec.metrics import ErrorStats
-from onnxprec.reference import DEFAULT_BUDGET_BYTES, _chunks, _estimated_sizes, float_tensors, run_reference
+from onnxprec.reference import DEFAULT_BUDGET_BYTES, chunk_values, estimated_sizes, float_tensors, run_reference
 
 __all__ = [
     "CompareReport",
@@ -520,16 +520,16 @@ def _stream(
     graph_outputs = set(reference.graph.outputs)
     matched = [v for v in plan.values if plan.matches[v].candidate is not None]
     inner = [v for v in matched if v not in graph_outputs]
-    chunks = _chunks(inner, _estimated_sizes(reference, first), budget) if inner else [[]]
+    chunks = chunk_values(inner, estimated_sizes(reference, first), budget) if inner else [[]]
     rows: dict[str, _Accumulator] = {}
     outputs: dict[str, _Accumulator] = {}
     count = 0
     with tempfile.TemporaryDirectory(prefix="onnxprec-compare-") as tmp:
         for index, chunk in enumerate(chunks):
             # Graph outputs come with every run; they are compared with the first chunk.
-            chunk_values = list(chunk) + ([v for v in matched if v in graph_outputs] if index == 0 else [])
+            chunk_fetch = list(chunk) + ([v for v in matched if v in graph_outputs] if index == 0 else [])
             targets: dict[str, list[tuple[str, _Accumulator]]] = {}
-            for value in chunk_values:
+            for value in chunk_fetch:
                 cand = plan.matches[value].candidate
                 assert cand is not None
                 accumulator = rows.setdefault(str(value.name), _Accumulator())
@@ -542,7 +542,7 @@ def _stream(
             wanted = {ref_name for pairs in targets.values() for ref_name, _ in pairs}
             spool = _Spool(wanted, budget, Path(tmp))
             common = {"providers": options.providers, "budget_bytes": budget, "observe_inputs": False}
-            logger.info("Chunk %d/%d: %d tensors", index + 1, len(chunks), len(chunk_values))
+            logger.info("Chunk %d/%d: %d tensors", index + 1, len(chunks), len(chunk_fetch))
             with _runtime_errors("reference", options):
                 result = run_reference(reference, batches, select=chunk, observers=[spool], **common)  # type: ignore[arg-type]
             count = result.num_batches

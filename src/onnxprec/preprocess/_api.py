@@ -434,26 +434,17 @@ def _used_domains(model: ir.Model) -> set[str]:
 
 def _optimize(model: ir.Model, folder: Path, step: StepReport) -> ir.Model:
     """ONNX Runtime's basic-level optimizer; its result is written with external initializers to ``folder``."""
-    ort = _ort.import_onnxruntime()
-    options = _ort.session_options("basic", low_memory=True)  # no pre-packed copies of the weights
     optimized = folder / "optimized.onnx"
-    options.optimized_model_filepath = str(optimized)
-    # External initializers: the optimized model can exceed 2 GB (ORT's own quant_pre_process fails there).
-    options.add_session_config_entry(
-        "session.optimized_model_external_initializers_file_name", optimized.name + ".data"
-    )
-    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     domains = set(model.opset_imports)
     try:
-        with _ort.ort_model(model) as (payload, data_folder):
-            if data_folder is not None and isinstance(payload, bytes):
-                options.add_session_config_entry(
-                    "session.model_external_initializers_file_folder_path", str(data_folder)
-                )
-            session = ort.InferenceSession(payload, options, providers=["CPUExecutionProvider"])
-            del session
-    except Exception as e:  # ORT's own exception types
-        step.skipped = f"ONNX Runtime cannot load the model: {_ort.first_line(e, 200)}"
+        # low memory: no pre-packed copies of the weights; external initializers: the optimized model can exceed
+        # 2 GB (ORT's own quant_pre_process fails there)
+        session = _ort.create_session(
+            model, optimization="basic", low_memory=True, optimized_model_path=optimized, what="the model"
+        )
+        del session
+    except UnsupportedModelError as e:
+        step.skipped = _ort.first_line(e, 240)  # "ONNX Runtime cannot load the model: <its first line>"
         _warn(step, f"Graph optimization skipped: {step.skipped}.")
         return model
     result = load_model(optimized)

@@ -109,6 +109,8 @@ class QuantConfig:
 
     block_size: int = 128
     symmetric: bool = True
+    positive_scales: bool = False
+    """Symmetric scales always positive (TensorRT); by default a block may get a signed scale."""
     alpha_grid: tuple[float, ...] = tuple(i / 10 for i in range(11))
     clip_ratios: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))
     clip_chunk_columns: int = 1024
@@ -161,6 +163,7 @@ class Recipe:
     bits: int = 4
     block_size: int = 128
     symmetric: bool = True
+    positive_scales: bool = False
     awq_scales: np.ndarray | None = None
     """``[K]``: the rows of ``W`` are multiplied by these before quantization (the input is divided by them)."""
     clip_ratios: np.ndarray | None = None
@@ -184,6 +187,7 @@ class Recipe:
             clip_search=self.clip_search,
             clip_ratios=self.clip_ratios,
             bits=self.bits,
+            positive_scales=self.positive_scales,
         )
 
     def dequantized(self, qw: QuantizedWeight) -> np.ndarray:
@@ -252,6 +256,7 @@ def _gptq_jointly(
     joint = gptq(
         np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
         symmetric=config.symmetric, damp=config.gptq_damp, act_order=config.gptq_act_order,
+        positive_scales=config.positive_scales,
     )  # fmt: skip
     results = []
     start = 0
@@ -283,14 +288,19 @@ def decide_group(
         awq_allowed: False when a weight is shared with another group (one scale vector cannot serve two inputs).
     """
     spec = METHODS[method]
-    base = {"bits": 4, "block_size": config.block_size, "symmetric": config.symmetric}
+    base = {
+        "bits": 4,
+        "block_size": config.block_size,
+        "symmetric": config.symmetric,
+        "positive_scales": config.positive_scales,
+    }
     scales: np.ndarray | None = None
     alpha: float | None = None
     if spec.awq_scales and awq_allowed:
         assert stats.absmean is not None and stats.sample is not None
         result = awq_lite(
             weights, stats.absmean, stats.sample, config.block_size, symmetric=config.symmetric,
-            alpha_grid=config.alpha_grid,
+            alpha_grid=config.alpha_grid, positive_scales=config.positive_scales,
         )  # fmt: skip
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
@@ -306,7 +316,7 @@ def decide_group(
             x = stats.sample if scales is None else stats.sample / scales[None, :]
             recipe.clip_ratios = awq_clip(
                 scaled, x, config.block_size, symmetric=config.symmetric, ratios=config.clip_ratios,
-                chunk_columns=config.clip_chunk_columns,
+                chunk_columns=config.clip_chunk_columns, positive_scales=config.positive_scales,
             )  # fmt: skip
             recipe.info["clip_ratio_mean"] = float(recipe.clip_ratios.mean())
         elif spec.clip == "mse":

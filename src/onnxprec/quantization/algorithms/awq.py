@@ -137,6 +137,7 @@ def awq_lite(
     symmetric: bool = True,
     alpha_grid: Sequence[float] | np.ndarray = DEFAULT_ALPHA_GRID,
     bits: int = 4,
+    positive_scales: bool = False,
 ) -> AwqResult:
     """AWQ-lite: one scale vector ``s`` ``[K]`` for all ``weights`` ``[K, N_j]`` that share the input ``x``.
 
@@ -157,6 +158,7 @@ def awq_lite(
         symmetric: quantizer of the search (use the one of the final quantization).
         alpha_grid: exponents to try.
         bits: 4 or 8.
+        positive_scales: as in :func:`~onnxprec.quantization.algorithms.rtn.quantize_rtn`.
     """
     if not weights:
         raise ValueError("awq_lite needs at least one weight")
@@ -180,7 +182,9 @@ def awq_lite(
         for start in range(0, w.shape[1], step):
             chunk = w[:, start : start + step]
             scaled = chunk if scales is None else chunk * scales[:, None]
-            dq = quantize_rtn(scaled, block_size, symmetric=symmetric, bits=bits).dequantize()
+            dq = quantize_rtn(
+                scaled, block_size, symmetric=symmetric, bits=bits, positive_scales=positive_scales
+            ).dequantize()
             total += metric(chunk - (dq if scales is None else dq / scales[:, None]))
         return total
 
@@ -230,6 +234,7 @@ def awq_clip(
     chunk_columns: int = 256,
     bits: int = 4,
     awq_scales: ArrayLike | None = None,
+    positive_scales: bool = False,
 ) -> np.ndarray:
     """Per-(block, output column) clip ratios ``[n_blocks, N]`` minimising the block-partial output error.
 
@@ -266,7 +271,9 @@ def awq_clip(
         best_err = np.full((n_blocks, blocks.shape[2]), np.inf, dtype=np.float32)
         best = np.ones_like(best_err)
         for ratio in grid:
-            scales, zero_points = block_params(blocks, bits=bits, symmetric=symmetric, ratios=ratio)
+            scales, zero_points = block_params(
+                blocks, bits=bits, symmetric=symmetric, ratios=ratio, positive_scales=positive_scales
+            )
             levels = quantize_levels(blocks, scales, zero_points, bits=bits)
             diff = blocks - _dequantize_levels(levels, scales, zero_points)
             err = np.einsum("bkn,bkn->bn", np.matmul(gram, diff), diff)

@@ -80,6 +80,7 @@ def gptq(
     act_order: bool = False,
     lazy_batch: int = 128,
     bits: int = 4,
+    positive_scales: bool = False,
 ) -> QuantizedWeight:
     """Quantizes ``w`` ``[K, N]`` with GPTQ, given ``hessian = sum_t x_t x_t^T`` ``[K, K]`` over ``n_tokens`` tokens.
 
@@ -98,7 +99,8 @@ def gptq(
       front from the original weights (dead rows zeroed), like AutoGPTQ's ``static_groups``. They stay per real K
       block, so the result still fits ``DequantizeLinear(block_size)``/``MatMulNBits``.
 
-    With ``H`` diagonal nothing is propagated and the result equals :func:`~.rtn.quantize_rtn`.
+    With ``H`` diagonal nothing is propagated and the result equals :func:`~.rtn.quantize_rtn` (with the same
+    ``symmetric`` and ``positive_scales``).
     """
     weight = _as_float32_matrix(w)
     if np.may_share_memory(weight, np.asarray(w)):
@@ -126,7 +128,9 @@ def gptq(
     zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.float32)
     perm: np.ndarray | None = None
     if act_order:
-        s_all, z_all = block_params(to_blocks(weight, bs), bits=bits, symmetric=symmetric)
+        s_all, z_all = block_params(
+            to_blocks(weight, bs), bits=bits, symmetric=symmetric, positive_scales=positive_scales
+        )
         scales[:] = s_all
         if zero_points is not None and z_all is not None:
             zero_points[:] = z_all
@@ -153,7 +157,7 @@ def gptq(
                     if end > i2:  # rows after this lazy batch still miss the batch's updates so far
                         current = current.copy()
                         current[i2 - row :] -= upper[i1:row, i2:end].T @ errors[:i]
-                    s, z = block_params(current[None], bits=bits, symmetric=symmetric)
+                    s, z = block_params(current[None], bits=bits, symmetric=symmetric, positive_scales=positive_scales)
                     scales[block] = s[0]
                     if zero_points is not None and z is not None:
                         zero_points[block] = z[0]

@@ -67,7 +67,8 @@ class QuantizedWeight:
     q: np.ndarray
     """int8 ``[K, N]`` in ``[-8, 7]`` (symmetric) or uint8 in ``[0, 15]`` (asymmetric); 8 bits: full int8/uint8."""
     scales: np.ndarray
-    """float32 ``[n_blocks, N]``, strictly positive, ``n_blocks = ceil(K / block_size)``."""
+    """float32 ``[n_blocks, N]``, nonzero (negative where a signed scale put a positive extreme on level -8),
+    ``n_blocks = ceil(K / block_size)``."""
     zero_points: np.ndarray | None
     """uint8 ``[n_blocks, N]`` in the level range (``[0, 15]`` for 4 bits), or None when symmetric."""
     block_size: int
@@ -135,15 +136,24 @@ def to_blocks(w: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def block_params(
-    blocks: np.ndarray, *, bits: int = 4, symmetric: bool = True, ratios: float | np.ndarray = 1.0
+    blocks: np.ndarray,
+    *,
+    bits: int = 4,
+    symmetric: bool = True,
+    ratios: float | np.ndarray = 1.0,
+    positive_scales: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Scales and zero points of ``blocks`` ``[..., bs, N]`` (reduced over axis -2), each ``[..., N]`` float32.
 
     With levels ``[qmin, qmax]`` (``[-8, 7]`` symmetric, ``[0, 15]`` asymmetric for 4 bits), block minimum ``lo`` and
     maximum ``hi``, and shrink ratio ``r`` (``ratios`` broadcasts against ``[..., N]``):
 
-    * symmetric: ``s = r * max(lo / qmin, hi / qmax)`` (= ``max(-lo/8, hi/7)``), the smallest positive scale that
-      covers the block with all 16 levels (``amax/7`` would never use level -8);
+    * symmetric, ``positive_scales``: ``s = r * max(lo / qmin, hi / qmax)`` (= ``max(-lo/8, hi/7)``), the smallest
+      positive scale that covers the block (``amax/7``, ModelOpt's, never uses level -8);
+    * symmetric (default): also the *signed* scale ``s = r * v / qmin`` of the block's largest-magnitude value
+      ``v``, which puts ``v`` exactly on level -8 (negative when ``v > 0``; a step of ``|v|/8`` instead of ``v/7``,
+      as ONNX Runtime's RTN), and of the two keeps the one with the lower squared error of the block. They differ
+      only where the largest magnitude is positive; the signed one clips ``lo`` at ``-7/8 v``, so neither always wins;
     * asymmetric: ``lo' = r * min(lo, 0)``, ``hi' = r * max(hi, 0)`` (0 stays exactly representable),
       ``s = (hi' - lo') / (qmax - qmin)``, ``z = clip(rint(-lo' / s), qmin, qmax)`` (integer-valued float32).
 
@@ -154,14 +164,30 @@ def block_params(
     hi = blocks.max(axis=-2)
     ratios = np.asarray(ratios, dtype=np.float32)
     if symmetric:
-        scales = np.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios
-        return np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32), None
+        scales = _nonzero(np.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios)
+        if positive_scales:
+            return scales, None
+        signed = _nonzero(np.where(-lo >= hi, lo, hi) / np.float32(qmin) * ratios)
+        if not (signed != scales).any():
+            return scales, None
+        better = _block_sq_error(blocks, signed, bits) < _block_sq_error(blocks, scales, bits)
+        return np.where(better, signed, scales).astype(np.float32), None
     lo = np.minimum(lo, np.float32(0.0)) * ratios
     hi = np.maximum(hi, np.float32(0.0)) * ratios
-    scales = (hi - lo) / np.float32(qmax - qmin)
-    scales = np.where(scales > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+    scales = _nonzero((hi - lo) / np.float32(qmax - qmin))
     zero_points = np.clip(np.rint(-lo / scales), qmin, qmax).astype(np.float32)
     return scales, zero_points
+
+
+def _nonzero(scales: np.ndarray) -> np.ndarray:
+    """``scales`` as float32 with 1 where a block is all zeros (its scale would be 0)."""
+    return np.where(np.abs(scales) > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+
+
+def _block_sq_error(blocks: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    """Squared reconstruction error per block and column of symmetric quantization with ``scales``."""
+    diff = blocks - quantize_levels(blocks, scales, None, bits=bits) * scales[..., None, :]
+    return np.einsum("...kn,...kn->...n", diff, diff)
 
 
 def quantize_levels(
@@ -212,12 +238,16 @@ def _search_ratios(ratios: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.asarray([1.0, *rest], dtype=np.float32)
 
 
-def _mse_ratio_search(blocks: np.ndarray, grid: np.ndarray, *, bits: int, symmetric: bool) -> np.ndarray:
+def _mse_ratio_search(
+    blocks: np.ndarray, grid: np.ndarray, *, bits: int, symmetric: bool, positive_scales: bool = False
+) -> np.ndarray:
     """Per-(block, column) ratio of ``grid`` minimising the block's weight MSE; ``blocks`` ``[nb, bs, c]``."""
     best_err = np.full(blocks.shape[::2], np.inf, dtype=np.float32)
     best_ratio = np.ones(blocks.shape[::2], dtype=np.float32)
     for ratio in grid:
-        scales, zero_points = block_params(blocks, bits=bits, symmetric=symmetric, ratios=ratio)
+        scales, zero_points = block_params(
+            blocks, bits=bits, symmetric=symmetric, ratios=ratio, positive_scales=positive_scales
+        )
         diff = blocks - _dequantize_levels(quantize_levels(blocks, scales, zero_points, bits=bits), scales, zero_points)
         err = np.einsum("bkn,bkn->bn", diff, diff)
         better = err < best_err
@@ -236,6 +266,7 @@ def quantize_rtn(
     search_ratios: Sequence[float] | np.ndarray = DEFAULT_CLIP_RATIOS,
     bits: int = 4,
     chunk_columns: int | None = None,
+    positive_scales: bool = False,
 ) -> QuantizedWeight:
     """Round-to-nearest block-wise quantization of a ``[K, N]`` weight (see :func:`block_params` for the math).
 
@@ -252,6 +283,8 @@ def quantize_rtn(
         bits: 4 (default) or 8.
         chunk_columns: columns processed at once (temporaries are a few ``K * chunk_columns`` float32 arrays);
             default: about 4 M elements per chunk.
+        positive_scales: symmetric scales always positive (for runtimes that reject negative scales); by default
+            a block may get a signed scale (see :func:`block_params`).
     """
     if clip_search and clip_ratios is not None:
         raise ValueError("Pass either clip_search=True or clip_ratios, not both")
@@ -274,10 +307,14 @@ def quantize_rtn(
         cols = slice(start, min(start + step, n))
         blocks = to_blocks(weight[:, cols], bs)
         if grid is not None:
-            chunk_ratios: float | np.ndarray = _mse_ratio_search(blocks, grid, bits=bits, symmetric=symmetric)
+            chunk_ratios: float | np.ndarray = _mse_ratio_search(
+                blocks, grid, bits=bits, symmetric=symmetric, positive_scales=positive_scales
+            )
         else:
             chunk_ratios = 1.0 if ratios is None else ratios[:, cols]
-        s, z = block_params(blocks, bits=bits, symmetric=symmetric, ratios=chunk_ratios)
+        s, z = block_params(
+            blocks, bits=bits, symmetric=symmetric, ratios=chunk_ratios, positive_scales=positive_scales
+        )
         levels = quantize_levels(blocks, s, z, bits=bits)
         q[:, cols] = levels.reshape(-1, levels.shape[-1])[:k]
         scales[:, cols] = s

@@ -286,11 +286,17 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     for target in selection.targets:
         if target not in recipes:
             if target.bits == 8:
-                recipes[target] = Recipe("rtn", bits=8, block_size=-1, symmetric=config.symmetric)
+                recipes[target] = Recipe(
+                    "rtn", bits=8, block_size=-1, symmetric=config.symmetric, positive_scales=config.positive_scales
+                )
             else:
                 clip = options.spec.clip == "mse"
                 recipes[target] = Recipe(
-                    options.method, block_size=config.block_size, symmetric=config.symmetric, clip_search=clip
+                    options.method,
+                    block_size=config.block_size,
+                    symmetric=config.symmetric,
+                    positive_scales=config.positive_scales,
+                    clip_search=clip,
                 )
 
     tick = time.perf_counter()

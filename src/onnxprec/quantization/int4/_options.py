@@ -62,6 +62,13 @@ class Int4Options(ToolOptions):
         flags=("--use_zero_point",),
         help="Asymmetric quantization: UINT4 weights with UINT4 zero points (default: symmetric INT4, all 16 levels).",
     )
+    positive_scales: bool = option(
+        False,
+        flags=("--positive_scales",),
+        help="Symmetric scales always positive (max(-min/8, max/7) per block), for runtimes that reject negative "
+        "scales such as TensorRT; the *_trt methods imply it (default: a block whose largest magnitude is positive "
+        "may get a negative scale that puts it on level -8, as ONNX Runtime's RTN does, when that is more accurate).",
+    )
     block_size: int | None = option(
         None,
         flags=("--block_size",),
@@ -192,6 +199,7 @@ class Int4Options(ToolOptions):
         return QuantConfig(
             block_size=self.block_size or DEFAULT_BLOCK_SIZE,
             symmetric=not self.use_zero_point,
+            positive_scales=self.positive_scales or "_trt" in self.calibration_method,
             alpha_grid=alphas,
             clip_ratios=ratios,
             clip_chunk_columns=self.awqclip_bsz_col,

@@ -40,7 +40,7 @@ class LayerReport:
     """How the AWQ scales were applied: ``"folded into <op> '<name>'"``, ``"Mul"``, or None (no AWQ scaling)."""
     info: dict[str, Any] = field(default_factory=dict)
     """alpha, clip ratios, errors on calibration data (``output_rel_error``), and at save time ``weight_rel_error``,
-    ``scale_min``/``scale_max``/``scale_mean`` and the quantization ``seconds``."""
+    ``scale_min``/``scale_max``/``scale_mean`` (of the scales' magnitudes) and the quantization ``seconds``."""
 
     def record(self, w: np.ndarray, qw: QuantizedWeight, dequantized: np.ndarray, seconds: float) -> None:
         """Fills the save-time entries from the float weight and its quantized form."""
@@ -48,9 +48,10 @@ class LayerReport:
         diff = (flat - np.ascontiguousarray(dequantized, dtype=np.float32).reshape(-1)).astype(np.float32)
         den, num = float(np.dot(flat, flat)), float(np.dot(diff, diff))
         self.info["weight_rel_error"] = math.sqrt(num / den) if den > 0 else 0.0
-        self.info["scale_min"] = float(qw.scales.min())
-        self.info["scale_max"] = float(qw.scales.max())
-        self.info["scale_mean"] = float(qw.scales.mean())
+        magnitudes = np.abs(qw.scales)  # signed scales: their sign only says which side of the block is the extreme
+        self.info["scale_min"] = float(magnitudes.min())
+        self.info["scale_max"] = float(magnitudes.max())
+        self.info["scale_mean"] = float(magnitudes.mean())
         self.info["seconds"] = self.info.get("seconds", 0.0) + seconds
 
     def to_json(self) -> dict[str, Any]:

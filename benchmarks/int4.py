@@ -1,0 +1,522 @@
+"""INT4 weight-only quantization benchmark: onnxprec's methods against ModelOpt and ONNX Runtime, side by side.
+
+    python -m benchmarks int4 [--plan smollm2|synthetic|all] [--tools ID,...] [--repeats 1] [--tag T]
+
+One run measures, on the same machine minutes apart:
+
+* **SmolLM2-135M** (the zoo's FP32 export, ``input_ids [1, 256] -> logits``): the zoo's 16 windows of 256 tokens of
+  real text are split in two halves, windows 0-7 (2,048 tokens) for calibration, one ``.npz`` a window, given to
+  every calibrated tool in the same order, and windows 8-15 held out for perplexity, so that no method is scored on
+  the text it was fitted to. The FP32 model's held-out perplexity is measured in the same run.
+* every tool as its own process (``benchmarks/_runner.py`` under ``/usr/bin/time -v``: whole-process wall time and
+  peak RSS), the anchors in the anchors venv; a crash is recorded with its message;
+* the quantized layers' storage (INT4/UINT4 weights, scales, zero points) against the ideal (4 bits a weight of the
+  original ``[K, N]`` plus one scale, and one 4-bit zero point, per block and output channel);
+* ONNX Runtime CPU latency of the FP32 model and of chosen results: prefill (``[1, 256]``) and a one-token forward
+  (``[1, 1]``, the weight-bound step of decoding; the zoo export has no KV cache), the models alternating;
+* **a synthetic 4 GB MatMul stack** in external data (``matmul_4gb``), quantized with RTN and AWQ-lite on random
+  calibration data: peak RSS.
+
+Results go to ``benchmarks/results/int4-<date>[-<tag>].json``; ``python -m benchmarks report`` renders them into
+BENCHMARKS.md (:mod:`benchmarks.report_int4`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from . import zoo
+from .harness import RESULTS_DIR, anchor_versions, machine_info, onnxprec_source_hash, project_versions
+from .metrics import latency, session
+from .proc import run_measured
+from .tools import RUNNER
+
+logger = logging.getLogger(__name__)
+
+MIB = 1 << 20
+SCHEMA = 1
+KIND = "int4"
+LLM = "smollm2_135m"
+SYNTHETIC = "matmul_4gb"
+CALIBRATION_WINDOWS = range(0, 8)
+EVALUATION_WINDOWS = range(8, 16)
+# ModelOpt matches its patterns with re.match from the start of the name, so its default r"/lm_head" misses the
+# exporter's "/model/lm_head/MatMul" and quantizes the head (int4.md); every tool here gets a pattern that keeps it.
+EXCLUDE = r".*/lm_head"
+
+
+@dataclass(frozen=True)
+class Int4Tool:
+    """One quantizer configuration (a row of the table).
+
+    Attributes:
+        id: Name on the command line and in the results (``onnxprec:awq_gptq``, ``modelopt:awq_clip``...).
+        runner: The ``_runner.py`` tool (``onnxprec_int4``, ``modelopt_int4``, ``ort_int4``).
+        venv: ``project`` or ``anchors``.
+        method: The tool's calibration method name.
+        block_size: Weights per scale along K (-1: per output channel).
+        zero_point: Asymmetric (UINT4 with zero points).
+        output_format: ``qdq`` or ``matmulnbits`` (onnxprec only; the anchors here write QDQ).
+        calibrated: Gets the calibration windows (else the tool's random data or none).
+        latency: Whether its result joins the CPU latency comparison.
+    """
+
+    id: str
+    runner: str
+    venv: str
+    method: str
+    block_size: int = 128
+    zero_point: bool = False
+    output_format: str = "qdq"
+    calibrated: bool = True
+    latency: bool = False
+
+    @property
+    def family(self) -> str:
+        return self.id.split(":")[0]
+
+    def user_command(self) -> str:
+        """What a user would type (or call) for the same quantization."""
+        zp = " --use_zero_point" if self.zero_point else ""
+        if self.runner == "onnxprec_int4":
+            data = " --calibration_data calib/" if self.calibrated else ""
+            fmt = f" --output_format {self.output_format}" if self.output_format != "qdq" else ""
+            return (
+                f"onnxprec quantize int4 --onnx_path M --calibration_method {self.method} "
+                f"--block_size {self.block_size}{zp}{fmt}{data}"
+            )
+        if self.runner == "modelopt_int4":
+            reader = "reader" if self.calibrated else "None"
+            return (
+                f"modelopt.onnx.quantization.int4.quantize(M, calibration_method={self.method!r}, "
+                f"calibration_data_reader={reader}, calibration_eps=['cpu'], block_size={self.block_size}"
+                f"{', use_zero_point=True' if self.zero_point else ''})"
+            )
+        return (
+            f"MatMulNBitsQuantizer(M, algo_config=DefaultWeightOnlyQuantConfig(block_size={self.block_size}, "
+            f"is_symmetric={not self.zero_point}, accuracy_level=4, quant_format=QuantFormat.QDQ))"
+        )
+
+
+def _ours(method: str, block: int = 128, zp: bool = False, fmt: str = "qdq", lat: bool = False) -> Int4Tool:
+    suffix = ("" if block == 128 else f":b{block}" if block > 0 else ":per-channel") + (":zp" if zp else "")
+    suffix += ":matmulnbits" if fmt == "matmulnbits" else ""
+    return Int4Tool(
+        f"onnxprec:{method}{suffix}", "onnxprec_int4", "project", method, block, zp, fmt, method != "rtn", lat
+    )
+
+
+TOOLS: dict[str, Int4Tool] = {
+    t.id: t
+    for t in (
+        Int4Tool("ort:rtn", "ort_int4", "anchors", "rtn", calibrated=False, latency=True),
+        Int4Tool("ort:rtn:zp", "ort_int4", "anchors", "rtn", zero_point=True, calibrated=False),
+        Int4Tool("modelopt:rtn_dq", "modelopt_int4", "anchors", "rtn_dq", calibrated=False),
+        Int4Tool("modelopt:awq_lite", "modelopt_int4", "anchors", "awq_lite"),
+        Int4Tool("modelopt:awq_clip", "modelopt_int4", "anchors", "awq_clip", latency=True),
+        _ours("rtn", lat=True),
+        _ours("rtn", zp=True),
+        _ours("awq_lite"),
+        _ours("awq_clip"),
+        _ours("gptq"),
+        _ours("awq_full"),
+        _ours("awq_gptq", lat=True),
+        _ours("awq_gptq", zp=True),
+        _ours("awq_gptq", fmt="matmulnbits", lat=True),
+        _ours("rtn", block=32),
+        _ours("awq_gptq", block=32),
+        _ours("rtn", block=-1),
+        _ours("awq_gptq", block=-1),
+        # the synthetic stack: random calibration (no windows)
+        Int4Tool("onnxprec:rtn:random", "onnxprec_int4", "project", "rtn", calibrated=False),
+        Int4Tool("onnxprec:awq_lite:random", "onnxprec_int4", "project", "awq_lite", calibrated=False),
+    )
+}
+PLANS: dict[str, dict[str, list[str]]] = {
+    "smollm2": {LLM: [t for t in TOOLS if not t.endswith(":random")]},
+    "synthetic": {SYNTHETIC: ["onnxprec:rtn:random", "onnxprec:awq_lite:random"]},
+}
+PLANS["all"] = {**PLANS["smollm2"], **PLANS["synthetic"]}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# data
+# ------------------------------------------------------------------------------------------------------------
+
+
+def write_calibration(ids: np.ndarray, folder: Path) -> Path:
+    """One ``.npz`` (``input_ids [1, S]``) per calibration window, named in window order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in CALIBRATION_WINDOWS:
+        np.savez(folder / f"window{i:02d}.npz", input_ids=ids[i : i + 1])
+    return folder
+
+
+def opset21(src: Path, work: Path) -> Path:
+    """The model at opset 21 (the ONNX version converter, through ``onnxprec preprocess --opset 21`` with its other
+    steps skipped), the common input of every tool: ModelOpt's ``int4.quantize`` keeps an opset-17 model's opset and
+    writes INT4 ``DequantizeLinear`` that ONNX Runtime rejects, and ORT's QDQ mode raises the opset to 21 without
+    converting the nodes (its ``ReduceMean`` keeps the ``axes`` attribute), so neither runs on the zoo's export."""
+    import onnx
+
+    from onnxprec.preprocess import quant_pre_process
+
+    m = onnx.load(str(src), load_external_data=False)
+    if max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) >= 21:
+        return src
+    dst = work / f"{src.stem}.opset21.onnx"
+    quant_pre_process(
+        src,
+        dst,
+        skip_optimization=True,
+        skip_onnx_shape=True,
+        skip_symbolic_shape=True,
+        opset=21,
+        save_as_external_data=src.with_name(src.name + ".data").exists(),
+        all_tensors_to_one_file=True,
+    )
+    return dst
+
+
+def held_out_perplexity(path: Path, ids: np.ndarray) -> float:
+    """Perplexity of ``path`` on the held-out windows, one window per ONNX Runtime call."""
+    from onnxprec.metrics import Perplexity
+
+    sess = session(path, str(path.name))
+    ppl = Perplexity()
+    for i in EVALUATION_WINDOWS:
+        logits = sess.run({"input_ids": ids[i : i + 1]})[0]
+        ppl.update(logits, ids[i : i + 1])
+        del logits
+    del sess
+    return float(ppl.value)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# storage of the quantized layers
+# ------------------------------------------------------------------------------------------------------------
+
+_BITS: dict[int, int] = {
+    TensorProto.INT4: 4,
+    TensorProto.UINT4: 4,
+    TensorProto.INT8: 8,
+    TensorProto.UINT8: 8,
+    TensorProto.FLOAT16: 16,
+    TensorProto.BFLOAT16: 16,
+    TensorProto.FLOAT: 32,
+}
+
+
+def _tensor_bytes(t: TensorProto) -> int:
+    n = math.prod(t.dims)
+    return math.ceil(n * _BITS.get(t.data_type, 32) / 8)
+
+
+def quantizable_weights(fp32: Path, exclude: str = EXCLUDE) -> list[tuple[int, int]]:
+    """``(K, N)`` of every MatMul/Gemm 2-D initializer weight in the FP32 model outside ``exclude``."""
+    import re
+
+    m = onnx.load(str(fp32), load_external_data=False)
+    inits = {t.name: t for t in m.graph.initializer}
+    out = []
+    for n in m.graph.node:
+        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or re.search(exclude, n.name):
+            continue
+        w = inits.get(n.input[1])
+        if w is None or len(w.dims) != 2 or n.input[0] in inits:
+            continue
+        trans_b = any(a.name == "transB" and a.i for a in n.attribute)
+        k, nn = (w.dims[1], w.dims[0]) if trans_b else (w.dims[0], w.dims[1])
+        out.append((int(k), int(nn)))
+    return out
+
+
+def ideal_bytes(weights: Sequence[tuple[int, int]], block_size: int, zero_point: bool, scale_bits: int = 32) -> int:
+    """4 bits a weight, one scale (and one 4-bit zero point) per block of ``block_size`` along K per column."""
+    bits = 0
+    for k, n in weights:
+        blocks = 1 if block_size <= 0 else math.ceil(k / block_size)
+        bits += 4 * k * n + blocks * n * (scale_bits + (4 if zero_point else 0))
+    return math.ceil(bits / 8)
+
+
+def quantized_storage(path: Path) -> dict[str, Any]:
+    """Bytes of the tensors that hold the quantized layers (DequantizeLinear of 4-bit weights, MatMulNBits),
+    read from the graph's tensor metadata (no weight is loaded), and the file's size on disk."""
+    m = onnx.load(str(path), load_external_data=False)
+    inits = {t.name: t for t in m.graph.initializer}
+    layers = 0
+    nbytes = 0
+    scale_type = None
+    for n in m.graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[0] in inits:
+            if inits[n.input[0]].data_type not in (TensorProto.INT4, TensorProto.UINT4):
+                continue
+            pieces = list(n.input)
+        elif n.op_type == "MatMulNBits":
+            pieces = list(n.input[1:4])
+        else:
+            continue
+        layers += 1
+        nbytes += sum(_tensor_bytes(inits[p]) for p in pieces if p in inits)
+        if len(pieces) > 1 and pieces[1] in inits:
+            scale_type = inits[pieces[1]].data_type
+    files = [path, *{path.parent / t.external_data[0].value for t in inits.values() if t.external_data}]
+    return {
+        "layers": layers,
+        "layer_bytes": nbytes,
+        "scale_bits": _BITS.get(scale_type or TensorProto.FLOAT, 32),
+        "file_bytes": sum(f.stat().st_size for f in files if f.exists()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the run
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Int4Config:
+    plan: dict[str, list[str]]
+    repeats: int = 1
+    timeout_s: float = 3600.0
+    mem_limit_mb: float | None = None
+    latency: bool = True
+    latency_budget_s: float = 4.0
+    tag: str | None = None
+    results_dir: Path = RESULTS_DIR
+    work_dir: Path | None = None
+    zoo_dir: Path | None = None
+    command: str = ""
+
+
+def _command(tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | None, report: Path) -> list[str]:
+    cmd = [str(python), str(RUNNER), tool.runner, "--input", str(src), "--output", str(dst)]
+    cmd += ["--method", tool.method, "--block-size", str(tool.block_size), "--format", tool.output_format]
+    cmd += ["--exclude", EXCLUDE]
+    if tool.zero_point:
+        cmd.append("--zero-point")
+    if tool.calibrated and calib is not None:
+        cmd += ["--calib", str(calib)]
+    if tool.runner == "onnxprec_int4":
+        cmd += ["--report-json", str(report)]
+    return cmd
+
+
+def _measure(
+    tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | None, work: Path, config: Int4Config
+) -> dict[str, Any]:
+    report = work / f"{tool.id.replace(':', '_')}.report.json"
+    log = work / f"{tool.id.replace(':', '_')}.log"
+    r = run_measured(
+        _command(tool, python, src, dst, calib, report),
+        log,
+        timeout_s=config.timeout_s,
+        mem_limit_mb=config.mem_limit_mb,
+    )
+    rec: dict[str, Any] = {
+        "status": r.status,
+        "wall_s": r.wall_s,
+        "peak_rss_mb": r.peak_rss_mb,
+        "import_s": (r.runner or {}).get("import_s"),
+        "convert_s": (r.runner or {}).get("convert_s"),
+    }
+    if r.status != "ok":
+        err = (r.runner or {}).get("error") or next((ln for ln in reversed(r.log_tail) if ln.strip()), r.status)
+        rec["error"] = str(err)[:400]
+        rec["log_tail"] = r.log_tail[-8:]
+    elif report.exists():
+        data = json.loads(report.read_text())
+        rec["report_seconds"] = data.get("seconds") or data.get("time_s")
+    logger.info(
+        "%s: %s, %.1f s, peak RSS %s MiB%s",
+        tool.id,
+        r.status,
+        r.wall_s,
+        f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb else "?",
+        f" ({rec['error']})" if "error" in rec else "",
+    )
+    return rec
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def run(config: Int4Config) -> Path:
+    """Runs the plan; writes and returns the results file."""
+    started = dt.datetime.now()
+    needs_anchors = any(TOOLS[t].venv == "anchors" for ts in config.plan.values() for t in ts)
+    anchors_python = None
+    if needs_anchors:
+        from .anchors_env import ensure_anchor_venv
+
+        anchors_python = ensure_anchor_venv()
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "kind": KIND,
+        "date": started.isoformat(timespec="seconds"),
+        "command": config.command,
+        "machine": machine_info(),
+        "versions": project_versions(),
+        "anchors": anchor_versions(anchors_python) if anchors_python else {},
+        "onnxprec_sources": onnxprec_source_hash(),
+        "repeats": config.repeats,
+        "data": {
+            "calibration": f"{LLM}: windows {CALIBRATION_WINDOWS.start}-{CALIBRATION_WINDOWS.stop - 1} of 256 tokens",
+            "evaluation": f"{LLM}: windows {EVALUATION_WINDOWS.start}-{EVALUATION_WINDOWS.stop - 1} (held out)",
+        },
+        "models": {},
+    }
+    work = Path(tempfile.mkdtemp(prefix="onnxprec-int4-", dir=config.work_dir))
+    try:
+        for model, tool_ids in config.plan.items():
+            result["models"][model] = _run_model(model, [TOOLS[t] for t in tool_ids], anchors_python, work, config)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    config.results_dir.mkdir(parents=True, exist_ok=True)
+    name = f"int4-{started:%Y-%m-%d}" + (f"-{config.tag}" if config.tag else "") + ".json"
+    path = config.results_dir / name
+    path.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    logger.info("wrote %s", path)
+    return path
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o))
+
+
+def _run_model(
+    model: str, tools: list[Int4Tool], anchors_python: Path | None, work: Path, config: Int4Config
+) -> dict[str, Any]:
+    src = zoo.model_path(model, config.zoo_dir)
+    if any(t.venv == "anchors" for t in tools):
+        src = opset21(src, work)
+    is_llm = model == LLM
+    ids = zoo.inputs(model, config.zoo_dir)["input_ids"] if is_llm else None
+    calib = write_calibration(ids, work / "calib") if ids is not None else None
+    weights = quantizable_weights(src)
+    entry: dict[str, Any] = {
+        "fp32": {"file_bytes": sum(p.stat().st_size for p in [src, src.with_name(src.name + ".data")] if p.exists())},
+        "quantizable_layers": len(weights),
+        "tools": {},
+    }
+    if ids is not None:
+        entry["fp32"]["perplexity"] = held_out_perplexity(src, ids)
+        logger.info("%s FP32 held-out perplexity %.4f", model, entry["fp32"]["perplexity"])
+    outputs: dict[str, Path] = {}
+    rounds: dict[str, list[dict[str, Any]]] = {t.id: [] for t in tools}
+    for r in range(config.repeats):
+        for tool in tools:
+            python = Path(sys.executable) if tool.venv == "project" else anchors_python
+            assert python is not None
+            dst = work / f"{tool.id.replace(':', '_')}.onnx"
+            for old in (dst, dst.with_name(dst.name + ".data"), dst.with_name(dst.stem + ".onnx_data")):
+                old.unlink(missing_ok=True)
+            logger.info("[%s round %d/%d] %s", model, r + 1, config.repeats, tool.id)
+            rounds[tool.id].append(_measure(tool, python, src, dst, calib, work, config))
+            if rounds[tool.id][-1]["status"] == "ok":
+                outputs[tool.id] = dst
+    for tool in tools:
+        runs = rounds[tool.id]
+        rec: dict[str, Any] = {
+            "tool": asdict(tool),
+            "user_command": tool.user_command(),
+            "rounds": runs,
+            "status": runs[-1]["status"],
+            "wall_s": _median([x["wall_s"] for x in runs if x["status"] == "ok"]),
+            "peak_rss_mb": _median([x["peak_rss_mb"] for x in runs if x["status"] == "ok"]),
+            "convert_s": _median([x["convert_s"] for x in runs if x["status"] == "ok"]),
+        }
+        if "error" in runs[-1]:
+            rec["error"] = runs[-1]["error"]
+        result = outputs.get(tool.id)
+        if result is not None:
+            storage = quantized_storage(result)
+            rec.update(storage)
+            rec["ideal_bytes"] = ideal_bytes(weights, tool.block_size, tool.zero_point, storage["scale_bits"])
+            if ids is not None:
+                try:
+                    rec["perplexity"] = held_out_perplexity(result, ids)
+                except Exception as e:  # a result ONNX Runtime cannot run is a result too
+                    rec["perplexity_error"] = f"{type(e).__name__}: {e}"[:400]
+                logger.info("%s: held-out perplexity %s", tool.id, rec.get("perplexity", rec.get("perplexity_error")))
+        entry["tools"][tool.id] = rec
+    if is_llm and config.latency and ids is not None:
+        paths = {"fp32": src, **{t.id: outputs[t.id] for t in tools if t.latency and t.id in outputs}}
+        entry["latency"] = {
+            "prefill": latency(paths, {"input_ids": ids[:1]}, budget_s=config.latency_budget_s),
+            "decode": latency(paths, {"input_ids": ids[:1, :1]}, budget_s=config.latency_budget_s),
+        }
+        logger.info(
+            "latency: %s",
+            json.dumps({k: {m: v.get("median") for m, v in d.items()} for k, d in entry["latency"].items()}),
+        )
+    for dst in outputs.values():
+        for f in (dst, dst.with_name(dst.name + ".data"), dst.with_name(dst.stem + ".onnx_data")):
+            f.unlink(missing_ok=True)
+    return entry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import shlex
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks int4", description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", default="all", choices=sorted(PLANS), help="which models (default: all)")
+    ap.add_argument("--tools", default=None, help="only these tool ids, comma separated")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of every tool (default 1)")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per tool run (default 3600)")
+    ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--tag", default=None)
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument("--zoo-dir", type=Path, default=None)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    plan = {m: list(ts) for m, ts in PLANS[a.plan].items()}
+    if a.tools:
+        wanted = [t.strip() for t in a.tools.split(",") if t.strip()]
+        unknown = [t for t in wanted if t not in TOOLS]
+        if unknown:
+            print(f"error: unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}", file=sys.stderr)
+            return 2
+        plan = {m: [t for t in ts if t in wanted] for m, ts in plan.items()}
+        plan = {m: ts for m, ts in plan.items() if ts}
+    config = Int4Config(
+        plan=plan,
+        repeats=a.repeats,
+        timeout_s=a.timeout,
+        latency=not a.no_latency,
+        tag=a.tag,
+        results_dir=a.results_dir,
+        work_dir=a.work_dir,
+        zoo_dir=a.zoo_dir,
+        command="python -m benchmarks int4 " + shlex.join(argv),
+    )
+    print(run(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The INT4 benchmark: storage accounting, an end-to-end run of onnxprec's tools on a tiny stack, the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from . import int4, report_int4, zoo
+from .int4 import Int4Config, ideal_bytes, quantizable_weights, quantized_storage
+
+
+def test_ideal_bytes_counts_half_a_byte_a_weight_and_one_scale_per_block() -> None:
+    # K = 576 is 4.5 blocks of 128: 5 scales per column, the last block partial (no padding in the ideal)
+    assert ideal_bytes([(576, 10)], 128, zero_point=False) == (4 * 576 * 10 + 5 * 10 * 32) // 8
+    assert ideal_bytes([(576, 10)], 128, zero_point=True) == (4 * 576 * 10 + 5 * 10 * 36) // 8
+    assert ideal_bytes([(576, 10)], -1, zero_point=False, scale_bits=16) == (4 * 576 * 10 + 10 * 16) // 8
+
+
+def test_tools_have_distinct_ids_and_commands() -> None:
+    for plan in int4.PLANS.values():
+        for tools in plan.values():  # every row of a model's table is a different configuration
+            assert len({int4.TOOLS[t].user_command() for t in tools}) == len(tools)
+    assert all(t.venv in ("project", "anchors") for t in int4.TOOLS.values())
+    assert set(int4.PLANS["all"]) == {int4.LLM, int4.SYNTHETIC}
+
+
+@pytest.fixture(scope="module")
+def tiny_stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    zoo_dir = tmp_path_factory.mktemp("zoo")
+    zoo.build_model("matmul_0.002gb", zoo_dir)
+    return zoo_dir
+
+
+def test_end_to_end_on_a_tiny_stack(tiny_stack: Path, tmp_path: Path) -> None:
+    config = Int4Config(
+        plan={"matmul_0.002gb": ["onnxprec:rtn:random", "onnxprec:awq_lite:random"]},
+        results_dir=tmp_path / "results",
+        work_dir=tmp_path,
+        zoo_dir=tiny_stack,
+        timeout_s=300,
+        command="pytest",
+    )
+    path = int4.run(config)
+    assert path.name.startswith("int4-")
+    data = json.loads(path.read_text())
+    assert data["kind"] == "int4"
+    entry = data["models"]["matmul_0.002gb"]
+    layers = entry["quantizable_layers"]
+    assert layers >= 1
+    for tool in config.plan["matmul_0.002gb"]:
+        rec = entry["tools"][tool]
+        assert rec["status"] == "ok", rec.get("error")
+        assert rec["peak_rss_mb"] > 0 and rec["wall_s"] > 0
+        assert rec["layers"] == layers
+        # onnxprec writes exactly the ideal: packed nibbles and one float32 scale per block and column
+        assert rec["layer_bytes"] == rec["ideal_bytes"]
+    # the work folder (outputs, calibration files) is removed
+    assert not list(tmp_path.glob("onnxprec-int4-*"))
+
+
+def test_storage_of_a_quantized_model_matches_its_tensors(tiny_stack: Path, tmp_path: Path) -> None:
+    from onnxprec.quantization.int4 import quantize_file
+
+    src = zoo.model_path("matmul_0.002gb", tiny_stack)
+    dst = tmp_path / "q.onnx"
+    quantize_file(src, dst, calibration_method="rtn", block_size=32, use_zero_point=True)
+    storage = quantized_storage(dst)
+    weights = quantizable_weights(src)
+    assert storage["layers"] == len(weights)
+    assert storage["layer_bytes"] == ideal_bytes(weights, 32, zero_point=True)
+    model = onnx.load(str(dst), load_external_data=False)
+    assert {n.op_type for n in model.graph.node} >= {"DequantizeLinear", "MatMul"}
+    assert storage["file_bytes"] >= storage["layer_bytes"]
+
+
+def _result(tools: dict[str, dict[str, object]]) -> dict[str, object]:
+    return {
+        "kind": "int4",
+        "date": "2026-11-26T12:00:00",
+        "command": "python -m benchmarks int4",
+        "machine": {"cpu": "test", "cores": 2},
+        "versions": {"git": "abc"},
+        "anchors": {},
+        "data": {"calibration": "c", "evaluation": "e"},
+        "models": {
+            report_int4.LLM: {"fp32": {"perplexity": 20.0, "file_bytes": 100}, "tools": tools},
+            report_int4.SYNTHETIC: {
+                "fp32": {"file_bytes": 4 << 30},
+                "tools": {"onnxprec:rtn:random": {"status": "ok", "peak_rss_mb": 900.0, "wall_s": 60.0}},
+            },
+        },
+    }
+
+
+def _row(ppl: float | None, wall: float, block: int = 128, rss: float = 500.0, status: str = "ok") -> dict[str, object]:
+    return {
+        "tool": {"block_size": block, "zero_point": False, "output_format": "qdq"},
+        "status": status,
+        "perplexity": ppl,
+        "wall_s": wall,
+        "convert_s": wall / 2,
+        "peak_rss_mb": rss,
+        "layer_bytes": 1010,
+        "ideal_bytes": 1000,
+        "layers": 7,
+    }
+
+
+def test_report_targets_pick_the_best_block_128_method(tmp_path: Path) -> None:
+    tools = {
+        "modelopt:awq_clip": _row(30.0, 1000.0),
+        "onnxprec:rtn": _row(28.0, 8.0),
+        "onnxprec:awq_gptq": _row(25.0, 90.0),
+        "onnxprec:awq_gptq:b32": _row(22.0, 95.0, block=32),  # more accurate, but not block 128
+        "modelopt:awq_lite": {"tool": {"block_size": 128}, "status": "failed", "error": "boom | x", "wall_s": 3.0},
+    }
+    (tmp_path / "int4-2026-11-26-x.json").write_text(json.dumps(_result(tools)))
+    text = "\n".join(report_int4.sections(tmp_path))
+    merged = report_int4.merge(report_int4.load_runs(tmp_path))
+    assert report_int4.best_ours(merged) == "onnxprec:awq_gptq"
+    rows = {r[0]: r for r in report_int4.targets(merged)}
+    ppl = next(r for k, r in rows.items() if "perplexity increase" in k)
+    assert ppl[1].startswith("**0.50×**") and ppl[3] == "✅"  # (25 - 20) / (30 - 20)
+    time = next(r for k, r in rows.items() if "time" in k)
+    assert time[1].startswith("**0.090×**") and time[3] == "✅"
+    size = next(r for k, r in rows.items() if "size" in k)
+    assert "+1.00 %" in size[1] and size[3] == "✅"
+    assert "**failed**: boom \\| x" in text  # a crash is reported with its message, table-safe
+    assert "4 GB MatMul stack" in text
+
+
+def test_report_is_empty_without_int4_results(tmp_path: Path) -> None:
+    assert report_int4.sections(tmp_path) == []
