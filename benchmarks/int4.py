@@ -469,7 +469,7 @@ def _run_model(
         }
         logger.info(
             "latency: %s",
-            json.dumps({k: {m: v.get("median") for m, v in d.items()} for k, d in entry["latency"].items()}),
+            json.dumps({k: {m: v.get("median_ms") for m, v in d.items()} for k, d in entry["latency"].items()}),
         )
     for dst in outputs.values():
         for f in (dst, dst.with_name(dst.name + ".data"), dst.with_name(dst.stem + ".onnx_data")):

@@ -6,6 +6,14 @@ tensors are marked as graph outputs in chunks whose estimated size stays under a
 model's activations never all sit in memory at once. ONNX Runtime maps the model's weights from their
 files itself (no second copy in this process, no weight pre-packing), and the graph is serialized once:
 each chunk only adds its outputs to the same small message.
+
+ONNX Runtime maps external weights rather than copying them, but every page a run touches stays resident (as
+file-backed memory) while the session lives, so one session over a 4 GB model peaks at 4 GB of RSS. Models whose
+weights exceed twice ``segment_bytes`` (512 MiB by default) are therefore run **segment by segment** when the run
+needs no in-graph reductions and no node has a subgraph: the nodes, in graph order, are cut into pieces of at most
+``segment_bytes`` of weights; each piece is a session of its own, run over every batch and released before the next
+is created, and only the activations that later pieces read are carried over (per batch, in memory). Peak RSS is
+then one piece's weights plus those activations.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_BYTES = 768 * 1024 * 1024
+DEFAULT_SEGMENT_BYTES = 512 * 1024 * 1024
 
 Selector = Callable[[ir.Value], bool]
 Feeds = Mapping[str, np.ndarray]
@@ -60,6 +69,8 @@ class ReferenceResult:
     num_batches: int = 1
     chunks: int = 1
     stats: dict[str, TensorStats] | None = None
+    segments: int = 1
+    """Sessions the graph was cut into (1: the whole graph at once)."""
 
 
 def float_tensors(value: ir.Value) -> bool:
@@ -202,6 +213,7 @@ def run_reference(
     providers: Sequence[str] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     observe_inputs: bool = True,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
 ) -> ReferenceResult:
     """Runs ``model`` on every batch; each selected tensor of each batch goes to every observer.
 
@@ -214,6 +226,7 @@ def run_reference(
         providers: ModelOpt-style provider names (``cpu``, ``cuda:0``, ...).
         budget_bytes: Upper bound on the estimated bytes of the tensors fetched in one run.
         observe_inputs: Also hand the graph inputs of every batch to the observers.
+        segment_bytes: Weights per session when the model is run in segments (see the module docstring).
 
     Raises:
         UnsupportedModelError: ONNX Runtime cannot load the model.
@@ -237,6 +250,20 @@ def run_reference(
         replay = _Replay(batches, stack)
         payload, folder = stack.enter_context(_ort.ort_model(model))
         base = _base_proto(payload)
+        segments = None if in_graph else _segments(base, segment_bytes)
+        done = None
+        if segments is not None:
+            data_folder = folder if folder is not None or isinstance(payload, bytes) else Path(payload).parent
+            done = _run_segmented(
+                base, segments, data_folder, model, marked, replay, observers, providers, observe_inputs
+            )
+        if segments is not None and done is not None:
+            first_outputs, count = done
+            logger.info(
+                "Reference run: %d tensors over %d batch(es) in %d segments of <= %d MiB of weights",
+                len(marked), count, len(segments), segment_bytes >> 20,
+            )  # fmt: skip
+            return ReferenceResult(first, first_outputs, count, 1, None, len(segments))
         n_outputs, original_nodes = len(base.graph.output), list(base.graph.node)
         progress = stack.enter_context(tqdm(desc="Reference run", unit="run", disable=None, leave=False))
         for chunk_index, chunk in enumerate(chunks):
@@ -282,6 +309,152 @@ def run_reference(
             del session
     logger.info("Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(marked), count, len(chunks))
     return ReferenceResult(first, first_outputs, count, len(chunks), ranges.stats if ranges else None)
+
+
+def _weight_bytes(proto: onnx.ModelProto) -> dict[str, int]:
+    """Bytes of every initializer (external ones from their ``length``), read from the message only."""
+    sizes = {}
+    for t in proto.graph.initializer:
+        length = next((int(e.value) for e in t.external_data if e.key == "length"), None)
+        if length is None:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if t.data_type else 4
+            length = len(t.raw_data) or math.prod(t.dims) * itemsize
+        sizes[t.name] = length
+    return sizes
+
+
+def _segments(proto: onnx.ModelProto, segment_bytes: int) -> list[list[int]] | None:
+    """Node indices cut, in graph order, into pieces of at most ``segment_bytes`` of weights (a node whose own
+    weights exceed it is a piece alone); None when the model is small enough to run at once or has subgraphs."""
+    sizes = _weight_bytes(proto)
+    if sum(sizes.values()) <= 2 * segment_bytes:
+        return None
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in proto.graph.node for a in n.attribute
+    ):
+        return None  # outer-scope values read inside subgraphs would have to cross pieces: run whole
+    segments: list[list[int]] = []
+    current: list[int] = []
+    held: set[str] = set()
+    used = 0
+    for index, node in enumerate(proto.graph.node):
+        new = [name for name in dict.fromkeys(node.input) if name in sizes and name not in held]
+        need = sum(sizes[name] for name in new)
+        if current and used + need > segment_bytes:
+            segments.append(current)
+            current, held, used = [], set(), 0
+            new = [name for name in dict.fromkeys(node.input) if name in sizes]
+            need = sum(sizes[name] for name in new)
+        current.append(index)
+        held.update(new)
+        used += need
+    if current:
+        segments.append(current)
+    return segments if len(segments) > 1 else None
+
+
+def _run_segmented(
+    base: onnx.ModelProto,
+    segments: list[list[int]],
+    folder: Path | None,
+    model: ir.Model,
+    marked: list[ir.Value],
+    replay: Iterable[dict[str, np.ndarray]],
+    observers: Sequence[Observer],
+    providers: Sequence[str] | None,
+    observe_inputs: bool,
+) -> tuple[dict[str, np.ndarray], int] | None:
+    """Runs the graph piece by piece over every batch (see the module docstring); returns the first batch's graph
+    outputs and the number of batches, or None (nothing run) when a tensor crossing pieces has no known type."""
+    from tqdm.auto import tqdm
+
+    nodes = list(base.graph.node)
+    initializers = {t.name: t for t in base.graph.initializer}
+    graph_outputs = [o.name for o in base.graph.output]
+    fetch = {str(v.name) for v in marked}
+    values = {str(v.name): v for v in model.graph.inputs}
+    values.update({str(out.name): out for node in model.graph for out in node.outputs})
+    piece_of = {index: s for s, piece in enumerate(segments) for index in piece}
+    last_use: dict[str, int] = {name: len(segments) for name in graph_outputs}  # kept to the end
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            if name:
+                last_use[name] = max(last_use.get(name, -1), piece_of[index])
+    pieces = []
+    for s, piece in enumerate(segments):
+        piece_nodes = [nodes[i] for i in piece]
+        produced = [out for node in piece_nodes for out in node.output if out]
+        produced_set = set(produced)
+        read = [name for node in piece_nodes for name in dict.fromkeys(node.input) if name]
+        inputs = [name for name in dict.fromkeys(read) if name not in produced_set and name not in initializers]
+        outputs = [name for name in produced if name in fetch or name in graph_outputs or last_use.get(name, -1) > s]
+        maybe = [_value_info(values, name) for name in inputs + outputs]
+        infos = [info for info in maybe if info is not None]
+        if len(infos) != len(maybe):
+            return None  # a crossing tensor of unknown type cannot be a piece's input or output: run whole
+        proto = onnx.helper.make_model(
+            onnx.helper.make_graph(
+                piece_nodes,
+                f"{base.graph.name}_segment{s}",
+                infos[: len(inputs)],
+                infos[len(inputs) :],
+                initializer=[initializers[name] for name in dict.fromkeys(read) if name in initializers],
+            ),
+            opset_imports=list(base.opset_import),
+            ir_version=base.ir_version,
+        )
+        proto.functions.extend(base.functions)
+        pieces.append((proto.SerializeToString(), inputs, outputs))
+        del proto
+    carried: list[dict[str, np.ndarray]] = []
+    first_outputs: dict[str, np.ndarray] = {}
+    count = 0
+    with tqdm(total=len(segments), desc="Reference run (segments)", unit="segment", disable=None, leave=False) as bar:
+        for s, (payload, inputs, outputs) in enumerate(pieces):
+            session = _ort.create_session(
+                payload,
+                providers=providers,
+                optimization="none",
+                low_memory=True,
+                external_data_folder=folder,
+                what=f"segment {s + 1}/{len(segments)} of the model for the reference run",
+            )
+            count = 0
+            for i, batch in enumerate(replay):
+                if s == 0:
+                    carried.append({})
+                    if observe_inputs:
+                        for name, array in batch.items():
+                            _observe(observers, name, array)
+                feeds = {name: batch[name] if name in batch else carried[i][name] for name in inputs}
+                try:
+                    results = session.run(feeds, outputs)
+                except Exception as e:
+                    raise CalibrationDataError(
+                        f"ONNX Runtime failed to run the model on calibration batch {i} ({_ort.first_line(e)}); "
+                        "check the input shapes or pass real inputs with --calibration_data."
+                    ) from e
+                for name, array in zip(outputs, results):
+                    if name in fetch or name in graph_outputs:  # as the whole-graph run: outputs are observed too
+                        _observe(observers, name, array)
+                    if i == 0 and name in graph_outputs:
+                        first_outputs[name] = _copy(array)
+                    if last_use.get(name, -1) > s and name not in graph_outputs:
+                        carried[i][name] = _copy(array)
+                del results
+                for name in [n for n in carried[i] if last_use.get(n, -1) <= s]:
+                    del carried[i][name]
+                count += 1
+            del session
+            bar.update()
+    return first_outputs, count
+
+
+def _value_info(values: Mapping[str, ir.Value], name: str) -> onnx.ValueInfoProto | None:
+    value = values.get(name)
+    if value is None or value.type is None:
+        return None
+    return ir.serde.serialize_value(value)
 
 
 def _reduced_in_graph(marked: list[ir.Value], observers: Sequence[Observer]) -> list[ir.Value]:

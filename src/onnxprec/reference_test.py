@@ -139,3 +139,31 @@ def test_ranges_reduced_in_the_runtime_equal_ranges_of_fetched_tensors() -> None
         assert a.dtype == b.dtype == np.float32
     assert reduced.stats["log"].absmax == np.inf  # NaN in the second batch: unbounded
     assert reduced.stats["relu"].max == 9 and reduced.stats["empty"].shape == (0, 3)
+
+
+@pytest.mark.parametrize("inferred", [True, False])
+def test_segmented_run_equals_the_whole_graph(inferred: bool) -> None:
+    # Large models run piece by piece (each piece's weights mapped only while it runs); here each 1 KiB weight is
+    # its own piece. Without known types of the tensors crossing pieces the runner falls back to the whole graph.
+    model = _chain(6)
+    if inferred:
+        ShapeInferencePass()(model)
+    rng = np.random.default_rng(3)
+    batches = [{"x": rng.standard_normal((2, 16)).astype(np.float32)} for _ in range(3)]
+    results = []
+    for segment_bytes in (1 << 30, 1024):
+        absmean, first = ChannelAbsMeanObserver(), FirstBatchObserver()
+        result = run_reference(model, batches, observers=[absmean, first], segment_bytes=segment_bytes)
+        results.append((result, absmean, first))
+    (whole, absmean_w, first_w), (pieces, absmean_p, first_p) = results
+    assert whole.segments == 1
+    assert pieces.segments == (3 if inferred else 1)
+    assert pieces.num_batches == whole.num_batches == 3
+    assert set(first_p.arrays) == set(first_w.arrays) >= {"m0", "r0", "m1", "r1", "m2", "x"}
+    for name, array in first_w.arrays.items():
+        np.testing.assert_array_equal(first_p.arrays[name], array)
+        np.testing.assert_array_equal(absmean_p.mean(name), absmean_w.mean(name))
+    np.testing.assert_array_equal(pieces.first_outputs["y"], whole.first_outputs["y"])
+    expected = _numpy_chain(model, batches[0]["x"])
+    for name, array in expected.items():
+        np.testing.assert_allclose(first_p.arrays[name], array, rtol=1e-5, atol=1e-5)

@@ -100,7 +100,10 @@ def _read_weight(target: Target) -> np.ndarray:
     tensor = target.weight.const_value
     assert tensor is not None
     array = np.asarray(tensor.numpy())
-    w = (array.T if target.transposed else array).astype(np.float32)
+    w = (array.T if target.transposed else array).astype(np.float32)  # a copy
+    # Drop the view first: while it lives the mapping cannot be closed (BufferError), and the tensor would keep
+    # the whole file mapped with every page read so far resident (3.7 GB of RSS on a 4 GB model with awq_lite).
+    del array
     release(tensor)
     return w
 
