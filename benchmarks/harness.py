@@ -260,11 +260,22 @@ def _results_path(config: RunConfig, started: dt.datetime) -> Path:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(data, indent=1, default=_json_default) + "\n")
+    write_atomically(path, json.dumps(data, indent=1, default=json_default) + "\n")
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
+def add_run_arguments(ap: Any, timeout_s: float) -> None:
+    """The arguments every ``python -m benchmarks <part>`` run shares: rounds, timeout, tag and folders."""
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of every tool (default 1)")
+    ap.add_argument("--timeout", type=float, default=timeout_s, help=f"seconds per tool run (default {timeout_s:.0f})")
+    ap.add_argument("--tag", default=None, help="results file name suffix")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument("--zoo-dir", type=Path, default=None)
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` for numpy scalars and paths."""
+    if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, Path):
         return str(o)

@@ -40,7 +40,15 @@ import onnx
 from onnx import TensorProto
 
 from . import zoo
-from .harness import RESULTS_DIR, anchor_versions, machine_info, onnxprec_source_hash, project_versions
+from .harness import (
+    RESULTS_DIR,
+    add_run_arguments,
+    anchor_versions,
+    json_default,
+    machine_info,
+    onnxprec_source_hash,
+    project_versions,
+)
 from .metrics import latency, session
 from .proc import run_measured
 from .tools import RUNNER
@@ -392,17 +400,9 @@ def run(config: Int4Config) -> Path:
     config.results_dir.mkdir(parents=True, exist_ok=True)
     name = f"int4-{started:%Y-%m-%d}" + (f"-{config.tag}" if config.tag else "") + ".json"
     path = config.results_dir / name
-    path.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    path.write_text(json.dumps(result, indent=1, default=json_default) + "\n")
     logger.info("wrote %s", path)
     return path
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(type(o))
 
 
 def _run_model(
@@ -485,13 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks int4", description=__doc__.splitlines()[0])
     ap.add_argument("--plan", default="all", choices=sorted(PLANS), help="which models (default: all)")
     ap.add_argument("--tools", default=None, help="only these tool ids, comma separated")
-    ap.add_argument("--repeats", type=int, default=1, help="rounds of every tool (default 1)")
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per tool run (default 3600)")
+    add_run_arguments(ap, 3600.0)
     ap.add_argument("--no-latency", action="store_true")
-    ap.add_argument("--tag", default=None)
-    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--work-dir", type=Path, default=None)
-    ap.add_argument("--zoo-dir", type=Path, default=None)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     plan = {m: list(ts) for m, ts in PLANS[a.plan].items()}

@@ -1,0 +1,293 @@
+"""The utilities part of BENCHMARKS.md: ``onnxprec preprocess``, ``evaluate``, ``dump`` and ``compare`` (issue 10).
+
+Reads ``benchmarks/results/utilities-*.json`` (:mod:`benchmarks.utilities`); for every (model, tool) the newest
+measurement wins. Per model: one table (the FP16 candidate's production, then each tool: status, whole-process
+time, peak RSS against the model's size, what it produced), then ``preprocess`` against ONNX Runtime's own
+``quant_pre_process`` side by side, and the sentence the issue asks for: SmolLM2's peak RSS of dump and compare.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .report_common import load_kind, model_label, model_sort_key, num, short_error, size, table
+
+logger = logging.getLogger(__name__)
+
+KIND = "utilities"
+LLM = "smollm2_135m"
+CANDIDATE = "autocast:fp16"
+ORT_PREPROCESS = "ort:quant_pre_process"
+TOOL_ORDER = ("preprocess", ORT_PREPROCESS, "evaluate", "dump", "compare")
+MIB = 1 << 20
+LABELS = {"matmul_4gb": "4 GiB MatMul stack (`matmul_4gb`)"}
+
+
+def load_runs(results_dir: Path) -> list[dict[str, Any]]:
+    """Every utilities results file, oldest first, numbered."""
+    return load_kind(results_dir, KIND)
+
+
+@dataclass
+class UtilitiesMerged:
+    """The newest row of every (model, tool) (the candidate under :data:`CANDIDATE`), and each model's newest
+    description (size, external data, data shapes)."""
+
+    rows: dict[str, dict[str, dict[str, Any]]]
+    models: dict[str, dict[str, Any]]
+    runs: list[dict[str, Any]]
+
+
+def merge(runs: Sequence[dict[str, Any]]) -> UtilitiesMerged:
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    models: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for model, entry in run.get("models", {}).items():
+            models[model] = {k: v for k, v in entry.items() if k not in ("tools", "candidate")}
+            if entry.get("candidate"):
+                rows.setdefault(model, {})[CANDIDATE] = {**entry["candidate"], "run": run["number"]}
+            for tool, rec in entry.get("tools", {}).items():
+                rows.setdefault(model, {})[tool] = {**rec, "run": run["number"]}
+    return UtilitiesMerged(rows, models, list(runs))
+
+
+def _model(name: str) -> str:
+    return LABELS.get(name, model_label(name))
+
+
+def _label(tool: str) -> str:
+    if tool == CANDIDATE:
+        return "*AutoCast FP16 (the candidate)*"
+    if tool == ORT_PREPROCESS:
+        return "ORT `quant_pre_process`"
+    return f"onnxprec `{tool}`"
+
+
+def _rss(rec: dict[str, Any]) -> str:
+    peak = rec.get("peak_rss_mb")
+    return f"{num(peak, 0)} MiB" if peak else "–"
+
+
+def _status(rec: dict[str, Any]) -> str:
+    status = rec.get("status", "?")
+    if status == "ok":
+        return "ok"
+    err = short_error(rec.get("error"), 160).replace("|", "\\|")
+    return f"**{status}**" + (f": {err}" if err else "")
+
+
+def _produced(tool: str, rec: dict[str, Any]) -> str:
+    """What the tool wrote or found, in a few words."""
+    if rec.get("status") != "ok":
+        return "–"
+    if tool in (CANDIDATE, "preprocess", ORT_PREPROCESS):
+        return size(rec.get("output_bytes")) if rec.get("output_bytes") else "–"
+    if tool == "dump":
+        return f"{rec.get('tensors', '?')} tensors, {size(rec.get('output_bytes'))}"
+    if tool == "compare":
+        counts = rec.get("counts") or {}
+        first = rec.get("first_divergence")
+        node = first.get("node") if isinstance(first, dict) else first
+        out = [f"{counts.get('compared', '?')}/{counts.get('tensors', '?')} tensors compared"]
+        out.append(f"{counts.get('diverged', '?')} diverged (first `{node}`)" if first else "no divergence")
+        for name, o in (rec.get("outputs") or {}).items():
+            out.append(f"`{name}` rel L2 {num(o.get('rel_l2'), 2)}")
+            break
+        return ", ".join(out)
+    if tool == "evaluate":
+        parts = []
+        for m in rec.get("evaluated") or []:
+            ppl = m.get("perplexity")
+            who = "FP32" if m.get("reference") else "FP16"
+            if ppl is not None:
+                parts.append(f"{who} ppl {ppl:.3f}")
+            agreement = next(iter((m.get("agreement") or {}).values()), None)
+            if agreement and agreement.get("top1") is not None:
+                parts.append(f"top-1 agreement {agreement['top1'] * 100:.1f} %")
+        return ", ".join(parts) or "–"
+    return "–"
+
+
+def model_table(m: UtilitiesMerged, model: str) -> list[str]:
+    rows_in = m.rows.get(model, {})
+    desc = m.models.get(model, {})
+    model_bytes = desc.get("file_bytes")
+    order = [CANDIDATE, *TOOL_ORDER, *sorted(t for t in rows_in if t not in TOOL_ORDER and t != CANDIDATE)]
+    rows = []
+    for tool in order:
+        rec = rows_in.get(tool)
+        if rec is None:
+            continue
+        peak = rec.get("peak_rss_mb")
+        rows.append(
+            [
+                _label(tool),
+                f"`{rec.get('command', '')}`",
+                _status(rec),
+                num(rec.get("wall_s")),
+                _rss(rec),
+                f"{num(peak * MIB / model_bytes)}×" if peak and model_bytes else "–",
+                _produced(tool, rec),
+                f"[U{rec['run']}]",
+            ]
+        )
+    weights = "weights in external data" if desc.get("external_data") else "weights inside the protobuf"
+    data = ", ".join(f"`{k}` {v}" for k, v in (desc.get("data") or {}).items())
+    return [
+        f"### {_model(model)}: {size(model_bytes)} ({weights}); data {data or '–'}",
+        "",
+        table(["Tool", "command", "status", "time s", "peak RSS", "peak RSS / model size", "result", "run"], rows),
+        "",
+    ]
+
+
+def preprocess_table(m: UtilitiesMerged) -> list[str]:
+    rows = []
+    for model in sorted(m.rows, key=model_sort_key):
+        ours, ort = m.rows[model].get("preprocess"), m.rows[model].get(ORT_PREPROCESS)
+        if ours is None or ort is None:
+            continue
+        ok = ours.get("status") == "ok" and ort.get("status") == "ok"
+        t_ours, t_ort = ours.get("wall_s"), ort.get("wall_s")
+        r_ours, r_ort = ours.get("peak_rss_mb"), ort.get("peak_rss_mb")
+        rows.append(
+            [
+                _model(model),
+                size(m.models.get(model, {}).get("file_bytes")),
+                num(t_ours) if ours.get("status") == "ok" else _status(ours),
+                num(t_ort) if ort.get("status") == "ok" else _status(ort),
+                f"**{num(t_ort / t_ours)}×**" if ok and t_ours and t_ort else "–",
+                _rss(ours),
+                _rss(ort),
+                f"**{num(r_ort / r_ours)}×**" if ok and r_ours and r_ort else "–",
+            ]
+        )
+    if not rows:
+        return []
+    header = [
+        "Model",
+        "size",
+        "onnxprec time s",
+        "ORT time s",
+        "ORT / onnxprec time",
+        "onnxprec peak RSS",
+        "ORT peak RSS",
+        "ORT / onnxprec RSS",
+    ]
+    return [
+        "### `onnxprec preprocess` and ONNX Runtime's `quant_pre_process`, side by side",
+        "",
+        "Both with their defaults (symbolic shape inference, basic graph optimization, ONNX shape inference), the "
+        "same model and machine, minutes apart; ORT gets `save_as_external_data=True, all_tensors_to_one_file=True` "
+        "where the model has external data.",
+        "",
+        table(header, rows),
+        "",
+    ]
+
+
+def llm_sentence(m: UtilitiesMerged) -> list[str]:
+    """SmolLM2's peak RSS of dump and compare, as the issue asks."""
+    rows = m.rows.get(LLM, {})
+    dump, compare = rows.get("dump"), rows.get("compare")
+    if not dump and not compare:
+        return []
+    model_bytes = m.models.get(LLM, {}).get("file_bytes")
+
+    def one(tool: str, rec: dict[str, Any] | None) -> str:
+        if rec is None:
+            return f"`onnxprec {tool}` was not measured"
+        if rec.get("status") != "ok" or not rec.get("peak_rss_mb"):
+            return f"`onnxprec {tool}` {_status(rec)} [U{rec['run']}]"
+        return f"`onnxprec {tool}` peaks at **{num(rec['peak_rss_mb'], 0)} MiB** [U{rec['run']}]"
+
+    data = ", ".join(f"`{k}` {v}" for k, v in (m.models.get(LLM, {}).get("data") or {}).items())
+    wrote = ""
+    if dump and dump.get("status") == "ok" and dump.get("tensors"):
+        wrote = f": {dump['tensors']} tensors, {size(dump.get('output_bytes'))} written"
+    return [
+        f"**Peak RSS on {model_label(LLM)}** ({size(model_bytes)} FP32 model, one window {data}): "
+        f"{one('dump', dump)} (every float node output, `--dump_float`{wrote}) and {one('compare', compare)} "
+        "(FP32 against its FP16 AutoCast, node by node).",
+        "",
+    ]
+
+
+MEMORY_NOTE = (
+    "Reading the peak RSS: `dump` and `compare` fetch the selected tensors in chunks under a memory budget "
+    "(768 MiB by default), and run a model whose weights exceed 1 GiB segment by segment (one ONNX Runtime session "
+    "of at most 512 MiB of weights at a time, `onnxprec.reference`), so on the 4 GiB stack they stay far below "
+    "the weights; on SmolLM2 (622 MiB, one session) the peak is the weights, one chunk of activations and ONNX "
+    "Runtime's working memory. `preprocess` hands the weights to ONNX Runtime's optimizer by file reference and "
+    "streams them to the output. `evaluate` keeps one session per model open, as deployed (default optimizations, "
+    "for the interleaved latency), so its peak grows with the weights of all the models it evaluates (here the FP32 "
+    "model and its FP16 candidate, 1.5× the FP32 size) plus ONNX Runtime's working memory. AutoCast's reference run "
+    "loads the whole model. The ratio column divides by the FP32 model's size."
+)
+
+
+def max_load(run: dict[str, Any]) -> float | None:
+    """The highest 1-minute load average seen around the run's tool processes (None for older files)."""
+    loads = [
+        x.get(k)
+        for entry in run.get("models", {}).values()
+        for rec in [entry.get("candidate") or {}, *entry.get("tools", {}).values()]
+        for x in rec.get("rounds", [])
+        for k in ("load_before", "load_after")
+    ]
+    values = [v for v in loads if v is not None]
+    return max(values) if values else None
+
+
+def runs_list(m: UtilitiesMerged) -> list[str]:
+    out = []
+    for r in m.runs:
+        mach = r.get("machine", {})
+        versions = r.get("versions", {})
+        load = max_load(r)
+        busy = ""
+        if load is not None and mach.get("cores") and load > 0.75 * mach["cores"] + 1:
+            busy = f"; **the machine was busy** (1-min load average up to {num(load, 1)}): times are stretched"
+        out += [
+            f"**[U{r['number']}]** {r.get('date', '').replace('T', ' ')} — `{r.get('command', '')}` (`{r['file']}`)  ",
+            f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores, {mach.get('ram_gib', '?')} GiB; "
+            f"onnxprec git {versions.get('onnxprec_git', '?')} (sources {r.get('onnxprec_sources', '?')}"
+            + (
+                f", **changed during the run** to {r['onnxprec_sources_at_end']}"
+                if r.get("onnxprec_sources_at_end")
+                else ""
+            )
+            + f"); onnxruntime {r.get('onnxruntime') or '?'}{busy}",
+            "",
+        ]
+    return out
+
+
+def sections(results_dir: Path) -> list[str]:
+    """The utilities part of BENCHMARKS.md (empty without utilities results)."""
+    runs = load_runs(results_dir)
+    if not runs:
+        return []
+    m = merge(runs)
+    out = [
+        "## Utilities (preprocess, evaluate, dump, compare)",
+        "",
+        "`python -m benchmarks utilities` (`benchmarks/utilities.py`): each tool as its own process "
+        "(`python -m onnxprec.cli <tool>`, what the `onnxprec` command runs) under `/usr/bin/time -v`: "
+        "whole-process wall time and peak RSS. The data is one batch of the zoo's inputs in one `.npz`; "
+        "`evaluate` and `compare` take the model and its FP16 AutoCast (`--keep_io_types`, made first and measured "
+        "too); `dump` writes every float node output (`--dump_float`). `M` stands for the model's path. "
+        "One round per tool: the machine is shared, so read times as ±20 %.",
+        "",
+        *runs_list(m),
+        *llm_sentence(m),
+    ]
+    for model in sorted(m.rows, key=model_sort_key):
+        out += model_table(m, model)
+    out += [MEMORY_NOTE, ""]
+    out += preprocess_table(m)
+    return out

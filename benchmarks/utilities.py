@@ -1,0 +1,456 @@
+"""Benchmark of the four utilities of issue 10: ``onnxprec preprocess``, ``evaluate``, ``dump`` and ``compare``.
+
+    python -m benchmarks utilities [--models smollm2_135m,matmul_4gb] [--tools ID,...] [--repeats 1] [--tag T]
+
+Each tool runs as its own process (``python -m onnxprec.cli <tool> ...``, what the ``onnxprec`` console script
+runs) under ``/usr/bin/time -v`` (:func:`benchmarks.proc.run_measured`): whole-process wall time and peak RSS,
+a crash recorded with its message. On each model:
+
+* the data is one batch of the zoo's inputs (for **SmolLM2-135M** the first window of real text,
+  ``input_ids [1, 256]``; for the synthetic stacks the zoo's fixed-seed ``X [1, hidden]``), one ``.npz`` given to
+  every tool that takes data;
+* the candidate of ``evaluate`` and ``compare`` is the model's FP16 AutoCast
+  (``python -m onnxprec.autocast --onnx_path M --output_path M.fp16.onnx --keep_io_types``, with
+  ``--external_data`` when the model has external data), made in the work folder and measured too;
+* ``preprocess`` runs with its defaults (the three steps of ONNX Runtime's ``quant_pre_process``), side by side
+  with ONNX Runtime's own ``onnxruntime.quantization.shape_inference.quant_pre_process`` (defaults; its
+  ``save_as_external_data=True, all_tensors_to_one_file=True`` when the model has external data, without which
+  it cannot write a model above 2 GB at all);
+* ``evaluate`` runs the FP32 model and its FP16 candidate side by side (perplexity for the causal LM, agreement,
+  the default 10 latency rounds);
+* ``dump`` writes every float node output (``--dump_float``; the FP32 models have no quantized node, whose
+  outputs are all ``dump`` writes without it);
+* ``compare`` compares the FP32 model with its FP16 candidate node by node.
+
+The models: SmolLM2-135M (an embedded-weights 620 MiB protobuf) and ``matmul_4gb``, a synthetic 4 GiB MatMul
+stack in one external data file (built into the zoo on first use): every tool must work above 2 GB, in memory
+bounded by what ONNX Runtime needs for the weights.
+
+Results go to ``benchmarks/results/utilities-<date>[-<tag>].json`` (``"kind": "utilities"``);
+``python -m benchmarks report`` renders them into BENCHMARKS.md (:mod:`benchmarks.report_utilities`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from . import zoo
+from .harness import (
+    RESULTS_DIR,
+    add_run_arguments,
+    default_mem_limit_mb,
+    json_default,
+    machine_info,
+    model_files,
+    onnxprec_source_hash,
+    project_versions,
+    warm_page_cache,
+)
+from .proc import run_measured
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = 1
+KIND = "utilities"
+LLM = "smollm2_135m"
+SYNTHETIC = "matmul_4gb"
+DEFAULT_MODELS = (LLM, SYNTHETIC)
+CANDIDATE = "autocast:fp16"  # the candidate's production (measured, not one of the four tools)
+ORT_PREPROCESS = "ort:quant_pre_process"
+TOOL_IDS = ("preprocess", ORT_PREPROCESS, "evaluate", "dump", "compare")
+UTILITIES = ("preprocess", "evaluate", "dump", "compare")
+LLM_TOKENS = 256
+
+# ONNX Runtime's quant_pre_process as a user calls it: python -c CODE INPUT OUTPUT [external]
+_ORT_CODE = (
+    "import sys\n"
+    "from onnxruntime.quantization.shape_inference import quant_pre_process\n"
+    "ext = len(sys.argv) > 3\n"
+    "quant_pre_process(sys.argv[1], sys.argv[2], save_as_external_data=ext, all_tensors_to_one_file=ext)\n"
+)
+
+
+@dataclass
+class UtilitiesConfig:
+    """What one run measures.
+
+    Attributes:
+        models: Zoo model names (built on first use).
+        tools: Tool ids among :data:`TOOL_IDS` (the candidate is made whenever evaluate or compare runs).
+        repeats: Rounds of every tool (the median of the ok rounds is reported).
+        timeout_s: Seconds per tool run.
+        mem_limit_mb: A run above this RSS is stopped (default: 75 % of RAM).
+        tokens: Sequence length of the causal LM's data window.
+    """
+
+    models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
+    tools: list[str] = field(default_factory=lambda: list(TOOL_IDS))
+    repeats: int = 1
+    timeout_s: float = 1800.0
+    mem_limit_mb: float | None = None
+    tokens: int = LLM_TOKENS
+    tag: str | None = None
+    results_dir: Path = RESULTS_DIR
+    work_dir: Path | None = None
+    zoo_dir: Path | None = None
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class _Files:
+    """One model's inputs to the tools."""
+
+    src: Path
+    data: Path
+    candidate: Path | None
+    external: bool
+    work: Path
+
+
+# ------------------------------------------------------------------------------------------------------------
+# commands
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _cli(python: str, tool: str, *args: str | Path) -> list[str]:
+    return [python, "-m", "onnxprec.cli", tool, *(str(a) for a in args)]
+
+
+def candidate_command(python: str, src: Path, dst: Path, external: bool) -> tuple[list[str], str]:
+    """The FP16 AutoCast candidate's command, and what a user types."""
+    extra = ["--external_data"] if external else []
+    argv = [python, "-m", "onnxprec.autocast", "--onnx_path", str(src), "--output_path", str(dst), "--keep_io_types"]
+    user = "python -m onnxprec.autocast --onnx_path M --output_path M.fp16.onnx --keep_io_types"
+    return argv + extra, user + (" --external_data" if external else "")
+
+
+def tool_command(tool: str, python: str, f: _Files, out: Path) -> tuple[list[str], str]:
+    """``(argv, user command)`` of one tool on one model; ``out`` is its output path (file or folder)."""
+    if tool == "preprocess":
+        argv = _cli(python, tool, "--input", f.src, "--output", out)
+        return argv, "onnxprec preprocess --input M --output M.pre.onnx"
+    if tool == ORT_PREPROCESS:
+        argv = [python, "-c", _ORT_CODE, str(f.src), str(out), *(["external"] if f.external else [])]
+        ext = ", save_as_external_data=True, all_tensors_to_one_file=True" if f.external else ""
+        return argv, f"onnxruntime.quantization.shape_inference.quant_pre_process(M, 'M.pre.onnx'{ext})"
+    if tool == "dump":
+        argv = _cli(python, tool, "--onnx_path", f.src, "--calibration_data", f.data, "--dump_float")
+        argv += ["--output_dir", str(out)]
+        return argv, "onnxprec dump --onnx_path M --calibration_data data.npz --dump_float --output_dir dump"
+    if f.candidate is None:
+        raise ValueError(f"{tool} needs the FP16 candidate")
+    if tool == "evaluate":
+        argv = _cli(python, tool, f.src, f.candidate, "--data", f.data, "--json", out)
+        return argv, "onnxprec evaluate M M.fp16.onnx --data data.npz --json eval.json"
+    if tool == "compare":
+        argv = _cli(python, tool, f.src, f.candidate, "--calibration_data", f.data, "--json", out)
+        return argv, "onnxprec compare M M.fp16.onnx --calibration_data data.npz --json compare.json"
+    raise ValueError(f"unknown tool {tool!r}; known: {', '.join(TOOL_IDS)}")
+
+
+_OUTPUTS = {
+    "preprocess": "pre.onnx",
+    ORT_PREPROCESS: "ort_pre.onnx",
+    "evaluate": "evaluate.json",
+    "dump": "dump",
+    "compare": "compare.json",
+}
+# what _details records, moved from the last round to the tool's row
+_DETAILS = ("output_bytes", "tensors", "counts", "first_divergence", "chunks", "outputs", "evaluated", "details_error")
+
+
+def _output(tool: str, work: Path) -> Path:
+    return work / _OUTPUTS[tool]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# measuring
+# ------------------------------------------------------------------------------------------------------------
+
+
+def files_bytes(path: Path) -> int:
+    """Bytes of a model file and its external data files, or of everything under a folder."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in model_files(path) if p.exists())
+
+
+def _error(tail: list[str], status: str) -> str:
+    for line in reversed(tail):
+        if line.strip().startswith("error:"):
+            return line.strip()[:400]
+    for line in reversed(tail):
+        if line.strip() and not line.startswith(("\t", " ")):
+            return line.strip()[:400]
+    return status
+
+
+def _measure(argv: list[str], log: Path, config: UtilitiesConfig) -> dict[str, Any]:
+    load = os.getloadavg()[0]  # another job on the machine stretches the times (not the peak RSS)
+    r = run_measured(argv, log, timeout_s=config.timeout_s, mem_limit_mb=config.mem_limit_mb or default_mem_limit_mb())
+    rec: dict[str, Any] = {
+        "status": r.status,
+        "wall_s": r.wall_s,
+        "peak_rss_mb": r.peak_rss_mb,
+        "poll_peak_rss_mb": r.poll_peak_rss_mb,
+        "user_s": r.user_s,
+        "sys_s": r.sys_s,
+        "rss_source": r.rss_source,
+        "load_before": round(load, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+    }
+    if r.status != "ok":
+        rec["error"] = _error(r.log_tail, r.status)
+        rec["log_tail"] = r.log_tail[-10:]
+    return rec
+
+
+def _details(tool: str, out: Path) -> dict[str, Any]:
+    """What the tool produced, in a few numbers (sizes, counts, the comparison's verdict)."""
+    info: dict[str, Any] = {}
+    try:
+        if tool in ("preprocess", ORT_PREPROCESS):
+            info["output_bytes"] = files_bytes(out)
+        elif tool == "dump":
+            info["output_bytes"] = files_bytes(out)
+            index = json.loads((out / "index.json").read_text())
+            info["tensors"] = len(index.get("tensors", []))
+        elif tool == "compare":
+            data = json.loads(out.read_text())
+            info["counts"] = data.get("counts")
+            info["first_divergence"] = data.get("first_divergence")
+            info["chunks"] = data.get("chunks")
+            info["outputs"] = data.get("outputs")
+        elif tool == "evaluate":
+            data = json.loads(out.read_text())
+            info["evaluated"] = [
+                {
+                    "name": m.get("name"),
+                    "reference": m.get("reference"),
+                    "perplexity": m.get("perplexity"),
+                    "agreement": m.get("agreement"),
+                    "latency_ms": (m.get("latency_ms") or {}).get("median"),
+                }
+                for m in data.get("models", [])
+            ]
+    except (OSError, ValueError, AttributeError) as e:
+        info["details_error"] = f"{type(e).__name__}: {e}"[:200]
+    return info
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for p in (path, path.with_name(path.name + ".data"), path.with_name(path.stem + ".onnx_data")):
+        p.unlink(missing_ok=True)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.median(vals)) if vals else None
+
+
+def _summary(rounds: list[dict[str, Any]], user_command: str) -> dict[str, Any]:
+    ok = [x for x in rounds if x["status"] == "ok"]
+    rec: dict[str, Any] = {
+        "command": user_command,
+        "status": rounds[-1]["status"],
+        "wall_s": _median([x["wall_s"] for x in ok]) if ok else rounds[-1]["wall_s"],
+        "peak_rss_mb": _median([x["peak_rss_mb"] for x in ok]) if ok else None,
+        "rounds": rounds,
+    }
+    for key in ("error", "log_tail"):
+        if key in rounds[-1]:
+            rec[key] = rounds[-1][key]
+    for key in _DETAILS:
+        if key in rounds[-1]:
+            rec[key] = rounds[-1].pop(key)
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------------------
+# data
+# ------------------------------------------------------------------------------------------------------------
+
+
+def write_data(model: str, dst: Path, zoo_dir: Path | None, tokens: int = LLM_TOKENS) -> dict[str, list[int]]:
+    """The first sample of the zoo's inputs (for a causal LM its first window, cut to ``tokens``) as one
+    ``.npz``; returns the shapes."""
+    feeds = {k: v[:1] for k, v in zoo.inputs(model, zoo_dir).items()}
+    if "input_ids" in feeds:
+        feeds = {k: v[:, :tokens] if v.ndim >= 2 else v for k, v in feeds.items()}
+    np.savez(dst, **feeds)  # type: ignore[arg-type]
+    return {k: list(v.shape) for k, v in feeds.items()}
+
+
+def _has_external_data(path: Path) -> bool:
+    m = onnx.load(str(path), load_external_data=False)
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the run
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _run_model(model: str, work: Path, config: UtilitiesConfig) -> dict[str, Any]:
+    python = sys.executable
+    src = zoo.model_path(model, config.zoo_dir)
+    mwork = work / model
+    mwork.mkdir(parents=True, exist_ok=True)
+    external = _has_external_data(src)
+    data = mwork / "data.npz"
+    shapes = write_data(model, data, config.zoo_dir, config.tokens)
+    entry: dict[str, Any] = {
+        "file_bytes": files_bytes(src),
+        "external_data": external,
+        "data": dict(shapes),
+        "tools": {},
+    }
+    entry["page_cache_warm_s"] = warm_page_cache(model_files(src))
+    candidate = None
+    if any(t in ("evaluate", "compare") for t in config.tools):
+        dst = mwork / "candidate.fp16.onnx"
+        argv, user = candidate_command(python, src, dst, external)
+        logger.info("[%s] candidate: %s", model, user)
+        rec = _measure(argv, mwork / "candidate.log", config)
+        rec["output_bytes"] = files_bytes(dst) if rec["status"] == "ok" else None
+        entry["candidate"] = {"id": CANDIDATE, **_summary([rec], user)}
+        _log(model, CANDIDATE, entry["candidate"])
+        if rec["status"] == "ok":
+            candidate = dst
+            warm_page_cache(model_files(dst))
+    f = _Files(src, data, candidate, external, mwork)
+    rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in config.tools}
+    commands: dict[str, str] = {}
+    for r in range(config.repeats):
+        for tool in config.tools:
+            out = _output(tool, mwork)
+            if tool in ("evaluate", "compare") and candidate is None:
+                rounds[tool].append({"status": "skipped", "wall_s": None, "error": "no FP16 candidate (see candidate)"})
+                continue
+            argv, commands[tool] = tool_command(tool, python, f, out)
+            logger.info("[%s round %d/%d] %s", model, r + 1, config.repeats, tool)
+            rec = _measure(argv, mwork / f"{tool.replace(':', '_')}.log", config)
+            if rec["status"] == "ok":
+                rec.update(_details(tool, out))
+            _remove(out)
+            rounds[tool].append(rec)
+    for tool in config.tools:
+        entry["tools"][tool] = _summary(rounds[tool], commands.get(tool, ""))
+        _log(model, tool, entry["tools"][tool])
+    if candidate is not None:
+        _remove(candidate)
+    return entry
+
+
+def _log(model: str, tool: str, rec: dict[str, Any]) -> None:
+    peak = rec.get("peak_rss_mb")
+    wall = rec.get("wall_s")
+    logger.info(
+        "%s %s: %s, %s s, peak RSS %s MiB%s",
+        model,
+        tool,
+        rec["status"],
+        f"{wall:.1f}" if wall is not None else "?",
+        f"{peak:.0f}" if peak else "?",
+        f" ({rec['error']})" if rec.get("error") else "",
+    )
+
+
+def run(config: UtilitiesConfig) -> Path:
+    """Runs every tool on every model; writes and returns the results file."""
+    unknown = [t for t in config.tools if t not in TOOL_IDS]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOL_IDS)}")
+    started = dt.datetime.now()
+    try:
+        from importlib.metadata import version
+
+        ort_version: str | None = version("onnxruntime")
+    except Exception:
+        ort_version = None
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "kind": KIND,
+        "date": started.isoformat(timespec="seconds"),
+        "command": config.command,
+        "machine": machine_info(),
+        "versions": project_versions(),
+        "onnxprec_sources": onnxprec_source_hash(),
+        "onnxruntime": ort_version,
+        "repeats": config.repeats,
+        "mem_limit_mb": config.mem_limit_mb or default_mem_limit_mb(),
+        "models": {},
+    }
+    work = Path(tempfile.mkdtemp(prefix="onnxprec-utilities-", dir=config.work_dir))
+    try:
+        for model in config.models:
+            result["models"][model] = _run_model(model, work, config)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    end_hash = onnxprec_source_hash()
+    if end_hash != result["onnxprec_sources"]:  # src/ was edited while the tools ran: the numbers are mixed
+        logger.warning("onnxprec sources changed during the run (%s -> %s)", result["onnxprec_sources"], end_hash)
+        result["onnxprec_sources_at_end"] = end_hash
+    config.results_dir.mkdir(parents=True, exist_ok=True)
+    name = f"utilities-{started:%Y-%m-%d}" + (f"-{config.tag}" if config.tag else "") + ".json"
+    path = config.results_dir / name
+    path.write_text(json.dumps(result, indent=1, default=json_default, allow_nan=False) + "\n")
+    logger.info("wrote %s", path)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks utilities", description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="zoo models, comma separated")
+    ap.add_argument("--tools", default=",".join(TOOL_IDS), help=f"tool ids, comma separated ({', '.join(TOOL_IDS)})")
+    add_run_arguments(ap, 1800.0)
+    ap.add_argument("--mem-limit-gb", type=float, default=None, help="stop a tool above this RSS (default 75%% RAM)")
+    ap.add_argument("--tokens", type=int, default=LLM_TOKENS, help="tokens of the causal LM's window (default 256)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
+    unknown = [t for t in tools if t not in TOOL_IDS]
+    if unknown:
+        print(f"error: unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOL_IDS)}", file=sys.stderr)
+        return 2
+    config = UtilitiesConfig(
+        models=[m.strip() for m in a.models.split(",") if m.strip()],
+        tools=tools,
+        repeats=a.repeats,
+        timeout_s=a.timeout,
+        mem_limit_mb=a.mem_limit_gb * 1024 if a.mem_limit_gb else None,
+        tokens=a.tokens,
+        tag=a.tag,
+        results_dir=a.results_dir,
+        work_dir=a.work_dir,
+        zoo_dir=a.zoo_dir,
+        command="python -m benchmarks utilities " + shlex.join(argv),
+    )
+    print(run(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
