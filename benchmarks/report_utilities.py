@@ -225,8 +225,9 @@ MEMORY_NOTE = (
     "Runtime's working memory. `preprocess` hands the weights to ONNX Runtime's optimizer by file reference and "
     "streams them to the output. `evaluate` keeps one session per model open, as deployed (default optimizations, "
     "for the interleaved latency), so its peak grows with the weights of all the models it evaluates (here the FP32 "
-    "model and its FP16 candidate, 1.5× the FP32 size) plus ONNX Runtime's working memory. AutoCast's reference run "
-    "loads the whole model. The ratio column divides by the FP32 model's size."
+    "model and its FP16 candidate, 1.5× the FP32 size) plus ONNX Runtime's working memory. AutoCast's range run "
+    "goes segment by segment as well since run [U2] (4191 MiB with one session in [U1]); the rest of its peak is "
+    "its conversion and save. The ratio column divides by the FP32 model's size."
 )
 
 

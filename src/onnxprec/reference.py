@@ -9,11 +9,11 @@ each chunk only adds its outputs to the same small message.
 
 ONNX Runtime maps external weights rather than copying them, but every page a run touches stays resident (as
 file-backed memory) while the session lives, so one session over a 4 GB model peaks at 4 GB of RSS. Models whose
-weights exceed twice ``segment_bytes`` (512 MiB by default) are therefore run **segment by segment** when the run
-needs no in-graph reductions and no node has a subgraph: the nodes, in graph order, are cut into pieces of at most
-``segment_bytes`` of weights; each piece is a session of its own, run over every batch and released before the next
-is created, and only the activations that later pieces read are carried over (per batch, in memory). Peak RSS is
-then one piece's weights plus those activations.
+weights exceed twice ``segment_bytes`` (512 MiB by default) are therefore run **segment by segment** when no node
+has a subgraph: the nodes, in graph order, are cut into pieces of at most ``segment_bytes`` of weights; each piece
+is a session of its own (with the range reductions of the tensors it produces), run over every batch and released
+before the next is created, and only the activations that later pieces read are carried over (per batch, in
+memory). Peak RSS is then one piece's weights plus those activations.
 """
 
 from __future__ import annotations
@@ -250,20 +250,21 @@ def run_reference(
         replay = _Replay(batches, stack)
         payload, folder = stack.enter_context(_ort.ort_model(model))
         base = _base_proto(payload)
-        segments = None if in_graph else _segments(base, segment_bytes)
+        segments = _segments(base, segment_bytes)
         done = None
         if segments is not None:
             data_folder = folder if folder is not None or isinstance(payload, bytes) else Path(payload).parent
             done = _run_segmented(
-                base, segments, data_folder, model, marked, replay, observers, providers, observe_inputs
-            )
+                base, segments, data_folder, model, marked, replay, observers, providers, observe_inputs,
+                in_graph, sentinels,
+            )  # fmt: skip
         if segments is not None and done is not None:
             first_outputs, count = done
             logger.info(
                 "Reference run: %d tensors over %d batch(es) in %d segments of <= %d MiB of weights",
                 len(marked), count, len(segments), segment_bytes >> 20,
             )  # fmt: skip
-            return ReferenceResult(first, first_outputs, count, 1, None, len(segments))
+            return ReferenceResult(first, first_outputs, count, 1, ranges.stats if ranges else None, len(segments))
         n_outputs, original_nodes = len(base.graph.output), list(base.graph.node)
         progress = stack.enter_context(tqdm(desc="Reference run", unit="run", disable=None, leave=False))
         for chunk_index, chunk in enumerate(chunks):
@@ -290,14 +291,7 @@ def run_reference(
                     ) from e
                 by_name = dict(zip(fetch, results))
                 del results
-                for name, (lo, hi, total, shape, *past) in reductions.items():
-                    minimum = by_name.pop(lo)
-                    args = (float(minimum), float(by_name.pop(hi)), float(by_name.pop(total)))
-                    dims = tuple(by_name.pop(shape).tolist())
-                    unmasked = float(by_name.pop(past[0])) if past else None
-                    for observer in observers:
-                        if isinstance(observer, RangeObserver):
-                            observer.update_range(name, *args, dims, minimum.dtype, unmasked)
+                _update_ranges(observers, reductions, by_name)
                 for name, array in by_name.items():
                     if chunk_index == 0 and i == 0 and name in graph_outputs:
                         # A copy: ORT's arrays can pin the session's buffers and weight mappings.
@@ -363,6 +357,8 @@ def _run_segmented(
     observers: Sequence[Observer],
     providers: Sequence[str] | None,
     observe_inputs: bool,
+    in_graph: Sequence[ir.Value] = (),
+    sentinels: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, np.ndarray], int] | None:
     """Runs the graph piece by piece over every batch (see the module docstring); returns the first batch's graph
     outputs and the number of batches, or None (nothing run) when a tensor crossing pieces has no known type."""
@@ -371,7 +367,8 @@ def _run_segmented(
     nodes = list(base.graph.node)
     initializers = {t.name: t for t in base.graph.initializer}
     graph_outputs = [o.name for o in base.graph.output]
-    fetch = {str(v.name) for v in marked}
+    reduced = {str(v.name) for v in in_graph}  # reduced to min/max/sum/shape inside the piece, never fetched
+    fetch = {str(v.name) for v in marked} - reduced
     values = {str(v.name): v for v in model.graph.inputs}
     values.update({str(out.name): out for node in model.graph for out in node.outputs})
     piece_of = {index: s for s, piece in enumerate(segments) for index in piece}
@@ -404,13 +401,15 @@ def _run_segmented(
             ir_version=base.ir_version,
         )
         proto.functions.extend(base.functions)
-        pieces.append((proto.SerializeToString(), inputs, outputs))
+        here = [v for v in in_graph if str(v.name) in produced_set]
+        reductions = _add_reductions(proto, here, sentinels) if here else {}
+        pieces.append((proto.SerializeToString(), inputs, outputs, reductions))
         del proto
     carried: list[dict[str, np.ndarray]] = []
     first_outputs: dict[str, np.ndarray] = {}
     count = 0
     with tqdm(total=len(segments), desc="Reference run (segments)", unit="segment", disable=None, leave=False) as bar:
-        for s, (payload, inputs, outputs) in enumerate(pieces):
+        for s, (payload, inputs, outputs, reductions) in enumerate(pieces):
             session = _ort.create_session(
                 payload,
                 providers=providers,
@@ -427,13 +426,16 @@ def _run_segmented(
                         for name, array in batch.items():
                             _observe(observers, name, array)
                 feeds = {name: batch[name] if name in batch else carried[i][name] for name in inputs}
+                names = outputs + [out for outs in reductions.values() for out in outs]
                 try:
-                    results = session.run(feeds, outputs)
+                    results = session.run(feeds, names)
                 except Exception as e:
                     raise CalibrationDataError(
                         f"ONNX Runtime failed to run the model on calibration batch {i} ({_ort.first_line(e)}); "
                         "check the input shapes or pass real inputs with --calibration_data."
                     ) from e
+                by_name = dict(zip(names, results))
+                _update_ranges(observers, reductions, by_name)
                 for name, array in zip(outputs, results):
                     if name in fetch or name in graph_outputs:  # as the whole-graph run: outputs are observed too
                         _observe(observers, name, array)
@@ -448,6 +450,20 @@ def _run_segmented(
             del session
             bar.update()
     return first_outputs, count
+
+
+def _update_ranges(
+    observers: Sequence[Observer], reductions: Mapping[str, tuple[str, ...]], by_name: dict[str, Any]
+) -> None:
+    """Hands each reduced tensor's min/max/sum/shape (popped from ``by_name``) to the range observers."""
+    for name, (lo, hi, total, shape, *past) in reductions.items():
+        minimum = by_name.pop(lo)
+        args = (float(minimum), float(by_name.pop(hi)), float(by_name.pop(total)))
+        dims = tuple(by_name.pop(shape).tolist())
+        unmasked = float(by_name.pop(past[0])) if past else None
+        for observer in observers:
+            if isinstance(observer, RangeObserver):
+                observer.update_range(name, *args, dims, minimum.dtype, unmasked)
 
 
 def _value_info(values: Mapping[str, ir.Value], name: str) -> onnx.ValueInfoProto | None:

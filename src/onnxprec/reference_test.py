@@ -167,3 +167,20 @@ def test_segmented_run_equals_the_whole_graph(inferred: bool) -> None:
     expected = _numpy_chain(model, batches[0]["x"])
     for name, array in expected.items():
         np.testing.assert_allclose(first_p.arrays[name], array, rtol=1e-5, atol=1e-5)
+
+
+def test_segmented_range_run_reduces_inside_each_piece() -> None:
+    # AutoCast's range-only run: min/max/sum/shape are computed by the runtime inside each piece.
+    model = _chain(6)
+    ShapeInferencePass()(model)
+    batches = _batches()
+    results = []
+    for segment_bytes in (1 << 30, 1024):
+        ranges = RangeObserver(sentinels={"m1": 0.5})
+        result = run_reference(model, batches, observers=[ranges], segment_bytes=segment_bytes)
+        results.append((result, ranges))
+    (whole, ranges_w), (pieces, ranges_p) = results
+    assert (whole.segments, pieces.segments) == (1, 3)
+    assert pieces.stats is not None and set(pieces.stats) == set(ranges_w.stats)
+    for name, stats in ranges_w.stats.items():
+        assert ranges_p.stats[name] == stats, name
