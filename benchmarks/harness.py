@@ -189,6 +189,12 @@ def stats(values: Sequence[float | None]) -> dict[str, Any] | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
+def median(values: Sequence[float | None]) -> float | None:
+    """The median of the non-None values (None when there are none)."""
+    summary = stats(values)
+    return summary["median"] if summary else None
+
+
 def paired_ratios(tool_runs: list[dict[str, Any]], anchor_runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Per-round ratios of a tool against an anchor (rounds where both succeeded), summarised.
 

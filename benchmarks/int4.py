@@ -46,6 +46,7 @@ from .harness import (
     anchor_versions,
     json_default,
     machine_info,
+    median,
     onnxprec_source_hash,
     project_versions,
 )
@@ -361,11 +362,6 @@ def _measure(
     return rec
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(np.median(vals)) if vals else None
-
-
 def run(config: Int4Config) -> Path:
     """Runs the plan; writes and returns the results file."""
     started = dt.datetime.now()
@@ -443,9 +439,9 @@ def _run_model(
             "user_command": tool.user_command(),
             "rounds": runs,
             "status": runs[-1]["status"],
-            "wall_s": _median([x["wall_s"] for x in runs if x["status"] == "ok"]),
-            "peak_rss_mb": _median([x["peak_rss_mb"] for x in runs if x["status"] == "ok"]),
-            "convert_s": _median([x["convert_s"] for x in runs if x["status"] == "ok"]),
+            "wall_s": median([x["wall_s"] for x in runs if x["status"] == "ok"]),
+            "peak_rss_mb": median([x["peak_rss_mb"] for x in runs if x["status"] == "ok"]),
+            "convert_s": median([x["convert_s"] for x in runs if x["status"] == "ok"]),
         }
         if "error" in runs[-1]:
             rec["error"] = runs[-1]["error"]

@@ -55,6 +55,7 @@ from .harness import (
     default_mem_limit_mb,
     json_default,
     machine_info,
+    median,
     model_files,
     onnxprec_source_hash,
     project_versions,
@@ -262,18 +263,13 @@ def _remove(path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(np.median(vals)) if vals else None
-
-
 def _summary(rounds: list[dict[str, Any]], user_command: str) -> dict[str, Any]:
     ok = [x for x in rounds if x["status"] == "ok"]
     rec: dict[str, Any] = {
         "command": user_command,
         "status": rounds[-1]["status"],
-        "wall_s": _median([x["wall_s"] for x in ok]) if ok else rounds[-1]["wall_s"],
-        "peak_rss_mb": _median([x["peak_rss_mb"] for x in ok]) if ok else None,
+        "wall_s": median([x["wall_s"] for x in ok]) if ok else rounds[-1]["wall_s"],
+        "peak_rss_mb": median([x["peak_rss_mb"] for x in ok]) if ok else None,
         "rounds": rounds,
     }
     for key in ("error", "log_tail"):

@@ -282,13 +282,7 @@ def run_reference(
                 if chunk_index == 0 and observe_inputs:
                     for name, array in batch.items():
                         _observe(observers, name, array)
-                try:
-                    results = session.run(batch, fetch)
-                except Exception as e:
-                    raise CalibrationDataError(
-                        f"ONNX Runtime failed to run the model on calibration batch {i} ({_ort.first_line(e)}); "
-                        "check the input shapes or pass real inputs with --calibration_data."
-                    ) from e
+                results = _run_batch(session, batch, fetch, i)
                 by_name = dict(zip(fetch, results))
                 del results
                 _update_ranges(observers, reductions, by_name)
@@ -427,13 +421,7 @@ def _run_segmented(
                             _observe(observers, name, array)
                 feeds = {name: batch[name] if name in batch else carried[i][name] for name in inputs}
                 names = outputs + [out for outs in reductions.values() for out in outs]
-                try:
-                    results = session.run(feeds, names)
-                except Exception as e:
-                    raise CalibrationDataError(
-                        f"ONNX Runtime failed to run the model on calibration batch {i} ({_ort.first_line(e)}); "
-                        "check the input shapes or pass real inputs with --calibration_data."
-                    ) from e
+                results = _run_batch(session, feeds, names, i)
                 by_name = dict(zip(names, results))
                 _update_ranges(observers, reductions, by_name)
                 for name, array in zip(outputs, results):
@@ -450,6 +438,17 @@ def _run_segmented(
             del session
             bar.update()
     return first_outputs, count
+
+
+def _run_batch(session: _ort.Session, feeds: Mapping[str, np.ndarray], fetch: list[str], index: int) -> list[Any]:
+    """``session.run``; a runtime failure on calibration batch ``index`` becomes a one-line CalibrationDataError."""
+    try:
+        return session.run(feeds, fetch)
+    except Exception as e:
+        raise CalibrationDataError(
+            f"ONNX Runtime failed to run the model on calibration batch {index} ({_ort.first_line(e)}); "
+            "check the input shapes or pass real inputs with --calibration_data."
+        ) from e
 
 
 def _update_ranges(
