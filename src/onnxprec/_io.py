@@ -14,6 +14,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnxprec._graph import all_graphs
+from onnxprec._ops import is_known_onnx_domain_op
 from onnxprec._protobuf import load_mapped, write_streaming
 from onnxprec._tensors import release
 from onnxprec.errors import InvalidArgumentError, ModelLoadError
@@ -130,8 +131,9 @@ def _node_name(node: onnx.NodeProto) -> str:
 
 def _check_graph(graph: onnx.GraphProto, outer: set[str], opsets: dict[str, int], model: onnx.ModelProto) -> None:
     """Rejects what no runtime can run, in ONNX's own terms: values read but never made (dangling inputs),
-    values made twice, cycles, inputs declared twice, default-domain ops that do not exist at the imported opset,
-    and domains the model does not import. Subgraphs see the values of their enclosing graphs."""
+    values made twice, cycles, inputs declared twice, default-domain ops that neither ONNX nor ONNX Runtime (its
+    contrib ops registered in the ONNX domain) knows at the imported opset, and domains the model does not import.
+    Subgraphs see the values of their enclosing graphs."""
     functions = {(f.domain, f.name) for f in model.functions}
     defined = set(outer)
     producers: dict[str, onnx.NodeProto] = {}
@@ -158,7 +160,7 @@ def _check_graph(graph: onnx.GraphProto, outer: set[str], opsets: dict[str, int]
                 "the model's opset_import."
             )
         standard = domain in ("", "ai.onnx.ml") and (node.domain, node.op_type) not in functions
-        if standard and not onnx.defs.has(node.op_type, opsets[domain], domain):
+        if standard and not is_known_onnx_domain_op(node.op_type, domain, opsets[domain]):
             raise ModelLoadError(
                 f"Node '{_node_name(node)}' is '{node.op_type}', which is no ONNX op at opset {opsets[domain]}: "
                 "fix the model, or give the op its custom domain."

@@ -9,11 +9,14 @@ __all__ = [
     "CONTROL_FLOW_OPS",
     "DEFAULT_DOMAINS",
     "KEEP_FP32_OPS",
+    "ORT_ONNX_DOMAIN_OPS",
     "QUANTIZED_OPS",
     "TYPE_ATTRIBUTES",
     "VALUE_ATTRIBUTE_OPS",
     "default_opset",
     "is_default_domain",
+    "is_known_onnx_domain_op",
+    "is_ort_onnx_domain_op",
     "is_standard_op",
     "min_ir_version",
     "normalized_domain",
@@ -71,6 +74,31 @@ TYPE_ATTRIBUTES = {
 VALUE_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
 
 
+_LAST = 2**31 - 1  # ONNX Runtime's "every later opset"
+
+# ONNX Runtime's contrib kernels registered in the ONNX (default) domain, for ops ONNX itself lacks at those opsets:
+# op -> (first, last) opset they cover. Read off ORT 1.32's kernel registry
+# (onnxruntime.capi.onnxruntime_pybind11_state.get_all_opkernel_def(), CPU); _ops_test.py compares this table with the
+# installed onnxruntime. The I/O layer cannot import onnxruntime, hence the table. LayerNormalization before opset 17
+# and SimplifiedLayerNormalization are what exporters (torch, onnxruntime-genai's builder) emit; the rest are ONNX's
+# removed experimental ops and ORT's memory copies.
+ORT_ONNX_DOMAIN_OPS: dict[str, tuple[int, int]] = {
+    "Affine": (1, _LAST),
+    "Crop": (1, _LAST),
+    "DynamicSlice": (1, _LAST),
+    "ImageScaler": (1, _LAST),
+    "LayerNormalization": (1, 16),
+    "MeanVarianceNormalization": (1, 8),
+    "MemcpyFromHost": (1, _LAST),
+    "MemcpyToHost": (1, _LAST),
+    "ParametricSoftplus": (1, _LAST),
+    "Scale": (1, _LAST),
+    "ScaledTanh": (1, _LAST),
+    "SimplifiedLayerNormalization": (1, _LAST),
+    "ThresholdedRelu": (1, 9),
+}
+
+
 def is_default_domain(domain: str) -> bool:
     """Whether ``domain`` is the default ONNX domain (``""`` or ``"ai.onnx"``)."""
     return domain in DEFAULT_DOMAINS
@@ -104,6 +132,30 @@ def is_standard_op(node: ir.Node, opset: int) -> bool:
     if node.domain not in _STANDARD_DOMAINS:
         return False
     return bool(onnx.defs.has(node.op_type, opset, normalized_domain(node.domain)))
+
+
+def is_ort_onnx_domain_op(op_type: str, domain: str, opset: int) -> bool:
+    """Whether ``op_type`` in ``domain`` at ``opset`` is an ONNX Runtime contrib op registered in the ONNX domain.
+
+    Such an op (e.g. ``SimplifiedLayerNormalization``) is no ONNX op: ONNX Runtime runs it, onnx.checker and
+    ONNX's shape inference do not know it. The op's own ONNX version, where ONNX has one (``LayerNormalization``
+    from opset 17), is a standard op and not this.
+
+    Args:
+        op_type: The node's op type.
+        domain: The node's domain.
+        opset: The model's opset of the default domain.
+    """
+    if not is_default_domain(domain) or op_type not in ORT_ONNX_DOMAIN_OPS:
+        return False
+    first, last = ORT_ONNX_DOMAIN_OPS[op_type]
+    return first <= opset <= last and not onnx.defs.has(op_type, opset, "")
+
+
+def is_known_onnx_domain_op(op_type: str, domain: str, opset: int) -> bool:
+    """Whether a default- or ai.onnx.ml-domain op exists at ``opset`` for ONNX or for ONNX Runtime."""
+    domain = normalized_domain(domain)
+    return bool(onnx.defs.has(op_type, opset, domain)) or is_ort_onnx_domain_op(op_type, domain, opset)
 
 
 def min_ir_version(opset: int) -> int:

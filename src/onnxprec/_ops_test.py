@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import onnx
 import onnx_ir as ir
+import pytest
 
 from onnxprec._ops import (
+    ORT_ONNX_DOMAIN_OPS,
     QUANTIZED_OPS,
     TYPE_ATTRIBUTES,
     default_opset,
     is_default_domain,
+    is_known_onnx_domain_op,
+    is_ort_onnx_domain_op,
     is_standard_op,
     min_ir_version,
     normalized_domain,
@@ -44,3 +49,33 @@ def test_tables() -> None:
     assert min_ir_version(13) == 7 and min_ir_version(21) == 10
     assert {"DequantizeLinear", "MatMulNBits", "QLinearConv"} <= QUANTIZED_OPS
     assert TYPE_ATTRIBUTES["Cast"] == "to" and TYPE_ATTRIBUTES["RandomNormal"] == "dtype"
+
+
+def test_ort_onnx_domain_ops_match_the_installed_onnxruntime() -> None:
+    """The table is ORT's kernels in the ONNX domain for ops ONNX lacks at those opsets, each op's opset range."""
+    state = pytest.importorskip("onnxruntime.capi.onnxruntime_pybind11_state", reason="onnxruntime is not installed")
+    ranges: dict[str, tuple[int, int]] = {}
+    for kernel in state.get_all_opkernel_def():
+        first, last = kernel.version_range
+        if kernel.domain not in ("", "ai.onnx") or onnx.defs.has(kernel.op_name, first, ""):
+            continue
+        low, high = ranges.get(kernel.op_name, (first, last))
+        ranges[kernel.op_name] = (min(low, first), max(high, last))
+    assert ranges == ORT_ONNX_DOMAIN_OPS
+
+
+def test_ort_onnx_domain_ops_are_known_but_not_standard() -> None:
+    assert is_ort_onnx_domain_op("SimplifiedLayerNormalization", "", 22)
+    assert is_ort_onnx_domain_op("SimplifiedLayerNormalization", "ai.onnx", 13)
+    assert not is_standard_op(_node("SimplifiedLayerNormalization"), 22)
+    assert is_known_onnx_domain_op("SimplifiedLayerNormalization", "", 22)
+    # LayerNormalization is ORT's contrib op up to opset 16 and ONNX's own from opset 17.
+    assert is_ort_onnx_domain_op("LayerNormalization", "", 16)
+    assert not is_ort_onnx_domain_op("LayerNormalization", "", 17)
+    assert is_known_onnx_domain_op("LayerNormalization", "", 17)
+    assert is_ort_onnx_domain_op("ThresholdedRelu", "", 9) and not is_ort_onnx_domain_op("ThresholdedRelu", "", 10)
+    # Only the ONNX domain: com.microsoft ops have their own domain, and unknown names are no op at all.
+    assert not is_ort_onnx_domain_op("SimplifiedLayerNormalization", "com.microsoft", 1)
+    assert not is_known_onnx_domain_op("Frobnicate", "", 22)
+    assert is_known_onnx_domain_op("Relu", "ai.onnx", 13)
+    assert is_known_onnx_domain_op("LabelEncoder", "ai.onnx.ml", 2)

@@ -84,6 +84,8 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level), format="[onnxprec] %(levelname)s: %(message)s", stream=sys.stderr, force=True
     )
+    if level != "DEBUG":  # onnx-ir logs its own INFO lines with stacks (e.g. a contrib op without a schema)
+        logging.getLogger("onnx_ir").setLevel(logging.WARNING)
 
 
 def _guarded(tool: ModuleType, args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from onnxprec._ops import (
     CONTROL_FLOW_OPS,
     KEEP_FP32_OPS,
     is_default_domain,
+    is_ort_onnx_domain_op,
     is_standard_op,
     normalized_domain,
     opsets_by_domain,
@@ -91,7 +92,9 @@ def _decide(
         plugin = plugins.get(node.op_type)
         if plugin is not None:
             return _plugin_decision(node, plugin)
-        return Decision(False, f"custom op {node.domain or 'ai.onnx'}::{node.op_type} (no ONNX schema)")
+        contrib = node.domain == "com.microsoft" or is_ort_onnx_domain_op(node.op_type, node.domain, opset)
+        kind = "ONNX Runtime contrib op" if contrib else "custom op"
+        return Decision(False, f"{kind} {node.domain or 'ai.onnx'}::{node.op_type} (no ONNX schema)")
     if node.op_type in CONTROL_FLOW_OPS:
         return Decision(False, "control-flow interface kept in FP32 (its subgraph nodes are classified)")
     if is_default_domain(node.domain) and node.op_type in KEEP_FP32_OPS:

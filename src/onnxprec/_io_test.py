@@ -1,0 +1,60 @@
+"""Loading: what no runtime can run is refused; ONNX Runtime's contrib ops, in com.microsoft or in the ONNX domain,
+are accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxprec._io import load_model
+from onnxprec.errors import ModelLoadError
+
+
+def _model(node: onnx.NodeProto, opset: int, initializers: tuple[onnx.TensorProto, ...] = ()) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        initializer=list(initializers),
+    )
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+_SCALE = onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 4, dtype=np.float32), "scale")
+
+
+@pytest.mark.parametrize(
+    ("node", "opset"),
+    [
+        (helper.make_node("SimplifiedLayerNormalization", ["X", "scale"], ["Y"], epsilon=1e-5), 22),
+        (helper.make_node("LayerNormalization", ["X", "scale"], ["Y"]), 16),  # ORT's before ONNX's (opset 17)
+        (helper.make_node("SkipSimplifiedLayerNormalization", ["X", "X", "scale"], ["Y"], domain="com.microsoft"), 22),
+    ],
+    ids=["SimplifiedLayerNormalization", "LayerNormalization@16", "com.microsoft"],
+)
+def test_onnx_runtime_contrib_ops_load_and_run(tmp_path: Path, node: onnx.NodeProto, opset: int) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(node, opset, (_SCALE,)), path)
+    model = load_model(path)
+    assert [n.op_type for n in model.graph] == [node.op_type]
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    assert y.shape == (2, 4) and np.isfinite(y).all()
+
+
+def test_ops_no_runtime_knows_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(helper.make_node("Frobnicate", ["X"], ["Y"], name="frob"), 22), path)
+    with pytest.raises(ModelLoadError, match=r"^Node 'frob' is 'Frobnicate', which is no ONNX op at opset 22: fix"):
+        load_model(path)
+    # A name ORT registers in com.microsoft only is no op of the ONNX domain.
+    onnx.save(_model(helper.make_node("SkipSimplifiedLayerNormalization", ["X", "X"], ["Y"], name="s"), 22), path)
+    with pytest.raises(ModelLoadError, match=r"^Node 's' is 'SkipSimplifiedLayerNormalization', which is no ONNX op"):
+        load_model(path)
