@@ -46,6 +46,7 @@ __all__ = [
     "args_doc",
     "fields_in",
     "from_args",
+    "genai_provider_option",
     "option",
     "option_fields",
     "parse_args_doc",
@@ -399,6 +400,25 @@ def providers_option(purpose: str, *, flags: Iterable[str] = ("--providers",)) -
         metavar="PROVIDER",
         help=f"ONNX Runtime providers for {purpose}, in order of preference: cpu, cuda[:N], trt, dml.",
         doc=f"ONNX Runtime providers for {purpose}: ``cpu``, ``cuda:N``, ``trt``, ``dml``.",
+    )
+
+
+def genai_provider_option() -> Any:
+    """The provider written into the ``genai_config.json`` that a tool carries beside its output (``onnxprec._genai``).
+
+    Returns:
+        An :func:`option` field defaulting to None (the provider of the input's config).
+    """
+    return option(
+        None,
+        flags=("--genai_provider",),
+        choices=("cpu", "cuda"),
+        help="When the input sits in an onnxruntime-genai folder (genai_config.json), its config and tokenizer files "
+        "are copied beside the output; this sets the copied config's provider (cpu: provider_options [], e.g. to "
+        "run a CUDA build on the CPU) (default: as in the input's config).",
+        doc="When the input sits in an onnxruntime-genai folder (``genai_config.json``), its config and tokenizer "
+        "files are copied beside the output; this sets the copied config's provider: ``cpu`` "
+        "(``provider_options: []``) or ``cuda``; None: as in the input's config.",
     )
 
 

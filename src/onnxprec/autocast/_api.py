@@ -32,6 +32,7 @@ from onnx_ir.passes.common import (
 )
 
 from onnxprec import calibration
+from onnxprec._genai import GenaiCarry
 from onnxprec._graph import all_values
 from onnxprec._io import (
     ModelSource,
@@ -106,6 +107,7 @@ class AutoCastReport:
     details: details.Details | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # data_max, init_max... as the reports show them
     command: str = ""
+    genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
 
     @property
     def summary(self) -> str:
@@ -155,6 +157,7 @@ class AutoCastReport:
             "target": None if self.target_search is None else self.target_search.to_json(),
             "settings": self.settings,
             "command": self.command,
+            "genai": None if self.genai is None else self.genai.to_json(),
             "by_op_type": _by_op_type_counts(self),
             "errors_note": "" if self.details is None else self.details.error_note,
             "suggestions": details.suggestions(self.decisions, self.details, LOW_TYPES[self.low_precision_type]),
@@ -671,6 +674,7 @@ def convert_file(
     check_output_path(output, protected)  # fail before the work, not after
     if options.report is not None:
         report_html.check_path(options.report, {*protected, output.resolve()})
+    genai = GenaiCarry.plan(source, output, options.genai_provider)
     fp32_nodes: dict[str, str] = {}
     while True:
         model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes)
@@ -692,6 +696,9 @@ def convert_file(
             _log_numeric(report.numeric)
             break
     logger.info("Saved %s", output)
+    if genai is not None:
+        genai.write(model)
+        report.genai = genai
     if options.report is not None:
         report.command = details.command_line(options, onnx_path, output_path)
         report_html.write_html(options.report, report.to_json())

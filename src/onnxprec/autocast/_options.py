@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec._options import ToolOptions, genai_provider_option, option, providers_option
 from onnxprec.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ class AutoCastOptions(ToolOptions):
         help="Initializers above this many bytes stay FP32 and are cast at run time.",
     )
     providers: Sequence[str] = providers_option("the reference run")
+    genai_provider: str | None = genai_provider_option()
     trt_plugins: Sequence[str] = option(
         (),
         flags=("--trt_plugins",),

@@ -36,6 +36,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort, calibration, metrics
+from onnxprec._genai import GenaiCarry
 from onnxprec._graph import all_graphs
 from onnxprec._io import (
     ModelSource,
@@ -130,6 +131,7 @@ class PreprocessReport:
     output_path: Path | None = None
     external_data: bool = False
     seconds: float = 0.0
+    genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
 
     @property
     def summary(self) -> str:
@@ -154,6 +156,7 @@ class PreprocessReport:
             "external_data": self.external_data,
             "seconds": round(self.seconds, 4),
             "steps": [s.to_json() for s in self.steps],
+            "genai": None if self.genai is None else self.genai.to_json(),
         }
 
 
@@ -567,6 +570,7 @@ def preprocess_file(
         if report.input_path.exists():
             protected.add(report.input_path.resolve())
     check_output_path(output, protected)  # fail before the work
+    genai = None if report.input_path is None else GenaiCarry.plan(report.input_path, output, options.genai_provider)
     model = load_model(input_model)
     protected |= external_data_paths(model)
     check_output_path(output, protected)
@@ -603,6 +607,9 @@ def preprocess_file(
             " with external data" if report.external_data else "",
             time.perf_counter() - tick,
         )
+    if genai is not None:
+        genai.write(model)
+        report.genai = genai
     report.seconds = time.perf_counter() - start
     return report
 

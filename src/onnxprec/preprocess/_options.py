@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec._options import ToolOptions, genai_provider_option, option, providers_option
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["PreprocessOptions"]
@@ -88,6 +88,7 @@ class PreprocessOptions(ToolOptions):
         "running the model before and after on the same random inputs (never lowered).",
     )
     providers: Sequence[str] = providers_option("the --opset check", flags=("--providers",))
+    genai_provider: str | None = genai_provider_option()
 
     def __post_init__(self) -> None:
         super().__post_init__()

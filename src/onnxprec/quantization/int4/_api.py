@@ -25,6 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort, calibration
+from onnxprec._genai import GenaiCarry
 from onnxprec._graph import NameAllocator
 from onnxprec._io import ModelSource, check_output_path, external_data_paths, load_model, save_model, to_model_proto
 from onnxprec._ops import QUANTIZED_OPS, default_opset
@@ -468,6 +469,7 @@ def quantize_file(
     source = Path(onnx_path)
     protected = {source.resolve()} if source.exists() else set()
     check_output_path(output, protected)  # fail before the work, not after
+    genai = GenaiCarry.plan(source, output, options.genai_provider)
     if external_data is None and options.use_external_data_format:
         external_data = True
     with _log_level(options.log_level):
@@ -485,4 +487,7 @@ def quantize_file(
                 report.progress = None
         report.seconds["quantize+save"] = time.perf_counter() - tick
         logger.info("%s; saved %s", report.summary, output)
+        if genai is not None:
+            genai.write(model)
+            report.genai = genai
     return report

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec._options import ToolOptions, genai_provider_option, option, providers_option
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"]
@@ -50,6 +50,7 @@ class Int4Options(ToolOptions):
         "data).",
     )
     calibration_eps: Sequence[str] = providers_option("calibration", flags=("--calibration_eps",))
+    genai_provider: str | None = genai_provider_option()
     use_external_data_format: bool = option(
         False,
         flags=("--external_data", "--use_external_data_format"),

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxprec._genai import GenaiCarry
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 
 __all__ = ["Int4Report", "LayerReport"]
@@ -87,6 +88,8 @@ class Int4Report:
     ideal_bytes: int = 0
     input_path: Path | None = None
     output_path: Path | None = None
+    genai: GenaiCarry | None = None
+    """The onnxruntime-genai files carried beside the output (``quantize_file``)."""
     progress: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
     """Called after each weight is quantized (a progress bar while the model is written)."""
 
@@ -108,7 +111,8 @@ class Int4Report:
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready data: settings, ``counts``, ``sizes`` (float, quantized and ideal bytes), ``calibration``,
-        ``seconds`` per step, ``excluded`` (node and pattern), ``skipped`` (node and reason) and ``layers``."""
+        ``seconds`` per step, ``excluded`` (node and pattern), ``skipped`` (node and reason), ``genai`` (the
+        onnxruntime-genai files carried beside the output, None when none) and ``layers``."""
         from onnxprec import __version__
 
         return {
@@ -135,5 +139,6 @@ class Int4Report:
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "excluded": [{"node": node, "pattern": pattern} for node, pattern in self.excluded],
             "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],
+            "genai": None if self.genai is None else self.genai.to_json(),
             "layers": [entry.to_json() for entry in self.layers],
         }
