@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx
 import onnx_ir as ir
 import pytest
 
 from onnxprec._ops import (
+    CONTRIB_FLOAT_CONTRACTS,
     ORT_ONNX_DOMAIN_OPS,
     QUANTIZED_OPS,
     TYPE_ATTRIBUTES,
+    FloatContract,
+    contrib_float_contract,
     default_opset,
+    float_contract_of_schema,
     is_default_domain,
     is_known_onnx_domain_op,
     is_ort_onnx_domain_op,
@@ -79,3 +85,43 @@ def test_ort_onnx_domain_ops_are_known_but_not_standard() -> None:
     assert not is_known_onnx_domain_op("Frobnicate", "", 22)
     assert is_known_onnx_domain_op("Relu", "ai.onnx", 13)
     assert is_known_onnx_domain_op("LabelEncoder", "ai.onnx.ml", 2)
+
+
+def test_contrib_float_contracts_match_onnx_runtime_schemas() -> None:
+    """Each contract is what the installed onnxruntime's contrib op schema implies (ORT's own, not ONNX's)."""
+    state = pytest.importorskip("onnxruntime.capi.onnxruntime_pybind11_state", reason="onnxruntime is not installed")
+    schemas: dict[tuple[str, str], object] = {}
+    for schema in sorted(state.get_all_operator_schema(), key=lambda s: s.since_version):
+        domain = "" if schema.domain == "ai.onnx" else schema.domain
+        if domain == "" and onnx.defs.has(schema.name, schema.since_version, ""):
+            continue  # ONNX's own op (LayerNormalization-17, RotaryEmbedding-23): ONNX's schema covers it
+        schemas.setdefault((domain, schema.name), schema)
+    for key, contract in CONTRIB_FLOAT_CONTRACTS.items():
+        schema = schemas[key]
+        derived = float_contract_of_schema(
+            [p.typeStr for p in schema.inputs],  # type: ignore[attr-defined]
+            [p.typeStr for p in schema.outputs],  # type: ignore[attr-defined]
+            {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints},  # type: ignore[attr-defined]
+        )
+        # fp32_inside is what the kernels do, which no schema says.
+        assert derived is not None and dataclasses.replace(derived, fp32_inside=contract.fp32_inside) == contract, key
+
+
+def test_float_contract_of_schema() -> None:
+    constraints = {"T": ["tensor(float)", "tensor(float16)"], "U": ["tensor(float)"], "M": ["tensor(int32)"]}
+    contract = float_contract_of_schema(["T", "M", "tensor(int64)", "U"], ["T", "U"], constraints)
+    assert contract == FloatContract("T--F", "TF", frozenset({"float16"}))
+    assert contract.input(7) == "-" and contract.output(1) == "F"
+    assert float_contract_of_schema(["T"], ["T"], {"T": ["tensor(float)"]}) is None  # no low type at all
+
+
+def test_contrib_float_contract_lookup() -> None:
+    gqa = ir.Node("com.microsoft", "GroupQueryAttention", [])
+    contract = contrib_float_contract(gqa, 1)
+    assert contract is not None and contract.input(5) == "-" and contract.input(3) == "T"
+    assert contrib_float_contract(_node("SimplifiedLayerNormalization"), 22) == FloatContract(
+        "TT", "TF", fp32_inside=True
+    )
+    assert contrib_float_contract(_node("LayerNormalization"), 16) is not None  # ORT's
+    assert contrib_float_contract(_node("LayerNormalization"), 17) is None  # ONNX's: its schema decides
+    assert contrib_float_contract(_node("Relu"), 17) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib
 import importlib.metadata
 import logging
@@ -25,6 +26,13 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec._graph import all_graphs
+from onnxprec._ops import (
+    FloatContract,
+    contrib_float_contract,
+    float_contract_of_schema,
+    is_ort_onnx_domain_op,
+    normalized_domain,
+)
 from onnxprec.errors import InvalidArgumentError, UnsupportedModelError
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "Session",
     "create_session",
     "first_line",
+    "float_contract",
     "import_onnxruntime",
     "resolve_providers",
 ]
@@ -104,6 +113,49 @@ def import_onnxruntime() -> Any:
         )
     ort.set_default_logger_severity(4)  # errors reach the user as exceptions, not as log lines
     return ort
+
+
+@functools.lru_cache(maxsize=1)
+def _contrib_schemas() -> dict[tuple[str, str], list[tuple[int, FloatContract | None]]]:
+    """ONNX Runtime's own op schemas (contrib ops, in com.microsoft or the ONNX domain): (domain, op) ->
+    [(since_version, float contract)] in version order; empty when onnxruntime is not installed."""
+    try:
+        state = importlib.import_module("onnxruntime.capi.onnxruntime_pybind11_state")
+        schemas = state.get_all_operator_schema()
+    except (ImportError, AttributeError):
+        return {}
+    found: dict[tuple[str, str], list[tuple[int, FloatContract | None]]] = {}
+    for schema in sorted(schemas, key=lambda s: s.since_version):
+        domain = normalized_domain(schema.domain)
+        if domain in ("", "ai.onnx.ml") and onnx.defs.has(schema.name, schema.since_version, domain):
+            continue  # ONNX's own op: ONNX's schema covers it
+        contract = float_contract_of_schema(
+            [p.typeStr for p in schema.inputs],
+            [p.typeStr for p in schema.outputs],
+            {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints},
+        )
+        found.setdefault((domain, schema.name), []).append((schema.since_version, contract))
+    return found
+
+
+def float_contract(node: ir.Node, opset: int) -> FloatContract | None:
+    """How the float slots of an ONNX Runtime contrib op follow its precision, or None (not ORT's, no low type).
+
+    The common LLM ops come from :data:`onnxprec._ops.CONTRIB_FLOAT_CONTRACTS`; any other op of ORT's (in
+    ``com.microsoft``, or registered in the ONNX domain) from the installed onnxruntime's schema of the op.
+
+    Args:
+        node: The node.
+        opset: The model's opset of the node's domain.
+    """
+    known = contrib_float_contract(node, opset)
+    if known is not None:
+        return known
+    domain = normalized_domain(node.domain)
+    if domain == "" and not is_ort_onnx_domain_op(node.op_type, domain, opset):
+        return None
+    versions = [c for since, c in _contrib_schemas().get((domain, node.op_type), []) if since <= opset]
+    return versions[-1] if versions else None
 
 
 def resolve_providers(names: Sequence[str] | None = None, *, trt_plugins: Sequence[str] = ()) -> list[Any]:

@@ -339,7 +339,7 @@ def _rules(options: AutoCastOptions) -> tuple[list[Rule], list[Rule]]:
     if math.isfinite(options.init_max):
         rules.append(InitializerRangeRule(options.init_max))
     if math.isfinite(options.data_max):
-        rules.append(DataRangeRule(options.data_max))
+        rules.append(DataRangeRule(options.data_max, options.low))
     if options.max_depth_of_reduction is not None:
         rules.append(DepthOfReductionRule(options.max_depth_of_reduction))
     if options.custom_rule is not None:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import onnx
 import onnx_ir as ir
 
-from onnxprec._ops import TYPE_ATTRIBUTES, VALUE_ATTRIBUTE_OPS, normalized_domain
+from onnxprec._ops import TYPE_ATTRIBUTES, VALUE_ATTRIBUTE_OPS, FloatContract, normalized_domain
 
-__all__ = ["SchemaSupport", "schema_support"]
+__all__ = ["SchemaSupport", "contract_support", "schema_support"]
 
 # Ops whose floating-point output type comes from an attribute or a constant value; AutoCast rewrites it.
 _RETYPABLE = frozenset({*TYPE_ATTRIBUTES, *VALUE_ATTRIBUTE_OPS})
@@ -27,11 +27,13 @@ class SchemaSupport:
         supported: Whether the node may compute in low precision.
         reason: Why not, when ``supported`` is False.
         fp32_inputs: Input slots that must stay FP32 even in a low-precision node (Resize scales...).
+        fp32_outputs: Output slots that stay FP32 even in a low-precision node (a contrib op's statistics).
     """
 
     supported: bool
     reason: str = ""
     fp32_inputs: frozenset[int] = frozenset()
+    fp32_outputs: frozenset[int] = frozenset()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -90,3 +92,29 @@ def schema_support(
     if float_inputs and not float_outputs and fp32_inputs == set(float_inputs):
         return SchemaSupport(False, f"{node.op_type}-{schema.since_version} has no {low.name.lower()} input type")
     return SchemaSupport(True, fp32_inputs=frozenset(fp32_inputs))
+
+
+def contract_support(
+    node: ir.Node,
+    contract: FloatContract,
+    low: ir.DataType,
+    float_inputs: tuple[int, ...],
+    float_outputs: tuple[int, ...],
+) -> SchemaSupport:
+    """What an ONNX Runtime contrib op's float contract allows: its ``T`` slots go low, its ``F`` slots stay FP32.
+
+    Args:
+        node: The node.
+        contract: The op's float contract (:func:`onnxprec._ort.float_contract`).
+        low: FLOAT16 or BFLOAT16.
+        float_inputs: Indices of inputs that carry FP32 tensors.
+        float_outputs: Indices of outputs that carry FP32 tensors.
+    """
+    low_name = low.name.lower()
+    if low_name not in contract.low_types:
+        return SchemaSupport(False, f"ONNX Runtime's {node.op_type} has no {low_name} type")
+    fp32_inputs = frozenset(i for i in float_inputs if contract.input(i) != "T")
+    fp32_outputs = frozenset(j for j in float_outputs if contract.output(j) != "T")
+    if len(fp32_inputs) == len(float_inputs) and len(fp32_outputs) == len(float_outputs):
+        return SchemaSupport(False, f"ONNX Runtime's {node.op_type} has no float slot that can go {low_name}")
+    return SchemaSupport(True, fp32_inputs=fp32_inputs, fp32_outputs=fp32_outputs)

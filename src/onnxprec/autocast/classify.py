@@ -18,7 +18,8 @@ from onnxprec._ops import (
     normalized_domain,
     opsets_by_domain,
 )
-from onnxprec.autocast._schema import schema_support
+from onnxprec._ort import float_contract
+from onnxprec.autocast._schema import SchemaSupport, contract_support, schema_support
 from onnxprec.autocast.rules import Rule, RuleContext
 
 __all__ = ["Decision", "PluginPrecision", "classify"]
@@ -88,16 +89,22 @@ def _decide(
     inherited: str | None,
 ) -> Decision:
     opset = opsets.get(normalized_domain(node.domain), 1)
-    if not is_standard_op(node, opset):
+    standard = is_standard_op(node, opset)
+    contract = None if standard else float_contract(node, opset)
+    if not standard:
         plugin = plugins.get(node.op_type)
         if plugin is not None:
             return _plugin_decision(node, plugin)
-        contrib = node.domain == "com.microsoft" or is_ort_onnx_domain_op(node.op_type, node.domain, opset)
-        kind = "ONNX Runtime contrib op" if contrib else "custom op"
-        return Decision(False, f"{kind} {node.domain or 'ai.onnx'}::{node.op_type} (no ONNX schema)")
+        name = f"{node.domain or 'ai.onnx'}::{node.op_type}"
+        if contract is None:
+            contrib = node.domain == "com.microsoft" or is_ort_onnx_domain_op(node.op_type, node.domain, opset)
+            kind = "ONNX Runtime contrib op" if contrib else "custom op"
+            return Decision(False, f"{kind} {name} (no ONNX schema)")
+        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            return Decision(False, f"ONNX Runtime contrib op {name} runs subgraphs: kept in FP32")
     if node.op_type in CONTROL_FLOW_OPS:
         return Decision(False, "control-flow interface kept in FP32 (its subgraph nodes are classified)")
-    if is_default_domain(node.domain) and node.op_type in KEEP_FP32_OPS:
+    if (is_default_domain(node.domain) or contract is not None) and node.op_type in KEEP_FP32_OPS:
         return Decision(False, KEEP_FP32_OPS[node.op_type])
     training = node.attributes.get("training_mode")
     if node.op_type == "BatchNormalization" and training is not None and training.as_int():
@@ -106,7 +113,11 @@ def _decide(
         return Decision(False, "ai.onnx.ml ops keep FP32 (tree and classifier attributes hold FP32 values)")
     if any(_is_container(v) for v in (*node.inputs, *node.outputs)):
         return Decision(False, "sequence/optional values keep their declared element type (FP32)")
-    support = schema_support(node, opset, low, _float_slots(node.inputs), _float_slots(node.outputs))
+    float_in, float_out = _float_slots(node.inputs), _float_slots(node.outputs)
+    if contract is not None:
+        support: SchemaSupport | None = contract_support(node, contract, low, float_in, float_out)
+    else:
+        support = schema_support(node, opset, low, float_in, float_out)
     if support is not None and not support.supported:
         return Decision(False, support.reason)
     reason = inherited
@@ -119,11 +130,15 @@ def _decide(
         for include in includes:
             hit = include(node, ctx)
             if hit:
-                return Decision(
-                    True, f"included: {hit} (overrides: {reason})", support.fp32_inputs if support else frozenset()
-                )
+                return Decision(True, f"included: {hit} (overrides: {reason})", *_fp32_slots(support))
         return Decision(False, reason)
-    return Decision(True, "default", support.fp32_inputs if support else frozenset())
+    return Decision(True, "default", *_fp32_slots(support))
+
+
+def _fp32_slots(support: SchemaSupport | None) -> tuple[frozenset[int], frozenset[int]]:
+    if support is None:
+        return frozenset(), frozenset()
+    return support.fp32_inputs, support.fp32_outputs
 
 
 def classify(
@@ -145,6 +160,8 @@ def classify(
     ctx = ctx or RuleContext()
     plugins = plugins or {}
     opsets = opsets_by_domain(model)
+    if not ctx.opsets:
+        ctx.opsets = opsets
     decisions: dict[ir.Node, Decision] = {}
 
     def visit(graph: ir.Graph, inherited: str | None) -> None:

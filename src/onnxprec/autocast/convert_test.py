@@ -282,7 +282,7 @@ def test_fp64_model_keeps_double_io_and_converts_inside() -> None:
     np.testing.assert_allclose(run(out, {"X": x})[0], [1.5, 0.0])
 
 
-def test_contrib_op_stays_fp32_without_tensorrt() -> None:
+def test_contrib_op_converts_by_its_contract_without_tensorrt() -> None:
     nodes = [
         helper.make_node("FusedMatMul", ["X", "W"], ["f"], domain="com.microsoft", alpha=1.0, name="fused"),
         helper.make_node("Relu", ["f"], ["Y"], name="relu"),
@@ -297,7 +297,7 @@ def test_contrib_op_stays_fp32_without_tensorrt() -> None:
     out = convert_to_mixed_precision(model, data_max=INF, keep_io_types=True)
     fused = next(n for n in out.graph.node if n.op_type == "FusedMatMul")
     assert fused.domain == "com.microsoft"  # not renamed into a TensorRT plugin domain
-    assert _init(out, "W").data_type == F
+    assert _init(out, "W").data_type == F16  # FusedMatMul's contract: A, B and Y share T (float16 allowed)
     x = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
     np.testing.assert_allclose(run(out, {"X": x})[0], np.maximum(x, 0), atol=1e-3)
 

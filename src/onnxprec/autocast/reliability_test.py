@@ -257,7 +257,15 @@ def test_int4_weights_of_a_quantized_llm_are_left_alone() -> None:
         helper.make_node("MatMul", ["X", "W"], ["h"], name="matmul"),
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
         helper.make_node(
-            "MatMulNBits", ["X", "B", "S2"], ["nb"], domain="com.microsoft", K=k, N=n, bits=4, block_size=32
+            "MatMulNBits",
+            ["X", "B", "S2"],
+            ["nb"],
+            domain="com.microsoft",
+            K=k,
+            N=n,
+            bits=4,
+            block_size=32,
+            name="nbits",
         ),
         helper.make_node("Add", ["r", "nb"], ["Y"], name="add"),
     ]
@@ -274,8 +282,9 @@ def test_int4_weights_of_a_quantized_llm_are_left_alone() -> None:
     out = convert_to_mixed_precision(model, keep_io_types=True)
     inits = {i.name: i for i in out.graph.initializer}
     assert inits["Wq"].data_type == TensorProto.INT4 and inits["Wq"].raw_data == int4.raw_data
-    assert inits["B"].data_type == TensorProto.UINT8 and inits["S2"].data_type == F  # the contrib op stays FP32
-    assert "matmul" in _low_nodes(out)
+    # MatMulNBits goes FP16 by its contract: the packed weights stay uint8, the scales follow A (T1).
+    assert inits["B"].data_type == TensorProto.UINT8 and inits["S2"].data_type == F16
+    assert {"matmul", "nbits"} <= _low_nodes(out)
     x = RNG.standard_normal((2, k)).astype(np.float32)
     _close(model, out, {"X": x}, tol=3e-2)
 

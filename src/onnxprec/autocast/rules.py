@@ -11,7 +11,7 @@ import abc
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +19,8 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec._graph import FLOAT_TYPES, tensor_dtype
-from onnxprec._tensors import release
+from onnxprec._ops import contrib_float_contract, normalized_domain
+from onnxprec._tensors import finite_max, release
 from onnxprec.observers import TensorStats
 
 __all__ = [
@@ -43,6 +44,7 @@ class RuleContext:
     """What rules may look at besides the node: reference statistics and cached initializer magnitudes."""
 
     stats: dict[str, TensorStats] | None = None
+    opsets: Mapping[str, int] = field(default_factory=dict)  # the model's opsets by domain (classify fills them)
     _init_absmax: dict[int, float] = field(default_factory=dict)
 
     def initializer_absmax(self, value: ir.Value) -> float:
@@ -139,14 +141,29 @@ class DataRangeRule:
     Integer and bool tensors never trip it: shape values and token ids above 512 are not overflow risks
     (ModelOpt checks them too and needlessly keeps Reshape, Gather and Shape nodes in FP32). A float tensor the
     reference run did not measure (the tensors of If/Loop/Scan bodies) is not "in range": its nodes stay FP32.
+
+    ONNX Runtime contrib ops that compute in FP32 inside (:attr:`onnxprec._ops.FloatContract.fp32_inside`: the
+    fused normalizations and attentions) are held to half the ``low`` type's range instead, when that is wider:
+    their low-precision tensors only carry values, the sums and statistics that overflow are FP32.
     """
 
-    def __init__(self, data_max: float) -> None:
+    def __init__(self, data_max: float, low: ir.DataType | None = None) -> None:
         self.data_max = data_max
+        self.low = low
+
+    def _bound(self, node: ir.Node, ctx: RuleContext) -> tuple[float, str]:
+        if self.low is not None:
+            contract = contrib_float_contract(node, ctx.opsets.get(normalized_domain(node.domain), 1))
+            if contract is not None and contract.fp32_inside:
+                wide = finite_max(self.low) / 2
+                if wide > self.data_max:
+                    return wide, f"half the {self.low.name.lower()} range {wide:g} ({node.op_type} computes in FP32)"
+        return self.data_max, f"data_max {self.data_max:g}"
 
     def __call__(self, node: ir.Node, ctx: RuleContext) -> str | None:
         if ctx.stats is None:
             return None
+        bound, what = self._bound(node, ctx)
         for kind, values in (("input", node.inputs), ("output", node.outputs)):
             for value in values:
                 if value is None or value.is_initializer():
@@ -158,8 +175,8 @@ class DataRangeRule:
                     continue
                 if not stats.is_float or stats.size == 0:
                     continue
-                if stats.absmax > self.data_max:
-                    return f"{kind} '{value.name}' reaches {stats.absmax:.4g} > data_max {self.data_max:g}"
+                if stats.absmax > bound:
+                    return f"{kind} '{value.name}' reaches {stats.absmax:.4g} > {what}"
         return None
 
 

@@ -8,6 +8,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec._graph import FLOAT_TYPES, all_graphs
+from onnxprec._ops import contrib_float_contract, normalized_domain, opsets_by_domain
 from onnxprec._protobuf import structure_proto
 
 __all__ = ["InferTypesPass"]
@@ -22,26 +23,33 @@ class InferTypesPass(ir.passes.InPlacePass):
     ``seq(tensor(float))`` into ``tensor(float)``).
 
     Outputs of custom or contrib ops that ONNX cannot infer get the type of the node's first floating-point
-    input, if any (the usual case for plugins such as fused attention or normalization). A reference run,
+    input, if any (the usual case for plugins such as fused attention or normalization); an ONNX Runtime contrib op
+    with a known float contract (:data:`onnxprec._ops.CONTRIB_FLOAT_CONTRACTS`) gives its FP32-only outputs FLOAT
+    and the others the type of its first input that follows the node's type. A reference run,
     when one happens, later replaces these guesses with the types ONNX Runtime observed.
     """
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = _infer(model)
         guessed = 0
+        opsets = opsets_by_domain(model)
         for graph in all_graphs(model.graph):
             for node in graph:
                 if all(out.dtype is not None for out in node.outputs):
                     continue
-                guess = next((v.dtype for v in node.inputs if v is not None and v.dtype in FLOAT_TYPES), None)
-                if guess is None:
-                    continue
-                for out in node.outputs:
-                    if out.dtype is None:
-                        out.dtype = guess
+                contract = contrib_float_contract(node, opsets.get(normalized_domain(node.domain), 1))
+                follows = [v for i, v in enumerate(node.inputs) if contract is None or contract.input(i) == "T"]
+                guess = next((v.dtype for v in follows if v is not None and v.dtype in FLOAT_TYPES), None)
+                for j, out in enumerate(node.outputs):
+                    if out.dtype is not None:
+                        continue
+                    code = "T" if contract is None else contract.output(j)
+                    dtype = ir.DataType.FLOAT if code == "F" else guess if code == "T" else None
+                    if dtype is not None:
+                        out.dtype = dtype
                         guessed += 1
                         logger.debug(
-                            "Guessed type %s for output '%s' of %s node '%s'", guess, out.name, node.op_type, node.name
+                            "Guessed type %s for output '%s' of %s node '%s'", dtype, out.name, node.op_type, node.name
                         )
         if guessed:
             logger.info("Types of %d values could not be inferred and were guessed from their inputs", guessed)
