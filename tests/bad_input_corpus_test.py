@@ -27,7 +27,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._testing import F16, F, make_model, tensor_info
+from onnxprec._testing import F16, F, make_genai_folder, make_model, tensor_info
 
 I64 = TensorProto.INT64
 
@@ -137,6 +137,12 @@ def _read_only_output(d: Path) -> list[str]:
     return ["--onnx_path", str(d / "model.onnx"), "--output_path", str(d / "ro" / "out.onnx")]
 
 
+def _corrupt_genai_config(d: Path) -> list[str]:
+    (d / "genai_config.json").write_text("{not json")
+    (d / "out").mkdir()
+    return _good_with()(d)
+
+
 def _cyclic() -> onnx.ModelProto:
     nodes = [
         helper.make_node("Add", ["X", "b"], ["a"], name="add"),
@@ -184,6 +190,7 @@ class Case:
     output: str = "out.onnx"  # relative to the folder; None-like "" when the default path is meant
     extra: list[str] = field(default_factory=list)
     as_user: bool = False  # root ignores permissions: run as an unprivileged user
+    tool: str = "onnxprec.autocast"  # the module run with ``python -m``
 
 
 NO_FP32 = "The model has no FP32 tensors to convert (is it already FP16/BF16?): pass the FP32 model."
@@ -442,6 +449,34 @@ CASES: dict[str, Case] = {
         output="",
         as_user=True,
     ),
+    # --- onnxruntime-genai folders
+    "genai: generation on a folder without genai_config.json": Case(
+        lambda d: [*_good_with()(d)[1:], "--generate", "--json", str(d / "eval.json")],
+        "'{dir}' has no genai_config.json: onnxruntime-genai loads the folder its model builder wrote "
+        "(genai_config.json, the model and its tokenizer); pass a model in such a folder.",
+        output="",
+        tool="onnxprec.evaluate",
+    ),
+    "genai: text prompts for a folder without a tokenizer": Case(
+        lambda d: [
+            str(make_genai_folder(d, tokenizer=False)),
+            "--generate",
+            "--prompts",
+            "Hello",
+            "--json",
+            str(d / "eval.json"),
+        ],
+        "'{dir}' has no tokenizer files (tokenizer.json or tokenizer.model), so text prompts cannot be encoded: "
+        "copy the tokenizer files beside genai_config.json, or give token ids with --data ids.npy.",
+        output="",
+        tool="onnxprec.evaluate",
+    ),
+    "genai: a corrupt genai_config.json beside the model": Case(
+        _corrupt_genai_config,
+        "re:'{dir}/genai_config.json' is not readable JSON \\(JSONDecodeError: .*\\): fix it or regenerate the "
+        "folder with onnxruntime_genai.models.builder\\.",
+        output="out/model.onnx",
+    ),
     # --- flags
     "invalid regex": Case(
         _good_with("--nodes_to_exclude", "(unclosed"),
@@ -545,7 +580,7 @@ def _run(name: str, case: Case, root: Path) -> Outcome:
     before = _digest(folder)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HOME=str(root))  # HOME: ONNX Runtime's telemetry id
     result = subprocess.run(
-        [*prefix, sys.executable, "-m", "onnxprec.autocast", *args],
+        [*prefix, sys.executable, "-m", case.tool, *args],
         capture_output=True,
         text=True,
         timeout=300,

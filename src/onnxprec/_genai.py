@@ -315,7 +315,7 @@ class GenaiCarry:
             first = past % 0
             for value in model.graph.inputs:
                 if value.name == first and value.dtype is not None:
-                    self.kv_dtype = value.dtype.name.lower()
+                    self.kv_dtype = str(value.dtype.numpy().name)
 
     @property
     def summary(self) -> str:

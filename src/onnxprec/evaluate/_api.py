@@ -21,7 +21,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,13 +177,7 @@ class EvaluationReport:
         if any(m.latency_ms for m in self.models):
             columns.append(("median ms", lambda m: _fmt((m.latency_ms or {}).get("median"), "{:.2f}")))
             columns.append(("p90 ms", lambda m: _fmt((m.latency_ms or {}).get("p90"), "{:.2f}")))
-        rows = [[title for title, _ in columns]] + [[str(get(m)) for _, get in columns] for m in self.models]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
-        lines = [
-            "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-            for row in rows
-        ]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = text_table(columns, self.models)
         main = self.reference.main_output
         notes = []
         if len(self.models) > 1 and main:
@@ -192,6 +186,19 @@ class EvaluationReport:
             shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in self.latency_batch.items())
             notes.append(f"latency per batch ({shapes}) on {', '.join(self.providers)}")
         return "\n".join(lines + ([f"({'; '.join(notes)})"] if notes else []))
+
+
+def text_table(columns: Sequence[tuple[str, Callable[[Any], Any]]], items: Sequence[Any]) -> list[str]:
+    """The lines of a plain-text table: a header, a rule, one row per item (first column left-aligned, others
+    right-aligned); ``columns`` are (title, cell of an item)."""
+    rows = [[title for title, _ in columns]] + [[str(get(item)) for _, get in columns] for item in items]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -20,7 +20,8 @@ __all__ = ["DESCRIPTION", "EPILOG", "OutputArgs", "add_arguments", "run"]
 DESCRIPTION = (
     "Run one or several models side by side on the same data (e.g. an FP32 model and its FP16/BF16/INT4 "
     "versions) and report perplexity (causal LMs), top-1/top-5 accuracy (with --labels), agreement with the "
-    "reference model's outputs (top-1 agreement, max abs, relative L2, cosine) and latency per batch."
+    "reference model's outputs (top-1 agreement, max abs, relative L2, cosine) and latency per batch; or, with "
+    "--generate, greedy generation through onnxruntime-genai (tokens/s, greedy agreement)."
 )
 EPILOG = """\
 examples:
@@ -28,6 +29,8 @@ examples:
       perplexity of each model on token windows, agreement with model.onnx, latency; eval.json for scripts
   {prog} resnet.onnx resnet.fp16.onnx --data images.npz --labels labels.npy --providers cuda:0
       top-1/top-5 accuracy against the labels, top-1 agreement with the FP32 model, latency on CUDA
+  {prog} fp32/model.onnx int4/model.onnx --generate --max_new_tokens 64
+      onnxruntime-genai folders: greedy generation, prefill and decode tokens/s, greedy agreement with fp32
 """
 
 
@@ -55,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluates the models; prints the table on stdout."""
-    from onnxprec.evaluate._api import run_evaluation
+    from onnxprec.evaluate._api import EvaluationReport, run_evaluation
+    from onnxprec.evaluate._generate import GenerationReport
 
     options = from_args(EvaluateOptions, args)
     output = from_args(OutputArgs, args)
@@ -63,7 +67,12 @@ def run(args: argparse.Namespace) -> int:
     inputs = [*args.models, *filter(None, [options.data, options.labels, options.reference])]
     for path in filter(None, [output.json, common.report_json]):
         check_report_path(path, protected=inputs)
-    report = run_evaluation(args.models, options)
+    if options.generate:
+        from onnxprec.evaluate._generate import run_generation
+
+        report: EvaluationReport | GenerationReport = run_generation(args.models, options)
+    else:
+        report = run_evaluation(args.models, options)
     data = report.to_json()
     write_report(output.json, data)
     if common.report_json != output.json:

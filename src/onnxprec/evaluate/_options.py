@@ -15,6 +15,7 @@ from onnxprec.errors import InvalidArgumentError
 __all__ = ["OPTIMIZATION_LEVELS", "EvaluateOptions"]
 
 OPTIMIZATION_LEVELS = ("none", "basic", "all")
+_GENERATION = "generation (--generate, through onnxruntime-genai)"
 
 
 @dataclass
@@ -82,6 +83,48 @@ class EvaluateOptions(ToolOptions):
         choices=OPTIMIZATION_LEVELS,
         help="ONNX Runtime graph optimization level of the sessions (all: as deployed).",
     )
+    generate: bool = option(
+        False,
+        flags=("--generate",),
+        group=_GENERATION,
+        help="Generation mode: load each model's onnxruntime-genai folder (genai_config.json beside it) in "
+        "onnxruntime_genai.Model, generate greedily from the same prompts, and report prefill and decode tokens/s "
+        "and greedy agreement with the first model (instead of perplexity and latency); runs on the first of "
+        "--providers (cpu or cuda[:N]).",
+        doc="Generation mode (:func:`onnxprec.evaluate.generate_models`): each model's onnxruntime-genai folder "
+        "generates greedily from the same prompts; prefill and decode tokens/s and greedy agreement with the first "
+        "model.",
+    )
+    prompts: Sequence[str] = option(
+        (),
+        flags=("--prompts",),
+        nargs="+",
+        metavar="TEXT",
+        group=_GENERATION,
+        help="--generate: prompts as text, encoded with the first model's tokenizer (default without --data: "
+        "three short English prompts).",
+    )
+    max_new_tokens: int = option(
+        32,
+        flags=("--max_new_tokens",),
+        metavar="N",
+        group=_GENERATION,
+        help="--generate: tokens to generate after each prompt (fewer when a model emits its end token).",
+    )
+    prompt_tokens: int | None = option(
+        None,
+        flags=("--prompt_tokens",),
+        metavar="N",
+        group=_GENERATION,
+        help="--generate with --data token ids: the first N tokens of each row are its prompt (default: the row).",
+    )
+    num_prompts: int | None = option(
+        None,
+        flags=("--num_prompts",),
+        metavar="N",
+        group=_GENERATION,
+        help="--generate: use only the first N prompts (rows of --data, or --prompts).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,5 +132,9 @@ class EvaluateOptions(ToolOptions):
             raise InvalidArgumentError(f"batch_size must be a positive integer, got {self.batch_size}.")
         if int(self.latency_runs) < 0:
             raise InvalidArgumentError(f"latency_runs must be >= 0, got {self.latency_runs}.")
+        for name in ("max_new_tokens", "prompt_tokens", "num_prompts"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or int(value) <= 0):
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value}.")
         if self.optimization not in OPTIMIZATION_LEVELS:
             raise InvalidArgumentError(f"optimization must be one of {OPTIMIZATION_LEVELS}, got {self.optimization!r}.")
