@@ -13,12 +13,19 @@ from onnxprec._testing import F, make_model, tensor_info
 from onnxprec.quantization.packing import unpack_matmulnbits
 
 __all__ = [
+    "TIED_FORMS",
     "correlated",
     "dequantized_weights",
     "mlp",
     "run_fp32_compute",
     "single_matmul",
+    "tiny_lm",
 ]
+
+TIED_FORMS = ("copies", "transpose", "gemm", "untied")
+"""How :func:`tiny_lm` stores its embedding and lm_head: two initializers of equal content (torch exports), one
+``[H, V]`` initializer read by the lm_head and by ``Transpose -> Gather`` (onnxruntime-genai's builder), one
+``[V, H]`` table read by the Gather and by ``Gemm(transB=1)``, or two different matrices."""
 
 
 def correlated(t: int, k: int, seed: int = 0, *, outliers: bool = True) -> np.ndarray:
@@ -119,3 +126,45 @@ def dequantized_weights(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
             block = int(attrs.get("block_size") or q.shape[0])
             result[node.name] = (q - _repeat(zero, block, q.shape[0])) * _repeat(scales, block, q.shape[0])
     return result
+
+
+def tiny_lm(
+    form: str = "copies", *, v: int = 80, h: int = 48, seed: int = 0
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``ids -> Gather(embedding) -> MatMul(W1) -> Relu -> lm_head`` and its float32 weights, each ``[K, N]``.
+
+    ``form`` is one of :data:`TIED_FORMS`; the weights returned are ``embedding`` (the table ``[V, H]`` as the
+    ``[K=H, N=V]`` matrix its blocks run along), ``w1`` and ``head``. ``ids`` is ``[B, T]`` (``[T]`` for ``gemm``).
+    """
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((v, h)).astype(np.float32)
+    w1 = (rng.standard_normal((h, h)) / np.sqrt(h)).astype(np.float32)
+    head = table.T.copy() if form != "untied" else (rng.standard_normal((h, v)) / np.sqrt(h)).astype(np.float32)
+    inits: dict[str, np.ndarray] = {"W1": w1}
+    nodes = []
+    if form == "transpose":
+        inits["lm_head.weight"] = head
+        nodes.append(helper.make_node("Transpose", ["lm_head.weight"], ["table"], name="/embed/Transpose", perm=[1, 0]))
+        nodes.append(helper.make_node("Gather", ["table", "ids"], ["e"], name="/embed/Gather"))
+    else:
+        inits["embed.weight"] = table
+        nodes.append(helper.make_node("Gather", ["embed.weight", "ids"], ["e"], name="/embed/Gather"))
+    nodes += [
+        helper.make_node("MatMul", ["e", "W1"], ["m"], name="/layers.0/mlp/MatMul"),
+        helper.make_node("Relu", ["m"], ["r"], name="/layers.0/Relu"),
+    ]
+    if form == "gemm":
+        nodes.append(helper.make_node("Gemm", ["r", "embed.weight"], ["logits"], name="/lm_head/Gemm", transB=1))
+    elif form == "transpose":
+        nodes.append(helper.make_node("MatMul", ["r", "lm_head.weight"], ["logits"], name="/lm_head/MatMul"))
+    else:
+        inits["lm_head.weight"] = head
+        nodes.append(helper.make_node("MatMul", ["r", "lm_head.weight"], ["logits"], name="/lm_head/MatMul"))
+    shape: list[int | str] = ["T"] if form == "gemm" else ["B", "T"]
+    model = make_model(
+        nodes,
+        [tensor_info("ids", onnx.TensorProto.INT64, shape)],
+        [tensor_info("logits", F, [*shape, v])],
+        inits,
+    )
+    return model, {"embedding": table.T.copy(), "w1": w1, "head": head}

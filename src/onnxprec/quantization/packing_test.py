@@ -155,3 +155,66 @@ def test_scale_dtype() -> None:
     qw = _weight(4, 32, True)
     assert pack_matmulnbits(qw, scale_dtype=np.float16).scales.dtype == np.float16
     assert qdq_arrays(qw, ml_dtypes.bfloat16).scales.dtype == ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize(("bits", "bs", "symmetric"), [c for c in CASES if c[1] != -1])
+def test_gather_block_quantized_reads_the_matmulnbits_layout(bits: int, bs: int, symmetric: bool) -> None:
+    """An embedding table [N=48, K=100] is the [K, N] weight's MatMulNBits B with its last axes merged; scales and
+    zero points are MatMulNBits's. K=100 is padded to whole blocks, so a gathered row has the padding at its end."""
+    qw = _weight(bits, bs, symmetric)
+    packed = pack_matmulnbits(qw, K)
+    n_blocks = packed.b.shape[1]
+    data = packed.b.reshape(N, -1)
+    inputs = ["D", "I", "S"] + ([] if packed.zero_points is None else ["Z"])
+    inits = [numpy_helper.from_array(data, "D"), numpy_helper.from_array(packed.scales, "S")]
+    if packed.zero_points is not None:
+        inits.append(numpy_helper.from_array(packed.zero_points, "Z"))
+    node = helper.make_node(
+        "GatherBlockQuantized", inputs, ["Y"], domain="com.microsoft", bits=bits, block_size=bs, gather_axis=0,
+        quantize_axis=1,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("I", onnx.TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [2, 3, n_blocks * bs])], inits,
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+    ids = np.array([[0, 47, 5], [-1, 20, 0]])
+    (y,) = _session(model, optimize=True).run(None, {"I": ids})
+    np.testing.assert_array_equal(y[..., :K], qw.dequantize().T[ids])
+    np.testing.assert_array_equal(y[..., K:], 0)  # padded values sit on the zero point
+
+
+@pytest.mark.parametrize(("bits", "bs", "symmetric"), [c for c in CASES if c[1] != -1])
+def test_qdq_table_dequantizes_along_axis_1_before_gather(bits: int, bs: int, symmetric: bool) -> None:
+    qw = _weight(bits, bs, symmetric)
+    data, scales, zero_points = (None if a is None else np.ascontiguousarray(a.T) for a in qdq_arrays(qw))
+    assert data is not None and scales is not None
+    dtype = {
+        4: ir.DataType.INT4 if symmetric else ir.DataType.UINT4,
+        8: ir.DataType.INT8 if symmetric else ir.DataType.UINT8,
+    }
+    inits = [
+        ir.serde.serialize_tensor(ir.Tensor(data, dtype=dtype[bits], name="W")),
+        numpy_helper.from_array(scales, "S"),
+    ]
+    inputs = ["W", "S"]
+    if zero_points is not None:
+        inits.append(ir.serde.serialize_tensor(ir.Tensor(zero_points, dtype=dtype[bits], name="Z")))
+        inputs.append("Z")
+    nodes = [
+        helper.make_node("DequantizeLinear", inputs, ["T"], axis=1, block_size=bs),
+        helper.make_node("Gather", ["T", "I"], ["Y"], axis=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("I", onnx.TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [4, K])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    ids = np.array([0, 47, 5, -2])
+    for optimize in (False, True):
+        (y,) = _session(model, optimize).run(None, {"I": ids})
+        np.testing.assert_array_equal(y, qw.dequantize().T[ids])

@@ -5,6 +5,13 @@ Attributes ``K``, ``N``, ``bits``, ``block_size`` and ``accuracy_level`` (4: int
 in the weight's float type, zero points uint8 packed along the blocks (see :mod:`onnxprec.quantization.packing`).
 A Gemm's ``alpha`` becomes a ``Mul`` and its ``beta * C`` an ``Add`` after the MatMulNBits (its optional bias input
 needs a recent ONNX Runtime and a 1-D bias, so the separate Add is used everywhere).
+
+An embedding ``Gather`` becomes ``com.microsoft::GatherBlockQuantized(data, ids, scales[, zero_points])`` with
+``gather_axis=0``, ``quantize_axis=1``, ``bits`` and ``block_size``: ``data`` is uint8 ``[V, n_blocks * block_size
+* bits / 8]``, the MatMulNBits ``B`` of the ``[K=H, N=V]`` weight with its last two axes merged, and scales and zero
+points are MatMulNBits's (the same layout). A table tied to an lm_head is stored once: the GatherBlockQuantized
+reads ``Reshape(B)`` and the lm_head's scales and zero points, as onnxruntime-genai's builder writes it. When the
+hidden size is not a multiple of the block size, the padded rows are cut by a ``Slice``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import onnx_ir as ir
 from onnxprec._graph import NameAllocator
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
 from onnxprec.quantization.formats.lazy import LazyQuantizedWeight
+from onnxprec.quantization.formats.qdq import first_node, remove_unused_transposes
 from onnxprec.quantization.packing import pack_matmulnbits
 from onnxprec.quantization.select import Layer, Target
 
@@ -75,8 +83,10 @@ def rewrite_matmulnbits(
 ) -> list[ir.Node]:
     """Replaces every layer of ``target`` with a MatMulNBits node reading ``weight``'s lazy initializers.
 
+    Gathers of the weight become GatherBlockQuantized nodes reading the same initializers.
+
     Returns:
-        The MatMulNBits nodes. The caller adds the ``com.microsoft`` opset import.
+        The MatMulNBits and GatherBlockQuantized nodes. The caller adds the ``com.microsoft`` opset import.
     """
     recipe = weight.recipe
     k, n, bits = target.k, target.n, recipe.bits
@@ -85,9 +95,12 @@ def rewrite_matmulnbits(
     float_type = target.dtype
     scale_dtype = float_type.numpy()
 
+    table = not target.matmuls  # only Gathers: B is stored as the [N, K * bits / 8] table they read
+    blob = block * bits // 8
+
     def pack(qw: QuantizedWeight) -> dict[str, np.ndarray]:
         b, scales, zero_points = pack_matmulnbits(qw, k, scale_dtype=scale_dtype)
-        pieces = {"b": b, "scales": scales}
+        pieces = {"b": b.reshape(n, n_blocks * blob) if table else b, "scales": scales}
         if zero_points is not None:
             pieces["zero_points"] = zero_points
         return pieces
@@ -96,7 +109,7 @@ def rewrite_matmulnbits(
     weight.set_packer(pack, keys)
     base = target.name
     specs = {
-        "b": (ir.DataType.UINT8, (n, n_blocks, block * bits // 8), f"{base}_Q{bits}"),
+        "b": (ir.DataType.UINT8, (n, n_blocks * blob) if table else (n, n_blocks, blob), f"{base}_Q{bits}"),
         "scales": (float_type, (n, n_blocks), f"{base}_scales"),
         "zero_points": (ir.DataType.UINT8, (n, math.ceil(n_blocks * bits / 8)), f"{base}_zero_points"),
     }
@@ -110,7 +123,7 @@ def rewrite_matmulnbits(
     if accuracy_level:
         attributes.append(ir.AttrInt64("accuracy_level", accuracy_level))
     nodes = []
-    for layer in target.layers:
+    for layer in target.matmuls:
         old = layer.node
         product = ir.Value(name=names(f"{layer.name}_Q{bits}_output"), type=ir.TensorType(float_type))
         node = ir.Node(
@@ -125,4 +138,68 @@ def rewrite_matmulnbits(
         ir.convenience.replace_nodes_and_values(graph, old, [old], new_nodes, [old.outputs[0]], [out])
         layer.node = node
         nodes.append(node)
+    gathers = sorted(target.gathers, key=lambda layer: layer.order)
+    if gathers:
+        nodes += _rewrite_gathers(graph, target, gathers, inputs, block, bits, names, table=table)
+    return nodes
+
+
+def _int64s(graph: ir.Graph, values: list[int], names: NameAllocator, base: str) -> ir.Value:
+    tensor = ir.Tensor(np.array(values, dtype=np.int64))
+    const = ir.Value(name=names(base), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((len(values),)),
+                     const_value=tensor)  # fmt: skip
+    graph.register_initializer(const)
+    return const
+
+
+def _rewrite_gathers(
+    graph: ir.Graph,
+    target: Target,
+    gathers: list[Layer],
+    inputs: list[ir.Value | None],
+    block: int,
+    bits: int,
+    names: NameAllocator,
+    *,
+    table: bool,
+) -> list[ir.Node]:
+    """GatherBlockQuantized nodes (after a Reshape of a shared ``B``; before a Slice of padded rows)."""
+    k, n = target.k, target.n
+    n_blocks = math.ceil(k / block)
+    b, *params = inputs
+    assert b is not None
+    data = b
+    if not table:
+        first = first_node(graph, [node for layer in gathers for node in (layer.transpose, layer.node) if node])
+        data = ir.Value(name=names(f"{target.name}_table"), type=ir.TensorType(ir.DataType.UINT8),
+                        shape=ir.Shape((n, n_blocks * block * bits // 8)))  # fmt: skip
+        shape = _int64s(graph, [n, n_blocks * block * bits // 8], names, f"{target.name}_table_shape")
+        graph.insert_before(first, ir.Node("", "Reshape", [b, shape], outputs=[data],
+                                           name=names.node(f"{gathers[0].name}/Reshape")))  # fmt: skip
+    attributes = [
+        ir.AttrInt64("bits", bits),
+        ir.AttrInt64("block_size", block),
+        ir.AttrInt64("gather_axis", 0),
+        ir.AttrInt64("quantize_axis", 1),
+    ]
+    nodes = []
+    for layer in gathers:
+        old = layer.node
+        out = ir.Value(name=names(f"{layer.name}_Q{bits}_output"), type=ir.TensorType(target.dtype))
+        node = ir.Node(
+            DOMAIN, "GatherBlockQuantized", [data, layer.input, *params], attributes=attributes, outputs=[out],
+            name=names.node(f"{layer.name}_Q{bits}"),
+        )  # fmt: skip
+        new_nodes = [node]
+        if n_blocks * block > k:  # padded rows: keep the first K values of each gathered row
+            cut = ir.Value(name=names(f"{layer.name}_rows"), type=ir.TensorType(target.dtype))
+            bounds = [_int64s(graph, [v], names, f"{target.name}_{what}") for v, what in ((0, "start"), (k, "end"))]
+            axis = _int64s(graph, [-1], names, f"{target.name}_axis")
+            slice_name = names.node(f"{layer.name}/Slice")
+            new_nodes.append(ir.Node("", "Slice", [out, *bounds, axis], outputs=[cut], name=slice_name))
+            out = cut
+        ir.convenience.replace_nodes_and_values(graph, old, [old], new_nodes, [old.outputs[0]], [out])
+        layer.node = node
+        nodes.append(node)
+    remove_unused_transposes(graph, gathers)
     return nodes

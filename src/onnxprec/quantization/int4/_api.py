@@ -28,7 +28,14 @@ from onnxprec import _ort, calibration
 from onnxprec._genai import GenaiCarry
 from onnxprec._graph import NameAllocator
 from onnxprec._io import ModelSource, check_output_path, external_data_paths, load_model, save_model, to_model_proto
-from onnxprec._ops import QUANTIZED_OPS, default_opset
+from onnxprec._ops import (
+    QUANTIZED_OPS,
+    default_opset,
+    is_ort_onnx_domain_op,
+    is_standard_op,
+    normalized_domain,
+    opsets_by_domain,
+)
 from onnxprec._options import fields_in
 from onnxprec._tensors import release
 from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
@@ -41,14 +48,20 @@ from onnxprec.quantization.formats.matmulnbits import matmulnbits_block
 from onnxprec.quantization.formats.qdq import MIN_OPSET
 from onnxprec.quantization.int4._options import Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
-from onnxprec.quantization.methods import GroupStats, Recipe, decide_group
+from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
-from onnxprec.quantization.select import InputGroup, Selection, Target, select_layers
+from onnxprec.quantization.select import FLOAT_WEIGHT_TYPES, InputGroup, Selection, Target, select_layers
 from onnxprec.validate import check_structure
 
 __all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
 
 logger = logging.getLogger(__name__)
+
+# Table types a quantized Gather may have: GatherBlockQuantized has float and float16 CPU kernels only.
+GATHER_TYPES = {
+    "qdq": FLOAT_WEIGHT_TYPES,
+    "matmulnbits": frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16}),
+}
 
 
 def default_output_path(onnx_path: str | Path) -> Path:
@@ -225,15 +238,17 @@ def _targets_of(group: InputGroup, selection: Selection) -> list[Target]:
     return [target_of[layer] for layer in group.layers]
 
 
-def _layer_entry(target: Target, method: str, block_size: int) -> LayerReport:
+def _layer_entry(target: Target, method: str, options: Int4Options) -> LayerReport:
+    if (not target.matmuls and METHODS[method].needs_data) or target.bits == 8:
+        method = "rtn"  # an embedding table has no input activations to calibrate on
     return LayerReport(
         weight=target.name,
         layers=[layer.name for layer in target.layers],
         k=target.k,
         n=target.n,
         bits=target.bits,
-        method=method if target.bits == 4 else "rtn (8-bit per channel)",
-        block_size=block_size if target.bits == 4 else -1,
+        method=method,
+        block_size=options.quant_config().block_size if target.bits == 4 else options.block_8bit(target.k),
         dtype=target.dtype.name.lower(),
     )
 
@@ -267,7 +282,12 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     model = load_model(source)
     _check_quantizable(model)
     _sanitize(model, options)
-    selection = select_layers(model, exclude=options.exclude_patterns, eight_bit=options.eight_bit_patterns)
+    selection = select_layers(
+        model,
+        exclude=options.exclude_patterns,
+        eight_bit=options.eight_bit_patterns,
+        gather_types=GATHER_TYPES[options.output_format],
+    )
     report.excluded, report.skipped = selection.excluded, selection.skipped
     if not selection.targets:
         hint = " (all excluded by nodes_to_exclude)" if selection.excluded else ""
@@ -283,7 +303,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     )  # fmt: skip
 
     recipes: dict[Target, Recipe] = {}
-    entries = {t: _layer_entry(t, options.method, config.block_size) for t in selection.targets}
+    entries = {t: _layer_entry(t, options.method, options) for t in selection.targets}
     scales: dict[InputGroup, np.ndarray] = {}
     if options.spec.needs_data and any(t.bits == 4 for t in selection.targets):
         scales = _calibrate_and_decide(model, selection, options, recipes, entries, report)
@@ -291,7 +311,11 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         if target not in recipes:
             if target.bits == 8:
                 recipes[target] = Recipe(
-                    "rtn", bits=8, block_size=-1, symmetric=config.symmetric, positive_scales=config.positive_scales
+                    "rtn",
+                    bits=8,
+                    block_size=options.block_8bit(target.k),
+                    symmetric=config.symmetric,
+                    positive_scales=config.positive_scales,
                 )
             else:
                 clip = options.spec.clip == "mse"
@@ -328,18 +352,32 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
             rewrite_qdq(graph, target, lazy, names)
         else:
             rewrite_matmulnbits(graph, target, lazy, names, accuracy_level=options.accuracy_level)
-        if not target.weight.uses() and target.weight.name in graph.initializers:
-            graph.initializers.pop(str(target.weight.name))
+        for value in (target.weight, *target.duplicates):
+            if not value.uses() and value.name in graph.initializers:
+                graph.initializers.pop(str(value.name))
         float_bytes, stored, ideal = _sizes(target, recipe, options.output_format)
-        report.float_bytes += float_bytes
+        report.float_bytes += float_bytes * (1 + len(target.duplicates))
         report.quantized_bytes += stored
         report.ideal_bytes += ideal
         report.layers.append(entry)
     if options.output_format == "matmulnbits":
         model.opset_imports.setdefault(MS_DOMAIN, 1)
     report.seconds["rewrite"] = time.perf_counter() - tick
-    check_structure(model, has_custom_ops=options.output_format == "matmulnbits")
+    _check(model)
     return model, report
+
+
+def _check(model: ir.Model) -> None:
+    """onnx.checker on the result, unless the model has ONNX Runtime ops in the ONNX domain that it cannot judge."""
+    opsets = opsets_by_domain(model)
+    opset = opsets.get("", 1)
+    nodes = list(model.graph.all_nodes())
+    ort_only = sorted({n.op_type for n in nodes if is_ort_onnx_domain_op(n.op_type, n.domain, opset)})
+    if ort_only:
+        logger.info("onnx.checker skipped: it does not know ONNX Runtime's %s in the ONNX domain", ", ".join(ort_only))
+        return
+    custom = any(not is_standard_op(n, opsets.get(normalized_domain(n.domain), 1)) for n in nodes)
+    check_structure(model, has_custom_ops=custom)
 
 
 # ---------------------------------------------------------------------------------------------------

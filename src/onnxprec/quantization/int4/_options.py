@@ -122,8 +122,14 @@ class Int4Options(ToolOptions):
         flags=("--layers_8bit",),
         nargs="*",
         metavar="REGEX",
-        help="Regexes (re.search, like --nodes_to_exclude) of layers quantized to INT8 per output channel instead "
-        "(they win over --nodes_to_exclude, e.g. --layers_8bit lm_head).",
+        help="Regexes (re.search, like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
+        "instead (they win over --nodes_to_exclude, e.g. --layers_8bit lm_head).",
+    )
+    block_size_8bit: int | None = option(
+        None,
+        flags=("--block_size_8bit",),
+        help="Block size of the INT8 layers: a power of two >= 16, or -1 per output channel (default: the largest "
+        "power of two <= 128 that divides K, so MatMulNBits needs no padding; per channel if none does).",
     )
     calibration_batch_size: int | None = option(
         1,
@@ -165,6 +171,8 @@ class Int4Options(ToolOptions):
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool):
             raise InvalidArgumentError(f"block_size must be an integer, got {self.block_size!r}.")
         effective_block_size(1 << 30, self.block_size)  # raises for 48, 8, 0...
+        if self.block_size_8bit is not None:
+            effective_block_size(1 << 30, self.block_size_8bit)
         if self.output_format not in OUTPUT_FORMATS:
             raise InvalidArgumentError(
                 f"Unknown output_format '{self.output_format}': use {' or '.join(OUTPUT_FORMATS)}."
@@ -190,6 +198,12 @@ class Int4Options(ToolOptions):
 
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
+
+    def block_8bit(self, k: int) -> int:
+        """The block size of an INT8 weight with ``k`` input channels."""
+        if self.block_size_8bit is not None:
+            return self.block_size_8bit
+        return next((b for b in (128, 64, 32, 16) if k % b == 0), -1)
 
     def quant_config(self) -> Any:
         """The :class:`~onnxprec.quantization.methods.QuantConfig` of these options."""

@@ -115,9 +115,15 @@ def test_layers_8bit_win_over_exclusion() -> None:
     head = next(i for i in result.graph.initializer if i.name.startswith("Whead_q"))
     assert head.name == "Whead_q8" and head.data_type == onnx.TensorProto.INT8
     w = onnx.numpy_helper.to_array(next(i for i in mlp().graph.initializer if i.name == "Whead"))
+    # K = 48: the default 8-bit block is the largest power of two <= 128 dividing K
     np.testing.assert_allclose(
-        dequantized_weights(result)["/model/lm_head/MatMul"], quantize_rtn(w, -1, bits=8).dequantize()
+        dequantized_weights(result)["/model/lm_head/MatMul"], quantize_rtn(w, 16, bits=8).dequantize()
     )
+    for output_format in ("qdq", "matmulnbits"):
+        result = quantize(mlp(), calibration_method="rtn", block_size=16, layers_8bit=["lm_head"],
+                          block_size_8bit=-1, output_format=output_format)  # fmt: skip
+        (head_weight,) = [w for name, w in dequantized_weights(result).items() if "lm_head" in name]
+        np.testing.assert_allclose(head_weight, quantize_rtn(w, -1, bits=8).dequantize())
 
 
 def test_tied_weight_is_quantized_once() -> None:
