@@ -27,7 +27,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._testing import F16, F, make_genai_folder, make_model, tensor_info
+from onnxprec._testing import F16, F, make_genai_folder, make_model, tensor_info, tiny_decoder
 
 I64 = TensorProto.INT64
 
@@ -115,6 +115,17 @@ def _npz(**arrays: np.ndarray) -> Callable[[Path], Path]:
         return d / "inputs.npz"
 
     return write
+
+
+def _kv_model_with(**arrays: np.ndarray) -> Callable[[Path], list[str]]:
+    """A tiny decoder with a KV cache (GroupQueryAttention, 8 rotary positions) and an .npz of ``arrays``."""
+
+    def build(d: Path) -> list[str]:
+        _save(tiny_decoder("gqa", max_positions=8), d / "model.onnx")
+        np.savez(d / "inputs.npz", **arrays)  # type: ignore[arg-type]
+        return ["--onnx_path", str(d / "model.onnx"), "--calibration_data", str(d / "inputs.npz")]
+
+    return build
 
 
 def _text(name: str, text: str) -> Callable[[Path], Path]:
@@ -404,8 +415,8 @@ CASES: dict[str, Case] = {
     ),
     "calibration: text file": Case(
         _calibration(_text("inputs.txt", "1 2 3")),
-        "Unsupported calibration file 'inputs.txt': supported input types are .npz, a folder of .npz, and "
-        "Polygraphy .json.",
+        "Unsupported calibration file 'inputs.txt': supported input types are .npz, a folder of .npz, Polygraphy "
+        ".json, and for a causal LM (an input_ids input) an .npy of token windows.",
     ),
     "calibration: invalid JSON": Case(
         _calibration(_text("inputs.json", "{not json")),
@@ -419,6 +430,23 @@ CASES: dict[str, Case] = {
     "calibration: pickled objects": Case(
         _calibration(_npz(X=np.array([{"a": 1}], dtype=object))),
         "Invalid input file '{dir}/inputs.npz': not a readable .npz (ValueError); write it with numpy.savez.",
+    ),
+    "calibration: token ids longer than the context": Case(
+        _kv_model_with(input_ids=np.zeros((2, 9), np.int64)),
+        "Windows of 9 tokens are longer than the model's context of 8 tokens (the rows of GroupQueryAttention's cos "
+        "cache 'cos_cache'): cut the token ids into windows of at most 8 tokens.",
+    ),
+    "calibration: a KV model's feeds missing a past input": Case(
+        _kv_model_with(
+            input_ids=np.zeros((1, 4), np.int64),
+            attention_mask=np.ones((1, 4), np.int64),
+            **{
+                f"past_key_values.{i}.{kind}": np.zeros((1, 1, 0, 16), np.float32)
+                for i, kind in ((0, "key"), (0, "value"), (1, "key"))
+            },
+        ),
+        "The data gives 3 of the model's 4 past key/value inputs and lacks past_key_values.1.value: give every past "
+        "input, or none (then they are built from input_ids).",
     ),
     # --- the output
     "output equals input": Case(

@@ -24,6 +24,7 @@ __all__ = [
     "atomic_path",
     "external_data_paths",
     "load_model",
+    "model_file",
     "save_model",
     "total_initializer_bytes",
     "write_atomically",
@@ -37,6 +38,8 @@ ModelSource = str | os.PathLike | onnx.ModelProto | ir.Model
 _MAP_FILE_BYTES = 32 * 1024 * 1024
 # ``ir.Model.meta`` key: the external data files of the model file it was loaded from.
 _DATA_FILES = "onnxprec.external_data_files"
+# ``ir.Model.meta`` key: the resolved path of the model file it was loaded from.
+_MODEL_FILE = "onnxprec.model_file"
 # Protobuf cannot serialize a message above 2 GiB; stay below with margin.
 _PROTOBUF_LIMIT = 2_000_000_000
 
@@ -77,6 +80,7 @@ def load_model(source: ModelSource) -> ir.Model:
     model = ir.serde.deserialize_model(proto)
     ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
     model.meta[_DATA_FILES] = data_files
+    model.meta[_MODEL_FILE] = path.resolve()
     logger.debug("Loaded %s: %d nodes in the main graph", path, len(model.graph))
     return model
 
@@ -242,6 +246,12 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> set[Path]:
                 f"the file has {sizes[data_path]}; copy the complete file again."
             )
     return {p.resolve() for p in sizes}
+
+
+def model_file(model: ir.Model) -> Path | None:
+    """The file ``model`` was loaded from by :func:`load_model` (None for a model built or given in memory)."""
+    path = model.meta.get(_MODEL_FILE)
+    return path if isinstance(path, Path) else None
 
 
 def external_data_paths(model: ir.Model) -> set[Path]:

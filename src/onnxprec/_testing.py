@@ -204,3 +204,131 @@ def make_genai_folder(
         )
         (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     return path
+
+
+def tiny_decoder(
+    attention: str = "gqa",
+    *,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    head_size: int = 16,
+    vocab: int = 16,
+    max_positions: int = 32,
+    symbolic_head: bool = True,
+    static_present: bool = False,
+    position_ids: bool = False,
+    seed: int = 0,
+) -> onnx.ModelProto:
+    """A tiny random-weight causal decoder with a KV cache, laid out as onnxruntime-genai's builder writes them.
+
+    Inputs ``input_ids`` and ``attention_mask`` ``[batch_size, (total_)sequence_length]``, ``past_key_values.N.key``
+    and ``.value`` ``[batch_size, kv heads, past_sequence_length, head size]`` (the head size named ``kv_cache_dim``
+    when ``symbolic_head``), and ``position_ids`` with a position embedding table when asked; outputs ``logits`` and
+    ``present.N.key/value`` (static head sizes with ``static_present``). ``attention``:
+
+    - ``gqa``: ``com.microsoft::GroupQueryAttention`` on a packed QKV MatMul, rotary inside (cos/sin caches of
+      ``max_positions`` rows), ``seqlens_k`` and ``total_sequence_length`` computed from the mask as the builder
+      does (ReduceSum - 1 -> Cast int32; Shape -> Gather -> Cast int32);
+    - ``mha``: ``com.microsoft::MultiHeadAttention`` (``kv_heads`` = ``heads``), causal;
+    - ``concat``: plain ONNX: the past concatenated with this step's keys/values (no attention).
+    """
+    rng = np.random.default_rng(seed)
+    hidden = heads * head_size
+    kv = heads if attention != "gqa" else kv_heads
+    i64, i32 = TensorProto.INT64, TensorProto.INT32
+    weights: dict[str, np.ndarray] = {
+        "embed": rng.standard_normal((vocab, hidden)).astype(np.float32),
+        "lm_head": (rng.standard_normal((hidden, vocab)) / np.sqrt(hidden)).astype(np.float32),
+        "one": np.array([1], np.int64),
+        "one_scalar": np.array(1, np.int64),
+    }
+    head_dim: int | str = "kv_cache_dim" if symbolic_head else head_size
+    inputs = [
+        tensor_info("input_ids", i64, ["batch_size", "sequence_length"]),
+        tensor_info("attention_mask", i64, ["batch_size", "total_sequence_length"]),
+    ]
+    outputs = [tensor_info("logits", F, ["batch_size", "sequence_length", vocab])]
+    nodes = [helper.make_node("Gather", ["embed", "input_ids"], ["h0"], name="embed")]
+    if position_ids:
+        inputs.append(tensor_info("position_ids", i64, ["batch_size", "sequence_length"]))
+        weights["wpe"] = rng.standard_normal((max_positions, hidden)).astype(np.float32)
+        nodes += [
+            helper.make_node("Gather", ["wpe", "position_ids"], ["pos"], name="positions"),
+            helper.make_node("Add", ["h0", "pos"], ["h0p"], name="add_positions"),
+        ]
+    hidden_state = "h0p" if position_ids else "h0"
+    caches = ["cos_cache", "sin_cache"]
+    if attention == "gqa":
+        angles = np.arange(max_positions)[:, None] / (10000 ** (np.arange(0, head_size, 2) / head_size))[None, :]
+        weights["cos_cache"] = np.cos(angles).astype(np.float32)
+        weights["sin_cache"] = np.sin(angles).astype(np.float32)
+        weights["index_1"] = np.array(1, np.int64)
+        nodes += [
+            helper.make_node("ReduceSum", ["attention_mask", "one"], ["mask_sum"], keepdims=0, name="mask_sum"),
+            helper.make_node("Sub", ["mask_sum", "one"], ["seqlens"], name="seqlens"),
+            helper.make_node("Cast", ["seqlens"], ["seqlens_k"], to=i32, name="seqlens_k"),
+            helper.make_node("Shape", ["attention_mask"], ["mask_shape"], name="mask_shape"),
+            helper.make_node("Gather", ["mask_shape", "index_1"], ["total"], axis=0, name="total"),
+            helper.make_node("Cast", ["total"], ["total_sequence_length"], to=i32, name="total_i32"),
+        ]
+    for layer in range(layers):
+        past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
+        present_k, present_v = f"present.{layer}.key", f"present.{layer}.value"
+        for past, present in ((past_k, present_k), (past_v, present_v)):
+            inputs.append(tensor_info(past, F, ["batch_size", kv, "past_sequence_length", head_dim]))
+            present_head = head_size if static_present else head_dim
+            outputs.append(tensor_info(present, F, ["batch_size", kv, "total_sequence_length", present_head]))
+        out = f"attn{layer}"
+        if attention == "gqa":
+            weights[f"qkv{layer}"] = rng.standard_normal((hidden, (heads + 2 * kv) * head_size)).astype(np.float32)
+            nodes += [
+                helper.make_node("MatMul", [hidden_state, f"qkv{layer}"], [f"qkv_out{layer}"], name=f"qkv{layer}"),
+                helper.make_node(
+                    "GroupQueryAttention",
+                    [f"qkv_out{layer}", "", "", past_k, past_v, "seqlens_k", "total_sequence_length", *caches],
+                    [out, present_k, present_v],
+                    domain="com.microsoft",
+                    num_heads=heads,
+                    kv_num_heads=kv,
+                    do_rotary=1,
+                    name=f"gqa{layer}",
+                ),
+            ]
+        elif attention == "mha":
+            for proj in "qkv":
+                weights[f"w{proj}{layer}"] = rng.standard_normal((hidden, hidden)).astype(np.float32)
+                nodes.append(
+                    helper.make_node(
+                        "MatMul", [hidden_state, f"w{proj}{layer}"], [f"{proj}{layer}"], name=f"{proj}{layer}"
+                    )
+                )
+            nodes.append(
+                helper.make_node(
+                    "MultiHeadAttention",
+                    [f"q{layer}", f"k{layer}", f"v{layer}", "", "", "", past_k, past_v],
+                    [out, present_k, present_v],
+                    domain="com.microsoft",
+                    num_heads=heads,
+                    unidirectional=1,
+                    name=f"mha{layer}",
+                )
+            )
+        else:  # concat: [B, S, hidden] -> [B, heads, S, head] appended to the past
+            weights["split_shape"] = np.array([0, 0, heads, head_size], np.int64)
+            nodes += [
+                helper.make_node("Reshape", [hidden_state, "split_shape"], [f"h4_{layer}"], name=f"split{layer}"),
+                helper.make_node("Transpose", [f"h4_{layer}"], [f"k{layer}"], perm=[0, 2, 1, 3], name=f"heads{layer}"),
+                helper.make_node("Concat", [past_k, f"k{layer}"], [present_k], axis=2, name=f"concat_k{layer}"),
+                helper.make_node("Concat", [past_v, f"k{layer}"], [present_v], axis=2, name=f"concat_v{layer}"),
+                helper.make_node("Identity", [hidden_state], [out], name=f"attn{layer}"),
+            ]
+        weights[f"wo{layer}"] = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+        nodes += [
+            helper.make_node("MatMul", [out, f"wo{layer}"], [f"o{layer}"], name=f"o_proj{layer}"),
+            helper.make_node("Add", [hidden_state, f"o{layer}"], [f"h{layer + 1}"], name=f"residual{layer}"),
+        ]
+        hidden_state = f"h{layer + 1}"
+    nodes.append(helper.make_node("MatMul", [hidden_state, "lm_head"], ["logits"], name="lm_head"))
+    del weights["one_scalar"]
+    return make_model(nodes, inputs, outputs, weights, extra_opsets={"com.microsoft": 1})

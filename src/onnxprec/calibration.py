@@ -1,8 +1,10 @@
-"""Calibration data: every source a user may have -> a list of validated feed dicts (one per batch).
+"""Calibration sources: every source a user may have, read as feed dicts (one per batch), and their checks.
 
-Sources: a ``.npz`` file (split along the batch axis), a folder of ``.npz`` files (one batch each), a
-Polygraphy JSON file, a dict of arrays, a list of dicts, an ONNX Runtime ``CalibrationDataReader``
-(anything with ``get_next()``), or ``None`` for realistic random data (see :func:`random_feeds`).
+Sources (:class:`Source`): a ``.npz`` file (split along a static batch axis), a folder of ``.npz`` files (one
+batch each), a Polygraphy JSON file, a dict of arrays, a list of dicts, an ONNX Runtime ``CalibrationDataReader``
+(anything with ``get_next()``), or realistic random data (:func:`random_feeds`). The one object the tools use,
+which checks, completes (LLM inputs), splits and replays these batches, is
+:class:`onnxprec.calibration_data.CalibrationData`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -27,15 +29,17 @@ from onnxprec import _input_contracts
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 
 __all__ = [
-    "Batches",
+    "RANDOM_BYTES_LIMIT",
     "CalibrationSource",
     "InputSpec",
-    "feed_batches",
+    "Source",
+    "gather_table_rows",
     "input_specs",
-    "load_calibration",
     "parse_input_shapes",
     "random_feeds",
-    "run_on_data",
+    "split_batch",
+    "static_batch",
+    "validate",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,22 +88,21 @@ def input_specs(model: ir.Model) -> list[InputSpec]:
 # Reading user data
 
 
-class Batches:
-    """Validated calibration batches read lazily from a source, re-iterable where the source allows it.
+class Source:
+    """The batches of a user's calibration source, read lazily as they are stored (not checked yet).
 
     A file, a folder, a dict or a list is read again on each iteration (one batch in memory at a time); a
-    ``CalibrationDataReader`` or a generator can be iterated once (:attr:`one_shot`), and the reference
-    runner spools it to disk when it needs several passes. The first batch is read and checked when the
-    object is made, so a mismatched or unreadable source fails before any work.
+    ``CalibrationDataReader`` or a generator can be iterated once (:attr:`one_shot`). One ``.npz`` file or a dict
+    is split along axis 0 into runs of ``static_batch`` rows when it holds several of them. The object that checks,
+    completes, splits and replays the batches is :class:`onnxprec.calibration_data.CalibrationData`.
     """
 
-    def __init__(self, source: CalibrationSource, specs: list[InputSpec]) -> None:
-        self._specs = specs
+    def __init__(self, source: CalibrationSource, static_batch: int | None = None) -> None:
         self._source = source
-        self._first: dict[str, np.ndarray] | None = None
+        self._static_batch = static_batch
         self._files: list[Path] | None = None
         self._split = False
-        self._iterator: Iterator[dict[str, np.ndarray]] | None = None
+        self._used = False
         if isinstance(source, (str, os.PathLike)):
             self._files, self._split = _batch_files(Path(source))
             self.one_shot = False
@@ -113,71 +116,31 @@ class Batches:
                     ".npz files, a Polygraphy .json file, a dict of arrays, a list of dicts or a "
                     "CalibrationDataReader."
                 )
-        self._iterator = self._raw()
-        first = next(self._iterator, None)
-        if first is None:
-            raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
-        _validate(first, specs, "batch 0")
-        self._first = first
 
-    @property
-    def first(self) -> dict[str, np.ndarray]:
-        assert self._first is not None
-        return self._first
-
-    def _raw(self) -> Iterator[dict[str, np.ndarray]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.one_shot:
+            if self._used:
+                raise CalibrationDataError(
+                    "This calibration source can be read only once: pass a list, a file or a folder to reuse it."
+                )
+            self._used = True
         source = self._source
         if self._files is not None:
             for path in self._files:
                 if path.suffix.lower() == ".json":
                     yield from _read_polygraphy_json(path)
                 elif self._split:
-                    yield from _split_batches(_read_npz(path), self._specs)
+                    yield from split_batch(_read_npz(path), self._static_batch, exact=True)
                 else:
                     yield _read_npz(path)
         elif isinstance(source, Mapping):
-            yield from _split_batches({k: _as_feed(v) for k, v in source.items()}, self._specs)
+            yield from split_batch({k: _as_feed(v) for k, v in source.items()}, self._static_batch, exact=True)
         elif hasattr(source, "get_next"):
             while (item := source.get_next()) is not None:
                 yield dict(item)
         else:
             for item in source:  # type: ignore[union-attr]
                 yield dict(item)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        if self.one_shot:
-            if self._iterator is None:
-                raise CalibrationDataError(
-                    "This calibration source can be read only once: pass a list, a file or a folder to reuse it."
-                )
-            iterator, self._iterator = self._iterator, None
-            assert self._first is not None
-            yield self._first
-            for i, batch in enumerate(iterator, start=1):
-                _validate(batch, self._specs, f"batch {i}")
-                yield batch
-            return
-        for i, batch in enumerate(self._raw()):
-            if i:
-                _validate(batch, self._specs, f"batch {i}")
-            yield batch
-
-    def __len__(self) -> int:
-        """The number of batches (reads the source once when it is not already known)."""
-        return sum(1 for _ in self)
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        for i, batch in enumerate(self):
-            if i == index:
-                return batch
-        raise IndexError(index)
-
-
-def load_calibration(source: CalibrationSource, specs: list[InputSpec]) -> Batches:
-    """Validated batches (one feed dict per ORT run) from any supported source, read lazily."""
-    batches = Batches(source, specs)
-    logger.info("Calibration data: %s", "a one-shot reader" if batches.one_shot else "re-readable source")
-    return batches
 
 
 def _batch_files(path: Path) -> tuple[list[Path], bool]:
@@ -192,7 +155,7 @@ def _batch_files(path: Path) -> tuple[list[Path], bool]:
     if path.suffix.lower() not in (".npz", ".json"):
         raise CalibrationDataError(
             f"Unsupported calibration file '{path.name}': supported input types are .npz, a folder of .npz, "
-            "and Polygraphy .json."
+            "Polygraphy .json, and for a causal LM (an input_ids input) an .npy of token windows."
         )
     return [path], True
 
@@ -244,20 +207,31 @@ def _as_feed(value: Any) -> Any:
     return value if value is None or isinstance(value, list) else np.asarray(value)
 
 
-def _split_batches(arrays: dict[str, np.ndarray], specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
-    """Splits arrays along axis 0 into runs of the model's static batch size (dynamic: one batch)."""
-    batch = next((s.dims[0] for s in specs if s.dims and isinstance(s.dims[0], int)), None)
-    if not arrays or batch is None or batch <= 0 or not all(isinstance(v, np.ndarray) for v in arrays.values()):
-        return [arrays]
-    first = next(iter(arrays.values()))
-    total = first.shape[0] if first.ndim else 0
-    if total <= batch or total % batch:
-        return [arrays]
-    n = total // batch
-    return [{k: v[i * batch : (i + 1) * batch] for k, v in arrays.items()} for i in range(n)]
+def static_batch(specs: list[InputSpec]) -> int | None:
+    """The model's static batch size (the first input with a static first axis), or None."""
+    return next((s.dims[0] for s in specs if s.dims and isinstance(s.dims[0], int)), None)
 
 
-def _validate(batch: Mapping[str, np.ndarray], specs: list[InputSpec], where: str) -> None:
+def split_batch(batch: dict[str, Any], size: int | None, *, exact: bool = False) -> Iterator[dict[str, Any]]:
+    """The runs of at most ``size`` samples of a batch, cut along axis 0 of the arrays whose first axis has the
+    batch's size (that of its first array); other values go whole into every run. ``exact``: cut only when the
+    batch holds a whole number (above one) of runs, else yield it as it is (a file of several static batches)."""
+    arrays = [v for v in batch.values() if isinstance(v, np.ndarray) and v.ndim]
+    total = arrays[0].shape[0] if arrays else 0
+    if not size or size <= 0 or total <= size or (exact and (total % size or len(arrays) != len(batch))):
+        yield batch
+        return
+    for start in range(0, total, size):
+        yield {
+            k: v[start : start + size] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == total else v
+            for k, v in batch.items()
+        }
+
+
+def validate(batch: Mapping[str, Any], specs: list[InputSpec], where: str, *, lenient: bool = False) -> None:
+    """Raises a one-line :class:`CalibrationDataError` unless ``batch`` holds exactly the inputs ``specs`` describe
+    with their element types, ranks and static sizes (``lenient``: any float type for a float input and any integer
+    type for an integer input, e.g. FP32 data for an FP16 model, cast later)."""
     expected = {s.name for s in specs}
     given = set(batch)
     if given != expected:
@@ -271,7 +245,7 @@ def _validate(batch: Mapping[str, np.ndarray], specs: list[InputSpec], where: st
             _validate_container(batch[spec.name], spec, where)
             continue
         array = np.asarray(batch[spec.name])
-        if array.dtype != spec.dtype:
+        if array.dtype != spec.dtype and not (lenient and _same_kind(array.dtype, spec.dtype)):
             raise CalibrationDataError(
                 f"Calibration input '{spec.name}' has dtype {array.dtype}, the model expects {spec.dtype} ({where}): "
                 f"convert it with .astype(np.{spec.dtype})."
@@ -305,104 +279,24 @@ def _validate_container(value: object, spec: InputSpec, where: str) -> None:
             )
 
 
-def feed_batches(
-    source: CalibrationSource | None,
-    model: ir.Model,
-    *,
-    input_shapes: dict | None = None,
-    attempt: int = 0,
-    seed: int = 0,
-    unnamed: int | None = None,
-) -> Iterable[dict[str, np.ndarray]]:
-    """Real calibration batches (read lazily) if ``source`` is given, else one batch of realistic random data."""
-    specs = input_specs(model)
-    if source is not None:
-        return load_calibration(source, specs)
-    return [random_feeds(model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed, unnamed=unnamed)]
+def _same_kind(given: np.dtype, wanted: np.dtype) -> bool:
+    """Both float types (BF16 and FP8 included) or both integer types."""
+    if given.kind in "iu" and wanted.kind in "iu":
+        return True
+    return _is_float(given) and _is_float(wanted)
 
 
-RANDOM_ATTEMPTS = 5
-_T = TypeVar("_T")
+def _is_float(dtype: np.dtype) -> bool:
+    if dtype.kind == "f":
+        return True
+    try:
+        return dtype.kind == "V" and ir.DataType.from_numpy(dtype).is_floating_point()
+    except TypeError:  # a structured or opaque type
+        return False
 
 
-def run_on_data(
-    model: ir.Model,
-    source: CalibrationSource | None,
-    run: Callable[[Iterable[dict[str, np.ndarray]]], _T],
-    *,
-    input_shapes: dict | None = None,
-    attempts: int = RANDOM_ATTEMPTS,
-) -> _T:
-    """Calls ``run(batches)`` on the user's data, or on realistic random data with retries (any tool).
-
-    Random data is tried again when ``run`` raises :class:`CalibrationDataError` (the model did not run on it):
-    each attempt has its own seed and other sizes for the dynamic dims (attempt 1 sets every dynamic dim to 1,
-    as ModelOpt does), unless the user fixed the sizes. When a dim has no name, the sizes that the last error
-    message and the model's constants suggest are tried for it (at most :data:`UNNAMED_ATTEMPTS`).
-
-    Raises:
-        CalibrationDataError: The user's data does not fit, or no random attempt ran; says how to fix it.
-    """
-    if source is not None:
-        return run(feed_batches(source, model))
-    last_error: Exception | None = None
-    for attempt in range(attempts):
-        batches = feed_batches(None, model, input_shapes=input_shapes, attempt=attempt, seed=attempt)
-        try:
-            return run(batches)
-        except CalibrationDataError as e:
-            last_error = e
-            if input_shapes:
-                break
-            logger.info("Random inputs of attempt %d did not run (%s); trying other inputs", attempt, e)
-    if not input_shapes and _has_unnamed_dims(model):
-        for i, size in enumerate(_unnamed_candidates(model, str(last_error))[:UNNAMED_ATTEMPTS]):
-            batches = feed_batches(None, model, attempt=0, seed=attempts + i, unnamed=size)
-            try:
-                result = run(batches)
-            except CalibrationDataError as e:
-                logger.info("Random inputs with unnamed dims of size %d did not run (%s)", size, e)
-                continue
-            logger.info("The model runs on random inputs whose unnamed dynamic dims have size %d", size)
-            return result
-    dynamic = [s.describe() for s in input_specs(model) if any(not (isinstance(d, int) and d >= 0) for d in s.dims)]
-    if dynamic:
-        named = ", ".join(dynamic[:3]) + (f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else "")
-        advice = (
-            f"set the sizes of the dynamic inputs ({named}) with --input_shapes name:1x3x320x320,... (API: "
-            "input_shapes=) or pass real inputs with --calibration_data"
-        )
-    else:  # every size is fixed: only real values can help
-        advice = "pass real inputs with --calibration_data (or skip the reference run with --data_max inf)"
-    raise CalibrationDataError(f"The model does not run on random inputs ({last_error}); {advice}.") from last_error
-
-
-UNNAMED_ATTEMPTS = 8
 # Random data for one input above this many bytes is refused (a huge static dim, or a typo in --input_shapes).
 RANDOM_BYTES_LIMIT = 4 << 30
-_COMMON_SIZES = (32, 64, 128, 256, 16, 8, 512, 4, 2, 3)
-
-
-def _has_unnamed_dims(model: ir.Model) -> bool:
-    return any(d is None or (isinstance(d, int) and d < 0) for spec in input_specs(model) for d in spec.dims)
-
-
-def _unnamed_candidates(model: ir.Model, error: str) -> list[int]:
-    """Sizes worth trying for unnamed dims: numbers in the runtime's error message (a MatMul or broadcast that
-    names the size it wanted), then small integer constants of the model, then common sizes."""
-    found: list[int] = [int(n) for n in re.findall(r"(?<![\w.])(\d{1,4})(?![\w.])", error)]
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or tensor.size > 16:
-                continue
-            found += [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
-    found += _COMMON_SIZES
-    candidates: list[int] = []
-    for size in found:
-        if 1 < size <= 4096 and size not in candidates:
-            candidates.append(size)
-    return candidates
 
 
 # --------------------------------------------------------------------------------------------------
@@ -460,7 +354,7 @@ def _dynamic_size(spec: InputSpec, axis: int, dim: str | None, attempt: int) -> 
     return _pick(_OTHER_DIMS, attempt)
 
 
-def _gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
+def gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
     """Rows of the embedding table an integer input indexes, looking through reshapes and casts."""
     for use in value.uses():
         node = use.node
@@ -471,7 +365,7 @@ def _gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
             if isinstance(rows, int):
                 return rows
         if depth and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity"):
-            rows = _gather_table_rows(node.outputs[0], depth - 1)
+            rows = gather_table_rows(node.outputs[0], depth - 1)
             if rows is not None:
                 return rows
     return None
@@ -590,7 +484,7 @@ def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Genera
             return np.broadcast_to(np.arange(n, dtype=spec.dtype), shape).copy()
         if "type" in name or "segment" in name:
             return np.zeros(shape, dtype=spec.dtype)
-        rows = _gather_table_rows(spec.value)
+        rows = gather_table_rows(spec.value)
         high = rows if rows is not None else 2
         return rng.integers(0, high, size=shape).astype(spec.dtype)
     if np.issubdtype(spec.dtype, np.floating) or ir.DataType.from_numpy(spec.dtype).is_floating_point():

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 from onnxprec import calibration
 from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.observers import RangeObserver
 from onnxprec.reference import run_reference
@@ -29,18 +30,18 @@ def _model(batch: int | str = 2) -> ir.Model:
 def test_npz_is_split_along_static_batch(tmp_path: Path) -> None:
     path = tmp_path / "c.npz"
     np.savez(path, X=np.arange(18, dtype=np.float32).reshape(6, 3))
-    batches = calibration.feed_batches(path, _model(2))
+    batches = CalibrationData(path, _model(2))
     assert len(batches) == 3 and all(b["X"].shape == (2, 3) for b in batches)
 
 
 def test_npz_folder_and_empty_folder(tmp_path: Path) -> None:
     for i in range(2):
         np.savez(tmp_path / f"b{i}.npz", X=np.full((2, 3), i, np.float32))
-    assert len(calibration.feed_batches(tmp_path, _model())) == 2
+    assert len(CalibrationData(tmp_path, _model())) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CalibrationDataError, match="No NPZ files found"):
-        calibration.feed_batches(empty, _model())
+        CalibrationData(empty, _model())
 
 
 def test_polygraphy_json(tmp_path: Path) -> None:
@@ -52,12 +53,12 @@ def test_polygraphy_json(tmp_path: Path) -> None:
     data = [{"X": encode(np.ones((2, 3), np.float32))}, {"X": encode(np.zeros((2, 3), np.float32))}]
     path = tmp_path / "inputs.json"
     path.write_text(json.dumps(data))
-    batches = calibration.feed_batches(path, _model())
+    batches = CalibrationData(path, _model())
     assert len(batches) == 2 and batches[0]["X"].sum() == 6
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(CalibrationDataError, match="Invalid input file"):
-        calibration.feed_batches(bad, _model())
+        CalibrationData(bad, _model())
 
 
 @pytest.mark.parametrize(
@@ -71,14 +72,14 @@ def test_polygraphy_json(tmp_path: Path) -> None:
 )
 def test_mismatched_calibration_data(feeds: dict, message: str) -> None:
     with pytest.raises(CalibrationDataError, match=message):
-        calibration.feed_batches(feeds, _model())
+        CalibrationData(feeds, _model())
 
 
 def test_unsupported_file_type(tmp_path: Path) -> None:
     path = tmp_path / "x.txt"
     path.write_text("1 2 3")
     with pytest.raises(CalibrationDataError, match="supported input types"):
-        calibration.feed_batches(path, _model())
+        CalibrationData(path, _model())
 
 
 def test_random_feeds_are_realistic() -> None:

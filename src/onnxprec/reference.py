@@ -21,8 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import onnx_ir as ir
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES
 from onnxprec._protobuf import structure_proto
+from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
 
@@ -151,56 +151,6 @@ def chunk_values(values: list[ir.Value], sizes: dict[str, int], budget: int) -> 
 
 
 # --------------------------------------------------------------------------------------------------
-# Batches that can be iterated once per chunk
-
-
-class _Replay:
-    """Iterates a batch source once per chunk; a one-shot iterator is spooled to temporary .npz files."""
-
-    def __init__(self, batches: Iterable[Feeds], stack: contextlib.ExitStack) -> None:
-        self._source = batches
-        self._one_shot = iter(batches) is batches
-        self._stack = stack
-        self._spool: Path | None = None
-        self._count = 0
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        if not self._one_shot:
-            for batch in self._source:
-                yield dict(batch)
-            return
-        if self._spool is not None:
-            for i in range(self._count):
-                with np.load(self._spool / f"{i}.npz", allow_pickle=False) as data:
-                    yield {k: data[k] for k in data.files}
-            return
-        self._spool = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-batches-")))
-        for batch in self._source:
-            feeds = dict(batch)
-            np.savez(self._spool / f"{self._count}.npz", **feeds)  # type: ignore[arg-type]
-            self._count += 1
-            yield feeds
-
-
-def _first(batches: Iterable[Feeds]) -> tuple[dict[str, np.ndarray], Iterable[Feeds]]:
-    """The first batch, and the source with that batch put back in front (for one-shot iterators)."""
-    if iter(batches) is not batches:
-        for batch in batches:
-            return dict(batch), batches
-        raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
-    iterator = iter(batches)
-    first = next(iterator, None)
-    if first is None:
-        raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
-
-    def chained() -> Iterator[Feeds]:
-        yield first
-        yield from iterator
-
-    return dict(first), chained()
-
-
-# --------------------------------------------------------------------------------------------------
 # The run
 
 
@@ -232,7 +182,8 @@ def run_reference(
         UnsupportedModelError: ONNX Runtime cannot load the model.
         CalibrationDataError: ONNX Runtime fails on the given inputs.
     """
-    first, batches = _first(batches)
+    data = CalibrationData.of(batches)
+    first = data.first
     marked = _selected(model, select)
     # Ranges need no tensor out of the runtime: it reduces each FP32 tensor to min/max/sum/shape itself. Only the
     # tensors another observer wants are fetched.
@@ -247,7 +198,9 @@ def run_reference(
     from tqdm.auto import tqdm
 
     with contextlib.ExitStack() as stack:
-        replay = _Replay(batches, stack)
+        if data is not batches:
+            stack.callback(data.close)
+        replay = data
         payload, folder = stack.enter_context(_ort.ort_model(model))
         base = _base_proto(payload)
         segments = _segments(base, segment_bytes)

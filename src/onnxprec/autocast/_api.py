@@ -17,12 +17,11 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import (
@@ -31,7 +30,6 @@ from onnx_ir.passes.common import (
     TopologicalSortPass,
 )
 
-from onnxprec import calibration
 from onnxprec._genai import GenaiCarry
 from onnxprec._graph import all_values
 from onnxprec._io import (
@@ -60,6 +58,7 @@ from onnxprec.autocast.rules import (
     RuleContext,
     UserRule,
 )
+from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError, ValidationError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
 from onnxprec.passes import (
@@ -301,14 +300,14 @@ def _reference_run(
     attention masks (``sentinels``: name -> threshold) are also measured past their sentinels. ``keep`` holds
     the batches and the FP32 outputs of every batch (for ``target_accuracy``)."""
 
-    def run(batches: Iterable[dict[str, np.ndarray]]) -> ReferenceResult:
+    def run(batches: CalibrationData) -> ReferenceResult:
         observers: list[Observer] = [RangeObserver(sentinels=sentinels)]
         if keep is not None:
-            batches = keep.hold(batches)
-            observers.append(keep.observer(model))
+            observers.append(keep.observer(model, batches))
         return run_reference(model, batches, observers=observers, providers=options.providers)
 
-    return calibration.run_on_data(model, options.calibration_data, run, input_shapes=options.input_shape_map)
+    hold = keep is not None  # the batches are read again by the target search
+    return run_on_data(model, options.calibration_data, run, input_shapes=options.input_shape_map, keep=hold)
 
 
 def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:
@@ -407,6 +406,7 @@ def convert_model(
         assert options.target is not None
         search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, _converted_clone)
         report.decisions, report.target_search, report.numeric = target.search(search)
+        keep.close()  # the spooled batches (on an error, garbage collection removes them)
         report.seconds["target"] = time.perf_counter() - tick
     tick = time.perf_counter()
     report.settings = {

@@ -16,7 +16,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from onnxprec import calibration
+from onnxprec import calibration, calibration_data
 from onnxprec._testing import F16, F, make_model, run, tensor_info
 from onnxprec.autocast import AutoCastOptions, convert_model, convert_to_mixed_precision
 from onnxprec.autocast.rules import DataRangeRule, RuleContext
@@ -116,14 +116,14 @@ def test_random_attempts_differ_and_a_static_model_gets_no_input_shapes_advice()
         raise CalibrationDataError("no")
 
     with pytest.raises(CalibrationDataError) as info:
-        calibration.run_on_data(model, None, run_fails)
-    assert len(seen) == calibration.RANDOM_ATTEMPTS
+        calibration_data.run_on_data(model, None, run_fails)
+    assert len(seen) == calibration_data.RANDOM_ATTEMPTS
     assert len({a.tobytes() for a in seen}) == len(seen)  # every attempt has its own values
     assert "--input_shapes" not in str(info.value) and "--calibration_data" in str(info.value)
     dynamic = ir.from_proto(make_model(nodes, [tensor_info("X", F, ["n", None])], [tensor_info("Y", F, None)]))
     assert calibration.random_feeds(dynamic, attempt=1)["X"].shape == (1, 1)  # ModelOpt's sizes
     with pytest.raises(CalibrationDataError, match="--input_shapes"):
-        calibration.run_on_data(dynamic, None, run_fails)
+        calibration_data.run_on_data(dynamic, None, run_fails)
 
 
 def test_parameter_inputs_get_values_their_op_accepts() -> None:

@@ -55,6 +55,7 @@ from onnxprec._ops import CONTROL_FLOW_OPS
 from onnxprec._tensors import finite_max
 from onnxprec.autocast.classify import Decision, classify
 from onnxprec.autocast.rules import DataRangeRule, DepthOfReductionRule, Rule, RuleContext
+from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import InvalidArgumentError, UnsupportedModelError
 from onnxprec.metrics import ErrorStats
 from onnxprec.observers import TensorStats
@@ -219,23 +220,23 @@ def _measure(
 class Calibration:
     """The calibration batches and the FP32 outputs of each, kept from the reference run.
 
-    :meth:`hold` turns a one-shot source into a list (it is read several times); :meth:`observer` is given to
-    the reference run, which hands it the graph outputs of every batch in order.
+    :meth:`observer` keeps the run's :class:`~onnxprec.calibration_data.CalibrationData` (read again for each
+    trial; a one-shot source is spooled to disk, never held in memory) and is given to the reference run, which
+    hands it the graph outputs of every batch in order; :meth:`close` removes the spooled batches.
     """
 
     def __init__(self) -> None:
-        self.batches: list[dict[str, np.ndarray]] | Iterable[dict[str, np.ndarray]] = []
+        self.batches: Iterable[dict[str, np.ndarray]] = []
         self.outputs: list[dict[str, np.ndarray]] = []
         self._names: frozenset[str] = frozenset()
         self._count: dict[str, int] = {}
 
-    def hold(self, batches: Iterable[dict[str, np.ndarray]]) -> Iterable[dict[str, np.ndarray]]:
-        if getattr(batches, "one_shot", False) or iter(batches) is batches:
-            batches = [dict(b) for b in batches]
-        self.batches = batches
-        return batches
+    def close(self) -> None:
+        if isinstance(self.batches, CalibrationData):
+            self.batches.close()
 
-    def observer(self, model: ir.Model) -> Calibration:
+    def observer(self, model: ir.Model, batches: CalibrationData) -> Calibration:
+        self.batches = batches
         self._names = frozenset(str(v.name) for v in model.graph.outputs)
         return self
 

@@ -1,18 +1,13 @@
-"""What dump and compare share: models named and typed as AutoCast sees them, replayable batches, topology."""
+"""What dump and compare share: models named and typed as AutoCast sees them, and topology."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
-from onnxprec import calibration
 from onnxprec._io import ModelSource, load_model
 from onnxprec.passes import InferTypesPass, NameNodesPass
 
@@ -22,7 +17,6 @@ __all__ = [
     "fetchable",
     "model_path",
     "prepare",
-    "replayable",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,44 +68,3 @@ def depths(graph: ir.Graph) -> dict[ir.Node, int]:
                 deepest = max(deepest, result.get(producer, 0))
         result[node] = deepest + 1
     return result
-
-
-class _Spooled:
-    """Batches of a one-shot source, written once to ``.npz`` files and read back on every iteration."""
-
-    def __init__(self, batches: Iterable[Mapping[str, np.ndarray]], folder: Path) -> None:
-        self._files: list[Path] = []
-        for index, batch in enumerate(batches):
-            path = folder / f"{index}.npz"
-            np.savez(path, **{k: np.asarray(v) for k, v in batch.items()})  # type: ignore[arg-type]
-            self._files.append(path)
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for path in self._files:
-            with np.load(path, allow_pickle=False) as data:
-                yield {k: data[k] for k in data.files}
-
-    def __len__(self) -> int:
-        return len(self._files)
-
-
-def replayable(batches: Iterable[Mapping[str, np.ndarray]], stack: contextlib.ExitStack) -> Iterable[Any]:
-    """``batches`` if they can be iterated again, else a copy spooled to a temporary folder (closed by ``stack``).
-
-    Both models of a comparison, and each chunk of tensors, must see exactly the same batches.
-    """
-    one_shot = getattr(batches, "one_shot", None)
-    if one_shot is False or (one_shot is None and iter(batches) is not batches):
-        return batches
-    import tempfile
-
-    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-debug-batches-")))
-    logger.debug("Spooling a one-shot calibration source to %s", folder)
-    return _Spooled(batches, folder)
-
-
-def calibration_batches(source: Any, model: ir.Model, stack: contextlib.ExitStack) -> Any:
-    """A user's calibration source as re-iterable, validated batches for ``model`` (None stays None)."""
-    if source is None:
-        return None
-    return replayable(calibration.load_calibration(source, calibration.input_specs(model)), stack)

@@ -39,7 +39,8 @@ from onnxprec._graph import FLOAT_TYPES
 from onnxprec._io import ModelSource
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
-from onnxprec.debug._common import calibration_batches, depths, model_path, prepare, replayable
+from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.debug._common import depths, model_path, prepare
 from onnxprec.debug._html import fmt as _fmt
 from onnxprec.debug._options import DEFAULT_ATOL, DEFAULT_RTOL, CompareOptions
 from onnxprec.debug.match import Match, carried_source, carrier_ops, match_values
@@ -592,12 +593,11 @@ def _compare(reference: ir.Model, candidate: ir.Model, options: CompareOptions, 
     _check_inputs(reference, candidate)
     plan = _plan(reference, candidate)
 
-    def run(batches: Iterable[Mapping[str, np.ndarray]]) -> tuple[Any, ...]:
-        with contextlib.ExitStack() as stack:
-            return _stream(reference, candidate, plan, replayable(batches, stack), options)
+    def run(batches: CalibrationData) -> tuple[Any, ...]:
+        return _stream(reference, candidate, plan, batches, options)
 
     shapes = calibration.parse_input_shapes(options.input_shapes) if options.input_shapes else None
-    rows, outputs, batches, chunks = calibration.run_on_data(reference, data, run, input_shapes=shapes)
+    rows, outputs, batches, chunks = run_on_data(reference, data, run, input_shapes=shapes)
     report = CompareReport(plan.rows, _fill(plan, rows, outputs, options), options.atol, options.rtol, batches, chunks)
     subgraphs = sum(1 for _ in reference.graph.subgraphs())
     if subgraphs:
@@ -752,7 +752,9 @@ def compare_models(
     ref_model = prepare(reference)
     cand_model = prepare(candidate)
     with contextlib.ExitStack() as stack:
-        data = calibration_batches(options.calibration_data, ref_model, stack)
+        data = None
+        if options.calibration_data is not None:
+            data = stack.enter_context(CalibrationData(options.calibration_data, ref_model))
         report = _compare(ref_model, cand_model, options, data)
         ref_path, cand_path = model_path(reference), model_path(candidate)
         report.reference = str(ref_path) if ref_path is not None else None

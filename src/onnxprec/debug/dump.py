@@ -32,6 +32,7 @@ from onnxprec import calibration
 from onnxprec._io import ModelSource
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
+from onnxprec.calibration_data import run_on_data
 from onnxprec.debug._arrays import SafeNames, statistics, write_binary, write_text
 from onnxprec.debug._common import fetchable, model_path, prepare
 from onnxprec.debug._options import DumpOptions
@@ -351,7 +352,7 @@ def dump_model(
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
-    dumped, staging = calibration.run_on_data(loaded, source, run, input_shapes=shapes)
+    dumped, staging = run_on_data(loaded, source, run, input_shapes=shapes)
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, staging, True)
         index = {

@@ -9,9 +9,10 @@ so at most two models' outputs for one batch are in memory. Latency is measured 
 warm-up runs, then ``latency_runs`` rounds in which every model runs once (the order rotates each round), so
 that all models see the same machine state.
 
-Causal LMs are recognised by an ``input_ids`` input and ``[batch, seq, vocab]`` logits. Inputs the data does not
-hold are built from the model's input metadata: KV-cache inputs (``past_key_values.*``) as empty
-``[batch, heads, 0, head_dim]`` tensors, ``attention_mask`` as ones, ``position_ids`` from the mask.
+Causal LMs are recognised by an ``input_ids`` input and ``[batch, seq, vocab]`` logits. The data is read, checked
+and split by :class:`onnxprec.calibration_data.CalibrationData`; inputs the data does not hold are built for each
+model by :class:`onnxprec.llm_inputs.LLMInputs`: empty past keys/values (their layout read from the model),
+``attention_mask`` as ones, ``position_ids`` from the mask.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,29 +34,19 @@ import onnx_ir as ir
 from onnxprec import _ort, calibration, metrics
 from onnxprec._io import load_model
 from onnxprec._options import fields_in
+from onnxprec.calibration import InputSpec
+from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.evaluate._options import EvaluateOptions
+from onnxprec.llm_inputs import LLMInputs
 
 __all__ = ["EvaluateOptions", "EvaluationReport", "ModelResult", "evaluate_models"]
 
 logger = logging.getLogger(__name__)
 
 _WARMUP_RUNS = 2
-_PAST = re.compile(r"past|cache", re.IGNORECASE)
 _PRESENT = re.compile(r"present", re.IGNORECASE)
 _SCORES = re.compile(r"logit|score|prob", re.IGNORECASE)
-_NUMPY_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int16)": np.int16,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
-}
-
 ModelLike = str | os.PathLike | onnx.ModelProto | ir.Model
 
 
@@ -214,26 +205,15 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 @dataclass
-class _Input:
-    name: str
-    type: str
-    dims: list[int | str | None]
-
-    @property
-    def dtype(self) -> np.dtype | None:
-        kind = _NUMPY_TYPES.get(self.type)
-        return np.dtype(kind) if kind is not None else None
-
-
-@dataclass
 class _Model:
     """A model under evaluation: its session, what is fed and fetched, and its running metrics."""
 
     result: ModelResult
     session: _ort.Session
-    inputs: dict[str, _Input]
+    graph: ir.Model
+    inputs: dict[str, InputSpec]
     fetch: list[str]
-    past: dict[str, tuple[int, int, np.dtype]] = field(default_factory=dict)  # name -> (heads, head_dim, dtype)
+    llm: LLMInputs | None = None
     logits: str | None = None
     ids: str | None = None
     scores: str | None = None
@@ -253,45 +233,30 @@ def _name_of(source: ModelLike, index: int) -> tuple[str, str | None]:
     return f"model{index}", None
 
 
-def _open(source: ModelLike, name: str, options: EvaluateOptions) -> _ort.Session:
-    if isinstance(source, (str, os.PathLike)):
-        if not Path(source).exists():
-            raise ModelLoadError(f"Model file '{source}' does not exist: check the model paths.")
-        load_model(source)  # one-line errors for a corrupt or truncated file (weights stay mapped)
-    return _ort.create_session(
+def _open(source: ModelLike, name: str, options: EvaluateOptions) -> tuple[_ort.Session, ir.Model]:
+    """The model's session and its graph (weights stay mapped: only the inputs and their consumers are read)."""
+    if isinstance(source, (str, os.PathLike)) and not Path(source).exists():
+        raise ModelLoadError(f"Model file '{source}' does not exist: check the model paths.")
+    graph = load_model(source)  # one-line errors for a corrupt or truncated file
+    session = _ort.create_session(
         source,
         providers=list(options.providers),
         optimization=options.optimization,  # type: ignore[arg-type]
         custom_op_libraries=list(options.custom_op_libs),
         what=f"model '{name}'",
     )
+    return session, graph
 
 
-def _inputs(session: _ort.Session) -> dict[str, _Input]:
-    return {i.name: _Input(i.name, i.type, list(i.shape or [])) for i in session.inner.get_inputs()}
-
-
-def _past_layout(spec: _Input) -> tuple[int, int]:
-    """(heads, head_dim) of a ``[batch, heads, past, head_dim]`` KV-cache input, from its metadata."""
-    dims = spec.dims
-    if len(dims) != 4 or not isinstance(dims[1], int) or not isinstance(dims[3], int) or isinstance(dims[2], int):
-        raise InvalidArgumentError(
-            f"Cannot build an empty KV cache for input '{spec.name}' of shape {dims}: expected "
-            "[batch, heads, past_sequence, head_dim] with static heads and head_dim; put it in the data."
-        )
-    return dims[1], dims[3]
-
-
-def _setup(result: ModelResult, session: _ort.Session, options: EvaluateOptions, labels: bool) -> _Model:
-    inputs = _inputs(session)
+def _setup(
+    result: ModelResult, session: _ort.Session, graph: ir.Model, options: EvaluateOptions, labels: bool
+) -> _Model:
+    specs = calibration.input_specs(graph)
+    inputs = {s.name: s for s in specs}
     outputs = {o.name: o for o in session.inner.get_outputs()}
-    past = {
-        name: (*_past_layout(spec), spec.dtype or np.dtype(np.float32))
-        for name, spec in inputs.items()
-        if _PAST.search(name) and "float" in spec.type
-    }
-    fetch = [name for name in session.output_names if not (past and _PRESENT.search(name))]
-    model = _Model(result, session, inputs, fetch, past)
+    llm = LLMInputs.of(graph, specs)
+    fetch = [name for name in session.output_names if not (llm and llm.has_past and _PRESENT.search(name))]
+    model = _Model(result, session, graph, inputs, fetch, llm)
     ids = "input_ids" if "input_ids" in inputs else None
     rank3 = [n for n in fetch if len(outputs[n].shape or []) == 3 and "float" in outputs[n].type]
     # By name: an encoder's [batch, seq, hidden] states look like logits; --perplexity takes any rank-3 output.
@@ -312,119 +277,30 @@ def _setup(result: ModelResult, session: _ort.Session, options: EvaluateOptions,
 
 
 def _synthesizable(model: _Model, name: str) -> bool:
-    return name in model.past or name in ("attention_mask", "position_ids")
+    return model.llm is not None and model.llm.buildable(model.inputs[name])
 
 
-def _complete(model: _Model, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model's feeds: the batch's arrays (integers cast to the declared type) and the inputs built here."""
+def _feeds(model: _Model, batch: Mapping[str, np.ndarray], built: frozenset[str]) -> dict[str, np.ndarray]:
+    """The model's feeds: the batch's arrays (integers cast to the declared type; inputs built for the reference
+    that this model does not take left out) and the inputs this model needs that are built from the token ids."""
     feeds: dict[str, np.ndarray] = {}
     for name, array in batch.items():
         spec = model.inputs.get(name)
         if spec is None:
+            if name in built:
+                continue
             raise InvalidArgumentError(
                 f"Model '{model.result.name}' has no input '{name}' (its inputs are {list(model.inputs)}): "
                 "evaluate models with the same inputs."
             )
         wanted = spec.dtype
-        if wanted is not None and array.dtype != wanted and array.dtype.kind in "iub" and wanted.kind in "iub":
+        if array.dtype != wanted and array.dtype.kind in "iub" and wanted.kind in "iub":
             array = array.astype(wanted)
         feeds[name] = array
-    ids = batch.get(model.ids) if model.ids else None
-    reference = ids if ids is not None else next(iter(batch.values()))
-    size, length = (reference.shape[0], reference.shape[1] if reference.ndim > 1 else 1)
-    for name, (heads, head_dim, dtype) in model.past.items():
-        if name not in feeds:
-            feeds[name] = np.zeros((size, heads, 0, head_dim), dtype=dtype)
-    if "attention_mask" in model.inputs and "attention_mask" not in feeds:
-        mask_dtype = model.inputs["attention_mask"].dtype or np.dtype(np.int64)
-        feeds["attention_mask"] = np.ones((size, length), dtype=mask_dtype)  # past length is 0
-    if "position_ids" in model.inputs and "position_ids" not in feeds:
-        mask = np.asarray(feeds.get("attention_mask", np.ones((size, length), np.int64)))[:, -length:]
-        positions = np.cumsum(mask, axis=-1) - 1
-        positions[mask == 0] = 1  # as Hugging Face's generate does for padding
-        feeds["position_ids"] = positions.astype(model.inputs["position_ids"].dtype or np.int64)
+    llm = model.llm
+    if llm is not None and llm.ids.name in feeds and any(name not in feeds for name in model.inputs):
+        feeds = llm.complete(feeds)
     return feeds
-
-
-# --------------------------------------------------------------------------------------------------
-# Data
-
-
-def _peek(source: Any) -> dict[str, np.dtype] | None:
-    """Names and dtypes of the first batch of the data, when they can be read without consuming it."""
-    arrays: Mapping[str, Any] | None = None
-    if isinstance(source, Mapping):
-        arrays = source
-    elif isinstance(source, (list, tuple)) and source and isinstance(source[0], Mapping):
-        arrays = source[0]
-    elif isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        first = min(path.glob("*.npz"), default=None) if path.is_dir() else path
-        if first is not None and first.suffix.lower() == ".npz" and first.is_file():
-            try:
-                with np.load(first, allow_pickle=False) as data:
-                    return {k: data[k].dtype for k in data.files}
-            except Exception:  # calibration reports a bad file with its own message
-                return None
-        if first is not None and first.suffix.lower() == ".json" and first.is_file():
-            try:
-                batches = calibration._read_polygraphy_json(first)
-            except CalibrationDataError:
-                return None
-            arrays = batches[0] if batches else None
-    if arrays is None:
-        return None
-    return {str(k): np.asarray(v).dtype for k, v in arrays.items()}
-
-
-def _token_windows(path: Path, ids_name: str) -> dict[str, np.ndarray]:
-    try:
-        ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as e:
-        raise CalibrationDataError(
-            f"Cannot read token ids from '{path}' ({type(e).__name__}): save them with np.save."
-        ) from None
-    if ids.ndim != 2 or ids.dtype.kind not in "iu":
-        raise CalibrationDataError(
-            f"'{path}' holds {ids.dtype} {list(ids.shape)}: token windows are integer ids of shape [N, seq]."
-        )
-    return {ids_name: np.asarray(ids, dtype=np.int64)}
-
-
-def _batches(source: Any, reference: _Model) -> Iterable[dict[str, np.ndarray]]:
-    """Lazy batches of the data, validated against the reference model's inputs."""
-    if isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npy":
-        if reference.ids is None:
-            raise InvalidArgumentError(
-                f"An .npy of token ids is for causal LMs; model '{reference.result.name}' has no input_ids input: "
-                "pass an .npz with every input."
-            )
-        source = _token_windows(Path(source), reference.ids)
-    given = _peek(source)
-    specs = []
-    for spec in reference.inputs.values():
-        if given is not None and spec.name not in given and _synthesizable(reference, spec.name):
-            continue
-        if given is None and _synthesizable(reference, spec.name):
-            continue
-        dtype = spec.dtype  # None for BF16/FP8 inputs
-        found = given.get(spec.name) if given is not None else None
-        if found is not None and (dtype is None or found.kind == dtype.kind or {found.kind, dtype.kind} <= set("iu")):
-            dtype = found  # FP32 data for FP16/BF16 models, int64 ids for int32 inputs: cast per model
-        dtype = dtype if dtype is not None else np.dtype(np.float32)
-        dims = tuple(d if isinstance(d, int) else (d if isinstance(d, str) else None) for d in spec.dims)
-        specs.append(calibration.InputSpec(spec.name, dtype, dims, ir.Value(name=spec.name)))
-    return calibration.load_calibration(source, specs)
-
-
-def _split(batch: dict[str, np.ndarray], size: int | None) -> Iterator[dict[str, np.ndarray]]:
-    first = next(iter(batch.values()))
-    total = first.shape[0] if first.ndim else 1
-    if size is None or total <= size:
-        yield batch
-        return
-    for start in range(0, total, size):
-        yield {k: (v[start : start + size] if v.ndim and v.shape[0] == total else v) for k, v in batch.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -645,7 +521,7 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
     loaded: list[_Model] = []
     for i, (source, name) in enumerate(zip(sources, names)):
         result = ModelResult(name, named[i][1], is_reference=i == index)
-        loaded.append(_setup(result, _open(source, name, options), options, labels is not None))
+        loaded.append(_setup(result, *_open(source, name, options), options, labels is not None))
         report.models.append(result)
         logger.debug("Model %s: fetch %s%s", name, loaded[-1].fetch, " (causal LM)" if loaded[-1].ppl else "")
     ref = loaded[index]
@@ -658,19 +534,14 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
                 f"'{ref.result.name}' does not have: evaluate models with the same inputs."
             )
     if options.data is None:
-        reference_model = load_model(sources[index])
-        random = calibration.random_feeds(reference_model)
-        batches: Iterable[dict[str, np.ndarray]] = [{k: v for k, v in random.items() if not _synthesizable(ref, k)}]
         logger.info("No --data: one batch of realistic random inputs")
-    else:
-        batches = _batches(options.data, ref)
     offset = 0
-    for number, stored in enumerate(batches):
-        for batch in _split(stored, options.batch_size):
-            _evaluate_batch(order, batch, labels, offset)
+    with CalibrationData(options.data, ref.graph, batch_size=options.batch_size, lenient=True) as data:
+        for number, batch in enumerate(data):
+            _evaluate_batch(order, batch, labels, offset, data.completed)
             first = next(iter(batch.values()))
             offset += first.shape[0] if first.ndim else 1
-        logger.debug("Batch %d done (%d samples so far)", number, offset)
+            logger.debug("Batch %d done (%d samples so far)", number, offset)
     if labels is not None and offset != labels.shape[0]:
         raise CalibrationDataError(
             f"--labels has {labels.shape[0]} entries but the data has {offset} samples: give one label per sample."
@@ -694,7 +565,9 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
     return report
 
 
-def _evaluate_batch(order: list[_Model], batch: dict[str, np.ndarray], labels: np.ndarray | None, offset: int) -> None:
+def _evaluate_batch(
+    order: list[_Model], batch: dict[str, np.ndarray], labels: np.ndarray | None, offset: int, built: frozenset[str]
+) -> None:
     first = next(iter(batch.values()))
     size = first.shape[0] if first.ndim else 1
     batch_labels = None
@@ -706,7 +579,7 @@ def _evaluate_batch(order: list[_Model], batch: dict[str, np.ndarray], labels: n
             )
     reference: dict[str, np.ndarray] | None = None
     for model in order:
-        feeds = _complete(model, batch)
+        feeds = _feeds(model, batch, built)
         if model.first_feeds is None:
             model.first_feeds = feeds
         arrays, seconds = _run(model, feeds)

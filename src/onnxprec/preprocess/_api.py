@@ -26,7 +26,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxprec import _ort, calibration, metrics
+from onnxprec import _ort, metrics
 from onnxprec._genai import GenaiCarry
 from onnxprec._graph import all_graphs
 from onnxprec._io import (
@@ -50,6 +50,7 @@ from onnxprec._io import (
 from onnxprec._ops import default_opset, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
 from onnxprec._protobuf import structure_proto
+from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
 from onnxprec.preprocess._options import PreprocessOptions
@@ -251,15 +252,15 @@ def _merge_shapes(model: ir.Model, proto: onnx.ModelProto) -> None:
 def _random_outputs(model: ir.Model, providers: list[str]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """Realistic random inputs the model runs on, and its outputs on them (retries other dynamic sizes)."""
 
-    def run(batches: Iterable[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-        feeds = next(iter(batches))
+    def run(batches: CalibrationData) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        feeds = batches.first
         session = _ort.create_session(model, providers=providers, optimization="none", low_memory=True)
         try:
             return feeds, [np.asarray(out) for out in session.run(feeds)]
         except Exception as e:  # ONNX Runtime's own exception types: try other sizes
             raise CalibrationDataError(_ort.first_line(e)) from None
 
-    return calibration.run_on_data(model, None, run)
+    return run_on_data(model, None, run)
 
 
 def _check_same_outputs(

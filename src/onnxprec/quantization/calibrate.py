@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxprec.calibration import input_specs
 from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
 from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup
@@ -27,7 +24,6 @@ from onnxprec.reference import run_reference
 
 __all__ = [
     "Float32GramObserver",
-    "ReplayableBatches",
     "collect_stats",
     "plan_chunks",
     "pruned_copy",
@@ -91,77 +87,6 @@ def plan_chunks(groups: list[InputGroup], spec: MethodSpec, sample_tokens: int, 
         chunks[-1].append(group)
         used += size
     return chunks
-
-
-class ReplayableBatches:
-    """Calibration batches that can be read once per pass, split along a dynamic batch axis.
-
-    A one-shot source (a ``CalibrationDataReader`` or an iterator) is spooled to temporary ``.npz`` files on the
-    first pass; :meth:`close` removes them.
-    """
-
-    def __init__(self, source: Iterable[Mapping[str, np.ndarray]], model: ir.Model, batch_size: int | None) -> None:
-        self._source = source
-        self._one_shot = iter(source) is source or getattr(source, "one_shot", False)
-        self._spool: Path | None = None
-        self._live: Iterator[Mapping[str, np.ndarray]] | None = None
-        self._stack = contextlib.ExitStack()
-        self._count = 0
-        self._split_ok = batch_size is not None and batch_size > 0 and _dynamic_batch(model)
-        self._batch_size = batch_size or 0
-        self.batches = 0
-        self.samples = 0
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def _raw(self) -> Iterator[dict[str, np.ndarray]]:
-        if not self._one_shot:
-            for batch in self._source:
-                yield dict(batch)
-            return
-        if self._spool is None:
-            self._spool = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-calib-")))
-            self._live = iter(self._source)
-        index = 0
-        while True:
-            if index < self._count:  # spooled by an earlier (possibly abandoned) iteration
-                with np.load(self._spool / f"{index}.npz", allow_pickle=False) as data:
-                    yield {k: data[k] for k in data.files}
-            else:
-                item: Mapping[str, np.ndarray] | None = None if self._live is None else next(self._live, None)
-                if item is None:
-                    self._live = None
-                    return
-                feeds = dict(item)
-                np.savez(self._spool / f"{self._count}.npz", **feeds)  # type: ignore[arg-type]
-                self._count += 1
-                yield feeds
-            index += 1
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        batches = samples = 0
-        for batch in self._raw():
-            for piece in self._split(batch):
-                batches += 1
-                first = next(iter(piece.values()), None)
-                samples += int(first.shape[0]) if first is not None and first.ndim else 1
-                yield piece
-        self.batches, self.samples = batches, samples
-
-    def _split(self, batch: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
-        sizes = {int(np.asarray(a).shape[0]) if np.asarray(a).ndim else -1 for a in batch.values()}
-        if not self._split_ok or len(sizes) != 1 or (size := sizes.pop()) <= self._batch_size:
-            yield batch
-            return
-        for start in range(0, size, self._batch_size):
-            yield {k: np.asarray(v)[start : start + self._batch_size] for k, v in batch.items()}
-
-
-def _dynamic_batch(model: ir.Model) -> bool:
-    """Whether every fed input has a dynamic first axis (so batches can be split along it)."""
-    specs = input_specs(model)
-    return bool(specs) and all(spec.dims and not isinstance(spec.dims[0], int) for spec in specs)
 
 
 def pruned_copy(model: ir.Model, outputs: list[str]) -> ir.Model:

@@ -9,8 +9,9 @@ import onnx
 import onnx_ir as ir
 import pytest
 
+from onnxprec.calibration_data import CalibrationData
 from onnxprec.quantization._testing import mlp
-from onnxprec.quantization.calibrate import ReplayableBatches, collect_stats, plan_chunks, pruned_copy, stats_bytes
+from onnxprec.quantization.calibrate import collect_stats, plan_chunks, pruned_copy, stats_bytes
 from onnxprec.quantization.int4 import quantize
 from onnxprec.quantization.methods import METHODS
 from onnxprec.quantization.select import select_layers
@@ -27,7 +28,7 @@ def test_statistics_match_numpy() -> None:
     groups = select_layers(model).groups()
     gamma = next(v for k, v in model.graph.initializers.items() if k == "gamma").const_value.numpy()  # type: ignore[union-attr]
     spec = METHODS["awq_gptq"]  # all three statistics
-    stats = collect_stats(model, groups, ReplayableBatches([{"X": X}], model, 1), spec, sample_tokens=7)
+    stats = collect_stats(model, groups, CalibrationData([{"X": X}], model, batch_size=1), spec, sample_tokens=7)
     xn = (X * gamma).reshape(-1, 64)
     first = stats[groups[0]]
     np.testing.assert_allclose(first.absmean, np.abs(xn).mean(0), rtol=1e-5)  # type: ignore[arg-type]
@@ -69,7 +70,7 @@ def test_batches_split_along_a_dynamic_batch_axis_and_one_shot_sources_replay() 
         yield {"X": X}
         yield {"X": X[:1]}
 
-    replay = ReplayableBatches(generator(), model, 1)
+    replay = CalibrationData(generator(), model, batch_size=1)
     try:
         next(iter(replay))  # an abandoned first iteration (the reference runner peeks at the first batch)
         for _ in range(2):
@@ -79,15 +80,15 @@ def test_batches_split_along_a_dynamic_batch_axis_and_one_shot_sources_replay() 
         assert (replay.batches, replay.samples) == (4, 4)
     finally:
         replay.close()
-    assert [b["X"].shape[0] for b in ReplayableBatches([{"X": X}], model, 2)] == [2, 1]
-    assert [b["X"].shape[0] for b in ReplayableBatches([{"X": X}], model, 0)] == [3]
+    assert [b["X"].shape[0] for b in CalibrationData([{"X": X}], model, batch_size=2)] == [2, 1]
+    assert [b["X"].shape[0] for b in CalibrationData([{"X": X}], model, batch_size=0)] == [3]
 
 
 def test_static_batch_is_not_split() -> None:
     proto = mlp()
     proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
     model = ir.serde.deserialize_model(proto)
-    assert [b["X"].shape[0] for b in ReplayableBatches([{"X": X}], model, 1)] == [3]
+    assert [b["X"].shape[0] for b in CalibrationData([{"X": X}], model, batch_size=1)] == [3]
 
 
 def test_pruned_copy_runs_only_what_the_inputs_need() -> None:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,11 @@ from onnxprec._ops import (
 )
 from onnxprec._options import fields_in
 from onnxprec._tensors import release
+from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
-from onnxprec.quantization.calibrate import ReplayableBatches, collect_stats, plan_chunks, quiet_onnx_ir
+from onnxprec.quantization.calibrate import collect_stats, plan_chunks, quiet_onnx_ir
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.matmulnbits import matmulnbits_block
@@ -176,8 +177,7 @@ def _calibrate_and_decide(
         )
     from tqdm.auto import tqdm
 
-    def run(batches: Iterable[dict[str, np.ndarray]]) -> None:
-        replay = ReplayableBatches(batches, model, options.calibration_batch_size)
+    def run(replay: CalibrationData) -> None:
         bar = tqdm(total=len(groups), desc=f"Calibrating ({options.method})", unit="input", disable=None)
         try:
             for chunk in chunks:
@@ -198,7 +198,7 @@ def _calibrate_and_decide(
 
     tick = time.perf_counter()
     shapes = calibration.parse_input_shapes(options.input_shapes)
-    calibration.run_on_data(model, source, run, input_shapes=shapes or None)
+    run_on_data(model, source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size)
     report.calibration.update({"passes": len(chunks), "random": source is None, "inputs": len(groups)})
     report.seconds["calibration"] = time.perf_counter() - tick
     return scales

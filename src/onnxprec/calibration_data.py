@@ -1,0 +1,382 @@
+"""The calibration data of a run: one object that every tool reads its batches from.
+
+:class:`CalibrationData` takes any source a user may have (see :mod:`onnxprec.calibration`: ``.npz`` files and
+folders, Polygraphy JSON, dicts, lists, ``CalibrationDataReader``s, generators; an ``.npy`` of token windows for a
+causal LM; None for realistic random data) and gives validated feed dicts:
+
+- it can be iterated again: a re-readable source is read again on each pass, one batch in memory at a time; a
+  one-shot source (a reader, a generator) is spooled to temporary ``.npz`` files on the first pass and read back
+  from them later (:meth:`CalibrationData.close`, or garbage collection, removes them);
+- its batches are split into runs of ``batch_size`` samples along a dynamic batch axis;
+- the first batch is read and checked when the object is made, so a mismatched source fails before any work;
+- LLM inputs are completed (:mod:`onnxprec.llm_inputs`): data that gives only token ids gets its attention mask,
+  position ids and past keys/values (empty; or, with ``past_length``, the ``present.*`` of a prefix run, so that
+  decode-like activations are measured too).
+
+:func:`run_on_data` runs a tool's step on the user's data, or on random data with retries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec import _ort, calibration
+from onnxprec.calibration import CalibrationSource, InputSpec, input_specs
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError
+from onnxprec.llm_inputs import LLMInputs, read_token_ids
+
+__all__ = ["RANDOM_ATTEMPTS", "UNNAMED_ATTEMPTS", "CalibrationData", "run_on_data"]
+
+logger = logging.getLogger(__name__)
+
+Feeds = dict[str, Any]
+
+
+class CalibrationData:
+    """Validated feed dicts from a calibration source, re-iterable, split and completed (see the module docstring).
+
+    Args:
+        source: The user's data; None for one batch of realistic random data (``model`` needed).
+        model: The model the batches are for (checked against its inputs; LLM inputs completed); None: batches are
+            taken as they are (only replayed).
+        specs: The inputs to check against (default: the model's).
+        batch_size: Split batches into runs of at most this many samples when every input's first axis is dynamic
+            (None or 0: as stored).
+        lenient: Accept any float type for a float input and any integer type for an integer input (cast later).
+        past_length: For an LLM with a KV cache and data of token ids only: run the first ``past_length`` tokens of
+            each window through the model, and feed its ``present.*`` as the past of the rest: each batch gives the
+            prefixes with an empty past, then each window's rest with its filled past (one window a run). 0: empty
+            past.
+        providers: ONNX Runtime providers of the prefix runs.
+        input_shapes, attempt, seed, unnamed: How random data is made (:func:`onnxprec.calibration.random_feeds`).
+
+    Attributes:
+        one_shot: The source can be read once (it is spooled).
+        completed: The inputs built from the token ids (empty when the data gives every input).
+        first: The first batch (checked and completed).
+        batches, samples: Runs and samples of the last full pass.
+    """
+
+    def __init__(
+        self,
+        source: CalibrationSource | None,
+        model: ir.Model | None = None,
+        *,
+        specs: list[InputSpec] | None = None,
+        batch_size: int | None = None,
+        lenient: bool = False,
+        past_length: int = 0,
+        providers: Sequence[str] | None = None,
+        input_shapes: Mapping[str, Any] | str | None = None,
+        attempt: int = 0,
+        seed: int = 0,
+        unnamed: int | None = None,
+    ) -> None:
+        if past_length < 0:
+            raise InvalidArgumentError(f"past_length must be >= 0, got {past_length}.")
+        self._model = model
+        self._specs = specs if specs is not None else (input_specs(model) if model is not None else None)
+        self._llm = LLMInputs.of(model, self._specs) if model is not None and self._specs is not None else None
+        dynamic = bool(self._specs) and all(s.dims and not isinstance(s.dims[0], int) for s in self._specs or [])
+        self._batch_size = batch_size if batch_size and batch_size > 0 and dynamic else None
+        self._lenient = lenient
+        self._past_length = past_length
+        self._providers = providers
+        self._session: _ort.Session | None = None
+        self.completed: frozenset[str] = frozenset()
+        self.random = source is None
+        self.batches = self.samples = 0
+        self._spool: tempfile.TemporaryDirectory[str] | None = None
+        self._spooled = 0
+        self._live: Iterator[Feeds] | None = None
+        if source is None:
+            if model is None:
+                raise InvalidArgumentError("Random calibration data needs the model.")
+            source = [self._random(model, input_shapes, attempt, seed, unnamed)]
+        elif isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npy" and self._llm:
+            source = {self._llm.ids.name: read_token_ids(Path(source))}  # token windows [N, seq]
+        static = calibration.static_batch(self._specs) if self._specs else None
+        self._source = calibration.Source(source, static)
+        self.one_shot = self._source.one_shot
+        passes = self._read()
+        first = next(passes, None)
+        if first is None:
+            raise CalibrationDataError("The calibration data holds no batch: give at least one set of inputs.")
+        self.first: Feeds = next(calibration.split_batch(first, self._batch_size))
+        if self.one_shot:
+            self._spool = tempfile.TemporaryDirectory(prefix="onnxprec-calibration-")
+            self._live = itertools.chain([first], passes)
+        else:
+            passes.close()
+        logger.debug(
+            "Calibration data: %s%s", "a one-shot source (spooled)" if self.one_shot else "a re-readable source",
+            f"; built {sorted(self.completed)}" if self.completed else "",
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, batches: Iterable[Mapping[str, Any]]) -> CalibrationData:
+        """``batches`` as they are if already this object, else replayable as they are (not checked)."""
+        return batches if isinstance(batches, CalibrationData) else cls(batches)
+
+    # ----------------------------------------------------------------------------------------------
+    # One pass
+
+    def _read(self) -> Generator[Feeds, None, None]:
+        """Checked and completed batches of one pass over the source (not split)."""
+        for index, raw in enumerate(self._source):
+            where = f"batch {index}"
+            if self._specs is None:
+                yield dict(raw)
+                continue
+            if index == 0 and self._llm is not None:
+                self.completed = self._llm.plan(raw)
+            if not self.completed:
+                calibration.validate(raw, self._specs, where, lenient=self._lenient)
+                ids = raw.get(self._llm.ids.name) if self._llm is not None and not self.random else None
+                if self._llm is not None and ids is not None and np.ndim(ids) == 2:
+                    self._llm.check_length(int(np.shape(ids)[1]) + _past_length(raw, self._llm))
+                yield dict(raw)
+                continue
+            given = [s for s in self._specs if s.name not in self.completed]
+            calibration.validate(raw, given, where, lenient=self._lenient)
+            for batch in self._complete(raw):
+                calibration.validate(batch, self._specs, where, lenient=self._lenient)
+                yield batch
+
+    def _complete(self, raw: Feeds) -> Iterator[Feeds]:
+        assert self._llm is not None
+        length = int(np.shape(raw[self._llm.ids.name])[1])
+        prefix = self._past_length if self._llm.has_past and 0 < self._past_length < length else 0
+        if not prefix:
+            yield self._llm.complete(raw)
+            return
+        if set(raw) != {self._llm.ids.name}:
+            raise CalibrationDataError(
+                f"past_length={prefix} needs data of token ids only; the data also gives "
+                f"{sorted(set(raw) - {self._llm.ids.name})}."
+            )
+        ids = np.asarray(raw[self._llm.ids.name])
+        self._llm.check_length(length)
+        head = self._llm.complete({self._llm.ids.name: ids[:, :prefix]})
+        presents = self._llm.presents()
+        if self._session is None:
+            assert self._model is not None
+            self._session = _ort.create_session(self._model, providers=self._providers, what="the prefix run")
+        try:
+            arrays = self._session.run(head, list(presents.values()))
+        except Exception as e:  # ONNX Runtime's own exception types
+            raise CalibrationDataError(f"The model does not run on the prefix windows: {_ort.first_line(e)}") from None
+        yield head
+        for row in range(ids.shape[0]):  # one window a run: GroupQueryAttention takes a filled past for batch 1 only
+            past = {name: array[row : row + 1] for name, array in zip(presents, arrays)}
+            yield self._llm.complete({self._llm.ids.name: ids[row : row + 1, prefix:]}, past)
+
+    def _passes(self) -> Iterator[Feeds]:
+        """The checked, completed batches: read again, or (one-shot sources) spooled and read back."""
+        if not self.one_shot:
+            yield from self._read()
+            return
+        if self._spool is None:
+            raise CalibrationDataError("This calibration data was closed: make a new CalibrationData to read it again.")
+        folder = Path(self._spool.name)
+        index = 0
+        while True:
+            if index < self._spooled:  # spooled by an earlier (possibly abandoned) pass
+                with np.load(folder / f"{index}.npz", allow_pickle=False) as data:
+                    yield {k: data[k] for k in data.files}
+            else:
+                batch = next(self._live, None) if self._live is not None else None
+                if batch is None:
+                    self._live = None
+                    return
+                np.savez(folder / f"{self._spooled}.npz", **batch)
+                self._spooled += 1
+                yield batch
+            index += 1
+
+    def __iter__(self) -> Iterator[Feeds]:
+        batches = samples = 0
+        for batch in self._passes():
+            for piece in calibration.split_batch(batch, self._batch_size):
+                batches += 1
+                first = next((v for v in piece.values() if isinstance(v, np.ndarray)), None)
+                samples += int(first.shape[0]) if first is not None and first.ndim else 1
+                yield piece
+        self.batches, self.samples = batches, samples
+
+    def __len__(self) -> int:
+        """The number of runs (reads the source once)."""
+        return sum(1 for _ in self)
+
+    def __getitem__(self, index: int) -> Feeds:
+        for i, batch in enumerate(self):
+            if i == index:
+                return batch
+        raise IndexError(index)
+
+    def close(self) -> None:
+        """Removes the spooled batches (a one-shot source cannot be read again afterwards)."""
+        if self._spool is not None:
+            self._spool.cleanup()
+            self._spool = None
+        self._live = None
+        self._session = None
+
+    def __enter__(self) -> CalibrationData:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------------------------
+    # Random data
+
+    def _random(
+        self,
+        model: ir.Model,
+        input_shapes: Mapping[str, Any] | str | None,
+        attempt: int,
+        seed: int,
+        unnamed: int | None,
+    ) -> Feeds:
+        """Realistic random inputs; for an LLM with a KV cache, random ids inside the vocabulary (completed later)."""
+        specs = self._specs or []
+        llm = self._llm if self._llm is not None and self._llm.has_past else None
+        if llm is None:
+            return calibration.random_feeds(
+                model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed, unnamed=unnamed
+            )
+        shapes = calibration.parse_input_shapes(input_shapes) if not isinstance(input_shapes, dict) else input_shapes
+        data = [s for s in specs if not llm.buildable(s) or s.name in shapes]
+        feeds = calibration.random_feeds(
+            model, data, input_shapes=input_shapes, attempt=attempt, seed=seed, unnamed=unnamed
+        )
+        vocab, context = llm.vocab_size(), llm.context()
+        shape = np.shape(feeds[llm.ids.name])
+        if llm.ids.name not in shapes and len(shape) == 2:
+            if context is not None:
+                shape = (shape[0], min(shape[1], context[0]))
+            rng = np.random.default_rng(seed)
+            feeds[llm.ids.name] = rng.integers(0, vocab or 2, size=shape).astype(llm.ids.dtype)
+        return feeds
+
+
+def _past_length(batch: Mapping[str, Any], llm: LLMInputs) -> int:
+    """The past length of complete LLM feeds: the attention mask's width beyond the ids, else 0."""
+    ids = np.shape(batch[llm.ids.name])
+    mask = next((np.shape(v) for k, v in batch.items() if "mask" in k.lower() and np.ndim(v) == 2), None)
+    return max(0, mask[1] - ids[1]) if mask is not None else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Running a tool's step on the data
+
+RANDOM_ATTEMPTS = 5
+UNNAMED_ATTEMPTS = 8
+_COMMON_SIZES = (32, 64, 128, 256, 16, 8, 512, 4, 2, 3)
+_T = TypeVar("_T")
+
+
+def run_on_data(
+    model: ir.Model,
+    source: CalibrationSource | CalibrationData | None,
+    run: Callable[[CalibrationData], _T],
+    *,
+    input_shapes: dict | None = None,
+    attempts: int = RANDOM_ATTEMPTS,
+    batch_size: int | None = None,
+    keep: bool = False,
+) -> _T:
+    """Calls ``run(data)`` on the user's data, or on realistic random data with retries (any tool).
+
+    The :class:`CalibrationData` made here is closed when ``run`` returns (its spooled batches removed), unless
+    ``keep`` (the caller reads it again later and closes it); a ``source`` that is one already is left open.
+
+    Random data is tried again when ``run`` raises :class:`CalibrationDataError` (the model did not run on it):
+    each attempt has its own seed and other sizes for the dynamic dims (attempt 1 sets every dynamic dim to 1,
+    as ModelOpt does), unless the user fixed the sizes. When a dim has no name, the sizes that the last error
+    message and the model's constants suggest are tried for it (at most :data:`UNNAMED_ATTEMPTS`). A causal LM
+    with a KV cache gets random token ids inside its vocabulary, completed as its data would be.
+
+    Raises:
+        CalibrationDataError: The user's data does not fit, or no random attempt ran; says how to fix it.
+    """
+    if isinstance(source, CalibrationData):
+        return run(source)
+    if source is not None:
+        return _run(run, CalibrationData(source, model, batch_size=batch_size), keep)
+    last_error: Exception | None = None
+    for attempt in range(attempts):
+        data = CalibrationData(
+            None, model, input_shapes=input_shapes, attempt=attempt, seed=attempt, batch_size=batch_size
+        )
+        try:
+            return _run(run, data, keep)
+        except CalibrationDataError as e:
+            last_error = e
+            if input_shapes:
+                break
+            logger.info("Random inputs of attempt %d did not run (%s); trying other inputs", attempt, e)
+    if not input_shapes and _has_unnamed_dims(model):
+        for i, size in enumerate(_unnamed_candidates(model, str(last_error))[:UNNAMED_ATTEMPTS]):
+            data = CalibrationData(None, model, attempt=0, seed=attempts + i, unnamed=size, batch_size=batch_size)
+            try:
+                result = _run(run, data, keep)
+            except CalibrationDataError as e:
+                logger.info("Random inputs with unnamed dims of size %d did not run (%s)", size, e)
+                continue
+            logger.info("The model runs on random inputs whose unnamed dynamic dims have size %d", size)
+            return result
+    dynamic = [s.describe() for s in input_specs(model) if any(not (isinstance(d, int) and d >= 0) for d in s.dims)]
+    if dynamic:
+        named = ", ".join(dynamic[:3]) + (f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else "")
+        advice = (
+            f"set the sizes of the dynamic inputs ({named}) with --input_shapes name:1x3x320x320,... (API: "
+            "input_shapes=) or pass real inputs with --calibration_data"
+        )
+    else:  # every size is fixed: only real values can help
+        advice = "pass real inputs with --calibration_data (or skip the reference run with --data_max inf)"
+    raise CalibrationDataError(f"The model does not run on random inputs ({last_error}); {advice}.") from last_error
+
+
+def _run(run: Callable[[CalibrationData], _T], data: CalibrationData, keep: bool) -> _T:
+    try:
+        result = run(data)
+    except BaseException:
+        data.close()
+        raise
+    if not keep:
+        data.close()
+    return result
+
+
+def _has_unnamed_dims(model: ir.Model) -> bool:
+    return any(d is None or (isinstance(d, int) and d < 0) for spec in input_specs(model) for d in spec.dims)
+
+
+def _unnamed_candidates(model: ir.Model, error: str) -> list[int]:
+    """Sizes worth trying for unnamed dims: numbers in the runtime's error message (a MatMul or broadcast that
+    names the size it wanted), then small integer constants of the model, then common sizes."""
+    found: list[int] = [int(n) for n in re.findall(r"(?<![\w.])(\d{1,4})(?![\w.])", error)]
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or tensor.size > 16:
+                continue
+            found += [int(v) for v in np.asarray(tensor.numpy()).reshape(-1)]
+    found += _COMMON_SIZES
+    candidates: list[int] = []
+    for size in found:
+        if 1 < size <= 4096 and size not in candidates:
+            candidates.append(size)
+    return candidates

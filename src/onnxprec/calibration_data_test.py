@@ -1,0 +1,128 @@
+"""The calibration-data object: re-iterable, split, spooled for one-shot sources, checked first, LLM inputs built."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import helper
+
+from onnxprec._io import load_model
+from onnxprec._testing import F, make_model, run, tensor_info, tiny_decoder
+from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.errors import CalibrationDataError
+from onnxprec.observers import RangeObserver
+from onnxprec.reference import run_reference
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((5, 3)).astype(np.float32)
+
+
+def _relu(batch: int | str = "n") -> ir.Model:
+    nodes = [helper.make_node("Relu", ["X"], ["Y"], name="relu")]
+    return ir.serde.deserialize_model(make_model(nodes, [tensor_info("X", F, [batch, 3])], [tensor_info("Y", F, None)]))
+
+
+def _decoder(tmp_path: Path, attention: str = "gqa", **kwargs: object) -> ir.Model:
+    path = tmp_path / f"{attention}.onnx"
+    onnx.save(tiny_decoder(attention, **kwargs), path)  # type: ignore[arg-type]
+    return load_model(path)
+
+
+def test_one_shot_sources_are_spooled_and_replayed() -> None:
+    def generator() -> Iterator[dict[str, np.ndarray]]:
+        yield {"X": X}
+        yield {"X": X[:2]}
+
+    data = CalibrationData(generator(), _relu(), batch_size=2)
+    assert data.one_shot and data.first["X"].shape == (2, 3)  # the first run, read and checked when made
+    spool = Path(data._spool.name)  # type: ignore[union-attr]
+    next(iter(data))  # an abandoned pass (as the reference runner's peek)
+    passes = [list(data) for _ in range(2)]
+    assert [b["X"].shape[0] for b in passes[0]] == [2, 2, 1, 2]
+    for a, b in zip(*passes):
+        np.testing.assert_array_equal(a["X"], b["X"])
+    assert (data.batches, data.samples) == (4, 7) and len(data) == 4
+    assert sorted(p.name for p in spool.iterdir()) == ["0.npz", "1.npz"]  # one file a stored batch, never a list
+    data.close()
+    assert not spool.exists()
+    with pytest.raises(CalibrationDataError, match="closed"):
+        list(data)
+
+
+def test_re_readable_sources_are_read_again_and_checked_first(tmp_path: Path) -> None:
+    np.savez(tmp_path / "x.npz", X=X)
+    data = CalibrationData(tmp_path / "x.npz", _relu(), batch_size=3)
+    assert not data.one_shot and [b["X"].shape[0] for b in data] == [3, 2] == [b["X"].shape[0] for b in data]
+    static = CalibrationData({"X": np.ones((4, 3), np.float32)}, _relu(2))  # cut into static batches of 2
+    assert [b["X"].shape for b in static] == [(2, 3), (2, 3)]
+
+    def bad() -> Iterator[dict[str, np.ndarray]]:
+        yield {"X": X.astype(np.float64)}
+        raise AssertionError("read past the first batch")
+
+    with pytest.raises(CalibrationDataError, match="dtype float64"):
+        CalibrationData(bad(), _relu())
+    with pytest.raises(CalibrationDataError, match="holds no batch"):
+        CalibrationData([], _relu())
+
+
+def test_ids_only_data_is_completed_for_a_kv_model(tmp_path: Path) -> None:
+    model = _decoder(tmp_path)
+    ids = RNG.integers(0, 16, (4, 6))
+    np.savez(tmp_path / "ids.npz", input_ids=ids)
+    np.save(tmp_path / "ids.npy", ids.astype(np.int32))
+    for source in (tmp_path / "ids.npz", tmp_path / "ids.npy", {"input_ids": ids}):
+        data = CalibrationData(source, model, batch_size=3)
+        assert data.completed == {
+            "attention_mask",
+            *(f"past_key_values.{i}.{k}" for i in (0, 1) for k in ("key", "value")),
+        }
+        batches = list(data)
+        assert [b["input_ids"].shape for b in batches] == [(3, 6), (1, 6)]
+        assert batches[1]["past_key_values.0.key"].shape == (1, 1, 0, 16)
+        assert batches[1]["input_ids"].dtype == np.int64
+    ranges = RangeObserver()
+    result = run_reference(model, data, observers=[ranges])  # ORT runs the completed feeds
+    assert result.num_batches == 2 and ranges.stats["logits"].batches == 2 and ranges.stats["logits"].absmax > 0
+
+
+def test_partial_past_and_long_windows_are_clear_errors(tmp_path: Path) -> None:
+    model = _decoder(tmp_path, max_positions=8)
+    partial = {"input_ids": np.zeros((1, 4), np.int64), "past_key_values.0.key": np.zeros((1, 1, 0, 16), np.float32)}
+    with pytest.raises(CalibrationDataError, match=r"lacks past_key_values\.0\.value, past_key_values\.1\.key"):
+        CalibrationData(partial, model)
+    with pytest.raises(CalibrationDataError, match="Windows of 9 tokens are longer than the model's context of 8"):
+        CalibrationData({"input_ids": np.zeros((1, 9), np.int64)}, model)
+
+
+def test_random_data_for_a_kv_model(tmp_path: Path) -> None:
+    model = _decoder(tmp_path, vocab=50)
+    seen: list[dict[str, np.ndarray]] = []
+
+    def step(data: CalibrationData) -> int:
+        seen.extend(data)
+        return run_reference(model, data).num_batches
+
+    assert run_on_data(model, None, step) == 1
+    ids = seen[0]["input_ids"]
+    assert ids.shape == (1, 32) and ids.max() < 50 and len(np.unique(ids)) > 2  # inside the vocabulary, capped
+    assert seen[0]["past_key_values.0.key"].shape == (1, 1, 0, 16)  # at the context (32 rotary rows)
+
+
+def test_a_prefix_run_fills_the_past(tmp_path: Path) -> None:
+    model = _decoder(tmp_path)
+    proto = ir.serde.serialize_model(model)
+    ids = RNG.integers(0, 16, (2, 7))
+    batches = list(CalibrationData({"input_ids": ids}, model, past_length=4))
+    assert [b["input_ids"].shape for b in batches] == [(2, 4), (1, 3), (1, 3)]
+    assert batches[0]["past_key_values.0.key"].shape == (2, 1, 0, 16)
+    assert batches[1]["past_key_values.0.key"].shape == (1, 1, 4, 16)
+    assert batches[2]["attention_mask"].shape == (1, 7)
+    for row in range(2):  # decode-like logits equal those of the whole window
+        full = run(proto, CalibrationData({"input_ids": ids[row : row + 1]}, model).first)[0]
+        np.testing.assert_allclose(run(proto, batches[1 + row])[0], full[:, 4:], rtol=1e-5, atol=1e-5)
