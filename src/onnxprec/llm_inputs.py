@@ -33,7 +33,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._io import ModelSource, load_model, model_file
-from onnxprec.calibration import InputSpec, gather_table_rows, input_specs
+from onnxprec.calibration import InputSpec, gather_table_rows, input_specs, split_batch
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 
 __all__ = ["GENAI_CONFIG", "LLMInputs", "llm_feeds", "read_token_ids", "token_windows"]
@@ -531,10 +531,7 @@ def llm_feeds(
         )
     static = inputs.ids.dims[1] if isinstance(inputs.ids.dims[1], int) and inputs.ids.dims[1] > 0 else None
     windows = token_windows(token_ids, seq_len or static or _DEFAULT_SEQ_LEN, max_windows)
-    feeds = [
-        inputs.complete({inputs.ids.name: windows[start : start + batch_size]})
-        for start in range(0, windows.shape[0], batch_size)
-    ]
+    feeds = [inputs.complete(batch) for batch in split_batch({inputs.ids.name: windows}, batch_size)]
     logger.info("%d feed(s) of %d window(s) x %d tokens", len(feeds), windows.shape[0], windows.shape[1])
     return feeds
 
