@@ -304,6 +304,7 @@ def save_model(
     *,
     external_data: bool | None = None,
     protected: set[Path] | None = None,
+    check: Callable[[Path], None] | None = None,
 ) -> Path:
     """Saves atomically: the model is written to a temporary file beside ``path`` and renamed.
 
@@ -313,6 +314,9 @@ def save_model(
         external_data: ``True`` writes weights above 1 KiB to ``<name>.data`` beside the model;
             ``False`` embeds them; ``None`` (default) embeds them unless the model exceeds 2 GB.
         protected: Files that must not be overwritten (the input model and its data files).
+        check: Called with the complete temporary file (its external data beside it, under its final name) before
+            the rename: if it raises, nothing is left behind and ``path`` is untouched (e.g. a check that loads the
+            output in ONNX Runtime).
 
     Returns:
         The path written.
@@ -336,6 +340,8 @@ def save_model(
                 _inline_subgraph_external_tensors(model)
                 with open(tmp_name, "wb") as stream:
                     write_streaming(model, stream)
+            if check is not None:
+                check(tmp_name)
     except BaseException:
         if external_data and not data_existed:
             with contextlib.suppress(OSError):

@@ -58,3 +58,23 @@ def test_ops_no_runtime_knows_are_refused(tmp_path: Path) -> None:
     onnx.save(_model(helper.make_node("SkipSimplifiedLayerNormalization", ["X", "X"], ["Y"], name="s"), 22), path)
     with pytest.raises(ModelLoadError, match=r"^Node 's' is 'SkipSimplifiedLayerNormalization', which is no ONNX op"):
         load_model(path)
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_a_failed_check_leaves_no_output(tmp_path: Path, external_data: bool) -> None:
+    """save_model's check sees the complete file (weights beside it) before the rename; if it raises, nothing stays."""
+    from onnxprec._io import save_model
+
+    model = load_model(_model(helper.make_node("Mul", ["X", "scale"], ["Y"]), 22, (_SCALE,)))
+    seen: list[int] = []
+
+    def check(path: Path) -> None:
+        loaded = onnx.load(path)  # external data resolves beside it, under the final name
+        seen.append(len(loaded.graph.initializer[0].float_data or loaded.graph.initializer[0].raw_data))
+        raise ValueError("rejected")
+
+    with pytest.raises(ValueError, match="rejected"):
+        save_model(model, tmp_path / "out.onnx", external_data=external_data, check=check)
+    assert seen and sorted(p.name for p in tmp_path.iterdir()) == []
+    save_model(model, tmp_path / "out.onnx", external_data=external_data, check=lambda path: None)
+    assert (tmp_path / "out.onnx").exists()

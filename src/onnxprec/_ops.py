@@ -13,6 +13,7 @@ __all__ = [
     "CONTROL_FLOW_OPS",
     "DEFAULT_DOMAINS",
     "KEEP_FP32_OPS",
+    "ORT_DOMAINS",
     "ORT_ONNX_DOMAIN_OPS",
     "QUANTIZED_OPS",
     "TYPE_ATTRIBUTES",
@@ -80,6 +81,9 @@ TYPE_ATTRIBUTES = {
 # Default-domain ops whose output element type is that of their ``value`` tensor attribute.
 VALUE_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape"})
 
+
+# ONNX Runtime's own op domains (its kernel registry's, besides the ONNX ones).
+ORT_DOMAINS = frozenset({"com.microsoft", "com.microsoft.nchwc"})
 
 _LAST = 2**31 - 1  # ONNX Runtime's "every later opset"
 

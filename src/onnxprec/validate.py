@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,11 +15,30 @@ import onnx_ir as ir
 from onnxprec import _ort, metrics
 from onnxprec._graph import dtype_name
 from onnxprec._io import load_model
+from onnxprec._ops import (
+    ORT_DOMAINS,
+    default_opset,
+    is_ort_onnx_domain_op,
+    is_standard_op,
+    normalized_domain,
+    opsets_by_domain,
+)
 from onnxprec._protobuf import structure_proto
 from onnxprec.errors import ValidationError
 from onnxprec.reference import ReferenceResult
 
-__all__ = ["IOContract", "IOEntry", "NumericReport", "check_io_contract", "check_structure", "numeric_check"]
+__all__ = [
+    "IOContract",
+    "IOEntry",
+    "NumericReport",
+    "check_io_contract",
+    "check_structure",
+    "describe_ops",
+    "load_in_ort",
+    "numeric_check",
+    "ort_only_ops",
+    "prove_by_run",
+]
 
 logger = logging.getLogger(__name__)
 _F = ir.DataType.FLOAT
@@ -114,13 +134,78 @@ def _fmt(items: tuple[IOEntry, ...]) -> str:
     return "[" + ", ".join(str(e) for e in items) + "]"
 
 
-def check_structure(model: ir.Model, *, has_custom_ops: bool) -> None:
+# Where the structure copy puts ONNX Runtime's ONNX-domain contrib ops, so that onnx.checker and strict inference
+# check everything else (they reject an op they do not know in the ONNX domain, and skip other domains).
+_SET_ASIDE_DOMAIN = "onnxprec.ort_onnx_domain"
+
+
+def ort_only_ops(model: ir.Model) -> dict[str, int]:
+    """Nodes that only ONNX Runtime can check and run, by op (``"com.microsoft::GroupQueryAttention"``): ORT's contrib
+    ops in its own domains and those it registers in the ONNX domain (``SimplifiedLayerNormalization``)."""
+    opsets = opsets_by_domain(model)
+    found: dict[str, int] = {}
+    for node in model.graph.all_nodes():
+        if _is_ort_op(node, opsets):
+            key = f"{node.domain}::{node.op_type}" if normalized_domain(node.domain) else node.op_type
+            found[key] = found.get(key, 0) + 1
+    return found
+
+
+def _is_ort_op(node: ir.Node, opsets: Mapping[str, int]) -> bool:
+    domain = normalized_domain(node.domain)
+    return domain in ORT_DOMAINS or is_ort_onnx_domain_op(node.op_type, domain, opsets.get(domain, 1))
+
+
+def describe_ops(ops: Mapping[str, int]) -> str:
+    """``{"A": 2, "B": 1}`` as ``"2 nodes (A x2, B x1)"``."""
+    total = sum(ops.values())
+    listed = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{total} node{'s' if total != 1 else ''} ({listed})"
+
+
+def _set_aside(graph: onnx.GraphProto, opset: int) -> int:
+    moved = 0
+    for node in graph.node:
+        if is_ort_onnx_domain_op(node.op_type, node.domain, opset):
+            node.domain = _SET_ASIDE_DOMAIN
+            moved += 1
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                moved += _set_aside(sub, opset)
+    return moved
+
+
+def check_structure(model: ir.Model) -> dict[str, int]:
     """onnx.checker (full check: strict shape and type inference) on the model without its large weights.
 
-    Weights above 1 KB are stripped before the C++ call, so this is cheap and works above 2 GB.
-    """
+    Weights above 1 KB are stripped before the C++ call, so this is cheap and works above 2 GB. ONNX Runtime's
+    contrib ops registered in the ONNX domain are moved to a private domain in that copy, so the checker and strict
+    inference cover every other node; the nodes that only ONNX Runtime can check are returned, for the caller to
+    prove in ONNX Runtime (:func:`load_in_ort`, or the run of :func:`numeric_check`). Intermediate values keep
+    their declared element types and lose their declared shapes in the copy: exporters declare wrong ones (the
+    onnxruntime-genai builder gives rank-0 shapes to rank-1 Constants), which ONNX Runtime ignores, while inference
+    still derives and checks every shape from the graph inputs and weights.
 
+    Strict inference is relaxed only for a model with ops no runtime here knows (plugins of custom domains).
+
+    Args:
+        model: The model (unchanged).
+
+    Returns:
+        The nodes only ONNX Runtime can check, by op (:func:`ort_only_ops`); empty for a pure ONNX model.
+    """
     proto = structure_proto(model)
+    for info in proto.graph.value_info:  # see the docstring
+        if info.type.HasField("tensor_type"):
+            info.type.tensor_type.ClearField("shape")
+    if _set_aside(proto.graph, default_opset(model)):
+        proto.opset_import.append(onnx.helper.make_opsetid(_SET_ASIDE_DOMAIN, 1))
+    ort_only = ort_only_ops(model)
+    opsets = opsets_by_domain(model)
+    has_custom_ops = any(
+        not is_standard_op(n, opsets.get(normalized_domain(n.domain), 1)) and not _is_ort_op(n, opsets)
+        for n in model.graph.all_nodes()
+    )
     try:
         onnx.checker.check_model(proto, full_check=not has_custom_ops)
         if has_custom_ops:
@@ -130,6 +215,73 @@ def check_structure(model: ir.Model, *, has_custom_ops: bool) -> None:
             f"Converted model fails onnx.checker/type inference ({_ort.first_line(e, 400)}). This is a bug in "
             "onnxprec: please report it; meanwhile exclude the node it names with --nodes_to_exclude."
         ) from e
+    return ort_only
+
+
+def _no_kernel(error: str) -> bool:
+    """ONNX Runtime resolved the graph (typing every node against its schemas) and then found no kernel for a node
+    on this provider (a BF16 op on the CPU): the types are proved, the run is not possible here."""
+    return "NOT_IMPLEMENTED" in error or "Could not find an implementation" in error
+
+
+def _typed_not_run(ort_only: Mapping[str, int], error: str) -> None:
+    logger.warning(
+        "ONNX Runtime typed the output's %s against its schemas, but has no kernel here to run it (%s): they are "
+        "type-checked, not run; check the output on a provider that has the kernels (e.g. --providers cuda).",
+        describe_ops(ort_only),
+        error,
+    )
+
+
+def load_in_ort(
+    model: str | bytes | ir.Model, ort_only: Mapping[str, int], *, providers: list[str] | None = None
+) -> None:
+    """Proves the nodes only ONNX Runtime can check by loading the model in it: ORT types every node against its
+    own schemas and creates a kernel for each. No-op when ``ort_only`` is empty. A provider without a kernel for a
+    node (after the graph typed) is a WARNING: the types are proved, the kernels are the provider's.
+
+    Raises:
+        ValidationError: ONNX Runtime rejects the model, so those nodes are wrong or unchecked.
+    """
+    if not ort_only:
+        return
+    try:
+        _ort.create_session(model, providers=providers, optimization="none", low_memory=True, what="the output")
+    except Exception as e:
+        if _no_kernel(str(e)):
+            _typed_not_run(ort_only, _ort.first_line(e, 300))
+            return
+        raise ValidationError(
+            f"ONNX Runtime rejects the output ({_ort.first_line(e, 300)}), and only it can check its "
+            f"{describe_ops(ort_only)}. This is a bug in onnxprec: please report it with the model."
+        ) from e
+    logger.info(
+        "ONNX Runtime loads the output: its %s, which onnx.checker cannot type, type-check and have kernels",
+        describe_ops(ort_only),
+    )
+
+
+def prove_by_run(report: NumericReport, ort_only: Mapping[str, int]) -> None:
+    """Says that the numeric check's run proved the nodes only ONNX Runtime can check. When ONNX Runtime could not
+    run the output: a WARNING if only a kernel was missing on this provider (the graph typed), else an error.
+
+    Raises:
+        ValidationError: The model has such nodes and ONNX Runtime rejected it.
+    """
+    if not ort_only:
+        return
+    if report.skipped and report.no_kernel:
+        _typed_not_run(ort_only, report.skipped)
+    elif report.skipped:
+        raise ValidationError(
+            f"{report.skipped}; only ONNX Runtime can check the output's {describe_ops(ort_only)}, so the output is "
+            "unchecked. This is a bug in onnxprec: please report it with the model; --no_validate skips the check."
+        )
+    else:
+        logger.info(
+            "ONNX Runtime ran the output: its %s, which onnx.checker cannot type, are proved by the run",
+            describe_ops(ort_only),
+        )
 
 
 @dataclass
@@ -139,6 +291,7 @@ class NumericReport:
     errors: dict[str, dict[str, float]] = field(default_factory=dict)
     skipped: str = ""
     failed_node: str | None = None  # the node ONNX Runtime names when it cannot run the model (a kernel gap)
+    no_kernel: bool = False  # ONNX Runtime typed the graph but has no kernel for a node on this provider
 
     @property
     def max_rel_l2(self) -> float:
@@ -176,6 +329,7 @@ def numeric_check(
         report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"
         named = _NODE_IN_ERROR.search(str(e))
         report.failed_node = next(g for g in named.groups() if g is not None) if named else None
+        report.no_kernel = _no_kernel(str(e))
         return report
     for name, actual in zip(session.output_names, outputs):
         expected = reference.first_outputs.get(name)

@@ -17,7 +17,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,15 @@ from onnxprec.passes import (
     UpgradeOpsetPass,
 )
 from onnxprec.reference import ReferenceResult, run_reference
-from onnxprec.validate import IOContract, NumericReport, check_io_contract, check_structure, numeric_check
+from onnxprec.validate import (
+    IOContract,
+    NumericReport,
+    check_io_contract,
+    check_structure,
+    load_in_ort,
+    numeric_check,
+    prove_by_run,
+)
 
 __all__ = [
     "AutoCastOptions",
@@ -107,6 +115,7 @@ class AutoCastReport:
     settings: dict[str, Any] = field(default_factory=dict)  # data_max, init_max... as the reports show them
     command: str = ""
     genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
+    ort_only: dict[str, int] = field(default_factory=dict)  # nodes only ONNX Runtime can check, by op
 
     @property
     def summary(self) -> str:
@@ -125,7 +134,8 @@ class AutoCastReport:
             ``low_precision_type``, ``counts`` (nodes, low_nodes, casts, initializers_converted,
             initializers_copied, initializers_cast_at_runtime), ``seconds`` per step, ``reference_batches``,
             ``numeric`` (None without a numeric check, else ``skipped`` and per-output errors against FP32;
-            non-finite errors are None) and ``nodes``: every classified node (subgraph nodes included) with
+            non-finite errors are None), ``ort_only_nodes`` (the nodes only ONNX Runtime can check, by op, which
+            validation proved in ONNX Runtime) and ``nodes``: every classified node (subgraph nodes included) with
             its ``name``, ``op_type``, ``precision`` (fp16, bf16 or fp32) and the ``reason`` of that decision.
         """
         from onnxprec import __version__
@@ -152,6 +162,7 @@ class AutoCastReport:
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "reference_batches": self.reference_batches,
             "numeric": numeric,
+            "ort_only_nodes": self.ort_only,
             "masks": [region.to_json() for region in self.mask_regions],
             "target": None if self.target_search is None else self.target_search.to_json(),
             "settings": self.settings,
@@ -426,15 +437,12 @@ def convert_model(
     if options.validate:
         tick = time.perf_counter()
         check_io_contract(model, contract.expected(options.low, options.keep_io_types))
-        opsets = opsets_by_domain(model)
-        has_custom = any(
-            not is_standard_op(n, opsets.get(normalized_domain(n.domain), 1)) for n in model.graph.all_nodes()
-        )
         try:
-            check_structure(model, has_custom_ops=has_custom)
+            report.ort_only = check_structure(model)
         except ValidationError as e:
-            if not _checker_rejects_original(source, has_custom):
+            if not _checker_rejects_original(source):
                 raise
+            report.ort_only = {"ops of a model onnx.checker rejects": sum(1 for _ in model.graph.all_nodes())}
             logger.warning(
                 "onnx.checker rejects the original model too, so it cannot judge the conversion (%s); the result "
                 "is checked by ONNX Runtime only.",
@@ -537,12 +545,44 @@ def _kernel_gap(
     return True
 
 
-def _checker_rejects_original(source: ModelSource, has_custom_ops: bool) -> bool:
+class _ConvertAgain(Exception):
+    """The saved output has a kernel gap (see :func:`_kernel_gap`): convert again, with the node in FP32."""
+
+
+def _output_check(
+    report: AutoCastReport,
+    reference: ReferenceResult | None,
+    options: AutoCastOptions,
+    source: ModelSource,
+    fp32_nodes: dict[str, str],
+) -> Callable[[Path], None] | None:
+    """What checks the written output before it replaces ``output_path``: the numeric check's run, which also proves
+    the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime)."""
+    if not options.validate:
+        return None
+
+    def check(path: Path) -> None:
+        if reference is None or report.numeric is not None:  # no reference run, or target mode ran it
+            if report.numeric is None:
+                load_in_ort(str(path), report.ort_only, providers=list(options.providers))
+            return
+        tick = time.perf_counter()
+        report.numeric = numeric_check(str(path), reference, providers=list(options.providers))
+        report.seconds["numeric check"] = time.perf_counter() - tick
+        if _kernel_gap(report.numeric, report, options, source, fp32_nodes):
+            raise _ConvertAgain
+        _log_numeric(report.numeric)
+        prove_by_run(report.numeric, report.ort_only)
+
+    return check
+
+
+def _checker_rejects_original(source: ModelSource) -> bool:
     """Whether the user's model fails the same structural check (an ONNX bug, e.g. MVN-13's function body)."""
     if isinstance(source, ir.Model):
         return False  # converted in place: the original is gone
     try:
-        check_structure(load_model(source), has_custom_ops=has_custom_ops)
+        check_structure(load_model(source))
     except ValidationError:
         return True
     return False
@@ -628,11 +668,16 @@ def convert_to_mixed_precision(
     while True:
         model, report, reference = convert_model(onnx_path, options, fp32_nodes=fp32_nodes)
         proto = to_model_proto(model)
-        if reference is None or proto.ByteSize() >= 2_000_000_000:
+        if proto.ByteSize() >= 2_000_000_000:
+            return proto
+        if reference is None or not options.validate or report.numeric is not None:
+            if options.validate and report.numeric is None:
+                load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.providers))
             return proto
         numeric = numeric_check(proto.SerializeToString(), reference, providers=list(options.providers))
         if not _kernel_gap(numeric, report, options, onnx_path, fp32_nodes):
             _log_numeric(numeric)
+            prove_by_run(numeric, report.ort_only)
             return proto
 
 
@@ -681,20 +726,15 @@ def convert_file(
         report.input_path = source
         protected |= external_data_paths(model)
         tick = time.perf_counter()
-        report.output_path = save_model(model, output, external_data=external_data, protected=protected)
-        report.seconds["save"] = time.perf_counter() - tick
-        if reference is None or not options.validate or report.numeric is not None:  # target mode checked it
-            break
-        tick = time.perf_counter()
-        report.numeric = numeric_check(
-            str(output),
-            reference,
-            providers=list(options.providers),
-        )
-        report.seconds["numeric check"] = time.perf_counter() - tick
-        if not _kernel_gap(report.numeric, report, options, source, fp32_nodes):
-            _log_numeric(report.numeric)
-            break
+        check = _output_check(report, reference, options, source, fp32_nodes)
+        try:
+            report.output_path = save_model(
+                model, output, external_data=external_data, protected=protected, check=check
+            )
+        except _ConvertAgain:
+            continue
+        report.seconds["save"] = time.perf_counter() - tick - report.seconds.get("numeric check", 0.0)
+        break
     logger.info("Saved %s", output)
     if genai is not None:
         genai.write(model)

@@ -6,12 +6,14 @@ import logging
 
 import onnx_ir as ir
 
-from onnxprec._ops import DEFAULT_DOMAINS, default_opset, min_ir_version
+from onnxprec._ops import DEFAULT_DOMAINS, default_opset, is_ort_onnx_domain_op, min_ir_version
 from onnxprec.errors import UnsupportedModelError
 
 __all__ = ["OpsetUpgradeError", "UpgradeOpsetPass"]
 
 logger = logging.getLogger(__name__)
+
+_ASIDE = "onnxprec.ort_onnx_domain"
 
 
 class OpsetUpgradeError(UnsupportedModelError):
@@ -61,6 +63,14 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
         level = converter_logger.level
         converter_logger.setLevel(logging.ERROR)  # it warns when it falls back to the C API: not our user's concern
         before = _interface(model)
+        # ONNX Runtime's contrib ops of the ONNX domain are no ONNX ops: the converter would fail on them. They keep
+        # their meaning at any opset (LayerNormalization became ONNX's own at 17 with the same contract), so they
+        # wait in a private domain meanwhile.
+        aside = [n for n in model.graph.all_nodes() if is_ort_onnx_domain_op(n.op_type, n.domain, current)]
+        for node in aside:
+            node.domain = _ASIDE
+        if aside:
+            model.opset_imports[_ASIDE] = 1
         try:
             version_converter.convert_version(model, self.target, fallback=True)
         except Exception as e:
@@ -71,6 +81,10 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             ) from e
         finally:
             converter_logger.setLevel(level)
+            for node in model.graph.all_nodes():  # the converter's C fallback rebuilds the nodes: look them up
+                if node.domain == _ASIDE:
+                    node.domain = ""
+            model.opset_imports.pop(_ASIDE, None)
         reached = default_opset(model)
         if reached != self.target:
             raise OpsetUpgradeError(

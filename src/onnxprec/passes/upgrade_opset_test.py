@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnx import TensorProto, helper
 
-from onnxprec._testing import F, make_model, tensor_info
+from onnxprec._testing import F, make_model, run, tensor_info
 from onnxprec.passes import UpgradeOpsetPass
 
 
@@ -50,3 +51,22 @@ def test_converts_ops_inside_if_branches() -> None:
     assert len(squeezes) == 2
     assert all("axes" not in n.attributes and len(n.inputs) == 2 for n in squeezes)
     assert not UpgradeOpsetPass(13)(model).modified
+
+
+def test_onnx_runtime_ops_of_the_onnx_domain_survive_the_upgrade() -> None:
+    """SimplifiedLayerNormalization is no ONNX op (the converter would fail on it): it keeps its domain, and the
+    Squeeze beside it is converted."""
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["X", "scale"], ["h"], name="norm", epsilon=1e-5),
+        helper.make_node("Squeeze", ["h"], ["Y"], axes=[0], name="squeeze"),
+    ]
+    scale = {"scale": np.ones(3, np.float32)}
+    proto = make_model(nodes, [tensor_info("X", F, [1, 3])], [tensor_info("Y", F, [3])], scale, opset=11, ir_version=6)
+    model = ir.from_proto(proto)
+    assert UpgradeOpsetPass(21)(model).modified
+    assert dict(model.opset_imports) == {"": 21}
+    norm, squeeze = (n for n in model.graph if n.op_type in ("SimplifiedLayerNormalization", "Squeeze"))
+    assert norm.domain == "" and len(squeeze.inputs) == 2
+    x = np.array([[1.0, -2.0, 3.0]], np.float32)
+    (y,) = run(ir.to_proto(model), {"X": x})
+    np.testing.assert_allclose(y, x[0] / np.sqrt(np.mean(x**2) + 1e-5), rtol=1e-5)

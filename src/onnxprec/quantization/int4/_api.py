@@ -31,10 +31,6 @@ from onnxprec._io import ModelSource, check_output_path, external_data_paths, lo
 from onnxprec._ops import (
     QUANTIZED_OPS,
     default_opset,
-    is_ort_onnx_domain_op,
-    is_standard_op,
-    normalized_domain,
-    opsets_by_domain,
 )
 from onnxprec._options import fields_in
 from onnxprec._tensors import release
@@ -52,7 +48,7 @@ from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
 from onnxprec.quantization.select import FLOAT_WEIGHT_TYPES, InputGroup, Selection, Target, select_layers
-from onnxprec.validate import check_structure
+from onnxprec.validate import check_structure, load_in_ort
 
 __all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
 
@@ -363,21 +359,8 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     if options.output_format == "matmulnbits":
         model.opset_imports.setdefault(MS_DOMAIN, 1)
     report.seconds["rewrite"] = time.perf_counter() - tick
-    _check(model)
+    report.ort_only = check_structure(model)
     return model, report
-
-
-def _check(model: ir.Model) -> None:
-    """onnx.checker on the result, unless the model has ONNX Runtime ops in the ONNX domain that it cannot judge."""
-    opsets = opsets_by_domain(model)
-    opset = opsets.get("", 1)
-    nodes = list(model.graph.all_nodes())
-    ort_only = sorted({n.op_type for n in nodes if is_ort_onnx_domain_op(n.op_type, n.domain, opset)})
-    if ort_only:
-        logger.info("onnx.checker skipped: it does not know ONNX Runtime's %s in the ONNX domain", ", ".join(ort_only))
-        return
-    custom = any(not is_standard_op(n, opsets.get(normalized_domain(n.domain), 1)) for n in nodes)
-    check_structure(model, has_custom_ops=custom)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -455,6 +438,8 @@ def quantize(
         proto = to_model_proto(model)
         report.seconds["quantize weights"] = time.perf_counter() - tick
         logger.info(report.summary)
+        if report.ort_only and proto.ByteSize() < 2_000_000_000:
+            load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.calibration_eps))
     return proto
 
 
@@ -520,7 +505,13 @@ def quantize_file(
         with tqdm(total=len(report.layers), desc="Quantizing weights", unit="weight", disable=None) as bar:
             report.progress = bar.update
             try:
-                report.output_path = save_model(model, output, external_data=external_data, protected=protected)
+                report.output_path = save_model(
+                    model,
+                    output,
+                    external_data=external_data,
+                    protected=protected,
+                    check=lambda path: load_in_ort(str(path), report.ort_only, providers=list(options.calibration_eps)),
+                )
             finally:
                 report.progress = None
         report.seconds["quantize+save"] = time.perf_counter() - tick

@@ -90,6 +90,8 @@ class Int4Report:
     output_path: Path | None = None
     genai: GenaiCarry | None = None
     """The onnxruntime-genai files carried beside the output (``quantize_file``)."""
+    ort_only: dict[str, int] = field(default_factory=dict)
+    """The output's nodes that only ONNX Runtime can check, by op; validation loads the output in ONNX Runtime."""
     progress: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
     """Called after each weight is quantized (a progress bar while the model is written)."""
 
@@ -112,7 +114,8 @@ class Int4Report:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready data: settings, ``counts``, ``sizes`` (float, quantized and ideal bytes), ``calibration``,
         ``seconds`` per step, ``excluded`` (node and pattern), ``skipped`` (node and reason), ``genai`` (the
-        onnxruntime-genai files carried beside the output, None when none) and ``layers``."""
+        onnxruntime-genai files carried beside the output, None when none), ``ort_only_nodes`` (the nodes only ONNX
+        Runtime can check, by op, proved by loading the output in it) and ``layers``."""
         from onnxprec import __version__
 
         return {
@@ -140,5 +143,6 @@ class Int4Report:
             "excluded": [{"node": node, "pattern": pattern} for node, pattern in self.excluded],
             "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],
             "genai": None if self.genai is None else self.genai.to_json(),
+            "ort_only_nodes": self.ort_only,
             "layers": [entry.to_json() for entry in self.layers],
         }

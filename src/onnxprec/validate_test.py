@@ -1,0 +1,137 @@
+"""Validation of models with ONNX Runtime's contrib ops: onnx.checker and strict inference cover every other node,
+and ONNX Runtime proves the contrib ones by loading or running the model, never waving them through."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxprec._io import load_model
+from onnxprec._testing import F16, F, make_model, tensor_info
+from onnxprec.autocast import convert_file
+from onnxprec.errors import ValidationError
+from onnxprec.validate import NumericReport, check_structure, describe_ops, load_in_ort, prove_by_run
+
+MS = "com.microsoft"
+
+
+def _model(add_input: str = "g", add_type: int = F) -> onnx.ModelProto:
+    """SimplifiedLayerNormalization (ONNX domain) -> FastGelu (com.microsoft) -> Add(., bias)."""
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["X", "scale"], ["h"], name="norm", epsilon=1e-5),
+        helper.make_node("FastGelu", ["h"], ["g"], domain=MS, name="gelu"),
+        helper.make_node("Add", [add_input, "bias"], ["Y"], name="add"),
+    ]
+    weights = {"scale": np.linspace(0.5, 1.5, 8, dtype=np.float32)}
+    model = make_model(
+        nodes,
+        [tensor_info("X", F, [2, 8])],
+        [tensor_info("Y", add_type, [2, 8])],
+        weights,
+        opset=21,
+        extra_opsets={MS: 1},
+    )
+    bias = np.full(8, 0.25, np.float16 if add_type == F16 else np.float32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(bias, "bias"))
+    return model
+
+
+def test_checker_covers_every_other_node_and_returns_the_ort_only_ones() -> None:
+    ort_only = check_structure(load_model(_model()))
+    assert ort_only == {"SimplifiedLayerNormalization": 1, "com.microsoft::FastGelu": 1}
+    assert describe_ops(ort_only) == "2 nodes (SimplifiedLayerNormalization x1, com.microsoft::FastGelu x1)"
+    # A type error in a standard node is still found with the ORT-only nodes in the model (FP32 + FP16 Add).
+    broken = _model(add_input="X", add_type=F16)
+    with pytest.raises(ValidationError, match=r"fails onnx.checker/type inference \(.*Add"):
+        check_structure(load_model(broken))
+    # A pure ONNX model has none.
+    plain = make_model([helper.make_node("Relu", ["X"], ["Y"])], [tensor_info("X", F, [2])], [tensor_info("Y", F, [2])])
+    assert check_structure(load_model(plain)) == {}
+
+
+def test_onnx_runtime_proves_or_rejects_the_ort_only_nodes(caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    model = _model()
+    ort_only = check_structure(load_model(model))
+    with caplog.at_level(logging.INFO, logger="onnxprec.validate"):
+        load_in_ort(model.SerializeToString(), ort_only)
+    assert (
+        "its 2 nodes (SimplifiedLayerNormalization x1, com.microsoft::FastGelu x1), which onnx.checker" in caplog.text
+    )
+    # An FP16 scale on an FP32 SimplifiedLayerNormalization: onnx.checker cannot see it, ONNX Runtime can.
+    wrong = _model()
+    wrong.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(np.ones(8, np.float16), "scale"))
+    assert check_structure(load_model(wrong)) == ort_only  # passes everything ONNX can check
+    with pytest.raises(ValidationError, match=r"ONNX Runtime rejects the output \(.*\), and only it can check"):
+        load_in_ort(wrong.SerializeToString(), ort_only)
+
+
+def test_a_run_that_fails_fails_models_with_ort_only_nodes(caplog: pytest.LogCaptureFixture) -> None:
+    fast_gelu = {"com.microsoft::FastGelu": 1}
+    prove_by_run(NumericReport(skipped="ONNX Runtime could not run it"), {})  # nothing to prove
+    prove_by_run(NumericReport(), fast_gelu)  # ran: proved
+    with pytest.raises(ValidationError, match=r"^ONNX Runtime could not run it; only ONNX Runtime can check the"):
+        prove_by_run(NumericReport(skipped="ONNX Runtime could not run it"), fast_gelu)
+    # The graph typed in ONNX Runtime, only a kernel is missing on this provider: proved types, a WARNING.
+    with caplog.at_level(logging.WARNING, logger="onnxprec.validate"):
+        prove_by_run(NumericReport(skipped="no BF16 FastGelu", no_kernel=True), fast_gelu)
+    assert "they are type-checked, not run" in caplog.text
+
+
+def test_autocast_proves_contrib_ops_by_its_run_and_never_waves_them_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    source = tmp_path / "m.onnx"
+    onnx.save(_model(), source)
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    output = tmp_path / "out.onnx"
+    with caplog.at_level(logging.INFO, logger="onnxprec"):
+        report = convert_file(source, output, calibration_data={"X": x})
+    assert report.ort_only == {"SimplifiedLayerNormalization": 1, "com.microsoft::FastGelu": 1}
+    assert report.numeric is not None and not report.numeric.skipped
+    assert "which onnx.checker cannot type, are proved by the run" in caplog.text
+    assert report.to_json()["ort_only_nodes"] == report.ort_only
+    # BF16: ONNX Runtime's CPU provider has no BF16 FastGelu: the graph types in ORT, the run is not possible here.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="onnxprec"):
+        report = convert_file(source, tmp_path / "bf16.onnx", calibration_data={"X": x}, low_precision_type="bf16")
+    assert report.numeric is not None and report.numeric.no_kernel
+    assert "typed the output's 2 nodes" in caplog.text and "type-checked, not run" in caplog.text
+    # Without a reference run (data_max inf) the output is proved by loading it in ONNX Runtime.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="onnxprec"):
+        convert_file(source, tmp_path / "inf.onnx", data_max=float("inf"))
+    assert "ONNX Runtime loads the output: its 2 nodes" in caplog.text
+
+
+def test_int4_output_with_contrib_ops_is_loaded_in_onnx_runtime(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    from onnxprec.quantization.int4 import quantize_file
+
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["X", "scale"], ["h"], name="norm", epsilon=1e-5),
+        helper.make_node("MatMul", ["h", "W"], ["Y"], name="proj"),
+    ]
+    weights = {"scale": np.ones(64, np.float32), "W": rng.standard_normal((64, 32)).astype(np.float32)}
+    source = tmp_path / "m.onnx"
+    onnx.save(make_model(nodes, [tensor_info("X", F, [2, 64])], [tensor_info("Y", F, [2, 32])], weights), source)
+    for fmt in ("qdq", "matmulnbits"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="onnxprec"):
+            report = quantize_file(source, tmp_path / f"{fmt}.onnx", calibration_method="rtn", output_format=fmt,
+                                   block_size=32, nodes_to_exclude=[])  # fmt: skip
+        expected = {"SimplifiedLayerNormalization": 1} | ({"com.microsoft::MatMulNBits": 1} if fmt != "qdq" else {})
+        assert report.ort_only == expected
+        assert "ONNX Runtime loads the output" in caplog.text
+        assert TensorProto.FLOAT in {
+            o.type.tensor_type.elem_type for o in onnx.load(tmp_path / f"{fmt}.onnx").graph.output
+        }
