@@ -155,11 +155,11 @@ def tool_command(tool: str, python: str, f: _Files, out: Path) -> tuple[list[str
     if f.candidate is None:
         raise ValueError(f"{tool} needs the FP16 candidate")
     if tool == "evaluate":
-        argv = _cli(python, tool, f.src, f.candidate, "--data", f.data, "--json", out)
-        return argv, "onnxprec evaluate M M.fp16.onnx --data data.npz --json eval.json"
+        argv = _cli(python, tool, f.src, f.candidate, "--data", f.data, "--report_json", out)
+        return argv, "onnxprec evaluate M M.fp16.onnx --data data.npz --report_json eval.json"
     if tool == "compare":
-        argv = _cli(python, tool, f.src, f.candidate, "--calibration_data", f.data, "--json", out)
-        return argv, "onnxprec compare M M.fp16.onnx --calibration_data data.npz --json compare.json"
+        argv = _cli(python, tool, f.src, f.candidate, "--calibration_data", f.data, "--report_json", out)
+        return argv, "onnxprec compare M M.fp16.onnx --calibration_data data.npz --report_json compare.json"
     raise ValueError(f"unknown tool {tool!r}; known: {', '.join(TOOL_IDS)}")
 
 

@@ -451,29 +451,27 @@ CASES: dict[str, Case] = {
     # --- the output
     "output equals input": Case(
         _good_with(),
-        "Output path '{dir}/model.onnx' would overwrite the input model or its data file '{dir}/model.onnx': "
-        "choose another --output_path.",
+        "--output_path '{dir}/model.onnx' would overwrite the input '{dir}/model.onnx': choose another path.",
         output="model.onnx",
     ),
     "output over the input's external data": Case(
         lambda d: _external(d, 10**6),
-        "Output path '{dir}/model.onnx.data' would overwrite the input model or its data file "
-        "'{dir}/model.onnx.data': choose another --output_path.",
+        "--output_path '{dir}/model.onnx.data' would overwrite the input '{dir}/model.onnx.data': choose another path.",
         output="model.onnx.data",
     ),
     "output folder missing": Case(
         _good_with(),
-        "Output folder '{dir}/no/such' does not exist: create it or choose another --output_path.",
+        "Folder '{dir}/no/such' of --output_path does not exist: create it or choose another path.",
         output="no/such/out.onnx",
     ),
     "output is a directory": Case(
         lambda d: (d / "outdir").mkdir() or _good_with()(d),
-        "Output path '{dir}/outdir' is a directory: give the path of the .onnx file to write.",
+        "--output_path '{dir}/outdir' is a folder: give the path of the file to write.",
         output="outdir",
     ),
     "read-only output folder": Case(
         _read_only_output,
-        "Output folder '{dir}/ro' is not writable: choose another --output_path or fix its permissions.",
+        "Folder '{dir}/ro' of --output_path is not writable: choose another path or fix its permissions.",
         output="",
         as_user=True,
     ),
@@ -550,7 +548,7 @@ CASES: dict[str, Case] = {
     ),
     "report over the input": Case(
         lambda d: _good_with("--report_json", str(d / "model.onnx"))(d),
-        "--report_json '{dir}/model.onnx' would overwrite '{dir}/model.onnx': choose another path.",
+        "--report_json '{dir}/model.onnx' would overwrite the input '{dir}/model.onnx': choose another path.",
     ),
 }
 

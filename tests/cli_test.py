@@ -132,7 +132,7 @@ def test_bad_model_files_give_one_line_and_no_output(tmp_path: Path, model_path:
         (["--nodes_to_exclude", "(unclosed"], "Invalid regular expression '(unclosed'"),
         (["--op_types_to_exclude", "Cnov"], "Unknown op type 'Cnov'"),
         (["--calibration_data", "{inputs}"], "do not match the model's inputs"),
-        (["--output_path", "{model}"], "would overwrite the input model"),
+        (["--output_path", "{model}"], "would overwrite the input"),
         (["--output_path", "{tmp}/no/such/dir/out.onnx"], "does not exist"),
         (["--providers", "tpu"], "Unknown provider 'tpu'"),
         (["--trt_plugins_precision", "Op:int3"], "Invalid --trt_plugins_precision"),
@@ -265,6 +265,21 @@ def test_help_shows_an_example_and_imports_nothing_heavy() -> None:
         )
         assert "heavy: []" in result.stderr, (call, result.stderr)
         assert example in result.stdout, (call, result.stdout)
+
+
+def test_python_m_onnxprec_is_the_onnxprec_command() -> None:
+    """``python -m onnxprec`` runs onnxprec.cli.main: the same subcommands, help and version."""
+    import onnxprec
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "onnxprec", *argv], capture_output=True, text=True, timeout=60)
+
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"onnxprec {onnxprec.__version__}", version
+    tools = run("--help")
+    assert tools.returncode == 0 and all(t in tools.stdout for t in ("autocast", "quantize", "compare")), tools
+    bad = run("quantize", "int4", "--onnx_path", "nope.onnx")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "nope.onnx" in bad.stderr, bad
 
 
 def test_use_standalone_type_inference_is_accepted(model_path: Path, tmp_path: Path) -> None:

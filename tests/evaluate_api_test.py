@@ -271,7 +271,7 @@ def test_command_line_table_and_json_schema(tmp_path: Path, capsys: pytest.Captu
     _cli.add_arguments(parser)
     args = parser.parse_args([
         str(ref), str(cand), "--data", str(tmp_path / "x.npz"), "--labels", str(tmp_path / "labels.npy"),
-        "--json", str(out), "--latency_runs", "2", "--providers", "cpu",
+        "--report_json", str(out), "--latency_runs", "2", "--providers", "cpu",
     ])  # fmt: skip
     assert _cli.run(args) == 0
     table = capsys.readouterr().out
@@ -279,8 +279,11 @@ def test_command_line_table_and_json_schema(tmp_path: Path, capsys: pytest.Captu
     assert header[:2] == ["model", "top-1"] and "cosine" in header and "p90" in header
     assert "ref (ref)" in table
     data = json.loads(out.read_text())
-    assert set(data) == {"tool", "onnxprec_version", "data", "providers", "reference", "latency_batch", "models"}
+    assert set(data) == {
+        "tool", "onnxprec_version", "summary", "data", "providers", "reference", "latency_batch", "models",
+    }  # fmt: skip
     assert data["tool"] == "evaluate" and data["reference"] == "ref" and data["providers"] == ["cpu"]
+    assert data["summary"].startswith("Evaluated 2 model(s) on 6 samples in 1 batch(es): ref top-1 ")
     keys = {
         "name", "path", "reference", "batches", "samples", "perplexity", "tokens", "accuracy", "main_output",
         "agreement", "latency_ms", "seconds",
@@ -291,6 +294,8 @@ def test_command_line_table_and_json_schema(tmp_path: Path, capsys: pytest.Captu
     assert set(cand_json["agreement"]["logits"]) == {"max_abs", "rel_l2", "cosine", "nonfinite", "top1"}
     assert set(cand_json["latency_ms"]) == {"median", "p90", "mean", "min", "runs"}
     assert "--custom_op_lib" in parser.format_help() and "--perplexity" in parser.format_help()
+    assert "--json" not in parser.format_help()  # the old spelling of --report_json: a hidden alias
+    assert parser.parse_args([str(ref), "--json", str(out)]).report_json == str(out)
 
 
 @pytest.mark.skipif(not _registered("evaluate"), reason="'evaluate' is not yet registered in onnxprec.cli._TOOLS")

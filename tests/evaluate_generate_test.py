@@ -143,7 +143,7 @@ def test_cli(folders: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureF
     fp32, int4 = folders
     out = tmp_path / "gen.json"
     code = main(["evaluate", str(fp32 / "model.onnx"), str(int4 / "model.onnx"), "--generate", "--prompts", "Hi",
-                 "--max_new_tokens", "6", "--json", str(out)])  # fmt: skip
+                 "--max_new_tokens", "6", "--report_json", str(out)])  # fmt: skip
     assert code == 0
     data = json.loads(out.read_text())
     assert data["mode"] == "generate" and [m["name"] for m in data["models"]] == ["fp32/model", "int4/model"]

@@ -22,6 +22,7 @@ import onnx_ir as ir
 import pytest
 from onnx import helper
 
+import onnxprec._io
 from onnxprec._options import signature_mismatches
 from onnxprec._testing import F, make_model, run, shared_path, tensor_info
 from onnxprec.errors import InvalidArgumentError, ModelLoadError, UnsupportedModelError
@@ -235,7 +236,7 @@ def test_above_the_protobuf_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Above 2 GB (forced low here) every step still runs and the output gets external data."""
-    monkeypatch.setattr(api, "_PROTOBUF_LIMIT", 10_000)
+    monkeypatch.setattr(onnxprec._io, "PROTOBUF_LIMIT", 10_000)
     source = _save(_big_weights_model(), tmp_path / "in.onnx", save_as_external_data=True, location="in.data")
     out = tmp_path / "out.onnx"
     with caplog.at_level(logging.INFO, logger="onnxprec"):

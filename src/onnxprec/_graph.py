@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 
 import onnx_ir as ir
 
 __all__ = [
     "FLOAT_TYPES",
     "ORIGINAL_NAME",
+    "FileNames",
     "NameAllocator",
     "all_graphs",
     "all_values",
@@ -63,14 +65,43 @@ def all_values(graph: ir.Graph) -> Iterator[ir.Value]:
             yield from node.outputs
 
 
-def unique_name(base: str, used: set[str]) -> str:
-    """``base``, or ``base_<n>`` with the smallest n >= 1 not in ``used``; the result is added to ``used``."""
+def unique_name(base: str, used: set[str], *, fold_case: bool = False) -> str:
+    """``base``, or ``base_<n>`` with the smallest n >= 1 not in ``used``; the result is added to ``used``.
+
+    The one unique-name generator (values, nodes, file names). With ``fold_case``, ``used`` holds lower-case
+    names and a name collides with any spelling of it (file names on macOS and Windows).
+    """
     name, n = base, 0
-    while name in used:
+    while (name.lower() if fold_case else name) in used:
         n += 1
         name = f"{base}_{n}"
-    used.add(name)
+    used.add(name.lower() if fold_case else name)
     return name
+
+
+_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._+-]")
+_MAX_FILE_STEM = 180
+
+
+class FileNames:
+    """File stems from tensor names: path and other special characters become ``_``, collisions get ``_<n>``.
+
+    Stems never start with a dot (hidden files) or a dash (options), are never empty and stay short enough for
+    any file system (long names keep their end, which holds the distinguishing part in exporter names such as
+    ``/model/layers.3/mlp/down_proj/MatMul_output_0``). Comparison is case-insensitive, so that two names
+    differing only in case do not overwrite each other on macOS or Windows.
+    """
+
+    def __init__(self, reserved: Iterable[str] = ()) -> None:
+        self._used = {r.lower() for r in reserved}
+
+    def __call__(self, name: str) -> str:
+        stem = _UNSAFE_FILE_CHARS.sub("_", name).lstrip(".") or "tensor"
+        if stem[0] == "-":
+            stem = "_" + stem[1:]
+        if len(stem) > _MAX_FILE_STEM:
+            stem = stem[-_MAX_FILE_STEM:].lstrip(".") or "tensor"
+        return unique_name(stem, self._used, fold_case=True)
 
 
 class NameAllocator:

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import onnx
@@ -20,8 +20,11 @@ from onnxprec._tensors import release
 from onnxprec.errors import InvalidArgumentError, ModelLoadError
 
 __all__ = [
+    "PROTOBUF_LIMIT",
     "ModelSource",
     "atomic_path",
+    "check_output_path",
+    "exceeds_protobuf_limit",
     "external_data_paths",
     "load_model",
     "model_file",
@@ -40,8 +43,8 @@ _MAP_FILE_BYTES = 32 * 1024 * 1024
 _DATA_FILES = "onnxprec.external_data_files"
 # ``ir.Model.meta`` key: the resolved path of the model file it was loaded from.
 _MODEL_FILE = "onnxprec.model_file"
-# Protobuf cannot serialize a message above 2 GiB; stay below with margin.
-_PROTOBUF_LIMIT = 2_000_000_000
+# Protobuf cannot serialize a message above 2 GiB; stay below with margin (the one place this rule is written).
+PROTOBUF_LIMIT = 2_000_000_000
 
 
 def load_model(source: ModelSource) -> ir.Model:
@@ -276,26 +279,56 @@ def total_initializer_bytes(model: ir.Model) -> int:
     return total
 
 
-def check_output_path(output: Path, protected: set[Path]) -> None:
-    """Refuses to write over the input model or one of its external data files."""
-    resolved = output.resolve()
-    data_file = resolved.with_name(resolved.name + ".data")
+def exceeds_protobuf_limit(model: ir.Model) -> bool:
+    """Whether the model's weights are too large for one protobuf message: save them as external data."""
+    return total_initializer_bytes(model) > PROTOBUF_LIMIT
+
+
+def check_output_path(
+    output: str | os.PathLike,
+    protected: Iterable[str | os.PathLike] = (),
+    *,
+    flag: str = "--output_path",
+    data_file: bool = True,
+    folder: bool = False,
+) -> Path:
+    """The one output-path check of every tool: fails before the work when ``output`` cannot be written.
+
+    Args:
+        output: The file a tool will write (a model, a report), or with ``folder`` the folder it fills.
+        protected: Files that must not be overwritten: the input model, its external data files, other inputs.
+        flag: The option that named ``output``, for the message (``--output_path``, ``--report_json``...).
+        data_file: ``output`` is a model that may get ``<output>.data`` beside it: that file must not be
+            protected either.
+        folder: ``output`` is a folder (created if missing; its parent must exist).
+
+    Returns:
+        The resolved path.
+
+    Raises:
+        InvalidArgumentError: ``output`` would overwrite a protected file, its folder is missing or not
+            writable, or it is a folder where a file is expected (or a file where a folder is).
+    """
+    path = Path(output)
+    resolved = path.resolve()
+    written = {resolved, resolved.with_name(resolved.name + ".data")} if data_file and not folder else {resolved}
     for p in protected:
-        if resolved == p or data_file == p:
-            raise InvalidArgumentError(
-                f"Output path '{output}' would overwrite the input model or its data file '{p}': "
-                "choose another --output_path."
-            )
+        if Path(p).resolve() in written:
+            raise InvalidArgumentError(f"{flag} '{output}' would overwrite the input '{p}': choose another path.")
     if not resolved.parent.is_dir():
         raise InvalidArgumentError(
-            f"Output folder '{resolved.parent}' does not exist: create it or choose another --output_path."
+            f"Folder '{resolved.parent}' of {flag} does not exist: create it or choose another path."
         )
-    if resolved.is_dir():
-        raise InvalidArgumentError(f"Output path '{output}' is a directory: give the path of the .onnx file to write.")
-    if not os.access(resolved.parent, os.W_OK | os.X_OK):
+    if folder and path.exists() and not path.is_dir():
+        raise InvalidArgumentError(f"{flag} '{output}' is a file, not a folder: choose another folder.")
+    if not folder and resolved.is_dir():
+        raise InvalidArgumentError(f"{flag} '{output}' is a folder: give the path of the file to write.")
+    target = resolved if folder and resolved.is_dir() else resolved.parent
+    if not os.access(target, os.W_OK | os.X_OK):
         raise InvalidArgumentError(
-            f"Output folder '{resolved.parent}' is not writable: choose another --output_path or fix its permissions."
+            f"Folder '{target}' of {flag} is not writable: choose another path or fix its permissions."
         )
+    return resolved
 
 
 def save_model(
@@ -324,7 +357,7 @@ def save_model(
     out = Path(path)
     check_output_path(out, protected or set())
     if external_data is None:
-        external_data = total_initializer_bytes(model) > _PROTOBUF_LIMIT
+        external_data = exceeds_protobuf_limit(model)
         if external_data:
             logger.info("Model weights exceed 2 GB: saving them as external data in '%s.data'", out.name)
     data_name = out.name + ".data"

@@ -40,7 +40,7 @@ class _Demo(ToolOptions):
     providers: Sequence[str] = providers_option("the demo")
     fast: bool = option(False, flags=("--fast",), help="Go fast.")
     check: bool = option(True, flags=("--no_check",), group="extras", help="Skip the check.", doc="Check.")
-    hook: Any = option(None, api_only=True, help="A callable (API only).")  # noqa: RUF009
+    hook: Any = option(None, api_only=True, help="A callable (API only).")
 
 
 def _parse(*argv: str, classes: tuple[type, ...] = (_Demo,)) -> argparse.Namespace:

@@ -37,6 +37,7 @@ __all__ = [
     "input_specs",
     "parse_input_shapes",
     "random_feeds",
+    "read_polygraphy_json",
     "split_batch",
     "static_batch",
     "validate",
@@ -128,7 +129,7 @@ class Source:
         if self._files is not None:
             for path in self._files:
                 if path.suffix.lower() == ".json":
-                    yield from _read_polygraphy_json(path)
+                    yield from read_polygraphy_json(path)
                 elif self._split:
                     yield from split_batch(_read_npz(path), self._static_batch, exact=True)
                 else:
@@ -187,7 +188,7 @@ def _decode_json_value(obj: Any) -> Any:
     return obj
 
 
-def _read_polygraphy_json(path: Path) -> list[dict[str, np.ndarray]]:
+def read_polygraphy_json(path: Path) -> list[dict[str, np.ndarray]]:
     try:
         data = _decode_json_value(json.loads(path.read_text()))
     except (ValueError, OSError) as e:

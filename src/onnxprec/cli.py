@@ -17,8 +17,10 @@ a ``__main__.py`` with ``sys.exit(tool_main("<words>"))``. A name of several wor
     ("quantize int4", "onnxprec.quantization.int4._cli", "FP32 -> INT4 weight-only quantization."),
 
 Flags every tool has (``--log_level``, ``--report_json``) are :class:`onnxprec._options.CommonArgs`, added by
-each tool's ``add_arguments``; logging is configured from ``--log_level`` before ``run`` is called, and ``run``
-writes its report with :func:`write_report` (after :func:`check_report_path`, before the work).
+each tool's ``add_arguments`` with the other shared groups (:class:`onnxprec._options.FileArgs`...); logging is
+configured from ``--log_level`` before ``run`` is called, and ``run`` checks the report's path before the work
+(:func:`onnxprec._report.check_paths`) and writes it after (:func:`onnxprec._report.write_json`). A ``_cli``
+module never imports this module: this module imports them.
 """
 
 from __future__ import annotations
@@ -28,16 +30,15 @@ import importlib
 import itertools
 import logging
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from onnxprec.errors import InvalidArgumentError, OnnxprecError
+from onnxprec.errors import OnnxprecError
 
 if TYPE_CHECKING:
-    from pathlib import Path
     from types import ModuleType
 
-__all__ = ["autocast_main", "check_report_path", "main", "tool_main", "write_report"]
+__all__ = ["autocast_main", "main", "tool_main"]
 
 logger = logging.getLogger("onnxprec")
 
@@ -50,34 +51,6 @@ _TOOLS: tuple[tuple[str, str, str], ...] = (
     ("compare", "onnxprec.debug._compare_cli", "Node-by-node errors of a converted model; where it first diverges."),
     ("quantize int4", "onnxprec.quantization.int4._cli", "INT4 weight-only quantization: RTN, AWQ, GPTQ."),
 )
-
-
-def check_report_path(path: str | None, protected: Iterable[str | Path] = ()) -> None:
-    """Fails before the work when ``--report_json`` cannot be written or would overwrite an input."""
-    if path is None:
-        return
-    from pathlib import Path
-
-    resolved = Path(path).resolve()
-    for p in protected:
-        if Path(p).resolve() == resolved:
-            raise InvalidArgumentError(f"--report_json '{path}' would overwrite '{p}': choose another path.")
-    if not resolved.parent.is_dir():
-        raise InvalidArgumentError(
-            f"Folder '{resolved.parent}' of --report_json does not exist: create it or choose another path."
-        )
-
-
-def write_report(path: str | None, report: dict[str, Any]) -> None:
-    """Writes a tool's report as JSON (atomically) when ``--report_json`` was given."""
-    if path is None:
-        return
-    import json
-
-    from onnxprec._io import write_atomically
-
-    write_atomically(path, json.dumps(report, indent=2, allow_nan=False) + "\n")
-    logger.info("Report written to %s", path)
 
 
 def _configure_logging(level: str) -> None:

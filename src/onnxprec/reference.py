@@ -31,7 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort
-from onnxprec._graph import FLOAT_TYPES
+from onnxprec._graph import FLOAT_TYPES, unique_name
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
@@ -453,10 +453,7 @@ def _add_reductions(
     used |= {out for node in proto.graph.node for out in node.output}
 
     def fresh(base: str) -> str:
-        while base in used:
-            base += "_"
-        used.add(base)
-        return base
+        return unique_name(base, used)
 
     after: dict[str, list[onnx.NodeProto]] = {}
     result: dict[str, tuple[str, ...]] = {}

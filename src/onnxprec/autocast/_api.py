@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import onnx
 import onnx_ir as ir
@@ -33,6 +33,7 @@ from onnx_ir.passes.common import (
 from onnxprec._genai import GenaiCarry
 from onnxprec._graph import all_values
 from onnxprec._io import (
+    PROTOBUF_LIMIT,
     ModelSource,
     check_output_path,
     external_data_paths,
@@ -42,6 +43,7 @@ from onnxprec._io import (
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
+from onnxprec._report import header
 from onnxprec.autocast import details, masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
@@ -101,6 +103,8 @@ MIN_OPSET = {"fp16": 13, "bf16": 22}
 class AutoCastReport:
     """What a conversion did and measured; :meth:`to_json` is the ``--report_json`` file."""
 
+    TOOL: ClassVar[str] = "autocast"
+
     low_precision_type: str
     decisions: dict[ir.Node, Decision] = field(default_factory=dict)
     stats: ConversionStats = field(default_factory=ConversionStats)
@@ -130,7 +134,7 @@ class AutoCastReport:
         """The report as JSON-ready data (what ``--report_json`` writes).
 
         Returns:
-            ``tool``, ``onnxprec_version``, ``input`` and ``output`` (paths, None for in-memory models),
+            ``tool``, ``onnxprec_version``, ``summary``, ``input`` and ``output`` (paths, None for in-memory models),
             ``low_precision_type``, ``counts`` (nodes, low_nodes, casts, initializers_converted,
             initializers_copied, initializers_cast_at_runtime), ``seconds`` per step, ``reference_batches``,
             ``numeric`` (None without a numeric check, else ``skipped`` and per-output errors against FP32;
@@ -138,7 +142,6 @@ class AutoCastReport:
             validation proved in ONNX Runtime) and ``nodes``: every classified node (subgraph nodes included) with
             its ``name``, ``op_type``, ``precision`` (fp16, bf16 or fp32) and the ``reason`` of that decision.
         """
-        from onnxprec import __version__
 
         def number(value: float) -> float | None:
             return float(value) if math.isfinite(value) else None
@@ -153,8 +156,7 @@ class AutoCastReport:
                 },
             }
         return {
-            "tool": "autocast",
-            "onnxprec_version": __version__,
+            **header(self),
             "input": None if self.input_path is None else str(self.input_path),
             "output": None if self.output_path is None else str(self.output_path),
             "low_precision_type": self.low_precision_type,
@@ -639,8 +641,9 @@ def convert_to_mixed_precision(
             reference run).
         init_max: Keep nodes with FP32 initializers whose magnitude exceeds this.
         keep_io_types: Keep FP32 graph inputs and outputs.
-        calibration_data: Inputs for the reference run: an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
-            ``.json``, a dict of arrays, a list of dicts or a CalibrationDataReader; None: realistic random data.
+        calibration_data: Inputs for the reference run: a path (an ``.npz`` file, a folder of ``.npz`` files, a
+            Polygraphy ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
+            ``CalibrationDataReader``; None: realistic random data.
         custom_rule: A ``NodeRuleBase``-like object (``check(NodeProto)``) or a callable on ``onnx_ir.Node``; True or a
             reason string keeps the node in FP32.
         init_conversion_max_bytes: Initializers above this many bytes stay FP32 and are cast at run time.
@@ -668,7 +671,7 @@ def convert_to_mixed_precision(
     while True:
         model, report, reference = convert_model(onnx_path, options, fp32_nodes=fp32_nodes)
         proto = to_model_proto(model)
-        if proto.ByteSize() >= 2_000_000_000:
+        if proto.ByteSize() >= PROTOBUF_LIMIT:
             return proto
         if reference is None or not options.validate or report.numeric is not None:
             if options.validate and report.numeric is None:
@@ -718,7 +721,7 @@ def convert_file(
     protected = {source.resolve()} if source.exists() else set()
     check_output_path(output, protected)  # fail before the work, not after
     if options.report is not None:
-        report_html.check_path(options.report, {*protected, output.resolve()})
+        check_output_path(options.report, {*protected, output.resolve()}, flag="--report", data_file=False)
     genai = GenaiCarry.plan(source, output, options.genai_provider)
     fp32_nodes: dict[str, str] = {}
     while True:

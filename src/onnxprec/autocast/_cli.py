@@ -1,7 +1,7 @@
 """``onnxprec autocast`` and ``python -m onnxprec.autocast``: ModelOpt AutoCast's command line, same flags.
 
-The flags come from :class:`~onnxprec.autocast.AutoCastOptions` (declared once, with the API keywords), the
-input/output flags below and the shared :class:`onnxprec._options.CommonArgs`. Nothing heavy is imported until
+The flags come from :class:`~onnxprec.autocast.AutoCastOptions` (declared once, with the API keywords) and the
+shared :class:`onnxprec._options.FileArgs` and :class:`onnxprec._options.CommonArgs`. Nothing heavy is imported until
 :func:`run`, so ``--help`` is fast.
 """
 
@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from onnxprec import _options
-from onnxprec._options import CommonArgs, ToolOptions, from_args, option
+from onnxprec import _options, _report
+from onnxprec._options import CommonArgs, FileArgs, ToolOptions, file_args, from_args, option
 from onnxprec.autocast._options import AutoCastOptions
-from onnxprec.cli import check_report_path, write_report
 
-__all__ = ["DESCRIPTION", "EPILOG", "FileArgs", "ModelOptCompatArgs", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "FILES", "ModelOptCompatArgs", "add_arguments", "run"]
 
 DESCRIPTION = "Convert an FP32 ONNX model to mixed FP32/FP16 or FP32/BF16 (ModelOpt AutoCast flags)."
 EPILOG = """\
@@ -27,24 +26,7 @@ examples:
 """
 
 
-@dataclass
-class FileArgs(ToolOptions):
-    """The input and output of the command line (the API takes them as arguments of ``convert_file``)."""
-
-    TITLE = "input and output"
-
-    onnx_path: str = option(flags=("--onnx_path",), metavar="PATH", help="Input FP32 ONNX model.")
-    output_path: str | None = option(
-        None,
-        flags=("--output_path",),
-        metavar="PATH",
-        help="Output model (default: <name>.fp16.onnx or <name>.bf16.onnx beside the input).",
-    )
-    external_data: bool = option(
-        False,
-        flags=("--external_data",),
-        help="Save weights to <output>.data; automatic above 2 GB (an onnxprec extra).",
-    )
+FILES = file_args("<name>.fp16.onnx or <name>.bf16.onnx", input_help="Input FP32 ONNX model.", external_data=True)
 
 
 @dataclass
@@ -62,7 +44,7 @@ class ModelOptCompatArgs(ToolOptions):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """AutoCast's flags, spelled as in ModelOpt (``python -m modelopt.onnx.autocast``), and onnxprec's extras."""
-    _options.add_arguments(parser, FileArgs, AutoCastOptions, ModelOptCompatArgs, CommonArgs)
+    _options.add_arguments(parser, FILES, AutoCastOptions, ModelOptCompatArgs, CommonArgs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,10 +54,12 @@ def run(args: argparse.Namespace) -> int:
     files = from_args(FileArgs, args)
     common = from_args(CommonArgs, args)
     options = from_args(AutoCastOptions, args)
-    check_report_path(common.report_json, protected=[files.onnx_path, *filter(None, [files.output_path])])
+    _report.check_paths(
+        {"--report_json": common.report_json}, [files.onnx_path, *filter(None, [files.output_path, options.report])]
+    )
     report = convert_file(
         files.onnx_path, files.output_path, external_data=True if files.external_data else None, options=options
     )
-    write_report(common.report_json, report.to_json())
+    _report.write_json(common.report_json, report.to_json())
     print(f"{report.summary}; saved {report.output_path}")
     return 0

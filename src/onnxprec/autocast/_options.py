@@ -14,14 +14,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onnxprec._options import ToolOptions, genai_provider_option, option, providers_option
+from onnxprec._options import (
+    ToolOptions,
+    calibration_data_option,
+    genai_provider_option,
+    html_report_option,
+    input_shapes_option,
+    option,
+    providers_option,
+)
 from onnxprec.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from onnxprec.autocast.accuracy_target import AccuracyTarget
     from onnxprec.autocast.classify import PluginPrecision
-    from onnxprec.autocast.target import AccuracyTarget
 
 __all__ = ["LOW_PRECISION_TYPES", "AutoCastOptions"]
 
@@ -79,16 +87,8 @@ class AutoCastOptions(ToolOptions):
         65504, flags=("--init_max",), help="Keep nodes with FP32 initializers whose magnitude exceeds this."
     )
     keep_io_types: bool = option(False, flags=("--keep_io_types",), help="Keep FP32 graph inputs and outputs.")
-    calibration_data: Any = option(  # noqa: RUF009 (option() returns a dataclasses.field)
-        None,
-        flags=("-d", "--calibration_data"),
-        metavar="PATH",
-        help="Inputs for the reference run: an .npz file, a folder of .npz files or a Polygraphy .json "
-        "(default: realistic random data).",
-        doc="Inputs for the reference run: an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``, "
-        "a dict of arrays, a list of dicts or a CalibrationDataReader; None: realistic random data.",
-    )
-    custom_rule: Any = option(  # noqa: RUF009
+    calibration_data: Any = calibration_data_option("Inputs for the reference run")
+    custom_rule: Any = option(
         None,
         api_only=True,
         help="A ``NodeRuleBase``-like object (``check(NodeProto)``) or a callable on ``onnx_ir.Node``; "
@@ -123,15 +123,8 @@ class AutoCastOptions(ToolOptions):
     opset: int | None = option(
         None, flags=("--opset",), help="Target opset (default: at least 13 for fp16, 22 for bf16; never lowered)."
     )
-    input_shapes: str | Mapping[str, Sequence[int]] | None = option(
-        None,
-        flags=("--input_shapes",),
-        group=_EXTRAS,
-        metavar="SHAPES",
-        help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128.",
-        doc='Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes.',
-    )
-    target_accuracy: Any = option(  # noqa: RUF009
+    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=_EXTRAS)
+    target_accuracy: Any = option(
         None,
         flags=("--target_accuracy",),
         group=_EXTRAS,
@@ -143,16 +136,11 @@ class AutoCastOptions(ToolOptions):
         "``(reference, candidate) -> bool`` on dicts of output arrays of one batch; None: the default "
         "classification only.",
     )
-    report: str | None = option(
-        None,
+    report: str | None = html_report_option(
+        "each node's precision and why, its range against data_max, casts, the error against FP32 along the graph, "
+        "and the command to reproduce",
         flags=("--report",),
         group=_EXTRAS,
-        metavar="PATH",
-        help="Also write a self-contained HTML report (any browser, no network): each node's precision and why, "
-        "its range against data_max, casts, the error against FP32 along the graph, and the command to reproduce.",
-        doc="Path of a self-contained HTML report that :func:`convert_file` writes (each node's precision and why, "
-        "its range against ``data_max``, casts, the error against FP32 along the graph, the command to "
-        "reproduce); None: no report.",
     )
     validate: bool = option(
         True,
@@ -221,7 +209,7 @@ def _parse_input_shapes(shapes: str | Mapping[str, Sequence[int]] | None) -> dic
 def _parse_target(spec: Any) -> AccuracyTarget | None:
     if spec is None:
         return None
-    from onnxprec.autocast.target import AccuracyTarget
+    from onnxprec.autocast.accuracy_target import AccuracyTarget
 
     return AccuracyTarget.parse(spec)
 

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES, original_name
+from onnxprec._io import PROTOBUF_LIMIT
 from onnxprec._tensors import finite_max
 from onnxprec.observers import TensorStats
 
@@ -38,8 +39,8 @@ __all__ = ["Details", "command_line", "layer_errors", "suggestions"]
 logger = logging.getLogger(__name__)
 
 _F = ir.DataType.FLOAT
-# Both models together in one session up to this many bytes of serialized weights (protobuf's limit is 2 GB).
-_MERGE_LIMIT = 1_800_000_000
+# Both models together in one session up to this many bytes of serialized weights (90% of protobuf's limit).
+_MERGE_LIMIT = PROTOBUF_LIMIT * 9 // 10
 
 
 @dataclass

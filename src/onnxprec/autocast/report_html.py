@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_path", "render", "write_html"]
+__all__ = ["render", "write_html"]
 
 _LOW = "#2563eb"
 _HIGH = "#ea580c"
@@ -375,23 +375,3 @@ def write_html(path: str | Path, report: Mapping[str, Any]) -> Path:
     from onnxprec._io import write_atomically
 
     return write_atomically(path, render(report))
-
-
-def check_path(path: str | Path, protected: Iterable[Path]) -> None:
-    """Fails before the work when ``--report`` cannot be written or would overwrite the model or its output.
-
-    Raises:
-        InvalidArgumentError: The path names an input or output, or its folder does not exist.
-    """
-    from onnxprec.errors import InvalidArgumentError
-
-    resolved = Path(path).resolve()
-    for p in protected:
-        if Path(p).resolve() == resolved:
-            raise InvalidArgumentError(f"--report '{path}' would overwrite '{p}': choose another path.")
-    if not resolved.parent.is_dir():
-        raise InvalidArgumentError(
-            f"Folder '{resolved.parent}' of --report does not exist: create it or choose another path."
-        )
-    if resolved.is_dir():
-        raise InvalidArgumentError(f"--report '{path}' is a directory: give the path of the .html file to write.")

@@ -39,8 +39,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import operator
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,12 +49,14 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort
+from onnxprec._graph import unique_name
 from onnxprec._ops import CONTROL_FLOW_OPS
 from onnxprec._tensors import finite_max
+from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget, Bound
 from onnxprec.autocast.classify import Decision, classify
 from onnxprec.autocast.rules import DataRangeRule, DepthOfReductionRule, Rule, RuleContext
 from onnxprec.calibration_data import CalibrationData
-from onnxprec.errors import InvalidArgumentError, UnsupportedModelError
+from onnxprec.errors import UnsupportedModelError
 from onnxprec.metrics import ErrorStats
 from onnxprec.observers import TensorStats
 from onnxprec.validate import NumericReport
@@ -82,83 +82,6 @@ MAX_REAL_CHECKS = 3
 # Greedy steps after the bisection: at most this many emulated runs, and no more once they took this long.
 REFINE_RUNS = 6
 REFINE_SECONDS = 6.0
-METRICS = ("rel_l2", "cosine", "top1", "max_abs")
-_OPS: dict[str, Callable[[float, float], bool]] = {
-    "<=": operator.le,
-    ">=": operator.ge,
-    "<": operator.lt,
-    ">": operator.gt,
-}
-_BOUND = re.compile(r"^\s*(rel_l2|cosine|top1|max_abs)\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*$")
-Callback = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], Any]
-
-
-# --------------------------------------------------------------------------------------------------
-# The target
-
-
-@dataclass(frozen=True)
-class Bound:
-    """One condition on every float output: ``metric op value`` (e.g. ``rel_l2 <= 1e-3``)."""
-
-    metric: str
-    op: str
-    value: float
-
-    def holds(self, measured: float | None) -> bool:
-        return measured is not None and not math.isnan(measured) and _OPS[self.op](measured, self.value)
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.value:g}"
-
-
-@dataclass(frozen=True)
-class AccuracyTarget:
-    """What the outputs must keep: bounds on every float output, and/or a callback.
-
-    The callback gets ``(reference, candidate)``, two dicts of output name -> array for one calibration batch,
-    and returns whether the candidate is good enough (True/False, or a number: nonzero is good); the target
-    holds when it holds on every batch.
-    """
-
-    bounds: tuple[Bound, ...] = ()
-    callback: Callback | None = None
-
-    @classmethod
-    def parse(cls, spec: str | Callback | AccuracyTarget) -> AccuracyTarget:
-        """From ``"rel_l2<=1e-3,top1>=0.99"``, a callable, or a target.
-
-        Raises:
-            InvalidArgumentError: A malformed bound, with the accepted forms.
-        """
-        if isinstance(spec, AccuracyTarget):
-            return spec
-        if callable(spec):
-            return cls(callback=spec)
-        bounds = []
-        for part in str(spec).split(","):
-            m = _BOUND.match(part)
-            value = None
-            if m:
-                with contextlib.suppress(ValueError):
-                    value = float(m.group(3))
-            if m is None or value is None or math.isnan(value):
-                raise InvalidArgumentError(
-                    f"Invalid --target_accuracy '{part.strip()}': write METRIC<=VALUE or METRIC>=VALUE with METRIC "
-                    "one of rel_l2, cosine, top1, max_abs (e.g. rel_l2<=1e-3 or cosine>=0.9999,top1>=0.99)."
-                )
-            bounds.append(Bound(m.group(1), m.group(2), value))
-        return cls(tuple(bounds))
-
-    @property
-    def needs_top1(self) -> bool:
-        return any(b.metric == "top1" for b in self.bounds)
-
-    def __str__(self) -> str:
-        parts = [str(b) for b in self.bounds]
-        if self.callback is not None:
-            parts.append(f"callback {getattr(self.callback, '__name__', 'target')}")
-        return ",".join(parts)
 
 
 @dataclass
@@ -355,7 +278,7 @@ class Emulator:
                     if switch is None:
                         switch = switch_of[drivers] = self.SWITCH.format(len(self.switches))
                         self.switches.append(drivers)
-                    out = _fresh(f"{name}__emu", used)
+                    out = unique_name(f"{name}__emu", used)
                     where.append(onnx.helper.make_node("Where", [switch, exact_rounded, name], [out]))
                 for node_index, slot in uses:
                     if node_index < 0:
@@ -442,15 +365,6 @@ def _names(proto: onnx.ModelProto) -> set[str]:
     return used
 
 
-def _fresh(base: str, used: set[str]) -> str:
-    name, n = base, 0
-    while name in used:
-        n += 1
-        name = f"{base}_{n}"
-    used.add(name)
-    return name
-
-
 def _float_tensors(graph: ir.Graph) -> Iterable[ir.Value]:
     yield from (v for v in graph.inputs if v.dtype == _F and not v.is_initializer())
     yield from (v for v in graph.initializers.values() if v.dtype == _F)
@@ -464,14 +378,18 @@ def _rounding(name: str, low: ir.DataType, used: set[str], *, clamp: bool) -> li
     source = name
     if clamp:
         limit = finite_max(low)
-        lo, hi, clipped = _fresh(f"{name}__lo", used), _fresh(f"{name}__hi", used), _fresh(f"{name}__clip", used)
+        lo, hi, clipped = (
+            unique_name(f"{name}__lo", used),
+            unique_name(f"{name}__hi", used),
+            unique_name(f"{name}__clip", used),
+        )
         nodes += [
             onnx.helper.make_node("Constant", [], [lo], value=onnx.numpy_helper.from_array(np.float32(-limit))),
             onnx.helper.make_node("Constant", [], [hi], value=onnx.numpy_helper.from_array(np.float32(limit))),
             onnx.helper.make_node("Clip", [name, lo, hi], [clipped]),
         ]
         source = clipped
-    down, up = _fresh(f"{name}__low", used), _fresh(f"{name}__round", used)
+    down, up = unique_name(f"{name}__low", used), unique_name(f"{name}__round", used)
     nodes += [
         onnx.helper.make_node("Cast", [source], [down], to=int(low)),
         onnx.helper.make_node("Cast", [down], [up], to=onnx.TensorProto.FLOAT),

@@ -10,13 +10,12 @@ round-trip ``repr``, integers and booleans as decimal integers; ``nan``, ``inf``
 from __future__ import annotations
 
 import math
-import re
 from concurrent.futures import Executor
 from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["SafeNames", "statistics", "write_binary", "write_text"]
+__all__ = ["statistics", "write_binary", "write_text"]
 
 _SLICE = 1 << 20  # values formatted per step (16 MiB of text for floats)
 _MIN_PARALLEL = 1 << 15  # smaller slices are not worth a thread
@@ -173,36 +172,3 @@ def statistics(array: np.ndarray) -> dict[str, Any]:
     mean = total / count
     variance = max(squares / count - mean * mean, 0.0)
     return {"min": lo, "max": hi, "mean": mean, "std": math.sqrt(variance), "nonfinite": nonfinite}
-
-
-# --------------------------------------------------------------------------------------------------
-# File names
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
-_MAX_STEM = 180
-
-
-class SafeNames:
-    """File stems from tensor names: path and other special characters become ``_``, collisions get ``_<n>``.
-
-    Stems never start with a dot (hidden files), are never empty and stay short enough for any file system
-    (long names keep their end, which holds the distinguishing part in exporter names such as
-    ``/model/layers.3/mlp/down_proj/MatMul_output_0``). Comparison is case-insensitive, so that two names
-    differing only in case do not overwrite each other on macOS or Windows.
-    """
-
-    def __init__(self, reserved: tuple[str, ...] = ("index",)) -> None:
-        self._used = {r.lower() for r in reserved}
-
-    def __call__(self, name: str) -> str:
-        stem = _UNSAFE.sub("_", name).lstrip(".") or "tensor"
-        if stem[0] == "-":
-            stem = "_" + stem[1:]
-        if len(stem) > _MAX_STEM:
-            stem = stem[-_MAX_STEM:].lstrip(".") or "tensor"
-        candidate, n = stem, 0
-        while candidate.lower() in self._used:
-            n += 1
-            candidate = f"{stem}_{n}"
-        self._used.add(candidate.lower())
-        return candidate

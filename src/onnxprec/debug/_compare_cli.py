@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
-from onnxprec import _options
-from onnxprec._options import CommonArgs, ToolOptions, from_args, option
-from onnxprec.cli import write_report
+from onnxprec import _options, _report
+from onnxprec._options import CommonArgs, ToolOptions, from_args, html_report_option, option
 from onnxprec.debug._options import CompareOptions
-from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["DESCRIPTION", "EPILOG", "ReportArgs", "add_arguments", "run"]
 
@@ -28,45 +25,28 @@ EPILOG = """\
 examples:
   {prog} model.onnx model.fp16.onnx --calibration_data inputs.npz --html report.html
       the per-node table on the terminal, all rows and a plot of the error along the graph in report.html
-  {prog} model.onnx model.fp16.onnx --verify --json report.json
+  {prog} model.onnx model.fp16.onnx --verify --report_json report.json
       also re-runs AutoCast keeping the first divergent node in FP32 and checks that this fixes it
 """
 
 
 @dataclass
 class ReportArgs(ToolOptions):
-    """Where the comparison goes besides the terminal."""
+    """Where the comparison goes besides the terminal (and ``--report_json``)."""
 
     TITLE = "report"
 
-    json: str | None = option(None, flags=("--json",), metavar="PATH", help="Write the whole report as JSON.")
-    html: str | None = option(
-        None, flags=("--html",), metavar="PATH", help="Write a self-contained HTML report (table and error plot)."
+    html: str | None = html_report_option("the table and a plot of the error along the graph")
+    max_rows: int = option(
+        40, flags=("--max_rows",), help="Rows of the terminal table (the rest go to --report_json/--html)."
     )
-    max_rows: int = option(40, flags=("--max_rows",), help="Rows of the terminal table (the rest go to --json/--html).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reference", metavar="REFERENCE", help="The source model (e.g. FP32).")
     parser.add_argument("candidate", metavar="CANDIDATE", help="Its conversion or quantization (same inputs).")
     _options.add_arguments(parser, CompareOptions, ReportArgs, CommonArgs)
-
-
-def _check_outputs(paths: dict[str, str | None], inputs: list[str]) -> None:
-    """Fails before the work when a report cannot be written or would overwrite a model."""
-    protected = {Path(p).resolve() for p in inputs}
-    for flag, path in paths.items():
-        if path is None:
-            continue
-        resolved = Path(path).resolve()
-        if resolved in protected:
-            raise InvalidArgumentError(f"{flag} '{path}' would overwrite an input model: choose another path.")
-        if not resolved.parent.is_dir():
-            raise InvalidArgumentError(
-                f"Folder '{resolved.parent}' of {flag} does not exist: create it or choose another path."
-            )
-        if resolved.is_dir():
-            raise InvalidArgumentError(f"{flag} '{path}' is a folder: give a file path.")
+    _options.deprecated_alias(parser, "--json", "report_json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,10 +57,8 @@ def run(args: argparse.Namespace) -> int:
     common = from_args(CommonArgs, args)
     options = from_args(CompareOptions, args)
     outputs = from_args(ReportArgs, args)
-    _check_outputs(
-        {"--json": outputs.json, "--html": outputs.html, "--report_json": common.report_json},
-        [args.reference, args.candidate],
-    )
+    inputs = [args.reference, args.candidate, *filter(None, [options.calibration_data])]
+    _report.check_paths({"--report_json": common.report_json, "--html": outputs.html}, inputs)
     report = compare_models(
         args.reference,
         args.candidate,
@@ -103,12 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(report.verification.summary)
     for note in report.notes:
         print(note)
-    data = report.to_json()
-    if outputs.json is not None:
-        import json
-
-        write_atomically(outputs.json, json.dumps(data, indent=1, allow_nan=False) + "\n")
+    _report.write_json(common.report_json, report.to_json())
     if outputs.html is not None:
         write_atomically(outputs.html, report.to_html())
-    write_report(common.report_json, data)
     return 0

@@ -1,20 +1,19 @@
 """``onnxprec dump`` (and ``python -m onnxprec.debug dump``): AMD Quark's ``dump_model`` on the command line.
 
-The flags come from :class:`~onnxprec.debug.DumpOptions` (declared once, with the API keywords), ``--onnx_path``
-and the shared :class:`onnxprec._options.CommonArgs`. Nothing heavy is imported until :func:`run`.
+The flags come from :class:`~onnxprec.debug.DumpOptions` (declared once, with the API keywords) and the shared
+:class:`onnxprec._options.FileArgs` (``--onnx_path``) and :class:`onnxprec._options.CommonArgs`. Nothing heavy is
+imported until :func:`run`.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
-from onnxprec import _options
-from onnxprec._options import CommonArgs, ToolOptions, from_args, option
-from onnxprec.cli import check_report_path, write_report
+from onnxprec import _options, _report
+from onnxprec._options import CommonArgs, FileArgs, file_args, from_args
 from onnxprec.debug._options import DumpOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "ModelArgs", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "FILES", "add_arguments", "run"]
 
 DESCRIPTION = (
     "Run a model on one batch and write each quantized node's output (DequantizeLinear, QuantizeLinear, "
@@ -30,27 +29,21 @@ examples:
 """
 
 
-@dataclass
-class ModelArgs(ToolOptions):
-    """The model to dump (the API takes it as the first argument of ``dump_model``)."""
-
-    TITLE = "input"
-
-    onnx_path: str = option(flags=("--onnx_path",), metavar="PATH", help="The ONNX model to run and dump.")
+FILES = file_args(None, input_help="The ONNX model to run and dump.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _options.add_arguments(parser, ModelArgs, DumpOptions, CommonArgs)
+    _options.add_arguments(parser, FILES, DumpOptions, CommonArgs)
 
 
 def run(args: argparse.Namespace) -> int:
     """Dumps the model; prints one summary line on stdout."""
     from onnxprec.debug.dump import dump_model
 
-    files = from_args(ModelArgs, args)
+    files = from_args(FileArgs, args)
     common = from_args(CommonArgs, args)
     options = from_args(DumpOptions, args)
-    check_report_path(common.report_json, protected=[files.onnx_path])
+    _report.check_paths({"--report_json": common.report_json}, [files.onnx_path])
     result = dump_model(
         files.onnx_path,
         options.dump_data_reader,
@@ -59,9 +52,6 @@ def run(args: argparse.Namespace) -> int:
         options.output_dir,
         providers=options.providers,
     )
-    write_report(
-        common.report_json,
-        {"tool": "dump", "output_dir": str(result.output_dir), "chunks": result.chunks, **result.index},
-    )
+    _report.write_json(common.report_json, result.to_json())
     print(result.summary)
     return 0

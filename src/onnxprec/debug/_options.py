@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec._options import ToolOptions, calibration_data_option, input_shapes_option, option, providers_option
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "CompareOptions", "DumpOptions"]
@@ -38,22 +38,11 @@ class DumpOptions(ToolOptions):
 
     TITLE = "dump options"
 
-    dump_data_reader: Any = option(  # noqa: RUF009 (option() returns a dataclasses.field)
-        None,
-        flags=("-d", "--calibration_data"),
-        metavar="PATH",
-        help="Inputs: an .npz file, a folder of .npz files or a Polygraphy .json; only the first batch is used "
-        "(default: realistic random inputs).",
-        doc="Inputs: a path (``.npz``, folder of ``.npz``, Polygraphy ``.json``), a dict of arrays, a list of dicts "
-        "or a CalibrationDataReader; only the first batch is used. None: realistic random inputs.",
+    dump_data_reader: Any = calibration_data_option(
+        "Inputs (only the first batch is used)", default="realistic random inputs"
     )
-    random_data_reader_input_shape: Any = option(  # noqa: RUF009
-        None,
-        flags=("--input_shapes",),
-        metavar="SHAPES",
-        help="Shapes of the random inputs when no data is given: name:1x3x224x224,ids:1x128.",
-        doc="Shapes of the random inputs when there is no reader: ``{name: shape}`` (``{}`` or None: sizes "
-        'chosen from the model), a list of shapes in input order, or ``"name:1x3x224x224,ids:1x128"``.',
+    random_data_reader_input_shape: Any = input_shapes_option(
+        more=", a list of shapes in input order, or ``{}`` (sizes chosen from the model)"
     )
     dump_float: bool = option(
         False,
@@ -80,14 +69,8 @@ class CompareOptions(ToolOptions):
 
     TITLE = "compare options"
 
-    calibration_data: Any = option(  # noqa: RUF009
-        None,
-        flags=("-d", "--calibration_data"),
-        metavar="PATH",
-        help="Inputs for both models: an .npz file, a folder of .npz files or a Polygraphy .json "
-        "(default: realistic random inputs made from the reference's inputs).",
-        doc="Inputs for both models: a path (``.npz``, folder of ``.npz``, Polygraphy ``.json``), a dict of arrays, "
-        "a list of dicts or a CalibrationDataReader; None: realistic random inputs for the reference's inputs.",
+    calibration_data: Any = calibration_data_option(
+        "Inputs for both models", default="realistic random inputs made from the reference's inputs"
     )
     atol: float = option(
         DEFAULT_ATOL,
@@ -96,13 +79,7 @@ class CompareOptions(ToolOptions):
         "when it has non-finite values the reference has not.",
     )
     rtol: float = option(DEFAULT_RTOL, flags=("--rtol",), help="Relative L2 error tolerance (see --atol).")
-    input_shapes: str | Mapping[str, Sequence[int]] | None = option(
-        None,
-        flags=("--input_shapes",),
-        metavar="SHAPES",
-        help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128.",
-        doc='Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes.',
-    )
+    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option()
     providers: Sequence[str] = providers_option("both models' runs")
     verify: bool = option(
         False,

@@ -9,7 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from onnxprec.debug._arrays import SafeNames, statistics, write_binary, write_text
+from onnxprec._graph import FileNames
+from onnxprec.debug._arrays import statistics, write_binary, write_text
 
 
 def _special_floats(dtype: np.dtype) -> np.ndarray:
@@ -87,7 +88,7 @@ def test_statistics_skip_nonfinite_values() -> None:
 
 
 def test_safe_names_replace_path_characters_and_never_collide() -> None:
-    names = SafeNames()
+    names = FileNames(reserved=("index",))
     got = [names(n) for n in ["/model/a:0", "_model_a_0", "_MODEL_A_0", "index", "..hidden", "-x", "", "a b\\c"]]
     assert got == ["_model_a_0", "_model_a_0_1", "_MODEL_A_0_2", "index_1", "hidden", "_x", "tensor", "a_b_c"]
     long = names("/".join(["layer"] * 100) + "/end")

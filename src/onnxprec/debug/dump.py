@@ -23,17 +23,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxprec import calibration
-from onnxprec._io import ModelSource
+from onnxprec._graph import FileNames
+from onnxprec._io import ModelSource, check_output_path
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
+from onnxprec._report import header
 from onnxprec.calibration_data import run_on_data
-from onnxprec.debug._arrays import SafeNames, statistics, write_binary, write_text
+from onnxprec.debug._arrays import statistics, write_binary, write_text
 from onnxprec.debug._common import fetchable, model_path, prepare
 from onnxprec.debug._options import DumpOptions
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
@@ -49,6 +51,8 @@ INDEX = "index.json"
 @dataclass
 class DumpResult:
     """What :func:`dump_model` wrote: the folder, its index (``index.json`` as data) and how many runs it took."""
+
+    TOOL: ClassVar[str] = "dump"
 
     output_dir: Path
     index: dict[str, Any]
@@ -68,6 +72,11 @@ class DumpResult:
             f"Dumped {len(tensors)} tensors ({quantized} quantized outputs, {floats} float outputs) to "
             f"{self.output_dir} in {self.chunks} run(s)"
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--report_json`` data: the folder, the number of runs and the index (``index.json``)."""
+        index = {k: v for k, v in self.index.items() if k != "tool"}
+        return {**header(self), "output_dir": str(self.output_dir), "chunks": self.chunks, **index}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -121,7 +130,7 @@ class DumpWriter:
         self.pool = pool
         self.workers = workers
         self.entries: dict[str, dict[str, Any]] = {}
-        self._names = SafeNames(reserved=(Path(INDEX).stem,))
+        self._names = FileNames(reserved=(Path(INDEX).stem,))
 
     def update(self, name: str, array: np.ndarray) -> None:
         what = self.wanted.get(name)
@@ -235,18 +244,6 @@ def _input_shapes(shapes: Any, model: ir.Model) -> dict[str, tuple[int, ...]] | 
     return {name: tuple(int(d) for d in shape) for name, shape in zip(names, items)}
 
 
-def _check_output_dir(output_dir: Path) -> None:
-    if output_dir.exists() and not output_dir.is_dir():
-        raise InvalidArgumentError(f"--output_dir '{output_dir}' is a file, not a folder: choose another folder.")
-    parent = output_dir.resolve().parent
-    if not parent.is_dir():
-        raise InvalidArgumentError(
-            f"The parent folder '{parent}' of --output_dir does not exist: create it or choose another folder."
-        )
-    if not os.access(parent, os.W_OK) or (output_dir.is_dir() and not os.access(output_dir, os.W_OK)):
-        raise InvalidArgumentError(f"--output_dir '{output_dir}' is not writable: choose another folder.")
-
-
 def _publish(staging: Path, output_dir: Path) -> None:
     """Moves a complete dump into place: a rename of the folder, or of each file (index last) into an existing one."""
     if not output_dir.exists():
@@ -319,11 +316,11 @@ def dump_model(
 
     Args:
         model: A path, an ``onnx.ModelProto`` or an ``ir.Model`` (named and typed in place where needed).
-        dump_data_reader: Inputs: a path (``.npz``, folder of ``.npz``, Polygraphy ``.json``), a dict of arrays, a list
-            of dicts or a CalibrationDataReader; only the first batch is used. None: realistic random inputs.
-        random_data_reader_input_shape: Shapes of the random inputs when there is no reader: ``{name: shape}``
-            (``{}`` or None: sizes chosen from the model), a list of shapes in input order, or
-            ``"name:1x3x224x224,ids:1x128"``.
+        dump_data_reader: Inputs (only the first batch is used): a path (an ``.npz`` file, a folder of ``.npz`` files, a
+            Polygraphy ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
+            ``CalibrationDataReader``; None: realistic random inputs.
+        random_data_reader_input_shape: Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a
+            dict of shapes, a list of shapes in input order, or ``{}`` (sizes chosen from the model).
         dump_float: Also dump every node's float output as <name>_float.bin and <name>_float.txt.
         output_dir: Folder of the dump (created; its parent must exist).
         providers: ONNX Runtime providers for the run: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
@@ -338,7 +335,7 @@ def dump_model(
     """
     options = DumpOptions(**fields_in(DumpOptions, locals()))
     out = Path(options.output_dir)
-    _check_output_dir(out)
+    check_output_path(out, flag="--output_dir", folder=True)
     loaded = prepare(model)
     shapes = _input_shapes(options.random_data_reader_input_shape, loaded)
     source = options.dump_data_reader

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -34,6 +34,7 @@ import onnx_ir as ir
 from onnxprec import _ort, calibration, metrics
 from onnxprec._io import load_model
 from onnxprec._options import fields_in
+from onnxprec._report import header
 from onnxprec.calibration import InputSpec
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
@@ -114,7 +115,9 @@ class ModelResult:
 
 @dataclass
 class EvaluationReport:
-    """All models' results; :meth:`table` for the terminal, :meth:`to_json` for scripts (``--json``)."""
+    """All models' results; :meth:`table` for the terminal, :meth:`to_json` for scripts (``--report_json``)."""
+
+    TOOL: ClassVar[str] = "evaluate"
 
     models: list[ModelResult] = field(default_factory=list)
     data: str | None = None
@@ -125,6 +128,19 @@ class EvaluationReport:
     def reference(self) -> ModelResult:
         return next(m for m in self.models if m.is_reference)
 
+    @property
+    def summary(self) -> str:
+        """One line: the models, the data, and each model's perplexity or accuracy when measured."""
+        ref = self.reference
+        parts = []
+        for m in self.models:
+            if m.perplexity is not None:
+                parts.append(f"{m.name} perplexity {_fmt(m.perplexity, '{:.4f}')}")
+            elif m.top1_accuracy is not None:
+                parts.append(f"{m.name} top-1 {_fmt(m.top1_accuracy, '{:.2%}')}")
+        text = f"Evaluated {len(self.models)} model(s) on {ref.samples} samples in {ref.batches} batch(es)"
+        return f"{text}: {', '.join(parts)}" if parts else text
+
     def __getitem__(self, name: str) -> ModelResult:
         for result in self.models:
             if result.name == name:
@@ -132,18 +148,15 @@ class EvaluationReport:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
-        """``tool``, ``onnxprec_version``, ``data``, ``providers``, ``reference`` (a model name),
+        """``tool``, ``onnxprec_version``, ``summary``, ``data``, ``providers``, ``reference`` (a model name),
         ``latency_batch`` (input shapes of the timed batch) and ``models``: per model ``name``, ``path``,
         ``reference``, ``batches``, ``samples``, ``perplexity`` and ``tokens``, ``accuracy`` (``top1``, ``top5``,
         ``samples``; None without labels), ``main_output``, ``agreement`` (None for the reference; per output
         ``max_abs``, ``rel_l2``, ``cosine``, ``nonfinite`` and, for scores, ``top1``), ``latency_ms``
         (``median``, ``p90``, ``mean``, ``min``, ``runs``; None without latency runs) and ``seconds``.
         Non-finite numbers are None."""
-        from onnxprec import __version__
-
         return {
-            "tool": "evaluate",
-            "onnxprec_version": __version__,
+            **header(self),
             "data": self.data,
             "providers": list(self.providers),
             "reference": self.reference.name,
@@ -469,9 +482,9 @@ def evaluate_models(
     Args:
         models: One model or several (paths, ``onnx.ModelProto`` or ``onnx_ir.Model``), e.g. an FP32 original and
             its FP16/BF16/INT4 versions. Paths are mapped by ONNX Runtime, never copied through Python.
-        data: Inputs: an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``, an ``.npy`` of token ids
-            ``[N, seq]`` (token windows), a dict of arrays, a list of dicts or a CalibrationDataReader; None: one
-            batch of realistic random data.
+        data: Inputs: an ``.npy`` of token ids ``[N, seq]`` (token windows), a path (an ``.npz`` file, a folder of
+            ``.npz`` files, a Polygraphy ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX
+            Runtime ``CalibrationDataReader``; None: one batch of realistic random data.
         reference: The model the others are compared with: one of the models (path or name) or another model
             file (default: the first model).
         labels: Class ids (a path to an ``.npy`` or an array), one per sample in data order (negative ids are

@@ -1,21 +1,20 @@
 """``onnxprec evaluate`` and ``python -m onnxprec.evaluate``: models side by side, task metrics and latency.
 
 The flags come from :class:`~onnxprec.evaluate._options.EvaluateOptions` (declared once, with the API
-keywords), the models (positional) and ``--json`` below, and the shared :class:`onnxprec._options.CommonArgs`.
+keywords), the models (positional) and the shared :class:`onnxprec._options.CommonArgs` (``--report_json``;
+``--json`` is its hidden alias, kept for one release).
 Nothing heavy is imported until :func:`run`.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
-from onnxprec import _options
-from onnxprec._options import CommonArgs, ToolOptions, from_args, option
-from onnxprec.cli import check_report_path, write_report
+from onnxprec import _options, _report
+from onnxprec._options import CommonArgs, from_args
 from onnxprec.evaluate._options import EvaluateOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "OutputArgs", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
 
 DESCRIPTION = (
     "Run one or several models side by side on the same data (e.g. an FP32 model and its FP16/BF16/INT4 "
@@ -25,7 +24,7 @@ DESCRIPTION = (
 )
 EPILOG = """\
 examples:
-  {prog} model.onnx model.fp16.onnx model.int4.onnx --data windows.npz --batch_size 4 --json eval.json
+  {prog} model.onnx model.fp16.onnx model.int4.onnx --data windows.npz --batch_size 4 --report_json eval.json
       perplexity of each model on token windows, agreement with model.onnx, latency; eval.json for scripts
   {prog} resnet.onnx resnet.fp16.onnx --data images.npz --labels labels.npy --providers cuda:0
       top-1/top-5 accuracy against the labels, top-1 agreement with the FP32 model, latency on CUDA
@@ -34,26 +33,13 @@ examples:
 """
 
 
-@dataclass
-class OutputArgs(ToolOptions):
-    """What the command line writes besides the table on stdout."""
-
-    TITLE = "output"
-
-    json: str | None = option(
-        None,
-        flags=("--json",),
-        metavar="PATH",
-        help="Also write the results as JSON (per model: perplexity, accuracy, agreement, latency).",
-    )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The models (positional), the evaluation flags and the shared flags."""
     parser.add_argument(
         "models", nargs="+", metavar="MODEL", help="ONNX models to evaluate side by side (the first is the reference)."
     )
-    _options.add_arguments(parser, EvaluateOptions, OutputArgs, CommonArgs)
+    _options.add_arguments(parser, EvaluateOptions, CommonArgs)
+    _options.deprecated_alias(parser, "--json", "report_json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,20 +48,15 @@ def run(args: argparse.Namespace) -> int:
     from onnxprec.evaluate._generate import GenerationReport
 
     options = from_args(EvaluateOptions, args)
-    output = from_args(OutputArgs, args)
     common = from_args(CommonArgs, args)
     inputs = [*args.models, *filter(None, [options.data, options.labels, options.reference])]
-    for path in filter(None, [output.json, common.report_json]):
-        check_report_path(path, protected=inputs)
+    _report.check_paths({"--report_json": common.report_json}, inputs)
     if options.generate:
         from onnxprec.evaluate._generate import run_generation
 
         report: EvaluationReport | GenerationReport = run_generation(args.models, options)
     else:
         report = run_evaluation(args.models, options)
-    data = report.to_json()
-    write_report(output.json, data)
-    if common.report_json != output.json:
-        write_report(common.report_json, data)
+    _report.write_json(common.report_json, report.to_json())
     print(report.table())
     return 0

@@ -29,12 +29,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from onnxprec._genai import GENAI_CONFIG, has_tokenizer, read_config
 from onnxprec._options import fields_in
+from onnxprec._report import header
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.evaluate._api import text_table
 from onnxprec.evaluate._options import EvaluateOptions
@@ -130,7 +131,10 @@ class GenerationResult:
 
 @dataclass
 class GenerationReport:
-    """All models' generation results; :meth:`table` for the terminal, :meth:`to_json` for scripts (``--json``)."""
+    """All models' generation results; :meth:`table` for the terminal, :meth:`to_json` for scripts
+    (``--report_json``)."""
+
+    TOOL: ClassVar[str] = "evaluate"
 
     models: list[GenerationResult] = field(default_factory=list)
     provider: str = "cpu"
@@ -142,6 +146,13 @@ class GenerationReport:
     def reference(self) -> GenerationResult:
         return next(m for m in self.models if m.is_reference)
 
+    @property
+    def summary(self) -> str:
+        """One line: how many models generated from how many prompts, and each one's greedy agreement."""
+        parts = [f"{m.name} agreement {m.agreement:.2%}" for m in self.models if m.agreement is not None]
+        text = f"Generated with {len(self.models)} model(s) from {len(self.prompts)} prompt(s) on {self.provider}"
+        return f"{text}: {', '.join(parts)}" if parts else text
+
     def __getitem__(self, name: str) -> GenerationResult:
         for result in self.models:
             if result.name == name:
@@ -149,16 +160,13 @@ class GenerationReport:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
-        """``tool``, ``onnxprec_version``, ``mode`` (generate), ``provider``, ``max_new_tokens``, ``prompts`` (token
-        ids), ``prompt_texts`` (None for token-id prompts), ``reference`` and ``models``: per model ``name``,
-        ``folder``, ``model_file``, ``prompt_tokens``, ``generated_tokens``, ``prefill_tokens_per_s``,
+        """``tool``, ``onnxprec_version``, ``summary``, ``mode`` (generate), ``provider``, ``max_new_tokens``,
+        ``prompts`` (token ids), ``prompt_texts`` (None for token-id prompts), ``reference`` and ``models``: per
+        model ``name``, ``folder``, ``model_file``, ``prompt_tokens``, ``generated_tokens``, ``prefill_tokens_per_s``,
         ``decode_tokens_per_s``, ``seconds`` (load, prefill, decode), ``agreement`` (None for the reference),
         ``first_divergence`` (per prompt, None where identical), ``identical_prompts``, ``sequences`` and ``texts``."""
-        from onnxprec import __version__
-
         return {
-            "tool": "evaluate",
-            "onnxprec_version": __version__,
+            **header(self),
             "mode": "generate",
             "provider": self.provider,
             "max_new_tokens": self.max_new_tokens,

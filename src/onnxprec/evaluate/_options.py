@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import ToolOptions, option, providers_option
+from onnxprec._options import ToolOptions, calibration_data_option, option, providers_option
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["OPTIMIZATION_LEVELS", "EvaluateOptions"]
@@ -24,24 +24,23 @@ class EvaluateOptions(ToolOptions):
 
     TITLE = "evaluation options"
 
-    data: Any = option(  # noqa: RUF009 (option() returns a dataclasses.field)
-        None,
+    data: Any = calibration_data_option(
+        "Inputs",
         flags=("--data",),
-        metavar="PATH",
-        help="Inputs: an .npz file, a folder of .npz files, a Polygraphy .json, or an .npy of token ids [N, seq] "
-        "(token windows for a causal LM) (default: one batch of realistic random data).",
-        doc="Inputs: an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``, an ``.npy`` of token ids "
-        "``[N, seq]`` (token windows), a dict of arrays, a list of dicts or a CalibrationDataReader; None: one "
-        "batch of realistic random data.",
+        default="one batch of realistic random data",
+        more_formats=(
+            "an .npy of token ids [N, seq] (token windows for a causal LM)",
+            "an ``.npy`` of token ids ``[N, seq]`` (token windows)",
+        ),
     )
-    reference: Any = option(  # noqa: RUF009
+    reference: Any = option(
         None,
         flags=("--reference",),
         metavar="MODEL",
         help="The model the others are compared with: one of the models (path or name) or another model file "
         "(default: the first model).",
     )
-    labels: Any = option(  # noqa: RUF009
+    labels: Any = option(
         None,
         flags=("--labels",),
         metavar="PATH",

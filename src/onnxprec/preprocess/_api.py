@@ -23,13 +23,12 @@ import collections
 import contextlib
 import logging
 import os
-import re
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -37,19 +36,20 @@ import onnx_ir as ir
 
 from onnxprec import _ort, metrics
 from onnxprec._genai import GenaiCarry
-from onnxprec._graph import all_graphs
+from onnxprec._graph import FileNames, all_graphs
 from onnxprec._io import (
     ModelSource,
     atomic_path,
     check_output_path,
+    exceeds_protobuf_limit,
     external_data_paths,
     load_model,
     save_model,
-    total_initializer_bytes,
 )
 from onnxprec._ops import default_opset, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
 from onnxprec._protobuf import structure_proto
+from onnxprec._report import header
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
@@ -67,7 +67,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Protobuf cannot serialize a message above 2 GiB: above this many weight bytes the output gets external data.
-_PROTOBUF_LIMIT = 2_000_000_000
 # Opset conversions must keep every float output within this relative L2 error on random inputs.
 _OPSET_RTOL = 1e-4
 # Metadata ONNX Runtime's quantizer looks for (``model_has_pre_process_metadata``).
@@ -127,6 +126,8 @@ class StepReport:
 class PreprocessReport:
     """The steps that ran (or why they were skipped); :meth:`to_json` is the ``--report_json`` file."""
 
+    TOOL: ClassVar[str] = "preprocess"
+
     steps: list[StepReport] = field(default_factory=list)
     input_path: Path | None = None
     output_path: Path | None = None
@@ -147,11 +148,8 @@ class PreprocessReport:
         )
 
     def to_json(self) -> dict[str, Any]:
-        from onnxprec import __version__
-
         return {
-            "tool": "preprocess",
-            "onnxprec_version": __version__,
+            **header(self),
             "input": None if self.input_path is None else str(self.input_path),
             "output": None if self.output_path is None else str(self.output_path),
             "external_data": self.external_data,
@@ -476,23 +474,6 @@ def _onnx_shapes(model: ir.Model, step: StepReport) -> ir.Model:
 # Saving
 
 
-def _safe_file_name(name: str, used: set[str]) -> str:
-    base = re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip(".") or "tensor"
-    candidate, n = base, 1
-    while candidate.lower() in used:
-        candidate, n = f"{base}_{n}", n + 1
-    used.add(candidate.lower())
-    return candidate
-
-
-def _check_data_file(path: Path, protected: set[Path]) -> None:
-    if path.resolve() in protected:
-        raise InvalidArgumentError(
-            f"External data file '{path}' would overwrite the input model or its data: choose another "
-            "--output or --external_data_location."
-        )
-
-
 def _save(model: ir.Model, output: Path, options: PreprocessOptions, protected: set[Path]) -> bool:
     """Saves atomically; returns whether weights went to external data.
 
@@ -502,7 +483,7 @@ def _save(model: ir.Model, output: Path, options: PreprocessOptions, protected: 
     """
     external = options.save_as_external_data
     one_file = options.all_tensors_to_one_file or not external
-    if not external and total_initializer_bytes(model) > _PROTOBUF_LIMIT:
+    if not external and exceeds_protobuf_limit(model):
         external = True
         logger.warning(
             "The weights exceed the 2 GB protobuf limit: saving them as external data in '%s' "
@@ -515,22 +496,22 @@ def _save(model: ir.Model, output: Path, options: PreprocessOptions, protected: 
     threshold = options.external_data_size_threshold
     if one_file:
         location = options.external_data_location or output.name + ".data"
-        _check_data_file(output.parent / location, protected)
+        check_output_path(output.parent / location, protected, flag="--external_data_location", data_file=False)
         with atomic_path(output) as tmp:
             ir.save(model, tmp, external_data=location, size_threshold_bytes=threshold)
         return True
     written: list[Path] = []
     try:
-        used: set[str] = set()
+        file_name = FileNames()
         for graph in all_graphs(model.graph):
             for value in graph.initializers.values():
                 tensor = value.const_value
                 if tensor is None:
                     continue
                 if tensor.nbytes > threshold and tensor.dtype != ir.DataType.STRING:
-                    name = _safe_file_name(str(value.name), used)
+                    name = file_name(str(value.name))
                     path = output.parent / name
-                    _check_data_file(path, protected)
+                    check_output_path(path, protected, flag="--output", data_file=False)
                     value.const_value = ir.external_data.convert_tensors_to_external(
                         [tensor], base_dir=output.parent, relative_path=name
                     )[0]
@@ -570,11 +551,11 @@ def preprocess_file(
         report.input_path = Path(input_model)
         if report.input_path.exists():
             protected.add(report.input_path.resolve())
-    check_output_path(output, protected)  # fail before the work
+    check_output_path(output, protected, flag="--output")  # fail before the work
     genai = None if report.input_path is None else GenaiCarry.plan(report.input_path, output, options.genai_provider)
     model = load_model(input_model)
     protected |= external_data_paths(model)
-    check_output_path(output, protected)
+    check_output_path(output, protected, flag="--output")
     if options.skip_optimization and options.skip_onnx_shape and options.skip_symbolic_shape and not options.opset:
         logger.warning("All three steps are skipped: the model is saved with pre-processing metadata only.")
     holder = [model]

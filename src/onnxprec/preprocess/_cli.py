@@ -1,8 +1,8 @@
 """``onnxprec preprocess`` and ``python -m onnxprec.preprocess``: ONNX Runtime's pre-processing, same flags.
 
 The flags come from :class:`~onnxprec.preprocess._options.PreprocessOptions` (declared once, with the API
-keywords), the input/output flags below (``--input``/``--output`` as in ``python -m
-onnxruntime.quantization.preprocess``) and the shared :class:`onnxprec._options.CommonArgs`. The skip flags
+keywords), the shared :class:`onnxprec._options.FileArgs` spelled ``--input``/``--output`` as in ``python -m
+onnxruntime.quantization.preprocess``, and the shared :class:`onnxprec._options.CommonArgs`. The skip flags
 take no value (ONNX Runtime's take one: ``--skip_optimization True``). Nothing heavy is imported until
 :func:`run`.
 """
@@ -10,16 +10,14 @@ take no value (ONNX Runtime's take one: ``--skip_optimization True``). Nothing h
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 
-from onnxprec import _options
-from onnxprec._options import CommonArgs, ToolOptions, from_args, option
-from onnxprec.cli import check_report_path, write_report
+from onnxprec import _options, _report
+from onnxprec._options import CommonArgs, FileArgs, file_args, from_args
 from onnxprec.errors import ModelLoadError
 from onnxprec.preprocess._options import PreprocessOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "FileArgs", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "FILES", "add_arguments", "run"]
 
 DESCRIPTION = (
     "Prepare a model for quantization, as ONNX Runtime's quant_pre_process does: symbolic shape inference, "
@@ -35,21 +33,12 @@ examples:
 """
 
 
-@dataclass
-class FileArgs(ToolOptions):
-    """The input and output of the command line (the API takes them as its first two arguments)."""
-
-    TITLE = "input and output"
-
-    input: str = option(flags=("--input",), metavar="PATH", help="Input ONNX model.")
-    output: str | None = option(
-        None, flags=("--output",), metavar="PATH", help="Output model (default: <name>.pre.onnx beside the input)."
-    )
+FILES = file_args("<name>.pre.onnx", input_flags=("--input",), output_flags=("--output",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """ONNX Runtime's pre-processing flags and onnxprec's extras."""
-    _options.add_arguments(parser, FileArgs, PreprocessOptions, CommonArgs)
+    _options.add_arguments(parser, FILES, PreprocessOptions, CommonArgs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,11 +48,11 @@ def run(args: argparse.Namespace) -> int:
     files = from_args(FileArgs, args)
     common = from_args(CommonArgs, args)
     options = from_args(PreprocessOptions, args)
-    if not Path(files.input).exists():
-        raise ModelLoadError(f"Model file '{files.input}' does not exist: check --input.")
-    output = files.output or str(default_output_path(files.input))
-    check_report_path(common.report_json, protected=[files.input, output])
-    report = preprocess_file(files.input, output, options)
-    write_report(common.report_json, report.to_json())
+    if not Path(files.onnx_path).exists():
+        raise ModelLoadError(f"Model file '{files.onnx_path}' does not exist: check --input.")
+    output = files.output_path or str(default_output_path(files.onnx_path))
+    _report.check_paths({"--report_json": common.report_json}, [files.onnx_path, output])
+    report = preprocess_file(files.onnx_path, output, options)
+    _report.write_json(common.report_json, report.to_json())
     print(f"{report.summary}; saved {report.output_path}")
     return 0

@@ -36,7 +36,7 @@ import numpy as np
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, level_range
-from onnxprec.quantization.packing import _pack_nibbles, _unpack_nibbles
+from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
 
 __all__ = [
     "ALIASES",
@@ -138,14 +138,14 @@ class CompactWeight:
         flat = (qw.q.astype(np.int16) + offset).astype(np.uint8).reshape(-1)
         if flat.size % 2:
             flat = np.concatenate([flat, np.zeros(1, np.uint8)])
-        return cls(_pack_nibbles(flat), qw.shape, qw.scales, qw.zero_points, qw.block_size, 4)
+        return cls(pack_nibbles(flat), qw.shape, qw.scales, qw.zero_points, qw.block_size, 4)
 
     def expand(self) -> QuantizedWeight:
         k, n = self.shape
         if self.bits != 4:
             q = self.levels
         else:
-            unsigned = _unpack_nibbles(self.levels)[: k * n].reshape(k, n)
+            unsigned = unpack_nibbles(self.levels)[: k * n].reshape(k, n)
             q = (unsigned.astype(np.int16) - 8).astype(np.int8) if self.zero_points is None else unsigned
         return QuantizedWeight(q, self.scales, self.zero_points, self.block_size, self.bits)
 

@@ -31,9 +31,11 @@ __all__ = [
     "matmulnbits_attributes",
     "matmulnbits_block_size",
     "pack_matmulnbits",
+    "pack_nibbles",
     "qdq_arrays",
     "to_ml_dtypes_int4",
     "unpack_matmulnbits",
+    "unpack_nibbles",
 ]
 
 logger = logging.getLogger(__name__)
@@ -109,14 +111,14 @@ def matmulnbits_attributes(qw: QuantizedWeight) -> dict[str, int]:
     return {"K": k, "N": n, "bits": qw.bits, "block_size": matmulnbits_block_size(qw)}
 
 
-def _pack_nibbles(values: np.ndarray) -> np.ndarray:
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
     """Packs uint8 values in ``[0, 15]`` along the last axis (even length) two per byte, low nibble first."""
     pairs = values.reshape(*values.shape[:-1], -1, 2)
     return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
 
 
-def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`_pack_nibbles`: ``[..., m] -> [..., 2m]`` uint8."""
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_nibbles`: ``[..., m] -> [..., 2m]`` uint8."""
     out = np.empty((*packed.shape[:-1], packed.shape[-1], 2), dtype=np.uint8)
     out[..., 0] = packed & 0x0F
     out[..., 1] = packed >> 4
@@ -145,7 +147,7 @@ def pack_matmulnbits(
         else:
             unsigned[:, rows:] = qw.zero_points[-1][:, None]  # the last block's zero point dequantizes to 0
     blocks = unsigned.reshape(n, n_blocks, bs)
-    b = _pack_nibbles(blocks) if bits == 4 else blocks
+    b = pack_nibbles(blocks) if bits == 4 else blocks
     scales = np.ascontiguousarray(qw.scales.T).astype(scale_dtype)
     zero_points = None
     if qw.zero_points is not None:
@@ -153,7 +155,7 @@ def pack_matmulnbits(
         if bits == 4:
             if n_blocks % 2:
                 zp = np.concatenate([zp, np.zeros((n, 1), dtype=np.uint8)], axis=1)
-            zp = _pack_nibbles(zp)
+            zp = pack_nibbles(zp)
         zero_points = zp
     return MatMulNBitsWeights(np.ascontiguousarray(b), scales, zero_points)
 
@@ -172,13 +174,13 @@ def unpack_matmulnbits(
     bs = blob * 8 // bits
     if n_blocks != math.ceil(k / bs):
         raise ValueError(f"B has {n_blocks} blocks of {bs}, which does not fit K={k}")
-    unsigned = (_unpack_nibbles(b) if bits == 4 else b.astype(np.uint8)).reshape(n, n_blocks * bs)[:, :k]
+    unsigned = (unpack_nibbles(b) if bits == 4 else b.astype(np.uint8)).reshape(n, n_blocks * bs)[:, :k]
     s = np.asarray(scales, dtype=np.float32).reshape(n, n_blocks).T.copy()
     if zero_points is None:
         q = (unsigned.astype(np.int16) + level_range(bits, True)[0]).astype(np.int8).T.copy()
         return QuantizedWeight(q=q, scales=s, zero_points=None, block_size=bs, bits=bits)
     zp = np.asarray(zero_points, dtype=np.uint8).reshape(n, -1)
     if bits == 4:
-        zp = _unpack_nibbles(zp)
+        zp = unpack_nibbles(zp)
     zp = zp[:, :n_blocks].T.copy()
     return QuantizedWeight(q=unsigned.T.copy(), scales=s, zero_points=zp, block_size=bs, bits=bits)

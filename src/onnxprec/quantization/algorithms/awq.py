@@ -17,14 +17,14 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from onnxprec.quantization.algorithms.rtn import (
-    _as_float32_matrix,
-    _chunk_columns,
-    _dequantize_levels,
-    _search_ratios,
+    as_float32_matrix,
     block_params,
+    column_chunk,
+    dequantize_levels,
     effective_block_size,
     quantize_levels,
     quantize_rtn,
+    ratio_grid,
     to_blocks,
 )
 
@@ -85,11 +85,11 @@ def awq_weight_stat(weights: Sequence[ArrayLike], block_size: int) -> np.ndarray
     total = np.zeros(k, dtype=np.float64)
     columns = 0
     for w in weights:
-        weight = _as_float32_matrix(w)
+        weight = as_float32_matrix(w)
         if weight.shape[0] != k:
             raise ValueError(f"Weights sharing one input must have the same K, got {weight.shape[0]} and {k}")
         n = weight.shape[1]
-        step = _chunk_columns(k, n, None)
+        step = column_chunk(k, n, None)
         for start in range(0, n, step):
             blocks = np.abs(to_blocks(weight[:, start : start + step], bs))
             block_max = blocks.max(axis=1, keepdims=True)
@@ -162,10 +162,10 @@ def awq_lite(
     """
     if not weights:
         raise ValueError("awq_lite needs at least one weight")
-    mats = [_as_float32_matrix(w, "weight") for w in weights]
+    mats = [as_float32_matrix(w, "weight") for w in weights]
     k = mats[0].shape[0]
     act = np.asarray(act_absmean, dtype=np.float32).reshape(-1)
-    x = _as_float32_matrix(x_sample, "x_sample")
+    x = as_float32_matrix(x_sample, "x_sample")
     if act.shape != (k,) or x.shape[1] != k or any(m.shape[0] != k for m in mats):
         raise ValueError(
             f"Shape mismatch: weights K={[m.shape[0] for m in mats]}, act_absmean {act.shape}, x_sample {x.shape}"
@@ -214,7 +214,7 @@ def block_gram(x_sample: ArrayLike, block_size: int) -> np.ndarray:
 
     K is zero-padded to a multiple of the block size (padded rows and columns of the last block are 0).
     """
-    x = _as_float32_matrix(x_sample, "x_sample")
+    x = as_float32_matrix(x_sample, "x_sample")
     t, k = x.shape
     bs = effective_block_size(k, block_size)
     n_blocks = math.ceil(k / bs)
@@ -253,19 +253,19 @@ def awq_clip(
     chunk then holds about five float32 ``[K_pad, chunk_columns]`` temporaries, ``~20 * K_pad * chunk_columns``
     bytes, independent of the number of tokens (``K_pad`` = K rounded up to a multiple of the block size).
     """
-    weight = _as_float32_matrix(w_scaled, "w_scaled")
+    weight = as_float32_matrix(w_scaled, "w_scaled")
     k, n = weight.shape
     bs = effective_block_size(k, block_size)
-    x = _as_float32_matrix(x_sample, "x_sample")
+    x = as_float32_matrix(x_sample, "x_sample")
     if awq_scales is not None:
         x = x / np.asarray(awq_scales, dtype=np.float32).reshape(1, -1)
     if x.shape[1] != k:
         raise ValueError(f"x_sample has K={x.shape[1]}, w_scaled has K={k}")
     gram = block_gram(x, block_size)
-    grid = _search_ratios(ratios)
+    grid = ratio_grid(ratios)
     n_blocks = math.ceil(k / bs)
     result = np.empty((n_blocks, n), dtype=np.float32)
-    step = _chunk_columns(k, n, chunk_columns)
+    step = column_chunk(k, n, chunk_columns)
     for start in range(0, n, step):
         blocks = to_blocks(weight[:, start : start + step], bs)  # [nb, bs, c]
         best_err = np.full((n_blocks, blocks.shape[2]), np.inf, dtype=np.float32)
@@ -275,7 +275,7 @@ def awq_clip(
                 blocks, bits=bits, symmetric=symmetric, ratios=ratio, positive_scales=positive_scales
             )
             levels = quantize_levels(blocks, scales, zero_points, bits=bits)
-            diff = blocks - _dequantize_levels(levels, scales, zero_points)
+            diff = blocks - dequantize_levels(levels, scales, zero_points)
             err = np.einsum("bkn,bkn->bn", np.matmul(gram, diff), diff)
             better = err < best_err
             best_err = np.where(better, err, best_err)

@@ -21,7 +21,7 @@ from numpy.typing import ArrayLike
 
 from onnxprec.quantization.algorithms.rtn import (
     QuantizedWeight,
-    _as_float32_matrix,
+    as_float32_matrix,
     block_params,
     effective_block_size,
     level_range,
@@ -102,7 +102,7 @@ def gptq(
     With ``H`` diagonal nothing is propagated and the result equals :func:`~.rtn.quantize_rtn` (with the same
     ``symmetric`` and ``positive_scales``).
     """
-    weight = _as_float32_matrix(w)
+    weight = as_float32_matrix(w)
     if np.may_share_memory(weight, np.asarray(w)):
         weight = weight.copy()
     k, n = weight.shape

@@ -27,12 +27,16 @@ from onnxprec.errors import InvalidArgumentError
 __all__ = [
     "DEFAULT_CLIP_RATIOS",
     "QuantizedWeight",
+    "as_float32_matrix",
     "block_params",
+    "column_chunk",
+    "dequantize_levels",
     "effective_block_size",
     "level_range",
     "quantize_int8_per_channel",
     "quantize_levels",
     "quantize_rtn",
+    "ratio_grid",
     "reconstruction_error",
     "to_blocks",
 ]
@@ -204,14 +208,14 @@ def quantize_levels(
     return np.clip(levels, qmin, qmax, out=levels)
 
 
-def _dequantize_levels(levels: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None) -> np.ndarray:
+def dequantize_levels(levels: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None) -> np.ndarray:
     """``(levels - z) * s`` for ``levels`` ``[..., bs, N]`` and parameters ``[..., N]``."""
     if zero_points is not None:
         levels = levels - zero_points[..., None, :]
     return levels * scales[..., None, :]
 
 
-def _as_float32_matrix(w: ArrayLike, name: str = "w") -> np.ndarray:
+def as_float32_matrix(w: ArrayLike, name: str = "w") -> np.ndarray:
     array = np.asarray(w)
     if array.ndim != 2:
         raise ValueError(f"{name} must be a 2-D [K, N] matrix, got shape {array.shape}")
@@ -221,7 +225,7 @@ def _as_float32_matrix(w: ArrayLike, name: str = "w") -> np.ndarray:
     return array
 
 
-def _chunk_columns(k: int, n: int, chunk_columns: int | None) -> int:
+def column_chunk(k: int, n: int, chunk_columns: int | None) -> int:
     if chunk_columns is not None:
         if chunk_columns < 1:
             raise ValueError(f"chunk_columns must be positive, got {chunk_columns}")
@@ -229,7 +233,7 @@ def _chunk_columns(k: int, n: int, chunk_columns: int | None) -> int:
     return max(1, min(n, _CHUNK_ELEMENTS // max(k, 1)))
 
 
-def _search_ratios(ratios: Sequence[float] | np.ndarray) -> np.ndarray:
+def ratio_grid(ratios: Sequence[float] | np.ndarray) -> np.ndarray:
     """The search grid as float32 with 1.0 first (prepended if absent), so ties keep the unclipped range."""
     grid = [float(r) for r in np.asarray(ratios, dtype=np.float64).reshape(-1)]
     if not grid or min(grid) <= 0:
@@ -248,7 +252,7 @@ def _mse_ratio_search(
         scales, zero_points = block_params(
             blocks, bits=bits, symmetric=symmetric, ratios=ratio, positive_scales=positive_scales
         )
-        diff = blocks - _dequantize_levels(quantize_levels(blocks, scales, zero_points, bits=bits), scales, zero_points)
+        diff = blocks - dequantize_levels(quantize_levels(blocks, scales, zero_points, bits=bits), scales, zero_points)
         err = np.einsum("bkn,bkn->bn", diff, diff)
         better = err < best_err
         best_err = np.where(better, err, best_err)
@@ -288,7 +292,7 @@ def quantize_rtn(
     """
     if clip_search and clip_ratios is not None:
         raise ValueError("Pass either clip_search=True or clip_ratios, not both")
-    weight = _as_float32_matrix(w)
+    weight = as_float32_matrix(w)
     k, n = weight.shape
     bs = effective_block_size(k, block_size)
     n_blocks = math.ceil(k / bs)
@@ -297,12 +301,12 @@ def quantize_rtn(
         ratios = np.broadcast_to(np.asarray(clip_ratios, dtype=np.float32), (n_blocks, n))
         if not (ratios > 0).all():
             raise ValueError("clip_ratios must be positive")
-    grid = _search_ratios(search_ratios) if clip_search else None
+    grid = ratio_grid(search_ratios) if clip_search else None
     qmin, _ = level_range(bits, symmetric)
     q = np.empty((k, n), dtype=np.int8 if qmin < 0 else np.uint8)
     scales = np.empty((n_blocks, n), dtype=np.float32)
     zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.uint8)
-    step = _chunk_columns(k, n, chunk_columns)
+    step = column_chunk(k, n, chunk_columns)
     for start in range(0, n, step):
         cols = slice(start, min(start + step, n))
         blocks = to_blocks(weight[:, cols], bs)

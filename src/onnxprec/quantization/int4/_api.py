@@ -369,21 +369,14 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
 
 @contextlib.contextmanager
 def _log_level(level: str) -> Iterator[None]:
-    """Sets the ``onnxprec`` logger's level for the call (with a stderr handler if logging is not configured)."""
+    """Sets the ``onnxprec`` logger's level for the call (ModelOpt's ``log_level``); handlers are the caller's."""
     root = logging.getLogger("onnxprec")
     old = root.level
-    handler: logging.Handler | None = None
-    if not logging.getLogger().handlers and not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[onnxprec] %(levelname)s: %(message)s"))
-        root.addHandler(handler)
     root.setLevel(getattr(logging, level))
     try:
         yield
     finally:
         root.setLevel(old)
-        if handler is not None:
-            root.removeHandler(handler)
 
 
 def quantize(
@@ -406,9 +399,9 @@ def quantize(
             scale search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with
             error propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt
             are ModelOpt aliases.
-        calibration_data_reader: Calibration inputs: an ONNX Runtime ``CalibrationDataReader``, a list or iterator
-            of feed dicts, an ``.npz`` file or a folder of ``.npz`` files; None: realistic random data (AWQ and GPTQ
-            need representative data).
+        calibration_data_reader: Calibration inputs: a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
+            ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
+            ``CalibrationDataReader``; None: realistic random data; AWQ and GPTQ need representative data.
         calibration_eps: ONNX Runtime providers for calibration: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
         use_external_data_format: Save the weights in ``<output>.data`` (``quantize_file``; automatic above 2 GB).
             ``quantize`` returns a ModelProto: save it with ``onnx.save(..., save_as_external_data=True)``.

@@ -9,7 +9,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import ToolOptions, genai_provider_option, option, providers_option
+from onnxprec._options import (
+    ToolOptions,
+    calibration_data_option,
+    genai_provider_option,
+    input_shapes_option,
+    option,
+    providers_option,
+)
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"]
@@ -39,15 +46,10 @@ class Int4Options(ToolOptions):
         "propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt are "
         "ModelOpt aliases.",
     )
-    calibration_data_reader: Any = option(  # noqa: RUF009 (option() returns a dataclasses.field)
-        None,
+    calibration_data_reader: Any = calibration_data_option(
+        "Calibration inputs",
         flags=("--calibration_data", "--calibration_data_path"),
-        metavar="PATH",
-        help="Calibration inputs: an .npz file (split along the batch axis), a folder of .npz files or a Polygraphy "
-        ".json (default: realistic random data; AWQ and GPTQ need representative data).",
-        doc="Calibration inputs: an ONNX Runtime ``CalibrationDataReader``, a list or iterator of feed dicts, an "
-        "``.npz`` file or a folder of ``.npz`` files; None: realistic random data (AWQ and GPTQ need representative "
-        "data).",
+        note="AWQ and GPTQ need representative data",
     )
     calibration_eps: Sequence[str] = providers_option("calibration", flags=("--calibration_eps",))
     genai_provider: str | None = genai_provider_option()
@@ -151,14 +153,7 @@ class Int4Options(ToolOptions):
         help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
         "several passes over the data.",
     )
-    input_shapes: str | Mapping[str, Sequence[int]] | None = option(
-        None,
-        flags=("--input_shapes",),
-        group=_EXTRAS,
-        metavar="SHAPES",
-        help="Sizes of dynamic inputs for random data: name:1x128,...",
-        doc='Sizes of dynamic inputs for random data: ``"name:1x128,..."`` or a dict of shapes.',
-    )
+    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=_EXTRAS)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -6,11 +6,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from onnxprec._genai import GenaiCarry
+from onnxprec._report import header
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 
 __all__ = ["Int4Report", "LayerReport"]
@@ -74,6 +75,8 @@ class LayerReport:
 class Int4Report:
     """The outcome of a run: settings, per-layer entries, exclusions, sizes and timings."""
 
+    TOOL: ClassVar[str] = "quantize int4"
+
     method: str
     block_size: int
     use_zero_point: bool
@@ -116,11 +119,8 @@ class Int4Report:
         ``seconds`` per step, ``excluded`` (node and pattern), ``skipped`` (node and reason), ``genai`` (the
         onnxruntime-genai files carried beside the output, None when none), ``ort_only_nodes`` (the nodes only ONNX
         Runtime can check, by op, proved by loading the output in it) and ``layers``."""
-        from onnxprec import __version__
-
         return {
-            "tool": "quantize int4",
-            "onnxprec_version": __version__,
+            **header(self),
             "input": None if self.input_path is None else str(self.input_path),
             "output": None if self.output_path is None else str(self.output_path),
             "method": self.method,

@@ -1,16 +1,276 @@
-"""The compare report as a terminal table and as a self-contained HTML page (inline CSS, JS and SVG)."""
+"""The compare report: its rows, outputs and verification, as JSON, a terminal table and a self-contained HTML page.
+
+:func:`onnxprec.debug.compare_models` fills a :class:`CompareReport`; this module only holds and renders it
+(inline CSS, JS and SVG; nothing fetched), so the comparison and its report import each other in one direction.
+"""
 
 from __future__ import annotations
 
 import html
 import json
 import math
-from typing import TYPE_CHECKING
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from onnxprec.debug.compare import CompareReport, CompareRow
+from onnxprec._report import header
 
-__all__ = ["fmt", "render", "text_table"]
+__all__ = [
+    "CRITERION",
+    "CompareReport",
+    "CompareRow",
+    "OutputError",
+    "Verification",
+    "exclude_pattern",
+    "fmt",
+    "render",
+    "text_table",
+]
+
+CRITERION = (
+    "diverged = non-finite values where the reference is finite, or (rel_l2 > rtol and max_abs > atol); "
+    "rel_l2 = ||cand - ref|| / ||ref||, over all batches"
+)
+
+
+def exclude_pattern(node_name: str) -> str:
+    """The ``--nodes_to_exclude`` regex (``re.match``) that selects exactly this node name."""
+    return f"^{re.escape(node_name)}$"
+
+
+def _json_fields(record: Any) -> dict[str, Any]:
+    """A dataclass's fields, float values that are not finite as None."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in record.__dict__.items()
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+
+
+@dataclass
+class CompareRow:
+    """One reference tensor (a node output), its candidate counterpart and their errors over all batches."""
+
+    index: int
+    """Position of the node in the reference's topological order."""
+    depth: int
+    """1 + the depth of the deepest node feeding it (graph inputs at 0)."""
+    node: str
+    op_type: str
+    tensor: str
+    candidate: str | None
+    """The matched candidate tensor (None: unmatched)."""
+    match: str
+    """How it was matched (``name``, ``original name``, ``producer``, ``through Cast``, ``via consumer ...``) or
+    why it was not."""
+    status: str = "not run"
+    """``compared``, ``unmatched``, ``shape mismatch`` or ``not run``."""
+    candidate_dtype: str | None = None
+    max_abs: float | None = None
+    rel_l2: float | None = None
+    cosine: float | None = None
+    ref_absmax: float | None = None
+    nonfinite: int = 0
+    """Non-finite candidate values (summed over batches)."""
+    ref_nonfinite: int = 0
+    diverged: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, non-finite numbers as None (JSON has no inf or nan)."""
+        return _json_fields(self)
+
+
+@dataclass
+class OutputError:
+    """Errors of one final output of the candidate against the reference's."""
+
+    name: str
+    candidate: str | None
+    max_abs: float | None = None
+    rel_l2: float | None = None
+    cosine: float | None = None
+    top1: float | None = None
+    """Fraction of rows (all axes but the last) whose argmax agrees."""
+    nonfinite: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields, non-finite numbers as None (JSON has no inf or nan)."""
+        return _json_fields(self)
+
+
+@dataclass
+class Verification:
+    """The result of ``verify``: AutoCast re-run with the exclude pattern, and the comparison of its result."""
+
+    pattern: str
+    node: str
+    low_precision_type: str
+    keep_io_types: bool
+    before: CompareRow
+    after: CompareRow | None
+    after_first_divergence: str | None
+    outputs_before: dict[str, OutputError]
+    outputs_after: dict[str, OutputError]
+
+    @property
+    def fixed(self) -> bool:
+        """The node no longer diverges."""
+        return self.after is not None and self.after.status == "compared" and not self.after.diverged
+
+    @property
+    def resolved(self) -> bool:
+        """No node diverges any more."""
+        return self.fixed and self.after_first_divergence is None
+
+    @property
+    def summary(self) -> str:
+        after = self.after
+        was = f"rel_l2 {fmt(self.before.rel_l2)}"
+        now = f"rel_l2 {fmt(after.rel_l2)}" if after is not None else "not compared"
+        verdict = "fixed" if self.fixed else "NOT fixed"
+        rest = ""
+        if self.resolved:
+            rest = "no node diverges any more"
+        elif self.after_first_divergence:
+            rest = f"first divergence now at '{self.after_first_divergence}'"
+        outputs = "; ".join(
+            f"output {name} rel_l2 {fmt(o.rel_l2)} -> {fmt(self.outputs_after[name].rel_l2)}"
+            for name, o in self.outputs_before.items()
+            if name in self.outputs_after
+        )
+        parts = [
+            f"verify: AutoCast {self.low_precision_type} keep_io_types={self.keep_io_types} with "
+            f"--nodes_to_exclude '{self.pattern}': node '{self.node}' {was} -> {now}: {verdict}"
+        ]
+        parts += [p for p in (rest, outputs) if p]
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "node": self.node,
+            "low_precision_type": self.low_precision_type,
+            "keep_io_types": self.keep_io_types,
+            "fixed": self.fixed,
+            "resolved": self.resolved,
+            "before": self.before.to_json(),
+            "after": None if self.after is None else self.after.to_json(),
+            "after_first_divergence": self.after_first_divergence,
+            "outputs_before": {k: v.to_json() for k, v in self.outputs_before.items()},
+            "outputs_after": {k: v.to_json() for k, v in self.outputs_after.items()},
+        }
+
+
+@dataclass
+class CompareReport:
+    """The per-node comparison of a candidate model against its reference.
+
+    ``rows`` are in the reference's topological order; ``first_divergence`` is the node name of the first row
+    that diverges (see the module docstring for the criterion), ``exclude_pattern`` the ``--nodes_to_exclude``
+    regex that keeps that node in high precision.
+    """
+
+    TOOL: ClassVar[str] = "compare"
+
+    rows: list[CompareRow]
+    outputs: dict[str, OutputError]
+    atol: float
+    rtol: float
+    batches: int = 0
+    chunks: int = 0
+    reference: str | None = None
+    candidate: str | None = None
+    verification: Verification | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def first_divergence_row(self) -> CompareRow | None:
+        return next((row for row in self.rows if row.diverged), None)
+
+    @property
+    def first_divergence(self) -> str | None:
+        """The name of the first node (topological order) whose output diverges beyond tolerance, or None."""
+        row = self.first_divergence_row
+        return row.node if row is not None else None
+
+    @property
+    def exclude_pattern(self) -> str | None:
+        """``--nodes_to_exclude`` regex keeping the first divergent node in high precision (None: no divergence)."""
+        node = self.first_divergence
+        return exclude_pattern(node) if node is not None else None
+
+    def row(self, node: str) -> CompareRow | None:
+        """The first row of the node named ``node``."""
+        return next((r for r in self.rows if r.node == node), None)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        statuses = [r.status for r in self.rows]
+        return {
+            "tensors": len(self.rows),
+            "compared": statuses.count("compared"),
+            "unmatched": statuses.count("unmatched"),
+            "shape_mismatch": statuses.count("shape mismatch"),
+            "diverged": sum(1 for r in self.rows if r.diverged),
+        }
+
+    @property
+    def summary(self) -> str:
+        c = self.counts
+        first = self.first_divergence_row
+        where = (
+            f"first divergence at node '{first.node}' ({first.op_type}, tensor '{first.tensor}', rel_l2 "
+            f"{fmt(first.rel_l2)}, max_abs {fmt(first.max_abs)})"
+            if first is not None
+            else f"no node diverges (rtol {self.rtol:g}, atol {self.atol:g})"
+        )
+        return (
+            f"Compared {c['compared']}/{c['tensors']} tensors over {self.batches} batch(es) "
+            f"({c['unmatched']} unmatched, {c['diverged']} diverged); {where}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready data: settings, counts, the first divergence and its pattern, outputs, rows, verification."""
+        first = self.first_divergence_row
+        return {
+            **header(self),
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "criterion": CRITERION,
+            "batches": self.batches,
+            "chunks": self.chunks,
+            "counts": self.counts,
+            "first_divergence": None
+            if first is None
+            else {
+                "node": first.node,
+                "op_type": first.op_type,
+                "tensor": first.tensor,
+                "index": first.index,
+                "exclude_pattern": self.exclude_pattern,
+            },
+            "outputs": {name: o.to_json() for name, o in self.outputs.items()},
+            "rows": [r.to_json() for r in self.rows],
+            "verification": None if self.verification is None else self.verification.to_json(),
+            "notes": list(self.notes),
+        }
+
+    def to_html(self) -> str:
+        """A self-contained HTML page (inline CSS, JS and SVG; nothing fetched): summary, plot, per-node table."""
+        return render(self)
+
+    def table(self, max_rows: int = 40) -> str:
+        """The terminal table: every row when there are few, else the first divergence's neighbourhood."""
+        return text_table(self, max_rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Number format
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -78,7 +338,7 @@ def text_table(report: CompareReport, max_rows: int = 40) -> str:
         )
     shown = sum(1 for r in _selection(report, max_rows) if r is not None)
     if shown < len(report.rows):
-        lines.append(f"({shown} of {len(report.rows)} rows shown: write them all with --json or --html)")
+        lines.append(f"({shown} of {len(report.rows)} rows shown: write them all with --report_json or --html)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,74 @@
+"""One report layer: what every tool's report is, and how the command line checks and writes it.
+
+Every tool's report (AutoCast, INT4, preprocess, evaluate, dump, compare) implements :class:`Report`: the tool's
+name, a one-line ``summary`` and ``to_json()``, whose first keys come from :func:`header` (``tool``,
+``onnxprec_version``, ``summary``). The command line checks every path it will write before the work
+(:func:`check_paths`, through the one output-path check :func:`onnxprec._io.check_output_path`) and writes the JSON
+with :func:`write_json` (``--report_json``, one flag per tool).
+
+Nothing heavy is imported at module level: the tools' ``_cli`` modules import this one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+__all__ = ["Report", "check_paths", "header", "write_json"]
+
+logger = logging.getLogger("onnxprec")
+
+
+@runtime_checkable
+class Report(Protocol):
+    """A tool's report: ``TOOL`` (its command, e.g. ``"quantize int4"``), a summary line and its JSON."""
+
+    TOOL: ClassVar[str]
+
+    @property
+    def summary(self) -> str:
+        """One line: what the run did (what the command line prints)."""
+        ...
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready data, starting with :func:`header` (what ``--report_json`` writes)."""
+        ...
+
+
+def header(report: Report) -> dict[str, Any]:
+    """The keys every report's JSON starts with: ``tool``, ``onnxprec_version`` and ``summary``."""
+    from onnxprec import __version__
+
+    return {"tool": report.TOOL, "onnxprec_version": __version__, "summary": report.summary}
+
+
+def check_paths(paths: Mapping[str, str | os.PathLike | None], protected: Iterable[str | os.PathLike]) -> None:
+    """Fails before the work when a report cannot be written or would overwrite an input.
+
+    Args:
+        paths: ``{flag: path}`` of the files the command will write (None: not asked for).
+        protected: The inputs (models, data, labels) and outputs that a report must not overwrite.
+
+    Raises:
+        InvalidArgumentError: A path would overwrite a protected file, or its folder is missing or not writable.
+    """
+    from onnxprec._io import check_output_path
+
+    kept = list(protected)
+    for flag, path in paths.items():
+        if path is not None:
+            check_output_path(path, kept, flag=flag, data_file=False)
+
+
+def write_json(path: str | os.PathLike | None, data: Mapping[str, Any]) -> None:
+    """Writes a report as JSON (atomically, strict JSON: no NaN) when a path was given."""
+    if path is None:
+        return
+    import json
+
+    from onnxprec._io import write_atomically
+
+    write_atomically(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
+    logger.info("Report written to %s", path)
