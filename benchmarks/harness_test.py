@@ -22,6 +22,7 @@ def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return zoo_dir
 
 
+@pytest.mark.slow  # runs the harness: a process per measured command
 def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
     results = tmp_path / "results"
     config = harness.RunConfig(
@@ -68,6 +69,7 @@ def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
     assert "python -m benchmarks" in text or "pytest" in text
 
 
+@pytest.mark.slow  # runs the harness: a process per measured command
 def test_failed_and_timed_out_runs_are_recorded(tmp_path: Path) -> None:
     bad = run_measured([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "a.txt", timeout_s=30)
     assert bad.status == "failed" and bad.returncode == 3

@@ -34,6 +34,7 @@ def tiny_stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return zoo_dir
 
 
+@pytest.mark.slow  # runs the harness: a process per measured command
 def test_end_to_end_on_a_tiny_stack(tiny_stack: Path, tmp_path: Path) -> None:
     config = Int4Config(
         plan={"matmul_0.002gb": ["onnxprec:rtn:random", "onnxprec:awq_lite:random"]},

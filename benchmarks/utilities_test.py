@@ -21,6 +21,7 @@ def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return zoo_dir
 
 
+@pytest.mark.slow  # runs the harness: a process per measured command
 def test_end_to_end_on_a_tiny_external_data_stack(tiny_zoo: Path, tmp_path: Path) -> None:
     config = UtilitiesConfig(
         models=[TINY],

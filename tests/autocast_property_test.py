@@ -126,6 +126,7 @@ def _run_low(model: onnx.ModelProto, feeds: dict[str, np.ndarray], low: str) -> 
 SETTINGS = hypothesis.settings(max_examples=40, deadline=None, derandomize=True, print_blob=True)
 
 
+@pytest.mark.slow
 @SETTINGS
 @hypothesis.given(case=graphs(), low=st.sampled_from(("fp16", "bf16")), keep_io=st.booleans())
 def test_calibrated_conversion_is_valid_and_close_or_refused(
@@ -149,6 +150,7 @@ def test_calibrated_conversion_is_valid_and_close_or_refused(
     _within(_run_low(converted, feeds, low), run(model, feeds), 30 * EPS[low])
 
 
+@pytest.mark.slow
 @SETTINGS
 @hypothesis.given(case=graphs())
 def test_conversion_on_random_data_is_valid_and_runs(case: tuple[onnx.ModelProto, dict[str, np.ndarray]]) -> None:

@@ -29,6 +29,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxprec._testing import F16, F, make_genai_folder, make_model, tensor_info, tiny_decoder
 
+# Every case is a process of its own (the corpus checks the real exit, stderr and files): the slow suite.
+pytestmark = pytest.mark.slow
+
 I64 = TensorProto.INT64
 
 

@@ -15,12 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxprec
 from onnxprec import cli
-from onnxprec._testing import F, make_model, run, tensor_info
+from onnxprec._testing import F, make_model, run, run_cli, tensor_info
 from onnxprec.errors import InvalidArgumentError
 
 
 def _cli(*args: str, module: str = "onnxprec.autocast") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120)
+    return run_cli(*args, module=module)  # in this process: same code path, no interpreter start per call
 
 
 @pytest.fixture
@@ -247,6 +247,7 @@ def test_bad_report_path_fails_before_the_work(tmp_path: Path, model_path: Path,
 # --- subcommands, help, start-up --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_help_shows_an_example_and_imports_nothing_heavy() -> None:
     script = (
         "import sys\n"
@@ -267,6 +268,7 @@ def test_help_shows_an_example_and_imports_nothing_heavy() -> None:
         assert example in result.stdout, (call, result.stdout)
 
 
+@pytest.mark.slow
 def test_python_m_onnxprec_is_the_onnxprec_command() -> None:
     """``python -m onnxprec`` runs onnxprec.cli.main: the same subcommands, help and version."""
     import onnxprec
@@ -280,6 +282,26 @@ def test_python_m_onnxprec_is_the_onnxprec_command() -> None:
     assert tools.returncode == 0 and all(t in tools.stdout for t in ("autocast", "quantize", "compare")), tools
     bad = run("quantize", "int4", "--onnx_path", "nope.onnx")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "nope.onnx" in bad.stderr, bad
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["onnxprec.autocast"],
+        ["onnxprec.quantization.int4"],
+        ["onnxprec.preprocess"],
+        ["onnxprec.evaluate"],
+        ["onnxprec.debug", "dump"],
+        ["onnxprec.debug", "compare"],
+    ],
+)
+def test_python_m_of_every_tool(argv: list[str]) -> None:
+    """Each tool's ``__main__`` in a process of its own: help with an example, and a one-line error."""
+    helptext = subprocess.run([sys.executable, "-m", *argv, "--help"], capture_output=True, text=True, timeout=60)
+    assert helptext.returncode == 0 and "examples:" in helptext.stdout, helptext.stderr
+    bad = subprocess.run([sys.executable, "-m", *argv, "--no_such_flag"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
 def test_use_standalone_type_inference_is_accepted(model_path: Path, tmp_path: Path) -> None:
@@ -313,7 +335,7 @@ def test_a_tool_registers_with_one_line(
         "    return 0\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "_TOOLS", (*cli._TOOLS, ("fake int4", "fake_int4_cli", "INT4 weights.")))
+    monkeypatch.setattr(cli, "TOOLS", (*cli.TOOLS, ("fake int4", "fake_int4_cli", "INT4 weights.")))
     assert cli.main(["fake", "int4", "--block_size", "64"]) == 0
     assert "block 64" in capsys.readouterr().out
     assert cli.main(["fake", "int4", "--block_size", "3"]) == 2

@@ -7,7 +7,6 @@ import json
 import math
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnxprec._testing import F, make_model, tensor_info
+from onnxprec._testing import F, make_model, run_cli, tensor_info
 from onnxprec.autocast import convert_to_mixed_precision
 from onnxprec.debug import compare_models
 from onnxprec.errors import InvalidArgumentError, ModelLoadError
@@ -277,7 +276,7 @@ def test_models_with_different_inputs_are_refused() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "onnxprec.cli", *args], capture_output=True, text=True, timeout=300)
+    return run_cli(*args)  # in this process: same code path, no interpreter start per call
 
 
 def test_cli_table_json_html_and_verify(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -14,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxprec._ort import create_session
-from onnxprec._testing import F, make_model, tensor_info
+from onnxprec._testing import F, make_model, run_cli, tensor_info
 from onnxprec.debug import dump_model
 from onnxprec.debug.dump import dequantize
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError
@@ -244,7 +243,7 @@ def test_errors_leave_nothing_behind(qdq_path: Path, x: dict[str, np.ndarray], t
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "onnxprec.cli", *args], capture_output=True, text=True, timeout=120)
+    return run_cli(*args)  # in this process: same code path, no interpreter start per call
 
 
 def test_cli_dump_and_one_line_errors(qdq_path: Path, x: dict[str, np.ndarray], tmp_path: Path) -> None:
@@ -266,7 +265,5 @@ def test_cli_dump_and_one_line_errors(qdq_path: Path, x: dict[str, np.ndarray], 
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], bad.stderr
     assert not (tmp_path / "e1").exists()
-    module = subprocess.run(
-        [sys.executable, "-m", "onnxprec.debug", "dump", "--help"], capture_output=True, text=True, timeout=60
-    )
-    assert module.returncode == 0 and "examples:" in module.stdout
+    helptext = _cli("dump", "--help")
+    assert helptext.returncode == 0 and "examples:" in helptext.stdout

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +13,7 @@ from onnx import TensorProto, helper
 
 from onnxprec import _ort, metrics
 from onnxprec._options import signature_mismatches
-from onnxprec._testing import F16, F, make_model, shared_path, tensor_info
+from onnxprec._testing import F16, F, make_model, run_cli, shared_path, tensor_info
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError
 from onnxprec.evaluate import EvaluateOptions, evaluate_models
 
@@ -253,7 +250,7 @@ def test_signature_matches_options() -> None:
 def _registered(words: str) -> bool:
     from onnxprec import cli
 
-    return any(name == words for name, _, _ in cli._TOOLS)
+    return any(name == words for name, _, _ in cli.TOOLS)
 
 
 def test_command_line_table_and_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -298,32 +295,17 @@ def test_command_line_table_and_json_schema(tmp_path: Path, capsys: pytest.Captu
     assert parser.parse_args([str(ref), "--json", str(out)]).report_json == str(out)
 
 
-@pytest.mark.skipif(not _registered("evaluate"), reason="'evaluate' is not yet registered in onnxprec.cli._TOOLS")
+@pytest.mark.skipif(not _registered("evaluate"), reason="'evaluate' is not yet registered in onnxprec.cli.TOOLS")
 def test_subcommand(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     model = _lm(tmp_path / "lm.onnx")
     np.save(tmp_path / "ids.npy", RNG.integers(0, VOCAB, (4, 6)))
-    for command in (["-m", "onnxprec.evaluate"], ["-m", "onnxprec.cli", "evaluate"]):
-        result = subprocess.run(
-            [sys.executable, *command, str(model), "--data", str(tmp_path / "ids.npy"), "--latency_runs", "1"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+    for module, words in (("onnxprec.evaluate", []), ("onnxprec", ["evaluate"])):
+        result = run_cli(*words, str(model), "--data", str(tmp_path / "ids.npy"), "--latency_runs", "1", module=module)
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0].split()[:2] == ["model", "perplexity"]
-    bad = subprocess.run(
-        [sys.executable, "-m", "onnxprec.cli", "evaluate", str(model), "--data", str(tmp_path / "nope.npz")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    bad = run_cli("evaluate", str(model), "--data", str(tmp_path / "nope.npz"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
-    helptext = subprocess.run(
-        [sys.executable, "-m", "onnxprec.cli", "evaluate", "--help"], capture_output=True, text=True, timeout=120
-    ).stdout
+    helptext = run_cli("evaluate", "--help").stdout
     assert "--custom_op_lib" in helptext and "examples:" in helptext
 
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
+from onnxprec._testing import run_cli
 from onnxprec.quantization._testing import mlp
 
 MODULE = "onnxprec.quantization.int4"
 
 
 def _cli(*args: str, module: str = MODULE) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
+    return run_cli(*args, module=module)  # in this process: same code path, no interpreter start per call
 
 
 @pytest.fixture

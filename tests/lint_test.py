@@ -24,6 +24,7 @@ def test_ruff() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_mypy() -> None:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
     result = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)

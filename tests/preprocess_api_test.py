@@ -11,9 +11,6 @@ import hashlib
 import inspect
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +21,7 @@ from onnx import helper
 
 import onnxprec._io
 from onnxprec._options import signature_mismatches
-from onnxprec._testing import F, make_model, run, shared_path, tensor_info
+from onnxprec._testing import F, make_model, run, run_cli, shared_path, tensor_info
 from onnxprec.errors import InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.preprocess import PreprocessOptions, quant_pre_process
 from onnxprec.preprocess import _api as api
@@ -347,7 +344,7 @@ def test_onnxruntime_keyword_names(tmp_path: Path) -> None:
 def _registered(words: str) -> bool:
     from onnxprec import cli
 
-    return any(name == words for name, _, _ in cli._TOOLS)
+    return any(name == words for name, _, _ in cli.TOOLS)
 
 
 def test_command_line_flags_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -376,32 +373,17 @@ def test_command_line_flags_and_report(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--save_as_external_data" in parser.format_help() and "--opset" in parser.format_help()
 
 
-@pytest.mark.skipif(not _registered("preprocess"), reason="'preprocess' is not yet registered in onnxprec.cli._TOOLS")
+@pytest.mark.skipif(not _registered("preprocess"), reason="'preprocess' is not yet registered in onnxprec.cli.TOOLS")
 def test_subcommand(tmp_path: Path) -> None:
     source = _save(_conv_bn_relu(), tmp_path / "cbr.onnx")
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    for command in (["-m", "onnxprec.preprocess"], ["-m", "onnxprec.cli", "preprocess"]):
-        out = tmp_path / f"out{len(command)}.onnx"
-        result = subprocess.run(
-            [sys.executable, *command, "--input", str(source), "--output", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+    for module, words in (("onnxprec.preprocess", []), ("onnxprec", ["preprocess"])):
+        out = tmp_path / f"out{len(words)}.onnx"
+        result = run_cli(*words, "--input", str(source), "--output", str(out), module=module)
         assert result.returncode == 0, result.stderr
         assert out.is_file() and "Pre-processed: 4 -> 3 nodes" in result.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "onnxprec.cli", "preprocess", "--input", str(tmp_path / "nope.onnx")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    bad = run_cli("preprocess", "--input", str(tmp_path / "nope.onnx"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
-    helptext = subprocess.run(
-        [sys.executable, "-m", "onnxprec.cli", "preprocess", "--help"], capture_output=True, text=True, timeout=120
-    ).stdout
+    helptext = run_cli("preprocess", "--help").stdout
     assert "--skip_symbolic_shape" in helptext and "examples:" in helptext
 
 

@@ -39,6 +39,7 @@ def _strict(model: onnx.ModelProto) -> None:
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
 
 
+@pytest.mark.slow
 @needs_shared
 def test_efficientnet_fp16_matches_fp32_on_real_photos(tmp_path: Path) -> None:
     path, feeds = _effnet()
@@ -55,6 +56,7 @@ def test_efficientnet_fp16_matches_fp32_on_real_photos(tmp_path: Path) -> None:
     assert report.numeric is not None and report.numeric.max_rel_l2 < 0.01
 
 
+@pytest.mark.slow
 @needs_shared
 def test_minilm_fp16_matches_fp32_on_real_sentences(tmp_path: Path) -> None:
     path, feeds = _minilm()
@@ -74,6 +76,7 @@ def test_minilm_fp16_matches_fp32_on_real_sentences(tmp_path: Path) -> None:
     assert [r.rewritten_to for r in report.mask_regions] == [-16384.0]
 
 
+@pytest.mark.slow
 @needs_shared
 @pytest.mark.parametrize("loader", [_effnet, _minilm])
 def test_bf16_models_are_valid(loader) -> None:  # type: ignore[no-untyped-def]

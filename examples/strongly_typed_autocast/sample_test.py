@@ -47,6 +47,7 @@ def _stage_section(stdout: str, step: str) -> str:
     return match.group(0)
 
 
+@pytest.mark.slow
 def test_sample_fp16_end_to_end_on_cpu(tmp_path: pathlib.Path) -> None:
     work = tmp_path / "work"
     result = _run_sample("--working_dir", str(work), "--precision", "fp16")
@@ -73,6 +74,7 @@ def test_sample_fp16_end_to_end_on_cpu(tmp_path: pathlib.Path) -> None:
     assert converted.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16  # keep_io_types=False
 
 
+@pytest.mark.slow
 def test_sample_bf16_on_cpu(tmp_path: pathlib.Path) -> None:
     """BF16 converts; where the CPU provider lacks bf16 kernels, the numeric check is skipped plainly."""
     result = _run_sample("--working_dir", str(tmp_path), "--precision", "bf16")
@@ -88,6 +90,7 @@ def test_sample_bf16_on_cpu(tmp_path: pathlib.Path) -> None:
     assert converted.graph.input[0].type.tensor_type.elem_type == TensorProto.BFLOAT16
 
 
+@pytest.mark.slow
 def test_missing_data_dir_is_a_one_line_error(tmp_path: pathlib.Path) -> None:
     result = _run_sample("--data_dir", str(tmp_path / "nope"), "--working_dir", str(tmp_path / "work"))
     assert result.returncode == 2
@@ -97,6 +100,7 @@ def test_missing_data_dir_is_a_one_line_error(tmp_path: pathlib.Path) -> None:
     assert not (tmp_path / "work").exists()
 
 
+@pytest.mark.slow
 def test_help_lists_every_option() -> None:
     result = _run_sample("--help")
     assert result.returncode == 0

@@ -50,6 +50,7 @@ def _python(script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _lazy_sympy._onnx_ir_supported(), reason="the stand-in is only for onnx-ir 1.1.x")
 @pytest.mark.parametrize("script", [DEFERRED_AND_THEN_REAL, FIND_SPEC_THEN_IMPORT], ids=["deferred", "find_spec"])
 def test_sympy_is_deferred_and_then_real(script: str) -> None:
@@ -73,6 +74,7 @@ def test_other_onnx_ir_versions_get_no_stand_in(monkeypatch: pytest.MonkeyPatch)
     assert not _lazy_sympy._onnx_ir_supported()
 
 
+@pytest.mark.slow
 def test_unsupported_version_changes_nothing_in_a_fresh_process() -> None:
     script = (
         "import sys, importlib.metadata\n"
@@ -86,6 +88,7 @@ def test_unsupported_version_changes_nothing_in_a_fresh_process() -> None:
     assert result.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_library_import_does_not_install_the_stand_in() -> None:
     script = (
         "import sys, onnxprec.autocast as a; a.convert_to_mixed_precision; print(type(sys.modules['sympy']).__name__)"

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxprec._ort import create_session
 
-__all__ = ["SHARED", "make_genai_folder", "make_model", "run", "shared_path", "tensor_info"]
+__all__ = ["SHARED", "make_genai_folder", "make_model", "run", "run_cli", "shared_path", "tensor_info"]
 
 F = TensorProto.FLOAT
 F16 = TensorProto.FLOAT16
@@ -27,6 +32,42 @@ def shared_path(*parts: str) -> Path | None:
     """A path under ../shared, or None when it does not exist."""
     path = SHARED.joinpath(*parts)
     return path if path.exists() else None
+
+
+def run_cli(*args: str, module: str = "onnxprec") -> subprocess.CompletedProcess[str]:
+    """Runs a command line in this process, as ``python -m <module> <args>`` would: exit code, stdout, stderr.
+
+    The command line's code path is the same as in a new process (``onnxprec.cli`` parses, configures logging and
+    turns user errors into one line and exit code 2), without an interpreter start and imports per call. Logging
+    is restored afterwards. Tests that check the process itself (a console script, imports at start-up) spawn one.
+
+    Args:
+        *args: The arguments after the module.
+        module: ``onnxprec`` (or ``onnxprec.cli``) for the ``onnxprec`` command, else a tool's package, e.g.
+            ``onnxprec.autocast`` or ``onnxprec.quantization.int4``.
+    """
+    from onnxprec import cli
+
+    def entry(argv: Sequence[str]) -> int:
+        if module in ("onnxprec", "onnxprec.cli"):
+            return cli.main(argv)
+        words = next(w for w, m, _ in cli.TOOLS if m.rsplit("._", 1)[0] == module)
+        return cli.tool_main(words, argv, prog=f"python -m {module}")
+
+    root, package = logging.getLogger(), logging.getLogger("onnxprec")
+    saved = (root.handlers[:], root.level, package.level)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = entry(list(args))
+            except SystemExit as e:  # argparse: --help, --version, a bad flag
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        package.setLevel(saved[2])
+    return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code, out.getvalue(), err.getvalue())
 
 
 def tensor_info(name: str, elem_type: int = F, shape: Sequence[int | str | None] | None = None) -> onnx.ValueInfoProto:

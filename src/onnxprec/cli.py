@@ -1,4 +1,4 @@
-"""The ``onnxprec`` command line: one subcommand per tool, registered in :data:`_TOOLS`.
+"""The ``onnxprec`` command line: one subcommand per tool, registered in :data:`TOOLS`.
 
 Each tool is a package with its API in ``_api`` and its command line in ``_cli``. A ``_cli`` module is
 imported only when its subcommand runs (``onnxprec --help`` imports none), so it should import nothing heavy
@@ -11,7 +11,7 @@ at module level. It provides:
 - ``run(args) -> int``: runs the tool on parsed arguments (``from_args(MyOptions, args)``) and returns the
   exit code. It may raise :class:`~onnxprec.errors.OnnxprecError`: the user sees one line, exit code 2.
 
-Adding a tool is then two lines: its entry in ``_TOOLS`` below, and, for ``python -m onnxprec.<tool>``,
+Adding a tool is then two lines: its entry in ``TOOLS`` below, and, for ``python -m onnxprec.<tool>``,
 a ``__main__.py`` with ``sys.exit(tool_main("<words>"))``. A name of several words is a nested subcommand::
 
     ("quantize int4", "onnxprec.quantization.int4._cli", "FP32 -> INT4 weight-only quantization."),
@@ -43,7 +43,7 @@ __all__ = ["autocast_main", "main", "tool_main"]
 logger = logging.getLogger("onnxprec")
 
 # (subcommand words, module with the tool's command line, one-line help for ``onnxprec --help``)
-_TOOLS: tuple[tuple[str, str, str], ...] = (
+TOOLS: tuple[tuple[str, str, str], ...] = (
     ("autocast", "onnxprec.autocast._cli", "FP32 -> mixed FP32/FP16 or FP32/BF16 (ModelOpt AutoCast flags)."),
     ("preprocess", "onnxprec.preprocess._cli", "Shape inference and graph optimization before quantization."),
     ("evaluate", "onnxprec.evaluate._cli", "Models side by side: perplexity, accuracy, agreement, latency."),
@@ -83,10 +83,10 @@ def _guarded(tool: ModuleType, args: argparse.Namespace) -> int:
 
 
 def _tool(words: str) -> tuple[str, str]:
-    for name, module, help_text in _TOOLS:
+    for name, module, help_text in TOOLS:
         if name == words:
             return module, help_text
-    raise KeyError(f"no tool '{words}' in onnxprec.cli._TOOLS: add it there.")
+    raise KeyError(f"no tool '{words}' in onnxprec.cli.TOOLS: add it there.")
 
 
 def _setup(parser: argparse.ArgumentParser, module_name: str, prog: str) -> ModuleType:
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnxprec`` console script.
 
     Only the ``_cli`` module of the subcommand named in ``argv`` is imported; the others are listed in
-    ``--help`` from their one-line help in :data:`_TOOLS`.
+    ``--help`` from their one-line help in :data:`TOOLS`.
     """
     from onnxprec import __version__
 
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"onnxprec {__version__}")
     commands = list(itertools.takewhile(lambda arg: not arg.startswith("-"), args_list))
     subparsers: dict[str, Any] = {"": parser.add_subparsers(dest="command", metavar="TOOL", required=True)}
-    for words, module, help_text in _TOOLS:
+    for words, module, help_text in TOOLS:
         *parents, leaf = words.split()
         for depth, word in enumerate(parents):
             prefix = " ".join(parents[: depth + 1])

@@ -6,12 +6,12 @@ import sys
 
 from onnxprec.cli import tool_main
 
-_TOOLS = ("dump", "compare")
+TOOLS = ("dump", "compare")
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in _TOOLS:
-        print(f"usage: python -m onnxprec.debug {{{','.join(_TOOLS)}}} [-h] ...", file=sys.stderr)
+    if not argv or argv[0] not in TOOLS:
+        print(f"usage: python -m onnxprec.debug {{{','.join(TOOLS)}}} [-h] ...", file=sys.stderr)
         return 2
     return tool_main(argv[0], argv[1:], prog=f"python -m onnxprec.debug {argv[0]}")
 
