@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from onnxprec._graph import all_graphs
 from onnxprec._ops import is_known_onnx_domain_op
-from onnxprec._protobuf import load_mapped, write_streaming
+from onnxprec._protobuf import load_mapped, proto_graphs, write_streaming
 from onnxprec._tensors import release
 from onnxprec.errors import InvalidArgumentError, ModelLoadError
 
@@ -207,16 +207,9 @@ def _external_entries(tensor: onnx.TensorProto) -> dict[str, str]:
 
 
 def _iter_graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_graph_tensors(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _iter_graph_tensors(g)
+    for g in proto_graphs(graph):
+        yield from g.initializer
+        yield from (attr.t for node in g.node for attr in node.attribute if attr.type == onnx.AttributeProto.TENSOR)
 
 
 def _check_external_data(proto: onnx.ModelProto, path: Path) -> set[Path]:
@@ -338,36 +331,45 @@ def save_model(
     external_data: bool | None = None,
     protected: set[Path] | None = None,
     check: Callable[[Path], None] | None = None,
+    data_location: str | None = None,
+    size_threshold: int = 1024,
 ) -> Path:
     """Saves atomically: the model is written to a temporary file beside ``path`` and renamed.
+
+    The one save of every tool (AutoCast, INT4, preprocess).
 
     Args:
         model: The model to save. Lazy tensors are evaluated here, one at a time.
         path: Destination ``.onnx`` path.
-        external_data: ``True`` writes weights above 1 KiB to ``<name>.data`` beside the model;
-            ``False`` embeds them; ``None`` (default) embeds them unless the model exceeds 2 GB.
+        external_data: ``True`` writes weights above ``size_threshold`` bytes to ``data_location`` beside the
+            model; ``False`` embeds them; ``None`` (default) embeds them unless the model exceeds 2 GB.
         protected: Files that must not be overwritten (the input model and its data files).
         check: Called with the complete temporary file (its external data beside it, under its final name) before
             the rename: if it raises, nothing is left behind and ``path`` is untouched (e.g. a check that loads the
             output in ONNX Runtime).
+        data_location: The external data file's name, relative to the model's folder (default:
+            ``<name>.data``).
+        size_threshold: With external data, tensors of more bytes than this go to the data file.
 
     Returns:
         The path written.
     """
     out = Path(path)
     check_output_path(out, protected or set())
+    data_name = data_location or out.name + ".data"
     if external_data is None:
         external_data = exceeds_protobuf_limit(model)
         if external_data:
-            logger.info("Model weights exceed 2 GB: saving them as external data in '%s.data'", out.name)
-    data_name = out.name + ".data"
-    data_path = out.with_name(data_name)
+            logger.info("Model weights exceed 2 GB: saving them as external data in '%s'", data_name)
+    data_path = out.parent / data_name
     data_existed = data_path.exists()
     try:
         with atomic_path(out) as tmp_name:
             if external_data:
                 with _progress(model) as callback:
-                    ir.save(model, tmp_name, external_data=data_name, size_threshold_bytes=1024, callback=callback)
+                    ir.save(
+                        model, tmp_name, external_data=data_name, size_threshold_bytes=size_threshold, callback=callback
+                    )
                 _fsync(data_path)
             else:
                 _inline_subgraph_external_tensors(model)

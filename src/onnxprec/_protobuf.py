@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from onnxprec._tensors import release
 
-__all__ = ["load_mapped", "structure_proto", "write_streaming"]
+__all__ = ["load_mapped", "proto_graphs", "structure_proto", "write_streaming"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,26 @@ _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER = 5
 _TENSOR_RAW_DATA = 9
 _MAP_THRESHOLD = 1024  # raw_data fields at least this large are mapped, not copied
+
+
+def proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """A GraphProto and every subgraph in it (If/Loop/Scan bodies, nested), parents first: the one protobuf walk.
+
+    onnx-ir's ``Graph.subgraphs()`` does this for an ``ir.Graph``; this is for code that must edit or check the
+    protobuf itself (the load checks, the checker's view of a model).
+    """
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        yield current
+        children = []
+        for node in current.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    children.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    children.extend(attr.graphs)
+        stack.extend(reversed(children))
 
 
 def _varint(buf: memoryview | bytes, pos: int) -> tuple[int, int]:

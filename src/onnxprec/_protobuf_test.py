@@ -101,3 +101,25 @@ def test_streaming_save_keeps_initializer_metadata(tmp_path: Path) -> None:
     save_model(model, tmp_path / "m.onnx", external_data=False)
     loaded = load_model(tmp_path / "m.onnx")
     assert loaded.graph.initializers["w16"].metadata_props[ORIGINAL_NAME] == "W"
+
+
+def test_proto_graphs_walks_nested_subgraphs_parents_first() -> None:
+    import onnx.parser
+
+    from onnxprec._protobuf import proto_graphs
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        outer (bool c, float[2] x) => (float[2] y) {
+            y = If <
+                then_branch = then_g () => (float[2] t) {
+                    t = If <
+                        then_branch = inner_then () => (float[2] a) { a = Neg (x) },
+                        else_branch = inner_else () => (float[2] b) { b = Abs (x) }
+                    > (c)
+                },
+                else_branch = else_g () => (float[2] e) { e = Relu (x) }
+            > (c)
+        }
+    """)
+    assert [g.name for g in proto_graphs(model.graph)] == ["outer", "then_g", "inner_then", "inner_else", "else_g"]

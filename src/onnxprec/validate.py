@@ -23,7 +23,7 @@ from onnxprec._ops import (
     normalized_domain,
     opsets_by_domain,
 )
-from onnxprec._protobuf import structure_proto
+from onnxprec._protobuf import proto_graphs, structure_proto
 from onnxprec.errors import ValidationError
 from onnxprec.reference import ReferenceResult
 
@@ -165,13 +165,11 @@ def describe_ops(ops: Mapping[str, int]) -> str:
 
 def _set_aside(graph: onnx.GraphProto, opset: int) -> int:
     moved = 0
-    for node in graph.node:
-        if is_ort_onnx_domain_op(node.op_type, node.domain, opset):
-            node.domain = _SET_ASIDE_DOMAIN
-            moved += 1
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                moved += _set_aside(sub, opset)
+    for g in proto_graphs(graph):
+        for node in g.node:
+            if is_ort_onnx_domain_op(node.op_type, node.domain, opset):
+                node.domain = _SET_ASIDE_DOMAIN
+                moved += 1
     return moved
 
 

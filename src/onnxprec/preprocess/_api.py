@@ -48,7 +48,7 @@ from onnxprec._io import (
 )
 from onnxprec._ops import default_opset, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
-from onnxprec._protobuf import structure_proto
+from onnxprec._protobuf import proto_graphs, structure_proto
 from onnxprec._report import header
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
@@ -209,16 +209,10 @@ def _warn(step: StepReport, message: str) -> None:
 
 def _value_infos(graph: onnx.GraphProto) -> Iterator[onnx.ValueInfoProto]:
     """Every value_info, input and output of a graph and its subgraphs."""
-    yield from graph.input
-    yield from graph.value_info
-    yield from graph.output
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _value_infos(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _value_infos(sub)
+    for g in proto_graphs(graph):
+        yield from g.input
+        yield from g.value_info
+        yield from g.output
 
 
 def _merge_shapes(model: ir.Model, proto: onnx.ModelProto) -> None:
@@ -497,8 +491,9 @@ def _save(model: ir.Model, output: Path, options: PreprocessOptions, protected: 
     if one_file:
         location = options.external_data_location or output.name + ".data"
         check_output_path(output.parent / location, protected, flag="--external_data_location", data_file=False)
-        with atomic_path(output) as tmp:
-            ir.save(model, tmp, external_data=location, size_threshold_bytes=threshold)
+        save_model(
+            model, output, external_data=True, protected=protected, data_location=location, size_threshold=threshold
+        )
         return True
     written: list[Path] = []
     try:
