@@ -10,98 +10,31 @@ embedded too (``<script type="application/json" id="report-data">``).
 
 from __future__ import annotations
 
-import html
 import json
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from onnxprec._html import (
+    BAD_COLOR,
+    HIGH_COLOR,
+    LOW_COLOR,
+    MUTED_COLOR,
+    LogAxes,
+    filters,
+    fmt,
+    kpis,
+    page,
+    svg,
+    table,
+)
+from onnxprec._html import e as _e
+
 __all__ = ["render", "write_html"]
-
-_LOW = "#2563eb"
-_HIGH = "#ea580c"
-
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1f2937;
-background:#f8fafc}
-header{background:#0f172a;color:#f8fafc;padding:18px 28px}header h1{margin:0 0 4px;font-size:20px}
-header p{margin:0;color:#cbd5e1}main{padding:18px 28px;max-width:1400px}
-section{background:#fff;border:1px solid #e2e8f0;border-radius:8px;padding:14px 18px;margin:0 0 16px}
-h2{font-size:16px;margin:0 0 10px}table{border-collapse:collapse;width:100%;font-size:13px}
-th,td{border-bottom:1px solid #e2e8f0;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f1f5f9;position:sticky;top:0;cursor:pointer;user-select:none}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-.kpis{display:flex;flex-wrap:wrap;gap:12px}
-.kpi{border:1px solid #e2e8f0;border-radius:6px;padding:8px 12px;min-width:130px}
-.kpi b{display:block;font-size:20px}.low{color:#1d4ed8}.fp32{color:#c2410c}.ok{color:#15803d}.miss{color:#b91c1c}
-code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
-pre{background:#f1f5f9;padding:8px 10px;border-radius:6px;white-space:pre-wrap;word-break:break-all}
-.controls{display:flex;gap:10px;align-items:center;margin:0 0 8px}.controls input{padding:4px 8px;width:320px}
-.scroll{max-height:560px;overflow:auto;border:1px solid #e2e8f0}.muted{color:#64748b}
-svg text{font:11px system-ui,sans-serif;fill:#334155}
-"""
-
-_JS = """
-(function(){
-  var table=document.getElementById('nodes');
-  var filter=document.getElementById('filter');
-  var precision=document.getElementById('precision');
-  var count=document.getElementById('shown');
-  function apply(){
-    var q=filter.value.toLowerCase(), p=precision.value, n=0;
-    var rows=table.tBodies[0].rows;
-    for(var i=0;i<rows.length;i++){
-      var r=rows[i], show=(!q||r.textContent.toLowerCase().indexOf(q)>=0)&&(!p||r.getAttribute('data-precision')===p);
-      r.style.display=show?'':'none'; if(show){n++;}
-    }
-    count.textContent=n;
-  }
-  filter.addEventListener('input',apply); precision.addEventListener('change',apply);
-  Array.prototype.forEach.call(document.querySelectorAll('table.sortable th'),function(th,col){
-    th.addEventListener('click',function(){
-      var body=th.closest('table').tBodies[0], rows=Array.prototype.slice.call(body.rows);
-      var asc=th.getAttribute('data-sort')!=='asc'; th.setAttribute('data-sort',asc?'asc':'desc');
-      rows.sort(function(a,b){
-        var x=a.cells[col].getAttribute('data-v')||a.cells[col].textContent;
-        var y=b.cells[col].getAttribute('data-v')||b.cells[col].textContent;
-        var fx=parseFloat(x), fy=parseFloat(y);
-        var c=(!isNaN(fx)&&!isNaN(fy))?fx-fy:x.localeCompare(y);
-        return asc?c:-c;
-      });
-      rows.forEach(function(r){body.appendChild(r);});
-    });
-  });
-  apply();
-})();
-"""
-
-
-def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
-    if value is None:
-        return "–"
-    if value == 0:
-        return "0"
-    return f"{value:.{digits}g}"
-
-
-def _table(
-    headers: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: Iterable[int] = (), attrs: str = ""
-) -> str:
-    nums = set(numeric)
-    head = "".join(f'<th class="num">{_e(h)}</th>' if i in nums else f"<th>{_e(h)}</th>" for i, h in enumerate(headers))
-    body = []
-    for row in rows:
-        cells = []
-        for i, cell in enumerate(row):
-            cls = ' class="num"' if i in nums else ""
-            cells.append(f"<td{cls}>{cell}</td>")
-        body.append(f"<tr>{''.join(cells)}</tr>")
-    return f"<table {attrs}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return fmt(value, digits)
 
 
 def _plot(nodes: Sequence[Mapping[str, Any]], data_max: float | None, limit: float, outputs_error: float | None) -> str:
@@ -112,71 +45,52 @@ def _plot(nodes: Sequence[Mapping[str, Any]], data_max: float | None, limit: flo
         return '<p class="muted">No node to plot.</p>'
     count = max(i for i, _ in points) + 1
 
-    def x(index: int) -> float:
-        return left + (width - left - right) * (index + 0.5) / count
-
     def panel(key: str, y0: float, title: str, lines: Sequence[tuple[float, str, str]]) -> str:
-        values = [n[key] for _, n in points if isinstance(n.get(key), (int, float)) and n[key] > 0]
-        values += [v for v, _, _ in lines if v and v > 0 and math.isfinite(v)]
-        if not values:
+        values = [n[key] for _, n in points if isinstance(n.get(key), (int, float))]
+        decades = LogAxes.decades_of([*values, *(v for v, _, _ in lines if v)])
+        if decades is None:
             return f'<text x="{left}" y="{y0 + height / 2}">{_e(title)}: not measured</text>'
-        lo = math.floor(math.log10(min(values)))
-        hi = math.ceil(math.log10(max(values)))
-        hi = hi if hi > lo else lo + 1
-
-        def y(v: float) -> float:
-            return y0 + height - (height * (math.log10(v) - lo) / (hi - lo))
-
-        out = [
-            f'<rect x="{left}" y="{y0}" width="{width - left - right}" height="{height}" fill="#fff" stroke="#cbd5e1"/>'
-        ]
-        for tick in range(lo, hi + 1):
-            ty = y(10.0**tick)
-            out.append(f'<line x1="{left}" x2="{width - right}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#eef2f7"/>')
-            out.append(f'<text x="{left - 6}" y="{ty + 4:.1f}" text-anchor="end">1e{tick}</text>')
-        for value, color, label in lines:
-            if value and value > 0 and math.isfinite(value):
-                ly = y(value)
-                out.append(
-                    f'<line x1="{left}" x2="{width - right}" y1="{ly:.1f}" y2="{ly:.1f}" stroke="{color}" '
-                    f'stroke-dasharray="5 4"/><text x="{width - right - 4}" y="{ly - 4:.1f}" text-anchor="end" '
-                    f'style="fill:{color}">{_e(label)}</text>'
-                )
-        for precision_low, color in ((False, _HIGH), (True, _LOW)):
+        axes = LogAxes((-0.5, count - 0.5), decades, (left, y0, width - left - right, height))
+        out = [axes.frame(title), *(axes.hline(value, color, label) for value, color, label in lines)]
+        for precision_low, color in ((False, HIGH_COLOR), (True, LOW_COLOR)):
             d = "".join(
-                f"M{x(i):.1f} {y(n[key]):.1f}h0"
+                f"M{axes.x(i):.1f} {axes.y(n[key]):.1f}h0"
                 for i, n in points
                 if isinstance(n.get(key), (int, float)) and n[key] > 0 and (n["precision"] != "fp32") == precision_low
             )
             if d:
                 out.append(f'<path d="{d}" stroke="{color}" stroke-width="4" stroke-linecap="round" fill="none"/>')
-        out.append(f'<text x="{left}" y="{y0 - 3}">{_e(title)}</text>')
         return "".join(out)
 
     total = top + 2 * height + gap + 34
-    parts = [
-        f'<svg id="plot" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {total}" width="100%" role="img" '
-        'aria-label="range and error along the graph">',
-        panel(
-            "range",
-            top,
-            "largest magnitude of each node's tensors (as data_max saw it)",
-            [(data_max or 0.0, "#64748b", f"data_max {_fmt(data_max)}"), (limit, "#b91c1c", f"low type max {limit:g}")],
-        ),
-        panel(
-            "error",
-            top + height + gap,
-            "relative L2 error of each node's output against FP32 (first calibration sample)",
-            [(outputs_error or 0.0, "#64748b", f"model output {_fmt(outputs_error)}")],
-        ),
-        f'<text x="{(left + width) / 2}" y="{total - 6}" text-anchor="middle">node (topological order)</text>',
-        f'<circle cx="{left + 10}" cy="{total - 10}" r="4" fill="{_LOW}"/>',
-        f'<text x="{left + 18}" y="{total - 6}">low</text>',
-        f'<circle cx="{left + 60}" cy="{total - 10}" r="4" fill="{_HIGH}"/>',
-        f'<text x="{left + 68}" y="{total - 6}">fp32</text>',
-        "</svg>",
-    ]
-    return "".join(parts)
+    return svg(
+        width,
+        total,
+        [
+            panel(
+                "range",
+                top,
+                "largest magnitude of each node's tensors (as data_max saw it)",
+                [
+                    (data_max or 0.0, MUTED_COLOR, f"data_max {_fmt(data_max)}"),
+                    (limit, BAD_COLOR, f"low type max {limit:g}"),
+                ],
+            ),
+            panel(
+                "error",
+                top + height + gap,
+                "relative L2 error of each node's output against FP32 (first calibration sample)",
+                [(outputs_error or 0.0, MUTED_COLOR, f"model output {_fmt(outputs_error)}")],
+            ),
+            f'<text x="{(left + width) / 2}" y="{total - 6}" text-anchor="middle">node (topological order)</text>',
+            f'<circle cx="{left + 10}" cy="{total - 10}" r="4" fill="{LOW_COLOR}"/>',
+            f'<text x="{left + 18}" y="{total - 6}">low</text>',
+            f'<circle cx="{left + 60}" cy="{total - 10}" r="4" fill="{HIGH_COLOR}"/>',
+            f'<text x="{left + 68}" y="{total - 6}">fp32</text>',
+        ],
+        svg_id="plot",
+        label="range and error along the graph",
+    )
 
 
 def render(report: Mapping[str, Any]) -> str:
@@ -194,13 +108,14 @@ def render(report: Mapping[str, Any]) -> str:
     pct = 100.0 * low_nodes / total if total else 0.0
 
     sections = []
-    kpis = [
-        (f"{low_nodes} / {total}", f"nodes in {low} ({pct:.1f} %)"),
-        (counts.get("casts", 0), "casts inserted"),
-        (counts.get("initializers_converted", 0), "weights converted"),
-        (_fmt(worst), "worst output rel. L2 vs FP32"),
-    ]
-    kpi_html = "".join(f'<div class="kpi"><b>{_e(v)}</b><span class="muted">{_e(k)}</span></div>' for v, k in kpis)
+    kpi_html = kpis(
+        [
+            (f"{low_nodes} / {total}", f"nodes in {low} ({pct:.1f} %)"),
+            (counts.get("casts", 0), "casts inserted"),
+            (counts.get("initializers_converted", 0), "weights converted"),
+            (_fmt(worst), "worst output rel. L2 vs FP32"),
+        ]
+    )
     output_rows = [
         [
             f"<code>{_e(name)}</code>",
@@ -215,10 +130,10 @@ def render(report: Mapping[str, Any]) -> str:
     seconds = ", ".join(f"{k} {v:.2f} s" for k, v in (report.get("seconds") or {}).items())
     sections.append(
         '<section id="summary"><h2>Summary</h2>'
-        f'<div class="kpis">{kpi_html}</div>'
+        + kpi_html
         + (
             "<h2 style='margin-top:14px'>Outputs against FP32</h2>"
-            + _table(["output", "max abs", "rel. L2", "cosine", "finite"], output_rows, numeric=(1, 2, 3))
+            + table(["output", "max abs", "rel. L2", "cosine", "finite"], output_rows, numeric=(1, 2, 3))
             if output_rows
             else ""
         )
@@ -252,7 +167,7 @@ def render(report: Mapping[str, Any]) -> str:
             f"<p>Direction: <b>{_e(search.get('mode'))}</b>; {_e(search.get('candidates'))} candidate nodes, "
             f"{_e(search.get('moved'))} moved; {_e(search.get('sessions'))} ONNX Runtime sessions, "
             f"{_e(search.get('runs'))} runs, {_fmt(search.get('seconds'), 3)} s. {_e(search.get('note'))}</p>"
-            + _table(
+            + table(
                 ["kind", "configuration", "low nodes", "rel. L2", "max abs", "verdict", "s"],
                 step_rows,
                 numeric=(2, 3, 4, 6),
@@ -278,7 +193,7 @@ def render(report: Mapping[str, Any]) -> str:
         ]
         sections.append(
             '<section id="masks"><h2>Attention masks</h2>'
-            + _table(
+            + table(
                 ["fill made by", "FP32 fill", "fill in the converted model", "mask tensors", "Softmax", "verdict"],
                 mask_rows,
                 numeric=(1, 2, 3, 4),
@@ -301,7 +216,7 @@ def render(report: Mapping[str, Any]) -> str:
     ]
     sections.append(
         '<section id="ops"><h2>Nodes by op type</h2>'
-        + _table(["op type", low, "fp32", "total"], op_rows, numeric=(1, 2, 3), attrs='id="by-op" class="sortable"')
+        + table(["op type", low, "fp32", "total"], op_rows, numeric=(1, 2, 3), attrs='id="by-op"')
         + "</section>"
     )
 
@@ -321,16 +236,19 @@ def render(report: Mapping[str, Any]) -> str:
             f"{_fmt(n.get('error'))}</td></tr>"
         )
     headers = ["#", "node", "op type", "precision", "decided by", "range", "data_max", "casts", "error vs FP32"]
-    head = "".join(
-        f'<th class="num">{h}</th>' if i in (0, 5, 6, 7, 8) else f"<th>{h}</th>" for i, h in enumerate(headers)
+    controls = filters(
+        "nodes",
+        search="filter: name, op type, reason...",
+        search_id="filter",
+        select=("precision", "data-precision", [("", "all precisions"), (low, low), ("fp32", "fp32")]),
+        count_id="shown",
     )
     sections.append(
-        '<section id="all-nodes"><h2>Every node</h2><div class="controls">'
-        '<input id="filter" type="search" placeholder="filter: name, op type, reason...">'
-        f'<select id="precision"><option value="">all precisions</option><option value="{_e(low)}">{_e(low)}</option>'
-        '<option value="fp32">fp32</option></select><span class="muted"><span id="shown"></span> shown</span></div>'
-        f'<div class="scroll"><table id="nodes" class="sortable"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(node_rows)}</tbody></table></div>"
+        '<section id="all-nodes"><h2>Every node</h2>'
+        + controls
+        + '<div class="scroll">'
+        + table(headers, node_rows, numeric=(0, 5, 6, 7, 8), attrs='id="nodes"')
+        + "</div>"
         '<p class="muted">range: the largest magnitude of the node\'s non-constant tensors as data_max saw it (raw: '
         "as measured, mask sentinels included); casts: inserted next to the node; error: of the node's output "
         "against FP32 on the first calibration sample.</p></section>"
@@ -348,7 +266,7 @@ def render(report: Mapping[str, Any]) -> str:
         argument = " ".join(json.dumps(p["pattern"]) for p in found)
         blocks.append(
             f"<h3>--{flag}</h3><p class='muted'>{_e(item.get('why'))}</p>"
-            + _table(["pattern (re.match)", "nodes"], rows, numeric=(1,), attrs=f'id="{flag}"')
+            + table(["pattern (re.match)", "nodes"], rows, numeric=(1,), attrs=f'id="{flag}"')
             + f"<pre>--{flag} {_e(argument)}</pre>"
         )
     sections.append('<section id="suggestions"><h2>Suggested patterns</h2>' + "".join(blocks) + "</section>")
@@ -358,16 +276,8 @@ def render(report: Mapping[str, Any]) -> str:
         f'<p class="muted">onnxprec {_e(report.get("onnxprec_version"))}</p></section>'
     )
 
-    data = json.dumps(report, allow_nan=False).replace("</", "<\\/")
     title = f"AutoCast report: {Path(str(report.get('input') or 'model')).name}"
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-        f"<header><h1>{_e(title)}</h1><p>{_e(report.get('input'))} → {_e(report.get('output'))} · {_e(low)}</p>"
-        f"</header><main>{''.join(sections)}</main>"
-        f'<script type="application/json" id="report-data">{data}</script><script>{_JS}</script></body></html>'
-    )
+    return page(title, f"{report.get('input')} → {report.get('output')} · {low}", sections, report)
 
 
 def write_html(path: str | Path, report: Mapping[str, Any]) -> Path:
