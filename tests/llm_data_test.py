@@ -8,13 +8,14 @@ are built from the model (issue 15). Perplexity is checked against ORT run on fe
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from onnxprec._testing import run, tiny_decoder
+from onnxprec._testing import run, shared_path, tiny_decoder
 from onnxprec.autocast import convert_file
 from onnxprec.debug import compare_models, dump_model
 from onnxprec.evaluate import evaluate_models
@@ -76,3 +77,18 @@ def test_no_data_and_the_data_flag_of_evaluate(folder: Path) -> None:
     assert result.batches == 2 and result.perplexity == pytest.approx(
         _perplexity_by_hand(folder / "model.onnx", IDS[:2]), 1e-5
     )
+
+
+BUILDER = Path(os.environ.get("ONNXPREC_ZOO", Path.home() / ".cache" / "onnxprec" / "zoo")) / "genai" / "smollm2_fp32"
+
+
+@pytest.mark.slow
+def test_builder_smollm2_perplexity_from_token_ids_only(tmp_path: Path) -> None:
+    """onnxruntime-genai's builder SmolLM2 (KV inputs with a symbolic head size), windows 8-15 of the zoo ids:
+    ../shared/zoo/genai/ppl.py, which fills the KV inputs by hand, measures 19.762."""
+    ids = shared_path("models", "smollm2_eval_input_ids.npy")
+    if not (BUILDER / "model.onnx").exists() or ids is None:
+        pytest.skip("the builder's SmolLM2 (../shared/zoo/genai/build.sh) or the zoo ids are absent")
+    np.save(tmp_path / "ids.npy", np.load(ids)[8:16])
+    result = evaluate_models(BUILDER / "model.onnx", tmp_path / "ids.npy", batch_size=1, latency_runs=0)["model"]
+    assert result.tokens == 8 * 255 and result.perplexity == pytest.approx(19.762, abs=5e-4)
