@@ -29,6 +29,7 @@ from onnxprec._io import load_model
 from onnxprec.autocast import _api, masks, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import classify
+from onnxprec.autocast.emulator import Emulator
 from onnxprec.autocast.rules import RuleContext
 from onnxprec.observers import FirstBatchObserver
 from onnxprec.reference import run_reference
@@ -57,7 +58,7 @@ def main() -> int:
     model = load_model(zoo.model_path(args.model))
     _api._sanitize(model, options)
     regions = masks.find_mask_regions(model)
-    keep = target.Calibration()
+    keep = target.ReferenceOutputs()
     reference = _api._reference_run(model, options, masks.sentinel_thresholds(regions), keep)
     _api._fill_types(model, reference)
     for region in regions:
@@ -69,12 +70,12 @@ def main() -> int:
     fixed_low, candidates, _ = target._split(problem)
     moving = [n for n in candidates if decisions[n].low]
     fixed_low |= {n for n in candidates if not decisions[n].low}
-    emulator = target.Emulator(model, fixed_low, moving, options.low, keep_io_types=True)
+    emulator = Emulator(model, fixed_low, moving, options.low, keep_io_types=True)
     n = len(moving)
     out = str(model.graph.outputs[0].name)
 
     def error(low: set[int]) -> float:
-        m = target._measure(problem.target, problem.calibration, emulator.run(low))
+        m = target._measure(problem.target, problem.reference, emulator.run(low))
         return float(m.errors[out]["rel_l2"])
 
     real_default = target._measure_real(problem, problem.build(decisions)).errors[out]["rel_l2"]

@@ -307,7 +307,7 @@ def _reference_run(
     model: ir.Model,
     options: AutoCastOptions,
     sentinels: Mapping[str, float] | None = None,
-    keep: target.Calibration | None = None,
+    keep: target.ReferenceOutputs | None = None,
 ) -> ReferenceResult:
     """Range statistics of every float tensor on the calibration data (or realistic random data); tensors of
     attention masks (``sentinels``: name -> threshold) are also measured past their sentinels. ``keep`` holds
@@ -392,7 +392,7 @@ def convert_model(
     tick = time.perf_counter()
     mask_regions = masks.find_mask_regions(model)
     sentinels = masks.sentinel_thresholds(mask_regions)
-    keep = target.Calibration() if options.target is not None else None
+    keep = target.ReferenceOutputs() if options.target is not None else None
     needed = keep is not None or _needs_reference(model, options)
     reference = _reference_run(model, options, sentinels, keep) if needed else None
     if reference is not None:

@@ -2,7 +2,7 @@
 
 The user states what the outputs must keep on their calibration data (``rel_l2<=1e-3``, ``cosine>=0.9999``,
 ``top1>=0.999``, ``max_abs<=1e-2``, several joined by commas, or a callback on reference and candidate outputs).
-The reference run keeps the FP32 outputs of every batch (:class:`Calibration`). After the default
+The reference run keeps the FP32 outputs of every batch (:class:`ReferenceOutputs`). After the default
 (magnitude-based) classification:
 
 1. **Candidates** (:func:`_split`): main-graph float nodes whose precision only a measurement decided (the
@@ -35,7 +35,6 @@ lists every configuration tried, with its errors, verdict and time.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -45,15 +44,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort
-from onnxprec._graph import unique_name
 from onnxprec._ops import CONTROL_FLOW_OPS
 from onnxprec._tensors import finite_max
 from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget, Bound
 from onnxprec.autocast.classify import Decision, classify
+from onnxprec.autocast.emulator import Emulator, float_values
 from onnxprec.autocast.rules import DataRangeRule, DepthOfReductionRule, Rule, RuleContext
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import UnsupportedModelError
@@ -68,9 +66,9 @@ __all__ = [
     "MAX_REAL_CHECKS",
     "AccuracyTarget",
     "Bound",
-    "Calibration",
     "Emulator",
     "Measurement",
+    "ReferenceOutputs",
     "TargetReport",
     "search",
 ]
@@ -111,14 +109,14 @@ class Measurement:
 
 def _measure(
     target: AccuracyTarget,
-    calibration: Calibration,
+    kept: ReferenceOutputs,
     run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
 ) -> Measurement:
     """Runs every batch and compares the float outputs with the cached FP32 ones."""
     tick = time.perf_counter()
     stats: dict[str, ErrorStats] = {}
     callback_ok = True
-    for batch, reference in zip(calibration.batches, calibration.outputs):
+    for batch, reference in zip(kept.batches, kept.outputs):
         outputs = run(batch)
         for name, expected in reference.items():
             if not np.issubdtype(expected.dtype, np.floating):
@@ -137,10 +135,10 @@ def _measure(
 
 
 # --------------------------------------------------------------------------------------------------
-# Calibration data and FP32 outputs, kept from the reference run
+# Calibration batches and FP32 outputs, kept from the reference run
 
 
-class Calibration:
+class ReferenceOutputs:
     """The calibration batches and the FP32 outputs of each, kept from the reference run.
 
     :meth:`observer` keeps the run's :class:`~onnxprec.calibration_data.CalibrationData` (read again for each
@@ -158,7 +156,7 @@ class Calibration:
         if isinstance(self.batches, CalibrationData):
             self.batches.close()
 
-    def observer(self, model: ir.Model, batches: CalibrationData) -> Calibration:
+    def observer(self, model: ir.Model, batches: CalibrationData) -> ReferenceOutputs:
         self.batches = batches
         self._names = frozenset(str(v.name) for v in model.graph.outputs)
         return self
@@ -178,226 +176,6 @@ class Calibration:
 
 
 # --------------------------------------------------------------------------------------------------
-# The emulation session
-
-
-def _float_values(node: ir.Node) -> list[ir.Value]:
-    return [v for v in (*node.inputs, *node.outputs) if v is not None and v.dtype == _F]
-
-
-class Emulator:
-    """The FP32 model with switchable rounding through the low type; one ORT session for every configuration.
-
-    A tensor edge (tensor ``t`` read by node ``c``) is rounded when the producer of ``t`` is low or ``c`` is
-    low, as the converter does it (a low node writes the low type; a low node reads a cast of an FP32 tensor).
-    Initializers are rounded for their low readers only (the converter gives them a low copy), clamped to the
-    finite range as the converter clamps. Edges decided by fixed nodes are rounded unconditionally; the others
-    go through ``Where(switch, rounded, exact)``, with one boolean input per distinct set of candidates that
-    decides it.
-
-    Args:
-        model: The FP32 model after sanitizing (unchanged).
-        fixed_low: Main-graph nodes that are low whatever the search does.
-        candidates: The nodes the search may make low or FP32.
-        low: FLOAT16 or BFLOAT16.
-        keep_io_types: Whether FP32 graph inputs and outputs stay FP32.
-        providers: ONNX Runtime providers.
-    """
-
-    SWITCH = "__onnxprec_low_{}"
-
-    def __init__(
-        self,
-        model: ir.Model,
-        fixed_low: set[ir.Node],
-        candidates: Sequence[ir.Node],
-        low: ir.DataType,
-        *,
-        keep_io_types: bool,
-        providers: Sequence[str] | None = None,
-    ) -> None:
-        tick = time.perf_counter()
-        self.candidates = list(candidates)
-        self.low = low
-        self._stack = contextlib.ExitStack()
-        payload, folder = self._stack.enter_context(_ort.ort_model(model))
-        proto = _parse(payload)
-        graph = model.graph
-        nodes = list(graph)
-        if len(nodes) != len(proto.graph.node):
-            raise AssertionError("the serialized graph does not match the model")
-        index = {node: i for i, node in enumerate(nodes)}
-        candidate = {node: i for i, node in enumerate(self.candidates)}
-
-        def state(node: ir.Node | None) -> str | int:
-            if node is None or node.graph is not graph:
-                return "high"
-            if node in candidate:
-                return candidate[node]
-            return "low" if node in fixed_low else "high"
-
-        used = _names(proto)
-        self.switches: list[frozenset[int]] = []
-        switch_of: dict[frozenset[int], str] = {}
-        first: list[onnx.NodeProto] = []
-        after: dict[int, list[onnx.NodeProto]] = {}
-        self.fetch: dict[str, str] = {str(v.name): str(v.name) for v in graph.outputs}
-        rounded_edges = 0
-        for value in _float_tensors(graph):
-            producer = value.producer()
-            if value.is_initializer():
-                p_state: str | int = "high"  # the converter copies an initializer for its low readers
-            elif producer is None:
-                p_state = "high" if keep_io_types else "low"
-            else:
-                p_state = state(producer)
-            groups: dict[frozenset[int] | None, list[tuple[int, int]]] = {}
-            readers = [(index[u.node], u.idx, state(u.node)) for u in value.uses() if u.node.graph is graph]
-            if value.is_graph_output():
-                position = next(i for i, v in enumerate(graph.outputs) if v is value)
-                readers.append((-1, position, "high" if keep_io_types else "low"))
-            for node_index, slot, c_state in readers:
-                if "low" in (p_state, c_state):
-                    drivers: frozenset[int] | None = None
-                else:
-                    drivers = frozenset(s for s in (p_state, c_state) if isinstance(s, int))
-                    if not drivers:
-                        continue
-                groups.setdefault(drivers, []).append((node_index, slot))
-            if not groups:
-                continue
-            name = str(value.name)
-            new = _rounding(name, low, used, clamp=value.is_initializer())
-            where = first if producer is None or producer.graph is not graph else after.setdefault(index[producer], [])
-            where += new
-            exact_rounded = new[-1].output[0]
-            for drivers, uses in groups.items():
-                out = exact_rounded
-                if drivers is not None:
-                    switch = switch_of.get(drivers)
-                    if switch is None:
-                        switch = switch_of[drivers] = self.SWITCH.format(len(self.switches))
-                        self.switches.append(drivers)
-                    out = unique_name(f"{name}__emu", used)
-                    where.append(onnx.helper.make_node("Where", [switch, exact_rounded, name], [out]))
-                for node_index, slot in uses:
-                    if node_index < 0:
-                        self.fetch[str(graph.outputs[slot].name)] = out
-                    else:
-                        proto.graph.node[node_index].input[slot] = out
-                rounded_edges += len(uses)
-        ordered = list(first)
-        for i, node_proto in enumerate(proto.graph.node):
-            ordered.append(node_proto)
-            ordered += after.get(i, ())
-        proto.graph.ClearField("node")
-        proto.graph.node.extend(ordered)
-        for switch in switch_of.values():
-            proto.graph.input.append(onnx.helper.make_tensor_value_info(switch, onnx.TensorProto.BOOL, []))
-        for name, fetched in self.fetch.items():
-            if fetched != name:
-                proto.graph.output.append(onnx.helper.make_tensor_value_info(fetched, onnx.TensorProto.FLOAT, None))
-        self._proto = proto
-        self._folder = folder
-        self._payload = payload
-        self._providers = providers
-        self.session = self._session(proto)
-        self.runs = 0
-        self.sessions = 1
-        logger.info(
-            "Emulation session: %d candidates, %d switches, %d rounded edges (%.1f s)",
-            len(self.candidates),
-            len(self.switches),
-            rounded_edges,
-            time.perf_counter() - tick,
-        )
-
-    def _session(self, proto: onnx.ModelProto) -> _ort.Session:
-        if isinstance(self._payload, bytes):
-            source: bytes | str = proto.SerializeToString()
-        else:  # a temporary model whose weights are in its external data file: rewrite only the small .onnx
-            onnx.save(proto, self._payload)
-            source = self._payload
-        return _ort.create_session(
-            source,
-            providers=self._providers,
-            optimization="basic",
-            external_data_folder=self._folder,
-            what="the emulation model",
-        )
-
-    def close(self) -> None:
-        """Releases the session and the temporary files."""
-        self.session = None  # type: ignore[assignment]
-        self._stack.close()
-
-    def feeds(self, low: Iterable[int]) -> dict[str, np.ndarray]:
-        """The switch inputs of a configuration (candidate indices that are low)."""
-        chosen = set(low)
-        return {
-            self.SWITCH.format(k): np.array(not drivers.isdisjoint(chosen)) for k, drivers in enumerate(self.switches)
-        }
-
-    def run(self, low: Iterable[int]) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
-        """A function running one batch in the configuration where the candidates ``low`` are low."""
-        switches = self.feeds(low)
-        fetch = list(self.fetch.values())
-
-        def one(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            self.runs += 1
-            results = self.session.run({**batch, **switches}, fetch)
-            return dict(zip(self.fetch, results))
-
-        return one
-
-
-def _parse(payload: bytes | str) -> onnx.ModelProto:
-    if isinstance(payload, bytes):
-        proto = onnx.ModelProto()
-        proto.ParseFromString(payload)
-        return proto
-    return onnx.load(payload, load_external_data=False)
-
-
-def _names(proto: onnx.ModelProto) -> set[str]:
-    used = {v.name for v in (*proto.graph.input, *proto.graph.output, *proto.graph.initializer)}
-    used.update(out for node in proto.graph.node for out in node.output)
-    return used
-
-
-def _float_tensors(graph: ir.Graph) -> Iterable[ir.Value]:
-    yield from (v for v in graph.inputs if v.dtype == _F and not v.is_initializer())
-    yield from (v for v in graph.initializers.values() if v.dtype == _F)
-    for node in graph:
-        yield from (v for v in node.outputs if v.dtype == _F and v.name)
-
-
-def _rounding(name: str, low: ir.DataType, used: set[str], *, clamp: bool) -> list[onnx.NodeProto]:
-    """``Cast(Cast(x, low), FLOAT)`` (clamped first for weights, as the converter clamps them)."""
-    nodes = []
-    source = name
-    if clamp:
-        limit = finite_max(low)
-        lo, hi, clipped = (
-            unique_name(f"{name}__lo", used),
-            unique_name(f"{name}__hi", used),
-            unique_name(f"{name}__clip", used),
-        )
-        nodes += [
-            onnx.helper.make_node("Constant", [], [lo], value=onnx.numpy_helper.from_array(np.float32(-limit))),
-            onnx.helper.make_node("Constant", [], [hi], value=onnx.numpy_helper.from_array(np.float32(limit))),
-            onnx.helper.make_node("Clip", [name, lo, hi], [clipped]),
-        ]
-        source = clipped
-    down, up = unique_name(f"{name}__low", used), unique_name(f"{name}__round", used)
-    nodes += [
-        onnx.helper.make_node("Cast", [source], [down], to=int(low)),
-        onnx.helper.make_node("Cast", [down], [up], to=onnx.TensorProto.FLOAT),
-    ]
-    return nodes
-
-
-# --------------------------------------------------------------------------------------------------
 # Candidates and sensitivities
 
 
@@ -406,7 +184,7 @@ def _overflows(node: ir.Node, stats: Mapping[str, TensorStats] | None, low: ir.D
     if not stats:
         return False
     limit = finite_max(low)
-    for value in _float_values(node):
+    for value in float_values(node):
         s = stats.get(str(value.name))
         if s is not None and s.size and not s.absmax < limit:
             return True
@@ -488,7 +266,7 @@ class Problem:
     decisions: dict[ir.Node, Decision]  # the default classification
     hard: dict[ir.Node, Decision]  # the classification by the rules that are not measurements
     stats: Mapping[str, TensorStats] | None
-    calibration: Calibration
+    reference: ReferenceOutputs
     target: AccuracyTarget
     low: ir.DataType
     keep_io_types: bool
@@ -505,7 +283,7 @@ class Problem:
         rules: Sequence[Rule],
         includes: Sequence[Rule],
         ctx: RuleContext,
-        calibration: Calibration,
+        reference: ReferenceOutputs,
         build: Callable[[ir.Model, Mapping[ir.Node, Decision], AutoCastOptions], ir.Model],
     ) -> Problem:
         """The problem of the AutoCast pipeline: its model, classification, rules, statistics and options."""
@@ -518,7 +296,7 @@ class Problem:
             decisions,
             hard,
             ctx.stats,
-            calibration,
+            reference,
             options.target,
             options.low,
             options.keep_io_types,
@@ -541,7 +319,7 @@ def _split(problem: Problem) -> tuple[set[ir.Node], list[ir.Node], list[ir.Node]
             hard.low
             and node not in problem.included
             and node.op_type not in CONTROL_FLOW_OPS
-            and bool(_float_values(node))
+            and bool(float_values(node))
         )
         if not movable:
             if decision.low:
@@ -575,7 +353,7 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
         len(overflow),
         problem.low.name.lower(),
     )
-    report.default = report.final = _real(problem, problem.decisions, "default classification", report)
+    report.default = report.final = _run_for_real(problem, problem.decisions, "default classification", report)
     upward = report.default.ok
     report.mode = "upward" if upward else "downward"
     moving = [n for n in candidates if problem.decisions[n].low != upward]
@@ -587,7 +365,10 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     chosen = problem.decisions
     if not moving:
         report.note = "no candidate to move"
-    elif upward and _real(problem, _decisions(problem, set(moving), set(moving)), "every candidate low", report).ok:
+    elif (
+        upward
+        and _run_for_real(problem, _decisions(problem, set(moving), set(moving)), "every candidate low", report).ok
+    ):
         report.final, report.moved = report.steps[-1].measurement, len(moving)
         chosen = _decisions(problem, set(moving), set(moving))
     else:
@@ -605,7 +386,7 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
         finally:
             report.runs += emulator.runs
             emulator.close()
-        chosen = _check(problem, ranked, k, known, upward, report)
+        chosen = _confirm_for_real(problem, ranked, k, known, upward, report)
     report.reached = report.final.ok
     report.seconds = time.perf_counter() - tick
     logger.log(
@@ -692,11 +473,11 @@ def _badness(metric: str, value: float | None) -> float | None:
     return 1 - value if metric in ("cosine", "top1") else value
 
 
-def _real(problem: Problem, decisions: dict[ir.Node, Decision], what: str, report: TargetReport) -> Measurement:
+def _run_for_real(problem: Problem, decisions: dict[ir.Node, Decision], what: str, report: TargetReport) -> Measurement:
     """Converts a clone with ``decisions`` and runs it on every batch, in one session."""
     measurement = _measure_real(problem, problem.build(decisions))
     report.sessions += 1
-    report.runs += len(problem.calibration.outputs)
+    report.runs += len(problem.reference.outputs)
     low = sum(d.low for d in decisions.values())
     report.steps.append(Step("real", what, low, measurement, measurement.ok))
     _log("real", what, low, measurement, measurement.ok)
@@ -707,7 +488,7 @@ def _log(kind: str, what: str, low: int, measurement: Measurement, ok: bool) -> 
     logger.info("  %-8s %-32s %5d low: %s -> %s", kind, what, low, measurement.summary(), "ok" if ok else "miss")
 
 
-def _config(ranked: Sequence[ir.Node], k: int, upward: bool) -> set[int]:
+def _low_indices(ranked: Sequence[ir.Node], k: int, upward: bool) -> set[int]:
     """Candidate indices (into ``ranked``) that are low when ``k`` nodes moved."""
     return set(range(k)) if upward else set(range(k, len(ranked)))
 
@@ -725,7 +506,7 @@ def _bisect(
     n = len(ranked)
     base = sum(d.low for d in problem.decisions.values())
     sign = 1 if upward else -1
-    default = _measure(problem.target, problem.calibration, emulator.run(_config(ranked, 0, upward)))
+    default = _measure(problem.target, problem.reference, emulator.run(_low_indices(ranked, 0, upward)))
     assert report.default is not None
     scale = _Scale(default, report.default)
     report.steps.append(Step("emulated", "default classification", base, default, report.default.ok))
@@ -733,7 +514,7 @@ def _bisect(
 
     def holds(moved: set[int], what: str) -> bool:
         low = moved if upward else set(range(n)) - moved
-        measurement = _measure(problem.target, problem.calibration, emulator.run(low))
+        measurement = _measure(problem.target, problem.reference, emulator.run(low))
         ok = scale.holds(problem.target, measurement)
         report.steps.append(Step("emulated", what, base + sign * len(moved), measurement, ok))
         _log("emulated", what, base + sign * len(moved), measurement, ok)
@@ -768,7 +549,7 @@ def _bisect(
     return [ranked[i] for i in first] + [ranked[i] for i in range(n) if i not in moved], len(first), known
 
 
-def _check(
+def _confirm_for_real(
     problem: Problem, ranked: list[ir.Node], k: int, known: bool, upward: bool, report: TargetReport
 ) -> dict[ir.Node, Decision]:
     """Checks the emulation's choice for real; if it misses, bisects on with real checks (at most
@@ -777,7 +558,7 @@ def _check(
     verb = "convert" if upward else "keep FP32"
 
     def decisions(k: int) -> dict[ir.Node, Decision]:
-        low = _config(ranked, k, upward)
+        low = _low_indices(ranked, k, upward)
         return _decisions(problem, set(ranked), {ranked[i] for i in low})
 
     best: tuple[int, dict[ir.Node, Decision], Measurement] | None = None
@@ -788,7 +569,7 @@ def _check(
     bad: int | None = None
     for _ in range(MAX_REAL_CHECKS):
         chosen = decisions(k)
-        measurement = _real(problem, chosen, f"{verb} {k} of {n}", report)
+        measurement = _run_for_real(problem, chosen, f"{verb} {k} of {n}", report)
         if measurement.ok:
             good, best = k, (k, chosen, measurement)
         else:
@@ -828,7 +609,7 @@ def _measure_real(problem: Problem, converted: ir.Model) -> Measurement:
             converted, providers=problem.providers, optimization="none", low_memory=True, what="the converted model"
         )
         return _measure(
-            problem.target, problem.calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
+            problem.target, problem.reference, lambda batch: dict(zip(session.output_names, session.run(batch)))
         )
     except Exception as e:
         low = problem.low.name.lower()
