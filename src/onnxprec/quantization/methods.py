@@ -12,6 +12,8 @@ method         what                                                           st
 =============  =============================================================  ====================
 ``rtn``        round to nearest, no data                                      none
 ``rtn_clip``   RTN with a per-block weight-MSE clip search, no data           none
+``kquant``     llama.cpp's k-quant: weighted least-squares scale search       none
+``hqq``        half-quadratic (lp) fit of scales and zero points              none
 ``awq_lite``   AWQ scale search (joint over layers sharing an input)          mean ``|x|``, tokens
 ``awq_clip``   AWQ-clip: per-(block, column) output-aware clip ratios         tokens
 ``awq_full``   ``awq_lite`` scales, then ``awq_clip`` on the scaled weights   mean ``|x|``, tokens
@@ -62,6 +64,8 @@ class MethodSpec:
     clip: str | None = None
     """``"mse"`` (weight MSE, no data), ``"output"`` (AWQ-clip on calibration tokens) or None."""
     gptq: bool = False
+    search: str | None = None
+    """``"kquant"`` or ``"hqq"``: block parameters from that calibration-free search."""
 
     @property
     def needs_absmean(self) -> bool:
@@ -83,6 +87,8 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     "rtn": MethodSpec(),
     "rtn_clip": MethodSpec(clip="mse"),
+    "kquant": MethodSpec(search="kquant"),
+    "hqq": MethodSpec(search="hqq"),
     "awq_lite": MethodSpec(awq_scales=True),
     "awq_clip": MethodSpec(clip="output"),
     "awq_full": MethodSpec(awq_scales=True, clip="output"),
@@ -170,6 +176,8 @@ class Recipe:
     """``[n_blocks, N]`` shrink ratios of the block ranges (AWQ-clip)."""
     clip_search: bool = False
     """Per-block weight-MSE clip search (``rtn_clip``)."""
+    search: str | None = None
+    """Calibration-free parameter search: ``"kquant"`` or ``"hqq"``."""
     result: CompactWeight | None = None
     """A result computed during calibration (GPTQ)."""
     info: dict[str, object] = field(default_factory=dict)
@@ -188,6 +196,7 @@ class Recipe:
             clip_ratios=self.clip_ratios,
             bits=self.bits,
             positive_scales=self.positive_scales,
+            search=self.search,
         )
 
     def dequantized(self, qw: QuantizedWeight) -> np.ndarray:

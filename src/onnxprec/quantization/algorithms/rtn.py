@@ -271,6 +271,7 @@ def quantize_rtn(
     bits: int = 4,
     chunk_columns: int | None = None,
     positive_scales: bool = False,
+    search: str | None = None,
 ) -> QuantizedWeight:
     """Round-to-nearest block-wise quantization of a ``[K, N]`` weight (see :func:`block_params` for the math).
 
@@ -289,9 +290,20 @@ def quantize_rtn(
             default: about 4 M elements per chunk.
         positive_scales: symmetric scales always positive (for runtimes that reject negative scales); by default
             a block may get a signed scale (see :func:`block_params`).
+        search: ``"kquant"`` or ``"hqq"``: block parameters from that search
+            (:mod:`~onnxprec.quantization.algorithms.search`) instead of the block range. Excludes the clip options.
     """
     if clip_search and clip_ratios is not None:
         raise ValueError("Pass either clip_search=True or clip_ratios, not both")
+    if search is not None and (clip_search or clip_ratios is not None):
+        raise ValueError("Pass either search or a clip option, not both")
+    searcher = None
+    if search is not None:
+        from onnxprec.quantization.algorithms import search as searches
+
+        if search not in searches.SEARCHES:
+            raise ValueError(f"Unknown search '{search}': use one of {', '.join(searches.SEARCHES)}")
+        searcher = searches.kquant_params if search == "kquant" else searches.hqq_params
     weight = as_float32_matrix(w)
     k, n = weight.shape
     bs = effective_block_size(k, block_size)
@@ -310,15 +322,18 @@ def quantize_rtn(
     for start in range(0, n, step):
         cols = slice(start, min(start + step, n))
         blocks = to_blocks(weight[:, cols], bs)
-        if grid is not None:
-            chunk_ratios: float | np.ndarray = _mse_ratio_search(
-                blocks, grid, bits=bits, symmetric=symmetric, positive_scales=positive_scales
-            )
+        if searcher is not None:
+            s, z = searcher(blocks, bits=bits, symmetric=symmetric, positive_scales=positive_scales, valid=k)
         else:
-            chunk_ratios = 1.0 if ratios is None else ratios[:, cols]
-        s, z = block_params(
-            blocks, bits=bits, symmetric=symmetric, ratios=chunk_ratios, positive_scales=positive_scales
-        )
+            if grid is not None:
+                chunk_ratios: float | np.ndarray = _mse_ratio_search(
+                    blocks, grid, bits=bits, symmetric=symmetric, positive_scales=positive_scales
+                )
+            else:
+                chunk_ratios = 1.0 if ratios is None else ratios[:, cols]
+            s, z = block_params(
+                blocks, bits=bits, symmetric=symmetric, ratios=chunk_ratios, positive_scales=positive_scales
+            )
         levels = quantize_levels(blocks, s, z, bits=bits)
         q[:, cols] = levels.reshape(-1, levels.shape[-1])[:k]
         scales[:, cols] = s

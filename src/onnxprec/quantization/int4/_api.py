@@ -321,6 +321,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
                     symmetric=config.symmetric,
                     positive_scales=config.positive_scales,
                     clip_search=clip,
+                    search=options.spec.search,
                 )
 
     tick = time.perf_counter()
@@ -381,7 +382,7 @@ def _log_level(level: str) -> Iterator[None]:
 
 def quantize(
     onnx_path: ModelSource,
-    calibration_method: str = "awq_lite",
+    calibration_method: str | None = None,
     calibration_data_reader: Any = None,
     calibration_eps: Sequence[str] = ("cpu",),
     use_external_data_format: bool = False,
@@ -395,10 +396,11 @@ def quantize(
 
     Args:
         onnx_path: Path to the float model, an ``onnx.ModelProto`` or an ``onnx_ir.Model`` (modified in place).
-        calibration_method: rtn (no data), rtn_clip (RTN with a per-block MSE clip search, no data), awq_lite (AWQ
+        calibration_method: rtn (no data), rtn_clip (RTN with a per-block MSE clip search, no data), kquant
+            (llama.cpp's least-squares scale search, no data), hqq (half-quadratic lp fit, no data), awq_lite (AWQ
             scale search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with
             error propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt
-            are ModelOpt aliases.
+            are ModelOpt aliases; None: awq_lite with calibration data (as ModelOpt), kquant without.
         calibration_data_reader: Calibration inputs: a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
             ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
             ``CalibrationDataReader``; None: realistic random data; AWQ and GPTQ need representative data.

@@ -23,7 +23,7 @@ __all__ = ["DEFAULT_BLOCK_SIZE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"
 
 DEFAULT_BLOCK_SIZE = 128
 METHOD_NAMES = (
-    "rtn", "rtn_clip", "awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq",
+    "rtn", "rtn_clip", "kquant", "hqq", "awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq",
     "rtn_dq", "rtn_trt", "rtn_trt_dq", "awq_clip_trt",
 )  # fmt: skip
 OUTPUT_FORMATS = ("qdq", "matmulnbits")
@@ -37,14 +37,15 @@ class Int4Options(ToolOptions):
 
     TITLE = "INT4 options (ModelOpt names)"
 
-    calibration_method: str = option(
-        "awq_lite",
+    calibration_method: str | None = option(
+        None,
         flags=("--calibration_method",),
         choices=METHOD_NAMES,
-        help="rtn (no data), rtn_clip (RTN with a per-block MSE clip search, no data), awq_lite (AWQ scale "
+        help="rtn (no data), rtn_clip (RTN with a per-block MSE clip search, no data), kquant (llama.cpp's "
+        "weighted least-squares scale search, no data), hqq (half-quadratic lp fit, no data), awq_lite (AWQ scale "
         "search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with error "
         "propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt are "
-        "ModelOpt aliases.",
+        "ModelOpt aliases (default: awq_lite with calibration data, as ModelOpt; kquant without).",
     )
     calibration_data_reader: Any = calibration_data_option(
         "Calibration inputs",
@@ -160,6 +161,8 @@ class Int4Options(ToolOptions):
         from onnxprec.quantization.algorithms.rtn import effective_block_size
         from onnxprec.quantization.methods import method_spec
 
+        if self.calibration_method is None:  # AWQ on random data is worse than RTN; kquant needs no data
+            self.calibration_method = "awq_lite" if self.calibration_data_reader is not None else "kquant"
         self.method, self.spec = method_spec(self.calibration_method)
         if self.block_size is None:
             self.block_size = DEFAULT_BLOCK_SIZE
@@ -194,6 +197,12 @@ class Int4Options(ToolOptions):
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
 
+    @property
+    def method_name(self) -> str:
+        """The method as given (aliases kept), after the default is resolved."""
+        assert self.calibration_method is not None
+        return self.calibration_method
+
     def block_8bit(self, k: int) -> int:
         """The block size of an INT8 weight with ``k`` input channels."""
         if self.block_size_8bit is not None:
@@ -209,7 +218,7 @@ class Int4Options(ToolOptions):
         return QuantConfig(
             block_size=self.block_size or DEFAULT_BLOCK_SIZE,
             symmetric=not self.use_zero_point,
-            positive_scales=self.positive_scales or "_trt" in self.calibration_method,
+            positive_scales=self.positive_scales or "_trt" in self.method_name,
             alpha_grid=alphas,
             clip_ratios=ratios,
             clip_chunk_columns=self.awqclip_bsz_col,

@@ -287,3 +287,29 @@ def test_bf16_model_gets_bf16_scales() -> None:
         onnx.checker.check_model(result, full_check=True)
         scales = next(i for i in result.graph.initializer if i.name.endswith("_scales"))
         assert scales.data_type == onnx.TensorProto.BFLOAT16
+
+
+@pytest.mark.parametrize("output_format", ["qdq", "matmulnbits"])
+@pytest.mark.parametrize(("method", "symmetric"), [("kquant", True), ("kquant", False), ("hqq", True)])
+def test_calibration_free_searches_run_in_onnxruntime(output_format: str, method: str, symmetric: bool) -> None:
+    model, w = single_matmul(k=100, n=40)
+    result = quantize(
+        model, calibration_method=method, block_size=32, use_zero_point=not symmetric, output_format=output_format,
+        accuracy_level=0,
+    )  # fmt: skip
+    x = np.random.default_rng(3).standard_normal((2, 5, 100)).astype(np.float32)
+    (y,) = run_fp32_compute(result, {"X": x})
+    searched = quantize_rtn(w, 32, symmetric=symmetric, search=method).dequantize()
+    np.testing.assert_allclose(y, x @ searched, rtol=1e-4, atol=1e-4)
+    assert _rel(searched, w) < _rel(quantize_rtn(w, 32, symmetric=symmetric).dequantize(), w) or method == "hqq"
+
+
+def test_default_method_is_kquant_without_data_and_awq_lite_with_it(caplog: pytest.LogCaptureFixture) -> None:
+    model = mlp()
+    with caplog.at_level("WARNING", logger="onnxprec"):
+        _, layers = quantize_file_in_memory(model, block_size=16)
+    assert {layer["method"] for layer in layers.values()} == {"kquant"}
+    assert "No calibration data" not in caplog.text
+    x = correlated(64, 64)[None]
+    _, layers = quantize_file_in_memory(model, block_size=16, calibration_data_reader=[{"X": x}])
+    assert {layer["method"] for layer in layers.values()} == {"awq_lite"}
