@@ -38,6 +38,7 @@ import numpy as np
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, level_range
+from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
 
 __all__ = [
@@ -196,7 +197,7 @@ class Recipe:
             clip_ratios=self.clip_ratios,
             bits=self.bits,
             positive_scales=self.positive_scales,
-            search=self.search,
+            search=None if self.search is None else SEARCHES[self.search],
         )
 
     def dequantized(self, qw: QuantizedWeight) -> np.ndarray:

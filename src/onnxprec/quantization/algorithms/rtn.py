@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +26,7 @@ from onnxprec.errors import InvalidArgumentError
 
 __all__ = [
     "DEFAULT_CLIP_RATIOS",
+    "BlockSearch",
     "QuantizedWeight",
     "as_float32_matrix",
     "block_params",
@@ -33,6 +34,7 @@ __all__ = [
     "dequantize_levels",
     "effective_block_size",
     "level_range",
+    "nonzero_scales",
     "quantize_int8_per_channel",
     "quantize_levels",
     "quantize_rtn",
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+BlockSearch = Callable[..., tuple[np.ndarray, "np.ndarray | None"]]
+"""``search(blocks [n_blocks, bs, N], *, bits, symmetric, positive_scales, valid) -> (scales, zero points)``."""
 
 # Shrink ratios of the block range tried by ``quantize_rtn(clip_search=True)``: 1.0 down to 0.7 in steps of 0.025.
 # With 16 levels the MSE-optimal clip of a Gaussian block of 32-128 values lies around 0.8-0.95; 0.7 leaves margin for
@@ -168,22 +173,22 @@ def block_params(
     hi = blocks.max(axis=-2)
     ratios = np.asarray(ratios, dtype=np.float32)
     if symmetric:
-        scales = _nonzero(np.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios)
+        scales = nonzero_scales(np.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios)
         if positive_scales:
             return scales, None
-        signed = _nonzero(np.where(-lo >= hi, lo, hi) / np.float32(qmin) * ratios)
+        signed = nonzero_scales(np.where(-lo >= hi, lo, hi) / np.float32(qmin) * ratios)
         if not (signed != scales).any():
             return scales, None
         better = _block_sq_error(blocks, signed, bits) < _block_sq_error(blocks, scales, bits)
         return np.where(better, signed, scales).astype(np.float32), None
     lo = np.minimum(lo, np.float32(0.0)) * ratios
     hi = np.maximum(hi, np.float32(0.0)) * ratios
-    scales = _nonzero((hi - lo) / np.float32(qmax - qmin))
+    scales = nonzero_scales((hi - lo) / np.float32(qmax - qmin))
     zero_points = np.clip(np.rint(-lo / scales), qmin, qmax).astype(np.float32)
     return scales, zero_points
 
 
-def _nonzero(scales: np.ndarray) -> np.ndarray:
+def nonzero_scales(scales: np.ndarray) -> np.ndarray:
     """``scales`` as float32 with 1 where a block is all zeros (its scale would be 0)."""
     return np.where(np.abs(scales) > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
 
@@ -271,7 +276,7 @@ def quantize_rtn(
     bits: int = 4,
     chunk_columns: int | None = None,
     positive_scales: bool = False,
-    search: str | None = None,
+    search: BlockSearch | None = None,
 ) -> QuantizedWeight:
     """Round-to-nearest block-wise quantization of a ``[K, N]`` weight (see :func:`block_params` for the math).
 
@@ -290,20 +295,14 @@ def quantize_rtn(
             default: about 4 M elements per chunk.
         positive_scales: symmetric scales always positive (for runtimes that reject negative scales); by default
             a block may get a signed scale (see :func:`block_params`).
-        search: ``"kquant"`` or ``"hqq"``: block parameters from that search
-            (:mod:`~onnxprec.quantization.algorithms.search`) instead of the block range. Excludes the clip options.
+        search: a function giving the block parameters instead of the block range, called as ``search(blocks,
+            bits=, symmetric=, positive_scales=, valid=K)`` (:data:`~onnxprec.quantization.algorithms.search.SEARCHES`:
+            k-quant, HQQ). Excludes the clip options.
     """
     if clip_search and clip_ratios is not None:
         raise ValueError("Pass either clip_search=True or clip_ratios, not both")
     if search is not None and (clip_search or clip_ratios is not None):
         raise ValueError("Pass either search or a clip option, not both")
-    searcher = None
-    if search is not None:
-        from onnxprec.quantization.algorithms import search as searches
-
-        if search not in searches.SEARCHES:
-            raise ValueError(f"Unknown search '{search}': use one of {', '.join(searches.SEARCHES)}")
-        searcher = searches.kquant_params if search == "kquant" else searches.hqq_params
     weight = as_float32_matrix(w)
     k, n = weight.shape
     bs = effective_block_size(k, block_size)
@@ -322,8 +321,8 @@ def quantize_rtn(
     for start in range(0, n, step):
         cols = slice(start, min(start + step, n))
         blocks = to_blocks(weight[:, cols], bs)
-        if searcher is not None:
-            s, z = searcher(blocks, bits=bits, symmetric=symmetric, positive_scales=positive_scales, valid=k)
+        if search is not None:
+            s, z = search(blocks, bits=bits, symmetric=symmetric, positive_scales=positive_scales, valid=k)
         else:
             if grid is not None:
                 chunk_ratios: float | np.ndarray = _mse_ratio_search(

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxprec.quantization.algorithms.rtn import _nonzero, block_params, level_range, quantize_levels
+from onnxprec.quantization.algorithms.rtn import BlockSearch, block_params, level_range, nonzero_scales, quantize_levels
 
 __all__ = ["SEARCHES", "hqq_params", "kquant_params"]
 
-SEARCHES = ("kquant", "hqq")
 
 _TINY = np.float32(1e-30)
 
@@ -94,7 +93,7 @@ def _fit_asymmetric(blocks: np.ndarray, weights: np.ndarray, levels: np.ndarray,
     den = np.einsum("bkn,bkn->bn", ws, shifted)
     refit = np.einsum("bkn,bkn->bn", ws, blocks) / np.maximum(den, _TINY)
     scale = np.where(ok & (den > _TINY) & (refit > _TINY), refit, scale)
-    return _nonzero(scale), zero.astype(np.float32)
+    return nonzero_scales(scale), zero.astype(np.float32)
 
 
 def kquant_params(
@@ -126,11 +125,11 @@ def kquant_params(
         extreme = np.where(-lo >= hi, lo, hi)
         for i in range(-(steps // 2), steps // 2 + 1):
             if positive_scales:
-                step = _nonzero(np.maximum(-lo, hi) / np.float32(qmax + delta * i))
+                step = nonzero_scales(np.maximum(-lo, hi) / np.float32(qmax + delta * i))
             else:
-                step = _nonzero(extreme / np.float32(qmin - delta * i))
+                step = nonzero_scales(extreme / np.float32(qmin - delta * i))
             levels = quantize_levels(blocks, step, None, bits=bits)
-            scale = _nonzero(_fit_symmetric(blocks, weights, levels, step))
+            scale = nonzero_scales(_fit_symmetric(blocks, weights, levels, step))
             if positive_scales:
                 scale = np.where(scale > 0, scale, step).astype(np.float32)
             err = _weighted_error(blocks, weights, scale, None, bits)
@@ -198,7 +197,7 @@ def hqq_params(
         error = _shrink_lp(blocks - shifted * scale[:, None, :], beta, p)
         target = blocks - error
         if symmetric:
-            fitted = _nonzero(_fit_symmetric(target, ones, levels, scale))
+            fitted = nonzero_scales(_fit_symmetric(target, ones, levels, scale))
             scale = np.where(fitted > 0, fitted, scale).astype(np.float32) if positive_scales else fitted
         else:
             assert zero is not None
@@ -211,3 +210,8 @@ def hqq_params(
         if zero is not None and best_z is not None:
             best_z = np.where(better, zero, best_z).astype(np.float32)
     return best_s, best_z
+
+
+SEARCHES: dict[str, BlockSearch] = {"kquant": kquant_params, "hqq": hqq_params}
+"""The calibration-free block searches by name, for :func:`~onnxprec.quantization.algorithms.rtn.quantize_rtn`'s
+``search``."""

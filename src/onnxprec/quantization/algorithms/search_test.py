@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from onnxprec.quantization.algorithms.rtn import block_params, quantize_levels, quantize_rtn, to_blocks
-from onnxprec.quantization.algorithms.search import hqq_params, kquant_params
+from onnxprec.quantization.algorithms.search import SEARCHES, hqq_params, kquant_params
 
 
 def _weight(k: int = 96, n: int = 64, seed: int = 0) -> np.ndarray:
@@ -54,14 +54,12 @@ def test_padding_of_a_partial_block_does_not_count(search: str) -> None:
     """K = 40 at block 32: the second block has 8 real rows; its parameters are those of a block of 8 rows alone
     (the same rows repeated 4 times fill a block of 32 with the same objective)."""
     w = _weight(k=40, n=16, seed=2)
-    partial = quantize_rtn(w, 32, search=search)
+    partial = quantize_rtn(w, 32, search=SEARCHES[search])
     tail = np.tile(w[32:], (4, 1))
-    alone = quantize_rtn(tail, 32, search=search)
+    alone = quantize_rtn(tail, 32, search=SEARCHES[search])
     np.testing.assert_allclose(partial.scales[1], alone.scales[0], rtol=1e-5)
 
 
 def test_options_are_exclusive() -> None:
     with pytest.raises(ValueError, match="not both"):
-        quantize_rtn(_weight(), 32, search="kquant", clip_search=True)
-    with pytest.raises(ValueError, match="Unknown search"):
-        quantize_rtn(_weight(), 32, search="gguf")
+        quantize_rtn(_weight(), 32, search=kquant_params, clip_search=True)

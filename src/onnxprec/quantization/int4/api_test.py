@@ -13,6 +13,7 @@ from onnx import helper
 from onnxprec._testing import F16, make_model, tensor_info
 from onnxprec.quantization._testing import correlated, dequantized_weights, mlp, run_fp32_compute, single_matmul
 from onnxprec.quantization.algorithms import quantize_rtn
+from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.int4 import quantize, quantize_file
 
 
@@ -299,7 +300,7 @@ def test_calibration_free_searches_run_in_onnxruntime(output_format: str, method
     )  # fmt: skip
     x = np.random.default_rng(3).standard_normal((2, 5, 100)).astype(np.float32)
     (y,) = run_fp32_compute(result, {"X": x})
-    searched = quantize_rtn(w, 32, symmetric=symmetric, search=method).dequantize()
+    searched = quantize_rtn(w, 32, symmetric=symmetric, search=SEARCHES[method]).dequantize()
     np.testing.assert_allclose(y, x @ searched, rtol=1e-4, atol=1e-4)
     assert _rel(searched, w) < _rel(quantize_rtn(w, 32, symmetric=symmetric).dequantize(), w) or method == "hqq"
 
