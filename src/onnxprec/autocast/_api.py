@@ -18,9 +18,8 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import onnx
 import onnx_ir as ir
@@ -43,11 +42,11 @@ from onnxprec._io import (
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
-from onnxprec._report import header
-from onnxprec.autocast import details, masks, report_html, target
+from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
-from onnxprec.autocast.convert import ConversionStats, ConvertPrecisionPass, ConvertPrecisionResult
+from onnxprec.autocast.convert import ConvertPrecisionPass, ConvertPrecisionResult
+from onnxprec.autocast.report import AutoCastReport, Details, command_line, first_sample, layer_errors
 from onnxprec.autocast.rules import (
     REDUCING_OPS,
     DataRangeRule,
@@ -95,103 +94,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOW_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 MIN_OPSET = {"fp16": 13, "bf16": 22}
-
-
-@dataclass
-class AutoCastReport:
-    """What a conversion did and measured; :meth:`to_json` is the ``--report_json`` file."""
-
-    TOOL: ClassVar[str] = "autocast"
-
-    low_precision_type: str
-    decisions: dict[ir.Node, Decision] = field(default_factory=dict)
-    stats: ConversionStats = field(default_factory=ConversionStats)
-    numeric: NumericReport | None = None
-    reference_batches: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
-    output_path: Path | None = None
-    input_path: Path | None = None
-    mask_regions: list[masks.MaskRegion] = field(default_factory=list)
-    target_search: target.TargetReport | None = None
-    details: details.Details | None = None
-    settings: dict[str, Any] = field(default_factory=dict)  # data_max, init_max... as the reports show them
-    command: str = ""
-    genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
-    ort_only: dict[str, int] = field(default_factory=dict)  # nodes only ONNX Runtime can check, by op
-
-    @property
-    def summary(self) -> str:
-        s = self.stats
-        pct = 100.0 * s.low_nodes / s.nodes if s.nodes else 0.0
-        return (
-            f"Converted {s.low_nodes}/{s.nodes} nodes ({pct:.1f}%) to {self.low_precision_type}; "
-            f"{s.casts} casts inserted"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data (what ``--report_json`` writes).
-
-        Returns:
-            ``tool``, ``onnxprec_version``, ``summary``, ``input`` and ``output`` (paths, None for in-memory models),
-            ``low_precision_type``, ``counts`` (nodes, low_nodes, casts, initializers_converted,
-            initializers_copied, initializers_cast_at_runtime), ``seconds`` per step, ``reference_batches``,
-            ``numeric`` (None without a numeric check, else ``skipped`` and per-output errors against FP32;
-            non-finite errors are None), ``ort_only_nodes`` (the nodes only ONNX Runtime can check, by op, which
-            validation proved in ONNX Runtime) and ``nodes``: every classified node (subgraph nodes included) with
-            its ``name``, ``op_type``, ``precision`` (fp16, bf16 or fp32) and the ``reason`` of that decision.
-        """
-
-        def number(value: float) -> float | None:
-            return float(value) if math.isfinite(value) else None
-
-        numeric: dict[str, Any] | None = None
-        if self.numeric is not None:
-            numeric = {
-                "skipped": self.numeric.skipped,
-                "outputs": {
-                    name: {k: bool(v) if k == "finite" else number(v) for k, v in errors.items()}
-                    for name, errors in self.numeric.errors.items()
-                },
-            }
-        return {
-            **header(self),
-            "input": None if self.input_path is None else str(self.input_path),
-            "output": None if self.output_path is None else str(self.output_path),
-            "low_precision_type": self.low_precision_type,
-            "counts": asdict(self.stats),
-            "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
-            "reference_batches": self.reference_batches,
-            "numeric": numeric,
-            "ort_only_nodes": self.ort_only,
-            "masks": [region.to_json() for region in self.mask_regions],
-            "target": None if self.target_search is None else self.target_search.to_json(),
-            "settings": self.settings,
-            "command": self.command,
-            "genai": None if self.genai is None else self.genai.to_json(),
-            "by_op_type": _by_op_type_counts(self),
-            "errors_note": "" if self.details is None else self.details.error_note,
-            "suggestions": details.suggestions(self.decisions, self.details, LOW_TYPES[self.low_precision_type]),
-            "nodes": [
-                {
-                    "name": node.name or "",
-                    "op_type": node.op_type,
-                    "precision": self.low_precision_type if decision.low else "fp32",
-                    "reason": decision.reason,
-                    **({} if self.details is None else self.details.node_json(node)),
-                }
-                for node, decision in self.decisions.items()
-            ],
-        }
-
-
-def _by_op_type_counts(report: AutoCastReport) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {}
-    for node, decision in report.decisions.items():
-        entry = counts.setdefault(node.op_type, {"fp32": 0, report.low_precision_type: 0})
-        entry[report.low_precision_type if decision.low else "fp32"] += 1
-    return dict(sorted(counts.items(), key=lambda item: -sum(item[1].values())))
 
 
 def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16") -> Path:
@@ -463,16 +366,16 @@ def _details(
     seen: Mapping[str, TensorStats] | None,
     measured: Mapping[str, TensorStats] | None,
     reference: ReferenceResult | None,
-) -> details.Details:
+) -> Details:
     """What the HTML report shows per node; the errors along the graph on the first calibration sample."""
     tick = time.perf_counter()
-    found = details.Details.of(model, seen, measured)
+    found = Details.of(model, seen, measured)
     if reference is None:
         found.error_note = "errors along the graph not measured: no reference run (data_max inf)"
         return found
     converted = _converted_clone(model, decisions, options)
-    feeds = details.first_sample(reference.first_feeds)
-    found.errors, found.error_note = details.layer_errors(model, converted, feeds, options.providers)
+    feeds = first_sample(reference.first_feeds)
+    found.errors, found.error_note = layer_errors(model, converted, feeds, options.providers)
     logger.info("Errors along the graph: %d tensors (%.1f s)", len(found.errors), time.perf_counter() - tick)
     return found
 
@@ -743,7 +646,7 @@ def convert_file(
         genai.write(model)
         report.genai = genai
     if options.report is not None:
-        report.command = details.command_line(options, onnx_path, output_path)
+        report.command = command_line(options, onnx_path, output_path)
         report_html.write_html(options.report, report.to_json())
         logger.info("HTML report written to %s", options.report)
     return report

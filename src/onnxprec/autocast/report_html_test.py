@@ -14,7 +14,7 @@ from onnx import helper
 
 from onnxprec._testing import F, make_model, tensor_info
 from onnxprec.autocast import convert_file
-from onnxprec.autocast.details import command_line, patterns
+from onnxprec.autocast.report import command_line, patterns
 from onnxprec.autocast.report_html import render
 from onnxprec.cli import main
 from onnxprec.errors import InvalidArgumentError

@@ -1,4 +1,6 @@
-"""Per-node details of a conversion, for the reports: ranges, casts, errors along the graph, suggestions, command.
+"""AutoCast's report: :class:`AutoCastReport` (what ``--report_json`` writes) and its per-node details.
+
+The per-node details feed the reports: ranges, casts, errors along the graph, suggestions, command.
 
 :class:`Details` is collected by the pipeline when a report is asked for (``--report``): the measured range of
 each node's tensors (past attention-mask sentinels, as ``data_max`` saw it), the casts inserted next to it, and,
@@ -16,9 +18,9 @@ import math
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import onnx
@@ -27,14 +29,20 @@ import onnx_ir as ir
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES, original_name
 from onnxprec._io import PROTOBUF_LIMIT
+from onnxprec._report import header
 from onnxprec._tensors import finite_max
+from onnxprec.autocast.convert import ConversionStats
 from onnxprec.observers import TensorStats
 
 if TYPE_CHECKING:
+    from onnxprec._genai import GenaiCarry
     from onnxprec.autocast._options import AutoCastOptions
     from onnxprec.autocast.classify import Decision
+    from onnxprec.autocast.masks import MaskRegion
+    from onnxprec.autocast.target import TargetReport
+    from onnxprec.validate import NumericReport
 
-__all__ = ["Details", "command_line", "layer_errors", "suggestions"]
+__all__ = ["LOW_TYPES", "AutoCastReport", "Details", "command_line", "first_sample", "layer_errors", "suggestions"]
 
 logger = logging.getLogger(__name__)
 
@@ -319,3 +327,104 @@ def command_line(options: AutoCastOptions, onnx_path: str | Path | None, output_
             parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     command = " ".join(shlex.quote(p) for p in parts)
     return command + (f"  # plus {', '.join(notes)}" if notes else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# The report
+
+LOW_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
+
+
+@dataclass
+class AutoCastReport:
+    """What a conversion did and measured; :meth:`to_json` is the ``--report_json`` file."""
+
+    TOOL: ClassVar[str] = "autocast"
+
+    low_precision_type: str
+    decisions: dict[ir.Node, Decision] = field(default_factory=dict)
+    stats: ConversionStats = field(default_factory=ConversionStats)
+    numeric: NumericReport | None = None
+    reference_batches: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    output_path: Path | None = None
+    input_path: Path | None = None
+    mask_regions: list[MaskRegion] = field(default_factory=list)
+    target_search: TargetReport | None = None
+    details: Details | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # data_max, init_max... as the reports show them
+    command: str = ""
+    genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
+    ort_only: dict[str, int] = field(default_factory=dict)  # nodes only ONNX Runtime can check, by op
+
+    @property
+    def summary(self) -> str:
+        s = self.stats
+        pct = 100.0 * s.low_nodes / s.nodes if s.nodes else 0.0
+        return (
+            f"Converted {s.low_nodes}/{s.nodes} nodes ({pct:.1f}%) to {self.low_precision_type}; "
+            f"{s.casts} casts inserted"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what ``--report_json`` writes).
+
+        Returns:
+            ``tool``, ``onnxprec_version``, ``summary``, ``input`` and ``output`` (paths, None for in-memory models),
+            ``low_precision_type``, ``counts`` (nodes, low_nodes, casts, initializers_converted,
+            initializers_copied, initializers_cast_at_runtime), ``seconds`` per step, ``reference_batches``,
+            ``numeric`` (None without a numeric check, else ``skipped`` and per-output errors against FP32;
+            non-finite errors are None), ``ort_only_nodes`` (the nodes only ONNX Runtime can check, by op, which
+            validation proved in ONNX Runtime) and ``nodes``: every classified node (subgraph nodes included) with
+            its ``name``, ``op_type``, ``precision`` (fp16, bf16 or fp32) and the ``reason`` of that decision.
+        """
+
+        def number(value: float) -> float | None:
+            return float(value) if math.isfinite(value) else None
+
+        numeric: dict[str, Any] | None = None
+        if self.numeric is not None:
+            numeric = {
+                "skipped": self.numeric.skipped,
+                "outputs": {
+                    name: {k: bool(v) if k == "finite" else number(v) for k, v in errors.items()}
+                    for name, errors in self.numeric.errors.items()
+                },
+            }
+        return {
+            **header(self),
+            "input": None if self.input_path is None else str(self.input_path),
+            "output": None if self.output_path is None else str(self.output_path),
+            "low_precision_type": self.low_precision_type,
+            "counts": asdict(self.stats),
+            "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
+            "reference_batches": self.reference_batches,
+            "numeric": numeric,
+            "ort_only_nodes": self.ort_only,
+            "masks": [region.to_json() for region in self.mask_regions],
+            "target": None if self.target_search is None else self.target_search.to_json(),
+            "settings": self.settings,
+            "command": self.command,
+            "genai": None if self.genai is None else self.genai.to_json(),
+            "by_op_type": _by_op_type_counts(self),
+            "errors_note": "" if self.details is None else self.details.error_note,
+            "suggestions": suggestions(self.decisions, self.details, LOW_TYPES[self.low_precision_type]),
+            "nodes": [
+                {
+                    "name": node.name or "",
+                    "op_type": node.op_type,
+                    "precision": self.low_precision_type if decision.low else "fp32",
+                    "reason": decision.reason,
+                    **({} if self.details is None else self.details.node_json(node)),
+                }
+                for node, decision in self.decisions.items()
+            ],
+        }
+
+
+def _by_op_type_counts(report: AutoCastReport) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for node, decision in report.decisions.items():
+        entry = counts.setdefault(node.op_type, {"fp32": 0, report.low_precision_type: 0})
+        entry[report.low_precision_type if decision.low else "fp32"] += 1
+    return dict(sorted(counts.items(), key=lambda item: -sum(item[1].values())))
