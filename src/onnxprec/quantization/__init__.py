@@ -5,7 +5,8 @@
 - :func:`llm_feeds`: calibration/evaluation feeds for causal LMs from token ids or text;
 - :mod:`~onnxprec.quantization.algorithms` (RTN, AWQ, GPTQ in numpy), :mod:`~onnxprec.quantization.packing`
   (bit-exact layouts), :mod:`~onnxprec.quantization.select`, :mod:`~onnxprec.quantization.methods`,
-  :mod:`~onnxprec.quantization.scaling`, :mod:`~onnxprec.quantization.calibrate`, :mod:`~onnxprec.quantization.formats`.
+  :mod:`~onnxprec.quantization.scaling`, :mod:`~onnxprec.quantization.activation_stats`,
+  :mod:`~onnxprec.quantization.formats`.
 
 Attributes are imported on first use, so ``python -m onnxprec.quantization.int4 --help`` stays fast.
 """

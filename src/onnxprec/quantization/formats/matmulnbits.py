@@ -23,8 +23,8 @@ import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
-from onnxprec.quantization.formats.lazy import LazyQuantizedWeight
 from onnxprec.quantization.formats.qdq import first_node, remove_unused_transposes
+from onnxprec.quantization.formats.quantized_weight import LazyQuantizedWeight
 from onnxprec.quantization.packing import pack_matmulnbits
 from onnxprec.quantization.select import Layer, Target
 

@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
-from onnxprec.quantization.formats.lazy import LazyQuantizedWeight
+from onnxprec.quantization.formats.quantized_weight import LazyQuantizedWeight
 from onnxprec.quantization.packing import qdq_arrays
 from onnxprec.quantization.select import Layer, Target
 

@@ -37,8 +37,8 @@ from onnxprec._tensors import release
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
-from onnxprec.quantization.calibrate import collect_stats, plan_chunks, quiet_onnx_ir
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.matmulnbits import matmulnbits_block

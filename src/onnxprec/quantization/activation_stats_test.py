@@ -11,7 +11,7 @@ import pytest
 
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.quantization._testing import mlp
-from onnxprec.quantization.calibrate import collect_stats, plan_chunks, pruned_copy, stats_bytes
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, pruned_copy, stats_bytes
 from onnxprec.quantization.int4 import quantize
 from onnxprec.quantization.methods import METHODS
 from onnxprec.quantization.select import select_layers
