@@ -1,8 +1,8 @@
 """Output formats of a quantized weight: ``DequantizeLinear -> MatMul`` (QDQ) or ``com.microsoft::MatMulNBits``.
 
 Both rewrite the graph around a :class:`~onnxprec.quantization.formats.quantized_weight.LazyQuantizedWeight`, whose
-tensors are computed while the model is written: the float weight is read (memory-mapped), quantized, split into the format's
-initializers and released, one weight at a time.
+tensors are computed while the model is written: the float weight is read (memory-mapped), quantized, split into the
+format's initializers and released, one weight at a time.
 """
 
 from __future__ import annotations
