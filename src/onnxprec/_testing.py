@@ -259,6 +259,8 @@ def tiny_decoder(
     symbolic_head: bool = True,
     static_present: bool = False,
     position_ids: bool = False,
+    window: int = 0,
+    state: bool = False,
     seed: int = 0,
 ) -> onnx.ModelProto:
     """A tiny random-weight causal decoder with a KV cache, laid out as onnxruntime-genai's builder writes them.
@@ -266,7 +268,10 @@ def tiny_decoder(
     Inputs ``input_ids`` and ``attention_mask`` ``[batch_size, (total_)sequence_length]``, ``past_key_values.N.key``
     and ``.value`` ``[batch_size, kv heads, past_sequence_length, head size]`` (the head size named ``kv_cache_dim``
     when ``symbolic_head``), and ``position_ids`` with a position embedding table when asked; outputs ``logits`` and
-    ``present.N.key/value`` (static head sizes with ``static_present``). ``attention``:
+    ``present.N.key/value`` (static head sizes with ``static_present``). ``window``: layer 0 is a sliding-window
+    GroupQueryAttention whose cache is a ring buffer of ``window`` positions (``sliding_window_cache``, as the
+    builder writes gemma2's); ``state``: a fixed-size state ``past.0.conv`` ``[batch_size, 4, 2]`` carried to
+    ``present.0.conv`` (as LFM2's convolution state). ``attention``:
 
     - ``gqa``: ``com.microsoft::GroupQueryAttention`` on a packed QKV MatMul, rotary inside (cos/sin caches of
       ``max_positions`` rows), ``seqlens_k`` and ``total_sequence_length`` computed from the mask as the builder
@@ -316,10 +321,13 @@ def tiny_decoder(
     for layer in range(layers):
         past_k, past_v = f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"
         present_k, present_v = f"present.{layer}.key", f"present.{layer}.value"
+        sliding = bool(window) and layer == 0 and attention == "gqa"
         for past, present in ((past_k, present_k), (past_v, present_v)):
-            inputs.append(tensor_info(past, F, ["batch_size", kv, "past_sequence_length", head_dim]))
+            length = "sliding_length" if sliding else "sequence_length"
+            inputs.append(tensor_info(past, F, ["batch_size", kv, f"past_{length}", head_dim]))
             present_head = head_size if static_present else head_dim
-            outputs.append(tensor_info(present, F, ["batch_size", kv, "total_sequence_length", present_head]))
+            outputs.append(tensor_info(present, F, ["batch_size", kv, f"total_{length}", present_head]))
+        ring = {"local_window_size": window, "sliding_window_cache": 1} if sliding else {}
         out = f"attn{layer}"
         if attention == "gqa":
             weights[f"qkv{layer}"] = rng.standard_normal((hidden, (heads + 2 * kv) * head_size)).astype(np.float32)
@@ -334,6 +342,7 @@ def tiny_decoder(
                     kv_num_heads=kv,
                     do_rotary=1,
                     name=f"gqa{layer}",
+                    **ring,
                 ),
             ]
         elif attention == "mha":
@@ -371,5 +380,9 @@ def tiny_decoder(
         ]
         hidden_state = f"h{layer + 1}"
     nodes.append(helper.make_node("MatMul", [hidden_state, "lm_head"], ["logits"], name="lm_head"))
+    if state:
+        inputs.append(tensor_info("past.0.conv", F, ["batch_size", 4, 2]))
+        outputs.append(tensor_info("present.0.conv", F, ["batch_size", 4, 2]))
+        nodes.append(helper.make_node("Identity", ["past.0.conv"], ["present.0.conv"], name="conv_state"))
     del weights["one_scalar"]
     return make_model(nodes, inputs, outputs, weights, extra_opsets={"com.microsoft": 1})

@@ -179,7 +179,7 @@ class CalibrationData:
         yield head
         for row in range(ids.shape[0]):  # one window a run: GroupQueryAttention takes a filled past for batch 1 only
             past = {name: array[row : row + 1] for name, array in zip(presents, arrays)}
-            yield self._llm.complete({self._llm.ids.name: ids[row : row + 1, prefix:]}, past)
+            yield self._llm.complete({self._llm.ids.name: ids[row : row + 1, prefix:]}, past, prefix)
 
     def _passes(self) -> Iterator[Feeds]:
         """The checked, completed batches: read again, or (one-shot sources) spooled and read back."""

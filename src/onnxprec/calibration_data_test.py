@@ -126,3 +126,22 @@ def test_a_prefix_run_fills_the_past(tmp_path: Path) -> None:
     for row in range(2):  # decode-like logits equal those of the whole window
         full = run(proto, CalibrationData({"input_ids": ids[row : row + 1]}, model).first)[0]
         np.testing.assert_allclose(run(proto, batches[1 + row])[0], full[:, 4:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_sliding_window_ring_buffer_and_a_fixed_size_state(tmp_path: Path) -> None:
+    """A sliding-window GroupQueryAttention takes its past as a ring of ``window`` positions (empty ones too);
+    a convolution state has no past-length axis: zeros of its static shape. The prefix run fills both exactly."""
+    model = _decoder(tmp_path, window=16, state=True)
+    proto = ir.serde.serialize_model(model)
+    ids = RNG.integers(0, 16, (1, 12))
+    first = CalibrationData({"input_ids": ids}, model).first
+    assert first["past_key_values.0.key"].shape == (1, 1, 16, 16)  # the ring
+    assert first["past_key_values.1.key"].shape == (1, 1, 0, 16)
+    assert first["past.0.conv"].shape == (1, 4, 2) and not first["past.0.conv"].any()
+    full = run(proto, first)[0]
+    head, tail = CalibrationData({"input_ids": ids}, model, past_length=5)
+    assert head["past_key_values.0.key"].shape == (1, 1, 16, 16) and head["input_ids"].shape == (1, 5)
+    assert tail["past_key_values.0.key"].shape == (1, 1, 16, 16)
+    assert tail["past_key_values.1.key"].shape == (1, 1, 5, 16)
+    assert tail["attention_mask"].shape == (1, 12)
+    np.testing.assert_allclose(run(proto, tail)[0], full[:, 5:], rtol=1e-5, atol=1e-5)

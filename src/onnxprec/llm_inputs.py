@@ -11,7 +11,10 @@ that holds only token ids:
   type and layout the model declares. A symbolic head count or head size (builder models:
   ``[batch_size, 3, past_sequence_length, kv_cache_dim]``) is resolved from the matching ``present.*`` output,
   from the GroupQueryAttention / MultiHeadAttention / Attention node that reads the input (its head counts and
-  the width of its query, found through the graph), or from ``genai_config.json`` beside the model.
+  the width of its query, found through the graph), or from ``genai_config.json`` beside the model. A
+  sliding-window GroupQueryAttention cache (``sliding_window_cache``) is a ring of ``local_window_size`` positions
+  (an empty one too; the mask says what is valid); a past input without a past-length axis (a convolution state)
+  is zeros of its static shape.
 
 A batch is completed only when it gives every past input or none; some but not all is an error naming the
 missing ones. Windows longer than the model's context (``context_length`` in ``genai_config.json``, else the
@@ -52,18 +55,22 @@ _ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Cast", "Identity", "DequantizeLinea
 
 @dataclass(frozen=True)
 class _Past:
-    """A past key/value input: its spec, past-length axis, sizes (batch and past axes 0) and present output."""
+    """A past input: its spec, past-length axis (None: a state of fixed size, e.g. a convolution's), sizes (batch
+    and past axes 0), present output, and ring size (a sliding-window cache: the past is a buffer of that many
+    positions, its valid part given by the mask)."""
 
     spec: InputSpec
-    axis: int
+    axis: int | None
     sizes: tuple[int, ...]
     present: str | None
+    ring: int = 0
 
     def shape(self, batch: int, length: int) -> tuple[int, ...]:
         sizes = list(self.sizes)
         if not (isinstance(self.spec.dims[0], int) and self.spec.dims[0] > 0):
             sizes[0] = batch
-        sizes[self.axis] = length
+        if self.axis is not None:
+            sizes[self.axis] = max(length, self.ring)
         return tuple(sizes)
 
 
@@ -151,13 +158,17 @@ class LLMInputs:
     # ----------------------------------------------------------------------------------------------
     # Building
 
-    def complete(self, batch: Mapping[str, Any], past: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+    def complete(
+        self, batch: Mapping[str, Any], past: Mapping[str, np.ndarray] | None = None, past_length: int | None = None
+    ) -> dict[str, Any]:
         """``batch`` with every input it lacks built from its token ids (see the module docstring).
 
         Args:
             batch: At least the token ids ``[batch, sequence]``; inputs it holds are kept.
             past: Past keys/values for the inputs the batch lacks (e.g. a prefix run's ``present.*``, by past input
                 name); None: empty ones.
+            past_length: The tokens ``past`` holds (default: the past-length axis of a past that is not a
+                sliding-window ring buffer or a fixed-size state).
 
         Raises:
             CalibrationDataError: An input that cannot be built, a KV cache that cannot be sized, a mask that does
@@ -171,14 +182,16 @@ class LLMInputs:
         size, length = ids.shape
         feeds = dict(batch)
         feeds[self.ids.name] = ids.astype(self.ids.dtype, copy=False)
-        past_length = 0
+        known = 0 if not past else past_length
         for layout in self._layouts() if any(s.name not in feeds for s in self.past_specs) else []:
             given = None if past is None else past.get(layout.spec.name)
             if given is None:
                 feeds[layout.spec.name] = np.zeros(layout.shape(size, 0), dtype=layout.spec.dtype)
-            else:
-                feeds[layout.spec.name] = np.asarray(given).astype(layout.spec.dtype, copy=False)
-                past_length = int(feeds[layout.spec.name].shape[layout.axis])
+                continue
+            feeds[layout.spec.name] = np.asarray(given).astype(layout.spec.dtype, copy=False)
+            if known is None and layout.axis is not None and not layout.ring:
+                known = int(feeds[layout.spec.name].shape[layout.axis])
+        past_length = known or 0
         mask = self._mask(feeds, size, past_length + length)
         self.check_length(past_length + length)
         for spec in self.specs:
@@ -236,7 +249,7 @@ class LLMInputs:
         axis = next((a for a, d in enumerate(dims) if a and isinstance(d, str) and _PAST_AXIS.search(d)), None)
         if axis is None:
             axis = next((a for a, d in enumerate(dims) if a and not isinstance(d, int)), None)
-        if axis is None:
+        if axis is None and not all(isinstance(d, int) and d >= 0 for d in dims[1:]):
             raise CalibrationDataError(
                 f"Cannot find the past-length axis of the KV-cache input {spec.describe()}: pass it in the data."
             )
@@ -262,8 +275,12 @@ class LLMInputs:
                     "the data."
                 )
             sizes.append(size)
-        logger.debug("KV cache %s: %s (past axis %d, present %s)", spec.name, sizes, axis, present)
-        return _Past(spec, axis, tuple(sizes), present)
+        ring = 0
+        sliding: int = attention[2].attributes.get_int("sliding_window_cache", 0) if attention is not None else 0
+        if attention is not None and sliding:
+            ring = max(0, attention[2].attributes.get_int("local_window_size", 0))
+        logger.debug("Past %s: %s (past axis %s, ring %d, present %s)", spec.name, sizes, axis, ring, present)
+        return _Past(spec, axis, tuple(sizes), present, ring)
 
     def _present(self, spec: InputSpec, attention: tuple[int, int, ir.Node, int] | None) -> str | None:
         """The graph output that holds this past input's updated cache."""
