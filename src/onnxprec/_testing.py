@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -327,7 +328,7 @@ def tiny_decoder(
             inputs.append(tensor_info(past, F, ["batch_size", kv, f"past_{length}", head_dim]))
             present_head = head_size if static_present else head_dim
             outputs.append(tensor_info(present, F, ["batch_size", kv, f"total_{length}", present_head]))
-        ring = {"local_window_size": window, "sliding_window_cache": 1} if sliding else {}
+        ring: dict[str, Any] = {"local_window_size": window, "sliding_window_cache": 1} if sliding else {}
         out = f"attn{layer}"
         if attention == "gqa":
             weights[f"qkv{layer}"] = rng.standard_normal((hidden, (heads + 2 * kv) * head_size)).astype(np.float32)
