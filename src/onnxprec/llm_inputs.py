@@ -24,7 +24,6 @@ token stream into windows, and :func:`llm_feeds` makes whole feed dicts from ids
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -35,15 +34,16 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnxprec import _genai
+from onnxprec._genai import GENAI_CONFIG
 from onnxprec._io import ModelSource, load_model, model_file
 from onnxprec.calibration import InputSpec, gather_table_rows, input_specs, split_batch
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 
-__all__ = ["GENAI_CONFIG", "LLMInputs", "llm_feeds", "read_token_ids", "token_windows"]
+__all__ = ["LLMInputs", "llm_feeds", "read_token_ids", "token_windows"]
 
 logger = logging.getLogger(__name__)
 
-GENAI_CONFIG = "genai_config.json"
 _PAST = re.compile(r"past|cache", re.I)
 _PAST_AXIS = re.compile(r"past|seq|len|total|time|step", re.I)
 _DEFAULT_SEQ_LEN = 256
@@ -328,17 +328,15 @@ class LLMInputs:
     # Context and vocabulary
 
     def config(self) -> dict[str, Any]:
-        """``model`` of the ``genai_config.json`` beside the model file ({} when there is none)."""
+        """``model`` of the ``genai_config.json`` beside the model file ({} when there is none).
+
+        Raises:
+            ModelLoadError: The config exists but is not readable (``_genai.read_config`` says how to fix it).
+        """
         if self._config is None:
-            self._config = {}
             path = model_file(self.model)
-            config = path.parent / GENAI_CONFIG if path is not None else None
-            if config is not None and config.is_file():
-                try:
-                    model = json.loads(config.read_text()).get("model", {})
-                    self._config = model if isinstance(model, dict) else {}
-                except (ValueError, OSError, AttributeError) as e:
-                    logger.warning("Ignoring %s (%s)", config, e)
+            folder = _genai.genai_folder(path) if path is not None else None
+            self._config = _genai.read_config(folder)["model"] if folder is not None else {}
         return self._config
 
     def context(self) -> tuple[int, str] | None:
