@@ -53,6 +53,7 @@ __all__ = [
     "add_arguments",
     "args_doc",
     "calibration_data_option",
+    "compile_patterns",
     "customize",
     "deprecated_alias",
     "fields_in",
@@ -641,6 +642,23 @@ class CommonArgs(ToolOptions):
         metavar="PATH",
         help="Also write a JSON report of the run (counts, per-node decisions with reasons, errors, timings).",
     )
+
+
+def compile_patterns(patterns: Iterable[str] | None, what: str) -> list[re.Pattern[str]]:
+    """Compiles the regexes of an option (``nodes_to_exclude``...); a bad one is an error that names the option.
+
+    Raises:
+        InvalidArgumentError: A pattern is not a valid regular expression.
+    """
+    from onnxprec.errors import InvalidArgumentError
+
+    compiled = []
+    for pattern in patterns or ():
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as e:
+            raise InvalidArgumentError(f"Invalid regular expression '{pattern}' in {what}: {e}.") from e
+    return compiled
 
 
 def deprecated_alias(parser: argparse.ArgumentParser, flag: str, dest: str) -> None:

@@ -42,6 +42,8 @@ __all__ = [
     "first_line",
     "float_contract",
     "import_onnxruntime",
+    "model_proto",
+    "ort_model",
     "resolve_providers",
 ]
 
@@ -338,6 +340,15 @@ def ort_model(model: ir.Model) -> Iterator[tuple[bytes | str, Path | None]]:
         path = Path(tmp) / "model.onnx"
         ir.save(model, path, external_data="model.onnx.data", size_threshold_bytes=1024)  # model unchanged
         yield str(path), None
+
+
+def model_proto(payload: bytes | str) -> onnx.ModelProto:
+    """The message of what :func:`ort_model` yields (bytes, or a path whose weights stay file references)."""
+    if isinstance(payload, bytes):
+        proto = onnx.ModelProto()
+        proto.ParseFromString(payload)
+        return proto
+    return onnx.load(payload, load_external_data=False)
 
 
 def create_session(

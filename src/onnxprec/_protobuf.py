@@ -163,22 +163,29 @@ def _streamable(value: ir.Value) -> bool:
     return tensor is not None and tensor.dtype != ir.DataType.STRING and value.name is not None
 
 
+def _serialized_without(model: ir.Model, left_out: list[ir.Value]) -> onnx.ModelProto:
+    """The model's message without the main-graph initializers ``left_out``; the model is left as it was."""
+    graph = model.graph
+    order = list(graph.initializers.values())
+    for value in left_out:
+        assert value.name is not None
+        graph.initializers.pop(value.name)
+    try:
+        return ir.serde.serialize_model(model)
+    finally:
+        graph.initializers.clear()
+        for value in order:
+            graph.initializers.add(value)
+
+
 def write_streaming(model: ir.Model, stream: BinaryIO) -> None:
     """Writes ``model`` as one protobuf file, encoding and writing one main-graph initializer at a time.
 
     Every tensor's bytes are embedded (external references of the source model are read and inlined),
     so the result is self-contained. The caller keeps the model below the 2 GB protobuf limit.
     """
-    graph = model.graph
-    streamed = [v for v in graph.initializers.values() if _streamable(v)]
-    for value in streamed:
-        assert value.name is not None
-        graph.initializers.pop(value.name)
-    try:
-        proto = ir.serde.serialize_model(model)
-    finally:
-        for value in streamed:
-            graph.register_initializer(value)
+    streamed = [v for v in model.graph.initializers.values() if _streamable(v)]
+    proto = _serialized_without(model, streamed)
     names = {v.name for v in streamed}
     # Initializers' value_info is redundant with the tensor header, unless it carries metadata (such as the
     # original name a conversion recorded).
@@ -227,18 +234,10 @@ def structure_proto(model: ir.Model, threshold: int = 1024) -> onnx.ModelProto:
     Main-graph initializers larger than ``threshold`` bytes are left out and declared as graph inputs of
     the same type and shape instead, so their data is neither read nor copied. The model is unchanged.
     """
-    graph = model.graph
-    order = list(graph.initializers.values())
-    big = [v for v in order if v.const_value is not None and v.const_value.nbytes > threshold]
-    for value in big:
-        assert value.name is not None
-        graph.initializers.pop(value.name)
-    try:
-        proto = ir.serde.serialize_model(model)
-    finally:
-        graph.initializers.clear()
-        for value in order:
-            graph.initializers.add(value)
+    big = [
+        v for v in model.graph.initializers.values() if v.const_value is not None and v.const_value.nbytes > threshold
+    ]
+    proto = _serialized_without(model, big)
     declared = {i.name for i in proto.graph.input}
     for value in big:
         tensor = value.const_value

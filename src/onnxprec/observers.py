@@ -30,6 +30,7 @@ __all__ = [
     "RangeObserver",
     "TensorStats",
     "TokenSampleObserver",
+    "accumulate",
 ]
 
 
@@ -186,17 +187,21 @@ class ChannelAbsMeanObserver(_Filtered):
         if not self.wants(name):
             return
         rows = _rows(array)
-        total = np.abs(rows).sum(axis=0, dtype=np.float64)
-        if name in self._sums:
-            self._sums[name] += total
-            self.tokens[name] += rows.shape[0]
-        else:
-            self._sums[name] = total
-            self.tokens[name] = rows.shape[0]
+        accumulate(self._sums, self.tokens, name, np.abs(rows).sum(axis=0, dtype=np.float64), rows.shape[0])
 
     def mean(self, name: str) -> np.ndarray:
         """``[channels]`` float32 mean ``|x|``."""
         return (self._sums[name] / max(self.tokens[name], 1)).astype(np.float32)
+
+
+def accumulate(totals: dict[str, np.ndarray], counts: dict[str, int], name: str, value: np.ndarray, n: int) -> None:
+    """Adds one batch's ``value`` (summed over its ``n`` tokens) to ``totals[name]`` and ``n`` to ``counts[name]``."""
+    if name in totals:
+        totals[name] += value
+        counts[name] += n
+    else:
+        totals[name] = value
+        counts[name] = n
 
 
 class GramObserver(_Filtered):
@@ -211,13 +216,7 @@ class GramObserver(_Filtered):
         if not self.wants(name):
             return
         rows = _rows(array).astype(np.float64)
-        product = rows.T @ rows
-        if name in self.gram:
-            self.gram[name] += product
-            self.tokens[name] += rows.shape[0]
-        else:
-            self.gram[name] = product
-            self.tokens[name] = rows.shape[0]
+        accumulate(self.gram, self.tokens, name, rows.T @ rows, rows.shape[0])
 
 
 class TokenSampleObserver(_Filtered):

@@ -202,7 +202,7 @@ def run_reference(
             stack.callback(data.close)
         replay = data
         payload, folder = stack.enter_context(_ort.ort_model(model))
-        base = _base_proto(payload)
+        base = _ort.model_proto(payload)
         segments = _segments(base, segment_bytes)
         done = None
         if segments is not None:
@@ -508,15 +508,6 @@ def _observe(observers: Sequence[Observer], name: str, array: np.ndarray) -> Non
         return  # a sequence or an optional (graph input or output): observers take tensors
     for observer in observers:
         observer.update(name, array)
-
-
-def _base_proto(payload: bytes | str) -> onnx.ModelProto:
-    """The model's message, parsed once (weights stay file references), to which each chunk adds outputs."""
-    if isinstance(payload, bytes):
-        proto = onnx.ModelProto()
-        proto.ParseFromString(payload)
-        return proto
-    return onnx.load(payload, load_external_data=False)
 
 
 def _chunk_session(

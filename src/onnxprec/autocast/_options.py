@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from onnxprec._options import (
     ToolOptions,
     calibration_data_option,
+    compile_patterns,
     genai_provider_option,
     html_report_option,
     input_shapes_option,
@@ -171,8 +172,8 @@ class AutoCastOptions(ToolOptions):
             newest = onnx.defs.onnx_opset_version()
             if not 1 <= int(self.opset) <= newest:
                 raise InvalidArgumentError(f"opset {self.opset} is out of range: this onnx supports up to {newest}.")
-        self.exclude_patterns = _compile(self.nodes_to_exclude, "nodes_to_exclude")
-        self.include_patterns = _compile(self.nodes_to_include, "nodes_to_include")
+        self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
+        self.include_patterns = compile_patterns(self.nodes_to_include, "nodes_to_include")
         self.plugins = _parse_plugin_precisions(self.trt_plugins_precision)
         self.input_shape_map = _parse_input_shapes(self.input_shapes)
         self.target = _parse_target(self.target_accuracy)
@@ -186,16 +187,6 @@ class AutoCastOptions(ToolOptions):
         import onnx_ir as ir
 
         return ir.DataType.FLOAT16 if self.low_precision_type == "fp16" else ir.DataType.BFLOAT16
-
-
-def _compile(patterns: Sequence[str] | None, what: str) -> list[re.Pattern[str]]:
-    compiled = []
-    for pattern in patterns or ():
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as e:
-            raise InvalidArgumentError(f"Invalid regular expression '{pattern}' in {what}: {e}.") from e
-    return compiled
 
 
 def _parse_input_shapes(shapes: str | Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:

@@ -69,7 +69,7 @@ class Emulator:
         self.low = low
         self._stack = contextlib.ExitStack()
         payload, folder = self._stack.enter_context(_ort.ort_model(model))
-        proto = _parse(payload)
+        proto = _ort.model_proto(payload)
         graph = model.graph
         nodes = list(graph)
         if len(nodes) != len(proto.graph.node):
@@ -197,14 +197,6 @@ class Emulator:
             return dict(zip(self.fetch, results))
 
         return one
-
-
-def _parse(payload: bytes | str) -> onnx.ModelProto:
-    if isinstance(payload, bytes):
-        proto = onnx.ModelProto()
-        proto.ParseFromString(payload)
-        return proto
-    return onnx.load(payload, load_external_data=False)
 
 
 def _names(proto: onnx.ModelProto) -> set[str]:

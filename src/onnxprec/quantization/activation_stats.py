@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
+from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver, accumulate
 from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup
 from onnxprec.reference import run_reference
@@ -55,13 +55,7 @@ class Float32GramObserver(GramObserver):
             return
         values = np.asarray(array)
         rows = values.reshape(-1, values.shape[-1] if values.ndim else 1).astype(np.float32, copy=False)
-        product = (rows.T @ rows).astype(np.float64)
-        if name in self.gram:
-            self.gram[name] += product
-            self.tokens[name] += rows.shape[0]
-        else:
-            self.gram[name] = product
-            self.tokens[name] = rows.shape[0]
+        accumulate(self.gram, self.tokens, name, (rows.T @ rows).astype(np.float64), rows.shape[0])
 
 
 def stats_bytes(group: InputGroup, spec: MethodSpec, sample_tokens: int) -> int:

@@ -29,9 +29,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._tensors import release
-from onnxprec.errors import InvalidArgumentError
 
-__all__ = ["FLOAT_WEIGHT_TYPES", "InputGroup", "Layer", "Selection", "Target", "compile_patterns", "select_layers"]
+__all__ = ["FLOAT_WEIGHT_TYPES", "InputGroup", "Layer", "Selection", "Target", "select_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,17 +137,6 @@ class Selection:
             else:
                 group.layers.append(layer)
         return list(by_input.values())
-
-
-def compile_patterns(patterns: Sequence[str] | None, what: str) -> list[re.Pattern[str]]:
-    """Compiles regexes; a bad one raises :class:`InvalidArgumentError` naming the option."""
-    compiled = []
-    for pattern in patterns or ():
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as e:
-            raise InvalidArgumentError(f"Invalid regular expression '{pattern}' in {what}: {e}.") from None
-    return compiled
 
 
 def _matching_pattern(node: ir.Node, weight: ir.Value, patterns: Sequence[re.Pattern[str]]) -> str | None:

@@ -6,9 +6,10 @@ import numpy as np
 import onnx_ir as ir
 from onnx import TensorProto, helper
 
+from onnxprec._options import compile_patterns
 from onnxprec._testing import F, make_model, tensor_info
 from onnxprec.quantization._testing import mlp
-from onnxprec.quantization.select import compile_patterns, select_layers
+from onnxprec.quantization.select import select_layers
 
 
 def _ir(proto):  # type: ignore[no-untyped-def]

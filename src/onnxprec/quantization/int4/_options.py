@@ -12,6 +12,7 @@ from typing import Any
 from onnxprec._options import (
     ToolOptions,
     calibration_data_option,
+    compile_patterns,
     genai_provider_option,
     input_shapes_option,
     option,
@@ -192,8 +193,6 @@ class Int4Options(ToolOptions):
             raise InvalidArgumentError(f"calibration_batch_size must be >= 0, got {self.calibration_batch_size!r}.")
         if not 0 <= self.gptq_damp < 10:
             raise InvalidArgumentError(f"gptq_damp must be in [0, 10), got {self.gptq_damp!r}.")
-        from onnxprec.quantization.select import compile_patterns
-
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
 
