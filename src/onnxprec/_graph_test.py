@@ -1,0 +1,81 @@
+"""Graph helpers: traversal into subgraphs, unique value/node/file names, Casts that keep names and types."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx_ir as ir
+
+from onnxprec._graph import (
+    ORIGINAL_NAME,
+    FileNames,
+    NameAllocator,
+    all_graphs,
+    all_values,
+    cast_graph_output,
+    insert_cast,
+    original_name,
+    rename_value,
+    unique_name,
+)
+from onnxprec._testing import run
+
+_MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+main (bool c, float[2] x) => (float[2] y) <float[2] w = {1.0, 2.0}> {
+    m = Mul (x, w)
+    y = If <
+        then_branch = then_g () => (float[2] t) { t = Neg (m) },
+        else_branch = else_g () => (float[2] e) { e = Relu (m) }
+    > (c)
+}
+"""
+
+
+def _model() -> ir.Model:
+    return ir.serde.deserialize_model(onnx.parser.parse_model(_MODEL))
+
+
+def test_all_graphs_and_values_reach_into_if_branches() -> None:
+    model = _model()
+    assert [g.name for g in all_graphs(model.graph)] == ["main", "then_g", "else_g"]
+    assert {v.name for v in all_values(model.graph)} >= {"c", "x", "w", "m", "y", "t", "e"}
+
+
+def test_unique_names_never_collide_and_fold_case_for_files() -> None:
+    used = {"a", "a_1"}
+    assert [unique_name("a", used), unique_name("b", used), unique_name("a", used)] == ["a_2", "b", "a_3"]
+    folded = {"index"}
+    assert [unique_name("Index", folded, fold_case=True), unique_name("INDEX", folded, fold_case=True)] == [
+        "Index_1", "INDEX_2",
+    ]  # fmt: skip
+    names = NameAllocator(_model())
+    assert names("m") == "m_1" and names("m") == "m_2" and names("fresh") == "fresh"
+    files = FileNames(reserved=("index",))
+    assert [files("/a/b:c"), files("/A/B:C"), files("..hidden"), files("-x"), files("index"), files("")] == [
+        "_a_b_c", "_A_B_C_1", "hidden", "_x", "index_1", "tensor",
+    ]  # fmt: skip
+    assert len(files("x" * 300)) == 180
+
+
+def test_rename_records_the_first_name_only() -> None:
+    value = ir.Value(name="first")
+    rename_value(value, "second")
+    rename_value(value, "third")
+    assert value.name == "third" and value.metadata_props[ORIGINAL_NAME] == "first" and original_name(value) == "first"
+    assert original_name(ir.Value(name="plain")) == "plain"
+
+
+def test_cast_graph_output_keeps_the_public_name_and_the_model_runs() -> None:
+    model = _model()
+    names = NameAllocator(model)
+    cast = cast_graph_output(model.graph, 0, ir.DataType.FLOAT16, names)
+    assert model.graph.outputs[0].name == "y" and cast.inputs[0].name == "y_pre_cast"
+    assert original_name(cast.inputs[0]) == "y"
+    insert_cast(model.graph, model.graph.inputs[1], ir.DataType.DOUBLE, names)  # unused: after the inputs
+    model.graph.outputs[0].type = ir.TensorType(ir.DataType.FLOAT16)
+    proto = ir.serde.serialize_model(model)
+    onnx.checker.check_model(proto, full_check=True)
+    (y,) = run(proto, {"c": np.array(True), "x": np.array([1.0, -3.0], np.float32)})
+    assert y.dtype == np.float16 and y.tolist() == [-1.0, 6.0]

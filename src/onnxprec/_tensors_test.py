@@ -1,0 +1,46 @@
+"""Weight conversion: round to nearest even, clamp keeping the sign, NaN kept, converted only when read."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec._tensors import cast_array, converted_tensor, finite_max
+
+
+def test_finite_max_of_each_float_type() -> None:
+    assert finite_max(ir.DataType.FLOAT16) == 65504.0
+    assert finite_max(ir.DataType.BFLOAT16) == float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    assert finite_max(ir.DataType.FLOAT) == float(np.finfo(np.float32).max)
+
+
+def test_cast_clamps_to_the_finite_range_and_keeps_signs_and_nan() -> None:
+    x = np.array([1e6, -1e6, np.inf, -np.inf, np.nan, 1e-9, -1e-9, 0.1], np.float32)
+    y = cast_array(x, ir.DataType.FLOAT16)
+    assert y.dtype == np.float16
+    assert y[:4].tolist() == [65504.0, -65504.0, 65504.0, -65504.0] and np.isnan(y[4])
+    assert np.signbit(y[6]) and not np.signbit(y[5])  # tiny values keep their sign (zero or subnormal)
+    assert y[7] == np.float16(0.1)  # round to nearest even, as numpy's astype
+    b = cast_array(np.array([3e38, -3e38], np.float64), ir.DataType.FLOAT)
+    assert b.dtype == np.float32 and np.all(np.isfinite(b))
+
+
+def test_cast_of_large_arrays_goes_chunk_by_chunk_with_the_same_result() -> None:
+    x = np.random.default_rng(0).standard_normal(3_000_001).astype(np.float32) * 1e5
+    assert np.array_equal(cast_array(x, ir.DataType.FLOAT16), np.clip(x, -65504, 65504).astype(np.float16))
+
+
+def test_converted_tensor_converts_only_when_read() -> None:
+    reads = []
+    source = ir.Tensor(np.array([[1.5, 1e9]], np.float32), name="w")
+
+    class Counting(ir.Tensor):
+        def numpy(self) -> np.ndarray:  # type: ignore[override]
+            reads.append(1)
+            return super().numpy()
+
+    lazy = converted_tensor(Counting(source.numpy(), name="w"), ir.DataType.BFLOAT16)
+    assert reads == [] and lazy.dtype == ir.DataType.BFLOAT16 and lazy.shape == ir.Shape((1, 2)) and lazy.name == "w"
+    values = lazy.numpy()
+    assert reads == [1] and values.dtype == ml_dtypes.bfloat16 and np.all(np.isfinite(values.astype(np.float32)))
