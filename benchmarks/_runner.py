@@ -23,6 +23,8 @@ calibration batch a file, read in name order; ``--exclude`` regexes, ModelOpt's 
                      then ``onnx.save`` (external data above 2 GB); ModelOpt's CLI hides the method and block size
   ort_int4           ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` (RTN, QDQ format,
                      accuracy_level 4); ORT takes exact node names, so the regexes are resolved to names first
+  genai_builder      ``python -m onnxruntime_genai.models.builder -i HF -o OUT_DIR -p int4 -e cpu`` (in the torch
+                     venv; ``--method`` default or an ``algo_config``, ``--input`` the Hugging Face folder)
 """
 
 from __future__ import annotations
@@ -135,6 +137,20 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
             with np.load(name) as z:
                 return {k: z[k] for k in z.files}
 
+    if tool == "genai_builder":
+        import runpy
+
+        t_imp = time.perf_counter() - t
+        out = Path(args.output).parent
+        sys.argv = ["builder", "-i", args.input, "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(out / "cache")]
+        if args.method != "default":
+            sys.argv += ["--extra_options", f"algo_config={args.method}"]
+        t = time.perf_counter()
+        runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+        import shutil
+
+        shutil.rmtree(out / "cache", ignore_errors=True)
+        return t_imp, time.perf_counter() - t, 0
     if tool == "modelopt_int4":
         from modelopt.onnx.quantization.int4 import quantize
 
@@ -148,6 +164,9 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
             use_zero_point=args.zero_point,
             block_size=args.block_size,
             nodes_to_exclude=args.exclude,
+            # without CuPy, awq_lite's fusing of the scales into a preceding LayerNorm/MatMul/Mul initializer calls
+            # CuPy's .get() on a numpy array (AttributeError, ModelOpt 0.47): the scales go into Mul nodes instead
+            **({"awqlite_fuse_nodes": False} if args.method == "awq_lite" else {}),
         )
         _save(model, args.output, model.ByteSize() > 2_000_000_000)
         return t_imp, time.perf_counter() - t, 0
@@ -181,7 +200,7 @@ def run(args: argparse.Namespace) -> tuple[float, float, int]:
     """Imports and runs the tool; returns (import seconds, conversion seconds, exit code)."""
     t = time.perf_counter()
     tool = args.tool
-    if tool.endswith("_int4"):
+    if tool.endswith("_int4") or tool == "genai_builder":
         return _int4(args)
     if tool == "onnxprec":
         import onnxprec.autocast  # noqa: F401  (the CLI imports it lazily: count it as import time)

@@ -1,6 +1,6 @@
 """INT4 weight-only quantization benchmark: onnxprec's methods against ModelOpt and ONNX Runtime, side by side.
 
-    python -m benchmarks int4 [--plan smollm2|synthetic|all] [--tools ID,...] [--repeats 1] [--tag T]
+    python -m benchmarks int4 [--plan smollm2|synthetic|genai|all] [--tools ID,...] [--repeats 1] [--tag T]
 
 One run measures, on the same machine minutes apart:
 
@@ -14,6 +14,12 @@ One run measures, on the same machine minutes apart:
   original ``[K, N]`` plus one scale, and one 4-bit zero point, per block and output channel);
 * ONNX Runtime CPU latency of the FP32 model and of chosen results: prefill (``[1, 256]``) and a one-token forward
   (``[1, 1]``, the weight-bound step of decoding; the zoo export has no KV cache), the models alternating;
+* ``--plan genai``: **SmolLM2-135M as onnxruntime-genai's builder writes it** (FP32, KV cache, GroupQueryAttention;
+  ``<zoo>/genai/smollm2_fp32``): onnxprec gets the calibration windows as token ids only (it completes the mask and
+  the empty KV cache), ModelOpt gets every input (built by :func:`onnxprec.llm_inputs.llm_feeds`), the builder's
+  own ``-p int4`` rebuilds from the Hugging Face folder; perplexity with the KV inputs filled, size on disk and
+  onnxruntime-genai CPU decode tokens/s (:func:`onnxprec.evaluate.generate_models`, the models alternating). The
+  same onnxprec AutoCast/INT4 runs on the zoo export alternate with it, round by round, for a time/RSS ratio;
 * **a synthetic 4 GB MatMul stack** in external data (``matmul_4gb``), quantized with RTN and AWQ-lite on random
   calibration data: peak RSS.
 
@@ -63,6 +69,9 @@ LLM = "smollm2_135m"
 SYNTHETIC = "matmul_4gb"
 CALIBRATION_WINDOWS = range(0, 8)
 EVALUATION_WINDOWS = range(8, 16)
+GENAI = "smollm2_genai"  # the builder's FP32 SmolLM2 (<zoo>/genai/smollm2_fp32), from the same token windows as LLM
+GENAI_FILES = ("genai_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+DECODE_TOKENS = 64
 # ModelOpt matches its patterns with re.match from the start of the name, so its default r"/lm_head" misses the
 # exporter's "/model/lm_head/MatMul" and quantizes the head (int4.md); every tool here gets a pattern that keeps it.
 EXCLUDE = r".*/lm_head"
@@ -74,8 +83,9 @@ class Int4Tool:
 
     Attributes:
         id: Name on the command line and in the results (``onnxprec:awq_gptq``, ``modelopt:awq_clip``...).
-        runner: The ``_runner.py`` tool (``onnxprec_int4``, ``modelopt_int4``, ``ort_int4``).
-        venv: ``project`` or ``anchors``.
+        runner: The ``_runner.py`` tool (``onnxprec_int4``, ``modelopt_int4``, ``ort_int4``, ``genai_builder``;
+            ``onnxprec``: AutoCast with its default flags, for the genai plan's time/RSS comparison).
+        venv: ``project``, ``anchors`` or ``torch`` (the zoo's torch venv: onnxruntime-genai's builder).
         method: The tool's calibration method name.
         block_size: Weights per scale along K (-1: per output channel).
         zero_point: Asymmetric (UINT4 with zero points).
@@ -108,6 +118,11 @@ class Int4Tool:
                 f"onnxprec quantize int4 --onnx_path M --calibration_method {self.method} "
                 f"--block_size {self.block_size}{zp}{fmt}{data}"
             )
+        if self.runner == "genai_builder":
+            extra = f" --extra_options algo_config={self.method}" if self.method != "default" else ""
+            return f"python -m onnxruntime_genai.models.builder -i smollm2_hf -o OUT -p int4 -e cpu{extra}"
+        if self.runner == "onnxprec":
+            return "python -m onnxprec.autocast --onnx_path M --output_path OUT --keep_io_types"
         if self.runner == "modelopt_int4":
             reader = "reader" if self.calibrated else "None"
             return (
@@ -155,9 +170,32 @@ TOOLS: dict[str, Int4Tool] = {
         Int4Tool("onnxprec:awq_lite:random", "onnxprec_int4", "project", "awq_lite", calibrated=False),
     )
 }
+_GENAI_ONLY = (
+    _ours("awq_lite", zp=True),
+    _ours("rtn", block=32, fmt="matmulnbits"),
+    Int4Tool("builder:default", "genai_builder", "torch", "default", 32, False, "matmulnbits", False),
+    Int4Tool("builder:k_quant_mixed", "genai_builder", "torch", "k_quant_mixed", 32, False, "matmulnbits", False),
+    Int4Tool("onnxprec:autocast", "onnxprec", "project", "autocast", calibrated=False),
+)
+_SMOLLM2_TOOLS = [t for t in TOOLS if not t.endswith(":random")]
+TOOLS.update({t.id: t for t in _GENAI_ONLY})
+# the genai plan's rows whose time and peak RSS are compared with the same runs on the zoo export
+GENAI_COMPARED = ("onnxprec:autocast", "onnxprec:rtn:zp", "onnxprec:awq_lite:zp")
 PLANS: dict[str, dict[str, list[str]]] = {
-    "smollm2": {LLM: [t for t in TOOLS if not t.endswith(":random")]},
+    "smollm2": {LLM: _SMOLLM2_TOOLS},
     "synthetic": {SYNTHETIC: ["onnxprec:rtn:random", "onnxprec:awq_lite:random"]},
+}
+PLANS["genai"] = {
+    GENAI: [
+        *GENAI_COMPARED,
+        "onnxprec:awq_gptq:zp",
+        "onnxprec:rtn:b32:matmulnbits",
+        "builder:default",
+        "builder:k_quant_mixed",
+        "modelopt:rtn_dq",
+        "modelopt:awq_lite",
+    ],
+    LLM: list(GENAI_COMPARED),
 }
 PLANS["all"] = {**PLANS["smollm2"], **PLANS["synthetic"]}
 
@@ -167,12 +205,22 @@ PLANS["all"] = {**PLANS["smollm2"], **PLANS["synthetic"]}
 # ------------------------------------------------------------------------------------------------------------
 
 
-def write_calibration(ids: np.ndarray, folder: Path) -> Path:
-    """One ``.npz`` (``input_ids [1, S]``) per calibration window, named in window order."""
+def write_calibration(ids: np.ndarray, folder: Path, feeds: Sequence[dict[str, np.ndarray]] = ()) -> Path:
+    """One ``.npz`` per calibration window, named in window order: ``input_ids [1, S]``, or ``feeds`` (every input
+    of the model, one dict a window)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for i in CALIBRATION_WINDOWS:
-        np.savez(folder / f"window{i:02d}.npz", input_ids=ids[i : i + 1])
+    for k, i in enumerate(CALIBRATION_WINDOWS):
+        arrays: dict[str, Any] = dict(feeds[k]) if feeds else {"input_ids": ids[i : i + 1]}
+        np.savez(folder / f"window{i:02d}.npz", **arrays)
     return folder
+
+
+def window_feeds(src: Path, ids: np.ndarray, windows: range) -> list[dict[str, np.ndarray]]:
+    """Every input of the model for each window (mask and empty KV cache completed by onnxprec's calibration
+    layer; just ``input_ids`` for a model without them)."""
+    from onnxprec.llm_inputs import llm_feeds
+
+    return llm_feeds(src, ids[windows.start : windows.stop], seq_len=ids.shape[1])
 
 
 def opset21(src: Path, work: Path) -> Path:
@@ -201,14 +249,15 @@ def opset21(src: Path, work: Path) -> Path:
     return dst
 
 
-def held_out_perplexity(path: Path, ids: np.ndarray) -> float:
-    """Perplexity of ``path`` on the held-out windows, one window per ONNX Runtime call."""
+def held_out_perplexity(path: Path, ids: np.ndarray, feeds: Sequence[dict[str, np.ndarray]] = ()) -> float:
+    """Perplexity of ``path`` on the held-out windows, one window per ONNX Runtime call (``feeds``: every input of
+    each window, else ``input_ids`` alone)."""
     from onnxprec.metrics import Perplexity
 
     sess = session(path, str(path.name))
     ppl = Perplexity()
-    for i in EVALUATION_WINDOWS:
-        logits = sess.run({"input_ids": ids[i : i + 1]})[0]
+    for k, i in enumerate(EVALUATION_WINDOWS):
+        logits = sess.run(feeds[k] if feeds else {"input_ids": ids[i : i + 1]}, ["logits"])[0]
         ppl.update(logits, ids[i : i + 1])
         del logits
     del sess
@@ -362,15 +411,31 @@ def _measure(
     return rec
 
 
+@dataclass
+class _Model:
+    """One model of the plan while its tools run round by round."""
+
+    name: str
+    src: Path
+    tools: list[Int4Tool]
+    work: Path
+    ids: np.ndarray | None = None
+    calib: Path | None = None
+    calib_full: Path | None = None
+    eval_feeds: list[dict[str, np.ndarray]] | None = None
+    weights: list[tuple[int, int]] | None = None
+
+
 def run(config: Int4Config) -> Path:
-    """Runs the plan; writes and returns the results file."""
+    """Runs the plan, every round over every model's tools in turn; writes and returns the results file."""
     started = dt.datetime.now()
-    needs_anchors = any(TOOLS[t].venv == "anchors" for ts in config.plan.values() for t in ts)
+    venvs = {TOOLS[t].venv for ts in config.plan.values() for t in ts}
     anchors_python = None
-    if needs_anchors:
+    if "anchors" in venvs:
         from .anchors_env import ensure_anchor_venv
 
         anchors_python = ensure_anchor_venv()
+    pythons = {"project": Path(sys.executable), "anchors": anchors_python, "torch": zoo.TORCH_VENV / "bin" / "python"}
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "kind": KIND,
@@ -389,8 +454,24 @@ def run(config: Int4Config) -> Path:
     }
     work = Path(tempfile.mkdtemp(prefix="onnxprec-int4-", dir=config.work_dir))
     try:
-        for model, tool_ids in config.plan.items():
-            result["models"][model] = _run_model(model, [TOOLS[t] for t in tool_ids], anchors_python, work, config)
+        models = [_prepare(m, [TOOLS[t] for t in ts], work / m, config) for m, ts in config.plan.items()]
+        rounds: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in range(config.repeats):
+            for m in models:
+                for tool in m.tools:
+                    python = pythons[tool.venv]
+                    assert python is not None
+                    dst = _output(m, tool)
+                    shutil.rmtree(dst.parent, ignore_errors=True)
+                    dst.parent.mkdir(parents=True)
+                    logger.info("[round %d/%d] %s: %s", r + 1, config.repeats, m.name, tool.id)
+                    calib = m.calib_full if tool.venv == "anchors" else m.calib
+                    src = m.src.parents[1] / "smollm2_hf" if tool.venv == "torch" else m.src
+                    rounds.setdefault((m.name, tool.id), []).append(
+                        _measure(tool, python, src, dst, calib, m.work, config)
+                    )
+        for m in models:
+            result["models"][m.name] = _finish(m, {t.id: rounds[m.name, t.id] for t in m.tools}, config)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     config.results_dir.mkdir(parents=True, exist_ok=True)
@@ -401,76 +482,109 @@ def run(config: Int4Config) -> Path:
     return path
 
 
-def _run_model(
-    model: str, tools: list[Int4Tool], anchors_python: Path | None, work: Path, config: Int4Config
-) -> dict[str, Any]:
-    src = zoo.model_path(model, config.zoo_dir)
+def _output(m: _Model, tool: Int4Tool) -> Path:
+    """Every tool writes ``model.onnx`` in a folder of its own (the genai files go beside it)."""
+    return m.work / tool.id.replace(":", "_") / "model.onnx"
+
+
+def _prepare(model: str, tools: list[Int4Tool], work: Path, config: Int4Config) -> _Model:
+    work.mkdir(parents=True)
+    src = (
+        zoo.build_genai(["smollm2_fp32"], config.zoo_dir)[0]
+        if model == GENAI
+        else zoo.model_path(model, config.zoo_dir)
+    )
     if any(t.venv == "anchors" for t in tools):
         src = opset21(src, work)
-    is_llm = model == LLM
-    ids = zoo.inputs(model, config.zoo_dir)["input_ids"] if is_llm else None
-    calib = write_calibration(ids, work / "calib") if ids is not None else None
-    weights = quantizable_weights(src)
+    m = _Model(model, src, tools, work, weights=quantizable_weights(src))
+    if model in (LLM, GENAI):
+        m.ids = zoo.inputs(LLM, config.zoo_dir)["input_ids"]
+        m.calib = write_calibration(m.ids, work / "calib")
+        m.eval_feeds = window_feeds(src, m.ids, EVALUATION_WINDOWS)
+        if any(t.venv == "anchors" and t.calibrated for t in tools):
+            m.calib_full = write_calibration(m.ids, work / "calib_full", window_feeds(src, m.ids, CALIBRATION_WINDOWS))
+    return m
+
+
+def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: Int4Config) -> dict[str, Any]:
+    """The model's rows: medians over the rounds, storage, perplexity, latency (zoo LLM) or genai decode speed."""
+    src, ids = m.src, m.ids
     entry: dict[str, Any] = {
         "fp32": {"file_bytes": sum(p.stat().st_size for p in [src, src.with_name(src.name + ".data")] if p.exists())},
-        "quantizable_layers": len(weights),
+        "quantizable_layers": len(m.weights or []),
         "tools": {},
     }
     if ids is not None:
-        entry["fp32"]["perplexity"] = held_out_perplexity(src, ids)
-        logger.info("%s FP32 held-out perplexity %.4f", model, entry["fp32"]["perplexity"])
+        entry["fp32"]["perplexity"] = held_out_perplexity(src, ids, m.eval_feeds or ())
+        logger.info("%s FP32 held-out perplexity %.4f", m.name, entry["fp32"]["perplexity"])
     outputs: dict[str, Path] = {}
-    rounds: dict[str, list[dict[str, Any]]] = {t.id: [] for t in tools}
-    for r in range(config.repeats):
-        for tool in tools:
-            python = Path(sys.executable) if tool.venv == "project" else anchors_python
-            assert python is not None
-            dst = work / f"{tool.id.replace(':', '_')}.onnx"
-            for old in (dst, dst.with_name(dst.name + ".data"), dst.with_name(dst.stem + ".onnx_data")):
-                old.unlink(missing_ok=True)
-            logger.info("[%s round %d/%d] %s", model, r + 1, config.repeats, tool.id)
-            rounds[tool.id].append(_measure(tool, python, src, dst, calib, work, config))
-            if rounds[tool.id][-1]["status"] == "ok":
-                outputs[tool.id] = dst
-    for tool in tools:
+    for tool in m.tools:
         runs = rounds[tool.id]
+        ok = [x for x in runs if x["status"] == "ok"]
         rec: dict[str, Any] = {
             "tool": asdict(tool),
             "user_command": tool.user_command(),
             "rounds": runs,
             "status": runs[-1]["status"],
-            "wall_s": median([x["wall_s"] for x in runs if x["status"] == "ok"]),
-            "peak_rss_mb": median([x["peak_rss_mb"] for x in runs if x["status"] == "ok"]),
-            "convert_s": median([x["convert_s"] for x in runs if x["status"] == "ok"]),
+            "wall_s": median([x["wall_s"] for x in ok]),
+            "peak_rss_mb": median([x["peak_rss_mb"] for x in ok]),
+            "convert_s": median([x["convert_s"] for x in ok]),
         }
         if "error" in runs[-1]:
             rec["error"] = runs[-1]["error"]
-        result = outputs.get(tool.id)
-        if result is not None:
-            storage = quantized_storage(result)
+        if runs[-1]["status"] == "ok":
+            outputs[tool.id] = dst = _output(m, tool)
+            for f in GENAI_FILES:  # a tool that does not carry the genai files (ModelOpt) gets them for decoding
+                if m.name == GENAI and not (dst.parent / f).exists() and (src.parent / f).exists():
+                    shutil.copy2(src.parent / f, dst.parent / f)
+            storage = quantized_storage(dst)
             rec.update(storage)
-            rec["ideal_bytes"] = ideal_bytes(weights, tool.block_size, tool.zero_point, storage["scale_bits"])
+            rec["ideal_bytes"] = ideal_bytes(m.weights or [], tool.block_size, tool.zero_point, storage["scale_bits"])
             if ids is not None:
                 try:
-                    rec["perplexity"] = held_out_perplexity(result, ids)
+                    rec["perplexity"] = held_out_perplexity(dst, ids, m.eval_feeds or ())
                 except Exception as e:  # a result ONNX Runtime cannot run is a result too
                     rec["perplexity_error"] = f"{type(e).__name__}: {e}"[:400]
                 logger.info("%s: held-out perplexity %s", tool.id, rec.get("perplexity", rec.get("perplexity_error")))
         entry["tools"][tool.id] = rec
-    if is_llm and config.latency and ids is not None:
-        paths = {"fp32": src, **{t.id: outputs[t.id] for t in tools if t.latency and t.id in outputs}}
+    lat_paths = {"fp32": src, **{t.id: outputs[t.id] for t in m.tools if t.latency and t.id in outputs}}
+    if m.name == LLM and config.latency and ids is not None and len(lat_paths) > 1:
         entry["latency"] = {
-            "prefill": latency(paths, {"input_ids": ids[:1]}, budget_s=config.latency_budget_s),
-            "decode": latency(paths, {"input_ids": ids[:1, :1]}, budget_s=config.latency_budget_s),
+            "prefill": latency(lat_paths, {"input_ids": ids[:1]}, budget_s=config.latency_budget_s),
+            "decode": latency(lat_paths, {"input_ids": ids[:1, :1]}, budget_s=config.latency_budget_s),
         }
         logger.info(
             "latency: %s",
             json.dumps({k: {m: v.get("median_ms") for m, v in d.items()} for k, d in entry["latency"].items()}),
         )
-    for dst in outputs.values():
-        for f in (dst, dst.with_name(dst.name + ".data"), dst.with_name(dst.stem + ".onnx_data")):
-            f.unlink(missing_ok=True)
+    if m.name == GENAI and config.latency:
+        quantized = {k: p for k, p in outputs.items() if TOOLS[k].runner != "onnxprec"}
+        entry["genai_decode"] = genai_decode({"fp32": src, **quantized}, max(config.repeats, 3))
     return entry
+
+
+def genai_decode(paths: dict[str, Path], rounds: int) -> dict[str, dict[str, Any]]:
+    """onnxruntime-genai greedy decode tokens/s on the CPU (three short prompts, :data:`DECODE_TOKENS` new tokens),
+    the models alternating round by round; the median and every round."""
+    from onnxprec.evaluate import generate_models
+
+    speeds: dict[str, list[float]] = {k: [] for k in paths}
+    errors: dict[str, str] = {}
+    for r in range(rounds):
+        for key, path in paths.items():
+            if key in errors:
+                continue
+            try:
+                res = generate_models([path], max_new_tokens=DECODE_TOKENS).models[0]
+            except Exception as e:  # a model onnxruntime-genai cannot load is a result too
+                errors[key] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            speeds[key].append(float(res.decode_tokens_per_s or 0.0))
+            logger.info("[decode round %d/%d] %s: %.1f tok/s", r + 1, rounds, key, speeds[key][-1])
+    return {
+        k: {"decode_tokens_per_s": median(v), "rounds": v} if k not in errors else {"error": errors[k]}
+        for k, v in speeds.items()
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

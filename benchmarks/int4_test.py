@@ -23,8 +23,12 @@ def test_tools_have_distinct_ids_and_commands() -> None:
     for plan in int4.PLANS.values():
         for tools in plan.values():  # every row of a model's table is a different configuration
             assert len({int4.TOOLS[t].user_command() for t in tools}) == len(tools)
-    assert all(t.venv in ("project", "anchors") for t in int4.TOOLS.values())
+    assert all(t.venv in ("project", "anchors", "torch") for t in int4.TOOLS.values())
     assert set(int4.PLANS["all"]) == {int4.LLM, int4.SYNTHETIC}
+    # the genai plan runs the compared onnxprec rows on both models; the smollm2 plan is unchanged by it
+    assert set(int4.PLANS["genai"][int4.LLM]) <= set(int4.PLANS["genai"][int4.GENAI])
+    assert "builder:default" not in int4.PLANS["smollm2"][int4.LLM]
+    assert int4.TOOLS["builder:k_quant_mixed"].user_command().endswith("algo_config=k_quant_mixed")
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +135,38 @@ def test_report_targets_pick_the_best_block_128_method(tmp_path: Path) -> None:
     assert "+1.00 %" in size[1] and size[3] == "✅"
     assert "**failed**: boom \\| x" in text  # a crash is reported with its message, table-safe
     assert "4 GB MatMul stack" in text
+
+
+def test_report_genai_section_targets_and_ratios(tmp_path: Path) -> None:
+    def rounds(*walls: float) -> list[dict[str, object]]:
+        return [{"status": "ok", "wall_s": w} for w in walls]
+
+    genai = {
+        "onnxprec:awq_gptq:zp": _row(22.5, 100.0),
+        "onnxprec:rtn:zp": {**_row(29.0, 12.0, rss=480.0), "rounds": rounds(12.0, 13.0), "file_bytes": 172_800_000},
+        "builder:default": _row(29.0, 60.0),
+    }
+    own = {"onnxprec:rtn:zp": {**_row(28.0, 8.0, rss=400.0), "rounds": rounds(8.0, 9.0)}}
+    result = _result({})
+    result["models"] = {
+        report_int4.GENAI: {
+            "fp32": {"perplexity": 19.76, "file_bytes": 540_300_000},
+            "tools": genai,
+            "genai_decode": {
+                "onnxprec:rtn:b32:matmulnbits": {"decode_tokens_per_s": 90.0, "rounds": [90.0]},
+                "builder:default": {"decode_tokens_per_s": 80.0, "rounds": [80.0]},
+            },
+        },
+        report_int4.LLM: {"fp32": {"perplexity": 20.0}, "tools": own},
+    }
+    (tmp_path / "int4-2026-11-26-genai.json").write_text(json.dumps(result))
+    merged = report_int4.merge(report_int4.load_runs(tmp_path))
+    assert report_int4.LLM not in merged.rows  # the genai plan's own-export rows stay out of the INT4 table
+    text = "\n".join(report_int4.genai_section(merged))
+    assert "| awq_gptq (block 128, zero points, QDQ, lm_head excluded) perplexity | **22.50** | ≤ 22.8 | ✅ |" in text
+    assert "**1.12×** (90 vs 80 tok/s) | ≥ 1× | ✅" in text
+    assert "| onnxprec:rtn:zp | 12.0 s / 8.00 s | **1.50×** | 480 / 400 MiB | **1.20×** | ❌ |" in text
+    assert "| 540.3 |" in text and "| 172.8 |" in text  # model files in MB of 10^6 bytes
 
 
 def test_report_is_empty_without_int4_results(tmp_path: Path) -> None:

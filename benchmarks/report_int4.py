@@ -18,6 +18,10 @@ from .report_common import load_kind, model_label, num, size, table
 logger = logging.getLogger(__name__)
 
 LLM = "smollm2_135m"
+GENAI = "smollm2_genai"  # the genai plan (benchmarks.int4): the builder's SmolLM2, and the same runs on LLM
+GENAI_COMPARED = ("onnxprec:autocast", "onnxprec:rtn:zp", "onnxprec:awq_lite:zp")
+GENAI_PPL_GOAL = 22.8
+GENAI_RATIO_GOAL = 1.2
 SYNTHETIC = "matmul_4gb"
 ANCHOR = "modelopt:awq_clip"  # the best anchor (the issue's yardstick)
 PERPLEXITY_RATIO_GOAL = 0.6
@@ -41,20 +45,31 @@ class Int4Merged:
     fp32: dict[str, dict[str, Any]]
     latency: dict[str, tuple[dict[str, Any], int]]
     runs: list[dict[str, Any]]
+    compare: dict[str, dict[str, Any]]
+    """The genai plan's runs on the zoo export (LLM), kept apart from the INT4 table."""
+    decode: dict[str, dict[str, Any]]
+    """onnxruntime-genai decode tokens/s of the genai plan's models, the newest per model."""
 
 
 def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
     rows: dict[str, dict[str, dict[str, Any]]] = {}
     fp32: dict[str, dict[str, Any]] = {}
     lat: dict[str, tuple[dict[str, Any], int]] = {}
+    compare: dict[str, dict[str, Any]] = {}
+    decode: dict[str, dict[str, Any]] = {}
     for run in runs:
+        genai = GENAI in run.get("models", {})
         for model, entry in run.get("models", {}).items():
+            if genai and model == LLM:
+                compare.update({t: {**rec, "run": run["number"]} for t, rec in entry.get("tools", {}).items()})
+                continue
             fp32[model] = {**entry.get("fp32", {}), "run": run["number"]}
             for tool, rec in entry.get("tools", {}).items():
                 rows.setdefault(model, {})[tool] = {**rec, "run": run["number"]}
             if entry.get("latency"):
                 lat[model] = (entry["latency"], run["number"])
-    return Int4Merged(rows, fp32, lat, list(runs))
+            decode.update({k: {**v, "run": run["number"]} for k, v in entry.get("genai_decode", {}).items()})
+    return Int4Merged(rows, fp32, lat, list(runs), compare, decode)
 
 
 def _ours(tool: str) -> bool:
@@ -176,7 +191,12 @@ def targets(m: Int4Merged) -> list[list[str]]:
 
 def _label(tool: str) -> str:
     family, _, rest = tool.partition(":")
-    name = {"onnxprec": "onnxprec", "modelopt": "ModelOpt", "ort": "ORT MatMulNBitsQuantizer"}.get(family, family)
+    name = {
+        "onnxprec": "onnxprec",
+        "modelopt": "ModelOpt",
+        "ort": "ORT MatMulNBitsQuantizer",
+        "builder": "onnxruntime-genai builder `-p int4`",
+    }.get(family, family)
     return f"{name} `{rest}`" if rest else name
 
 
@@ -342,6 +362,119 @@ def runs_list(m: Int4Merged) -> list[str]:
     return out
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def genai_section(m: Int4Merged) -> list[str]:
+    """The builder's SmolLM2 (KV cache, contrib ops): every INT4 row, the targets, and the time/RSS comparison
+    with the same onnxprec runs on the zoo export."""
+    rows_in = m.rows.get(GENAI, {})
+    if not rows_in:
+        return []
+    fp = m.fp32.get(GENAI, {})
+    base = m.decode.get("builder:default", {}).get("decode_tokens_per_s")
+
+    def dec(key: str) -> str:
+        d = m.decode.get(key, {})
+        if "error" in d:
+            return "failed: " + d["error"][:80].replace("|", "\\|")
+        t = d.get("decode_tokens_per_s")
+        r = _ratio(t, base)
+        rounds = ", ".join(num(x, 1) for x in d.get("rounds", []))
+        return f"{num(t, 1)} ({rounds}; {num(r)}× builder default) [I{d['run']}]" if t else "–"
+
+    rows = [["FP32 (builder `-p fp32 -e cpu`)", "–", f"**{num(fp.get('perplexity'), 3)}**"]]
+    rows[0] += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", dec("fp32"), _run_ref(fp)]
+    for tool, rec in rows_in.items():
+        if tool == "onnxprec:autocast":
+            label = "onnxprec AutoCast FP16 (default flags)"
+        else:
+            label = _label(tool)
+        if rec.get("status") != "ok":
+            err = str(rec.get("error", "")).replace("|", "\\|")[:140]
+            rows.append([label, _config(rec), f"**{rec.get('status')}**: {err}", "–", num(rec.get("wall_s")), "–"])
+            rows[-1] += ["–", _run_ref(rec)]
+            continue
+        ppl = num(rec.get("perplexity"), 3) if rec.get("perplexity") is not None else rec.get("perplexity_error", "–")
+        rss = f"{num(rec.get('peak_rss_mb'), 0)}" if rec.get("peak_rss_mb") else "–"
+        mb = f"{rec['file_bytes'] / 1e6:.1f}" if rec.get("file_bytes") else "–"
+        cfg = "FP16" if tool == "onnxprec:autocast" else _config(rec)
+        rows.append([label, cfg, ppl, mb, num(rec.get("wall_s")), rss, dec(tool), _run_ref(rec)])
+    gptq = rows_in.get("onnxprec:awq_gptq:zp", {}).get("perplexity")
+    ours, builder = m.decode.get("onnxprec:rtn:b32:matmulnbits", {}), m.decode.get("builder:default", {})
+    speed = _ratio(ours.get("decode_tokens_per_s"), builder.get("decode_tokens_per_s"))
+    goals = [
+        [
+            "awq_gptq (block 128, zero points, QDQ, lm_head excluded) perplexity",
+            f"**{num(gptq, 3)}**",
+            f"≤ {GENAI_PPL_GOAL}",
+            _mark(None if gptq is None else gptq <= GENAI_PPL_GOAL),
+        ],
+        [
+            "onnxprec rtn MatMulNBits block 32 sym decode tok/s vs builder default INT4",
+            f"**{num(speed)}×** ({num(ours.get('decode_tokens_per_s'), 1)} vs "
+            f"{num(builder.get('decode_tokens_per_s'), 1)} tok/s)",
+            "≥ 1×",
+            _mark(None if speed is None else speed >= 1.0),
+        ],
+    ]
+    compare = []
+    for tool in GENAI_COMPARED:
+        g, z = rows_in.get(tool, {}), m.compare.get(tool, {})
+        tr, rr = _ratio(g.get("wall_s"), z.get("wall_s")), _ratio(g.get("peak_rss_mb"), z.get("peak_rss_mb"))
+        compare.append(
+            [
+                tool,
+                f"{num(g.get('wall_s'))} s / {num(z.get('wall_s'))} s",
+                f"**{num(tr)}×**",
+                f"{num(g.get('peak_rss_mb'), 0)} / {num(z.get('peak_rss_mb'), 0)} MiB",
+                f"**{num(rr)}×**",
+                _mark(None if tr is None or rr is None else max(tr, rr) <= GENAI_RATIO_GOAL),
+                ", ".join(f"{num(x.get('wall_s'))}" for x in g.get("rounds", []))
+                + " / "
+                + ", ".join(f"{num(x.get('wall_s'))}" for x in z.get("rounds", [])),
+            ]
+        )
+    return [
+        "### SmolLM2-135M built by onnxruntime-genai's builder (KV cache, GroupQueryAttention, contrib ops)",
+        "",
+        "`python -m benchmarks int4 --plan genai` (`--tools` and `--repeats` per run below): the builder's FP32 "
+        "model (`-p fp32 -e cpu`); onnxprec gets the calibration windows 0-7 as token ids only (it completes the "
+        "mask and the empty KV cache), ModelOpt 0.47 `int4.quantize` the same windows with every input filled "
+        "(`onnxprec.llm_inputs.llm_feeds`; awq_lite with `awqlite_fuse_nodes=False`: its scale fusing calls "
+        "CuPy's `.get()` on numpy arrays without CuPy), the builder rebuilds from the Hugging Face folder. "
+        "Perplexity on windows 8-15 through ONNX Runtime with the KV inputs (`ppl.py`'s semantics); size: the model "
+        "files on disk (MB of 10^6 bytes); time and peak RSS: the whole process under `/usr/bin/time -v`, median "
+        "over the rounds; decode: onnxruntime-genai greedy decode tokens/s on the 2-core CPU "
+        "(`onnxprec.evaluate.generate_models`, three prompts, 64 new tokens), median over rounds alternating the "
+        "models (each round listed). The machine is shared with other engineers' jobs (load average 12-15 on 2 "
+        "cores during these runs): read absolute times and speeds as noisy, and compare ratios taken in one run.",
+        "",
+        table(
+            [
+                "Tool, method",
+                "block, scale",
+                "ppl (8-15)",
+                "model files MB",
+                "time s",
+                "peak RSS MiB",
+                "decode tok/s",
+                "run",
+            ],
+            rows,
+        ),
+        "",
+        table(["Target (KV-cache issue)", "Measured", "Goal", ""], goals),
+        "",
+        "Same onnxprec runs on the builder model and on our own export (`smollm2_135m.onnx`, no KV cache), "
+        "alternating round by round in one run: builder / own export (target ≤ 1.2× for both time and peak RSS).",
+        "",
+        table(["Tool", "time (median)", "ratio", "peak RSS", "ratio", "", "time per round, builder / own"], compare),
+        "",
+    ]
+
+
 def sections(results_dir: Path) -> list[str]:
     """The INT4 part of BENCHMARKS.md (empty without INT4 results)."""
     runs = load_runs(results_dir)
@@ -376,5 +509,6 @@ def sections(results_dir: Path) -> list[str]:
         "",
         *latency_table(m),
         *synthetic_table(m),
+        *genai_section(m),
     ]
     return out
