@@ -18,6 +18,7 @@ from typing import BinaryIO
 import onnx
 import onnx_ir as ir
 
+from onnxprec._graph import all_graphs
 from onnxprec._tensors import release
 
 __all__ = ["load_mapped", "proto_graphs", "structure_proto", "write_streaming"]
@@ -232,12 +233,27 @@ def structure_proto(model: ir.Model, threshold: int = 1024) -> onnx.ModelProto:
     """The model as a small ModelProto for ONNX's C++ APIs (checker, shape inference), at any model size.
 
     Main-graph initializers larger than ``threshold`` bytes are left out and declared as graph inputs of
-    the same type and shape instead, so their data is neither read nor copied. The model is unchanged.
+    the same type and shape instead, so their data is neither read nor copied. The initializers that stay are
+    embedded, also those mapped from a file (:func:`load_mapped` maps ``raw_data`` from 1 KiB up, so a tensor of
+    exactly ``threshold`` bytes is one): the copy never names a model file as its external data. The model is
+    unchanged.
     """
     big = [
         v for v in model.graph.initializers.values() if v.const_value is not None and v.const_value.nbytes > threshold
     ]
-    proto = _serialized_without(model, big)
+    left_out = set(big)
+    mapped: list[tuple[ir.Value, ir.ExternalTensor]] = []
+    for value in (v for g in all_graphs(model.graph) for v in g.initializers.values()):
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor) and value not in left_out:
+            mapped.append((value, tensor))
+            value.const_value = ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=value.name)
+    try:
+        proto = _serialized_without(model, big)
+    finally:
+        for value, tensor in mapped:
+            value.const_value = tensor
+            release(tensor)
     declared = {i.name for i in proto.graph.input}
     for value in big:
         tensor = value.const_value
