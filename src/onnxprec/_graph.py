@@ -21,6 +21,7 @@ __all__ = [
     "original_name",
     "record_original_name",
     "rename_value",
+    "tensor_attribute",
     "tensor_dtype",
     "unique_name",
 ]
@@ -43,6 +44,20 @@ def tensor_dtype(value: ir.Value) -> ir.DataType | None:
     """The element type of a tensor value; None for sequences, optionals and maps (``Value.dtype`` looks through
     them: a sequence of FP32 tensors is no FP32 tensor to convert or cast) and for untyped values."""
     return value.dtype if isinstance(value.type, ir.TensorType) else None
+
+
+def tensor_attribute(attr: ir.Attr) -> ir.TensorProtocol:
+    """The tensor of a TENSOR attribute (a Constant's ``value``).
+
+    ``Attr.as_tensor()`` checks the value against onnx-ir's runtime-checkable ``TensorProtocol``, about 0.1 ms a
+    call: 0.8 s of a SmolLM2 conversion, whose thousands of Constant nodes are read several times.
+
+    Raises:
+        TypeError: The attribute is not a tensor.
+    """
+    if attr.type != ir.AttributeType.TENSOR:
+        raise TypeError(f"Attribute '{attr.name}' is not of type TENSOR. Actual type: {attr.type}")
+    return attr.value
 
 
 def dtype_name(dtype: ir.DataType) -> str:

@@ -79,3 +79,14 @@ def test_cast_graph_output_keeps_the_public_name_and_the_model_runs() -> None:
     onnx.checker.check_model(proto, full_check=True)
     (y,) = run(proto, {"c": np.array(True), "x": np.array([1.0, -3.0], np.float32)})
     assert y.dtype == np.float16 and y.tolist() == [-1.0, 6.0]
+
+
+def test_tensor_attribute_reads_a_constant_value_and_refuses_other_types() -> None:
+    import pytest
+
+    from onnxprec._graph import tensor_attribute
+
+    tensor = ir.Tensor(np.array([1.0], np.float32))
+    assert tensor_attribute(ir.AttrTensor("value", tensor)) is tensor
+    with pytest.raises(TypeError, match="not of type TENSOR"):
+        tensor_attribute(ir.AttrFloat32("value_float", 1.0))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from onnxprec._graph import FLOAT_TYPES
+from onnxprec._graph import FLOAT_TYPES, tensor_attribute
 from onnxprec._ops import is_default_domain
 from onnxprec._tensors import finite_max, release
 from onnxprec.observers import TensorStats
@@ -130,7 +130,7 @@ class MaskRegion:
             array = np.asarray(value.const_value.numpy(), dtype=np.float32)
             value.const_value = ir.tensor(np.where(array <= threshold, np.float32(new), array), name=value.name)
         for node in self.fills:
-            tensor = node.attributes["value"].as_tensor()
+            tensor = tensor_attribute(node.attributes["value"])
             array = np.where(tensor.numpy() <= threshold, new, tensor.numpy()).astype(np.float32)
             node.attributes["value"] = ir.AttrTensor("value", ir.tensor(array, name=tensor.name))
         self.rewritten_to = new
@@ -177,7 +177,7 @@ def _initializer_fill(value: ir.Value) -> float | None:
 def _fill_node(node: ir.Node) -> float | None:
     if node.op_type != "ConstantOfShape" or not is_default_domain(node.domain) or "value" not in node.attributes:
         return None
-    tensor = node.attributes["value"].as_tensor()
+    tensor = tensor_attribute(node.attributes["value"])
     return _sentinel_fill(np.asarray(tensor.numpy())) if tensor.dtype == ir.DataType.FLOAT else None
 
 

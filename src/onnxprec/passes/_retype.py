@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxprec._graph import tensor_attribute
 from onnxprec._ops import TYPE_ATTRIBUTES, VALUE_ATTRIBUTE_OPS, is_default_domain
 from onnxprec._tensors import cast_array, converted_tensor
 
@@ -53,7 +54,7 @@ def retarget_type_attributes(node: ir.Node, source: ir.DataType, target: ir.Data
     if node.op_type not in VALUE_ATTRIBUTE_OPS:
         return False
     if "value" in attrs:
-        tensor = attrs["value"].as_tensor()
+        tensor = tensor_attribute(attrs["value"])
         if tensor.dtype != source:
             return False
         converted = ir.Tensor(cast_array(tensor.numpy(), target), dtype=target, name=tensor.name)

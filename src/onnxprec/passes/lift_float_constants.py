@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
-from onnxprec._graph import FLOAT_TYPES, all_graphs
+from onnxprec._graph import FLOAT_TYPES, all_graphs, tensor_attribute
 from onnxprec._ops import is_default_domain
 
 __all__ = ["LiftFloatConstantsPass"]
@@ -20,7 +20,7 @@ def _float_tensor(node: ir.Node) -> ir.TensorProtocol | None:
     if len(attrs) != 1:
         return None
     if "value" in attrs:
-        tensor = attrs["value"].as_tensor()
+        tensor = tensor_attribute(attrs["value"])
         return tensor if tensor.dtype in FLOAT_TYPES else None
     if "value_float" in attrs:
         return ir.Tensor(np.array(attrs["value_float"].as_float(), dtype=np.float32))
