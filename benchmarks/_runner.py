@@ -42,7 +42,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 MARKER = "@@BENCH "
-# never import benchmarks/*.py (harness.py, metrics.py...) as top-level modules by accident
+# never import benchmarks/*.py (harness.py, output_metrics.py...) as top-level modules by accident
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if not p or str(Path(p).resolve()) != _HERE]
 

@@ -24,7 +24,7 @@ import onnx
 
 from . import zoo
 from .gpu_latency import MANIFEST, sha256
-from .metrics import external_files
+from .output_metrics import external_files
 from .proc import run_measured
 from .tools import TOOLS, python_for, tool_command
 

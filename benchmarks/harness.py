@@ -3,7 +3,7 @@
 For each model, ``repeats`` rounds each run every tool once, in the same order (so a slow spell on the shared
 machine hits all tools alike); every run is a fresh process measured by :mod:`benchmarks.proc`. A tool that
 times out, passes the memory limit or fails on its first round is not run again on that model. Then the kept
-output of each tool (its first successful round) goes to the metrics worker (:mod:`benchmarks.metrics`), and
+output of each tool (its first successful round) goes to the metrics worker (:mod:`benchmarks.output_metrics`), and
 the model's block is written to the results file before the next model starts, so an interrupted run keeps
 what it measured.
 
@@ -38,7 +38,7 @@ import onnx
 from onnxprec._io import write_atomically
 
 from . import zoo
-from .metrics import external_files, file_size
+from .output_metrics import external_files, file_size
 from .proc import gnu_time_available, run_measured
 from .tools import HEAVY_MODELS, RATIO_ANCHORS, TOOLS, Tool, default_tools, family, python_for, tool_command
 
@@ -549,7 +549,7 @@ def _metrics(
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     res = run_measured(
-        [sys.executable, "-m", "benchmarks.metrics", str(spec_path), str(out_path)],
+        [sys.executable, "-m", "benchmarks.output_metrics", str(spec_path), str(out_path)],
         work / "metrics-log.txt",
         timeout_s=METRICS_TIMEOUT_S,
         cwd=REPO_ROOT,

@@ -56,7 +56,7 @@ from .harness import (
     onnxprec_source_hash,
     project_versions,
 )
-from .metrics import latency, session
+from .output_metrics import latency, session
 from .proc import run_measured
 from .tools import RUNNER
 

@@ -600,7 +600,7 @@ METHOD = [
     "not what those rows are about). chain_5000 and the MatMul stacks of 1 GiB and more get `--heavy-repeats` "
     "rounds.",
     "* **Quality and latency** are measured afterwards in a separate worker process on the first successful "
-    "output of each tool (`benchmarks/metrics.py` documents every definition). The zoo (`benchmarks/zoo.py`) "
+    "output of each tool (`benchmarks/output_metrics.py` documents every definition). The zoo (`benchmarks/zoo.py`) "
     "documents the models and their real inputs.",
     '* **Targets**: ratios use the median over rounds. "Output error no worse" allows the relative L2 error '
     f"to exceed ModelOpt's by at most {round((ERROR_TOLERANCE - 1) * 100)} % (rounding-order noise); "

@@ -23,7 +23,7 @@ Definitions (the same for every tool, so the columns compare):
   models above ``TOGETHER_LIMIT_MB``); median and 10th/90th percentiles of single runs (the same timing loop
   and statistics as ``gpu_latency.py``).
 
-Run as a worker (``python -m benchmarks.metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given
+Run as a worker (``python -m benchmarks.output_metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given
 back to the system after each model. Sessions come from :func:`onnxprec._ort.create_session`.
 """
 
@@ -362,7 +362,7 @@ def evaluate(spec: Mapping[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m benchmarks.metrics SPEC.json OUT.json", file=sys.stderr)
+        print("usage: python -m benchmarks.output_metrics SPEC.json OUT.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     spec = json.loads(Path(args[0]).read_text())
