@@ -73,6 +73,8 @@ def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
 def test_failed_and_timed_out_runs_are_recorded(tmp_path: Path) -> None:
     bad = run_measured([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "a.txt", timeout_s=30)
     assert bad.status == "failed" and bad.returncode == 3
+    killed = run_measured([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], tmp_path / "k.txt")
+    assert killed.status == "failed" and killed.returncode == 128 + 9  # GNU time says "Exit status: 0"
     slow = run_measured([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "b.txt", timeout_s=0.5)
     assert slow.status == "timeout" and slow.wall_s < 10
     polled = run_measured(

@@ -37,7 +37,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ class Int4Tool:
         output_format: ``qdq`` or ``matmulnbits`` (onnxprec only; the anchors here write QDQ).
         calibrated: Gets the calibration windows (else the tool's random data or none).
         latency: Whether its result joins the CPU latency comparison.
+        exclude: Regex of the layers kept in float (empty: every layer quantized, as the builder's ``-p int4``).
     """
 
     id: str
@@ -103,6 +104,7 @@ class Int4Tool:
     output_format: str = "qdq"
     calibrated: bool = True
     latency: bool = False
+    exclude: str = EXCLUDE
 
     @property
     def family(self) -> str:
@@ -114,6 +116,7 @@ class Int4Tool:
         if self.runner == "onnxprec_int4":
             data = " --calibration_data calib/" if self.calibrated else ""
             fmt = f" --output_format {self.output_format}" if self.output_format != "qdq" else ""
+            fmt += " --nodes_to_exclude" if not self.exclude else ""
             return (
                 f"onnxprec quantize int4 --onnx_path M --calibration_method {self.method} "
                 f"--block_size {self.block_size}{zp}{fmt}{data}"
@@ -173,6 +176,8 @@ TOOLS: dict[str, Int4Tool] = {
 _GENAI_ONLY = (
     _ours("awq_lite", zp=True),
     _ours("rtn", block=32, fmt="matmulnbits"),
+    # every layer, lm_head and the tied embedding included: the builder default's format, for the decode target
+    replace(_ours("rtn", block=32, fmt="matmulnbits"), id="onnxprec:rtn:b32:matmulnbits:all", exclude=""),
     Int4Tool("builder:default", "genai_builder", "torch", "default", 32, False, "matmulnbits", False),
     Int4Tool("builder:k_quant_mixed", "genai_builder", "torch", "k_quant_mixed", 32, False, "matmulnbits", False),
     Int4Tool("onnxprec:autocast", "onnxprec", "project", "autocast", calibrated=False),
@@ -190,6 +195,7 @@ PLANS["genai"] = {
         *GENAI_COMPARED,
         "onnxprec:awq_gptq:zp",
         "onnxprec:rtn:b32:matmulnbits",
+        "onnxprec:rtn:b32:matmulnbits:all",
         "builder:default",
         "builder:k_quant_mixed",
         "modelopt:rtn_dq",
@@ -365,7 +371,7 @@ class Int4Config:
 def _command(tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | None, report: Path) -> list[str]:
     cmd = [str(python), str(RUNNER), tool.runner, "--input", str(src), "--output", str(dst)]
     cmd += ["--method", tool.method, "--block-size", str(tool.block_size), "--format", tool.output_format]
-    cmd += ["--exclude", EXCLUDE]
+    cmd += ["--exclude", *([tool.exclude] if tool.exclude else [])]
     if tool.zero_point:
         cmd.append("--zero-point")
     if tool.calibrated and calib is not None:
@@ -559,7 +565,7 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: Int4Conf
         )
     if m.name == GENAI and config.latency:
         quantized = {k: p for k, p in outputs.items() if TOOLS[k].runner != "onnxprec"}
-        entry["genai_decode"] = genai_decode({"fp32": src, **quantized}, max(config.repeats, 3))
+        entry["genai_decode"] = genai_decode({"fp32": src, **quantized}, max(config.repeats, 5))
     return entry
 
 

@@ -85,6 +85,8 @@ def _parse_gnu_time(path: Path) -> dict[str, Any]:
     if not path.exists():
         return out
     for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("Command terminated by signal "):  # GNU time then says "Exit status: 0"
+            out["signal"] = int(line.rsplit(" ", 1)[1])
         key, _, value = line.strip().rpartition(": ")
         name = _TIME_FIELDS.get(key)
         if name is None:
@@ -179,7 +181,7 @@ def run_measured(
     text = log_path.read_text(errors="replace")
     runner = parse_runner_line(text)
     if use_gnu_time and "exit_status" in gt:
-        rc = gt["exit_status"]
+        rc = 128 + gt["signal"] if "signal" in gt else gt["exit_status"]
     if status == "ok" and (rc != 0 or (runner is not None and runner.get("rc", 0) != 0)):
         status = "failed"
     if use_gnu_time and "maxrss_kb" in gt and status == "ok":

@@ -402,8 +402,10 @@ def genai_section(m: Int4Merged) -> list[str]:
         cfg = "FP16" if tool == "onnxprec:autocast" else _config(rec)
         rows.append([label, cfg, ppl, mb, num(rec.get("wall_s")), rss, dec(tool), _run_ref(rec)])
     gptq = rows_in.get("onnxprec:awq_gptq:zp", {}).get("perplexity")
-    ours, builder = m.decode.get("onnxprec:rtn:b32:matmulnbits", {}), m.decode.get("builder:default", {})
+    ours, builder = m.decode.get("onnxprec:rtn:b32:matmulnbits:all", {}), m.decode.get("builder:default", {})
     speed = _ratio(ours.get("decode_tokens_per_s"), builder.get("decode_tokens_per_s"))
+    paired = sorted(a / b for a, b in zip(ours.get("rounds", []), builder.get("rounds", [])) if b)
+    paired_median = paired[len(paired) // 2] if paired and ours.get("run") == builder.get("run") else None
     goals = [
         [
             "awq_gptq (block 128, zero points, QDQ, lm_head excluded) perplexity",
@@ -412,11 +414,13 @@ def genai_section(m: Int4Merged) -> list[str]:
             _mark(None if gptq is None else gptq <= GENAI_PPL_GOAL),
         ],
         [
-            "onnxprec rtn MatMulNBits block 32 sym decode tok/s vs builder default INT4",
+            "onnxprec rtn MatMulNBits block 32 sym, every layer (`:all`, the builder's format) decode tok/s vs "
+            "builder default INT4",
             f"**{num(speed)}×** ({num(ours.get('decode_tokens_per_s'), 1)} vs "
-            f"{num(builder.get('decode_tokens_per_s'), 1)} tok/s)",
+            f"{num(builder.get('decode_tokens_per_s'), 1)} tok/s; median of the per-round ratios "
+            f"{num(paired_median)}×, rounds {', '.join(num(x) for x in paired)})",
             "≥ 1×",
-            _mark(None if speed is None else speed >= 1.0),
+            _mark(None if speed is None else speed >= 1.0 and (paired_median or 1.0) >= 1.0),
         ],
     ]
     compare = []
