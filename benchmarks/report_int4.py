@@ -452,8 +452,11 @@ def genai_section(m: Int4Merged) -> list[str]:
         "files on disk (MB of 10^6 bytes); time and peak RSS: the whole process under `/usr/bin/time -v`, median "
         "over the rounds; decode: onnxruntime-genai greedy decode tokens/s on the 2-core CPU "
         "(`onnxprec.evaluate.generate_models`, three prompts, 64 new tokens), median over rounds alternating the "
-        "models (each round listed). The machine is shared with other engineers' jobs (load average 12-15 on 2 "
-        "cores during these runs): read absolute times and speeds as noisy, and compare ratios taken in one run.",
+        "models (each round listed). The machine is shared with other engineers' jobs (load average 13-18 on 2 "
+        "cores during these runs, with up to three of these runs at once): read absolute times and speeds as noisy, "
+        "and compare ratios taken in one run. ModelOpt `awq_lite` has no row: on this machine its per-node AWQ "
+        "scale search ran at 34-43 s a node (18 of 150 nodes in 12 minutes, about 1.5 h projected), so it was "
+        "stopped; ModelOpt `rtn_dq` is in the table.",
         "",
         table(
             [
