@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import onnx_ir as ir
 
@@ -16,6 +16,7 @@ __all__ = [
     "all_values",
     "cast_graph_output",
     "dtype_name",
+    "insert_after_producer",
     "insert_cast",
     "make_cast",
     "original_name",
@@ -173,14 +174,20 @@ def insert_cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, names: NameAl
     initializers, values of an enclosing graph) first in ``graph``.
     """
     cast = make_cast(value, to, names)
+    insert_after_producer(graph, value, [cast])
+    return cast
+
+
+def insert_after_producer(graph: ir.Graph, value: ir.Value, nodes: Sequence[ir.Node]) -> None:
+    """Inserts ``nodes`` right after the producer of ``value`` when that is in ``graph``, else (graph inputs,
+    initializers, values of an enclosing graph) first in ``graph``."""
     producer = value.producer()
     if producer is not None and producer.graph is graph:
-        graph.insert_after(producer, cast)
+        graph.insert_after(producer, nodes)
     elif len(graph):
-        graph.insert_before(next(iter(graph)), cast)
+        graph.insert_before(next(iter(graph)), nodes)
     else:
-        graph.append(cast)
-    return cast
+        graph.extend(nodes)
 
 
 def cast_graph_output(graph: ir.Graph, position: int, to: ir.DataType, names: NameAllocator) -> ir.Node:

@@ -32,16 +32,18 @@ its own class (:class:`FileArgs`, :class:`CommonArgs`), respelled per tool with 
 (:func:`file_args`).
 
 This module is in the base layer: every tool's ``_options`` and ``_api`` import it, so it imports nothing from
-onnxprec and nothing heavy.
+onnxprec (but its errors, when one is raised) and nothing heavy.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
+import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 __all__ = [
@@ -62,8 +64,10 @@ __all__ = [
     "genai_provider_option",
     "html_report_option",
     "input_shapes_option",
+    "log_level_during",
     "option",
     "option_fields",
+    "options_from_call",
     "parse_args_doc",
     "providers_option",
     "signature_mismatches",
@@ -350,6 +354,43 @@ def fields_in(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
     """The items of ``values`` that are fields of ``cls``: ``cls(**fields_in(cls, locals()))`` in a wrapper."""
     names = {f.name for f, _ in option_fields(cls)}
     return {name: value for name, value in values.items() if name in names}
+
+
+def options_from_call(cls: type[T], params: Mapping[str, Any], kwargs: Mapping[str, Any], what: str) -> T:
+    """A tool's options from an API call: its named parameters plus ``**kwargs``, an unknown keyword refused.
+
+    Args:
+        cls: The options dataclass.
+        params: The call's parameters that are fields (:func:`fields_in` of ``locals()``).
+        kwargs: The other keywords; each must be a field of ``cls``.
+        what: The tool as the error names it, e.g. ``"INT4"``.
+
+    Raises:
+        InvalidArgumentError: An unknown keyword (with the closest field's name), or an invalid value.
+    """
+    import difflib
+
+    from onnxprec.errors import InvalidArgumentError
+
+    known = {f.name for f, _ in option_fields(cls)}
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise InvalidArgumentError(f"Unknown {what} option '{name}'.{hint}")
+    return cls(**{**params, **kwargs})
+
+
+@contextlib.contextmanager
+def log_level_during(level: str) -> Iterator[None]:
+    """Sets the ``onnxprec`` logger's level for an API call (ModelOpt's ``log_level``); handlers are the caller's."""
+    root = logging.getLogger("onnxprec")
+    old = root.level
+    root.setLevel(getattr(logging, level))
+    try:
+        yield
+    finally:
+        root.setLevel(old)
 
 
 def args_doc(cls: type, names: Iterable[str] | None = None, *, indent: int = 8, width: int = 120) -> str:

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["Report", "check_paths", "header", "write_json"]
+__all__ = ["Report", "check_paths", "header", "json_number", "write_json"]
 
 logger = logging.getLogger("onnxprec")
 
@@ -42,6 +42,23 @@ def header(report: Report) -> dict[str, Any]:
     from onnxprec import __version__
 
     return {"tool": report.TOOL, "onnxprec_version": __version__, "summary": report.summary}
+
+
+def json_number(value: Any) -> Any:
+    """A value as strict JSON wants it: numpy scalars as Python numbers, floats rounded to 6 decimals, NaN and inf as
+    None (dicts converted item by item; anything else unchanged)."""
+    import math
+
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {key: json_number(item) for key, item in value.items()}
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        return round(number, 6) if math.isfinite(number) else None
+    return value
 
 
 def check_paths(paths: Mapping[str, str | os.PathLike | None], protected: Iterable[str | os.PathLike]) -> None:

@@ -50,6 +50,7 @@ TOOLS: tuple[tuple[str, str, str], ...] = (
     ("dump", "onnxprec.debug._dump_cli", "Write each quantized (or every float) node output to .bin/.txt files."),
     ("compare", "onnxprec.debug._compare_cli", "Node-by-node errors of a converted model; where it first diverges."),
     ("quantize int4", "onnxprec.quantization.int4._cli", "INT4 weight-only quantization: RTN, AWQ, GPTQ."),
+    ("quantize int8", "onnxprec.quantization.int8._cli", "INT8 quantization (static QDQ, dynamic, SmoothQuant)."),
 )
 
 

@@ -1,6 +1,10 @@
-"""Weight-only quantization (INT4 block-wise, optional INT8) of ONNX MatMul/Gemm weights.
+"""Quantization of ONNX models: INT8 (static/dynamic, for the runtime that runs it) and INT4 weight-only.
 
-- :mod:`onnxprec.quantization.int4`: the tool (``quantize``, ``quantize_file``,
+- :func:`quantize`: ModelOpt's entry point (``quantize_mode="int8"`` or ``"int4"``;
+  ``python -m onnxprec.quantization``);
+- :mod:`onnxprec.quantization.int8`: the INT8 tool; :func:`quantize_static` and :class:`CalibrationMethod` for
+  ONNX Runtime's ``quantize_static`` users;
+- :mod:`onnxprec.quantization.int4`: the INT4 tool (``quantize``, ``quantize_file``,
   ``python -m onnxprec.quantization.int4``);
 - :func:`llm_feeds`: calibration/evaluation feeds for causal LMs from token ids or text;
 - :mod:`~onnxprec.quantization.algorithms` (RTN, AWQ, GPTQ in numpy), :mod:`~onnxprec.quantization.packing`
@@ -17,14 +21,33 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from onnxprec.quantization._api import quantize
+    from onnxprec.quantization.int8.ort_compat import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxprec.quantization.llm import llm_feeds, token_windows
 
-__all__ = ["llm_feeds", "token_windows"]
+_HOMES = {
+    "llm_feeds": "onnxprec.quantization.llm",
+    "token_windows": "onnxprec.quantization.llm",
+    "quantize": "onnxprec.quantization._api",
+    "quantize_static": "onnxprec.quantization.int8.ort_compat",
+    "CalibrationMethod": "onnxprec.quantization.int8.ort_compat",
+    "QuantFormat": "onnxprec.quantization.int8.ort_compat",
+    "QuantType": "onnxprec.quantization.int8.ort_compat",
+}
+__all__ = [
+    "CalibrationMethod",
+    "QuantFormat",
+    "QuantType",
+    "llm_feeds",
+    "quantize",
+    "quantize_static",
+    "token_windows",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("onnxprec.quantization.llm"), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'onnxprec.quantization' has no attribute {name!r}")
 
 

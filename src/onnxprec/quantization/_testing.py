@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
 
 from onnxprec._ort import create_session
@@ -16,9 +19,11 @@ __all__ = [
     "TIED_FORMS",
     "correlated",
     "dequantized_weights",
+    "fails_cleanly",
     "mlp",
     "run_fp32_compute",
     "single_matmul",
+    "tiny_cnn",
     "tiny_lm",
 ]
 
@@ -35,6 +40,21 @@ def correlated(t: int, k: int, seed: int = 0, *, outliers: bool = True) -> np.nd
     if outliers:
         x[:, rng.choice(k, max(1, k // 32), replace=False)] *= 10
     return x.astype(np.float32)
+
+
+def fails_cleanly(
+    run: Callable[..., Any], folder: Path, error: type[Exception], match: str, source: Path, **kwargs: object
+) -> str:
+    """Checks that ``run(source, folder / "out.onnx", **kwargs)`` raises ``error`` with one line matching ``match``
+    and leaves no output (nor a temporary one) behind; returns the message."""
+    out = folder / "out.onnx"
+    with pytest.raises(error, match=match) as info:
+        run(source, out, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    assert not out.exists() and not (folder / "out.onnx.data").exists()
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".out.onnx")] == []
+    return message
 
 
 def single_matmul(
@@ -83,6 +103,39 @@ def mlp(k: int = 64, h: int = 96, n: int = 48, *, seed: int = 0, head: bool = Tr
     return make_model(
         nodes, [tensor_info("X", F, ["B", "T", k])], [tensor_info(out, F, ["B", "T", 80 if head else n])], inits
     )
+
+
+def tiny_cnn(seed: int = 0, channels: int = 8) -> onnx.ModelProto:
+    """A MobileNet-like block: ``Pad -> Conv -> Clip(0, 6) -> Pad -> depthwise Conv -> Relu -> Conv 1x1 -> Add
+    (residual) -> ReduceMean -> Gemm(transB=1)``, input ``[N, 3, 16, 16]``, logits ``[N, 10]``."""
+    rng = np.random.default_rng(seed)
+    c = channels
+    inits: dict[str, np.ndarray] = {
+        "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+        "w0": (rng.standard_normal((c, 3, 3, 3)) * 0.3).astype(np.float32),
+        "b0": rng.standard_normal(c).astype(np.float32) * 0.1,
+        "lo": np.array(0.0, np.float32),
+        "hi": np.array(6.0, np.float32),
+        "w1": (rng.standard_normal((c, 1, 3, 3)) * 0.5).astype(np.float32),
+        "b1": rng.standard_normal(c).astype(np.float32) * 0.1,
+        "w2": (rng.standard_normal((c, c, 1, 1)) * 0.4).astype(np.float32),
+        "b2": rng.standard_normal(c).astype(np.float32) * 0.1,
+        "wfc": (rng.standard_normal((10, c)) * 0.5).astype(np.float32),
+        "bfc": rng.standard_normal(10).astype(np.float32) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["p0"], name="/stem/Pad", mode="constant"),
+        helper.make_node("Conv", ["p0", "w0", "b0"], ["c0"], name="/stem/Conv", kernel_shape=[3, 3]),
+        helper.make_node("Clip", ["c0", "lo", "hi"], ["a0"], name="/stem/Clip"),
+        helper.make_node("Pad", ["a0", "pads"], ["p1"], name="/dw/Pad", mode="constant"),
+        helper.make_node("Conv", ["p1", "w1", "b1"], ["c1"], name="/dw/Conv", kernel_shape=[3, 3], group=c),
+        helper.make_node("Relu", ["c1"], ["a1"], name="/dw/Relu"),
+        helper.make_node("Conv", ["a1", "w2", "b2"], ["c2"], name="/project/Conv", kernel_shape=[1, 1]),
+        helper.make_node("Add", ["c2", "a0"], ["r"], name="/Add"),
+        helper.make_node("ReduceMean", ["r"], ["pooled"], name="/ReduceMean", axes=[2, 3], keepdims=0),
+        helper.make_node("Gemm", ["pooled", "wfc", "bfc"], ["logits"], name="/fc/Gemm", transB=1),
+    ]
+    return make_model(nodes, [tensor_info("x", F, ["N", 3, 16, 16])], [tensor_info("logits", F, ["N", 10])], inits)
 
 
 def run_fp32_compute(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

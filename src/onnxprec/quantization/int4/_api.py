@@ -12,11 +12,10 @@ streams path to path (memory-mapped weights in, each weight quantized as it is w
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from onnxprec._ops import (
     QUANTIZED_OPS,
     default_opset,
 )
-from onnxprec._options import fields_in
+from onnxprec._options import fields_in, log_level_during, options_from_call
 from onnxprec._tensors import release
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
@@ -368,18 +367,6 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
 # Public functions
 
 
-@contextlib.contextmanager
-def _log_level(level: str) -> Iterator[None]:
-    """Sets the ``onnxprec`` logger's level for the call (ModelOpt's ``log_level``); handlers are the caller's."""
-    root = logging.getLogger("onnxprec")
-    old = root.level
-    root.setLevel(getattr(logging, level))
-    try:
-        yield
-    finally:
-        root.setLevel(old)
-
-
 def quantize(
     onnx_path: ModelSource,
     calibration_method: str | None = None,
@@ -426,8 +413,8 @@ def quantize(
         OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
     """
     params = fields_in(Int4Options, locals())
-    options = _options(params, kwargs)
-    with _log_level(options.log_level):
+    options = options_from_call(Int4Options, params, kwargs, "INT4")
+    with log_level_during(options.log_level):
         model, report = quantize_model(onnx_path, options)
         tick = time.perf_counter()
         proto = to_model_proto(model)
@@ -436,20 +423,6 @@ def quantize(
         if report.ort_only and proto.ByteSize() < 2_000_000_000:
             load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.calibration_eps))
     return proto
-
-
-def _options(params: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Int4Options:
-    import difflib
-
-    from onnxprec._options import option_fields
-
-    known = {f.name for f, _ in option_fields(Int4Options)}
-    for name in kwargs:
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise InvalidArgumentError(f"Unknown INT4 option '{name}'.{hint}")
-    return Int4Options(**{**params, **kwargs})
 
 
 def quantize_file(
@@ -477,7 +450,7 @@ def quantize_file(
         OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
     """
     if options is None:
-        options = _options({}, kwargs)
+        options = options_from_call(Int4Options, {}, kwargs, "INT4")
     elif kwargs:
         raise InvalidArgumentError(
             f"quantize_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
@@ -490,7 +463,7 @@ def quantize_file(
     genai = GenaiCarry.plan(source, output, options.genai_provider)
     if external_data is None and options.use_external_data_format:
         external_data = True
-    with _log_level(options.log_level):
+    with log_level_during(options.log_level):
         model, report = quantize_model(source, options)
         report.input_path = source
         protected |= external_data_paths(model)

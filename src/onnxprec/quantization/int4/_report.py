@@ -11,19 +11,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from onnxprec._genai import GenaiCarry
-from onnxprec._report import header
+from onnxprec._report import header, json_number
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 
 __all__ = ["Int4Report", "LayerReport"]
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        return round(value, 6) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 @dataclass
@@ -67,7 +58,7 @@ class LayerReport:
             "dtype": self.dtype,
             "awq": self.awq,
         }
-        data.update({key: _number(value) for key, value in self.info.items()})
+        data.update({key: json_number(value) for key, value in self.info.items()})
         return data
 
 
@@ -138,7 +129,7 @@ class Int4Report:
                 "quantized_bytes": self.quantized_bytes,
                 "ideal_bytes": self.ideal_bytes,
             },
-            "calibration": {key: _number(value) for key, value in self.calibration.items()},
+            "calibration": {key: json_number(value) for key, value in self.calibration.items()},
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "excluded": [{"node": node, "pattern": pattern} for node, pattern in self.excluded],
             "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],

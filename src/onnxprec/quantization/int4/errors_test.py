@@ -18,7 +18,7 @@ from onnxprec.errors import (
     OnnxprecError,
     UnsupportedModelError,
 )
-from onnxprec.quantization._testing import mlp, single_matmul
+from onnxprec.quantization._testing import fails_cleanly, mlp, single_matmul
 from onnxprec.quantization.int4 import quantize, quantize_file
 
 
@@ -30,14 +30,7 @@ def model_path(tmp_path: Path) -> Path:
 
 
 def _fails(tmp_path: Path, error: type[OnnxprecError], match: str, source: Path, **kwargs: object) -> str:
-    out = tmp_path / "out.onnx"
-    with pytest.raises(error, match=match) as info:
-        quantize_file(source, out, **kwargs)  # type: ignore[arg-type]
-    message = str(info.value)
-    assert "\n" not in message
-    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.onnx")] == []
-    return message
+    return fails_cleanly(quantize_file, tmp_path, error, match, source, **kwargs)
 
 
 @pytest.mark.parametrize("block_size", [48, 8, 0, -2, 100])

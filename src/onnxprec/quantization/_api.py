@@ -1,0 +1,119 @@
+"""ModelOpt's one entry point, ``quantize(onnx_path, quantize_mode="int8" | "int4", ...)``, routed to the tools.
+
+``quantize_mode="int8"`` runs :func:`onnxprec.quantization.int8.quantize`; ``"int4"`` runs the INT4 weight-only tool
+(:func:`onnxprec.quantization.int4.quantize_file`) with ModelOpt's argument names mapped onto it. Both write
+``output_path`` (default ``<name>.quant.onnx`` for INT8, ``<name>.int4.onnx`` for INT4) and return the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = ["MODES", "quantize", "split_mode"]
+
+MODES = ("int8", "int4")
+_INT4_UNSUPPORTED = ("op_types_to_quantize", "op_types_to_exclude", "nodes_to_quantize", "high_precision_dtype")
+
+
+def _check_mode(mode: object) -> str:
+    if mode not in MODES:
+        hint = " (FP8 needs TensorRT, which onnxprec does not target)" if mode == "fp8" else ""
+        raise InvalidArgumentError(f"Unknown quantize_mode {mode!r}{hint}: use int8 or int4.")
+    return str(mode)
+
+
+def split_mode(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """``--quantize_mode X`` (or ``--quantize_mode=X``) taken out of ``argv``: the mode (default int8) and the rest.
+
+    Raises:
+        InvalidArgumentError: An unknown mode or a flag without its value.
+    """
+    rest: list[str] = []
+    mode = "int8"
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--quantize_mode":
+            if i + 1 >= len(args):
+                raise InvalidArgumentError("--quantize_mode needs a value: int8 or int4.")
+            mode, i = args[i + 1], i + 2
+            continue
+        if arg.startswith("--quantize_mode="):
+            mode = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return _check_mode(mode), rest
+
+
+def quantize(
+    onnx_path: str | Path,
+    quantize_mode: str = "int8",
+    calibration_data: Any = None,
+    calibration_method: str | None = None,
+    calibration_data_reader: Any = None,
+    calibration_eps: Sequence[str] = ("cpu",),
+    op_types_to_quantize: Sequence[str] | None = None,
+    op_types_to_exclude: Sequence[str] | None = None,
+    nodes_to_quantize: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
+    use_external_data_format: bool = False,
+    output_path: str | Path | None = None,
+    log_level: str = "INFO",
+    high_precision_dtype: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Quantizes ``onnx_path`` and writes ``output_path``: ModelOpt's ``modelopt.onnx.quantization.quantize``.
+
+    Args:
+        onnx_path: Path to the float model.
+        quantize_mode: ``int8`` (static/dynamic INT8, :func:`onnxprec.quantization.int8.quantize`) or ``int4``
+            (weight-only, :mod:`onnxprec.quantization.int4`).
+        calibration_data: Calibration inputs (a path, a dict of arrays, a list of feed dicts or a reader).
+        calibration_method: INT8: max, entropy (default), percentile, mse; INT4: rtn, awq_lite, awq_clip, gptq...
+        calibration_data_reader: An ONNX Runtime ``CalibrationDataReader``; give it or ``calibration_data``.
+        calibration_eps: ONNX Runtime providers for calibration: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
+        op_types_to_quantize: INT8 only: only these op types.
+        op_types_to_exclude: INT8 only: op types kept in float.
+        nodes_to_quantize: INT8 only: regexes of the nodes to quantize.
+        nodes_to_exclude: Regexes of nodes kept in float (INT4's default excludes ``/lm_head``).
+        use_external_data_format: Save the weights in ``<output>.data`` beside the model.
+        output_path: Where to write (default beside the input).
+        log_level: DEBUG, INFO, WARNING or ERROR.
+        high_precision_dtype: INT8 only: fp32, fp16 or bf16 for what stays in float (default: fp32 on ort-cpu).
+        **kwargs: Any other option of the chosen tool (:class:`~onnxprec.quantization.int8.Int8Options` or
+            :class:`~onnxprec.quantization.int4.Int4Options`, e.g. ``runtime``, ``block_size``).
+
+    Returns:
+        The tool's report (``report.to_json()``).
+
+    Raises:
+        OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
+    """
+    mode = _check_mode(quantize_mode)
+    named = {k: v for k, v in locals().items() if k not in ("onnx_path", "quantize_mode", "kwargs", "mode")}
+    if mode == "int8":
+        from onnxprec.quantization.int8 import quantize as quantize_int8
+
+        return quantize_int8(onnx_path, **named, **kwargs)
+    given = {name: value for name, value in named.items() if name in _INT4_UNSUPPORTED and value is not None}
+    if given:
+        raise InvalidArgumentError(f"quantize_mode='int4' has no {', '.join(sorted(given))}: drop them.")
+    if calibration_data is not None and calibration_data_reader is not None:
+        raise InvalidArgumentError("Give calibration_data or calibration_data_reader, not both.")
+    from onnxprec.quantization.int4 import quantize_file
+
+    settings: dict[str, Any] = {"calibration_eps": tuple(calibration_eps), "log_level": log_level, **kwargs}
+    if calibration_method is not None:
+        settings["calibration_method"] = calibration_method
+    source = calibration_data if calibration_data is not None else calibration_data_reader
+    if source is not None:
+        settings["calibration_data_reader"] = source
+    if nodes_to_exclude is not None:
+        settings["nodes_to_exclude"] = nodes_to_exclude
+    return quantize_file(onnx_path, output_path, external_data=use_external_data_format or None, **settings)

@@ -1,0 +1,85 @@
+"""INT8 weights and the numerics of INT8 layers, in numpy: what ONNX Runtime's kernels compute, for decisions.
+
+- :func:`quantize_weight`: per-output-channel symmetric INT8 (levels -127..127, zero point 0), along any axis
+  (``[K, N]`` MatMul weights per column, ``[M, C, kh, kw]`` Conv weights per output channel).
+- :func:`fake_dynamic`: ``DynamicQuantizeLinear`` then dequantization (UINT8, asymmetric, the range of each run),
+  with the run ranges given, so that a sample of token rows drawn from many runs is quantized as each run was.
+- :func:`fake_static`: QuantizeLinear then DequantizeLinear with a fixed scale and zero point.
+- :func:`bias_correction`: the bias that cancels the mean output shift a quantized weight causes,
+  ``-E[x] @ (Wq - W)`` (Nagel et al., "Data-Free Quantization", section 4.2, with the measured mean of ``x``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["QMAX", "bias_correction", "dequantize_weight", "fake_dynamic", "fake_static", "quantize_weight"]
+
+QMAX = 127
+"""Symmetric INT8 weights use -127..127: no -128, so that a negated scale is exact and VNNI's u8*s8 pairs cannot
+saturate."""
+
+
+def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel symmetric INT8 along ``axis`` (the output channels): ``(q int8, scales float32 [channels])``.
+
+    A channel of zeros gets scale 1 (its levels are all 0).
+    """
+    weight = np.asarray(w, dtype=np.float32)
+    axis = axis % weight.ndim
+    others = tuple(i for i in range(weight.ndim) if i != axis)
+    top = np.abs(weight).max(axis=others) if others else np.abs(weight)
+    scales = (top / QMAX).astype(np.float32)
+    scales[scales <= 0] = 1.0
+    shape = [1] * weight.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(weight / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+    return q, scales
+
+
+def dequantize_weight(q: np.ndarray, scales: np.ndarray, axis: int) -> np.ndarray:
+    """``q * scales`` broadcast along ``axis`` (float32)."""
+    shape = [1] * q.ndim
+    shape[axis % q.ndim] = -1
+    return q.astype(np.float32) * np.asarray(scales, dtype=np.float32).reshape(shape)
+
+
+def fake_dynamic(
+    x: np.ndarray, lo: np.ndarray | float | None = None, hi: np.ndarray | float | None = None
+) -> np.ndarray:
+    """``DequantizeLinear(DynamicQuantizeLinear(x))`` for rows of ``x`` ``[T, K]`` (float64 out).
+
+    Args:
+        x: Token rows.
+        lo, hi: The minimum and maximum of the run each row came from (``[T]``), or one range for all rows; None:
+            the range of ``x`` itself (one run).
+    """
+    values = np.asarray(x, dtype=np.float64)
+    low = np.minimum(values.min() if lo is None else np.asarray(lo, dtype=np.float64), 0.0)
+    high = np.maximum(values.max() if hi is None else np.asarray(hi, dtype=np.float64), 0.0)
+    scale = (high - low) / 255.0
+    scale = np.where(scale > 0, scale, 1.0)
+    zero_point = np.clip(np.rint(-low / scale), 0, 255)
+    if np.ndim(scale):
+        scale, zero_point = scale[:, None], zero_point[:, None]
+    q = np.clip(np.rint(values / scale) + zero_point, 0, 255)
+    return (q - zero_point) * scale
+
+
+def fake_static(x: np.ndarray, scale: float, zero_point: int, *, symmetric: bool = False) -> np.ndarray:
+    """``DequantizeLinear(QuantizeLinear(x, scale, zero_point))`` (UINT8, or INT8 -127..127 when symmetric)."""
+    qmin, qmax = (-QMAX, QMAX) if symmetric else (0, 255)
+    q = np.clip(np.rint(np.asarray(x, dtype=np.float64) / scale) + zero_point, qmin, qmax)
+    return (q - zero_point) * scale
+
+
+def bias_correction(mean_x: np.ndarray, w: np.ndarray, w_dequantized: np.ndarray) -> np.ndarray:
+    """The ``[N]`` bias to add to a MatMul's output so that its mean over the data is unchanged by quantization.
+
+    Args:
+        mean_x: ``[K]`` mean of the layer's input over the calibration data.
+        w: ``[K, N]`` float weight.
+        w_dequantized: ``[K, N]`` quantized weight, dequantized.
+    """
+    delta = np.asarray(w_dequantized, dtype=np.float64) - np.asarray(w, dtype=np.float64)
+    return -(np.asarray(mean_x, dtype=np.float64) @ delta)

@@ -1,0 +1,228 @@
+"""The INT8 quantizer's options, each declared once: API keyword (ModelOpt's names), command-line flag and help.
+
+Imports nothing heavy, so the command line can print ``--help`` without loading the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from onnxprec._options import ToolOptions, calibration_data_option, input_shapes_option, option, providers_option
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = [
+    "ACTIVATION_MODES",
+    "CALIBRATION_METHODS",
+    "DEFAULT_TARGET",
+    "HIGH_PRECISION_TYPES",
+    "RUNTIMES",
+    "Int8Options",
+]
+
+CALIBRATION_METHODS = ("max", "entropy", "percentile", "mse")
+RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
+ACTIVATION_MODES = ("auto", "static", "dynamic")
+HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
+DEFAULT_TARGET = "rel_l2<=0.03"
+_EXTRAS = "onnxprec extras"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass
+class Int8Options(ToolOptions):
+    """All INT8 settings, validated once. The ModelOpt arguments come first, with ModelOpt's names and meanings."""
+
+    TITLE = "INT8 options (ModelOpt names)"
+
+    calibration_data: Any = calibration_data_option(
+        "Calibration inputs",
+        flags=("-d", "--calibration_data", "--calibration_data_path"),
+        note="the ranges of static activations, SmoothQuant and the accuracy target are fitted to it",
+    )
+    calibration_method: str | None = option(
+        None,
+        flags=("--calibration_method",),
+        choices=CALIBRATION_METHODS,
+        help="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
+        "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error) (default: "
+        "entropy, as ModelOpt; dynamic activations need none).",
+    )
+    calibration_data_reader: Any = option(
+        None,
+        api_only=True,
+        help="An ONNX Runtime ``CalibrationDataReader`` (or any source ``calibration_data`` takes); give one of the "
+        "two.",
+    )
+    calibration_eps: Sequence[str] = providers_option("calibration", flags=("--calibration_eps",))
+    op_types_to_quantize: Sequence[str] | None = option(
+        None,
+        flags=("--op_types_to_quantize",),
+        nargs="*",
+        metavar="OP",
+        help="Only these op types (Conv, MatMul, Gemm, and the static region's Add, Mul, Concat, pools) (default: "
+        "all supported).",
+    )
+    op_types_to_exclude: Sequence[str] | None = option(
+        None, flags=("--op_types_to_exclude",), nargs="*", metavar="OP", help="Op types kept in float."
+    )
+    nodes_to_quantize: Sequence[str] | None = option(
+        None,
+        flags=("--nodes_to_quantize",),
+        nargs="*",
+        metavar="REGEX",
+        help="Only nodes whose name or output name matches one of these regexes (re.search) (default: all).",
+    )
+    nodes_to_exclude: Sequence[str] | None = option(
+        None,
+        flags=("--nodes_to_exclude",),
+        nargs="*",
+        metavar="REGEX",
+        help="Regexes (re.search) of nodes kept in float, matched against the node name and its output names.",
+    )
+    use_external_data_format: bool = option(
+        False,
+        flags=("--use_external_data_format",),
+        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
+    )
+    high_precision_dtype: str | None = option(
+        None,
+        flags=("--high_precision_dtype",),
+        choices=HIGH_PRECISION_TYPES,
+        help="Type of what stays in float: fp32, or fp16/bf16 by AutoCast on the float remainder (default: fp32 on "
+        "--runtime ort-cpu, where FP16 is slow; fp16 on trt and ort-cuda, as ModelOpt).",
+    )
+    runtime: str = option(
+        "ort-cpu",
+        flags=("--runtime",),
+        choices=RUNTIMES,
+        help="Where the model will run; sets the placement: ort-cpu (ONNX Runtime CPU: QDQ that fuses into QLinear "
+        "kernels, dynamic INT8 MatMuls), ort-cuda or trt (TensorRT-style symmetric Q/DQ on Conv, MatMul and Gemm "
+        "inputs).",
+    )
+    log_level: str = option(
+        "INFO", api_only=True, help="Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR."
+    )
+    activations: str = option(
+        "auto",
+        flags=("--activations",),
+        choices=ACTIVATION_MODES,
+        group=_EXTRAS,
+        help="How MatMul/Gemm activations are quantized: auto (dynamic on ort-cpu, static elsewhere), static "
+        "(calibrated ranges) or dynamic (DynamicQuantizeLinear at run time, ort-cpu).",
+    )
+    target_accuracy: str | Callable[..., Any] | None = option(
+        DEFAULT_TARGET,
+        flags=("--target_accuracy",),
+        group=_EXTRAS,
+        help="What the outputs must keep on the calibration data, AutoCast's syntax (rel_l2<=0.03, cosine>=0.999, "
+        "top1>=0.99, max_abs<=0.1, joined by commas); the most sensitive layers go back to float until it holds; "
+        "'none': keep every selected layer in INT8.",
+        doc="What the outputs must keep on the calibration data, AutoCast's syntax (``rel_l2<=0.03``, "
+        "``cosine>=0.999``, ``top1>=0.99``, ``max_abs<=0.1``, joined by commas) or a callback on (reference, "
+        "candidate) outputs; the most sensitive layers go back to float until it holds; None or ``'none'``: keep "
+        "every selected layer in INT8.",
+    )
+    smoothquant: bool = option(
+        True,
+        flags=("--no_smoothquant",),
+        group=_EXTRAS,
+        help="Turn SmoothQuant off (default: on for dynamic and static MatMul/Gemm layers, alpha searched per input "
+        "on held-out calibration tokens, kept only where it helps).",
+    )
+    outlier_channels: int = option(
+        32,
+        flags=("--outlier_channels",),
+        group=_EXTRAS,
+        help="At most this many input channels per dynamic layer input computed in float (LLM.int8()-style outlier "
+        "split, chosen on calibration data, kept only where it helps); 0: none.",
+    )
+    bias_correction: bool = option(
+        True,
+        flags=("--no_bias_correction",),
+        group=_EXTRAS,
+        help="Turn bias correction off (default: on: each layer's bias cancels the mean output shift of its "
+        "quantized weight on the calibration data).",
+    )
+    percentile: float = option(
+        99.999,
+        flags=("--percentile",),
+        group=_EXTRAS,
+        help="The percentile of |x| kept by --calibration_method percentile.",
+    )
+    calibration_batch_size: int | None = option(
+        None,
+        flags=("--calibration_batch_size",),
+        group=_EXTRAS,
+        help="Split calibration batches along a dynamic batch axis into runs of this many samples (bounds memory; "
+        "dynamic ranges are per run) (default: as given).",
+    )
+    sample_tokens: int = option(
+        512,
+        flags=("--sample_tokens",),
+        group=_EXTRAS,
+        help="Token rows sampled per dynamic layer input for the SmoothQuant and outlier decisions.",
+    )
+    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(
+        flags=("--calibration_shapes", "--input_shapes"), group=_EXTRAS
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.calibration_method is not None and self.calibration_method not in CALIBRATION_METHODS:
+            raise InvalidArgumentError(
+                f"Unknown INT8 calibration_method '{self.calibration_method}': use {', '.join(CALIBRATION_METHODS)}."
+            )
+        for name, choices in (("runtime", RUNTIMES), ("activations", ACTIVATION_MODES)):
+            if getattr(self, name) not in choices:
+                raise InvalidArgumentError(f"Unknown {name} '{getattr(self, name)}': use {', '.join(choices)}.")
+        if self.high_precision_dtype is not None and self.high_precision_dtype not in HIGH_PRECISION_TYPES:
+            raise InvalidArgumentError(
+                f"Unknown high_precision_dtype '{self.high_precision_dtype}': use {', '.join(HIGH_PRECISION_TYPES)}."
+            )
+        if self.activations == "dynamic" and self.runtime != "ort-cpu":
+            raise InvalidArgumentError(f"activations='dynamic' is for --runtime ort-cpu, not {self.runtime}.")
+        if self.log_level not in _LOG_LEVELS:
+            raise InvalidArgumentError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}.")
+        if not 0 < self.percentile <= 100:
+            raise InvalidArgumentError(f"percentile must be in (0, 100], got {self.percentile!r}.")
+        if self.outlier_channels < 0 or self.sample_tokens < 1:
+            raise InvalidArgumentError("outlier_channels must be >= 0 and sample_tokens >= 1.")
+        if self.calibration_batch_size is not None and self.calibration_batch_size < 0:
+            raise InvalidArgumentError(f"calibration_batch_size must be >= 0, got {self.calibration_batch_size!r}.")
+        if self.calibration_data is not None and self.calibration_data_reader is not None:
+            raise InvalidArgumentError("Give calibration_data or calibration_data_reader, not both.")
+        if isinstance(self.target_accuracy, str) and self.target_accuracy.strip().lower() in ("none", ""):
+            self.target_accuracy = None
+        from onnxprec.quantization.select import compile_patterns
+
+        self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
+        self.include_patterns = compile_patterns(self.nodes_to_quantize, "nodes_to_quantize")
+        self.target = None
+        if self.target_accuracy is not None:
+            from onnxprec.autocast.accuracy_target import AccuracyTarget
+
+            self.target = AccuracyTarget.parse(self.target_accuracy)
+
+    @property
+    def method(self) -> str:
+        """The calibration method in effect (ModelOpt's default: entropy)."""
+        return self.calibration_method or "entropy"
+
+    @property
+    def source(self) -> Any:
+        """The calibration source given (data or reader)."""
+        return self.calibration_data if self.calibration_data is not None else self.calibration_data_reader
+
+    @property
+    def float_type(self) -> str:
+        """What stays in float: fp32 on ort-cpu, fp16 elsewhere, unless ``high_precision_dtype`` says."""
+        if self.high_precision_dtype is not None:
+            return self.high_precision_dtype
+        return "fp32" if self.runtime == "ort-cpu" else "fp16"
+
+    @property
+    def symmetric(self) -> bool:
+        """Symmetric INT8 activations (TensorRT) instead of UINT8 with zero points (ONNX Runtime CPU)."""
+        return self.runtime != "ort-cpu"

@@ -1,0 +1,124 @@
+"""What an INT8 run did and measured, per layer and in total; :meth:`Int8Report.to_json` is ``--report_json``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from onnxprec._report import header, json_number
+
+__all__ = ["Int8Report", "LayerEntry"]
+
+
+@dataclass
+class LayerEntry:
+    """One Conv, MatMul or Gemm layer with a constant weight."""
+
+    name: str
+    op: str
+    mode: str
+    """``dynamic``, ``static``, or ``float`` (sent back to float by the accuracy target)."""
+    weight: str
+    shape: list[int]
+    outlier_channels: int = 0
+    alpha: float | None = None
+    bias_corrected: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    """Errors on the calibration sample (``plain``, ``split``, ``smoothed``, ``final``), the fallback reason..."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "op": self.op,
+            "mode": self.mode,
+            "weight": self.weight,
+            "shape": self.shape,
+            "outlier_channels": self.outlier_channels,
+            "smoothquant_alpha": self.alpha,
+            "bias_corrected": self.bias_corrected,
+            **{key: json_number(value) for key, value in self.info.items()},
+        }
+
+
+@dataclass
+class Int8Report:
+    """The outcome of a run: settings, per-layer entries, static tensors, fallback, accuracy and timings."""
+
+    TOOL: ClassVar[str] = "quantize int8"
+
+    runtime: str
+    calibration_method: str
+    float_type: str
+    layers: list[LayerEntry] = field(default_factory=list)
+    static_tensors: int = 0
+    passthrough: list[str] = field(default_factory=list)
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    target: str | None = None
+    accuracy: dict[str, Any] = field(default_factory=dict)
+    """The outputs' errors against the float model on the calibration data (the final model)."""
+    fallback_steps: list[dict[str, Any]] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    autocast: str | None = None
+    """AutoCast's summary when the float remainder was converted (``high_precision_dtype`` fp16/bf16)."""
+    input_path: Path | None = None
+    output_path: Path | None = None
+    ort_only: dict[str, int] = field(default_factory=dict)
+
+    def count(self, mode: str) -> int:
+        return sum(1 for entry in self.layers if entry.mode == mode)
+
+    @property
+    def summary(self) -> str:
+        quantized = self.count("dynamic") + self.count("static")
+        text = (
+            f"INT8 for {self.runtime}: {quantized}/{len(self.layers)} layers quantized ({self.count('dynamic')} "
+            f"dynamic, {self.count('static')} static), {self.static_tensors} static tensors"
+        )
+        split = sum(1 for entry in self.layers if entry.outlier_channels)
+        smoothed = sum(1 for entry in self.layers if entry.alpha is not None)
+        if split or smoothed:
+            text += f"; {split} with outlier channels in float, {smoothed} smoothed"
+        if self.count("float"):
+            text += f"; {self.count('float')} kept in float for {self.target}"
+        if self.accuracy:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in self.accuracy.items() if isinstance(v, float))
+            text += f"; on calibration data {shown}"
+        if self.autocast:
+            text += f"; float remainder {self.float_type}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready data: settings, ``counts``, ``accuracy`` (worst output errors on the calibration data),
+        ``fallback_steps`` (each configuration the target search tried), ``calibration``, ``seconds``,
+        ``excluded``/``skipped`` nodes and ``layers``."""
+        return {
+            **header(self),
+            "input": None if self.input_path is None else str(self.input_path),
+            "output": None if self.output_path is None else str(self.output_path),
+            "runtime": self.runtime,
+            "calibration_method": self.calibration_method,
+            "high_precision_dtype": self.float_type,
+            "target_accuracy": self.target,
+            "counts": {
+                "layers": len(self.layers),
+                "dynamic": self.count("dynamic"),
+                "static": self.count("static"),
+                "float": self.count("float"),
+                "static_tensors": self.static_tensors,
+                "static_ops": len(self.passthrough),
+                "excluded": len(self.excluded),
+                "skipped": len(self.skipped),
+            },
+            "accuracy": json_number(self.accuracy),
+            "fallback_steps": [json_number(step) for step in self.fallback_steps],
+            "calibration": json_number(self.calibration),
+            "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
+            "autocast": self.autocast,
+            "excluded": [{"node": node, "pattern": pattern} for node, pattern in self.excluded],
+            "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],
+            "ort_only_nodes": self.ort_only,
+            "layers": [entry.to_json() for entry in self.layers],
+        }

@@ -1,0 +1,136 @@
+"""The INT8 tool end to end on tiny models: what ONNX Runtime fuses, accuracy, fallback, placements, entry points."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprec._ort import create_session
+from onnxprec._testing import run
+from onnxprec.quantization import CalibrationMethod, quantize, quantize_static
+from onnxprec.quantization._testing import correlated, mlp, tiny_cnn
+from onnxprec.quantization.int8 import quantize_file
+
+
+def _optimized_ops(path: Path, tmp_path: Path) -> list[str]:
+    """The op types ONNX Runtime's CPU provider runs after its fusions."""
+    optimized = tmp_path / "optimized.onnx"
+    create_session(str(path), optimization="all", optimized_model_path=optimized)
+    return [n.op_type for n in onnx.load(str(optimized)).graph.node]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(a))
+
+
+@pytest.fixture
+def mlp_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), path)
+    return path
+
+
+def _tokens(seed: int, batches: int = 4) -> list[dict[str, np.ndarray]]:
+    return [{"X": correlated(32, 64, seed=seed + i).reshape(2, 16, 64)} for i in range(batches)]
+
+
+def test_transformer_layers_are_dynamic_and_fuse(tmp_path: Path, mlp_file: Path) -> None:
+    out = tmp_path / "q.onnx"
+    report = quantize_file(mlp_file, out, calibration_data=_tokens(0), target_accuracy=None)
+    assert report.count("dynamic") == 4 and report.static_tensors == 0
+    ops = _optimized_ops(out, tmp_path)
+    # one input quantized once for the layers that share it (q and k): DynamicQuantizeLinear + MatMulIntegerToFloat
+    assert ops.count("DynamicQuantizeMatMul") + ops.count("MatMulIntegerToFloat") == 4
+    assert "DequantizeLinear" not in ops and "MatMulInteger" not in ops
+    x = _tokens(100, 1)[0]
+    (ref,), (got,) = run(mlp_file, x), run(out, x)
+    assert _rel(ref, got) < 0.05
+    data = report.to_json()
+    assert data["tool"] == "quantize int8" and data["counts"]["dynamic"] == 4
+    assert all(layer["bias_corrected"] for layer in data["layers"])
+
+
+def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path) -> None:
+    source, out = tmp_path / "cnn.onnx", tmp_path / "q.onnx"
+    onnx.save(tiny_cnn(), source)
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    report = quantize_file(source, out, calibration_data=data, calibration_method="max", target_accuracy=None)
+    assert report.count("static") == 3 and report.count("dynamic") == 1  # the Gemm reads a float ReduceMean
+    ops = _optimized_ops(out, tmp_path)
+    assert ops.count("QLinearConv") == 3 and "Conv" not in ops and "FusedConv" not in ops
+    assert "Pad" not in ops and "Clip" not in ops and "Relu" not in ops  # folded and absorbed
+    assert "QLinearAdd" in ops
+    x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
+    (ref,), (got,) = run(source, x), run(out, x)
+    assert _rel(ref, got) < 0.05
+
+
+def test_the_target_sends_the_most_sensitive_layers_back_to_float(tmp_path: Path, mlp_file: Path) -> None:
+    plain = quantize_file(mlp_file, tmp_path / "a.onnx", calibration_data=_tokens(0), target_accuracy="rel_l2<=1")
+    assert plain.count("float") == 0 and plain.accuracy["rel_l2"] > 1e-4
+    strict = f"rel_l2<={plain.accuracy['rel_l2'] / 2:.3g}"
+    report = quantize_file(mlp_file, tmp_path / "b.onnx", calibration_data=_tokens(0), target_accuracy=strict)
+    assert 0 < report.count("float") < 4
+    assert report.accuracy["rel_l2"] <= plain.accuracy["rel_l2"] / 2
+    assert report.fallback_steps[0]["what"] == "every layer INT8"
+    assert report.to_json()["counts"]["float"] == report.count("float")
+
+
+def test_tensorrt_placement_is_symmetric_qdq_on_layer_inputs(tmp_path: Path, mlp_file: Path) -> None:
+    out = tmp_path / "trt.onnx"
+    report = quantize_file(
+        mlp_file, out, calibration_data=_tokens(0), runtime="trt", high_precision_dtype="fp32", target_accuracy=None
+    )
+    assert report.count("static") == 4
+    graph = onnx.load(str(out)).graph
+    quantize_nodes = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert len(quantize_nodes) == 3  # X (shared by q and k), r and o
+    inits = {i.name: i for i in graph.initializer}
+    for node in quantize_nodes:
+        assert onnx.numpy_helper.to_array(inits[node.input[2]]).dtype == np.int8
+        assert onnx.numpy_helper.to_array(inits[node.input[2]]) == 0
+
+
+def test_modelopt_entry_point_and_its_int4_mode(tmp_path: Path, mlp_file: Path) -> None:
+    report = quantize(str(mlp_file), quantize_mode="int8", calibration_data=_tokens(0), output_path=tmp_path / "8.onnx")
+    assert report.TOOL == "quantize int8" and (tmp_path / "8.onnx").exists()
+    report4 = quantize(str(mlp_file), quantize_mode="int4", calibration_method="rtn", output_path=tmp_path / "4.onnx")
+    assert report4.TOOL == "quantize int4" and (tmp_path / "4.onnx").exists()
+
+
+def test_quantize_static_takes_onnx_runtime_arguments(tmp_path: Path, mlp_file: Path) -> None:
+    from onnxruntime.quantization import CalibrationDataReader
+    from onnxruntime.quantization import CalibrationMethod as OrtMethod
+
+    class Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.batches = iter(_tokens(0))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    out = tmp_path / "static.onnx"
+    for method in (OrtMethod.Entropy, CalibrationMethod.Percentile):
+        report = quantize_static(mlp_file, out, Reader(), per_channel=True, calibrate_method=method)
+        assert report.count("static") == 4 and report.count("dynamic") == 0
+    assert "QuantizeLinear" in [n.op_type for n in onnx.load(str(out)).graph.node]
+
+
+def test_command_line(tmp_path: Path, mlp_file: Path) -> None:
+    data = tmp_path / "data.npz"
+    np.savez(data, X=correlated(32, 64).reshape(2, 16, 64))
+    out, report = tmp_path / "cli.onnx", tmp_path / "report.json"
+    command = [sys.executable, "-m", "onnxprec.quantization", "--quantize_mode", "int8", "--onnx_path", str(mlp_file),
+               "--calibration_data", str(data), "--output_path", str(out), "--report_json", str(report)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "INT8 for ort-cpu" in result.stdout and out.exists() and report.exists()
+    bad = subprocess.run([*command[:4], "fp8", *command[5:]], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
+    assert "Unknown quantize_mode 'fp8'" in bad.stderr

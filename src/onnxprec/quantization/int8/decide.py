@@ -1,0 +1,261 @@
+"""INT8 decisions from calibration statistics, and the build that applies them to a copy of the float model.
+
+:func:`decide` turns the statistics of one calibration pass into, per static tensor, a scale and zero point; per
+dynamic input group, the outlier split and SmoothQuant scales
+(:func:`~onnxprec.quantization.algorithms.smoothquant.decide_channels`); per layer, the weight's per-channel scales
+and the bias correction. Decisions are keyed by names, so :func:`build` can apply them to any copy of the model,
+with any set of layers left in float (the accuracy-target search builds several).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec._graph import NameAllocator
+from onnxprec._tensors import release
+from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
+from onnxprec.quantization.algorithms.int8 import bias_correction, dequantize_weight, quantize_weight
+from onnxprec.quantization.algorithms.ranges import calibrated_range, scale_zero_point
+from onnxprec.quantization.algorithms.smoothquant import ChannelDecision, RunSample, decide_channels
+from onnxprec.quantization.int8._options import Int8Options
+from onnxprec.quantization.int8._report import LayerEntry
+from onnxprec.quantization.int8.place import Layer, Plan, place
+from onnxprec.quantization.int8.rewrite import (
+    WeightRecipe,
+    add_bias,
+    insert_dynamic,
+    insert_qdq,
+    insert_split,
+    quantize_conv_bias,
+    replace_weight,
+)
+
+__all__ = ["Decisions", "LayerDecision", "Statistics", "build", "decide", "plan_for"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Statistics:
+    """What one calibration pass measured."""
+
+    histograms: dict[str, Histogram]
+    channels: ChannelStatsObserver
+    samples: RunSampleObserver
+
+
+@dataclass
+class LayerDecision:
+    """How one layer is quantized."""
+
+    recipe: WeightRecipe
+    dynamic: bool
+    bias: np.ndarray | None = None
+    """The layer's new float bias (Conv: original + correction) or, for MatMul/Gemm, the correction to add."""
+    split_rows: np.ndarray | None = None
+    """``[J, N]`` float rows of the split channels (MatMul/Gemm)."""
+    entry: LayerEntry | None = None
+
+
+@dataclass
+class Decisions:
+    """Every decision, by name: layers by node name, groups and static tensors by tensor name."""
+
+    layers: dict[str, LayerDecision] = field(default_factory=dict)
+    groups: dict[str, ChannelDecision] = field(default_factory=dict)
+    tensors: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+
+def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[str] = ()) -> Plan:
+    """The placement with the options' selection, plus ``extra_excluded`` node names kept in float."""
+    import re
+
+    patterns = [*options.exclude_patterns, *(re.compile(f"^{re.escape(name)}$") for name in extra_excluded)]
+    return place(
+        model,
+        options.runtime,
+        activations=options.activations,
+        op_types_to_quantize=options.op_types_to_quantize,
+        op_types_to_exclude=options.op_types_to_exclude or (),
+        nodes_to_quantize=options.include_patterns,
+        nodes_to_exclude=patterns,
+    )
+
+
+def _matrix(layer: Layer) -> np.ndarray:
+    """The float32 weight as the quantized layer reads it (``[K, N]`` for MatMul/Gemm), mapping released."""
+    tensor = layer.weight.const_value
+    assert tensor is not None
+    array = np.asarray(tensor.numpy())
+    weight = (array.T if layer.transposed else array).astype(np.float32)
+    del array
+    release(tensor)
+    return weight
+
+
+def _bias(node: ir.Node) -> np.ndarray | None:
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    if value is None or value.const_value is None:
+        return None
+    return np.asarray(value.const_value.numpy(), dtype=np.float64).reshape(-1)
+
+
+def _conv_correction(node: ir.Node, mean_x: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """``[M]`` mean output shift of a Conv whose weight changed by ``delta`` ``[M, C/g, ...]``, for input channel
+    means ``mean_x`` ``[C]`` (zero padding at the borders ignored)."""
+    groups_attr = node.attributes.get("group")
+    groups = int(groups_attr.value) if groups_attr is not None else 1
+    m, per_group = delta.shape[0], delta.shape[1]
+    summed = delta.reshape(m, per_group, -1).sum(axis=2)  # [M, C/g]
+    out_per_group = m // groups
+    channels = (np.arange(m) // out_per_group)[:, None] * per_group + np.arange(per_group)[None, :]
+    return -(summed * mean_x[channels]).sum(axis=1)
+
+
+def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options) -> Decisions:
+    """Scales of the static tensors, per-group channel decisions and per-layer weight recipes."""
+    decisions = Decisions()
+    symmetric = options.symmetric
+    for value in plan.static_tensors:
+        hist = stats.histograms.get(str(value.name))
+        if hist is None:
+            continue
+        lo, hi = calibrated_range(hist, options.method, symmetric=symmetric, percentile=options.percentile)
+        decisions.tensors[str(value.name)] = scale_zero_point(lo, hi, symmetric=symmetric)
+    from tqdm.auto import tqdm
+
+    groups = plan.dynamic_groups
+    for activation, layers in tqdm(groups.items(), desc="INT8 decisions", unit="input", disable=None, leave=False):
+        _decide_group(activation, layers, stats, options, decisions)
+    for layer in plan.layers:
+        if not layer.dynamic:
+            _decide_static(layer, stats, options, decisions)
+    return decisions
+
+
+def _entry(layer: Layer, shape: tuple[int, ...]) -> LayerEntry:
+    return LayerEntry(layer.name, layer.node.op_type, "dynamic" if layer.dynamic else "static",
+                      str(layer.weight.name), list(shape))  # fmt: skip
+
+
+def _decide_group(
+    activation: ir.Value, layers: list[Layer], stats: Statistics, options: Int8Options, decisions: Decisions
+) -> None:
+    name = str(activation.name)
+    weights = [_matrix(layer) for layer in layers]
+    k = weights[0].shape[0]
+    channel = ChannelDecision()
+    wants = options.smoothquant or options.outlier_channels > 0
+    if wants and stats.samples.has(name):
+        runs, mins, maxs = stats.samples.run_extremes(name)
+        sample = RunSample(stats.samples.sample(name), runs, mins, maxs)
+        if sample.rows.shape[1] == k and sample.rows.shape[0] >= 2:
+            channel = decide_channels(
+                sample,
+                weights,
+                stats.channels.absmax(name),
+                split=options.outlier_channels > 0,
+                max_split=options.outlier_channels,
+                smooth=options.smoothquant,
+            )
+    decisions.groups[name] = channel
+    rows = channel.weight_rows(k)
+    factors = channel.factors(k)
+    mean_x = stats.channels.mean(name) * factors if name in stats.channels.counts else None
+    for layer, weight in zip(layers, weights):
+        scaled = weight * rows.astype(np.float32)[:, None]
+        q, scales = quantize_weight(scaled, axis=1)
+        recipe = WeightRecipe(layer.weight.const_value, 1, scales, transpose=layer.transposed,  # type: ignore[arg-type]
+                              rows=None if np.all(rows == 1) else rows)  # fmt: skip
+        entry = _entry(layer, weight.shape)
+        entry.outlier_channels, entry.alpha = int(channel.split.size), channel.alpha
+        entry.info.update({f"sample_error_{k_}": v for k_, v in channel.errors.items()})
+        decision = LayerDecision(recipe, True, entry=entry)
+        if channel.split.size:
+            decision.split_rows = weight[channel.split]
+        if options.bias_correction and mean_x is not None:
+            decision.bias = bias_correction(mean_x, scaled, dequantize_weight(q, scales, axis=1))
+            entry.bias_corrected = True
+        decisions.layers[layer.name] = decision
+    del weights
+
+
+def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisions: Decisions) -> None:
+    weight = _matrix(layer)
+    axis = 0 if layer.node.op_type == "Conv" else 1
+    q, scales = quantize_weight(weight, axis=axis)
+    recipe = WeightRecipe(layer.weight.const_value, axis, scales, transpose=layer.transposed)  # type: ignore[arg-type]
+    entry = _entry(layer, weight.shape)
+    decision = LayerDecision(recipe, False, entry=entry)
+    name = str(layer.activation.name)
+    mean_x = stats.channels.mean(name) if name in stats.channels.counts else None
+    conv = layer.node.op_type == "Conv"
+    bias = _bias(layer.node)
+    if options.bias_correction and mean_x is not None:
+        delta = dequantize_weight(q, scales, axis=axis).astype(np.float64) - weight
+        if conv and mean_x.shape[0] == weight.shape[1] * _groups(layer.node):
+            correction = _conv_correction(layer.node, mean_x, delta)
+            bias = correction if bias is None else bias + correction
+            entry.bias_corrected = True
+        elif not conv and mean_x.shape[0] == weight.shape[0]:
+            decision.bias = -(mean_x @ delta)
+            entry.bias_corrected = True
+    if conv:
+        decision.bias = bias
+    decisions.layers[layer.name] = decision
+
+
+def _groups(node: ir.Node) -> int:
+    attr = node.attributes.get("group")
+    return int(attr.value) if attr is not None else 1
+
+
+def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_layers: Collection[str] = ()) -> Plan:
+    """Applies the decisions to ``model`` (a copy of the sanitized float model), ``float_layers`` left in float.
+
+    Returns:
+        The placement that was applied.
+    """
+    plan = plan_for(model, options, float_layers)
+    graph = model.graph
+    names = NameAllocator(model)
+    symmetric = options.symmetric
+    inputs = {layer.name: layer.activation for layer in plan.layers}  # before the rewrites rewire them
+    for value in list(plan.static_tensors):
+        params = decisions.tensors.get(str(value.name))
+        if params is None:
+            plan.static_tensors.remove(value)
+            continue
+        insert_qdq(graph, value, params[0], params[1], symmetric=symmetric, names=names)
+    for activation, layers in plan.dynamic_groups.items():
+        layers = [layer for layer in layers if layer.name in decisions.layers]
+        if not layers:
+            continue
+        channel = decisions.groups.get(str(activation.name), ChannelDecision())
+        k = decisions.layers[layers[0].name].recipe.shape()[0]
+        factors = channel.factors(k) if channel.split.size or channel.scales is not None else None
+        insert_dynamic(graph, activation, [layer.node for layer in layers], names, factors)
+    for layer in plan.layers:
+        decision = decisions.layers.get(layer.name)
+        if decision is None:
+            continue
+        product = replace_weight(graph, layer.node, decision.recipe, names)
+        if layer.node.op_type == "Conv":
+            params = decisions.tensors.get(str(inputs[layer.name].name))
+            if decision.bias is not None and params is not None:
+                quantize_conv_bias(graph, product, decision.bias, params[0], decision.recipe.scales, names)
+            continue
+        if decision.split_rows is not None:
+            channel = decisions.groups[str(inputs[layer.name].name)]
+            insert_split(graph, product, inputs[layer.name], channel.split, decision.split_rows, names)
+        if decision.bias is not None:
+            add_bias(graph, product, decision.bias, names)
+    for layer in plan.layers:  # weights no layer reads any more
+        if not layer.weight.uses() and layer.weight.name in graph.initializers:
+            graph.initializers.pop(str(layer.weight.name))
+    return plan

@@ -1,0 +1,72 @@
+"""Every bad input gives one clear line (an OnnxprecError) and leaves no output file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
+from onnxprec.quantization import quantize
+from onnxprec.quantization._testing import fails_cleanly, mlp
+from onnxprec.quantization.int8 import quantize_file
+
+
+@pytest.fixture
+def model_path(tmp_path: Path) -> Path:
+    path = tmp_path / "model.onnx"
+    onnx.save(mlp(), path)
+    return path
+
+
+def _fails(tmp_path: Path, error: type[OnnxprecError], match: str, source: Path, **kwargs: object) -> str:
+    return fails_cleanly(quantize_file, tmp_path, error, match, source, **kwargs)
+
+
+def test_unknown_mode_and_options(tmp_path: Path, model_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="Unknown quantize_mode 'int2'"):
+        quantize(str(model_path), quantize_mode="int2", output_path=tmp_path / "out.onnx")
+    message = "Unknown INT8 option 'calibration_methd'"
+    _fails(tmp_path, InvalidArgumentError, message, model_path, calibration_methd="max")
+    _fails(tmp_path, InvalidArgumentError, "Unknown INT8 calibration_method", model_path, calibration_method="awq_lite")
+    _fails(tmp_path, InvalidArgumentError, "Invalid --target_accuracy", model_path, target_accuracy="rel<=1")
+    _fails(tmp_path, InvalidArgumentError, "Unknown runtime", model_path, runtime="tensorrt")
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_empty_calibration_set(tmp_path: Path, model_path: Path) -> None:
+    _fails(tmp_path, CalibrationDataError, "holds no batch", model_path, calibration_data=[])
+
+
+def test_calibration_tensors_of_the_wrong_type_or_shape(tmp_path: Path, model_path: Path) -> None:
+    wrong_type = [{"X": np.zeros((1, 4, 64), np.int64)}]
+    message = _fails(tmp_path, CalibrationDataError, "X", model_path, calibration_data=wrong_type)
+    assert "int64" in message or "type" in message
+    wrong_shape = [{"X": np.zeros((1, 4, 65), np.float32)}]
+    _fails(tmp_path, CalibrationDataError, "X", model_path, calibration_data=wrong_shape)
+
+
+def test_a_model_with_nothing_to_quantize(tmp_path: Path) -> None:
+    source = tmp_path / "relu.onnx"
+    onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", F, [2, 3])],
+                         [tensor_info("y", F, [2, 3])]), source)  # fmt: skip
+    _fails(tmp_path, UnsupportedModelError, "Nothing to quantize", source)
+
+
+def test_everything_excluded_and_already_quantized(tmp_path: Path, model_path: Path) -> None:
+    message = _fails(tmp_path, UnsupportedModelError, "Nothing to quantize", model_path, nodes_to_exclude=[".*"])
+    assert "excluded" in message
+    quantized = tmp_path / "q.onnx"
+    quantize_file(model_path, quantized, target_accuracy=None)
+    _fails(tmp_path, UnsupportedModelError, "already quantized", quantized)
+
+
+def test_the_input_is_never_overwritten(tmp_path: Path, model_path: Path) -> None:
+    before = model_path.read_bytes()
+    with pytest.raises(InvalidArgumentError):
+        quantize_file(model_path, model_path)
+    assert model_path.read_bytes() == before

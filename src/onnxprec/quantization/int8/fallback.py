@@ -1,0 +1,133 @@
+"""Automatic float fallback: the most sensitive INT8 layers go back to float until an accuracy target holds.
+
+The target is AutoCast's (``rel_l2<=0.03``, ``cosine>=0.999``, ``top1>=0.99``, ``max_abs<=...``, or a callback),
+checked on the calibration data against the float model's outputs kept from the calibration pass. Each check builds
+the INT8 model for real (the decisions applied to a copy of the float model) and runs it in ONNX Runtime with its
+fusions, as the user will: what is measured is what is saved.
+
+1. The all-INT8 model is checked; if it meets the target, nothing changes.
+2. Sensitivity: with at most :data:`MAX_ISOLATED` layers, the output error of each layer quantized alone (one
+   check per layer); with more, the layer's own output error on the calibration sample (a local proxy).
+3. A bisection on how many of the most sensitive layers go back to float (``log2(layers)`` checks) finds the
+   fewest that meet the target.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec import _ort
+from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget
+from onnxprec.autocast.target import Calibration, Measurement
+from onnxprec.metrics import ErrorStats
+
+__all__ = ["MAX_ISOLATED", "measure", "search"]
+
+logger = logging.getLogger(__name__)
+
+MAX_ISOLATED = 64
+
+
+def measure(
+    model: ir.Model, target: AccuracyTarget, calibration: Calibration, providers: Sequence[str] | None = None
+) -> Measurement:
+    """Runs ``model`` (optimized as ONNX Runtime will run it) on every calibration batch against the kept outputs."""
+    tick = time.perf_counter()
+    session = _ort.create_session(model, providers=providers, optimization="all", what="the INT8 model")
+    stats: dict[str, ErrorStats] = {}
+    callback_ok = True
+    for batch, reference in zip(calibration.batches, calibration.outputs):
+        outputs = dict(zip(reference, session.run(batch, list(reference))))
+        for name, expected in reference.items():
+            if np.issubdtype(expected.dtype, np.floating):
+                stats.setdefault(name, ErrorStats(track_top1=target.needs_top1)).update(
+                    expected, np.asarray(outputs[name], dtype=np.float32)
+                )
+        if target.callback is not None and callback_ok:
+            callback_ok = bool(target.callback(reference, outputs))
+    errors = {name: s.as_dict() for name, s in stats.items()}
+    ok = callback_ok and all(
+        e["nonfinite"] == 0 and all(b.holds(e.get(b.metric)) for b in target.bounds) for e in errors.values()
+    )
+    return Measurement(errors, ok, time.perf_counter() - tick, callback_ok)
+
+
+def _badness(measurement: Measurement, metric: str) -> float:
+    value = measurement.worst(metric)
+    if value is None:
+        return 0.0
+    return 1.0 - value if metric in ("cosine", "top1") else value
+
+
+def search(
+    layers: Sequence[str],
+    check: Callable[[Collection[str]], Measurement],
+    target: AccuracyTarget,
+    proxy: dict[str, float],
+    steps: list[dict[str, Any]],
+) -> tuple[list[str], Measurement]:
+    """The fewest layers to keep in float so that ``check`` meets ``target``.
+
+    Args:
+        layers: The quantized layers' names.
+        check: Builds and measures the model with the given layers in float.
+        target: The accuracy target.
+        proxy: A sensitivity per layer for models with more than :data:`MAX_ISOLATED` layers.
+        steps: Each check is appended here (what it tried, its errors and verdict).
+
+    Returns:
+        The layers kept in float (most sensitive first) and the final measurement.
+    """
+
+    def run(floats: Collection[str], what: str) -> Measurement:
+        measurement = check(floats)
+        steps.append({"what": what, "float_layers": len(floats), "ok": measurement.ok,
+                      **{m: measurement.worst(m) for m in METRICS if measurement.worst(m) is not None},
+                      "seconds": measurement.seconds})  # fmt: skip
+        logger.debug(
+            "Target check (%s): %s -> %s", what, measurement.summary(), "holds" if measurement.ok else "misses"
+        )
+        return measurement
+
+    first = run((), "every layer INT8")
+    if first.ok or not layers:
+        return [], first
+    metric = target.bounds[0].metric if target.bounds else "rel_l2"
+    from tqdm.auto import tqdm
+
+    if len(layers) <= MAX_ISOLATED:
+        everything = set(layers)
+        sensitivity = {}
+        for name in tqdm(layers, desc="INT8 sensitivity", unit="layer", disable=None, leave=False):
+            alone = check(everything - {name})
+            sensitivity[name] = _badness(alone, metric)
+        steps.append({"what": f"sensitivity of each layer alone ({metric})", "checks": len(layers)})
+    else:
+        sensitivity = {name: proxy.get(name, 0.0) for name in layers}
+    order = sorted(layers, key=lambda name: -sensitivity[name])
+    low, high = 0, len(order)  # low misses, high holds (every layer float is the float model)
+    best: Measurement | None = None
+    while high - low > 1:
+        middle = (low + high) // 2
+        measurement = run(order[:middle], f"{middle} most sensitive in float")
+        if measurement.ok:
+            high, best = middle, measurement
+        else:
+            low = middle
+    if best is None:
+        best = run(order[:high], f"{high} most sensitive in float")
+    if not best.ok:
+        logger.warning("The accuracy target %s is not met even with every layer in float", target)
+    return order[:high], best
+
+
+def worst_errors(measurement: Measurement) -> dict[str, float]:
+    """The worst value of each metric over the outputs (what the report shows)."""
+    return {m: float(v) for m in METRICS if (v := measurement.worst(m)) is not None and math.isfinite(v)}

@@ -1,0 +1,155 @@
+"""ONNX Runtime's ``quantize_static`` with the same arguments, on onnxprec's INT8 pipeline.
+
+``from onnxprec.quantization import quantize_static, CalibrationMethod`` replaces ``from onnxruntime.quantization
+import ...``: the arguments keep their names and meanings, and ONNX Runtime's own enums are accepted too. What
+differs, on purpose:
+
+- every layer is quantized per channel, symmetric INT8 weights (``per_channel`` is accepted and ignored: per-tensor
+  weights only lose accuracy);
+- activations are UINT8 with zero points, the fast form of ONNX Runtime's x86 kernels (``activation_type`` is
+  accepted and ignored);
+- ``QuantFormat.QDQ`` only: ONNX Runtime fuses it into the same QLinear kernels as ``QOperator``;
+- ``Entropy`` leaves the bin of exact zeros out and never fails on a wide range ("Too many bins for data range");
+- the placement is onnxprec's for ONNX Runtime's CPU provider (static activations everywhere, as the name says:
+  Pad folded into Conv, ReLU/Clip absorbed, no DequantizeLinear in front of an op that cannot fuse), with bias
+  correction; no float fallback unless ``extra_options={"TargetAccuracy": "rel_l2<=0.03"}``.
+
+``extra_options`` understood: ``CalibPercentile``, ``SmoothQuant`` (bool), ``TargetAccuracy`` (AutoCast's syntax),
+``BiasCorrection`` (bool); other keys are ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = ["CalibrationMethod", "QuantFormat", "QuantType", "quantize_static"]
+
+logger = logging.getLogger(__name__)
+
+
+class CalibrationMethod(enum.Enum):
+    """ONNX Runtime's calibration methods (``Distribution`` has no equivalent here)."""
+
+    MinMax = 0
+    Entropy = 1
+    Percentile = 2
+    Distribution = 3
+
+
+class QuantFormat(enum.Enum):
+    """ONNX Runtime's output formats; only QDQ is written."""
+
+    QOperator = 0
+    QDQ = 1
+
+
+class QuantType(enum.Enum):
+    """ONNX Runtime's INT8 types (accepted for compatibility; see the module docstring)."""
+
+    QInt8 = 0
+    QUInt8 = 1
+    QFLOAT8E4M3FN = 2
+    QInt16 = 3
+    QUInt16 = 4
+    QInt4 = 5
+    QUInt4 = 6
+
+
+_METHODS = {"MinMax": "max", "Entropy": "entropy", "Percentile": "percentile"}
+
+
+def _name(value: Any) -> str:
+    return str(getattr(value, "name", value))
+
+
+def quantize_static(
+    model_input: str | Path,
+    model_output: str | Path,
+    calibration_data_reader: Any,
+    quant_format: Any = QuantFormat.QDQ,
+    op_types_to_quantize: Sequence[str] | None = None,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+    activation_type: Any = QuantType.QInt8,
+    weight_type: Any = QuantType.QInt8,
+    nodes_to_quantize: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
+    use_external_data_format: bool = False,
+    calibrate_method: Any = CalibrationMethod.MinMax,
+    calibration_providers: Sequence[str] | None = None,
+    extra_options: Mapping[str, Any] | None = None,
+) -> Any:
+    """Static INT8 quantization with ONNX Runtime's ``quantize_static`` arguments (see the module docstring).
+
+    Args:
+        model_input: The float model.
+        model_output: Where to write the quantized model.
+        calibration_data_reader: A ``CalibrationDataReader`` (or any source onnxprec reads).
+        quant_format: ``QuantFormat.QDQ`` (``QOperator`` is refused).
+        op_types_to_quantize: Only these op types (default: all supported).
+        per_channel: Accepted; weights are always per channel.
+        reduce_range: Must be False (7-bit weights are for pre-VNNI CPUs).
+        activation_type: Accepted; activations are UINT8 on CPU.
+        weight_type: ``QInt8``.
+        nodes_to_quantize: Exact node names to quantize (default: all).
+        nodes_to_exclude: Exact node names kept in float.
+        use_external_data_format: Save the weights in ``<output>.data``.
+        calibrate_method: ``MinMax``, ``Entropy`` or ``Percentile``.
+        calibration_providers: ONNX Runtime provider names for calibration (``CPUExecutionProvider``...).
+        extra_options: See the module docstring.
+
+    Returns:
+        The :class:`~onnxprec.quantization.int8.Int8Report`.
+
+    Raises:
+        OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
+    """
+    if _name(quant_format) != "QDQ":
+        raise InvalidArgumentError(
+            "quant_format QOperator is not written: use QuantFormat.QDQ (ONNX Runtime fuses it into the same QLinear "
+            "kernels)."
+        )
+    if _name(weight_type) != "QInt8":
+        raise InvalidArgumentError(f"weight_type {_name(weight_type)} is not supported: use QuantType.QInt8.")
+    if reduce_range:
+        raise InvalidArgumentError("reduce_range=True (7-bit weights) is not supported: drop it.")
+    method = _METHODS.get(_name(calibrate_method))
+    if method is None:
+        raise InvalidArgumentError(
+            f"calibrate_method {_name(calibrate_method)} is not supported: use MinMax, Entropy or Percentile."
+        )
+    options: dict[str, Any] = {"activations": "static", "target_accuracy": None, "calibration_method": method}
+    extras = dict(extra_options or {})
+    if "CalibPercentile" in extras:
+        options["percentile"] = float(extras.pop("CalibPercentile"))
+    if "SmoothQuant" in extras:
+        options["smoothquant"] = bool(extras.pop("SmoothQuant"))
+    if "TargetAccuracy" in extras:
+        options["target_accuracy"] = extras.pop("TargetAccuracy")
+    if "BiasCorrection" in extras:
+        options["bias_correction"] = bool(extras.pop("BiasCorrection"))
+    if extras:
+        logger.warning("quantize_static: extra_options %s are ignored by onnxprec", sorted(extras))
+    if calibration_providers:
+        names = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "trt",
+                 "DmlExecutionProvider": "dml"}  # fmt: skip
+        options["calibration_eps"] = tuple(names.get(p, p) for p in calibration_providers)
+    from onnxprec.quantization.int8._api import quantize
+
+    return quantize(
+        model_input,
+        calibration_data_reader=calibration_data_reader,
+        op_types_to_quantize=op_types_to_quantize,
+        nodes_to_quantize=[f"^{re.escape(n)}$" for n in nodes_to_quantize] if nodes_to_quantize else None,
+        nodes_to_exclude=[f"^{re.escape(n)}$" for n in nodes_to_exclude] if nodes_to_exclude else None,
+        use_external_data_format=use_external_data_format,
+        output_path=model_output,
+        **options,
+    )

@@ -1,0 +1,244 @@
+"""Where INT8 goes: which layers are quantized, how (static or dynamic activations), and which tensors get Q/DQ.
+
+The placement depends on the runtime that will run the model:
+
+- ``ort-cpu`` (ONNX Runtime's CPU provider): ONNX Runtime fuses ``DequantizeLinear -> Conv -> QuantizeLinear`` into
+  ``QLinearConv``, ``DynamicQuantizeLinear -> DequantizeLinear -> MatMul`` into ``DynamicQuantizeMatMul``, and the
+  QDQ forms of Add, Concat and the pools into their QLinear kernels. Conv layers are static (calibrated activation
+  ranges, UINT8 activations and INT8 weights: VNNI's u8*s8); MatMul and Gemm layers with a constant weight are
+  dynamic (each run quantizes its own activation range: no calibrated range can be too small, and transformers'
+  per-run ranges vary), unless their input is already a static tensor. A ``Relu`` or ``Clip`` that follows a static
+  layer is absorbed (its output is quantized instead: ONNX Runtime drops it into the quantization's own clamp), and
+  Add, Concat, Mul and the pools join the static region only when each of their float inputs comes from it, so no
+  DequantizeLinear is left in front of an op ONNX Runtime cannot fuse except where the region ends.
+- ``trt`` and ``ort-cuda`` (TensorRT-style): symmetric INT8 Q/DQ on the activation and weight inputs of Conv, MatMul
+  and Gemm only, as ModelOpt places them; TensorRT chooses its own fusions.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from onnxprec._ops import is_default_domain
+from onnxprec.passes.fold_pad_into_conv import constant_value
+
+__all__ = ["RUNTIMES", "STATIC_PASSTHROUGH_OPS", "WEIGHT_OPS", "Layer", "Plan", "place"]
+
+logger = logging.getLogger(__name__)
+
+RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
+WEIGHT_OPS = ("Conv", "MatMul", "Gemm")
+STATIC_PASSTHROUGH_OPS = ("Add", "Mul", "Concat", "GlobalAveragePool", "AveragePool", "MaxPool")
+"""Ops with a QLinear (or plain INT8) kernel on ONNX Runtime's CPU provider, joined to a static region."""
+_ACTIVATIONS = ("Relu", "Clip")
+_FLOAT = frozenset({ir.DataType.FLOAT})
+
+
+@dataclass(eq=False)
+class Layer:
+    """One layer with a constant weight that gets INT8 weights."""
+
+    node: ir.Node
+    weight: ir.Value
+    axis: int
+    """The output-channel axis of the stored weight (MatMul 1, Gemm ``transB=1`` 0, Conv 0)."""
+    dynamic: bool
+    """Its activation is quantized by ``DynamicQuantizeLinear`` at run time (else with a calibrated range)."""
+
+    @property
+    def name(self) -> str:
+        return str(self.node.name)
+
+    @property
+    def activation(self) -> ir.Value:
+        value = self.node.inputs[0]
+        assert value is not None
+        return value
+
+    @property
+    def transposed(self) -> bool:
+        """The stored weight is ``[N, K]`` (a Gemm with ``transB=1``)."""
+        return self.node.op_type == "Gemm" and self.axis == 0
+
+
+@dataclass
+class Plan:
+    """The placement: layers, the static activation tensors and the static ops without weights."""
+
+    layers: list[Layer] = field(default_factory=list)
+    static_tensors: list[ir.Value] = field(default_factory=list)
+    passthrough: list[ir.Node] = field(default_factory=list)
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def dynamic_groups(self) -> dict[ir.Value, list[Layer]]:
+        """The dynamic layers by the activation they read (one DynamicQuantizeLinear each)."""
+        groups: dict[ir.Value, list[Layer]] = {}
+        for layer in self.layers:
+            if layer.dynamic:
+                groups.setdefault(layer.activation, []).append(layer)
+        return groups
+
+
+def _attr(node: ir.Node, name: str, default: float | int) -> float | int:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+def _weight_layer(node: ir.Node) -> tuple[ir.Value | None, int, str]:
+    """The node's constant weight and its output-channel axis, or None and why not."""
+    if not is_default_domain(node.domain) or node.op_type not in WEIGHT_OPS:
+        return None, 0, "not a Conv, MatMul or Gemm"
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None, 0, "missing input"
+    activation, weight = node.inputs[0], node.inputs[1]
+    if weight.const_value is None:
+        return None, 0, "its weight is computed, not an initializer"
+    if activation.const_value is not None:
+        return None, 0, "its input is a constant"
+    if weight.dtype not in _FLOAT or (activation.dtype is not None and activation.dtype not in _FLOAT):
+        return None, 0, "not float32"
+    shape = weight.const_value.shape
+    if node.op_type == "Conv":
+        if len(shape) < 3:
+            return None, 0, "a Conv weight of rank < 3"
+        return weight, 0, ""
+    if len(shape) != 2:
+        return None, 0, "its weight is not 2-D"
+    if node.op_type == "Gemm":
+        if _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or _attr(node, "beta", 1.0) != 1.0:
+            return None, 0, "a Gemm with transA, alpha or beta"
+        if len(node.inputs) > 2 and node.inputs[2] is not None and node.inputs[2].const_value is None:
+            return None, 0, "a Gemm whose C is computed"
+        return weight, 0 if _attr(node, "transB", 0) else 1, ""
+    return weight, 1, ""
+
+
+def _matches(node: ir.Node, patterns: Sequence[re.Pattern[str]]) -> str | None:
+    names = [str(node.name or ""), *(str(v.name) for v in node.outputs if v.name)]
+    return next((p.pattern for p in patterns if any(p.search(n) for n in names)), None)
+
+
+def _absorbed_activation(node: ir.Node) -> ir.Node | None:
+    """The Relu, or Clip with a constant minimum of 0, that alone reads ``node``'s output."""
+    out = node.outputs[0]
+    users = list(out.uses())
+    if len(users) != 1 or out.is_graph_output():
+        return None
+    user = users[0].node
+    if not is_default_domain(user.domain) or user.op_type not in _ACTIVATIONS:
+        return None
+    if user.op_type == "Clip":
+        low = constant_value(user.inputs[1]) if len(user.inputs) > 1 and user.inputs[1] is not None else None
+        high = constant_value(user.inputs[2]) if len(user.inputs) > 2 and user.inputs[2] is not None else None
+        if low is None or float(low) != 0.0 or (len(user.inputs) > 2 and user.inputs[2] is not None and high is None):
+            return None
+    return user
+
+
+def place(
+    model: ir.Model,
+    runtime: str,
+    *,
+    activations: str = "auto",
+    op_types_to_quantize: Sequence[str] | None = None,
+    op_types_to_exclude: Sequence[str] = (),
+    nodes_to_quantize: Sequence[re.Pattern[str]] = (),
+    nodes_to_exclude: Sequence[re.Pattern[str]] = (),
+) -> Plan:
+    """The INT8 placement of ``model`` for ``runtime`` (see the module docstring).
+
+    Args:
+        model: The float model (names given, constants lifted).
+        runtime: ``ort-cpu``, ``ort-cuda`` or ``trt``.
+        activations: ``auto`` (ort-cpu: dynamic MatMul/Gemm, static Conv), ``static`` or ``dynamic`` (MatMul/Gemm).
+        op_types_to_quantize: Only these op types (None: all supported).
+        op_types_to_exclude: Never these op types.
+        nodes_to_quantize: Only nodes whose name or output name matches one of these (empty: all).
+        nodes_to_exclude: Never nodes whose name or output name matches one of these.
+    """
+    plan = Plan()
+    wanted_types = set(op_types_to_quantize) if op_types_to_quantize else None
+    excluded_types = set(op_types_to_exclude)
+    cpu = runtime == "ort-cpu"
+
+    def allowed(node: ir.Node) -> bool:
+        if wanted_types is not None and node.op_type not in wanted_types:
+            return False
+        if node.op_type in excluded_types:
+            plan.excluded.append((str(node.name), f"op_types_to_exclude {node.op_type}"))
+            return False
+        pattern = _matches(node, nodes_to_exclude)
+        if pattern is not None:
+            plan.excluded.append((str(node.name), pattern))
+            return False
+        return not nodes_to_quantize or _matches(node, nodes_to_quantize) is not None
+
+    for node in model.graph:
+        if node.op_type not in WEIGHT_OPS or not is_default_domain(node.domain):
+            continue
+        weight, axis, reason = _weight_layer(node)
+        if weight is None:
+            plan.skipped.append((str(node.name), reason))
+            continue
+        if not allowed(node):
+            continue
+        dynamic = node.op_type != "Conv" and (activations == "dynamic" or (activations == "auto" and cpu))
+        plan.layers.append(Layer(node, weight, axis, dynamic))
+    if cpu:
+        _static_region(model, plan, allowed)
+    else:
+        seen: set[ir.Value] = set()
+        for layer in plan.layers:
+            if layer.activation not in seen:
+                seen.add(layer.activation)
+                plan.static_tensors.append(layer.activation)
+    return plan
+
+
+def _static_region(model: ir.Model, plan: Plan, allowed: object) -> None:
+    """ort-cpu: the static tensors of the static layers, the passthrough ops joined to them, absorbed activations."""
+    static_nodes = {layer.node for layer in plan.layers if not layer.dynamic}
+    outputs_of: dict[ir.Node, ir.Value] = {}
+    for node in model.graph:
+        if node in static_nodes:
+            absorbed = _absorbed_activation(node)
+            outputs_of[node] = (absorbed or node).outputs[0]
+    produced = {value: node for node, value in outputs_of.items()}
+    changed = True
+    while changed:  # join passthrough ops whose every float input comes from the static region
+        changed = False
+        for node in model.graph:
+            if node in static_nodes or node.op_type not in STATIC_PASSTHROUGH_OPS or not is_default_domain(node.domain):
+                continue
+            inputs = [v for v in node.inputs if v is not None and v.const_value is None]
+            if not inputs or any(v not in produced for v in inputs) or not callable(allowed) or not allowed(node):
+                continue
+            if any(v.dtype not in _FLOAT for v in (*inputs, *node.outputs)):
+                continue
+            static_nodes.add(node)
+            plan.passthrough.append(node)
+            absorbed = _absorbed_activation(node)
+            outputs_of[node] = (absorbed or node).outputs[0]
+            produced[outputs_of[node]] = node
+            changed = True
+    tensors: list[ir.Value] = []
+    seen: set[ir.Value] = set()
+    for node in model.graph:
+        if node not in static_nodes:
+            continue
+        values = [node.inputs[0]] if node.op_type in WEIGHT_OPS else list(node.inputs)
+        for value in [*values, outputs_of[node]]:
+            if value is not None and value.const_value is None and value not in seen and value.dtype in _FLOAT:
+                seen.add(value)
+                tensors.append(value)
+    plan.static_tensors = tensors
+    for layer in plan.layers:  # a MatMul whose input is already a static tensor reads it as it is
+        if layer.dynamic and layer.activation in seen:
+            layer.dynamic = False

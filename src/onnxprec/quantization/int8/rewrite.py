@@ -1,0 +1,248 @@
+"""The INT8 graph rewrites: Q/DQ pairs on static tensors, dynamic quantization of layer inputs, INT8 weights.
+
+Every rewrite inserts standard ONNX ops (opset >= 13: per-axis DequantizeLinear) that ONNX Runtime fuses:
+
+- a static tensor ``x`` gets ``QuantizeLinear -> DequantizeLinear`` and every reader reads the DequantizeLinear;
+- a dynamic layer input gets ``[Mul(x, factors)] -> DynamicQuantizeLinear -> DequantizeLinear`` shared by the
+  layers of its group (``factors``: SmoothQuant's ``1/s``, 0 on the channels split off to float);
+- a weight becomes ``DequantizeLinear(q int8, scales, axis)``; ``q`` is an :class:`onnx_ir.LazyTensor` computed from
+  the memory-mapped float weight while the model is written (:class:`WeightRecipe`);
+- a Conv's float bias becomes ``DequantizeLinear(int32, x_scale * w_scales)`` (what ``QLinearConv`` needs);
+- split channels are computed in float beside the quantized product: ``Gather(x, J) -> MatMul(W[J]) -> Add``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec._graph import NameAllocator, insert_after_producer
+from onnxprec._tensors import release
+from onnxprec.quantization.algorithms.int8 import QMAX
+
+__all__ = [
+    "WeightRecipe",
+    "add_bias",
+    "add_initializer",
+    "insert_dynamic",
+    "insert_qdq",
+    "insert_split",
+    "quantize_conv_bias",
+    "replace_weight",
+]
+
+
+@dataclass
+class WeightRecipe:
+    """How one float weight becomes INT8 when it is written: optional row factors, then per-channel scales.
+
+    ``matrix`` is the weight as the quantized layer reads it: ``[K, N]`` for MatMul (a Gemm's ``[N, K]`` with
+    ``transB=1`` is transposed, since it becomes a MatMul), the stored shape for Conv.
+    """
+
+    source: ir.TensorProtocol
+    axis: int
+    """Output-channel axis of the quantized array."""
+    scales: np.ndarray
+    transpose: bool = False
+    rows: np.ndarray | None = None
+    """``[K]`` factors on the input channels (axis 0 of ``[K, N]``), applied before quantization."""
+
+    def matrix(self) -> np.ndarray:
+        """The float32 weight to quantize (the source's mapping released)."""
+        array = np.asarray(self.source.numpy())
+        weight = (array.T if self.transpose else array).astype(np.float32)
+        del array
+        release(self.source)
+        if self.rows is not None:
+            weight = weight * self.rows.astype(np.float32)[:, None]
+        return weight
+
+    def quantized(self, weight: np.ndarray | None = None) -> np.ndarray:
+        """The INT8 levels with :attr:`scales` (levels -127..127)."""
+        w = self.matrix() if weight is None else weight
+        shape = [1] * w.ndim
+        shape[self.axis] = -1
+        return np.clip(np.rint(w / self.scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+
+    def shape(self) -> tuple[int, ...]:
+        shape = tuple(int(d) for d in self.source.shape.numpy())
+        return shape[::-1] if self.transpose else shape
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray | ir.TensorProtocol) -> ir.Value:
+    """Registers a new initializer (a numpy array or a tensor) under ``name``."""
+    if not isinstance(array, ir.TensorProtocol):
+        array = np.asarray(array)
+        array = ir.Tensor(array if array.flags.c_contiguous else array.copy(order="C"))  # keeps 0-d scalars 0-d
+    tensor = array
+    shape = ir.Shape(tuple(int(d) for d in tensor.shape.numpy()))
+    value = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=shape, const_value=tensor)
+    graph.register_initializer(value)
+    return value
+
+
+def _scalar(graph: ir.Graph, names: NameAllocator, base: str, value: float | int, dtype: type) -> ir.Value:
+    return add_initializer(graph, names(base), np.array(value, dtype=dtype))
+
+
+def insert_qdq(
+    graph: ir.Graph, value: ir.Value, scale: float, zero_point: int, *, symmetric: bool, names: NameAllocator
+) -> ir.Value:
+    """``QuantizeLinear -> DequantizeLinear`` on ``value``; every node that read ``value`` reads the result."""
+    base = str(value.name)
+    scale_value = _scalar(graph, names, f"{base}_scale", scale, np.float32)
+    zero = _scalar(graph, names, f"{base}_zero_point", zero_point, np.int8 if symmetric else np.uint8)
+    quantized = ir.Value(name=names(f"{base}_quantized"))
+    dequantized = ir.Value(name=names(f"{base}_dequantized"), type=value.type, shape=value.shape)
+    q = ir.Node("", "QuantizeLinear", [value, scale_value, zero], outputs=[quantized], name=names.node(f"{base}_Q"))
+    dq = ir.Node("", "DequantizeLinear", [quantized, scale_value, zero], outputs=[dequantized],
+                 name=names.node(f"{base}_DQ"))  # fmt: skip
+    users = [(node, index) for node, index in value.uses() if node is not q]
+    insert_after_producer(graph, value, [q, dq])
+    for node, index in users:
+        node.replace_input_with(index, dequantized)
+    return dequantized
+
+
+def insert_dynamic(
+    graph: ir.Graph,
+    value: ir.Value,
+    readers: Iterable[ir.Node],
+    names: NameAllocator,
+    factors: np.ndarray | None = None,
+) -> ir.Value:
+    """``[Mul(value, factors)] -> DynamicQuantizeLinear -> DequantizeLinear`` read (as input 0) by ``readers``."""
+    base = str(value.name)
+    nodes: list[ir.Node] = []
+    source = value
+    if factors is not None:
+        factor_value = add_initializer(graph, names(f"{base}_smooth"), factors.astype(np.float32))
+        source = ir.Value(name=names(f"{base}_smoothed"), type=value.type, shape=value.shape)
+        nodes.append(ir.Node("", "Mul", [value, factor_value], outputs=[source], name=names.node(f"{base}_smooth")))
+    quantized = ir.Value(name=names(f"{base}_quantized"))
+    scale = ir.Value(name=names(f"{base}_scale"))
+    zero = ir.Value(name=names(f"{base}_zero_point"))
+    dequantized = ir.Value(name=names(f"{base}_dequantized"), type=value.type, shape=value.shape)
+    nodes.append(ir.Node("", "DynamicQuantizeLinear", [source], outputs=[quantized, scale, zero],
+                         name=names.node(f"{base}_DynamicQ")))  # fmt: skip
+    nodes.append(ir.Node("", "DequantizeLinear", [quantized, scale, zero], outputs=[dequantized],
+                         name=names.node(f"{base}_DQ")))  # fmt: skip
+    insert_after_producer(graph, value, nodes)
+    for node in readers:
+        node.replace_input_with(0, dequantized)
+    return dequantized
+
+
+def replace_weight(graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, names: NameAllocator) -> ir.Node:
+    """Makes ``node`` read ``DequantizeLinear(q, scales, axis)`` as its weight; a Gemm becomes a MatMul (+ Add C).
+
+    Returns:
+        The node that computes the layer's product (the MatMul replacing a Gemm, else ``node``).
+    """
+    weight = node.inputs[1]
+    assert weight is not None
+    base = str(weight.name)
+    shape = recipe.shape()
+    q_name = names(f"{base}_int8")
+    lazy = ir.LazyTensor(lambda: ir.Tensor(recipe.quantized(), name=q_name), dtype=ir.DataType.INT8,
+                         shape=ir.Shape(shape), name=q_name)  # fmt: skip
+    q = add_initializer(graph, q_name, lazy)
+    scales = add_initializer(graph, names(f"{base}_scales"), recipe.scales.astype(np.float32))
+    dequantized = ir.Value(name=names(f"{base}_dequantized"), type=weight.type, shape=ir.Shape(shape))
+    dq = ir.Node("", "DequantizeLinear", [q, scales], attributes=[ir.AttrInt64("axis", recipe.axis)],
+                 outputs=[dequantized], name=names.node(f"{base}_DQ"))  # fmt: skip
+    graph.insert_before(node, dq)
+    if node.op_type != "Gemm":
+        node.replace_input_with(1, dequantized)
+        return node
+    # Gemm (alpha = beta = 1, no transA) -> MatMul, then Add C: ONNX Runtime fuses only the MatMul form.
+    out = node.outputs[0]
+    product = ir.Value(name=names(f"{node.name}_product"), type=out.type)
+    matmul = ir.Node("", "MatMul", [node.inputs[0], dequantized], outputs=[product], name=names.node(f"{node.name}"))
+    new_nodes = [matmul]
+    result = product
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is not None:
+        result = ir.Value(name=names(f"{node.name}_biased"), type=out.type)
+        new_nodes.append(ir.Node("", "Add", [product, bias], outputs=[result], name=names.node(f"{node.name}_bias")))
+    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [out], [result])
+    return matmul
+
+
+def add_bias(graph: ir.Graph, node: ir.Node, bias: np.ndarray, names: NameAllocator) -> None:
+    """Adds ``bias`` ``[N]`` to the output of MatMul ``node``: into the constant of the Add that alone reads it, else
+    with a new Add."""
+    out = node.outputs[0]
+    users = list(out.uses())
+    if len(users) == 1 and not out.is_graph_output() and users[0].node.op_type == "Add":
+        add = users[0].node
+        other = add.inputs[1 - users[0].idx]
+        if (
+            other is not None and other.const_value is not None and len(list(other.uses())) == 1
+            and other.dtype == ir.DataType.FLOAT and tuple(other.const_value.shape.numpy()) == bias.shape
+            and not other.is_graph_input()
+        ):  # fmt: skip
+            merged = np.asarray(other.const_value.numpy(), dtype=np.float32) + bias.astype(np.float32)
+            add.replace_input_with(1 - users[0].idx, add_initializer(graph, names(f"{other.name}_corrected"), merged))
+            return
+    corrected = ir.Value(name=names(f"{out.name}_corrected"), type=out.type, shape=out.shape)
+    value = add_initializer(graph, names(f"{node.name}_bias_correction"), bias.astype(np.float32))
+    add = ir.Node("", "Add", [out, value], outputs=[corrected], name=names.node(f"{node.name}_bias_correction"))
+    _reroute(graph, node, out, add, corrected)
+
+
+def _reroute(graph: ir.Graph, node: ir.Node, out: ir.Value, new: ir.Node, result: ir.Value) -> None:
+    """Inserts ``new`` (which reads ``out``) after ``node``; everything else that read ``out`` reads ``result``."""
+    users = [(user, index) for user, index in out.uses() if user is not new]
+    graph.insert_after(node, new)
+    for user, index in users:
+        user.replace_input_with(index, result)
+    if out.is_graph_output():
+        position = list(graph.outputs).index(out)
+        name = out.name
+        out.name = f"{name}_before_int8_correction"
+        result.name = name
+        graph.outputs[position] = result
+
+
+def insert_split(
+    graph: ir.Graph, node: ir.Node, x: ir.Value, channels: np.ndarray, rows: np.ndarray, names: NameAllocator
+) -> None:
+    """Adds ``Gather(x, channels, axis=-1) @ rows`` (float) to the output of ``node``."""
+    base = str(node.name)
+    index = add_initializer(graph, names(f"{base}_outlier_channels"), channels.astype(np.int64))
+    weight = add_initializer(graph, names(f"{base}_outlier_rows"), rows.astype(np.float32))
+    gathered = ir.Value(name=names(f"{base}_outliers"))
+    partial = ir.Value(name=names(f"{base}_outlier_product"))
+    out = node.outputs[0]
+    total = ir.Value(name=names(f"{out.name}_with_outliers"), type=out.type, shape=out.shape)
+    gather = ir.Node("", "Gather", [x, index], attributes=[ir.AttrInt64("axis", -1)], outputs=[gathered],
+                     name=names.node(f"{base}_outliers"))  # fmt: skip
+    matmul = ir.Node("", "MatMul", [gathered, weight], outputs=[partial], name=names.node(f"{base}_outlier_MatMul"))
+    graph.insert_before(node, [gather, matmul])
+    add = ir.Node("", "Add", [out, partial], outputs=[total], name=names.node(f"{base}_outlier_Add"))
+    _reroute(graph, node, out, add, total)
+
+
+def quantize_conv_bias(
+    graph: ir.Graph, node: ir.Node, bias: np.ndarray, x_scale: float, w_scales: np.ndarray, names: NameAllocator
+) -> None:
+    """Makes Conv ``node`` read ``DequantizeLinear(int32 bias, x_scale * w_scales, axis=0)`` as its bias."""
+    scales = (np.float32(x_scale) * w_scales.astype(np.float32)).astype(np.float32)
+    levels = np.clip(np.rint(bias.astype(np.float64) / scales), -(2**31), 2**31 - 1).astype(np.int32)
+    base = f"{node.name}_bias"
+    q = add_initializer(graph, names(f"{base}_int32"), levels)
+    s = add_initializer(graph, names(f"{base}_scales"), scales)
+    out = ir.Value(name=names(f"{base}_dequantized"), type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(bias.shape))
+    dq = ir.Node("", "DequantizeLinear", [q, s], attributes=[ir.AttrInt64("axis", 0)], outputs=[out],
+                 name=names.node(f"{base}_DQ"))  # fmt: skip
+    graph.insert_before(node, dq)
+    if len(node.inputs) > 2:
+        node.replace_input_with(2, out)
+    else:
+        node.resize_inputs(3)
+        node.replace_input_with(2, out)
