@@ -31,7 +31,7 @@ from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedMode
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
 from onnxprec.passes import InferTypesPass, LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
-from onnxprec.quantization.calibrate import pruned_copy, quiet_onnx_ir
+from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.decide import Decisions, Statistics, build, decide, plan_for
@@ -167,9 +167,9 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     )  # fmt: skip
 
     tick = time.perf_counter()
-    from onnxprec.autocast.target import Calibration
+    from onnxprec.autocast.target import ReferenceOutputs
 
-    keep = Calibration() if target is not None else None
+    keep = ReferenceOutputs() if target is not None else None
     stats, data = _calibrate(model, plan, options, report, keep)
     report.seconds["calibration"] = time.perf_counter() - tick
     try:

@@ -195,7 +195,7 @@ class Int8Options(ToolOptions):
             raise InvalidArgumentError("Give calibration_data or calibration_data_reader, not both.")
         if isinstance(self.target_accuracy, str) and self.target_accuracy.strip().lower() in ("none", ""):
             self.target_accuracy = None
-        from onnxprec.quantization.select import compile_patterns
+        from onnxprec._options import compile_patterns
 
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.include_patterns = compile_patterns(self.nodes_to_quantize, "nodes_to_quantize")

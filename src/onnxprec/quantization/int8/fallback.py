@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget
-from onnxprec.autocast.target import Calibration, Measurement
+from onnxprec.autocast.target import Measurement, ReferenceOutputs
 from onnxprec.metrics import ErrorStats
 
 __all__ = ["MAX_ISOLATED", "measure", "search"]
@@ -36,7 +36,7 @@ MAX_ISOLATED = 64
 
 
 def measure(
-    model: ir.Model, target: AccuracyTarget, calibration: Calibration, providers: Sequence[str] | None = None
+    model: ir.Model, target: AccuracyTarget, calibration: ReferenceOutputs, providers: Sequence[str] | None = None
 ) -> Measurement:
     """Runs ``model`` (optimized as ONNX Runtime will run it) on every calibration batch against the kept outputs."""
     tick = time.perf_counter()
