@@ -49,6 +49,8 @@ class Int4Merged:
     """The genai plan's runs on the zoo export (LLM), kept apart from the INT4 table."""
     decode: dict[str, dict[str, Any]]
     """onnxruntime-genai decode tokens/s of the genai plan's models, the newest per model."""
+    decode_runs: dict[int, dict[str, dict[str, Any]]]
+    """Every run's decode tokens/s (ratios are taken within one run)."""
 
 
 def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
@@ -57,6 +59,7 @@ def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
     lat: dict[str, tuple[dict[str, Any], int]] = {}
     compare: dict[str, dict[str, Any]] = {}
     decode: dict[str, dict[str, Any]] = {}
+    decode_runs: dict[int, dict[str, dict[str, Any]]] = {}
     for run in runs:
         genai = GENAI in run.get("models", {})
         for model, entry in run.get("models", {}).items():
@@ -69,7 +72,9 @@ def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
             if entry.get("latency"):
                 lat[model] = (entry["latency"], run["number"])
             decode.update({k: {**v, "run": run["number"]} for k, v in entry.get("genai_decode", {}).items()})
-    return Int4Merged(rows, fp32, lat, list(runs), compare, decode)
+            if entry.get("genai_decode"):
+                decode_runs[run["number"]] = entry["genai_decode"]
+    return Int4Merged(rows, fp32, lat, list(runs), compare, decode, decode_runs)
 
 
 def _ours(tool: str) -> bool:
@@ -373,16 +378,16 @@ def genai_section(m: Int4Merged) -> list[str]:
     if not rows_in:
         return []
     fp = m.fp32.get(GENAI, {})
-    base = m.decode.get("builder:default", {}).get("decode_tokens_per_s")
 
     def dec(key: str) -> str:
         d = m.decode.get(key, {})
         if "error" in d:
             return "failed: " + d["error"][:80].replace("|", "\\|")
         t = d.get("decode_tokens_per_s")
-        r = _ratio(t, base)
+        r = _ratio(t, m.decode_runs.get(d.get("run", -1), {}).get("builder:default", {}).get("decode_tokens_per_s"))
         rounds = ", ".join(num(x, 1) for x in d.get("rounds", []))
-        return f"{num(t, 1)} ({rounds}; {num(r)}× builder default) [I{d['run']}]" if t else "–"
+        vs = f"; {num(r)}× builder default in that run" if r is not None else ""
+        return f"{num(t, 1)} ({rounds}{vs}) [I{d['run']}]" if t else "–"
 
     rows = [["FP32 (builder `-p fp32 -e cpu`)", "–", f"**{num(fp.get('perplexity'), 3)}**"]]
     rows[0] += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", dec("fp32"), _run_ref(fp)]
