@@ -265,8 +265,9 @@ def export_torch(hf: Path, out: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def ort_feeds(sess: Any, ids: np.ndarray, head: int) -> dict[str, np.ndarray]:
-    """input_ids, an all-ones mask, positions and empty past KV for any of the corpus's exporters."""
+def ort_feeds(sess: Any, ids: np.ndarray, head: int, past: int = 0) -> dict[str, np.ndarray]:
+    """input_ids, an all-ones mask, positions and empty past KV for any of the corpus's exporters (``past`` zero
+    rows for onnxruntime-genai's shared buffer with sliding-window layers: their attention wants its capacity)."""
     dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
     dtypes["tensor(int32)"] = np.int32
     feeds = {}
@@ -278,11 +279,12 @@ def ort_feeds(sess: Any, ids: np.ndarray, head: int) -> dict[str, np.ndarray]:
             feeds[i.name] = np.ones(ids.shape, dt)
         elif i.name == "position_ids":
             feeds[i.name] = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(dt)
-        elif "past" in i.name:
-            shape = [ids.shape[0], i.shape[1], 0, head]
+        elif "past" in i.name and len(i.shape) == 4:
             if not isinstance(i.shape[1], int):
                 raise ValueError(f"{i.name}: symbolic KV heads {i.shape}")
-            feeds[i.name] = np.zeros(shape, dt)
+            feeds[i.name] = np.zeros([ids.shape[0], i.shape[1], past, head], dt)
+        elif "past" in i.name:  # a fixed-size state (LFM2's conv)
+            feeds[i.name] = np.zeros([ids.shape[0], *i.shape[1:]], dt)
         else:
             raise ValueError(f"unknown input {i.name} {i.shape}")
     return feeds
@@ -301,7 +303,13 @@ def check(corpus: Path, arch: str, exporter: str) -> dict[str, Any]:
     sess = ort.InferenceSession(str(corpus / arch / exporter / "model.onnx"), so, providers=["CPUExecutionProvider"])
     cfg = model.config
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    y = sess.run(["logits"], ort_feeds(sess, ids, head))[0].astype(np.float32)
+    past = 0
+    genai = corpus / arch / exporter / "genai_config.json"
+    if genai.exists():
+        g = json.loads(genai.read_text())
+        if g["model"]["decoder"].get("sliding_window") and g["search"].get("past_present_share_buffer"):
+            past = int(g["search"]["max_length"])
+    y = sess.run(["logits"], ort_feeds(sess, ids, head, past))[0].astype(np.float32)
     rel = float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
     return {"ort_vs_torch_rel_l2": rel, "logits_rms": float(np.sqrt(np.mean(ref**2)))}
 

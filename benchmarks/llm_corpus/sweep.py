@@ -11,8 +11,8 @@
 **Tools.** AutoCast fp16 and bf16 (``--keep_io_types``); INT4 rtn, awq_lite and gptq, each as qdq and matmulnbits
 (``mnb``); preprocess; evaluate (perplexity of the eval windows); dump (``--dump_float``); compare (the model
 against its AutoCast fp16 output, or against itself when that failed); genai (builder models: load in
-onnxruntime-genai on the CPU and generate 8 tokens, in the torch venv). Each tool runs as ``python -m
-onnxprec.cli ...`` in a worker process with a timeout.
+onnxruntime-genai on the CPU and generate 8 tokens, in the torch venv). Each case (the tool's command line, as
+``onnxprec.cli`` runs it, then the judging) runs in a worker process with a timeout.
 
 **Passing.** The tool exits 0; its output model runs in ONNX Runtime (CPU; where ORT lacks a BF16 kernel,
 ``onnx.reference`` runs it, and a model with com.microsoft ops is skipped, saying why) on the eval windows with
@@ -72,11 +72,11 @@ with tempfile.TemporaryDirectory() as tmp:
     json.dump(cfg, open(path, "w"))
     m = og.Model(d)
     p = og.GeneratorParams(m)
-    p.set_search_options(max_length=len(ids) + 8, do_sample=False)
+    p.set_search_options(do_sample=False)  # the config's max_length: a sliding window needs that capacity
     g = og.Generator(m, p)
     g.append_tokens(ids)
     n = 0
-    while not g.is_done():
+    while not g.is_done() and n < 8:
         g.generate_next_token()
         n += 1
     print(json.dumps({"generated": n, "sequence": [int(t) for t in g.get_sequence(0)]}))
@@ -88,21 +88,27 @@ with tempfile.TemporaryDirectory() as tmp:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def head_size(model_dir: Path) -> int | None:
-    """KV head size from ``genai_config.json`` beside the model, else the HF config of its architecture."""
+def kv_layout(model_dir: Path) -> tuple[int | None, int]:
+    """(KV head size, past length to feed) from ``genai_config.json`` beside the model, else the HF config of its
+    architecture. The past is empty, except where onnxruntime-genai shares one past/present buffer with
+    sliding-window layers: their GroupQueryAttention wants the buffer's capacity (``max_length``) as past length."""
     genai = model_dir / "genai_config.json"
     if genai.exists():
-        return int(json.loads(genai.read_text())["model"]["decoder"]["head_size"])
+        cfg = json.loads(genai.read_text())
+        decoder, search = cfg["model"]["decoder"], cfg.get("search", {})
+        shared = decoder.get("sliding_window") and search.get("past_present_share_buffer")
+        return int(decoder["head_size"]), int(search["max_length"]) if shared else 0
     hf = model_dir.parent / "hf" / "config.json"
     if hf.exists():
         cfg = json.loads(hf.read_text())
-        return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-    return None
+        return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]), 0
+    return None, 0
 
 
-def complete(sess: Any, ids: np.ndarray, head: int | None, full: bool = True) -> dict[str, np.ndarray]:
+def complete(sess: Any, ids: np.ndarray, head: int | None, full: bool = True, past: int = 0) -> dict[str, np.ndarray]:
     """Feeds for ``sess``: the ids, and with ``full`` an all-ones mask, positions and empty past KV (symbolic
-    KV heads / head size resolved from the past input's shape and ``head``)."""
+    KV heads / head size resolved from the past input's shape and ``head``; ``past`` zero rows where a shared
+    buffer needs them, see :func:`kv_layout`)."""
     types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
     types |= {"tensor(int32)": np.int32, "tensor(bfloat16)": np.float32}
     feeds: dict[str, np.ndarray] = {}
@@ -121,7 +127,9 @@ def complete(sess: Any, ids: np.ndarray, head: int | None, full: bool = True) ->
             size = i.shape[3] if isinstance(i.shape[3], int) else head
             if heads is None or size is None:
                 raise ValueError(f"{i.name}: cannot size the KV dims of {i.shape}")
-            feeds[i.name] = np.zeros((ids.shape[0], heads, 0, size), dtype)
+            feeds[i.name] = np.zeros((ids.shape[0], heads, past, size), dtype)
+        elif i.name.startswith("past") and all(isinstance(d, int) for d in i.shape[1:]):
+            feeds[i.name] = np.zeros((ids.shape[0], *i.shape[1:]), dtype)  # a fixed-size state (LFM2's conv)
         else:
             raise ValueError(f"input {i.name} {i.shape}: not an LLM input this sweep can fill")
     return feeds
@@ -135,7 +143,7 @@ def _session(path: Path) -> Any:
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def run_logits(path: Path, ids: np.ndarray, head: int | None) -> tuple[np.ndarray, str]:
+def run_logits(path: Path, ids: np.ndarray, head: int | None, past: int = 0) -> tuple[np.ndarray, str]:
     """Logits of ``path`` on ``ids`` (one window at a time) in ORT, or in onnx.reference when ORT has no kernel
     for a type (BF16 on the CPU). Returns (logits float32, runtime name)."""
     try:
@@ -155,10 +163,10 @@ def run_logits(path: Path, ids: np.ndarray, head: int | None) -> tuple[np.ndarra
         ref = ReferenceEvaluator(model)
         out = []
         for w in ids:
-            feeds = complete(_RefSess(model), w[None], head)
+            feeds = complete(_RefSess(model), w[None], head, past=past)
             out.append(np.asarray(ref.run(["logits"], feeds)[0], np.float32))
         return np.concatenate(out), "onnx.reference"
-    out = [np.asarray(sess.run(["logits"], complete(sess, w[None], head))[0], np.float32) for w in ids]
+    out = [np.asarray(sess.run(["logits"], complete(sess, w[None], head, past=past))[0], np.float32) for w in ids]
     return np.concatenate(out), "onnxruntime"
 
 
@@ -193,14 +201,14 @@ def prepare(model: Path, work: Path, ids: np.ndarray, full: bool) -> dict[str, A
     (the float model's logits on the eval windows). Returns the model's facts."""
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    head = head_size(model.parent)
+    head, past = kv_layout(model.parent)
     sess = _session(model)
     for name, part in (("calib", ids[CALIB]), ("eval", ids[EVAL])):
-        np.savez(data / f"{name}.npz", **complete(sess, part, head, full))
+        np.savez(data / f"{name}.npz", **complete(sess, part, head, full, past))
     np.save(data / "eval.npy", ids[EVAL])
-    logits, _ = run_logits(model, ids[EVAL], head)
+    logits, _ = run_logits(model, ids[EVAL], head, past)
     np.save(data / "ref.npy", logits)
-    return {"head": head, "genai": (model.parent / "genai_config.json").exists()}
+    return {"head": head, "past": past, "genai": (model.parent / "genai_config.json").exists()}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -301,7 +309,7 @@ def judge(
         return row
     out = work / tool / "model.onnx"
     try:
-        logits, runtime = run_logits(out, ids, facts["head"])
+        logits, runtime = run_logits(out, ids, facts["head"], facts["past"])
     except Skip as e:
         return {"verdict": "skip", "stage": "ort", "error": str(e)}
     except Exception as e:
@@ -322,27 +330,16 @@ def judge(
 
 
 def run_case(spec: dict[str, Any]) -> dict[str, Any]:
-    """Worker body: runs the tool (subprocess, timeout) and judges it."""
+    """Worker body: runs the tool's command line (in this worker process, which has the timeout) and judges it."""
     tool, model, work = spec["tool"], Path(spec["model"]), Path(spec["work"])
     t0 = time.perf_counter()
     if tool != "genai":
         shutil.rmtree(work / tool, ignore_errors=True)
         (work / tool).mkdir(parents=True)
         argv, _ = command(tool, model, work)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
-        }
-        try:
-            res = subprocess.run(
-                [sys.executable, "-m", "onnxprec.cli", *map(str, argv)],
-                capture_output=True,
-                text=True,
-                timeout=spec["timeout"],
-                env=env,
-            )
-        except subprocess.TimeoutExpired:
-            return {"verdict": "fail", "stage": "tool", "error": f"timeout after {spec['timeout']} s"}
+        from onnxprec._testing import run_cli  # the CLI's own code path, in this worker process
+
+        res = run_cli(*map(str, argv))
         (work / tool / "log.txt").write_text(res.stdout + res.stderr)
         if res.returncode:
             err = error_line(res.stderr + res.stdout).removeprefix("error: ")
@@ -369,7 +366,7 @@ def _worker(kind: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     except subprocess.TimeoutExpired:
-        return {"verdict": "fail", "stage": "judge", "error": f"worker timeout after {timeout:.0f} s"}
+        return {"verdict": "fail", "stage": "timeout", "error": f"killed after {timeout:.0f} s (tool and judge)"}
     lines = res.stdout.strip().splitlines()
     if res.returncode or not lines:
         return {"verdict": "fail", "stage": "crash", "error": f"worker exit {res.returncode}: {error_line(res.stderr)}"}
@@ -418,7 +415,7 @@ def sweep(
         spec = {"model": str(model), "work": str(work), "facts": facts, "bounds": bounds, "timeout": timeout}
         for group in (first, ["compare"] if "compare" in tools else []):
             with cf.ThreadPoolExecutor(max(1, jobs)) as pool:
-                futures = {t: pool.submit(_worker, "case", spec | {"tool": t}, 2 * timeout + 60) for t in group}
+                futures = {t: pool.submit(_worker, "case", spec | {"tool": t}, timeout) for t in group}
                 for t, f in futures.items():
                     row = {"model": label, "tool": t, **f.result()}
                     rows.append(row)
@@ -482,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tools", nargs="*", default=list(TOOLS), choices=TOOLS)
     ap.add_argument("--feeds", choices=("ids", "full"), default="ids")
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per tool run")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per case (tool + judging)")
     ap.add_argument("--out", type=Path, default=OUT_DIR, help=f"work folder (default {OUT_DIR})")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--md", type=Path, default=None)
