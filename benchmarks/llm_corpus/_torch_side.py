@@ -105,9 +105,9 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gpt_oss": (
         "gpt_oss",
         "GptOssForCausalLM",
-        {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128}
-        | {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0}}
-        | {"rope_parameters_extra": {"original_max_position_embeddings": 128, "rope_theta": 150000.0}},
+        # its default YaRN (factor 32 over 4096): a YaRN fitted to 512 positions and head 32 trips the builder's
+        # assert 0 < low < high < d_half - 1
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128},
     ),
 }
 
@@ -152,8 +152,6 @@ def make_hf(arch: str, out: Path, tokenizer_src: Path) -> dict[str, Any]:
 
     model_type, hf_arch, overrides = ARCHS[arch]
     kw = {**BASE, **overrides}
-    if "rope_parameters_extra" in kw:
-        kw["rope_parameters"] = {**kw["rope_parameters"], **kw.pop("rope_parameters_extra")}
     cfg = AutoConfig.for_model(model_type, **kw)
     cfg.architectures = [hf_arch]
     torch.manual_seed(0)

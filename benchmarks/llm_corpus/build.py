@@ -66,9 +66,12 @@ def archs() -> list[str]:
 def error_line(log: str) -> str:
     """The line that says why a run failed: its last exception line, else its last line."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in reversed(lines):
+    for i in range(len(lines) - 1, -1, -1):
+        ln = lines[i]
         head = ln.split(":", 1)[0]
-        if head.endswith(("Error", "Exception", "Interrupt")) or head in ("AssertionError", "SystemExit"):
+        if ln == "AssertionError" and i > 0:  # a bare assert: the failing line is the statement above it
+            return f"AssertionError: {lines[i - 1]}"[:400]
+        if head.endswith(("Error", "Exception", "Interrupt")) or head == "SystemExit":
             return ln[:400]
     return lines[-1][:400] if lines else "no output"
 
@@ -187,6 +190,24 @@ def collect(corpus: Path = CORPUS_DIR) -> dict[str, Any]:
     return out
 
 
+def markdown(manifest: dict[str, Any]) -> str:
+    """arch x exporter: ok with the ORT-vs-transformers logits rel L2, or the first line of the failure."""
+    lines = ["| arch | " + " | ".join(EXPORTERS) + " |", "|---" * (len(EXPORTERS) + 1) + "|"]
+    for arch, row in manifest.items():
+        cells = []
+        for e in EXPORTERS:
+            st = row.get(e) or ({"ok": False, "error": row["hf"].get("error", "")} if "hf" in row else None)
+            if st is None:
+                cells.append("")
+            elif not st["ok"]:
+                cells.append("FAIL: " + st.get("error", "").replace("|", "/")[:90])
+            else:
+                chk = st.get("check")
+                cells.append("ok" + (f" ({chk:.1e})" if isinstance(chk, float) else f" ({chk})"[:100] if chk else ""))
+        lines.append(f"| {arch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def models(corpus: Path = CORPUS_DIR) -> list[str]:
     """``arch/exporter`` of every built corpus model (``synthetic/onnx``: the torch-free one)."""
     return sorted(f"{p.parent.parent.name}/{p.parent.name}" for p in corpus.glob("*/*/model.onnx"))
@@ -204,8 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RuntimeError, OSError, subprocess.CalledProcessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for arch, row in manifest.items():
-        cells = [f"{k}={'ok' if v['ok'] else 'FAIL'}" for k, v in row.items()]
-        print(f"{arch:18s} {' '.join(cells)}")
+    print(markdown(manifest))
     print(f"manifest: {CORPUS_DIR / 'manifest.json'}")
     return 0
