@@ -25,6 +25,7 @@ import ast
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,12 +201,19 @@ def markdown(manifest: dict[str, Any]) -> str:
             if st is None:
                 cells.append("")
             elif not st["ok"]:
-                cells.append("FAIL: " + st.get("error", "").replace("|", "/")[:90])
+                cells.append("FAIL: " + _brief(st.get("error", "")))
             else:
                 chk = st.get("check")
-                cells.append("ok" + (f" ({chk:.1e})" if isinstance(chk, float) else f" ({chk})"[:100] if chk else ""))
+                note = f" ({chk:.1e})" if isinstance(chk, float) else f" (check {_brief(chk)})" if chk else ""
+                cells.append("ok" + note)
         lines.append(f"| {arch} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _brief(error: str) -> str:
+    """A table cell's failure: no colour codes, ORT's status message only, no pipes, 110 characters."""
+    error = re.sub(r"\x1b\[[0-9;]*m|\[\d+m", "", error).split("Status Message: ")[-1]
+    return error.replace("failed: ", "").replace("|", "/").strip()[:110]
 
 
 def models(corpus: Path = CORPUS_DIR) -> list[str]:

@@ -543,7 +543,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--md", type=Path, default=None)
     ap.add_argument("--measure-bounds", action="store_true")
-    ap.add_argument("--merge", nargs="+", type=Path, help="sweep JSONs (shards) to merge and re-judge; no run")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        help="sweep JSONs (shards; a later one's case wins) to merge and re-judge; no run",
+    )
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -565,7 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.merge:
         bounds = json.loads(BOUNDS.read_text())["tools"]
         docs = [json.loads(p.read_text()) for p in a.merge]
-        rows = rejudge([r for d in docs for r in d["rows"]], bounds)
+        latest = {(r["model"], r["tool"]): r for d in docs for r in d["rows"]}  # a later shard's case wins
+        rows = rejudge(list(latest.values()), bounds)
         rows.sort(key=lambda r: (r["model"], TOOLS.index(r["tool"])))
         cmds = "; ".join(d["command"] for d in docs)
         md = markdown(rows, cmds)
