@@ -7,13 +7,24 @@
 - :func:`fake_static`: QuantizeLinear then DequantizeLinear with a fixed scale and zero point.
 - :func:`bias_correction`: the bias that cancels the mean output shift a quantized weight causes,
   ``-E[x] @ (Wq - W)`` (Nagel et al., "Data-Free Quantization", section 4.2, with the measured mean of ``x``).
+- :func:`gptq_per_channel`: GPTQ rounding (Frantar et al., 2023) of per-channel INT8 weights, batched over groups:
+  a grouped Conv is thousands of tiny problems (a depthwise 3x3 Conv: one 9-input problem per channel) that the
+  block-wise :func:`~onnxprec.quantization.algorithms.gptq.gptq` would solve one by one.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["QMAX", "bias_correction", "dequantize_weight", "fake_dynamic", "fake_static", "quantize_weight"]
+__all__ = [
+    "QMAX",
+    "bias_correction",
+    "dequantize_weight",
+    "fake_dynamic",
+    "fake_static",
+    "gptq_per_channel",
+    "quantize_weight",
+]
 
 QMAX = 127
 """Symmetric INT8 weights use -127..127: no -128, so that a negated scale is exact and VNNI's u8*s8 pairs cannot
@@ -83,3 +94,40 @@ def bias_correction(mean_x: np.ndarray, w: np.ndarray, w_dequantized: np.ndarray
     """
     delta = np.asarray(w_dequantized, dtype=np.float64) - np.asarray(w, dtype=np.float64)
     return -(np.asarray(mean_x, dtype=np.float64) @ delta)
+
+
+def gptq_per_channel(w: np.ndarray, hessian: np.ndarray, *, damp: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ with per-output-channel symmetric INT8 scales, for ``G`` independent problems at once.
+
+    Args:
+        w: ``[G, K, N]`` float weights (``Y_g = X_g @ W_g``).
+        hessian: ``[G, K, K]`` ``X_gᵀ X_g`` summed over the calibration rows.
+        damp: Added to the diagonal, as a fraction of its mean (per group).
+
+    Returns:
+        ``(q [G, K, N] int8 in -127..127, scales [G, N] float32)``: the scales are RTN's (``max|W| / 127`` per
+        column); GPTQ only chooses the roundings, each input row's error pushed onto the rows not yet rounded.
+        An input that never fired (zero diagonal) keeps its weights, rounded to nearest: calibration data that
+        misses a channel says nothing about it.
+    """
+    weight = np.array(w, dtype=np.float64)
+    h = np.array(hessian, dtype=np.float64)
+    k = weight.shape[1]
+    scales = np.abs(weight).max(axis=1) / QMAX  # [G, N]
+    scales[scales <= 0] = 1.0
+    diagonal = np.einsum("gii->gi", h)
+    mean = np.maximum(diagonal.mean(axis=1, keepdims=True), 1e-12)
+    dead = diagonal <= 0
+    diagonal = np.where(dead, mean, diagonal) + damp * mean
+    index = np.arange(k)
+    h[:, index, index] = diagonal
+    inverse = np.linalg.inv(h)
+    upper = np.linalg.cholesky(inverse).transpose(0, 2, 1)  # U with Uᵀ U = H⁻¹
+    q = np.empty(weight.shape, dtype=np.int8)
+    for i in range(k):
+        levels = np.clip(np.rint(weight[:, i, :] / scales), -QMAX, QMAX)
+        q[:, i, :] = levels
+        error = (weight[:, i, :] - levels * scales) / upper[:, i, i][:, None]
+        if i + 1 < k:
+            weight[:, i + 1 :, :] -= upper[:, i, i + 1 :][:, :, None] * error[:, None, :]
+    return q, scales.astype(np.float32)

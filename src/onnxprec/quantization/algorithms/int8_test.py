@@ -16,6 +16,7 @@ from onnxprec.quantization.algorithms.int8 import (
     dequantize_weight,
     fake_dynamic,
     fake_static,
+    gptq_per_channel,
     quantize_weight,
 )
 from onnxprec.quantization.algorithms.ranges import calibrated_range, scale_zero_point
@@ -170,3 +171,24 @@ def test_smoothquant_helps_channels_of_different_scales() -> None:
     decision = decide_channels(_sample(x, runs=8), [w], np.abs(x).max(axis=0), split=False)
     assert decision.scales is not None and decision.alpha is not None
     assert decision.errors["final"] < 0.9 * decision.errors["plain"]
+
+
+def test_gptq_rounding_lowers_the_output_error_and_keeps_dead_inputs() -> None:
+    rng = np.random.default_rng(10)
+    mixing = rng.standard_normal((24, 24))
+    x = rng.standard_normal((2000, 24)) @ mixing  # correlated inputs
+    x[:, 3] = 0.0  # an input that never fires
+    w = rng.standard_normal((2, 24, 6))
+    h = np.stack([x.T @ x] * 2)
+    q, scales = gptq_per_channel(w, h)
+    assert q.dtype == np.int8 and np.abs(q).max() <= QMAX and scales.shape == (2, 6)
+    rtn_q, rtn_scales = quantize_weight(w[0], axis=1)
+    assert np.allclose(scales[0], rtn_scales)  # GPTQ picks roundings, not scales
+    held_out = rng.standard_normal((500, 24)) @ mixing  # other rows of the same distribution
+    held_out[:, 3] = 0.0
+    for g in range(2):
+        ref = held_out @ w[g]
+        gptq_error = np.linalg.norm(held_out @ dequantize_weight(q[g], scales[g], axis=1) - ref)
+        rtn_error = np.linalg.norm(held_out @ dequantize_weight(*quantize_weight(w[g], axis=1), axis=1) - ref)
+        assert gptq_error < 0.8 * rtn_error
+    assert np.array_equal(q[0, 3], rtn_q[3])  # the dead input is rounded to nearest, not zeroed

@@ -61,14 +61,27 @@ def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
     report = quantize_file(source, out, calibration_data=data, calibration_method="max", target_accuracy=None)
-    assert report.count("static") == 3 and report.count("dynamic") == 1  # the Gemm reads a float ReduceMean
+    assert report.count("static") == 4 and report.count("dynamic") == 0
     ops = _optimized_ops(out, tmp_path)
     assert ops.count("QLinearConv") == 3 and "Conv" not in ops and "FusedConv" not in ops
     assert "Pad" not in ops and "Clip" not in ops and "Relu" not in ops  # folded and absorbed
-    assert "QLinearAdd" in ops
+    assert "QLinearAdd" in ops and "QGemm" in ops and "Gemm" not in ops
     x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
     (ref,), (got,) = run(source, x), run(out, x)
     assert _rel(ref, got) < 0.05
+
+
+def test_a_layer_kept_in_float_stays_float_in_onnx_runtime(tmp_path: Path) -> None:
+    """ONNX Runtime quantizes the float weight of a Conv between DequantizeLinear and QuantizeLinear to per-tensor
+    INT8 by itself (WeightBiasQuantization): an excluded Conv must not look like that."""
+    source, out = tmp_path / "cnn.onnx", tmp_path / "q.onnx"
+    onnx.save(tiny_cnn(), source)
+    rng = np.random.default_rng(1)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
+    report = quantize_file(source, out, calibration_data=data, nodes_to_exclude=["^/dw/Conv$"], target_accuracy=None)
+    assert report.count("static") == 3 and report.excluded == [("/dw/Conv", "^/dw/Conv$")]
+    ops = _optimized_ops(out, tmp_path)
+    assert ops.count("QLinearConv") == 2 and ops.count("FusedConv") + ops.count("Conv") == 1
 
 
 def test_the_target_sends_the_most_sensitive_layers_back_to_float(tmp_path: Path, mlp_file: Path) -> None:

@@ -19,11 +19,17 @@ import onnx_ir as ir
 from onnxprec._graph import NameAllocator
 from onnxprec._tensors import release
 from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
-from onnxprec.quantization.algorithms.int8 import bias_correction, dequantize_weight, quantize_weight
+from onnxprec.quantization.algorithms.int8 import (
+    bias_correction,
+    dequantize_weight,
+    gptq_per_channel,
+    quantize_weight,
+)
 from onnxprec.quantization.algorithms.ranges import calibrated_range, scale_zero_point
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision, RunSample, decide_channels
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import LayerEntry
+from onnxprec.quantization.int8.grams import HessianObserver
 from onnxprec.quantization.int8.place import Layer, Plan, place
 from onnxprec.quantization.int8.rewrite import (
     WeightRecipe,
@@ -31,7 +37,8 @@ from onnxprec.quantization.int8.rewrite import (
     insert_dynamic,
     insert_qdq,
     insert_split,
-    quantize_conv_bias,
+    keep_float_readers_float,
+    quantize_bias,
     replace_weight,
 )
 
@@ -47,6 +54,7 @@ class Statistics:
     histograms: dict[str, Histogram]
     channels: ChannelStatsObserver
     samples: RunSampleObserver
+    hessians: HessianObserver
 
 
 @dataclass
@@ -185,16 +193,42 @@ def _decide_group(
     del weights
 
 
+def _gptq(weight: np.ndarray, hessian: np.ndarray, conv: bool) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ levels and scales of a Conv ``[M, C/g, kh, kw]`` (``g`` Hessians) or MatMul ``[K, N]`` weight."""
+    groups = hessian.shape[0]
+    if not conv:
+        q, scales = gptq_per_channel(weight[None], hessian)
+        return q[0], scales[0]
+    m = weight.shape[0]
+    per_group = weight.reshape(groups, m // groups, -1).transpose(0, 2, 1)  # [G, K, M/G]
+    q, scales = gptq_per_channel(per_group, hessian)
+    return q.transpose(0, 2, 1).reshape(weight.shape), scales.reshape(m)
+
+
 def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisions: Decisions) -> None:
     weight = _matrix(layer)
-    axis = 0 if layer.node.op_type == "Conv" else 1
-    q, scales = quantize_weight(weight, axis=axis)
-    recipe = WeightRecipe(layer.weight.const_value, axis, scales, transpose=layer.transposed)  # type: ignore[arg-type]
-    entry = _entry(layer, weight.shape)
-    decision = LayerDecision(recipe, False, entry=entry)
-    name = str(layer.activation.name)
-    mean_x = stats.channels.mean(name) if name in stats.channels.counts else None
     conv = layer.node.op_type == "Conv"
+    gemm = layer.node.op_type == "Gemm"  # stays a Gemm: its weight keeps its stored layout
+    axis = 0 if conv else 1
+    name = str(layer.activation.name)
+    hessian = stats.hessians.hessians.get(name)
+    k = hessian.shape[-1] if hessian is not None else 0
+    groups_match = hessian is not None and (not conv or hessian.shape[0] * k == weight[0].size * _groups(layer.node))
+    entry = _entry(layer, weight.shape)
+    if hessian is not None and groups_match and stats.hessians.rows[name] >= k:
+        q, scales = _gptq(weight, hessian, conv)
+        levels: np.ndarray | None = q.T if gemm and layer.transposed else q
+        entry.info["rounding"] = "gptq"
+    else:
+        q, scales = quantize_weight(weight, axis=axis)
+        levels = None
+        entry.info["rounding"] = "rtn"
+    source = layer.weight.const_value
+    assert source is not None
+    recipe = WeightRecipe(source, layer.axis if gemm else axis, scales, transpose=layer.transposed and not gemm,
+                          levels=levels)  # fmt: skip
+    decision = LayerDecision(recipe, False, entry=entry)
+    mean_x = stats.channels.mean(name) if name in stats.channels.counts else None
     bias = _bias(layer.node)
     if options.bias_correction and mean_x is not None:
         delta = dequantize_weight(q, scales, axis=axis).astype(np.float64) - weight
@@ -203,9 +237,13 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
             bias = correction if bias is None else bias + correction
             entry.bias_corrected = True
         elif not conv and mean_x.shape[0] == weight.shape[0]:
-            decision.bias = -(mean_x @ delta)
+            correction = -(mean_x @ delta)
+            if gemm:
+                bias = correction if bias is None else bias + correction
+            else:
+                decision.bias = correction
             entry.bias_corrected = True
-    if conv:
+    if conv or gemm:
         decision.bias = bias
     decisions.layers[layer.name] = decision
 
@@ -244,17 +282,18 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         decision = decisions.layers.get(layer.name)
         if decision is None:
             continue
-        product = replace_weight(graph, layer.node, decision.recipe, names)
-        if layer.node.op_type == "Conv":
+        product = replace_weight(graph, layer.node, decision.recipe, names, as_matmul=layer.dynamic)
+        if layer.node.op_type in ("Conv", "Gemm") and not layer.dynamic:
             params = decisions.tensors.get(str(inputs[layer.name].name))
-            if decision.bias is not None and params is not None:
-                quantize_conv_bias(graph, product, decision.bias, params[0], decision.recipe.scales, names)
+            if decision.bias is not None and params is not None and decision.bias.ndim == 1:
+                quantize_bias(graph, product, decision.bias, params[0], decision.recipe.scales, names)
             continue
         if decision.split_rows is not None:
             channel = decisions.groups[str(inputs[layer.name].name)]
             insert_split(graph, product, inputs[layer.name], channel.split, decision.split_rows, names)
         if decision.bias is not None:
             add_bias(graph, product, decision.bias, names)
+    keep_float_readers_float(graph, names)
     for layer in plan.layers:  # weights no layer reads any more
         if not layer.weight.uses() and layer.weight.name in graph.initializers:
             graph.initializers.pop(str(layer.weight.name))

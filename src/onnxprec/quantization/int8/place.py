@@ -5,12 +5,13 @@ The placement depends on the runtime that will run the model:
 - ``ort-cpu`` (ONNX Runtime's CPU provider): ONNX Runtime fuses ``DequantizeLinear -> Conv -> QuantizeLinear`` into
   ``QLinearConv``, ``DynamicQuantizeLinear -> DequantizeLinear -> MatMul`` into ``DynamicQuantizeMatMul``, and the
   QDQ forms of Add, Concat and the pools into their QLinear kernels. Conv layers are static (calibrated activation
-  ranges, UINT8 activations and INT8 weights: VNNI's u8*s8); MatMul and Gemm layers with a constant weight are
-  dynamic (each run quantizes its own activation range: no calibrated range can be too small, and transformers'
-  per-run ranges vary), unless their input is already a static tensor. A ``Relu`` or ``Clip`` that follows a static
-  layer is absorbed (its output is quantized instead: ONNX Runtime drops it into the quantization's own clamp), and
-  Add, Concat, Mul and the pools join the static region only when each of their float inputs comes from it, so no
-  DequantizeLinear is left in front of an op ONNX Runtime cannot fuse except where the region ends.
+  ranges, UINT8 activations and INT8 weights: VNNI's u8*s8), and so are Gemm layers (``QGemm``); MatMul layers
+  with a constant weight are dynamic (each run quantizes its own activation range: no calibrated range can be too
+  small, and transformers' per-run ranges vary), unless their input is already a static tensor. A ``Relu`` or
+  ``Clip`` that follows a static layer is absorbed (its output is quantized instead: ONNX Runtime drops it into the
+  quantization's own clamp), and Add, Concat, Mul and the pools join the static region only when each of their float
+  inputs comes from it, so no DequantizeLinear is left in front of an op ONNX Runtime cannot fuse except where the
+  region ends.
 - ``trt`` and ``ort-cuda`` (TensorRT-style): symmetric INT8 Q/DQ on the activation and weight inputs of Conv, MatMul
   and Gemm only, as ModelOpt places them; TensorRT chooses its own fusions.
 """
@@ -189,7 +190,9 @@ def place(
             continue
         if not allowed(node):
             continue
-        dynamic = node.op_type != "Conv" and (activations == "dynamic" or (activations == "auto" and cpu))
+        # Gemm stays static on ort-cpu: ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm, but folds a dynamic
+        # MatMul + Add back into a float Gemm before its quantization fusions run.
+        dynamic = node.op_type == "MatMul" and (activations == "dynamic" or (activations == "auto" and cpu))
         plan.layers.append(Layer(node, weight, axis, dynamic))
     if cpu:
         _static_region(model, plan, allowed)
@@ -205,12 +208,13 @@ def place(
 def _static_region(model: ir.Model, plan: Plan, allowed: object) -> None:
     """ort-cpu: the static tensors of the static layers, the passthrough ops joined to them, absorbed activations."""
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic}
-    outputs_of: dict[ir.Node, ir.Value] = {}
+    outputs_of: dict[ir.Node, ir.Value | None] = {}
     for node in model.graph:
         if node in static_nodes:
             absorbed = _absorbed_activation(node)
-            outputs_of[node] = (absorbed or node).outputs[0]
-    produced = {value: node for node, value in outputs_of.items()}
+            # QLinearConv writes INT8; QGemm and MatMulIntegerToFloat write float, so their outputs stay float
+            outputs_of[node] = (absorbed or node).outputs[0] if node.op_type == "Conv" else None
+    produced = {value: node for node, value in outputs_of.items() if value is not None}
     changed = True
     while changed:  # join passthrough ops whose every float input comes from the static region
         changed = False
@@ -224,9 +228,9 @@ def _static_region(model: ir.Model, plan: Plan, allowed: object) -> None:
                 continue
             static_nodes.add(node)
             plan.passthrough.append(node)
-            absorbed = _absorbed_activation(node)
-            outputs_of[node] = (absorbed or node).outputs[0]
-            produced[outputs_of[node]] = node
+            output = (_absorbed_activation(node) or node).outputs[0]
+            outputs_of[node] = output
+            produced[output] = node
             changed = True
     tensors: list[ir.Value] = []
     seen: set[ir.Value] = set()
