@@ -144,6 +144,17 @@ def _calibrate(
     return Statistics(hist.histograms, channels, samples, hessians), (held[0] if held else None)
 
 
+def _costs(plan: Plan, stats: Statistics) -> dict[str, float]:
+    """Multiply-adds of each layer on the calibration data: rows (Conv output positions, tokens) times weight size."""
+    costs = {}
+    for layer in plan.layers:
+        name = str(layer.activation.name)
+        rows = stats.hessians.rows.get(name) or stats.channels.counts.get(name) or 1
+        tensor = layer.weight.const_value
+        costs[layer.name] = float(rows) * float(tensor.size if tensor is not None else 1)
+    return costs
+
+
 def _copy(model: ir.Model) -> ir.Model:
     return pruned_copy(model, [])
 
@@ -190,6 +201,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     try:
         tick = time.perf_counter()
         decisions = decide(model, plan, stats, options)
+        cost = _costs(plan, stats)
         del stats
         report.seconds["decisions"] = time.perf_counter() - tick
         float_layers: list[str] = []
@@ -205,7 +217,9 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
                 candidate, _ = _apply(model, options, decisions, floats)
                 return measure(candidate, target, keep, list(options.calibration_eps))
 
-            float_layers, final = search(names, check, target, proxy, report.fallback_steps)
+            float_layers, final = search(
+                names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute
+            )
             report.accuracy = worst_errors(final)
             report.seconds["target search"] = time.perf_counter() - tick
     finally:

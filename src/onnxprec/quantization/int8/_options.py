@@ -127,6 +127,13 @@ class Int8Options(ToolOptions):
         "candidate) outputs; the most sensitive layers go back to float until it holds; None or ``'none'``: keep "
         "every selected layer in INT8.",
     )
+    max_float_compute: float = option(
+        0.25,
+        flags=("--max_float_compute",),
+        group=_EXTRAS,
+        help="The accuracy target sends at most this fraction of the quantized layers' multiply-adds back to float "
+        "(speed first; a target it cannot meet within it is reported with what was reached); 1: no limit.",
+    )
     smoothquant: bool = option(
         True,
         flags=("--no_smoothquant",),
@@ -201,6 +208,8 @@ class Int8Options(ToolOptions):
             raise InvalidArgumentError(f"activations='dynamic' is for --runtime ort-cpu, not {self.runtime}.")
         if self.log_level not in _LOG_LEVELS:
             raise InvalidArgumentError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}.")
+        if not 0 <= self.max_float_compute <= 1:
+            raise InvalidArgumentError(f"max_float_compute must be in [0, 1], got {self.max_float_compute!r}.")
         if not 0 < self.percentile <= 100:
             raise InvalidArgumentError(f"percentile must be in (0, 100], got {self.percentile!r}.")
         if self.outlier_channels < 0 or self.sample_tokens < 1:

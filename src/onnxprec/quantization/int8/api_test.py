@@ -88,11 +88,23 @@ def test_the_target_sends_the_most_sensitive_layers_back_to_float(tmp_path: Path
     plain = quantize_file(mlp_file, tmp_path / "a.onnx", calibration_data=_tokens(0), target_accuracy="rel_l2<=1")
     assert plain.count("float") == 0 and plain.accuracy["rel_l2"] > 1e-4
     strict = f"rel_l2<={plain.accuracy['rel_l2'] / 2:.3g}"
-    report = quantize_file(mlp_file, tmp_path / "b.onnx", calibration_data=_tokens(0), target_accuracy=strict)
+    report = quantize_file(mlp_file, tmp_path / "b.onnx", calibration_data=_tokens(0), target_accuracy=strict,
+                           max_float_compute=1.0)  # fmt: skip
     assert 0 < report.count("float") < 4
     assert report.accuracy["rel_l2"] <= plain.accuracy["rel_l2"] / 2
     assert report.fallback_steps[0]["what"] == "every layer INT8"
     assert report.to_json()["counts"]["float"] == report.count("float")
+
+
+def test_the_target_never_costs_more_than_the_compute_budget(
+    tmp_path: Path, mlp_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = quantize_file(mlp_file, tmp_path / "c.onnx", calibration_data=_tokens(0), target_accuracy="rel_l2<=1e-9",
+                           max_float_compute=0.3)  # fmt: skip
+    total = sum(entry.shape[0] * entry.shape[1] for entry in report.layers)
+    kept = sum(entry.shape[0] * entry.shape[1] for entry in report.layers if entry.mode == "float")
+    assert 0 < kept <= 0.3 * total  # token counts are equal here: multiply-adds are proportional to weight sizes
+    assert "is not met" in caplog.text
 
 
 def test_tensorrt_placement_is_symmetric_qdq_on_layer_inputs(tmp_path: Path, mlp_file: Path) -> None:

@@ -8,7 +8,8 @@ fusions, as the user will: what is measured is what is saved.
 1. The all-INT8 model is checked; if it meets the target, nothing changes.
 2. Sensitivity: with at most :data:`MAX_ISOLATED` layers, how much the output error drops when that layer alone
    goes back to float (one check per layer; it sees the interactions that the error of a layer quantized alone
-   misses); with more, the layer's own output error on the calibration sample (a local proxy).
+   misses); with more, the layer's own output error on the calibration sample (a local proxy). Divided by the
+   layer's share of the model's multiply-adds: the cheapest error goes back first.
 3. How many of the most sensitive layers go back to float: 1, 2, 4... until the target holds, then a bisection
    in between (about ``2 log2(count)`` checks) finds the fewest that meet it.
 """
@@ -67,12 +68,22 @@ def _badness(measurement: Measurement, metric: str) -> float:
     return 1.0 - value if metric in ("cosine", "top1") else value
 
 
+def _gain(before: float, after: float, metric: str) -> float:
+    """What a change gained: in squared error for rel_l2 and max_abs (errors of independent layers add up in
+    squares), in the metric itself for cosine and top1 (1 - cosine is already a squared error)."""
+    if metric in ("rel_l2", "max_abs"):
+        return before * before - after * after
+    return before - after
+
+
 def search(
     layers: Sequence[str],
     check: Callable[[Collection[str]], Measurement],
     target: AccuracyTarget,
     proxy: dict[str, float],
     steps: list[dict[str, Any]],
+    cost: dict[str, float] | None = None,
+    max_float_compute: float = 1.0,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -82,6 +93,9 @@ def search(
         target: The accuracy target.
         proxy: A sensitivity per layer for models with more than :data:`MAX_ISOLATED` layers.
         steps: Each check is appended here (what it tried, its errors and verdict).
+        cost: The compute of each layer (multiply-adds).
+        max_float_compute: At most this fraction of the layers' compute goes back to float (speed first): when the
+            target needs more, the most sensitive layers that fit go back, and a warning says what was reached.
 
     Returns:
         The layers kept in float (most sensitive first) and the final measurement.
@@ -107,14 +121,26 @@ def search(
         base = _badness(first, metric)
         sensitivity = {}
         for name in tqdm(layers, desc="INT8 sensitivity", unit="layer", disable=None, leave=False):
-            sensitivity[name] = base - _badness(check({name}), metric)  # what sending it back alone gains
+            sensitivity[name] = _gain(base, _badness(check({name}), metric), metric)  # what it gains alone
         steps.append({"what": f"gain of each layer alone in float ({metric})", "checks": len(layers)})
     else:
         sensitivity = {name: proxy.get(name, 0.0) for name in layers}
-    order = sorted(layers, key=lambda name: -sensitivity[name])
+    order = [name for name in sorted(layers, key=lambda name: -sensitivity[name]) if sensitivity[name] > 0]
+    if cost and max_float_compute < 1.0:
+        total, used, kept = sum(cost.get(name, 0.0) for name in layers) or 1.0, 0.0, []
+        for name in order:  # the most sensitive layers that fit in the compute budget, in order
+            if used + cost.get(name, 0.0) <= max_float_compute * total:
+                kept.append(name)
+                used += cost.get(name, 0.0)
+        order = kept
+    if not order:
+        logger.warning(
+            "The accuracy target %s is not met (%s) and no layer's float form helps", target, first.summary()
+        )
+        return [], first
     # Galloping from the fewest: 1, 2, 4... layers in float until the target holds, then a bisection in between,
     # so a target that a few layers meet is found in a few checks.
-    low, high = 0, len(order)  # low misses, high holds (every layer float is the float model)
+    low, high = 0, len(order)  # low misses; high is assumed to hold until checked
     best: Measurement | None = None
     count = 1
     while count < high:
@@ -133,7 +159,10 @@ def search(
     if best is None:
         best = run(order[:high], f"{high} most sensitive in float")
     if not best.ok:
-        logger.warning("The accuracy target %s is not met even with every layer in float", target)
+        logger.warning(
+            "The accuracy target %s is not met (%s) with the %d most sensitive layers in float, all that "
+            "--max_float_compute %g allows", target, best.summary(), high, max_float_compute,
+        )  # fmt: skip
     return order[:high], best
 
 
