@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -251,6 +251,23 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats) -> float | N
     return None
 
 
+def _gptq_by_block_size(
+    weights: Sequence[np.ndarray],
+    stats: GroupStats,
+    scales: np.ndarray | None,
+    config: QuantConfig,
+    block_sizes: Sequence[int],
+) -> list[QuantizedWeight]:
+    """:func:`_gptq_jointly` on the weights of each block size (one factorisation per block size)."""
+    results: list[QuantizedWeight | None] = [None] * len(weights)
+    for block in dict.fromkeys(block_sizes):
+        indices = [i for i, b in enumerate(block_sizes) if b == block]
+        joint = _gptq_jointly([weights[i] for i in indices], stats, scales, replace(config, block_size=block))
+        for i, result in zip(indices, joint):
+            results[i] = result
+    return [r for r in results if r is not None]
+
+
 def _gptq_jointly(
     weights: Sequence[np.ndarray], stats: GroupStats, scales: np.ndarray | None, config: QuantConfig
 ) -> list[QuantizedWeight]:
@@ -287,6 +304,7 @@ def decide_group(
     config: QuantConfig,
     *,
     awq_allowed: bool = True,
+    block_sizes: Sequence[int] | None = None,
 ) -> GroupDecision:
     """Recipes for the float32 ``[K, N_j]`` weights that read one input, from that input's statistics.
 
@@ -296,11 +314,13 @@ def decide_group(
         method: A canonical method name (see :data:`METHODS`).
         config: Block size, symmetry and search grids.
         awq_allowed: False when a weight is shared with another group (one scale vector cannot serve two inputs).
+        block_sizes: Each weight's block size (a size budget's choice); default ``config.block_size`` for all.
+            The AWQ search scores its scales at the smallest.
     """
     spec = METHODS[method]
+    blocks = list(block_sizes) if block_sizes is not None else [config.block_size] * len(weights)
     base = {
         "bits": 4,
-        "block_size": config.block_size,
         "symmetric": config.symmetric,
         "positive_scales": config.positive_scales,
     }
@@ -309,15 +329,15 @@ def decide_group(
     if spec.awq_scales and awq_allowed:
         assert stats.absmean is not None and stats.sample is not None
         result = awq_lite(
-            weights, stats.absmean, stats.sample, config.block_size, symmetric=config.symmetric,
+            weights, stats.absmean, stats.sample, min(blocks), symmetric=config.symmetric,
             alpha_grid=config.alpha_grid, positive_scales=config.positive_scales,
         )  # fmt: skip
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
-    gptq_results = _gptq_jointly(weights, stats, scales, config) if spec.gptq else None
+    gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None
     recipes = []
     for index, w in enumerate(weights):
-        recipe = Recipe(method, awq_scales=scales, **base)  # type: ignore[arg-type]
+        recipe = Recipe(method, awq_scales=scales, block_size=blocks[index], **base)  # type: ignore[arg-type]
         scaled = w if scales is None else w * scales[:, None]
         if gptq_results is not None:
             recipe.result = CompactWeight.of(gptq_results[index])
@@ -325,7 +345,7 @@ def decide_group(
             assert stats.sample is not None
             x = stats.sample if scales is None else stats.sample / scales[None, :]
             recipe.clip_ratios = awq_clip(
-                scaled, x, config.block_size, symmetric=config.symmetric, ratios=config.clip_ratios,
+                scaled, x, blocks[index], symmetric=config.symmetric, ratios=config.clip_ratios,
                 chunk_columns=config.clip_chunk_columns, positive_scales=config.positive_scales,
             )  # fmt: skip
             recipe.info["clip_ratio_mean"] = float(recipe.clip_ratios.mean())

@@ -76,6 +76,20 @@ class Target:
     """``weight`` is stored ``[N, K]``."""
     duplicates: list[ir.Value] = field(default_factory=list)
     """Initializers of equal content (a tied weight's other copy) whose layers now read this target."""
+    block_size: int | None = None
+    """The block size chosen for this weight (a size budget's choice); None: the run's."""
+
+    def read(self) -> np.ndarray:
+        """The float32 ``[K, N]`` weight (a copy; the initializer's mapping is released)."""
+        tensor = self.weight.const_value
+        assert tensor is not None
+        array = np.asarray(tensor.numpy())
+        w = (array.T if self.transposed else array).astype(np.float32)
+        # Drop the view first: while it lives the mapping cannot be closed (BufferError), and the tensor would keep
+        # the whole file mapped with every page read so far resident (3.7 GB of RSS on a 4 GB model with awq_lite).
+        del array
+        release(tensor)
+        return w
 
     @property
     def gathers(self) -> list[Layer]:
@@ -246,13 +260,13 @@ def select_layers(
             continue
         layer.order = order
         eight = _matching_pattern(node, layer.weight, eight_bit)
-        pattern = None if eight else _matching_pattern(node, layer.weight, exclude)
+        pattern = None if eight is not None else _matching_pattern(node, layer.weight, exclude)
         if pattern is not None:
             selection.excluded.append((layer.name, pattern))
             logger.info("Excluded %s '%s' (pattern '%s' of nodes_to_exclude)", node.op_type, layer.name, pattern)
             continue
         by_weight.setdefault(layer.weight, []).append(layer)
-        if eight:
+        if eight is not None:
             bits_of[layer.weight] = 8
             logger.info("%s '%s' gets 8-bit weights (pattern '%s' of layers_8bit)", node.op_type, layer.name, eight)
     for weight, layers in by_weight.items():

@@ -13,7 +13,6 @@ streams path to path (memory-mapped weights in, each weight quantized as it is w
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,16 +31,16 @@ from onnxprec._ops import (
     default_opset,
 )
 from onnxprec._options import fields_in, log_level_during, options_from_call
-from onnxprec._tensors import release
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
-from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
+from onnxprec.quantization.algorithms.rtn import QuantizedWeight
+from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
-from onnxprec.quantization.formats.matmulnbits import matmulnbits_block
 from onnxprec.quantization.formats.qdq import MIN_OPSET
+from onnxprec.quantization.int4._budget import choose_precisions
 from onnxprec.quantization.int4._options import Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
@@ -103,19 +102,6 @@ def _upgrade_opset(model: ir.Model) -> None:
             f"{reason}; --output_format matmulnbits needs no opset change, or upgrade the model to opset "
             f"{MIN_OPSET} yourself."
         ) from None
-
-
-def _read_weight(target: Target) -> np.ndarray:
-    """The target's float32 ``[K, N]`` weight (its mapping released)."""
-    tensor = target.weight.const_value
-    assert tensor is not None
-    array = np.asarray(tensor.numpy())
-    w = (array.T if target.transposed else array).astype(np.float32)  # a copy
-    # Drop the view first: while it lives the mapping cannot be closed (BufferError), and the tensor would keep
-    # the whole file mapped with every page read so far resident (3.7 GB of RSS on a 4 GB model with awq_lite).
-    del array
-    release(tensor)
-    return w
 
 
 def _owned_targets(groups: list[InputGroup], selection: Selection) -> dict[InputGroup, list[Target]]:
@@ -217,8 +203,11 @@ def _decide(
     allowed = _awq_allowed(group, targets, selection)
     if options.spec.awq_scales and not allowed:
         logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
-    weights = [_read_weight(t) for t in targets]
-    decision = decide_group(weights, stats, options.method, options.quant_config(), awq_allowed=allowed)
+    weights = [t.read() for t in targets]
+    decision = decide_group(
+        weights, stats, options.method, options.quant_config(), awq_allowed=allowed,
+        block_sizes=[block_of(t, options) for t in targets],
+    )  # fmt: skip
     del weights
     seconds = (time.perf_counter() - tick) / len(targets)
     for target, recipe in zip(targets, decision.recipes):
@@ -233,6 +222,13 @@ def _targets_of(group: InputGroup, selection: Selection) -> list[Target]:
     return [target_of[layer] for layer in group.layers]
 
 
+def block_of(target: Target, options: Int4Options) -> int:
+    """The block size of a weight: a budget's choice, else the run's (INT4) or ``--block_size_8bit``'s (INT8)."""
+    if target.block_size is not None:
+        return target.block_size
+    return options.quant_config().block_size if target.bits == 4 else options.block_8bit(target.k)
+
+
 def _layer_entry(target: Target, method: str, options: Int4Options) -> LayerReport:
     if (not target.matmuls and METHODS[method].needs_data) or target.bits == 8:
         method = "rtn"  # an embedding table has no input activations to calibrate on
@@ -243,29 +239,23 @@ def _layer_entry(target: Target, method: str, options: Int4Options) -> LayerRepo
         n=target.n,
         bits=target.bits,
         method=method,
-        block_size=options.quant_config().block_size if target.bits == 4 else options.block_8bit(target.k),
+        block_size=block_of(target, options),
         dtype=target.dtype.name.lower(),
     )
 
 
 def _sizes(target: Target, recipe: Recipe, output_format: str) -> tuple[int, int, int]:
     """(float bytes, stored bytes, ideal bytes) of one target."""
-    k, n, bits = target.k, target.n, recipe.bits
-    itemsize = target.dtype.itemsize
-    block = effective_block_size(k, recipe.block_size)
-    n_blocks = math.ceil(k / block)
-    ideal = math.ceil(k * n * bits / 8) + n_blocks * n * itemsize
-    if not recipe.symmetric:
-        ideal += math.ceil(n_blocks * n * bits / 8)
-    if output_format == "qdq":
-        stored = ideal
-    else:
-        block = matmulnbits_block(k, recipe.block_size)
-        n_blocks = math.ceil(k / block)
-        stored = n * n_blocks * block * bits // 8 + n * n_blocks * itemsize
-        if not recipe.symmetric:
-            stored += n * math.ceil(n_blocks * bits / 8)
-    return int(k * n * itemsize), int(stored), int(ideal)
+    precision = Precision(recipe.bits, recipe.block_size)
+    stored, ideal = stored_bytes(
+        target.k,
+        target.n,
+        int(target.dtype.itemsize),
+        precision,
+        symmetric=recipe.symmetric,
+        output_format=output_format,
+    )
+    return target.k * target.n * int(target.dtype.itemsize), stored, ideal
 
 
 def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model, Int4Report]:
@@ -291,6 +281,10 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
             f"and whose other input is computed ({len(selection.skipped)} MatMul/Gemm skipped; see --log_level DEBUG)."
         )
     report.seconds["load+select"] = time.perf_counter() - tick
+    if options.size_budget_mb is not None:
+        report.budget = choose_precisions(model, selection, options)
+        report.seconds["size budget"] = report.budget.seconds
+        report.excluded, report.skipped = selection.excluded, selection.skipped
     logger.info(
         "Quantizing %d weights of %d layers with %s (block %s, %s)",
         len(selection.targets), len(selection.layers), options.method, config.block_size,
@@ -299,6 +293,10 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
 
     recipes: dict[Target, Recipe] = {}
     entries = {t: _layer_entry(t, options.method, options) for t in selection.targets}
+    if report.budget is not None:
+        for target, entry in entries.items():
+            chosen = report.budget.layers[target.name]
+            entry.info.update(sensitivity=chosen["sensitivity"], bytes=chosen["bytes"])
     scales: dict[InputGroup, np.ndarray] = {}
     if options.spec.needs_data and any(t.bits == 4 for t in selection.targets):
         scales = _calibrate_and_decide(model, selection, options, recipes, entries, report)
@@ -308,7 +306,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
                 recipes[target] = Recipe(
                     "rtn",
                     bits=8,
-                    block_size=options.block_8bit(target.k),
+                    block_size=block_of(target, options),
                     symmetric=config.symmetric,
                     positive_scales=config.positive_scales,
                 )
@@ -316,7 +314,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
                 clip = options.spec.clip == "mse"
                 recipes[target] = Recipe(
                     options.method,
-                    block_size=config.block_size,
+                    block_size=block_of(target, options),
                     symmetric=config.symmetric,
                     positive_scales=config.positive_scales,
                     clip_search=clip,
@@ -375,7 +373,7 @@ def quantize(
     use_external_data_format: bool = False,
     use_zero_point: bool = False,
     block_size: int | None = None,
-    nodes_to_exclude: Sequence[str] | None = ("/lm_head",),
+    nodes_to_exclude: Sequence[str] | None = None,
     log_level: str = "INFO",
     **kwargs: Any,
 ) -> onnx.ModelProto:
@@ -399,11 +397,13 @@ def quantize(
         block_size: Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel
             (default: 128).
         nodes_to_exclude: Regexes (re.search) of layers to keep in float, matched against the node name, its output
-            name and its weight name; give the flag with no pattern to quantize every layer.
+            name and its weight name; an empty list quantizes every layer; None: ``/lm_head``, or nothing under
+            ``size_budget_mb``.
         log_level: Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR.
         **kwargs: Any other :class:`Int4Options` field: ``output_format`` (qdq, matmulnbits), ``accuracy_level``,
             ``awqlite_alpha_step``, ``awqclip_alpha_step``, ``awqclip_alpha_min``, ``awqclip_bsz_col``,
-            ``gptq_damp``, ``gptq_act_order``, ``layers_8bit``, ``calibration_batch_size``, ``sample_tokens``,
+            ``gptq_damp``, ``gptq_act_order``, ``layers_8bit``, ``block_size_8bit``, ``size_budget_mb``,
+            ``calibration_batch_size``, ``sample_tokens``,
             ``stats_memory_mb``, ``input_shapes``.
 
     Returns:

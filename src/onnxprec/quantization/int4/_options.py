@@ -20,9 +20,10 @@ from onnxprec._options import (
 )
 from onnxprec.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"]
 
 DEFAULT_BLOCK_SIZE = 128
+DEFAULT_EXCLUDE = ("/lm_head",)
 METHOD_NAMES = (
     "rtn", "rtn_clip", "kquant", "hqq", "awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq",
     "rtn_dq", "rtn_trt", "rtn_trt_dq", "awq_clip_trt",
@@ -80,12 +81,22 @@ class Int4Options(ToolOptions):
         help="Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel (default: 128).",
     )
     nodes_to_exclude: Sequence[str] | None = option(
-        ("/lm_head",),
+        None,
         flags=("--nodes_to_exclude", "-ne"),
         nargs="*",
         metavar="REGEX",
         help="Regexes (re.search) of layers to keep in float, matched against the node name, its output name and "
-        "its weight name; give the flag with no pattern to quantize every layer.",
+        "its weight name; give the flag with no pattern to quantize every layer (default: /lm_head, none under "
+        "--size_budget_mb).",
+    )
+    size_budget_mb: float | None = option(
+        None,
+        flags=("--size_budget_mb",),
+        metavar="MB",
+        help="The output's model files (.onnx plus external data) are at most this many MB (10^6 bytes): each weight "
+        "gets INT4 at block 128, 64 or 32, INT8, or float when tiny, the most sensitive bytes promoted first "
+        "(sensitivity: the Hessian-weighted output error on the calibration data, or on random data without it, "
+        "scaled by a few real runs' KL divergence of the logits).",
     )
     log_level: str = option(
         "INFO", api_only=True, help="Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR."
@@ -193,6 +204,10 @@ class Int4Options(ToolOptions):
             raise InvalidArgumentError(f"calibration_batch_size must be >= 0, got {self.calibration_batch_size!r}.")
         if not 0 <= self.gptq_damp < 10:
             raise InvalidArgumentError(f"gptq_damp must be in [0, 10), got {self.gptq_damp!r}.")
+        if self.size_budget_mb is not None and not self.size_budget_mb > 0:
+            raise InvalidArgumentError(f"size_budget_mb must be a positive number, got {self.size_budget_mb!r}.")
+        if self.nodes_to_exclude is None:  # under a budget the lm_head competes for bytes like any layer
+            self.nodes_to_exclude = () if self.size_budget_mb is not None else DEFAULT_EXCLUDE
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
 

@@ -86,6 +86,8 @@ class Int4Report:
     """The onnxruntime-genai files carried beside the output (``quantize_file``)."""
     ort_only: dict[str, int] = field(default_factory=dict)
     """The output's nodes that only ONNX Runtime can check, by op; validation loads the output in ONNX Runtime."""
+    budget: Any = None
+    """The size budget's choice (:class:`~onnxprec.quantization.int4._budget.BudgetReport`), or None."""
     progress: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
     """Called after each weight is quantized (a progress bar while the model is written)."""
 
@@ -136,4 +138,5 @@ class Int4Report:
             "genai": None if self.genai is None else self.genai.to_json(),
             "ort_only_nodes": self.ort_only,
             "layers": [entry.to_json() for entry in self.layers],
+            "size_budget": None if self.budget is None else self.budget.to_json(),
         }

@@ -1,0 +1,364 @@
+"""The ``size_budget_mb`` step of the INT4 pipeline: each weight's precision, from measured sensitivity.
+
+One pass over the calibration data (random data without it) collects every layer input's ``XᵀX``, chunk by chunk in
+a bounded memory; each weight's candidates (INT4 at block 128/64/32, INT8, float) are quantized with RTN and scored by
+their Hessian-weighted output error (:mod:`onnxprec.quantization.budget`); the weights' choices are then set on the
+selection (``Target.bits``, ``Target.block_size``; a weight left in float is dropped from it) and the run's method
+quantizes them. The bytes outside the quantized weights (other initializers, the graph, AWQ scale vectors) are
+counted against the budget first.
+
+The estimate is checked by a few real runs on the same data. A relative output error does not cost the same
+everywhere (an lm_head's error lands on the logits), so for a model with a ``logits`` output each weight above a
+tenth of the quantized bytes, and the others by shape ``[K, N]`` (one part of every transformer block), are
+quantized at their smallest candidate in a copy of the model (RTN, MatMulNBits, every other weight at INT8), and
+the KL divergence of its logits from those of the model with every weight at INT8 is measured. Each set's estimates
+are scaled by its measured KL over its estimated loss, so the loss is in nats per position: the curve in the report
+is an estimated KL divergence.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxprec import calibration
+from onnxprec._protobuf import structure_proto
+from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks
+from onnxprec.quantization.algorithms.rtn import quantize_rtn
+from onnxprec.quantization.budget import FLOAT, Allocation, Candidate, Precision, allocate, hessian_loss, stored_bytes
+from onnxprec.quantization.int4._options import Int4Options
+from onnxprec.quantization.methods import MethodSpec
+from onnxprec.quantization.select import InputGroup, Selection, Target
+
+__all__ = ["BLOCK_CHOICES", "TINY_ELEMENTS", "BudgetReport", "choose_precisions"]
+
+logger = logging.getLogger(__name__)
+
+BLOCK_CHOICES = (128, 64, 32)
+"""INT4 block sizes a weight may get under a budget."""
+
+TINY_ELEMENTS = 16384
+"""Weights of at most this many values may also stay in float under a budget."""
+
+# Bytes kept free of the budget for what the estimate does not see: the new nodes, the names and external-data
+# entries of each quantized weight's initializers (about 540 bytes a weight on SmolLM2), and a margin of a few KB
+# and 0.05 % of the weights.
+_BYTES_PER_WEIGHT = 640
+_MARGIN_BYTES = 4096
+_MARGIN_SHARE = 5e-4
+
+
+@dataclass
+class BudgetReport:
+    """What the budget step chose and estimated (``--report_json``'s ``size_budget``)."""
+
+    budget_bytes: int
+    fixed_bytes: int
+    estimated_bytes: int = 0
+    estimated_loss: float = 0.0
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per weight: ``precision``, ``bytes``, ``sensitivity`` (its estimated loss at that precision) and the
+    estimated loss of every candidate."""
+    seconds: float = 0.0
+    probes: dict[str, Any] = field(default_factory=dict)
+    """The real runs: the float model's cross-entropy and, per weight set, estimated and measured loss."""
+
+    def to_json(self, points: int = 200) -> dict[str, Any]:
+        step = max(1, len(self.curve) // points)
+        curve = self.curve[::step] + ([self.curve[-1]] if self.curve and (len(self.curve) - 1) % step else [])
+        return {
+            "budget_mb": self.budget_bytes / 1e6,
+            "fixed_mb": round(self.fixed_bytes / 1e6, 6),
+            "estimated_mb": round((self.estimated_bytes + self.fixed_bytes) / 1e6, 6),
+            "estimated_loss": round(self.estimated_loss, 8),
+            "real_runs": self.probes,
+            "curve": [{"mb": round((b + self.fixed_bytes) / 1e6, 6), "loss": round(v, 8)} for b, v in curve],
+        }
+
+
+def _owner_groups(selection: Selection, groups: list[InputGroup]) -> dict[Target, InputGroup]:
+    """The input group of each weight's first layer in graph order (weights read only by Gathers have none)."""
+    target_of = {layer: target for target in selection.targets for layer in target.layers}
+    owner: dict[Target, InputGroup] = {}
+    for group in groups:
+        for layer in group.layers:
+            owner.setdefault(target_of[layer], group)
+    return owner
+
+
+def _precisions(target: Target, options: Int4Options) -> list[Precision]:
+    if target.bits == 8:  # asked for by --layers_8bit
+        return [Precision(8, options.block_8bit(target.k))]
+    blocks = dict.fromkeys(min(b, 1 << max(target.k - 1, 1).bit_length()) for b in BLOCK_CHOICES)
+    tiny = [FLOAT] if target.k * target.n <= TINY_ELEMENTS else []
+    return [*(Precision(4, b) for b in blocks), Precision(8, options.block_8bit(target.k)), *tiny]
+
+
+def _candidates(target: Target, gram: np.ndarray | None, options: Int4Options) -> list[Candidate]:
+    """Every precision of ``target`` with its bytes and loss (RTN; the table part of a tied weight unweighted)."""
+    w = target.read()
+    config = options.quant_config()
+    result = []
+    for precision in _precisions(target, options):
+        size, _ = stored_bytes(
+            target.k, target.n, int(target.dtype.itemsize), precision, symmetric=config.symmetric,
+            output_format=options.output_format,
+        )  # fmt: skip
+        loss = 0.0
+        if precision.bits:
+            dq = quantize_rtn(
+                w, precision.block_size, symmetric=config.symmetric, bits=precision.bits,
+                positive_scales=config.positive_scales,
+            ).dequantize()  # fmt: skip
+            if target.matmuls:
+                loss += hessian_loss(w, dq, gram)
+            if target.gathers:
+                loss += hessian_loss(w, dq, None)
+            del dq
+        result.append(Candidate(precision, size, loss))
+    return result
+
+
+def _fixed_bytes(model: ir.Model, selection: Selection, options: Int4Options) -> int:
+    """Bytes of the output that are not quantized weights: the graph, the other initializers, AWQ scale vectors."""
+    replaced = {target.weight for target in selection.targets} | {
+        value for target in selection.targets for value in target.duplicates
+    }
+    size = structure_proto(model).ByteSize()  # the graph with initializers above 1 KB stripped
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if value in replaced or tensor is None:
+            continue
+        if tensor.nbytes > 1024:
+            size += tensor.nbytes
+    if options.spec.awq_scales:
+        size += sum(group.k * 4 for group in selection.groups())
+    weights = sum(target.k * target.n for target in selection.targets)
+    return size + _BYTES_PER_WEIGHT * len(selection.targets) + _MARGIN_BYTES + round(_MARGIN_SHARE * weights)
+
+
+# Weights whose smallest form is at least this share of all the quantized bytes get a real run of their own.
+_OWN_PROBE_SHARE = 0.1
+
+
+def _probe_sets(candidates: dict[Target, list[Candidate]]) -> list[list[Target]]:
+    """The weight sets measured by real runs: each large weight alone, the others by shape ``[K, N]`` (weights of one
+    shape play one part in every block of a transformer, whatever their names)."""
+    smallest = {target: min(c.bytes for c in options) for target, options in candidates.items()}
+    total = sum(smallest.values())
+    sets: dict[object, list[Target]] = {}
+    for target, size in smallest.items():
+        key = target if size >= _OWN_PROBE_SHARE * total else (target.k, target.n, bool(target.gathers))
+        sets.setdefault(key, []).append(target)
+    return list(sets.values())
+
+
+def _has_logits(model: ir.Model) -> bool:
+    return any(v.name == "logits" for v in model.graph.outputs)
+
+
+# Tokens' float distributions are kept as their top-k probabilities (KL to the rest of the vocabulary as one bucket).
+_TOP_K = 32
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float32)
+    flat = flat - flat.max(axis=1, keepdims=True)
+    return flat - np.log(np.exp(flat).sum(axis=1, keepdims=True))
+
+
+def _logits(model: ir.Model, data: CalibrationData, options: Int4Options) -> Iterator[np.ndarray]:
+    from onnxprec._ort import create_session
+
+    session = create_session(model, providers=options.calibration_eps, optimization="basic", what="the probe model")
+    try:
+        for feeds in data:
+            (logits,) = session.run(feeds, ["logits"])
+            yield _log_softmax(logits)
+    finally:
+        del session
+
+
+def _reference_top(model: ir.Model, data: CalibrationData, options: Int4Options) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per batch: the float model's top-k token indices and log-probabilities of every position."""
+    tops = []
+    for logp in _logits(model, data, options):
+        index = np.argpartition(logp, -_TOP_K, axis=1)[:, -_TOP_K:]
+        tops.append((index, np.take_along_axis(logp, index, axis=1)))
+    return tops
+
+
+def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray, np.ndarray]],
+        options: Int4Options) -> float:  # fmt: skip
+    """Mean KL divergence (nats per position) of ``model``'s logits from the float model's, over the float top-k
+    tokens and the rest of the vocabulary as one bucket (a lower bound of the full KL)."""
+    total, count = 0.0, 0
+    for (index, ref), logq in zip(reference, _logits(model, data, options)):
+        q = np.take_along_axis(logq, index, axis=1)
+        p = np.exp(ref)
+        rest_p = np.clip(1 - p.sum(axis=1), 1e-12, 1)
+        rest_q = np.clip(1 - np.exp(q).sum(axis=1), 1e-12, 1)
+        kl = (p * (ref - q)).sum(axis=1) + rest_p * (np.log(rest_p) - np.log(rest_q))
+        total += float(np.maximum(kl, 0).sum())
+        count += kl.size
+    return total / max(count, 1)
+
+
+def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Options) -> ir.Model:
+    """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits)."""
+    from onnxprec._graph import NameAllocator
+    from onnxprec.quantization.activation_stats import pruned_copy
+    from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits
+    from onnxprec.quantization.formats.matmulnbits import DOMAIN
+    from onnxprec.quantization.methods import Recipe
+    from onnxprec.quantization.select import select_layers
+
+    copy = pruned_copy(model, [str(value.name) for value in model.graph.outputs])
+    config = options.quant_config()
+    names = NameAllocator(copy)
+    for target in select_layers(copy).targets:
+        precision = chosen.get(target.name)
+        if precision is None or precision.bits == 0:
+            continue
+        recipe = Recipe(
+            "rtn", bits=precision.bits, block_size=precision.block_size, symmetric=config.symmetric,
+            positive_scales=config.positive_scales,
+        )  # fmt: skip
+        assert target.weight.const_value is not None
+        lazy = LazyQuantizedWeight(target.weight.const_value, recipe, transposed=target.transposed)
+        rewrite_matmulnbits(copy.graph, target, lazy, names, accuracy_level=0)
+        for value in (target.weight, *target.duplicates):
+            if not value.uses() and value.name in copy.graph.initializers:
+                copy.graph.initializers.pop(str(value.name))
+    copy.opset_imports.setdefault(DOMAIN, 1)
+    return copy
+
+
+def _calibrate_gains(
+    model: ir.Model, data: CalibrationData, candidates: dict[Target, list[Candidate]], options: Int4Options,
+    report: BudgetReport,
+) -> None:  # fmt: skip
+    """Scales each weight's estimated losses by the measured KL divergence of its probe set (in place).
+
+    The reference is the model with every weight at INT8 (near the float model's logits, at a quarter of its memory);
+    each probe quantizes one set at its smallest precision on top of it.
+    """
+    eight = {t.name: Precision(8, options.block_8bit(t.k)) for t in candidates}
+    reference = _reference_top(_probe_model(model, eight, options), data, options)
+    probes = []
+    for targets in _probe_sets(candidates):
+        smallest = {t: min(candidates[t], key=lambda c: c.bytes) for t in targets}
+        estimated = sum(c.loss for c in smallest.values())
+        probe = _probe_model(model, {**eight, **{t.name: c.precision for t, c in smallest.items()}}, options)
+        measured = _kl(probe, data, reference, options)
+        del probe
+        gain = max(measured, 1e-9) / max(estimated, 1e-12)
+        for target in targets:
+            candidates[target] = [Candidate(c.precision, c.bytes, c.loss * gain) for c in candidates[target]]
+        names = [t.name for t in targets]
+        probes.append({"weights": names if len(names) <= 3 else f"{len(names)} weights", "estimated": estimated,
+                       "measured_kl": measured, "gain": gain})  # fmt: skip
+        logger.info(
+            "Real run: %s at the smallest precision: KL divergence of the logits %.4g nats (estimate %.4g)",
+            names[0] if len(names) == 1 else f"{len(names)} weights of shape {targets[0].k}x{targets[0].n}",
+            measured, estimated,
+        )  # fmt: skip
+    report.probes = {"sets": probes}
+
+
+def choose_precisions(model: ir.Model, selection: Selection, options: Int4Options) -> BudgetReport:
+    """Sets each selected weight's precision within ``options.size_budget_mb``; returns what was chosen.
+
+    Raises:
+        InvalidArgumentError: The budget is below the smallest reachable size (named in the message).
+    """
+    assert options.size_budget_mb is not None
+    tick = time.perf_counter()
+    budget = round(options.size_budget_mb * 1e6)
+    fixed = _fixed_bytes(model, selection, options)
+    report = BudgetReport(budget, fixed)
+    all_groups = selection.groups()  # new objects on each call: keep one list
+    owner = _owner_groups(selection, all_groups)
+    owned: dict[InputGroup, list[Target]] = {}
+    for target, group in owner.items():
+        owned.setdefault(group, []).append(target)
+    candidates: dict[Target, list[Candidate]] = {}
+    spec = MethodSpec(gptq=True)  # XᵀX only
+    groups = [group for group in all_groups if group in owned]
+    chunks = plan_chunks(groups, spec, options.sample_tokens, options.stats_memory_mb * 1024 * 1024)
+    source = options.calibration_data_reader
+    if source is None:
+        logger.warning(
+            "No calibration data: layer sensitivities under --size_budget_mb are measured on random inputs; pass "
+            "representative inputs (--calibration_data) for a better choice."
+        )
+    from tqdm.auto import tqdm
+
+    llm = _has_logits(model)
+
+    def run(replay: CalibrationData) -> None:
+        bar = tqdm(total=len(groups), desc="Measuring sensitivity", unit="input", disable=None)
+        try:
+            for chunk in chunks:
+                stats = collect_stats(model, chunk, replay, spec, providers=options.calibration_eps)
+                for group in chunk:
+                    gram = stats.pop(group).gram
+                    for target in owned[group]:
+                        candidates[target] = _candidates(target, gram, options)
+                    bar.update()
+            bar.close()
+            for target in selection.targets:
+                if target not in candidates:
+                    candidates[target] = _candidates(target, None, options)
+            if llm:
+                _calibrate_gains(model, replay, candidates, options, report)
+        finally:
+            bar.close()
+            replay.close()
+
+    shapes = calibration.parse_input_shapes(options.input_shapes)
+    run_on_data(model, source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size)
+    if not llm:
+        logger.info("No real runs to check the estimate: the model has no 'logits' output")
+    try:
+        allocation: Allocation[Target] = allocate(candidates, budget - fixed)
+    except ValueError:
+        smallest = fixed + sum(min(c.bytes for c in options_) for options_ in candidates.values())
+        raise InvalidArgumentError(
+            f"size_budget_mb {options.size_budget_mb:g} is below the smallest reachable size, {smallest / 1e6:.2f} MB "
+            "(every weight at INT4 block 128, the rest of the model as it is): raise the budget, or let more layers "
+            "be quantized (--nodes_to_exclude)."
+        ) from None
+    report.estimated_bytes, report.estimated_loss, report.curve = allocation.bytes, allocation.loss, allocation.curve
+    for target, candidate in allocation.choice.items():
+        report.layers[target.name] = {
+            "precision": candidate.precision.label,
+            "bytes": candidate.bytes,
+            "sensitivity": candidate.loss,
+            "candidates": {c.precision.label: c.loss for c in candidates[target]},
+        }
+        if candidate.precision.bits == 0:
+            selection.targets.remove(target)
+            selection.skipped.append((target.name, "kept in float by the size budget"))
+        else:
+            target.bits = candidate.precision.bits
+            target.block_size = candidate.precision.block_size
+    report.seconds = time.perf_counter() - tick
+    counts: dict[str, int] = {}
+    for candidate in allocation.choice.values():
+        counts[candidate.precision.label] = counts.get(candidate.precision.label, 0) + 1
+    chosen = ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
+    logger.info(
+        "Size budget %.2f MB: estimated %.2f MB (%s), estimated loss %.4g",
+        budget / 1e6, (allocation.bytes + fixed) / 1e6, chosen, allocation.loss,
+    )  # fmt: skip
+    return report

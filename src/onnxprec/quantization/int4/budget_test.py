@@ -1,0 +1,96 @@
+"""--size_budget_mb end to end on a tiny LM: the file fits, the choice is reported, real runs scale the estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprec._testing import make_model, tensor_info
+from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization._testing import run_fp32_compute, tiny_lm
+from onnxprec.quantization.int4 import quantize_file
+
+
+def _lm(tmp_path: Path) -> tuple[Path, list[dict[str, np.ndarray]]]:
+    model, _ = tiny_lm("copies", v=512, h=64)
+    path = tmp_path / "lm.onnx"
+    onnx.save(model, path)
+    rng = np.random.default_rng(0)
+    return path, [{"ids": rng.integers(0, 512, (1, 32))} for _ in range(4)]
+
+
+def _files(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+@pytest.mark.parametrize("output_format", ["qdq", "matmulnbits"])
+def test_the_output_fits_the_budget_and_the_report_says_why(tmp_path: Path, output_format: str) -> None:
+    source, data = _lm(tmp_path)
+    smallest = quantize_file(
+        source, tmp_path / "all4.onnx", calibration_method="rtn", block_size=32, nodes_to_exclude=[],
+        output_format=output_format,
+    )  # fmt: skip
+    everything8 = quantize_file(
+        source, tmp_path / "all8.onnx", calibration_method="rtn", nodes_to_exclude=[], layers_8bit=[""],
+        output_format=output_format,
+    )  # fmt: skip
+    low, high = _files(tmp_path / "all4.onnx"), _files(tmp_path / "all8.onnx")
+    assert smallest.layers and everything8.layers and low < high
+    budget = (low + high) / 2 / 1e6
+    output = tmp_path / "budget.onnx"
+    report = quantize_file(
+        source, output, calibration_method="rtn", calibration_data_reader=data, size_budget_mb=budget,
+        output_format=output_format, accuracy_level=0,
+    )  # fmt: skip
+    assert _files(output) <= budget * 1e6
+    data_json = json.loads(json.dumps(report.to_json()))
+    assert {layer["weight"] for layer in data_json["layers"]} == {"lm_head.weight", "W1"}  # no default exclusion
+    for layer in data_json["layers"]:
+        assert layer["sensitivity"] >= 0 and layer["bytes"] > 0 and layer["bits"] in (4, 8)
+    assert any(layer["bits"] == 8 or layer["block_size"] < 128 for layer in data_json["layers"])  # bytes were spent
+    size = data_json["size_budget"]
+    assert size["budget_mb"] == budget and size["estimated_mb"] <= budget
+    mbs = [point["mb"] for point in size["curve"]]
+    losses = [point["loss"] for point in size["curve"]]
+    assert mbs == sorted(mbs) and losses == sorted(losses, reverse=True)
+    assert [len(s["weights"]) for s in size["real_runs"]["sets"]] == [1, 1]  # the tied table+head, then W1
+    (y,) = run_fp32_compute(onnx.load(output), data[0])
+    assert np.isfinite(y).all()
+
+
+def test_a_budget_below_the_smallest_size_names_it(tmp_path: Path) -> None:
+    source, data = _lm(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"below the smallest reachable size, 0\.0\d MB"):
+        quantize_file(source, tmp_path / "q.onnx", calibration_data_reader=data, size_budget_mb=0.001)
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_explicit_exclusions_still_apply_and_tiny_weights_may_stay_float(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    nodes = [
+        onnx.helper.make_node("MatMul", ["X", "Wtiny"], ["a"], name="/tiny/MatMul"),
+        onnx.helper.make_node("MatMul", ["a", "Wbig"], ["b"], name="/big/MatMul"),
+        onnx.helper.make_node("MatMul", ["b", "Whead"], ["logits"], name="/lm_head/MatMul"),
+    ]
+    inits = {
+        "Wtiny": rng.standard_normal((64, 64)).astype(np.float32),
+        "Wbig": rng.standard_normal((64, 1024)).astype(np.float32),
+        "Whead": rng.standard_normal((1024, 32)).astype(np.float32),
+    }
+    model = make_model(nodes, [tensor_info("X", 1, [1, 8, 64])], [tensor_info("logits", 1, [1, 8, 32])], inits)
+    source = tmp_path / "m.onnx"
+    onnx.save(model, source)
+    data = [{"X": rng.standard_normal((1, 8, 64)).astype(np.float32)} for _ in range(2)]
+    report = quantize_file(
+        source, tmp_path / "q.onnx", calibration_method="rtn", calibration_data_reader=data, size_budget_mb=1.0,
+        nodes_to_exclude=["/lm_head"],
+    )  # fmt: skip
+    weights = {layer.weight: layer for layer in report.layers}
+    assert "Whead" not in weights and ("/lm_head/MatMul", "/lm_head") in report.excluded
+    assert "Wtiny" not in weights  # 4096 values: float fits a generous budget and has no error
+    assert ("Wtiny", "kept in float by the size budget") in report.skipped
+    assert weights["Wbig"].bits == 8
