@@ -30,6 +30,7 @@ __all__ = [
     "Candidate",
     "Precision",
     "allocate",
+    "hessian_energy",
     "hessian_loss",
     "stored_bytes",
 ]
@@ -92,19 +93,23 @@ def stored_bytes(
     return stored, ideal
 
 
-def hessian_loss(w: np.ndarray, dequantized: np.ndarray, gram: np.ndarray | None) -> float:
-    """``tr(ΔWᵀ H ΔW) / tr(Wᵀ H W)`` for ``[K, N]`` weights and ``H`` ``[K, K]`` (None: the identity)."""
-    diff = np.asarray(w, np.float32) - np.asarray(dequantized, np.float32)
-    if gram is None:
-        num = float(np.einsum("kn,kn->", diff, diff, dtype=np.float64))
-        den = float(np.einsum("kn,kn->", w, w, dtype=np.float64))
-    else:
-        h = np.asarray(gram, np.float32)
-        num = float(np.einsum("kn,kn->", h @ diff, diff, dtype=np.float64))
-        den = float(np.einsum("kn,kn->", h @ w, w, dtype=np.float64))
+def hessian_energy(x: np.ndarray, gram: np.ndarray | None) -> float:
+    """``tr(Xᵀ H X)`` of a ``[K, N]`` matrix (``H`` ``[K, K]``; None: the identity)."""
+    x = np.asarray(x, np.float32)
+    product = x if gram is None else np.asarray(gram, np.float32) @ x
+    return float(np.einsum("kn,kn->", product, x, dtype=np.float64))
+
+
+def hessian_loss(w: np.ndarray, dequantized: np.ndarray, gram: np.ndarray | None, energy: float | None = None) -> float:
+    """``tr(ΔWᵀ H ΔW) / tr(Wᵀ H W)`` for ``[K, N]`` weights and ``H`` ``[K, K]`` (None: the identity).
+
+    ``energy``: ``tr(Wᵀ H W)`` when already known (:func:`hessian_energy`), to score several candidates of one weight.
+    """
+    den = hessian_energy(w, gram) if energy is None else energy
     if den <= 0:
         return 0.0
-    return max(num, 0.0) / den
+    diff = np.asarray(w, np.float32) - np.asarray(dequantized, np.float32)
+    return max(hessian_energy(diff, gram), 0.0) / den
 
 
 @dataclass

@@ -18,9 +18,10 @@ is an estimated KL divergence.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,16 @@ from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks
 from onnxprec.quantization.algorithms.rtn import quantize_rtn
-from onnxprec.quantization.budget import FLOAT, Allocation, Candidate, Precision, allocate, hessian_loss, stored_bytes
+from onnxprec.quantization.budget import (
+    FLOAT,
+    Allocation,
+    Candidate,
+    Precision,
+    allocate,
+    hessian_energy,
+    hessian_loss,
+    stored_bytes,
+)
 from onnxprec.quantization.int4._options import Int4Options
 from onnxprec.quantization.methods import MethodSpec
 from onnxprec.quantization.select import InputGroup, Selection, Target
@@ -69,6 +79,8 @@ class BudgetReport:
     """Per weight: ``precision``, ``bytes``, ``sensitivity`` (its estimated loss at that precision) and the
     estimated loss of every candidate."""
     seconds: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)
+    """Seconds of the statistics pass, the candidates' quantization and the real runs."""
     probes: dict[str, Any] = field(default_factory=dict)
     """The real runs: the float model's cross-entropy and, per weight set, estimated and measured loss."""
 
@@ -81,6 +93,7 @@ class BudgetReport:
             "estimated_mb": round((self.estimated_bytes + self.fixed_bytes) / 1e6, 6),
             "estimated_loss": round(self.estimated_loss, 8),
             "real_runs": self.probes,
+            "seconds": {step: round(value, 3) for step, value in self.steps.items()},
             "curve": [{"mb": round((b + self.fixed_bytes) / 1e6, 6), "loss": round(v, 8)} for b, v in curve],
         }
 
@@ -107,6 +120,8 @@ def _candidates(target: Target, gram: np.ndarray | None, options: Int4Options) -
     """Every precision of ``target`` with its bytes and loss (RTN; the table part of a tied weight unweighted)."""
     w = target.read()
     config = options.quant_config()
+    energy = hessian_energy(w, gram) if target.matmuls else 0.0
+    plain = hessian_energy(w, None) if target.gathers else 0.0
     result = []
     for precision in _precisions(target, options):
         size, _ = stored_bytes(
@@ -120,9 +135,9 @@ def _candidates(target: Target, gram: np.ndarray | None, options: Int4Options) -
                 positive_scales=config.positive_scales,
             ).dequantize()  # fmt: skip
             if target.matmuls:
-                loss += hessian_loss(w, dq, gram)
+                loss += hessian_loss(w, dq, gram, energy)
             if target.gathers:
-                loss += hessian_loss(w, dq, None)
+                loss += hessian_loss(w, dq, None, plain)
             del dq
         result.append(Candidate(precision, size, loss))
     return result
@@ -176,14 +191,24 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return flat - np.log(np.exp(flat).sum(axis=1, keepdims=True))
 
 
-def _logits(model: ir.Model, data: CalibrationData, options: Int4Options) -> Iterator[np.ndarray]:
+# Positions the real runs score (the first calibration batches that hold this many).
+_PROBE_POSITIONS = 1024
+
+
+def _logits(model: ir.Model, data: CalibrationData, options: Int4Options) -> Generator[np.ndarray, None, None]:
+    """Log-probabilities of ``model`` on the first calibration batches (about ``_PROBE_POSITIONS`` positions)."""
     from onnxprec._ort import create_session
 
     session = create_session(model, providers=options.calibration_eps, optimization="basic", what="the probe model")
     try:
+        positions = 0
         for feeds in data:
             (logits,) = session.run(feeds, ["logits"])
-            yield _log_softmax(logits)
+            logp = _log_softmax(logits)
+            positions += logp.shape[0]
+            yield logp
+            if positions >= _PROBE_POSITIONS:
+                break
     finally:
         del session
 
@@ -199,17 +224,18 @@ def _reference_top(model: ir.Model, data: CalibrationData, options: Int4Options)
 
 def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray, np.ndarray]],
         options: Int4Options) -> float:  # fmt: skip
-    """Mean KL divergence (nats per position) of ``model``'s logits from the float model's, over the float top-k
+    """Mean KL divergence (nats per position) of ``model``'s logits from the reference's, over the reference's top-k
     tokens and the rest of the vocabulary as one bucket (a lower bound of the full KL)."""
     total, count = 0.0, 0
-    for (index, ref), logq in zip(reference, _logits(model, data, options)):
-        q = np.take_along_axis(logq, index, axis=1)
-        p = np.exp(ref)
-        rest_p = np.clip(1 - p.sum(axis=1), 1e-12, 1)
-        rest_q = np.clip(1 - np.exp(q).sum(axis=1), 1e-12, 1)
-        kl = (p * (ref - q)).sum(axis=1) + rest_p * (np.log(rest_p) - np.log(rest_q))
-        total += float(np.maximum(kl, 0).sum())
-        count += kl.size
+    with contextlib.closing(_logits(model, data, options)) as logits:  # closing frees the session at once
+        for (index, ref), logq in zip(reference, logits):
+            q = np.take_along_axis(logq, index, axis=1)
+            p = np.exp(ref)
+            rest_p = np.clip(1 - p.sum(axis=1), 1e-12, 1)
+            rest_q = np.clip(1 - np.exp(q).sum(axis=1), 1e-12, 1)
+            kl = (p * (ref - q)).sum(axis=1) + rest_p * (np.log(rest_p) - np.log(rest_q))
+            total += float(np.maximum(kl, 0).sum())
+            count += kl.size
     return total / max(count, 1)
 
 
@@ -275,6 +301,10 @@ def _calibrate_gains(
     report.probes = {"sets": probes}
 
 
+def _add(steps: dict[str, float], step: str, since: float) -> None:
+    steps[step] = steps.get(step, 0.0) + time.perf_counter() - since
+
+
 def choose_precisions(model: ir.Model, selection: Selection, options: Int4Options) -> BudgetReport:
     """Sets each selected weight's precision within ``options.size_budget_mb``; returns what was chosen.
 
@@ -309,18 +339,26 @@ def choose_precisions(model: ir.Model, selection: Selection, options: Int4Option
         bar = tqdm(total=len(groups), desc="Measuring sensitivity", unit="input", disable=None)
         try:
             for chunk in chunks:
+                tick = time.perf_counter()
                 stats = collect_stats(model, chunk, replay, spec, providers=options.calibration_eps)
+                _add(report.steps, "statistics", tick)
+                tick = time.perf_counter()
                 for group in chunk:
                     gram = stats.pop(group).gram
                     for target in owned[group]:
                         candidates[target] = _candidates(target, gram, options)
                     bar.update()
+                _add(report.steps, "candidates", tick)
             bar.close()
+            tick = time.perf_counter()
             for target in selection.targets:
                 if target not in candidates:
                     candidates[target] = _candidates(target, None, options)
+            _add(report.steps, "candidates", tick)
             if llm:
+                tick = time.perf_counter()
                 _calibrate_gains(model, replay, candidates, options, report)
+                _add(report.steps, "real runs", tick)
         finally:
             bar.close()
             replay.close()
