@@ -15,7 +15,6 @@ from onnxprec.errors import InvalidArgumentError
 __all__ = [
     "ACTIVATION_MODES",
     "CALIBRATION_METHODS",
-    "DEFAULT_TARGET",
     "HIGH_PRECISION_TYPES",
     "RUNTIMES",
     "WEIGHT_ROUNDINGS",
@@ -27,7 +26,6 @@ RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
 WEIGHT_ROUNDINGS = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
-DEFAULT_TARGET = "rel_l2<=0.03"
 _EXTRAS = "onnxprec extras"
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -116,16 +114,17 @@ class Int8Options(ToolOptions):
         "(calibrated ranges) or dynamic (DynamicQuantizeLinear at run time, ort-cpu).",
     )
     target_accuracy: str | Callable[..., Any] | None = option(
-        DEFAULT_TARGET,
+        None,
         flags=("--target_accuracy",),
         group=_EXTRAS,
         help="What the outputs must keep on the calibration data, AutoCast's syntax (rel_l2<=0.03, cosine>=0.999, "
-        "top1>=0.99, max_abs<=0.1, joined by commas); the most sensitive layers go back to float until it holds; "
-        "'none': keep every selected layer in INT8.",
+        "top1>=0.99, max_abs<=0.1, joined by commas); the most sensitive layers go back to float until it holds, "
+        "within --max_float_compute (default: none, as ModelOpt: every selected layer stays INT8; a float layer "
+        "costs speed that only the user can weigh).",
         doc="What the outputs must keep on the calibration data, AutoCast's syntax (``rel_l2<=0.03``, "
         "``cosine>=0.999``, ``top1>=0.99``, ``max_abs<=0.1``, joined by commas) or a callback on (reference, "
-        "candidate) outputs; the most sensitive layers go back to float until it holds; None or ``'none'``: keep "
-        "every selected layer in INT8.",
+        "candidate) outputs; the most sensitive layers go back to float until it holds, within "
+        "``max_float_compute``; None or ``'none'`` (the default, as ModelOpt): every selected layer stays INT8.",
     )
     max_float_compute: float = option(
         0.25,

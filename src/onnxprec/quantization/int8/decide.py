@@ -34,12 +34,14 @@ from onnxprec.quantization.int8.place import Layer, Plan, place
 from onnxprec.quantization.int8.rewrite import (
     WeightRecipe,
     add_bias,
+    gather_channels,
     insert_dynamic,
     insert_qdq,
     insert_split,
     keep_float_readers_float,
     quantize_bias,
     replace_weight,
+    replace_with_matmul_integer,
 )
 
 __all__ = ["Decisions", "LayerDecision", "Statistics", "build", "decide", "plan_for"]
@@ -270,6 +272,8 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
             plan.static_tensors.remove(value)
             continue
         insert_qdq(graph, value, params[0], params[1], symmetric=symmetric, names=names)
+    gathered: dict[str, ir.Value] = {}
+    dynamic: dict[str, tuple[ir.Value, ir.Value, ir.Value]] = {}
     for activation, layers in plan.dynamic_groups.items():
         layers = [layer for layer in layers if layer.name in decisions.layers]
         if not layers:
@@ -277,22 +281,28 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         channel = decisions.groups.get(str(activation.name), ChannelDecision())
         k = decisions.layers[layers[0].name].recipe.shape()[0]
         factors = channel.factors(k) if channel.split.size or channel.scales is not None else None
-        insert_dynamic(graph, activation, [layer.node for layer in layers], names, factors)
+        dynamic[str(activation.name)] = insert_dynamic(graph, activation, names, factors)
+        if channel.split.size:
+            gathered[str(activation.name)] = gather_channels(graph, activation, channel.split, names)
     for layer in plan.layers:
         decision = decisions.layers.get(layer.name)
         if decision is None:
             continue
-        product = replace_weight(graph, layer.node, decision.recipe, names, as_matmul=layer.dynamic)
+        if layer.dynamic:
+            product = replace_with_matmul_integer(
+                graph, layer.node, decision.recipe, dynamic[str(inputs[layer.name].name)], names
+            )
+        else:
+            product = replace_weight(graph, layer.node, decision.recipe, names)
         if layer.node.op_type in ("Conv", "Gemm") and not layer.dynamic:
             params = decisions.tensors.get(str(inputs[layer.name].name))
             if decision.bias is not None and params is not None and decision.bias.ndim == 1:
                 quantize_bias(graph, product, decision.bias, params[0], decision.recipe.scales, names)
             continue
-        if decision.split_rows is not None:
-            channel = decisions.groups[str(inputs[layer.name].name)]
-            insert_split(graph, product, inputs[layer.name], channel.split, decision.split_rows, names)
-        if decision.bias is not None:
+        if decision.bias is not None:  # first: merged into the bias Add when there is one
             add_bias(graph, product, decision.bias, names)
+        if decision.split_rows is not None:
+            insert_split(graph, product, gathered[str(inputs[layer.name].name)], decision.split_rows, names)
     keep_float_readers_float(graph, names)
     for layer in plan.layers:  # weights no layer reads any more
         if not layer.weight.uses() and layer.weight.name in graph.initializers:

@@ -3,18 +3,20 @@
 Every rewrite inserts standard ONNX ops (opset >= 13: per-axis DequantizeLinear) that ONNX Runtime fuses:
 
 - a static tensor ``x`` gets ``QuantizeLinear -> DequantizeLinear`` and every reader reads the DequantizeLinear;
-- a dynamic layer input gets ``[Mul(x, factors)] -> DynamicQuantizeLinear -> DequantizeLinear`` shared by the
-  layers of its group (``factors``: SmoothQuant's ``1/s``, 0 on the channels split off to float);
-- a weight becomes ``DequantizeLinear(q int8, scales, zero points 0, axis)``; ``q`` is an :class:`onnx_ir.LazyTensor`
-  computed from the memory-mapped float weight while the model is written (:class:`WeightRecipe`), or GPTQ's levels;
+- a dynamic layer input gets ``[Mul(x, factors)] -> DynamicQuantizeLinear`` shared by the layers of its group
+  (``factors``: SmoothQuant's ``1/s``, 0 on the channels split off to float), and each layer becomes
+  ``MatMulInteger -> Cast -> Mul(scales)``, as ONNX Runtime's ``quantize_dynamic`` writes it;
+- a weight becomes ``DequantizeLinear(q int8, scales[, zero points 0 for QGemm], axis)``; ``q`` is an
+  :class:`onnx_ir.LazyTensor` computed from the memory-mapped float weight while the model is written
+  (:class:`WeightRecipe`), or GPTQ's levels;
 - a static Conv's or Gemm's float bias becomes ``DequantizeLinear(int32, x_scale * w_scales)`` (what ``QLinearConv``
   and ``QGemm`` need);
-- split channels are computed in float beside the quantized product: ``Gather(x, J) -> MatMul(W[J]) -> Add``.
+- split channels are computed in float beside the quantized product: ``Gather(x, J)`` once per group, then
+  ``MatMul(W[J]) -> Add`` per layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,12 +30,14 @@ __all__ = [
     "WeightRecipe",
     "add_bias",
     "add_initializer",
+    "gather_channels",
     "insert_dynamic",
     "insert_qdq",
     "insert_split",
     "keep_float_readers_float",
     "quantize_bias",
     "replace_weight",
+    "replace_with_matmul_integer",
 ]
 
 
@@ -172,13 +176,10 @@ def keep_float_readers_float(graph: ir.Graph, names: NameAllocator) -> int:
 
 
 def insert_dynamic(
-    graph: ir.Graph,
-    value: ir.Value,
-    readers: Iterable[ir.Node],
-    names: NameAllocator,
-    factors: np.ndarray | None = None,
-) -> ir.Value:
-    """``[Mul(value, factors)] -> DynamicQuantizeLinear -> DequantizeLinear`` read (as input 0) by ``readers``."""
+    graph: ir.Graph, value: ir.Value, names: NameAllocator, factors: np.ndarray | None = None
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``[Mul(value, factors)] -> DynamicQuantizeLinear`` after ``value``'s producer: its UINT8 tensor, scale and
+    zero point, read by every layer of the group (:func:`replace_with_matmul_integer`)."""
     base = str(value.name)
     nodes: list[ir.Node] = []
     source = value
@@ -189,25 +190,65 @@ def insert_dynamic(
     quantized = ir.Value(name=names(f"{base}_quantized"))
     scale = ir.Value(name=names(f"{base}_scale"))
     zero = ir.Value(name=names(f"{base}_zero_point"))
-    dequantized = ir.Value(name=names(f"{base}_dequantized"), type=value.type, shape=value.shape)
     nodes.append(ir.Node("", "DynamicQuantizeLinear", [source], outputs=[quantized, scale, zero],
                          name=names.node(f"{base}_DynamicQ")))  # fmt: skip
-    nodes.append(ir.Node("", "DequantizeLinear", [quantized, scale, zero], outputs=[dequantized],
-                         name=names.node(f"{base}_DQ")))  # fmt: skip
     insert_after_producer(graph, value, nodes)
-    for node in readers:
-        node.replace_input_with(0, dequantized)
-    return dequantized
+    return quantized, scale, zero
 
 
-def replace_weight(
-    graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, names: NameAllocator, *, as_matmul: bool = False
+def replace_with_matmul_integer(
+    graph: ir.Graph,
+    node: ir.Node,
+    recipe: WeightRecipe,
+    activation: tuple[ir.Value, ir.Value, ir.Value],
+    names: NameAllocator,
 ) -> ir.Node:
-    """Makes ``node`` read ``DequantizeLinear(q, scales, axis)`` as its weight; with ``as_matmul`` a Gemm becomes a
-    MatMul (+ Add C), the form ONNX Runtime fuses with a dynamic quantization.
+    """Replaces MatMul (or Gemm) ``node`` by ``MatMulInteger(x_q, q, x_zp, 0) -> Cast -> Mul(x_scale * scales)``
+    (``+ C`` for a Gemm), the form ONNX Runtime fuses with the bias Add after it into ``DynamicQuantizeMatMul`` or
+    ``MatMulIntegerToFloat`` (a DequantizeLinear -> MatMul form fuses without the bias: one Add more per layer).
 
     Returns:
-        The node that computes the layer's product (the MatMul replacing a Gemm, else ``node``).
+        The node that writes the product (before any bias).
+    """
+    weight = node.inputs[1]
+    assert weight is not None
+    base = str(weight.name)
+    quantized, scale, zero = activation
+    shape = recipe.shape()
+    q_name = names(f"{base}_int8")
+    lazy = ir.LazyTensor(lambda: ir.Tensor(recipe.quantized(), name=q_name), dtype=ir.DataType.INT8,
+                         shape=ir.Shape(shape), name=q_name)  # fmt: skip
+    q = add_initializer(graph, q_name, lazy)
+    zeros = add_initializer(graph, names(f"{base}_zero_points"), np.zeros(recipe.scales.shape, np.int8))
+    scales = add_initializer(graph, names(f"{base}_scales"), recipe.scales.astype(np.float32))
+    out = node.outputs[0]
+    float_type = ir.TensorType(ir.DataType.FLOAT)
+    combined = ir.Value(name=names(f"{node.name}_scales"), type=float_type)
+    accumulated = ir.Value(name=names(f"{node.name}_int32"), type=ir.TensorType(ir.DataType.INT32))
+    converted = ir.Value(name=names(f"{node.name}_float"), type=float_type)
+    product = ir.Value(name=names(f"{node.name}_product"), type=out.type, shape=out.shape)
+    new_nodes = [
+        ir.Node("", "Mul", [scale, scales], outputs=[combined], name=names.node(f"{node.name}_scales")),
+        ir.Node("", "MatMulInteger", [quantized, q, zero, zeros], outputs=[accumulated],
+                name=names.node(f"{node.name}_MatMulInteger")),
+        ir.Node("", "Cast", [accumulated], attributes=[ir.AttrInt64("to", ir.DataType.FLOAT)], outputs=[converted],
+                name=names.node(f"{node.name}_cast")),
+        ir.Node("", "Mul", [converted, combined], outputs=[product], name=names.node(f"{node.name}_rescale")),
+    ]  # fmt: skip
+    result = product
+    bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
+    if bias is not None:
+        result = ir.Value(name=names(f"{node.name}_biased"), type=out.type, shape=out.shape)
+        new_nodes.append(ir.Node("", "Add", [product, bias], outputs=[result], name=names.node(f"{node.name}_bias")))
+    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [out], [result])
+    return new_nodes[3]
+
+
+def replace_weight(graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, names: NameAllocator) -> ir.Node:
+    """Makes ``node`` (a static Conv, Gemm or MatMul) read ``DequantizeLinear(q, scales, axis)`` as its weight.
+
+    Returns:
+        ``node``.
     """
     weight = node.inputs[1]
     assert weight is not None
@@ -218,27 +259,16 @@ def replace_weight(
                          shape=ir.Shape(shape), name=q_name)  # fmt: skip
     q = add_initializer(graph, q_name, lazy)
     scales = add_initializer(graph, names(f"{base}_scales"), recipe.scales.astype(np.float32))
-    # explicit zero points: ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm only with them
-    zeros = add_initializer(graph, names(f"{base}_zero_points"), np.zeros(recipe.scales.shape, np.int8))
+    inputs = [q, scales]
+    if node.op_type == "Gemm":  # ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm only with explicit zero
+        # points (and a MatMul's DequantizeLinear with them may become MatMulNBits instead)
+        inputs.append(add_initializer(graph, names(f"{base}_zero_points"), np.zeros(recipe.scales.shape, np.int8)))
     dequantized = ir.Value(name=names(f"{base}_dequantized"), type=weight.type, shape=ir.Shape(shape))
-    dq = ir.Node("", "DequantizeLinear", [q, scales, zeros], attributes=[ir.AttrInt64("axis", recipe.axis)],
+    dq = ir.Node("", "DequantizeLinear", inputs, attributes=[ir.AttrInt64("axis", recipe.axis)],
                  outputs=[dequantized], name=names.node(f"{base}_DQ"))  # fmt: skip
     graph.insert_before(node, dq)
-    if node.op_type != "Gemm" or not as_matmul:
-        node.replace_input_with(1, dequantized)
-        return node
-    # Gemm (alpha = beta = 1, no transA) -> MatMul, then Add C: ONNX Runtime fuses only the MatMul form.
-    out = node.outputs[0]
-    product = ir.Value(name=names(f"{node.name}_product"), type=out.type)
-    matmul = ir.Node("", "MatMul", [node.inputs[0], dequantized], outputs=[product], name=names.node(f"{node.name}"))
-    new_nodes = [matmul]
-    result = product
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    if bias is not None:
-        result = ir.Value(name=names(f"{node.name}_biased"), type=out.type)
-        new_nodes.append(ir.Node("", "Add", [product, bias], outputs=[result], name=names.node(f"{node.name}_bias")))
-    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [out], [result])
-    return matmul
+    node.replace_input_with(1, dequantized)
+    return node
 
 
 def add_bias(graph: ir.Graph, node: ir.Node, bias: np.ndarray, names: NameAllocator) -> None:
@@ -277,21 +307,32 @@ def _reroute(graph: ir.Graph, node: ir.Node, out: ir.Value, new: ir.Node, result
         graph.outputs[position] = result
 
 
-def insert_split(
-    graph: ir.Graph, node: ir.Node, x: ir.Value, channels: np.ndarray, rows: np.ndarray, names: NameAllocator
-) -> None:
-    """Adds ``Gather(x, channels, axis=-1) @ rows`` (float) to the output of ``node``."""
-    base = str(node.name)
+def gather_channels(graph: ir.Graph, x: ir.Value, channels: np.ndarray, names: NameAllocator) -> ir.Value:
+    """``Gather(x, channels, axis=-1)`` inserted after ``x``'s producer: the outlier channels of a group, gathered
+    once for all its layers."""
+    base = str(x.name)
     index = add_initializer(graph, names(f"{base}_outlier_channels"), channels.astype(np.int64))
-    weight = add_initializer(graph, names(f"{base}_outlier_rows"), rows.astype(np.float32))
     gathered = ir.Value(name=names(f"{base}_outliers"))
-    partial = ir.Value(name=names(f"{base}_outlier_product"))
-    out = node.outputs[0]
-    total = ir.Value(name=names(f"{out.name}_with_outliers"), type=out.type, shape=out.shape)
     gather = ir.Node("", "Gather", [x, index], attributes=[ir.AttrInt64("axis", -1)], outputs=[gathered],
                      name=names.node(f"{base}_outliers"))  # fmt: skip
+    insert_after_producer(graph, x, [gather])
+    return gathered
+
+
+def insert_split(graph: ir.Graph, node: ir.Node, gathered: ir.Value, rows: np.ndarray, names: NameAllocator) -> None:
+    """Adds ``gathered @ rows`` (the outlier channels' float product) to the output of ``node``."""
+    base = str(node.name)
+    weight = add_initializer(graph, names(f"{base}_outlier_rows"), rows.astype(np.float32))
+    partial = ir.Value(name=names(f"{base}_outlier_product"))
+    out = node.outputs[0]
+    users = list(out.uses())
+    if len(users) == 1 and not out.is_graph_output() and users[0].node.op_type == "Add":
+        other = users[0].node.inputs[1 - users[0].idx]
+        if other is not None and other.const_value is not None:  # after the bias Add: that one fuses into the layer
+            node, out = users[0].node, users[0].node.outputs[0]
+    total = ir.Value(name=names(f"{out.name}_with_outliers"), type=out.type, shape=out.shape)
     matmul = ir.Node("", "MatMul", [gathered, weight], outputs=[partial], name=names.node(f"{base}_outlier_MatMul"))
-    graph.insert_before(node, [gather, matmul])
+    graph.insert_before(node, [matmul])
     add = ir.Node("", "Add", [out, partial], outputs=[total], name=names.node(f"{base}_outlier_Add"))
     _reroute(graph, node, out, add, total)
 
