@@ -570,7 +570,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.merge:
         bounds = json.loads(BOUNDS.read_text())["tools"]
         docs = [json.loads(p.read_text()) for p in a.merge]
-        latest = {(r["model"], r["tool"]): r for d in docs for r in d["rows"]}  # a later shard's case wins
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in (r for d in docs for r in d["rows"]):  # a later shard's case wins, unless it did not run genai
+            key = (r["model"], r["tool"])
+            if key not in latest or r.get("error") != "genai not run on this host":
+                latest[key] = r
         rows = rejudge(list(latest.values()), bounds)
         rows.sort(key=lambda r: (r["model"], TOOLS.index(r["tool"])))
         cmds = "; ".join(d["command"] for d in docs)
