@@ -112,6 +112,8 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
         argv = ["--onnx_path", args.input, "--output_path", args.output, "--calibration_method", args.method]
         argv += ["--block_size", str(args.block_size), "--output_format", args.format]
         argv += ["--nodes_to_exclude", *args.exclude]
+        if not args.exclude:  # every layer, as the builder's -p int4: the embedding (and a tied head) too
+            argv.append("--quantize_embeddings")
         if args.zero_point:
             argv.append("--use_zero_point")
         if args.calib:

@@ -116,7 +116,7 @@ class Int4Tool:
         if self.runner == "onnxprec_int4":
             data = " --calibration_data calib/" if self.calibrated else ""
             fmt = f" --output_format {self.output_format}" if self.output_format != "qdq" else ""
-            fmt += " --nodes_to_exclude" if not self.exclude else ""
+            fmt += " --nodes_to_exclude --quantize_embeddings" if not self.exclude else ""
             return (
                 f"onnxprec quantize int4 --onnx_path M --calibration_method {self.method} "
                 f"--block_size {self.block_size}{zp}{fmt}{data}"

@@ -271,6 +271,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         model,
         exclude=options.exclude_patterns,
         eight_bit=options.eight_bit_patterns,
+        gathers=options.quantize_embeddings or options.size_budget_mb is not None,
         gather_types=GATHER_TYPES[options.output_format],
     )
     report.excluded, report.skipped = selection.excluded, selection.skipped

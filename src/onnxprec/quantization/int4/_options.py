@@ -89,6 +89,13 @@ class Int4Options(ToolOptions):
         "its weight name; give the flag with no pattern to quantize every layer (default: /lm_head, none under "
         "--size_budget_mb).",
     )
+    quantize_embeddings: bool = option(
+        False,
+        flags=("--quantize_embeddings",),
+        help="Also quantize embedding Gathers block-wise along the hidden axis (GatherBlockQuantized for "
+        "matmulnbits, DequantizeLinear -> Gather for qdq), as onnxruntime-genai's builder does; a tied lm_head then "
+        "shares the quantized table. Implied by --size_budget_mb.",
+    )
     size_budget_mb: float | None = option(
         None,
         flags=("--size_budget_mb",),

@@ -32,11 +32,11 @@ def test_the_output_fits_the_budget_and_the_report_says_why(tmp_path: Path, outp
     source, data = _lm(tmp_path)
     smallest = quantize_file(
         source, tmp_path / "all4.onnx", calibration_method="rtn", block_size=32, nodes_to_exclude=[],
-        output_format=output_format,
+        output_format=output_format, quantize_embeddings=True,
     )  # fmt: skip
     everything8 = quantize_file(
         source, tmp_path / "all8.onnx", calibration_method="rtn", nodes_to_exclude=[], layers_8bit=[""],
-        output_format=output_format,
+        output_format=output_format, quantize_embeddings=True,
     )  # fmt: skip
     low, high = _files(tmp_path / "all4.onnx"), _files(tmp_path / "all8.onnx")
     assert smallest.layers and everything8.layers and low < high

@@ -39,8 +39,8 @@ def test_embedding_and_lm_head_match_numpy(
     model, weights = tiny_lm(form)
     result = quantize(
         model, calibration_method="rtn", block_size=block_size, use_zero_point=not symmetric, nodes_to_exclude=[],
-        output_format=output_format, accuracy_level=0, layers_8bit=["embed", "lm_head"] if eight else None,
-        block_size_8bit=block_size,
+        quantize_embeddings=True, output_format=output_format, accuracy_level=0,
+        layers_8bit=["embed", "lm_head"] if eight else None, block_size_8bit=block_size,
     )  # fmt: skip
     onnx.checker.check_model(result, full_check=True)
     bits = {"embedding": 8 if eight else 4, "head": 8 if eight else 4, "w1": 4}
@@ -75,13 +75,22 @@ def test_embedding_and_lm_head_match_numpy(
 def test_default_exclusion_keeps_a_shared_table_in_float_without_a_copy(output_format: str) -> None:
     """The lm_head excluded (default): a table in the same initializer stays float; a separate copy is quantized."""
     model, _ = tiny_lm("transpose")
-    result = quantize(model, calibration_method="rtn", block_size=16, output_format=output_format)
+    result = quantize(
+        model, calibration_method="rtn", block_size=16, output_format=output_format, quantize_embeddings=True
+    )
     inits = {init.name: init for init in result.graph.initializer}
     assert inits["lm_head.weight"].data_type == onnx.TensorProto.FLOAT
     assert not any(name.startswith("lm_head.weight_") for name in inits)
     assert "Gather" in [n.op_type for n in result.graph.node]
     model, weights = tiny_lm("copies")
-    result = quantize(model, calibration_method="rtn", block_size=16, output_format=output_format, accuracy_level=0)
+    result = quantize(
+        model,
+        calibration_method="rtn",
+        block_size=16,
+        output_format=output_format,
+        accuracy_level=0,
+        quantize_embeddings=True,
+    )
     inits = {init.name: init for init in result.graph.initializer}
     assert inits["lm_head.weight"].data_type == onnx.TensorProto.FLOAT and "embed.weight" not in inits
     quantized = {key: quantize_rtn(weights[key], 16).dequantize() for key in ("embedding", "w1")}
@@ -96,7 +105,7 @@ def test_nearly_equal_copies_are_not_merged() -> None:
     array = onnx.numpy_helper.to_array(head).copy()
     array[5, 40] += 1e-3  # not a column the fingerprint reads
     head.CopyFrom(onnx.numpy_helper.from_array(array, "lm_head.weight"))
-    result = quantize(model, calibration_method="rtn", block_size=16, nodes_to_exclude=[])
+    result = quantize(model, calibration_method="rtn", block_size=16, nodes_to_exclude=[], quantize_embeddings=True)
     inits = {init.name for init in result.graph.initializer}
     assert {"embed.weight_q4", "lm_head.weight_q4"} <= inits
 
@@ -105,7 +114,14 @@ def test_report_and_file_sizes(tmp_path: Path) -> None:
     model, _ = tiny_lm("copies", v=512, h=64)
     source = tmp_path / "lm.onnx"
     onnx.save(model, source)
-    report = quantize_file(source, tmp_path / "q.onnx", calibration_method="rtn", block_size=32, nodes_to_exclude=[])
+    report = quantize_file(
+        source,
+        tmp_path / "q.onnx",
+        calibration_method="rtn",
+        block_size=32,
+        nodes_to_exclude=[],
+        quantize_embeddings=True,
+    )
     assert report.float_bytes == (2 * 512 * 64 + 64 * 64) * 4  # both copies of the tied matrix counted
     (entry,) = [e for e in report.layers if len(e.layers) == 2]
     assert entry.layers == ["/lm_head/MatMul", "/embed/Gather"] and entry.method == "rtn"
