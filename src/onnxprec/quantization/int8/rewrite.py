@@ -290,10 +290,12 @@ def add_bias(graph: ir.Graph, node: ir.Node, bias: np.ndarray, names: NameAlloca
     corrected = ir.Value(name=names(f"{out.name}_corrected"), type=out.type, shape=out.shape)
     value = add_initializer(graph, names(f"{node.name}_bias_correction"), bias.astype(np.float32))
     add = ir.Node("", "Add", [out, value], outputs=[corrected], name=names.node(f"{node.name}_bias_correction"))
-    _reroute(graph, node, out, add, corrected)
+    _reroute(graph, node, out, add, corrected, names)
 
 
-def _reroute(graph: ir.Graph, node: ir.Node, out: ir.Value, new: ir.Node, result: ir.Value) -> None:
+def _reroute(
+    graph: ir.Graph, node: ir.Node, out: ir.Value, new: ir.Node, result: ir.Value, names: NameAllocator
+) -> None:
     """Inserts ``new`` (which reads ``out``) after ``node``; everything else that read ``out`` reads ``result``."""
     users = [(user, index) for user, index in out.uses() if user is not new]
     graph.insert_after(node, new)
@@ -302,7 +304,7 @@ def _reroute(graph: ir.Graph, node: ir.Node, out: ir.Value, new: ir.Node, result
     if out.is_graph_output():
         position = list(graph.outputs).index(out)
         name = out.name
-        out.name = f"{name}_before_int8_correction"
+        out.name = names(f"{name}_before_int8_correction")
         result.name = name
         graph.outputs[position] = result
 
@@ -334,7 +336,7 @@ def insert_split(graph: ir.Graph, node: ir.Node, gathered: ir.Value, rows: np.nd
     matmul = ir.Node("", "MatMul", [gathered, weight], outputs=[partial], name=names.node(f"{base}_outlier_MatMul"))
     graph.insert_before(node, [matmul])
     add = ir.Node("", "Add", [out, partial], outputs=[total], name=names.node(f"{base}_outlier_Add"))
-    _reroute(graph, node, out, add, total)
+    _reroute(graph, node, out, add, total, names)
 
 
 def quantize_bias(
