@@ -46,6 +46,7 @@ __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize", "quan
 logger = logging.getLogger(__name__)
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
+_INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "Cast")
 
 
 def default_output_path(onnx_path: str | Path) -> Path:
@@ -253,6 +254,10 @@ def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.M
         calibration_data=options.source,
         providers=tuple(options.calibration_eps),
         input_shapes=options.input_shapes,
+        # The INT8 nodes keep their FP32 scales and outputs (DequantizeLinear writes FP16 only from opset 19);
+        # AutoCast casts at their borders.
+        op_types_to_exclude=_INT8_OPS,
+        keep_io_types=True,
     )
     converted, autocast_report, _ = convert_model(model, settings)
     report.autocast = autocast_report.summary

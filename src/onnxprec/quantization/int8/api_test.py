@@ -122,6 +122,18 @@ def test_tensorrt_placement_is_symmetric_qdq_on_layer_inputs(tmp_path: Path, mlp
         assert onnx.numpy_helper.to_array(inits[node.input[2]]) == 0
 
 
+def test_a_float16_remainder_by_autocast(tmp_path: Path, mlp_file: Path) -> None:
+    out = tmp_path / "fp16.onnx"
+    report = quantize_file(mlp_file, out, calibration_data=_tokens(0), high_precision_dtype="fp16")
+    assert report.autocast is not None and report.count("dynamic") == 4
+    graph = onnx.load(str(out)).graph
+    assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # inputs and outputs keep FP32
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in graph.initializer)
+    x = _tokens(100, 1)[0]
+    (ref,), (got,) = run(mlp_file, x), run(out, x)
+    assert _rel(ref, got.astype(np.float32)) < 0.06
+
+
 def test_modelopt_entry_point_and_its_int4_mode(tmp_path: Path, mlp_file: Path) -> None:
     report = quantize(str(mlp_file), quantize_mode="int8", calibration_data=_tokens(0), output_path=tmp_path / "8.onnx")
     assert report.TOOL == "quantize int8" and (tmp_path / "8.onnx").exists()

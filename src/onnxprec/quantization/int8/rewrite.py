@@ -83,6 +83,16 @@ class WeightRecipe:
         return shape[::-1] if self.transpose else shape
 
 
+def _value_like(value: ir.Value, name: str) -> ir.Value:
+    """A new value named ``name`` with ``value``'s element type and shape, copied: never shared (a pass that
+    changes one value's element type in place, as AutoCast does, would change both)."""
+    return ir.Value(
+        name=name,
+        type=ir.TensorType(value.dtype) if value.dtype is not None else None,
+        shape=ir.Shape(value.shape) if value.shape is not None else None,
+    )
+
+
 def add_initializer(graph: ir.Graph, name: str, array: np.ndarray | ir.TensorProtocol) -> ir.Value:
     """Registers a new initializer (a numpy array or a tensor) under ``name``."""
     if not isinstance(array, ir.TensorProtocol):
@@ -107,7 +117,7 @@ def insert_qdq(
     scale_value = _scalar(graph, names, f"{base}_scale", scale, np.float32)
     zero = _scalar(graph, names, f"{base}_zero_point", zero_point, np.int8 if symmetric else np.uint8)
     quantized = ir.Value(name=names(f"{base}_quantized"))
-    dequantized = ir.Value(name=names(f"{base}_dequantized"), type=value.type, shape=value.shape)
+    dequantized = _value_like(value, names(f"{base}_dequantized"))
     q = ir.Node("", "QuantizeLinear", [value, scale_value, zero], outputs=[quantized], name=names.node(f"{base}_Q"))
     dq = ir.Node("", "DequantizeLinear", [quantized, scale_value, zero], outputs=[dequantized],
                  name=names.node(f"{base}_DQ"))  # fmt: skip
@@ -166,7 +176,7 @@ def keep_float_readers_float(graph: ir.Graph, names: NameAllocator) -> int:
         zeros = add_initializer(
             graph, names(f"{base}_input_zero_points"), np.full(channels, zero_array, zero_array.dtype)
         )
-        out = ir.Value(name=names(f"{base}_float_input"), type=node.inputs[0].type, shape=node.inputs[0].shape)
+        out = _value_like(node.inputs[0], names(f"{base}_float_input"))
         own = ir.Node("", "DequantizeLinear", [dq.inputs[0], scales, zeros], attributes=[ir.AttrInt64("axis", 1)],
                       outputs=[out], name=names.node(f"{base}_input_DQ"))  # fmt: skip
         graph.insert_before(node, own)
@@ -185,7 +195,7 @@ def insert_dynamic(
     source = value
     if factors is not None:
         factor_value = add_initializer(graph, names(f"{base}_smooth"), factors.astype(np.float32))
-        source = ir.Value(name=names(f"{base}_smoothed"), type=value.type, shape=value.shape)
+        source = _value_like(value, names(f"{base}_smoothed"))
         nodes.append(ir.Node("", "Mul", [value, factor_value], outputs=[source], name=names.node(f"{base}_smooth")))
     quantized = ir.Value(name=names(f"{base}_quantized"))
     scale = ir.Value(name=names(f"{base}_scale"))
@@ -222,11 +232,10 @@ def replace_with_matmul_integer(
     zeros = add_initializer(graph, names(f"{base}_zero_points"), np.zeros(recipe.scales.shape, np.int8))
     scales = add_initializer(graph, names(f"{base}_scales"), recipe.scales.astype(np.float32))
     out = node.outputs[0]
-    float_type = ir.TensorType(ir.DataType.FLOAT)
-    combined = ir.Value(name=names(f"{node.name}_scales"), type=float_type)
+    combined = ir.Value(name=names(f"{node.name}_scales"), type=ir.TensorType(ir.DataType.FLOAT))
     accumulated = ir.Value(name=names(f"{node.name}_int32"), type=ir.TensorType(ir.DataType.INT32))
-    converted = ir.Value(name=names(f"{node.name}_float"), type=float_type)
-    product = ir.Value(name=names(f"{node.name}_product"), type=out.type, shape=out.shape)
+    converted = ir.Value(name=names(f"{node.name}_float"), type=ir.TensorType(ir.DataType.FLOAT))
+    product = _value_like(out, names(f"{node.name}_product"))
     new_nodes = [
         ir.Node("", "Mul", [scale, scales], outputs=[combined], name=names.node(f"{node.name}_scales")),
         ir.Node("", "MatMulInteger", [quantized, q, zero, zeros], outputs=[accumulated],
@@ -238,7 +247,7 @@ def replace_with_matmul_integer(
     result = product
     bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
     if bias is not None:
-        result = ir.Value(name=names(f"{node.name}_biased"), type=out.type, shape=out.shape)
+        result = _value_like(out, names(f"{node.name}_biased"))
         new_nodes.append(ir.Node("", "Add", [product, bias], outputs=[result], name=names.node(f"{node.name}_bias")))
     ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [out], [result])
     return new_nodes[3]
@@ -263,7 +272,9 @@ def replace_weight(graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, names: 
     if node.op_type == "Gemm":  # ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm only with explicit zero
         # points (and a MatMul's DequantizeLinear with them may become MatMulNBits instead)
         inputs.append(add_initializer(graph, names(f"{base}_zero_points"), np.zeros(recipe.scales.shape, np.int8)))
-    dequantized = ir.Value(name=names(f"{base}_dequantized"), type=weight.type, shape=ir.Shape(shape))
+    dequantized = ir.Value(
+        name=names(f"{base}_dequantized"), type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(shape)
+    )
     dq = ir.Node("", "DequantizeLinear", inputs, attributes=[ir.AttrInt64("axis", recipe.axis)],
                  outputs=[dequantized], name=names.node(f"{base}_DQ"))  # fmt: skip
     graph.insert_before(node, dq)
@@ -287,7 +298,7 @@ def add_bias(graph: ir.Graph, node: ir.Node, bias: np.ndarray, names: NameAlloca
             merged = np.asarray(other.const_value.numpy(), dtype=np.float32) + bias.astype(np.float32)
             add.replace_input_with(1 - users[0].idx, add_initializer(graph, names(f"{other.name}_corrected"), merged))
             return
-    corrected = ir.Value(name=names(f"{out.name}_corrected"), type=out.type, shape=out.shape)
+    corrected = _value_like(out, names(f"{out.name}_corrected"))
     value = add_initializer(graph, names(f"{node.name}_bias_correction"), bias.astype(np.float32))
     add = ir.Node("", "Add", [out, value], outputs=[corrected], name=names.node(f"{node.name}_bias_correction"))
     _reroute(graph, node, out, add, corrected, names)
@@ -332,7 +343,7 @@ def insert_split(graph: ir.Graph, node: ir.Node, gathered: ir.Value, rows: np.nd
         other = users[0].node.inputs[1 - users[0].idx]
         if other is not None and other.const_value is not None:  # after the bias Add: that one fuses into the layer
             node, out = users[0].node, users[0].node.outputs[0]
-    total = ir.Value(name=names(f"{out.name}_with_outliers"), type=out.type, shape=out.shape)
+    total = _value_like(out, names(f"{out.name}_with_outliers"))
     matmul = ir.Node("", "MatMul", [gathered, weight], outputs=[partial], name=names.node(f"{base}_outlier_MatMul"))
     graph.insert_before(node, [matmul])
     add = ir.Node("", "Add", [out, partial], outputs=[total], name=names.node(f"{base}_outlier_Add"))
