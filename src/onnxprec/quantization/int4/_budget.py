@@ -31,7 +31,7 @@ import onnx_ir as ir
 from onnxprec import calibration
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData, run_on_data
-from onnxprec.errors import InvalidArgumentError
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks
 from onnxprec.quantization.algorithms.rtn import quantize_rtn
 from onnxprec.quantization.budget import (
@@ -301,6 +301,36 @@ def _calibrate_gains(
     report.probes = {"sets": probes}
 
 
+def _written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray] | None:
+    """Without calibration data: token windows the LLM writes itself, or None (random data) for other models."""
+    from onnxprec.llm_inputs import LLMInputs
+    from onnxprec.quantization.generated import generated_token_windows
+
+    llm = LLMInputs.of(model)
+    if llm is not None and _has_logits(model):
+        try:
+            ids = generated_token_windows(model, _WRITTEN_WINDOWS, _WRITTEN_LENGTH, providers=options.calibration_eps)
+        except CalibrationDataError as e:
+            logger.warning("The model cannot write its own calibration text (%s)", e)
+        else:
+            logger.warning(
+                "No calibration data: layer sensitivities under --size_budget_mb are measured on %d windows of %d "
+                "tokens the model wrote itself; representative inputs (--calibration_data) may choose better.",
+                _WRITTEN_WINDOWS, _WRITTEN_LENGTH,
+            )  # fmt: skip
+            return {llm.ids.name: ids}
+    logger.warning(
+        "No calibration data: layer sensitivities under --size_budget_mb are measured on random inputs; pass "
+        "representative inputs (--calibration_data) for a better choice."
+    )
+    return None
+
+
+# Without calibration data, an LLM writes this many windows of this many tokens to measure sensitivities on.
+_WRITTEN_WINDOWS = 8
+_WRITTEN_LENGTH = 256
+
+
 def _add(steps: dict[str, float], step: str, since: float) -> None:
     steps[step] = steps.get(step, 0.0) + time.perf_counter() - since
 
@@ -327,10 +357,7 @@ def choose_precisions(model: ir.Model, selection: Selection, options: Int4Option
     chunks = plan_chunks(groups, spec, options.sample_tokens, options.stats_memory_mb * 1024 * 1024)
     source = options.calibration_data_reader
     if source is None:
-        logger.warning(
-            "No calibration data: layer sensitivities under --size_budget_mb are measured on random inputs; pass "
-            "representative inputs (--calibration_data) for a better choice."
-        )
+        source = _written_text(model, options)
     from tqdm.auto import tqdm
 
     llm = _has_logits(model)
