@@ -307,17 +307,18 @@ def add_bias(graph: ir.Graph, node: ir.Node, bias: np.ndarray, names: NameAlloca
 def _reroute(
     graph: ir.Graph, node: ir.Node, out: ir.Value, new: ir.Node, result: ir.Value, names: NameAllocator
 ) -> None:
-    """Inserts ``new`` (which reads ``out``) after ``node``; everything else that read ``out`` reads ``result``."""
+    """Inserts ``new`` (which reads ``out``) after ``node``; everything else that read ``out`` reads ``result``,
+    which takes ``out``'s name: a tensor keeps the name it has in the float model only where it holds the same
+    quantity (``compare`` matches tensors by name), the partial sum gets a new one."""
     users = [(user, index) for user, index in out.uses() if user is not new]
     graph.insert_after(node, new)
     for user, index in users:
         user.replace_input_with(index, result)
+    name = str(out.name)
+    partial = names(f"{name}_partial")
     if out.is_graph_output():
-        position = list(graph.outputs).index(out)
-        name = out.name
-        out.name = names(f"{name}_before_int8_correction")
-        result.name = name
-        graph.outputs[position] = result
+        graph.outputs[list(graph.outputs).index(out)] = result
+    out.name, result.name = partial, name
 
 
 def gather_channels(graph: ir.Graph, x: ir.Value, channels: np.ndarray, names: NameAllocator) -> ir.Value:
@@ -342,6 +343,7 @@ def insert_split(graph: ir.Graph, node: ir.Node, gathered: ir.Value, rows: np.nd
     if len(users) == 1 and not out.is_graph_output() and users[0].node.op_type == "Add":
         other = users[0].node.inputs[1 - users[0].idx]
         if other is not None and other.const_value is not None:  # after the bias Add: that one fuses into the layer
+            out.name = names(f"{out.name}_without_outliers")  # not the float model's quantity any more
             node, out = users[0].node, users[0].node.outputs[0]
     total = _value_like(out, names(f"{out.name}_with_outliers"))
     matmul = ir.Node("", "MatMul", [gathered, weight], outputs=[partial], name=names.node(f"{base}_outlier_MatMul"))
