@@ -1,13 +1,12 @@
-"""``python -m benchmarks``: run the converter benchmark, regenerate BENCHMARKS.md, prepare the GPU run.
+"""``python -m benchmarks``: run the converter benchmark, regenerate BENCHMARKS.md.
 
     python -m benchmarks run [--models M,...] [--tools T,...] [--repeats 3] [--heavy-repeats 1] [--timeout 600]
     python -m benchmarks report
-    python -m benchmarks gpu-prepare --out DIR [--models ...] [--tools ...]
     python -m benchmarks tools
     python -m benchmarks int4 [--plan smollm2|synthetic|all] [--tools ...]   (INT4: see benchmarks/int4.py)
     python -m benchmarks utilities [--models ...] [--tools ...]   (issue 10's tools: see benchmarks/utilities.py)
 
-Models: zoo names (``python -m benchmarks.zoo list``) or groups real, chains, matmul, synthetic, all (default).
+Models: zoo names (``python -m zoo list``) or groups real, chains, matmul, synthetic, all (default).
 Tools: see ``python -m benchmarks tools``; without ``--tools`` each model gets its default set.
 """
 
@@ -60,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--latency-budget", type=float, default=3.0, help="seconds of timed runs per model file")
     r.add_argument("--no-report", action="store_true", help="do not regenerate BENCHMARKS.md")
     r.add_argument("--keep-outputs", action="store_true", help="keep the converted models (their folder is logged)")
-    r.add_argument("--zoo-dir", type=Path, default=None, help="zoo folder (default: benchmarks.zoo's)")
+    r.add_argument("--zoo-dir", type=Path, default=None, help="zoo folder (default: zoo's)")
     r.add_argument("--work-dir", type=Path, default=None, help="where converted models go (default: system temp)")
     r.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     r.add_argument("--md", type=Path, default=report.MD_PATH, help="the markdown file to regenerate")
@@ -68,13 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     rp = sub.add_parser("report", help="regenerate BENCHMARKS.md and the scaling chart from the results")
     rp.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     rp.add_argument("--md", type=Path, default=report.MD_PATH)
-
-    g = sub.add_parser("gpu-prepare", help="convert the models for the GPU latency run, in <=60 MB bundles")
-    g.add_argument("--out", type=Path, required=True, help="output folder (bundle-NN/ subfolders)")
-    g.add_argument("--models", nargs="*", help="default: minilm_l6_v2, efficientnet_lite0")
-    g.add_argument("--tools", nargs="*", help="default: onnxprec, modelopt, occ_fp16")
-    g.add_argument("--chunk-mb", type=float, default=60.0, help="largest bundle (default 60 MB)")
-    g.add_argument("--zoo-dir", type=Path, default=None)
 
     sub.add_parser("tools", help="list the tools and the default plan")
     sub.add_parser("int4", help="the INT4 quantization benchmark (python -m benchmarks int4 --help)", add_help=False)
@@ -94,15 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.cmd == "report":
             path = report.write_report(a.results_dir, a.md)
             print(path)
-            return 0
-        if a.cmd == "gpu-prepare":
-            from .gpu_prepare import prepare
-
-            models = expand_models(_list_arg(a.models) or ["minilm_l6_v2", "efficientnet_lite0"])
-            tools = parse_tools(_list_arg(a.tools) or ["onnxprec", "modelopt", "occ_fp16"])
-            bundles = prepare(a.out, models, tools, chunk_bytes=int(a.chunk_mb * 1e6), zoo_dir=a.zoo_dir)
-            for b in bundles:
-                print(b)
             return 0
         models = expand_models(_list_arg(a.models) or ["all"])
         tool_ids = _list_arg(a.tools)

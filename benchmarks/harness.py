@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+import zoo
 from onnxprec._io import write_atomically
 
-from . import zoo
 from .output_metrics import external_files, file_size
 from .proc import gnu_time_available, run_measured
 from .tools import HEAVY_MODELS, RATIO_ANCHORS, TOOLS, Tool, default_tools, family, python_for, tool_command
@@ -303,7 +303,7 @@ def run(config: RunConfig) -> Path:
         names = config.tools if config.tools is not None else list(default_tools(model))
         plan.append((model, [TOOLS[n] for n in names]))
     if any(t.venv == "anchors" for _, ts in plan for t in ts) and config.anchors_python is None:
-        from .anchors_env import ensure_anchor_venv
+        from zoo.anchors_env import ensure_anchor_venv
 
         config.anchors_python = ensure_anchor_venv()
     mem_limit = config.mem_limit_mb if config.mem_limit_mb is not None else default_mem_limit_mb()

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from benchmarks import gpu_latency, gpu_prepare, harness, report, report_autocast, report_common, zoo
+import zoo
+from benchmarks import harness, report, report_autocast, report_common
 from benchmarks.proc import run_measured
 
 
@@ -121,23 +121,3 @@ def test_merge_keeps_the_newest_and_marks_cross_run_ratios() -> None:
     same = report_common.merge([old])
     assert same.models["chain_24"]["tools"]["onnxprec"]["_vs"]["modelopt"]["paired"] is True
     assert "†" in report_autocast.cost_table(merged, ["chain_24"])
-
-
-def test_gpu_bundles_round_trip_and_cpu_timing(tiny_zoo: Path, tmp_path: Path) -> None:
-    stage = tmp_path / "stage" / "chain_24"
-    stage.mkdir(parents=True)
-    src = zoo.model_path("chain_24", tiny_zoo)
-    (stage / "fp32.onnx").write_bytes(src.read_bytes())
-    (stage / "copy.onnx").write_bytes(src.read_bytes())
-    with open(stage / "inputs.npz", "wb") as f:
-        np.savez(f, **zoo.inputs("chain_24", tiny_zoo))  # type: ignore[arg-type]
-    chunk = src.stat().st_size // 3 + 1  # forces every model into pieces
-    dirs = gpu_prepare.bundle(tmp_path / "stage", tmp_path / "out", chunk)
-    assert len(dirs) > 2
-    for d in dirs:
-        assert sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and p.name != gpu_prepare.MANIFEST) <= chunk
-    assembled = gpu_latency.assemble(tmp_path / "out")
-    assert (assembled / "chain_24" / "fp32.onnx").read_bytes() == src.read_bytes()
-    res = gpu_latency.time_model(assembled / "chain_24", ["1"], warmup=1, iters=4, rounds=2, provider="cpu")
-    assert res["copy"]["batches"]["1"]["rel_l2"] == 0.0
-    assert res["fp32"]["batches"]["1"]["iters"] == 4

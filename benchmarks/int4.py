@@ -45,7 +45,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from . import zoo
+import zoo
+
 from .harness import (
     RESULTS_DIR,
     add_run_arguments,
@@ -438,7 +439,7 @@ def run(config: Int4Config) -> Path:
     venvs = {TOOLS[t].venv for ts in config.plan.values() for t in ts}
     anchors_python = None
     if "anchors" in venvs:
-        from .anchors_env import ensure_anchor_venv
+        from zoo.anchors_env import ensure_anchor_venv
 
         anchors_python = ensure_anchor_venv()
     pythons = {"project": Path(sys.executable), "anchors": anchors_python, "torch": zoo.TORCH_VENV / "bin" / "python"}

@@ -8,7 +8,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from . import int4, report_int4, zoo
+import zoo
+
+from . import int4, report_int4
 from .int4 import Int4Config, ideal_bytes, quantizable_weights, quantized_storage
 
 

@@ -21,7 +21,7 @@ Definitions (the same for every tool, so the columns compare):
 * **CPU latency** - ONNX Runtime CPU, default session options, batch 1 (the first real sample); warm-up runs,
   then rounds that alternate the FP32 model and every candidate in one process (one model at a time for
   models above ``TOGETHER_LIMIT_MB``); median and 10th/90th percentiles of single runs (the same timing loop
-  and statistics as ``gpu_latency.py``).
+  and statistics as ``experiments/gpu_latency.py``).
 
 Run as a worker (``python -m benchmarks.output_metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given
 back to the system after each model. Sessions come from :func:`onnxprec._ort.create_session`.
@@ -35,7 +35,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,6 @@ from onnx import TensorProto
 
 from onnxprec import _ort, metrics
 from onnxprec._io import write_atomically
-
-from .gpu_latency import latency_stats, time_alternating
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +249,33 @@ def accuracy(
     if perplexity:
         out["perplexity"] = ppl.value if ppl.tokens else math.inf
     return out
+
+
+def time_alternating(
+    runs: Mapping[str, Callable[[], object]], rounds: int, per_round: Mapping[str, int]
+) -> dict[str, list[float]]:
+    """Single-run times (ms) of each callable: ``rounds`` rounds that each time ``per_round[key]`` runs of every
+    callable in turn, so that clock, thermal and neighbour drift hit all of them alike."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, run in runs.items():
+            for _ in range(per_round[k]):
+                t = time.perf_counter()
+                run()
+                times[k].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def latency_stats(times_ms: Sequence[float]) -> dict[str, Any]:
+    """Median, 10th and 90th percentile and mean (ms) of single runs, and their number."""
+    a = np.asarray(times_ms)
+    return {
+        "median_ms": float(np.median(a)),
+        "p10_ms": float(np.percentile(a, 10)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "mean_ms": float(a.mean()),
+        "iters": len(a),
+    }
 
 
 def latency(

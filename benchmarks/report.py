@@ -21,9 +21,11 @@ from .report_common import (
     Merged,
     ReportPart,
     load_gpu_results,
+    load_kind,
     load_results,
     merge,
     runs_section,
+    table,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,18 @@ def render(
     return "\n".join(out).rstrip() + "\n"
 
 
+def measured_tables(results_dir: Path, kind: str) -> list[str]:
+    """The sections of the ``<kind>-*.json`` files that hold a finished table (``title``, ``intro``, ``columns``,
+    ``rows``, ``notes``: numbers measured outside the harness's runs, stored with their ``provenance``)."""
+    out: list[str] = []
+    for run in load_kind(results_dir, kind):
+        out += [f"## {run['title']}", "", *run["intro"], "", table(run["columns"], run["rows"])]
+        for note in run.get("notes", []):
+            out += ["", *note]
+        out.append("")
+    return out
+
+
 def write_report(results_dir: Path = RESULTS_DIR, md_path: Path = MD_PATH, png_path: Path | None = None) -> Path:
     """Regenerates BENCHMARKS.md (and the scaling chart beside the results) from the result files."""
     runs = load_results(results_dir)
@@ -79,7 +93,7 @@ def write_report(results_dir: Path = RESULTS_DIR, md_path: Path = MD_PATH, png_p
             load_gpu_results(results_dir),
             rel_png,
             report_int4.sections(results_dir),
-            report_utilities.sections(results_dir),
+            report_utilities.sections(results_dir) + measured_tables(results_dir, "int8"),
         )
     )
     logger.info("wrote %s", md_path)

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zoo import SMOLLM2_FP32_PERPLEXITY
+
 from .report_common import (
     GpuResults,
     Merged,
@@ -34,7 +36,6 @@ from .report_common import (
 )
 from .targets import Target, evaluate, targets_table
 from .tools import TARGET, TOOLS
-from .zoo import SMOLLM2_FP32_PERPLEXITY
 
 logger = logging.getLogger(__name__)
 
@@ -452,7 +453,7 @@ def gpu_section(gpu: Sequence[dict[str, Any]]) -> str | None:
         head = (
             f"### {g.get('card', '?')}, {g.get('date', '?')[:10]}\n\n"
             f"**{g.get('card', '?')}** (driver {g.get('driver', '?')}), onnxruntime {g.get('onnxruntime', '?')}, "
-            f"{g.get('date', '?')[:16].replace('T', ' ')}: `{g.get('command', 'python benchmarks/gpu_latency.py')}` "
+            f"{g.get('date', '?')[:16].replace('T', ' ')}: `{g.get('command', 'python experiments/gpu_latency.py')}` "
             f"(`benchmarks/results/{g.get('file', '')}`); {g.get('warmup', '?')} warm-up runs, then "
             f"{g.get('iters', '?')} timed runs per model file in {g.get('rounds', '?')} rounds alternating the files, "
             "inputs and outputs bound on the GPU (IO binding)."
@@ -600,14 +601,14 @@ METHOD = [
     "not what those rows are about). chain_5000 and the MatMul stacks of 1 GiB and more get `--heavy-repeats` "
     "rounds.",
     "* **Quality and latency** are measured afterwards in a separate worker process on the first successful "
-    "output of each tool (`benchmarks/output_metrics.py` documents every definition). The zoo (`benchmarks/zoo.py`) "
+    "output of each tool (`benchmarks/output_metrics.py` documents every definition). The zoo (`zoo/__init__.py`) "
     "documents the models and their real inputs.",
     '* **Targets**: ratios use the median over rounds. "Output error no worse" allows the relative L2 error '
     f"to exceed ModelOpt's by at most {round((ERROR_TOLERANCE - 1) * 100)} % (rounding-order noise); "
     "1 GiB = 1024 MiB.",
-    "* **GPU**: `python -m benchmarks gpu-prepare --out benchmarks/gpu-bundles` converts MiniLM and "
+    "* **GPU**: `python -m experiments.gpu_prepare --out benchmarks/gpu-bundles` converts MiniLM and "
     "EfficientNet with onnxprec, ModelOpt and onnxconverter-common here and packs them with the FP32 models "
-    "and real inputs into bundles of at most 60 MB; on the GPU machine `python benchmarks/gpu_latency.py DIR "
+    "and real inputs into bundles of at most 60 MB; on the GPU machine `python experiments/gpu_latency.py DIR "
     "--out benchmarks/results/gpu-<date>.json` reassembles them and times every file with the "
     "CUDAExecutionProvider in one process. SmolLM2 is too large to move: its files are converted on the GPU "
     "machine and put in `DIR/smollm2_135m/` (fp32.onnx, onnxprec.onnx, modelopt.onnx, occ_fp16.onnx, "
@@ -622,10 +623,10 @@ METHOD = [
 
 INTRO = (
     "onnxprec AutoCast against the converters users would otherwise pick, on the benchmark zoo "
-    "(`benchmarks/zoo.py`): NVIDIA ModelOpt AutoCast (the anchor every ratio is taken against), "
+    "(`zoo/__init__.py`): NVIDIA ModelOpt AutoCast (the anchor every ratio is taken against), "
     "onnxconverter-common `float16` and `auto_mixed_precision`, and onnxruntime's `transformers.float16`. "
     "Every tool runs as its own process (`benchmarks/_runner.py` under `/usr/bin/time -v`), the anchors "
-    "in their own virtual environment (`python -m benchmarks.anchors_env`), all AutoCast runs with "
+    "in their own virtual environment (`python -m zoo.anchors_env`), all AutoCast runs with "
     "`--keep_io_types`. Rounds alternate the tools (A B A B ...), and ratios are taken round by round "
     "against the anchor measured seconds apart, because the machine is shared and noisy: read the ratios "
     "first, the absolute numbers second. Cells show the median over rounds and [min–max].",
@@ -685,7 +686,7 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
             tt,
             "",
             "The search's sensitivity proxy (readers of a node's outputs over its distance to the graph outputs) "
-            "against each node's exact output error, on MiniLM (`python -m benchmarks.target_proxy`, one emulated "
+            "against each node's exact output error, on MiniLM (`python -m experiments.target_proxy`, one emulated "
             "run per node): to meet rel_l2<=1e-3 from the default, the exact order keeps 17 of 223 nodes in FP32, "
             "the proxy 30 (Spearman 0.48 with the exact errors; the search's greedy steps then return some), the "
             "distance alone 37, the node's own rounding error 64 (0.20) and topological order 109. At the "
@@ -729,16 +730,16 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
     out += ["## Inference latency, ONNX Runtime CUDA", ""]
     if gs:
         out += [
-            "`python benchmarks/gpu_latency.py` on the GPU machine, models prepared by "
-            "`python -m benchmarks gpu-prepare` (SmolLM2's converted on the GPU machine itself).",
+            "`python experiments/gpu_latency.py` on the GPU machine, models prepared by "
+            "`python -m experiments.gpu_prepare` (SmolLM2's converted on the GPU machine itself).",
             "",
             gs,
             "",
         ]
     else:
         out += [
-            "Not measured yet: `python -m benchmarks gpu-prepare --out DIR`, move DIR to the GPU machine, run "
-            "`python benchmarks/gpu_latency.py DIR --out benchmarks/results/gpu-<date>.json` there, bring the JSON "
+            "Not measured yet: `python -m experiments.gpu_prepare --out DIR`, move DIR to the GPU machine, run "
+            "`python experiments/gpu_latency.py DIR --out benchmarks/results/gpu-<date>.json` there, bring the JSON "
             "back and run `python -m benchmarks report`.",
             "",
         ]

@@ -4,7 +4,7 @@ Every ``benchmarks/results/*.json`` written by ``python -m benchmarks run`` is r
 and tool the newest measurement wins, so a partial rerun (``--models smollm2_135m --tools onnxprec,modelopt``)
 updates only its rows. Ratios between two tools come from the same run, round by round; when the newest
 measurements of a tool and its anchor come from different runs the ratio of their medians is shown instead,
-marked with a dagger. GPU latencies come from ``benchmarks/results/gpu-*.json`` (``benchmarks/gpu_latency.py``).
+marked with a dagger. GPU latencies come from ``benchmarks/results/gpu-*.json`` (``experiments/gpu_latency.py``).
 
 A tool's part of the document (its introduction and sections, e.g. :mod:`benchmarks.report_autocast`) is a
 :class:`ReportPart`; its goals are :class:`benchmarks.targets.Target` data.
@@ -46,7 +46,9 @@ def load_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
         if p.name.startswith("gpu-"):
             continue
         data = _read_json(p)
-        if isinstance(data, dict) and "models" in data and data.get("kind", "autocast") == "autocast":
+        if not isinstance(data, dict) or data.get("kind", "autocast") != "autocast":
+            continue
+        if isinstance(data.get("models"), dict):
             data.setdefault("run_id", p.stem)
             try:
                 data["file"] = p.resolve().relative_to(REPO_ROOT).as_posix()

@@ -2,7 +2,7 @@
 
 Every tool runs as its own process through ``benchmarks/_runner.py`` (so that its interpreter start-up, imports
 and memory count as users experience them): onnxprec in the project's venv (``sys.executable``), the anchors in
-the anchors venv (``benchmarks.anchors_env``). AutoCast tools always get ``--keep_io_types``; the ``:inf``
+the anchors venv (``zoo.anchors_env``). AutoCast tools always get ``--keep_io_types``; the ``:inf``
 variants add ``--data_max inf`` (no reference run).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .zoo import REAL_MODELS, SYNTHETIC
+from zoo import REAL_MODELS, SYNTHETIC
 
 RUNNER = Path(__file__).resolve().parent / "_runner.py"
 

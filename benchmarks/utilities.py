@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from . import zoo
+import zoo
+
 from .harness import (
     RESULTS_DIR,
     add_run_arguments,

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from . import report, report_utilities, utilities, zoo
+import zoo
+
+from . import report, report_utilities, utilities
 from .utilities import UtilitiesConfig
 
 TINY = "matmul_0.002gb"

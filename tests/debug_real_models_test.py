@@ -1,6 +1,6 @@
 """dump and compare on real trained models with real inputs (slow; skipped where the models are absent).
 
-EfficientNet-Lite0 comes from ../shared/models or from the benchmark zoo cache (``python -m benchmarks.zoo build
+EfficientNet-Lite0 comes from ../shared/models or from the benchmark zoo cache (``python -m zoo build
 efficientnet_lite0``, ``$ONNXPREC_ZOO`` or ``~/.cache/onnxprec/zoo``).
 """
 
@@ -30,7 +30,7 @@ def _efficientnet() -> tuple[Path, dict[str, np.ndarray]]:
             return zoo / "efficientnet_lite0.onnx", {"input": data["input"][:2]}
     pytest.skip(
         "EfficientNet-Lite0 is absent from ../shared/models and from the zoo cache: real-model tests skipped "
-        "(python -m benchmarks.zoo build efficientnet_lite0)"
+        "(python -m zoo build efficientnet_lite0)"
     )
 
 

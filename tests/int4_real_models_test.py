@@ -48,7 +48,7 @@ def test_minilm_every_method_beats_or_matches_onnxruntime_rtn(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2.exists(), reason=f"{SMOLLM2} is absent: build it with python -m benchmarks.zoo build")
+@pytest.mark.skipif(not SMOLLM2.exists(), reason=f"{SMOLLM2} is absent: build it with python -m zoo build")
 def test_smollm2_rtn_and_awq_perplexity(tmp_path: Path) -> None:
     ids = np.load(SMOLLM2.with_name("smollm2_135m.inputs.npz"))["input_ids"]
     calibration, evaluation = ids[:4], ids[8:12]

@@ -18,9 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 )
 def test_ruff() -> None:
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
-    result = subprocess.run(
-        [ruff, "check", "src", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True, text=True
-    )
+    paths = ["src", "tests", "benchmarks", "experiments", "zoo", "examples"]
+    result = subprocess.run([ruff, "check", *paths], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,7 +1,7 @@
 """AutoCast on real trained models with their real inputs, against ONNX Runtime FP32 outputs.
 
 Needs ../shared/models (skipped with a message on a fresh clone); SmolLM2 also needs the zoo cache built by
-``python -m benchmarks.zoo build smollm2_135m`` (slow tests, ``-m slow``).
+``python -m zoo build smollm2_135m`` (slow tests, ``-m slow``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ ZOO = Path(os.environ.get("ONNXPREC_ZOO", Path.home() / ".cache" / "onnxprec" / 
 @pytest.mark.slow
 @pytest.mark.skipif(
     not (ZOO / "smollm2_135m.onnx").exists() or shared_path("models", "smollm2_eval_input_ids.npy") is None,
-    reason="SmolLM2 not built: run `python -m benchmarks.zoo build smollm2_135m`",
+    reason="SmolLM2 not built: run `python -m zoo build smollm2_135m`",
 )
 def test_smollm2_fp16_perplexity_within_half_percent(tmp_path: Path) -> None:
     ids_path = shared_path("models", "smollm2_eval_input_ids.npy")

@@ -2,7 +2,7 @@
 
 Needs Debian's ``chromium`` (``apt-get install chromium``), Playwright (``pip install 'onnxprec[browser]'``, with
 ``PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1``: the system browser is driven through ``executable_path``) and the zoo
-models (``python -m benchmarks.zoo build``). Slow: ``-m slow``. Screenshots of each page and of its plot are
+models (``python -m zoo build``). Slow: ``-m slow``. Screenshots of each page and of its plot are
 written to ``$ONNXPREC_REPORT_SHOTS`` (default: the test's temporary folder).
 """
 
@@ -65,7 +65,7 @@ def _cells(page: Any, selector: str) -> list[list[str]]:
 @pytest.mark.parametrize("model", sorted(CASES))
 def test_report_loads_without_errors_and_matches_the_json(model: str, tmp_path: Path) -> None:
     if not (ZOO / f"{model}.onnx").exists():
-        pytest.skip(f"{model} is not in the zoo cache: python -m benchmarks.zoo build {model}")
+        pytest.skip(f"{model} is not in the zoo cache: python -m zoo build {model}")
     rows, extra = CASES[model]
     html_path = tmp_path / f"{model}.html"
     report = convert_file(

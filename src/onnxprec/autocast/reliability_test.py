@@ -1,6 +1,6 @@
 """Issue 9 (AutoCast reliability): one regression test per cause, each on a hand-built graph.
 
-The causes were found by sweeping the ONNX backend node tests (``python -m benchmarks.node_sweep``); each test
+The causes were found by sweeping the ONNX backend node tests (``python -m experiments.node_sweep``); each test
 here builds the smallest graph that failed, converts it with ``keep_io_types`` (unless said otherwise) and checks
 that the result is valid, runs, and stays close to FP32, or that the refusal is one clear line.
 """

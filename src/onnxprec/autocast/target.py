@@ -22,7 +22,7 @@ The reference run keeps the FP32 outputs of every batch (:class:`ReferenceOutput
    FP16/BF16 hardware does, while ONNX Runtime's CPU computes many FP16 ops in FP32.
 5. **Sensitivity**: a validated structural proxy (:func:`_sensitivity`), the number of readers of the node's
    outputs over its distance to the graph outputs. Validated against each node's exact output error (one emulated
-   run per node) by ``python -m benchmarks.target_proxy``: the node's own rounding error is nearly the same for
+   run per node) by ``python -m experiments.target_proxy``: the node's own rounding error is nearly the same for
    every node and ranks poorly; the numbers are in BENCHMARKS.md. Least sensitive first upward, most sensitive
    first downward; a bisection on how many nodes to move (``log2(candidates)`` runs), then greedy steps on chunks
    of the rest while runs are cheap (:data:`REFINE_RUNS`).

@@ -1,6 +1,6 @@
 """The ONNX backend node-test sweep: AutoCast (or ModelOpt) on every single-operator test model with FP32 data.
 
-    python -m benchmarks.node_sweep [--data DIR] [--low fp16|bf16] [--calibration random|own]
+    python -m experiments.node_sweep [--data DIR] [--low fp16|bf16] [--calibration random|own]
                                     [--tool onnxprec|modelopt] [--jobs N] [--timeout S] [--json OUT]
                                     [--cases SUBSTRING ...] [--keep DIR]
 
@@ -630,7 +630,7 @@ def _python_for(tool: str, python: str | None) -> str:
     if python:
         return python
     if tool == "modelopt":
-        from .anchors_env import ANCHOR_VENV
+        from zoo.anchors_env import ANCHOR_VENV
 
         return str(ANCHOR_VENV / "bin" / "python")
     return sys.executable
@@ -651,7 +651,7 @@ def sweep(
     judge_with: str = "ort",
 ) -> list[CaseResult]:
     """Runs every case in a pool of ``jobs`` worker processes; a case past ``timeout`` seconds kills its worker."""
-    command = [_python_for(tool, python), "-m", "benchmarks.node_sweep", "--serve", "--tool", tool, "--low", low]
+    command = [_python_for(tool, python), "-m", "experiments.node_sweep", "--serve", "--tool", tool, "--low", low]
     command += ["--calibration", calibration, "--judge", judge_with] + (["--keep", str(keep)] if keep else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -810,7 +810,7 @@ def compare_runs(paths: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.node_sweep", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.node_sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None, help="node-test folder (default: $ONNXPREC_NODE_TESTS, onnx's, the cache)")
     ap.add_argument("--low", choices=("fp16", "bf16"), default="fp16")
     ap.add_argument("--calibration", choices=("random", "own"), default="random")
@@ -842,7 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = data_dir(args.data)
     if root is None:
         print(
-            "error: no ONNX node-test data: pass --data DIR (see `python -m benchmarks.node_sweep --help` for "
+            "error: no ONNX node-test data: pass --data DIR (see `python -m experiments.node_sweep --help` for "
             "how to unpack it from the onnx 1.21.0 wheel)",
             file=sys.stderr,
         )
@@ -871,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = collections.Counter(r.verdict for r in results)
         payload = {
             "date": dt.datetime.now().isoformat(timespec="seconds"),
-            "command": " ".join(["python -m benchmarks.node_sweep", *(argv if argv is not None else sys.argv[1:])]),
+            "command": " ".join(["python -m experiments.node_sweep", *(argv if argv is not None else sys.argv[1:])]),
             "tool": args.tool,
             "low": args.low,
             "calibration": args.calibration,

@@ -4,7 +4,7 @@ It holds NVIDIA ModelOpt AutoCast (``nvidia-modelopt[onnx]==0.47.0``), onnxconve
 auto_mixed_precision) and onnxruntime's own ``transformers.float16`` / ``MatMulNBitsQuantizer``.
 Default location ``$ONNXPREC_ANCHORS_VENV`` or ``~/.cache/onnxprec/anchors-venv``.
 
-    python -m benchmarks.anchors_env [--path DIR]      # creates it if missing, prints its python
+    python -m zoo.anchors_env [--path DIR]      # creates it if missing, prints its python
 
 Install order matters: the local CPU build of torch goes in first (ModelOpt accepts it; an unpinned torch
 would pull a multi-GB CUDA build); ModelOpt's ``[onnx]`` extra pulls ``onnxruntime-gpu``, which shares the
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._zoo_venv import CACHE_ROOT, TORCH_PIN, create_venv
+from ._venv import CACHE_ROOT, TORCH_PIN, create_venv
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def versions(python: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.anchors_env", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m zoo.anchors_env", description=__doc__.splitlines()[0])
     ap.add_argument("--path", type=Path, default=None, help=f"venv folder (default {ANCHOR_VENV})")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from benchmarks import zoo
+import zoo
 from onnxprec import _testing
 from onnxprec.metrics import perplexity
 

@@ -1,8 +1,8 @@
 """The LLM sweep: every onnxprec tool on every model of the corpus (``build.py``), judged the same way for all.
 
-    python -m benchmarks.llm_corpus sweep [--models GLOB ...] [--tools T ...] [--feeds ids|full] [--jobs N]
+    python -m experiments.llm_corpus sweep [--models GLOB ...] [--tools T ...] [--feeds ids|full] [--jobs N]
                                           [--timeout S] [--out DIR] [--json OUT] [--md OUT]
-    python -m benchmarks.llm_corpus sweep --measure-bounds     # once: bounds.json from the zoo's smollm2_135m
+    python -m experiments.llm_corpus sweep --measure-bounds     # once: bounds.json from the zoo's smollm2_135m
 
 **Data.** ``<corpus>/ids.npy`` (8 windows of 64 random ids < 512, seed 0): windows 0-3 calibrate, 4-7 evaluate.
 ``--feeds ids`` (default, the path users take) gives the tools ``.npz`` files that hold only ``input_ids``;
@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from ..zoo import ZOO_DIR, ensure_torch_venv
+from zoo import ZOO_DIR, ensure_torch_venv
+
 from .build import CORPUS_DIR, error_line, models
 
 REPO = Path(__file__).resolve().parents[2]
@@ -369,7 +370,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _worker(kind: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Runs ``run_case`` / ``prepare`` in a fresh process: a crash or a hang costs only this case."""
-    cmd = [sys.executable, "-m", "benchmarks.llm_corpus.sweep", f"--{kind}", json.dumps(spec)]
+    cmd = [sys.executable, "-m", "experiments.llm_corpus.sweep", f"--{kind}", json.dumps(spec)]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH")])),
@@ -509,7 +510,7 @@ def markdown(rows: list[dict[str, Any]], command_line: str) -> str:
 def measure_bounds(out: Path, jobs: int, timeout: float) -> dict[str, Any]:
     """Runs the model tools on the zoo's smollm2_135m (no KV; windows 0-7 calibrate, 8-11 first 128 tokens judge)
     and writes bounds.json: the measured logits rel L2 per tool, and the bound (2x it, at least 1e-4)."""
-    from ..zoo import inputs, model_path
+    from zoo import inputs, model_path
 
     real = inputs("smollm2_135m")["input_ids"]  # 16 x 256 real token windows
     ids = np.concatenate([real[0:4, :128], real[8:12, :128]])  # CALIB = 0-3, EVAL = 4-7 of this stack
@@ -524,7 +525,7 @@ def measure_bounds(out: Path, jobs: int, timeout: float) -> dict[str, Any]:
         "calibrated on 4 windows x 128 tokens of smollm2_eval_input_ids (0-3), judged on windows 8-11 (128 tokens); "
         "default flags; bound = max(2 x measured, 1e-4; AutoCast: two units in the last place of the low type, "
         "2^-9 for FP16 and 2^-6 for BF16, as the logits of a random-weight model carry a rounding per layer)",
-        "command": "python -m benchmarks.llm_corpus sweep --measure-bounds",
+        "command": "python -m experiments.llm_corpus sweep --measure-bounds",
         "date": dt.date.today().isoformat(),
         "tools": tools,
     }
@@ -533,7 +534,7 @@ def measure_bounds(out: Path, jobs: int, timeout: float) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.llm_corpus sweep", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.llm_corpus sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=["*"], help="arch/exporter globs (default: every built model)")
     ap.add_argument("--tools", nargs="*", default=list(TOOLS), choices=TOOLS)
     ap.add_argument("--feeds", choices=("ids", "full"), default="ids")
@@ -588,11 +589,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [m for m in built if any(fnmatch.fnmatch(m, g) for g in a.models)]
     if not names:
         print(
-            f"error: no corpus model matches {a.models}; build it: python -m benchmarks.llm_corpus build",
+            f"error: no corpus model matches {a.models}; build it: python -m experiments.llm_corpus build",
             file=sys.stderr,
         )
         return 2
-    cmdline = "python -m benchmarks.llm_corpus sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmdline = "python -m experiments.llm_corpus sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     rows = sweep(names, a.tools, a.out, a.feeds == "full", a.jobs, a.timeout)
     doc = {
         "command": cmdline.strip(),

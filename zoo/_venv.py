@@ -1,6 +1,6 @@
 """Creates the side virtual environments the benchmarks need (outside the repo), step by step, with pip.
 
-Shared by ``benchmarks.zoo`` (the torch venv that builds the real models) and ``benchmarks.anchors_env`` (the
+Shared by ``zoo`` (the torch venv that builds the real models) and ``zoo.anchors_env`` (the
 venv with ModelOpt / onnxconverter-common that we measure ourselves against).
 """
 

@@ -3,7 +3,7 @@
 The sample covers every cause of issue 9 (and a few plain ops); each case must convert with default settings,
 run in ONNX Runtime (or onnx.reference) and match the test's expected outputs within the sweep's tolerance.
 Point ``ONNXPREC_NODE_TESTS`` at the unpacked ``onnx/backend/test/data/node`` folder of the onnx 1.21.0 wheel
-(see ``python -m benchmarks.node_sweep --help``), or keep it in ``~/.cache/onnxprec/onnx-node-tests``.
+(see ``python -m experiments.node_sweep --help``), or keep it in ``~/.cache/onnxprec/onnx-node-tests``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import node_sweep
+from experiments import node_sweep
 
 SAMPLE = (
     "test_abs",
@@ -55,7 +55,7 @@ def data() -> Path:
     if root is None:
         pytest.skip(
             "ONNX node-test data not found: set ONNXPREC_NODE_TESTS to the unpacked onnx/backend/test/data/node "
-            "folder of the onnx 1.21.0 wheel (python -m benchmarks.node_sweep --help says how)"
+            "folder of the onnx 1.21.0 wheel (python -m experiments.node_sweep --help says how)"
         )
     return root
 

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.llm_corpus build|sweep ...``: see build.py and sweep.py."""
+"""``python -m experiments.llm_corpus build|sweep ...``: see build.py and sweep.py."""
 
 from __future__ import annotations
 
@@ -11,5 +11,5 @@ if __name__ == "__main__":
     elif cmd == "sweep":
         from .sweep import main  # type: ignore[no-redef]
     else:
-        sys.exit("usage: python -m benchmarks.llm_corpus build|sweep [--help]")
+        sys.exit("usage: python -m experiments.llm_corpus build|sweep [--help]")
     sys.exit(main(rest))

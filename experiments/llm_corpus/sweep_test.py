@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.llm_corpus import build, sweep
-from benchmarks.llm_corpus.synthetic import build_kv_decoder
+from experiments.llm_corpus import build, sweep
+from experiments.llm_corpus.synthetic import build_kv_decoder
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Builds the real zoo models from PyPI wheels. Runs inside the *torch venv*, never in the project venv.
 
-It is a standalone script (it must not import onnxprec or benchmarks): ``benchmarks/zoo.py`` runs it as
+It is a standalone script (it must not import onnxprec or benchmarks): ``zoo/__init__.py`` runs it as
 
-    <torch-venv>/bin/python benchmarks/_zoo_torch_build.py NAME OUT_DIR
+    <torch-venv>/bin/python zoo/_torch_build.py NAME OUT_DIR
 
 (NAME: efficientnet_lite0, minilm_l6_v2 or smollm2_135m) and it writes ``OUT_DIR/<name>.onnx`` plus
 ``OUT_DIR/<name>.inputs.npz`` (the real inputs); ``smollm2_hf`` writes a Hugging Face folder into OUT_DIR for

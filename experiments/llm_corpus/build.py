@@ -2,7 +2,7 @@
 that transformers can instantiate offline from a config, each exported four ways. Cached outside git in
 ``$ONNXPREC_LLM_CORPUS`` or ``<zoo>/llm_corpus`` (``~/.cache/onnxprec/zoo/llm_corpus``)::
 
-    python -m benchmarks.llm_corpus build [--archs A ...] [--exporters E ...] [--force]
+    python -m experiments.llm_corpus build [--archs A ...] [--exporters E ...] [--force]
 
 Per architecture ``<corpus>/<arch>/``: ``hf/`` (config + safetensors + tokenizer, ``_torch_side.py``), then
 
@@ -36,14 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from ..zoo import ZOO_DIR, ensure_torch_venv
+from zoo import ZOO_DIR, ensure_torch_venv
+
 from ._venvs import ensure_optimum_venv
 from .synthetic import build_kv_decoder
 
 logger = logging.getLogger(__name__)
 
 CORPUS_DIR = Path(os.environ.get("ONNXPREC_LLM_CORPUS", ZOO_DIR / "llm_corpus")).expanduser()
-TOKENIZER_SRC = ZOO_DIR / "genai" / "smollm2_hf"  # python -m benchmarks.zoo build genai/smollm2_fp32 makes it
+TOKENIZER_SRC = ZOO_DIR / "genai" / "smollm2_hf"  # python -m zoo build genai/smollm2_fp32 makes it
 TORCH_SIDE = Path(__file__).resolve().parent / "_torch_side.py"
 EXPORTERS = ("builder_fp32", "builder_fp16", "torch", "optimum")
 BUILDER_ARGS = {"builder_fp32": ("-p", "fp32", "-e", "cpu"), "builder_fp16": ("-p", "fp16", "-e", "cuda")}
@@ -126,7 +127,7 @@ def build(names: Sequence[str] = (), exporters: Sequence[str] = EXPORTERS, force
 
     if hf := todo("hf"):
         if not (TOKENIZER_SRC / "tokenizer.json").exists():
-            raise RuntimeError(f"no SmolLM2 tokenizer in {TOKENIZER_SRC}: run python -m benchmarks.zoo build genai")
+            raise RuntimeError(f"no SmolLM2 tokenizer in {TOKENIZER_SRC}: run python -m zoo build genai")
         for a in hf:
             shutil.rmtree(corpus / a / "hf", ignore_errors=True)
         tok_env = {**env, "ONNXPREC_CORPUS_TOKENIZER": str(TOKENIZER_SRC)}
@@ -222,7 +223,7 @@ def models(corpus: Path = CORPUS_DIR) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.llm_corpus build", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.llm_corpus build", description=__doc__.splitlines()[0])
     ap.add_argument("--archs", nargs="*", default=[], help="architectures (default: all)")
     ap.add_argument("--exporters", nargs="*", default=list(EXPORTERS), choices=EXPORTERS)
     ap.add_argument("--force", action="store_true", help="rebuild what exists, failures included")

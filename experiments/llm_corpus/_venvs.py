@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._zoo_venv import CACHE_ROOT, TORCH_PIN, create_venv
+from zoo._venv import CACHE_ROOT, TORCH_PIN, create_venv
 
 OPTIMUM_VENV = Path(os.environ.get("ONNXPREC_OPTIMUM_VENV", CACHE_ROOT / "optimum-venv")).expanduser()
 OPTIMUM_STEPS: tuple[tuple[str, ...], ...] = (

@@ -1,10 +1,10 @@
-"""``python -m benchmarks gpu-prepare``: the models for the GPU latency run, in bundles small enough to move.
+"""``python -m experiments.gpu_prepare --out DIR``: the models for the GPU latency run, in bundles small enough to move.
 
 For each model it writes ``<model>/fp32.onnx`` (the zoo model), ``<model>/<tool>.onnx`` (each tool's
 conversion, made here on the CPU machine with the same runner and flags as the benchmark) and
 ``<model>/inputs.npz`` (the real inputs), then packs all files into ``bundle-NN/`` folders of at most
 ``chunk_bytes`` each (files larger than that are split into ``.partNN`` pieces). Every bundle holds the same
-``manifest.json`` (file sizes, SHA-256, where each piece is). ``benchmarks/gpu_latency.py DIR`` reassembles and
+``manifest.json`` (file sizes, SHA-256, where each piece is). ``experiments/gpu_latency.py DIR`` reassembles and
 checks them.
 
 SmolLM2 (652 MB FP32) is not bundled by default: its GPU row is made by converting on the GPU machine.
@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from . import zoo
+import zoo
+from benchmarks.output_metrics import external_files
+from benchmarks.proc import run_measured
+from benchmarks.tools import TOOLS, python_for, tool_command
+
 from .gpu_latency import MANIFEST, sha256
-from .output_metrics import external_files
-from .proc import run_measured
-from .tools import TOOLS, python_for, tool_command
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def stage(out: Path, models: list[str], tools: list[str], zoo_dir: Path | None =
     staged = out / "stage"
     anchors = None
     if any(TOOLS[t].venv == "anchors" for t in tools):
-        from .anchors_env import ensure_anchor_venv
+        from zoo.anchors_env import ensure_anchor_venv
 
         anchors = ensure_anchor_venv()
     for model in models:
@@ -125,7 +126,35 @@ def prepare(
     logger.info("%d bundles, %.1f MB in all, in %s", len(dirs), total / 1e6, out)
     print(
         f"Move each of {out}/bundle-NN (<= {chunk_bytes / 1e6:.0f} MB) to the same folder DIR on the GPU machine, "
-        "then run: python benchmarks/gpu_latency.py DIR --out benchmarks/results/gpu-<date>.json",
+        "then run: python experiments/gpu_latency.py DIR --out benchmarks/results/gpu-<date>.json",
         file=sys.stderr,
     )
     return dirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from benchmarks.tools import expand_models, parse_tools
+
+    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_prepare", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="output folder (bundle-NN/ subfolders)")
+    ap.add_argument("--models", default="minilm_l6_v2,efficientnet_lite0", help="zoo models, comma separated")
+    ap.add_argument("--tools", default="onnxprec,modelopt,occ_fp16", help="tool ids, comma separated")
+    ap.add_argument("--chunk-mb", type=float, default=60.0, help="largest bundle (default 60 MB)")
+    ap.add_argument("--zoo-dir", type=Path, default=None)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        models = expand_models(a.models.split(","))
+        tools = parse_tools(a.tools.split(","))
+        for b in prepare(a.out, models, tools, chunk_bytes=int(a.chunk_mb * 1e6), zoo_dir=a.zoo_dir):
+            print(b)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
