@@ -66,3 +66,40 @@ def test_efficientnet_dump_float(tmp_path: Path) -> None:
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+def test_efficientnet_ort_quantize_static_is_judged_by_what_consumers_see(tmp_path: Path) -> None:
+    """ONNX Runtime's QDQ quantizer drops each Clip and leaves its output name on the Conv before it: the Clip rows
+    are compared as the next node reads them (the DequantizeLinear output), not as the Conv's pre-clip values."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    path, feeds = _efficientnet()
+    images = [{"input": feeds["input"][i : i + 1]} for i in range(len(feeds["input"]))]
+
+    class Reader:
+        def __init__(self) -> None:
+            self.batches = iter(images)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    quantized = tmp_path / "ort_int8.onnx"
+    quantize_static(str(path), str(quantized), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax)  # fmt: skip
+    report = compare_models(path, quantized, feeds)
+    rows = {r.node: r for r in report.rows}
+    clip = rows["/Clip"]
+    assert clip.candidate == "/Clip_output_0_DequantizeLinear_Output", clip.match
+    assert clip.rel_l2 is not None and clip.rel_l2 < 0.05 and not clip.diverged
+    stem = rows["/_conv_stem/Conv"]  # its values now carry the Clip's name, before the clip
+    assert stem.candidate == "/Clip_output_0" and stem.rel_l2 is not None and stem.rel_l2 < 0.03
+    clips = [r for r in report.rows if r.op_type == "Clip"]
+    assert len(clips) > 20 and all(r.candidate and r.candidate.endswith("_DequantizeLinear_Output") for r in clips)
+    # A true divergence (ORT's INT8 accumulates error along the network) points to nodes that ORT quantized.
+    model = onnx.load(quantized)
+    dequantized = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    reads_quantized = {n.name for n in model.graph.node if any(i in dequantized for i in n.input)}
+    assert report.first_divergence is not None and report.exclude_nodes
+    assert set(report.exclude_nodes) <= reads_quantized, report.exclude_nodes
+    assert report.exclude_pattern is not None and "Clip" not in report.exclude_pattern

@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
         top1 = "" if o.top1 is None else f", top-1 agreement {o.top1:.4f}"
         print(f"output {o.name}: max_abs {o.max_abs}, rel_l2 {o.rel_l2}, cosine {o.cosine}{top1}")
     print(report.summary)
-    if report.exclude_pattern is not None:
-        print(f"keep it in high precision: --nodes_to_exclude '{report.exclude_pattern}'")
+    if report.advice is not None:
+        print(report.advice)
     if report.verification is not None:
         print(report.verification.summary)
     for note in report.notes:

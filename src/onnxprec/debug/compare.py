@@ -359,10 +359,101 @@ def _compare(reference: ir.Model, candidate: ir.Model, options: CompareOptions, 
     subgraphs = sum(1 for _ in reference.graph.subgraphs())
     if subgraphs:
         report.notes.append(f"{subgraphs} subgraph(s) (If/Loop/Scan bodies) are compared only through their outputs")
-    hint = _upstream_hint(candidate, report.first_divergence)
-    if hint:
-        report.notes.append(hint)
+    report.exclude_nodes = _exclude_nodes(reference, candidate, plan, report.first_divergence_row)
+    if report.exclude_nodes and report.exclude_nodes != [report.first_divergence]:
+        first = report.first_divergence_row
+        assert first is not None
+        report.notes.append(
+            f"'{first.node}' is not quantized in the candidate; the quantized node(s) behind its error: "
+            + ", ".join(report.exclude_nodes)
+        )
+    else:
+        hint = _upstream_hint(candidate, report.first_divergence)
+        if hint:
+            report.notes.append(hint)
     return report
+
+
+_INTEGER_KERNELS = QUANTIZED_OPS - {"QuantizeLinear", "DequantizeLinear"}
+
+
+def _reads_quantized(node: ir.Node) -> bool:
+    """Whether a candidate node computes on quantized values: an integer kernel, or inputs through DequantizeLinear."""
+    if node.op_type in _INTEGER_KERNELS:
+        return True
+    return any(v is not None and "DequantizeLinear" in carrier_ops(v) for v in node.inputs)
+
+
+class _Quantized:
+    """Which reference nodes compute on quantized values in the candidate (their twin, or what replaced them)."""
+
+    def __init__(self, reference: ir.Model, candidate: ir.Model, plan: _Plan) -> None:
+        self.ref_names = {n.name for n in reference.graph if n.name}
+        self.twins = {n.name: n for n in candidate.graph if n.name}
+        self.plan = plan
+
+    def __call__(self, node: ir.Node) -> bool:
+        twin = self.twins.get(node.name or "")
+        if twin is not None:
+            return _reads_quantized(twin)
+        # Replaced (e.g. a MatMul by MatMulInteger and rescaling nodes): look at the new nodes behind its output.
+        for out in node.outputs:
+            match = self.plan.matches.get(out)
+            start = match.candidate.producer() if match is not None and match.candidate is not None else None
+            stack, seen = [start] if start is not None else [], 0
+            while stack and seen < 16:
+                current = stack.pop()
+                seen += 1
+                if current.op_type in _INTEGER_KERNELS or (
+                    current.op_type != "DequantizeLinear" and _reads_quantized(current)
+                ):
+                    return True
+                stack += [
+                    p
+                    for v in current.inputs
+                    if v is not None and (p := v.producer()) is not None and p.name not in self.ref_names
+                ]
+        return False
+
+
+def _exclude_nodes(
+    reference: ir.Model, candidate: ir.Model, plan: _Plan, first: CompareRow | None, limit: int = 400
+) -> list[str]:
+    """The nodes whose ``--nodes_to_exclude`` removes the quantization behind the first divergence.
+
+    The divergent node itself when it computes on quantized values; else, when its tensor is compared as its
+    consumers see it (through QuantizeLinear/DequantizeLinear), the candidate nodes that read it quantized; else the
+    nearest quantized nodes upstream in the reference. Empty when the candidate has no quantized node on that path
+    (an AutoCast model: the divergent node itself is the answer).
+    """
+    if first is None:
+        return []
+    value = next((v for v in plan.values if v.name == first.tensor), None)
+    node = value.producer() if value is not None else None
+    if value is None or node is None:
+        return []
+    quantized = _Quantized(reference, candidate, plan)
+    if quantized(node):
+        return [first.node]
+    seen = plan.matches[value].candidate
+    if seen is not None and (producer := seen.producer()) is not None and producer.op_type == "DequantizeLinear":
+        readers = sorted({u.node.name for u in seen.uses() if u.node.name in quantized.ref_names})
+        if readers:
+            return readers
+    found: list[str] = []
+    visited: set[ir.Node] = {node}
+    frontier = [node]
+    while frontier and not found and len(visited) < limit:
+        upstream = []
+        for current in frontier:
+            for v in current.inputs:
+                p = v.producer() if v is not None else None
+                if p is not None and p not in visited:
+                    visited.add(p)
+                    upstream.append(p)
+        found = [p.name for p in upstream if p.name and quantized(p)]
+        frontier = upstream
+    return sorted(set(found))
 
 
 def _upstream_hint(candidate: ir.Model, node_name: str | None) -> str | None:

@@ -33,9 +33,11 @@ CRITERION = (
 )
 
 
-def exclude_pattern(node_name: str) -> str:
-    """The ``--nodes_to_exclude`` regex (``re.match``) that selects exactly this node name."""
-    return f"^{re.escape(node_name)}$"
+def exclude_pattern(node_name: str, *more: str) -> str:
+    """The ``--nodes_to_exclude`` regex (``re.match``) that selects exactly these node names."""
+    if not more:
+        return f"^{re.escape(node_name)}$"
+    return "^(?:" + "|".join(re.escape(n) for n in (node_name, *more)) + ")$"
 
 
 def _json_fields(record: Any) -> dict[str, Any]:
@@ -169,8 +171,9 @@ class CompareReport:
     """The per-node comparison of a candidate model against its reference.
 
     ``rows`` are in the reference's topological order; ``first_divergence`` is the node name of the first row
-    that diverges (see the module docstring for the criterion), ``exclude_pattern`` the ``--nodes_to_exclude``
-    regex that keeps that node in high precision.
+    that diverges (see the module docstring for the criterion), ``exclude_nodes`` the nodes to keep in high
+    precision for it (in a quantized candidate, the quantized nodes behind the divergence; empty: the first
+    divergent node itself) and ``exclude_pattern`` the ``--nodes_to_exclude`` regex that selects them.
     """
 
     TOOL: ClassVar[str] = "compare"
@@ -185,6 +188,7 @@ class CompareReport:
     candidate: str | None = None
     verification: Verification | None = None
     notes: list[str] = field(default_factory=list)
+    exclude_nodes: list[str] = field(default_factory=list)
 
     @property
     def first_divergence_row(self) -> CompareRow | None:
@@ -198,9 +202,22 @@ class CompareReport:
 
     @property
     def exclude_pattern(self) -> str | None:
-        """``--nodes_to_exclude`` regex keeping the first divergent node in high precision (None: no divergence)."""
+        """``--nodes_to_exclude`` regex for ``exclude_nodes`` (default: the first divergent node; None: none)."""
         node = self.first_divergence
-        return exclude_pattern(node) if node is not None else None
+        if node is None:
+            return None
+        return exclude_pattern(*self.exclude_nodes) if self.exclude_nodes else exclude_pattern(node)
+
+    @property
+    def advice(self) -> str | None:
+        """The line that says what to keep in high precision (None: no divergence)."""
+        first, pattern = self.first_divergence, self.exclude_pattern
+        if first is None:
+            return None
+        if self.exclude_nodes and self.exclude_nodes != [first]:
+            which = ", ".join(f"'{n}'" for n in self.exclude_nodes)
+            return f"keep the quantized node(s) behind it in high precision ({which}): --nodes_to_exclude '{pattern}'"
+        return f"keep it in high precision: --nodes_to_exclude '{pattern}'"
 
     def row(self, node: str) -> CompareRow | None:
         """The first row of the node named ``node``."""
@@ -252,6 +269,7 @@ class CompareReport:
                 "op_type": first.op_type,
                 "tensor": first.tensor,
                 "index": first.index,
+                "exclude_nodes": list(self.exclude_nodes) or [first.node],
                 "exclude_pattern": self.exclude_pattern,
             },
             "outputs": {name: o.to_json() for name, o in self.outputs.items()},
@@ -378,10 +396,9 @@ def render(report: CompareReport) -> str:
     first = report.first_divergence_row
     summary = [f"<p>{e(report.summary)}.</p>"]
     if first is not None:
-        summary.append(
-            "<p>Keep it in high precision with "
-            f"<code>--nodes_to_exclude '{e(report.exclude_pattern or '')}'</code>.</p>"
-        )
+        advice, _, pattern = (report.advice or "").partition(": --nodes_to_exclude ")
+        advice = advice[:1].upper() + advice[1:]
+        summary.append(f"<p>{e(advice)} with <code>--nodes_to_exclude {e(pattern)}</code>.</p>")
     if report.verification is not None:
         v = report.verification
         summary.append(f'<p class="{"ok" if v.fixed else "miss"}">{e(v.summary)}</p>')

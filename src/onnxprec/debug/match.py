@@ -12,7 +12,18 @@ for each reference tensor, in this order:
    dropped; it matches what the Cast's input matches;
 5. ``via consumer``: the candidate node named like a consumer of the reference tensor reads, through a chain of
    Cast / QuantizeLinear / DequantizeLinear / Identity, the output of a node of the reference producer's name or
-   op type.
+   op type -- or, when the reference producer is a Relu or Clip, through QuantizeLinear/DequantizeLinear the output
+   of the node that feeds it (the converter removed the clamp because the quantization range does its work).
+
+**The value its consumers see.** A quantized model's consumers read a tensor through QuantizeLinear ->
+DequantizeLinear. When every consumer of the matched candidate tensor reads it that way, the DequantizeLinear output
+is compared (``how`` ends with ``-> consumers' DequantizeLinear``): the quantization error is part of the candidate.
+
+**Names that survive a removed op.** A converter that removes an op may leave the op's output name on the tensor
+of the node before it (ONNX Runtime's quantizer drops a Clip before a QuantizeLinear and names the Conv's output
+``/Clip_output_0``): that tensor holds the Conv's values, not the Clip's. A same-named candidate tensor whose
+producer is the twin (same name and op type) of a *different* reference node is therefore matched to that node's
+output, not by name; the reference tensor gets the value its consumers see instead, or stays unmatched.
 
 Only tensors ONNX Runtime can fetch qualify (node outputs or graph outputs of the main graph, not INT4).
 """
@@ -27,7 +38,10 @@ import onnx_ir as ir
 from onnxprec._graph import FLOAT_TYPES, ORIGINAL_NAME
 from onnxprec.debug._common import fetchable
 
-__all__ = ["Match", "carried_source", "carrier_ops", "match_values"]
+__all__ = ["Match", "carried_source", "carrier_ops", "consumers_view", "match_values"]
+
+# Ops whose work a QuantizeLinear's range can do (a quantizer may drop them before one).
+_CLAMPS = frozenset({"Relu", "Clip"})
 
 # Ops a converter inserts that carry a tensor's values on (up to rounding or quantization).
 _CARRIERS = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Identity"})
@@ -103,23 +117,99 @@ def carrier_ops(value: ir.Value) -> list[str]:
     return _chain(value)[1]
 
 
+def consumers_view(value: ir.Value) -> ir.Value | None:
+    """The DequantizeLinear output every consumer of ``value`` reads it through (QuantizeLinear -> DequantizeLinear).
+
+    None when ``value`` is a graph output, has no consumer, or any consumer reads it otherwise.
+    """
+    if value.is_graph_output():
+        return None
+    uses = list(value.uses())
+    if not uses or any(u.node.op_type != "QuantizeLinear" or u.idx != 0 for u in uses):
+        return None
+    views = []
+    for use in uses:
+        quantized = use.node.outputs[0]
+        readers = list(quantized.uses())
+        if quantized.is_graph_output() or not readers:
+            return None
+        if any(r.node.op_type != "DequantizeLinear" or r.idx != 0 for r in readers):
+            return None
+        views += [r.node.outputs[0] for r in readers]
+    view = next((v for v in views if v.name and fetchable(v) and v.dtype in FLOAT_TYPES), None)
+    return view
+
+
 class _Matcher:
-    def __init__(self, candidate: ir.Model) -> None:
+    def __init__(self, candidate: ir.Model, reference: ir.Graph | None) -> None:
         self.index = _Index(candidate)
         self.done: dict[ir.Value, Match] = {}
+        self.ref_nodes: dict[str, ir.Node] = {}
+        self.ref_values: dict[str, ir.Value] = {}
+        for node in reference or ():
+            if node.name:
+                self.ref_nodes.setdefault(node.name, node)
+            for out in node.outputs:
+                if out.name:
+                    self.ref_values.setdefault(out.name, out)
 
     def match(self, value: ir.Value, depth: int = 0) -> Match:
         found = self.done.get(value)
         if found is None:
-            found = self._find(value, depth)
+            found = self._viewed(self._find(value, depth))
             self.done[value] = found
         return found
+
+    def _holds_other(self, value: ir.Value, candidate: ir.Value) -> ir.Node | None:
+        """The reference node whose output ``candidate`` holds when that is not ``value``'s producer.
+
+        That is the case when the candidate's producer is the twin (same name and op type) of another reference
+        node: the converter removed or fused ``value``'s producer and left its output name on the tensor before.
+        """
+        producer, origin = value.producer(), candidate.producer()
+        if producer is None or origin is None or not origin.name or origin.name == producer.name:
+            return None
+        twin = self.ref_nodes.get(origin.name)
+        return twin if twin is not None and twin is not producer and twin.op_type == origin.op_type else None
+
+    def _viewed(self, found: Match) -> Match:
+        """The match moved to the value the candidate's consumers see, when they all read it quantized."""
+        candidate = found.candidate
+        if candidate is None:
+            return found
+        # A tensor that carries another reference tensor's name (a removed op's output) is compared raw: its
+        # consumers' view includes the removed op's effect.
+        other = self.ref_values.get(candidate.name or "")
+        if other is not None and other is not found.reference:
+            return found
+        view = consumers_view(candidate)
+        if view is None or not self._read_by_twins(found.reference, view):
+            return found
+        return Match(found.reference, view, f"{found.how} -> consumers' DequantizeLinear")
+
+    def _read_by_twins(self, value: ir.Value, view: ir.Value) -> bool:
+        """Whether the candidate nodes reading ``view`` read ``value`` in the reference (through carrier ops).
+
+        False when they are twins of reference nodes that read something else: the converter removed an op between
+        (a Clip dropped before a QuantizeLinear), so the view holds that op's result, not ``value``.
+        """
+        twins = [self.ref_nodes[u.node.name] for u in view.uses() if u.node.name in self.ref_nodes]
+        if not twins:
+            return True
+        return any(v is not None and carried_source(v) is value for twin in twins for v in twin.inputs)
 
     def _find(self, value: ir.Value, depth: int) -> Match:
         index = self.index
         name = value.name or ""
+        survivor = None
         if name in index.by_name:
-            return Match(value, index.by_name[name], "name")
+            candidate = index.by_name[name]
+            holder = self._holds_other(value, candidate)
+            if holder is None:
+                return Match(value, candidate, "name")
+            survivor = self._survivor(value, candidate, holder)
+            if survivor.candidate is not None:
+                return survivor
         renamed = index.by_original.get(name)
         if renamed:
             # Prefer the tensor computed by a real node over the Cast that re-exposes it.
@@ -149,7 +239,24 @@ class _Matcher:
                 continue
             if origin.name == ref_origin.name or origin.op_type == ref_origin.op_type:
                 return Match(value, source, f"via consumer {node.name}")
-        return Match(value, None, "no candidate tensor")
+            seen = consumer.inputs[idx]
+            removed = producer.op_type in _CLAMPS and origin.name in self._feeders(producer)
+            if removed and "DequantizeLinear" in carrier_ops(seen):  # type: ignore[arg-type]
+                return Match(value, seen, f"via consumer {node.name}: {producer.op_type} removed, its effect quantized")
+        return survivor or Match(value, None, "no candidate tensor")
+
+    def _feeders(self, node: ir.Node) -> set[str]:
+        """Names of the reference nodes producing ``node``'s inputs."""
+        return {p.name for v in node.inputs if v is not None and (p := v.producer()) is not None and p.name}
+
+    def _survivor(self, value: ir.Value, candidate: ir.Value, holder: ir.Node) -> Match:
+        """The match of a reference tensor whose name survives on ``holder``'s output in the candidate."""
+        gone = value.producer().op_type  # type: ignore[union-attr]
+        removed = f"'{candidate.name}' holds the output of {holder.op_type} '{holder.name}' (the {gone} was removed)"
+        view = consumers_view(candidate)
+        if view is None:
+            return Match(value, None, f"unmatched: {removed}")
+        return Match(value, view, f"consumers' DequantizeLinear; {removed}")
 
     def _uses(self, value: ir.Value, depth: int = 0) -> list[tuple[ir.Node, int]]:
         """The reference's consumers of ``value``, looking through carrier ops the candidate does not have."""
@@ -172,5 +279,8 @@ def match_values(candidate: ir.Model, values: Iterable[ir.Value]) -> dict[ir.Val
     Returns:
         A :class:`Match` per value (``candidate`` is None where nothing matched; ``how`` says why).
     """
-    matcher = _Matcher(candidate)
+    values = list(values)
+    producers = (v.producer() for v in values)
+    reference = next((p.graph for p in producers if p is not None and p.graph is not None), None)
+    matcher = _Matcher(candidate, reference)
     return {value: matcher.match(value) for value in values}

@@ -57,8 +57,9 @@ def test_each_rule_finds_its_tensor() -> None:
     found = {name: (m.candidate.name if m.candidate is not None else None, m.how) for name, m in
              ((v.name, matches[v]) for v in values.values())}  # fmt: skip
     assert found == {
-        "a": ("a_renamed", "via consumer mm"),  # through the reference's Cast and the candidate's Q/DQ
-        "a32": ("a_renamed", "through Cast"),  # the Cast the candidate dropped carries what its input matched
+        # through the reference's Cast and the candidate's Q/DQ, compared as the MatMul sees it (dequantized)
+        "a": ("a_dq", "via consumer mm -> consumers' DequantizeLinear"),
+        "a32": ("a_dq", "through Cast"),  # the Cast the candidate dropped carries what its input matched
         "h": ("h_new", "producer"),
         "t": ("t_fp16", "original name"),
         "gone": (None, "no candidate tensor"),
