@@ -40,7 +40,7 @@ from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
-from onnxprec.quantization.int4._budget import choose_precisions
+from onnxprec.quantization.int4._budget import choose_precisions, written_text
 from onnxprec.quantization.int4._options import Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
@@ -135,8 +135,11 @@ def _calibrate_and_decide(
     recipes: dict[Target, Recipe],
     entries: dict[Target, LayerReport],
     report: Int4Report,
+    written: dict[str, np.ndarray] | None = None,
 ) -> dict[InputGroup, np.ndarray]:
-    """Statistics per chunk of input groups and the recipes they decide; returns the groups' AWQ scales."""
+    """Statistics per chunk of input groups and the recipes they decide; returns the groups' AWQ scales.
+
+    ``written``: without calibration data, the text an LLM wrote itself (else random inputs)."""
     spec = options.spec
     groups = [g for g in selection.groups() if any(t.bits == 4 for t in _targets_of(g, selection))]
     owned = _owned_targets(groups, selection)
@@ -149,7 +152,7 @@ def _calibrate_and_decide(
             len(groups), options.stats_memory_mb, len(chunks),
         )  # fmt: skip
     scales: dict[InputGroup, np.ndarray] = {}
-    source = options.calibration_data_reader
+    source = options.calibration_data_reader if written is None else written
     if source is None:
         logger.warning(
             "No calibration data: %s runs on realistic random inputs. AWQ and GPTQ fit the statistics of the "
@@ -180,7 +183,9 @@ def _calibrate_and_decide(
     tick = time.perf_counter()
     shapes = calibration.parse_input_shapes(options.input_shapes)
     run_on_data(model, source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size)
-    report.calibration.update({"passes": len(chunks), "random": source is None, "inputs": len(groups)})
+    report.calibration.update(
+        {"passes": len(chunks), "random": source is None, "written": written is not None, "inputs": len(groups)}
+    )
     report.seconds["calibration"] = time.perf_counter() - tick
     return scales
 
@@ -282,8 +287,14 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
             f"and whose other input is computed ({len(selection.skipped)} MatMul/Gemm skipped; see --log_level DEBUG)."
         )
     report.seconds["load+select"] = time.perf_counter() - tick
+    written = None  # without data, an LLM calibrates on text it writes itself
+    needs_data = options.spec.needs_data and any(t.bits == 4 for t in selection.targets)
+    if options.calibration_data_reader is None and (options.size_budget_mb is not None or needs_data):
+        tick = time.perf_counter()
+        written = written_text(model, options)
+        report.seconds["written text"] = time.perf_counter() - tick
     if options.size_budget_mb is not None:
-        report.budget = choose_precisions(model, selection, options)
+        report.budget = choose_precisions(model, selection, options, written)
         report.seconds["size budget"] = report.budget.seconds
         report.excluded, report.skipped = selection.excluded, selection.skipped
     logger.info(
@@ -300,7 +311,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
             entry.info.update(sensitivity=chosen["sensitivity"], bytes=chosen["bytes"])
     scales: dict[InputGroup, np.ndarray] = {}
     if options.spec.needs_data and any(t.bits == 4 for t in selection.targets):
-        scales = _calibrate_and_decide(model, selection, options, recipes, entries, report)
+        scales = _calibrate_and_decide(model, selection, options, recipes, entries, report, written)
     for target in selection.targets:
         if target not in recipes:
             if target.bits == 8:
@@ -389,7 +400,8 @@ def quantize(
             are ModelOpt aliases; None: awq_lite with calibration data (as ModelOpt), kquant without.
         calibration_data_reader: Calibration inputs: a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
             ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
-            ``CalibrationDataReader``; None: realistic random data; AWQ and GPTQ need representative data.
+            ``CalibrationDataReader``; None: text an LLM writes itself (AWQ, GPTQ, size budget), else realistic
+            random data.
         calibration_eps: ONNX Runtime providers for calibration: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
         use_external_data_format: Save the weights in ``<output>.data`` (``quantize_file``; automatic above 2 GB).
             ``quantize`` returns a ModelProto: save it with ``onnx.save(..., save_as_external_data=True)``.

@@ -48,7 +48,10 @@ from onnxprec.quantization.int4._options import Int4Options
 from onnxprec.quantization.methods import MethodSpec
 from onnxprec.quantization.select import InputGroup, Selection, Target
 
-__all__ = ["BLOCK_CHOICES", "TINY_ELEMENTS", "BudgetReport", "choose_precisions"]
+__all__ = [
+    "BLOCK_CHOICES", "TINY_ELEMENTS", "WRITTEN_LENGTH", "WRITTEN_WINDOWS", "BudgetReport", "choose_precisions",
+    "written_text",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -301,42 +304,47 @@ def _calibrate_gains(
     report.probes = {"sets": probes}
 
 
-def _written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray] | None:
-    """Without calibration data: token windows the LLM writes itself, or None (random data) for other models."""
+def written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray] | None:
+    """Without calibration data: token windows the LLM writes itself, or None (random data) for other models.
+
+    Used for the size budget's sensitivities and for the methods that calibrate (AWQ, GPTQ): the model's own text is
+    in its distribution, random token ids are not text.
+    """
     from onnxprec.llm_inputs import LLMInputs
     from onnxprec.quantization.generated import generated_token_windows
 
     llm = LLMInputs.of(model)
     if llm is not None and _has_logits(model):
         try:
-            ids = generated_token_windows(model, _WRITTEN_WINDOWS, _WRITTEN_LENGTH, providers=options.calibration_eps)
+            ids = generated_token_windows(model, WRITTEN_WINDOWS, WRITTEN_LENGTH, providers=options.calibration_eps)
         except CalibrationDataError as e:
             logger.warning("The model cannot write its own calibration text (%s)", e)
         else:
             logger.warning(
-                "No calibration data: layer sensitivities under --size_budget_mb are measured on %d windows of %d "
-                "tokens the model wrote itself; representative inputs (--calibration_data) may choose better.",
-                _WRITTEN_WINDOWS, _WRITTEN_LENGTH,
+                "No calibration data: %s calibrates on %d windows of %d tokens the model wrote itself; "
+                "representative inputs (--calibration_data) may do better.",
+                "--size_budget_mb" if options.size_budget_mb is not None and not options.spec.needs_data
+                else options.method, WRITTEN_WINDOWS, WRITTEN_LENGTH,
             )  # fmt: skip
             return {llm.ids.name: ids}
-    logger.warning(
-        "No calibration data: layer sensitivities under --size_budget_mb are measured on random inputs; pass "
-        "representative inputs (--calibration_data) for a better choice."
-    )
     return None
 
 
-# Without calibration data, an LLM writes this many windows of this many tokens to measure sensitivities on.
-_WRITTEN_WINDOWS = 8
-_WRITTEN_LENGTH = 256
+# Without calibration data, an LLM writes this many windows of this many tokens to calibrate on.
+WRITTEN_WINDOWS = 8
+WRITTEN_LENGTH = 256
 
 
 def _add(steps: dict[str, float], step: str, since: float) -> None:
     steps[step] = steps.get(step, 0.0) + time.perf_counter() - since
 
 
-def choose_precisions(model: ir.Model, selection: Selection, options: Int4Options) -> BudgetReport:
+def choose_precisions(
+    model: ir.Model, selection: Selection, options: Int4Options, written: dict[str, np.ndarray] | None = None
+) -> BudgetReport:
     """Sets each selected weight's precision within ``options.size_budget_mb``; returns what was chosen.
+
+    ``written``: without calibration data, the text the model wrote itself (:func:`written_text`), else random data.
 
     Raises:
         InvalidArgumentError: The budget is below the smallest reachable size (named in the message).
@@ -357,7 +365,12 @@ def choose_precisions(model: ir.Model, selection: Selection, options: Int4Option
     chunks = plan_chunks(groups, spec, options.sample_tokens, options.stats_memory_mb * 1024 * 1024)
     source = options.calibration_data_reader
     if source is None:
-        source = _written_text(model, options)
+        source = written
+        if written is None:
+            logger.warning(
+                "No calibration data: layer sensitivities under --size_budget_mb are measured on random inputs; "
+                "pass representative inputs (--calibration_data) for a better choice."
+            )
     from tqdm.auto import tqdm
 
     llm = _has_logits(model)

@@ -47,7 +47,8 @@ class Int4Options(ToolOptions):
         "weighted least-squares scale search, no data), hqq (half-quadratic lp fit, no data), awq_lite (AWQ scale "
         "search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with error "
         "propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt are "
-        "ModelOpt aliases (default: awq_lite with calibration data, as ModelOpt; kquant without).",
+        "ModelOpt aliases (default: awq_lite with calibration data, as ModelOpt; kquant without). Without data, an LLM "
+        "calibrates AWQ and GPTQ on text it writes itself (other models on random inputs).",
     )
     calibration_data_reader: Any = calibration_data_option(
         "Calibration inputs",
@@ -102,7 +103,8 @@ class Int4Options(ToolOptions):
         metavar="MB",
         help="The output's model files (.onnx plus external data) are at most this many MB (10^6 bytes): each weight "
         "gets INT4 at block 128, 64 or 32, INT8, or float when tiny, the most sensitive bytes promoted first "
-        "(sensitivity: the Hessian-weighted output error on the calibration data, or on random data without it, "
+        "(sensitivity: the Hessian-weighted output error on the calibration data; without it, on text an LLM writes "
+        "itself, or random data, "
         "scaled by a few real runs' KL divergence of the logits).",
     )
     log_level: str = option(

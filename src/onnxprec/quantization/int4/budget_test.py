@@ -94,3 +94,26 @@ def test_explicit_exclusions_still_apply_and_tiny_weights_may_stay_float(tmp_pat
     assert "Wtiny" not in weights  # 4096 values: float fits a generous budget and has no error
     assert ("Wtiny", "kept in float by the size budget") in report.skipped
     assert weights["Wbig"].bits == 8
+
+
+def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) -> None:
+    from onnxprec._io import load_model
+    from onnxprec.quantization.generated import generated_token_windows
+    from onnxprec.quantization.int4._budget import WRITTEN_LENGTH, WRITTEN_WINDOWS
+
+    source, _ = _lm(tmp_path)
+    written = generated_token_windows(load_model(source), WRITTEN_WINDOWS, WRITTEN_LENGTH)
+    free = quantize_file(source, tmp_path / "free.onnx", calibration_method="gptq", block_size=16)
+    given = quantize_file(
+        source, tmp_path / "given.onnx", calibration_method="gptq", block_size=16,
+        calibration_data_reader=[{"ids": written[i : i + 1]} for i in range(WRITTEN_WINDOWS)],
+    )  # fmt: skip
+    assert free.calibration["written"] and not free.calibration["random"]
+    assert free.calibration["samples"] == WRITTEN_WINDOWS
+    # the same GPTQ weights as with the written windows given as data
+    weights = [{t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(tmp_path / f).graph.initializer}
+               for f in ("free.onnx", "given.onnx")]  # fmt: skip
+    assert weights[0].keys() == weights[1].keys()
+    for name, array in weights[0].items():
+        np.testing.assert_array_equal(array, weights[1][name], err_msg=name)
+    assert given.calibration["written"] is False
