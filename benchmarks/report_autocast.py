@@ -14,6 +14,7 @@ from typing import Any
 from zoo import SMOLLM2_FP32_PERPLEXITY
 
 from .report_common import (
+    TEXT,
     GpuResults,
     Merged,
     ReportPart,
@@ -574,47 +575,7 @@ def scaling_chart(merged: Merged, path: Path) -> bool:
     return True
 
 
-METHOD = [
-    "## Method",
-    "",
-    "* **Tools** (`python -m benchmarks tools`): `onnxprec` = `python -m onnxprec.autocast --onnx_path M "
-    "--output_path O --keep_io_types` (project venv); `modelopt` = `python -m modelopt.onnx.autocast` with the "
-    "same flags (nvidia-modelopt 0.47.0, anchors venv); `:inf` variants add `--data_max inf` (no reference "
-    "run); `occ_fp16` = onnxconverter-common `float16.convert_float_to_float16(keep_io_types=True)`; `occ_amp` = "
-    "onnxconverter-common `auto_convert_mixed_precision` on the real inputs with rtol 0.01, atol 0.001 "
-    "(one round only, models under 200 MB, 900 s timeout); `ort_fp16` = onnxruntime "
-    "`transformers.float16.convert_float_to_float16(keep_io_types=True)`; `baseline_loadsave` = `onnx.load` + "
-    "`onnx.save` (external data stays external). All with their default settings otherwise.",
-    "* **One process per run**, started by `benchmarks/_runner.py`, which calls the tool's own entry point "
-    "(the CLI `main` for the AutoCast tools) and reports its import time and its conversion-only time (load + "
-    "convert + save). Whole-process wall time is measured around the child; peak RSS is the child's "
-    "`ru_maxrss` from `/usr/bin/time -v` (psutil polling of the process tree where GNU time is missing). A "
-    "watchdog stops a run past its timeout or past the memory limit; such runs are shown as timeout / "
-    "memory-limit and the tool is not retried on that model.",
-    "* **Rounds**: for each model, round r runs every tool once in a fixed order; ratios against the anchor "
-    "(ModelOpt with the same data_max, or load+save) are taken per round and summarised as median [min–max]. "
-    'Runs whose settings say "page cache warmed" read the model\'s files once before every tool run, so each '
-    "run starts with them in the page cache (without it, the first tool after a multi-GB run pays for the disk).",
-    "* **Default plan** (`python -m benchmarks tools`): real models get every tool (SmolLM2 also "
-    "onnxprec data_max=inf and load+save); chains get onnxprec and ModelOpt with both data_max settings; the "
-    "MatMul stacks get the data_max=inf variants and load+save only (a reference run of a multi-GB model is "
-    "not what those rows are about). chain_5000 and the MatMul stacks of 1 GiB and more get `--heavy-repeats` "
-    "rounds.",
-    "* **Quality and latency** are measured afterwards in a separate worker process on the first successful "
-    "output of each tool (`benchmarks/output_metrics.py` documents every definition). The zoo (`zoo/__init__.py`) "
-    "documents the models and their real inputs.",
-    '* **Targets**: ratios use the median over rounds. "Output error no worse" allows the relative L2 error '
-    f"to exceed ModelOpt's by at most {round((ERROR_TOLERANCE - 1) * 100)} % (rounding-order noise); "
-    "1 GiB = 1024 MiB.",
-    "* **GPU**: `python -m experiments.gpu_prepare --out benchmarks/gpu-bundles` converts MiniLM and "
-    "EfficientNet with onnxprec, ModelOpt and onnxconverter-common here and packs them with the FP32 models "
-    "and real inputs into bundles of at most 60 MB; on the GPU machine `python experiments/gpu_latency.py DIR "
-    "--out benchmarks/results/gpu-<date>.json` reassembles them and times every file with the "
-    "CUDAExecutionProvider in one process. SmolLM2 is too large to move: its files are converted on the GPU "
-    "machine and put in `DIR/smollm2_135m/` (fp32.onnx, onnxprec.onnx, modelopt.onnx, occ_fp16.onnx, "
-    "inputs.npz) before running the same script.",
-    "",
-]
+METHOD = ["## Method", "", TEXT["autocast.method"].format(tolerance=round((ERROR_TOLERANCE - 1) * 100)), ""]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -622,18 +583,9 @@ METHOD = [
 # ------------------------------------------------------------------------------------------------------------
 
 INTRO = (
-    "onnxprec AutoCast against the converters users would otherwise pick, on the benchmark zoo "
-    "(`zoo/__init__.py`): NVIDIA ModelOpt AutoCast (the anchor every ratio is taken against), "
-    "onnxconverter-common `float16` and `auto_mixed_precision`, and onnxruntime's `transformers.float16`. "
-    "Every tool runs as its own process (`benchmarks/_runner.py` under `/usr/bin/time -v`), the anchors "
-    "in their own virtual environment (`python -m zoo.anchors_env`), all AutoCast runs with "
-    "`--keep_io_types`. Rounds alternate the tools (A B A B ...), and ratios are taken round by round "
-    "against the anchor measured seconds apart, because the machine is shared and noisy: read the ratios "
-    "first, the absolute numbers second. Cells show the median over rounds and [min–max].",
+    TEXT["autocast.intro.zoo"],
     "",
-    "Reproduce every table: `python -m benchmarks run` (then, to re-render only, `python -m benchmarks "
-    "report`). Rerun a subset with e.g. `python -m benchmarks run --models smollm2_135m --tools "
-    "onnxprec,modelopt`: the report keeps the newest measurement of every (model, tool).",
+    TEXT["autocast.intro.reproduce"],
     "",
 )
 
@@ -653,11 +605,7 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
     out += [
         "## Conversion cost",
         "",
-        "× faster = ModelOpt's whole-process wall time / the tool's (same `data_max` variant: the data_max=inf rows "
-        "compare with ModelOpt data_max=inf), per round; peak RSS vs ModelOpt = the tool's peak RSS / ModelOpt's "
-        "(lower is better). wall s and peak RSS are of the whole process (interpreter start-up and imports "
-        "included); convert-only s is the tool's own entry point (load + convert + save); import s the "
-        "imports before it.",
+        TEXT["autocast.cost"],
         "",
     ]
     out += grouped_tables(merged, groups, cost_table)
@@ -677,23 +625,11 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
         out += [
             f"### Accuracy target: `--target_accuracy {TARGET}` (AutoCast issue 11)",
             "",
-            "All three on the same real inputs: `onnxprec:data` is the default conversion with them as "
-            "calibration data (`-d`), `onnxprec:target` adds the target, `occ_amp` is onnxconverter-common's "
-            "`auto_convert_mixed_precision` on them (rtol 0.01, atol 0.001: its own check, not the same "
-            "criterion). Time ratio: the tool's whole-process wall time / the default's in the same round. Errors "
-            "and nodes as in the quality table below.",
+            TEXT["autocast.target"],
             "",
             tt,
             "",
-            "The search's sensitivity proxy (readers of a node's outputs over its distance to the graph outputs) "
-            "against each node's exact output error, on MiniLM (`python -m experiments.target_proxy`, one emulated "
-            "run per node): to meet rel_l2<=1e-3 from the default, the exact order keeps 17 of 223 nodes in FP32, "
-            "the proxy 30 (Spearman 0.48 with the exact errors; the search's greedy steps then return some), the "
-            "distance alone 37, the node's own rounding error 64 (0.20) and topological order 109. At the "
-            "default's own measured error on SmolLM2 (`python -m onnxprec.autocast ... -d inputs.npz "
-            '--target_accuracy "rel_l2<=6.23e-4"`, one CLI run on the same machine), where converting every '
-            "candidate misses: 6202 nodes low instead of 6198 at the same rel L2 6.23e-4, through 1 emulation "
-            "session, 5 real sessions and 15 runs in 458 s (the default on the same data: 229 s above).",
+            TEXT["autocast.target.proxy"],
             "",
         ]
     if png:
@@ -701,15 +637,7 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
     out += [
         "## Quality of the result",
         "",
-        "low-precision nodes: nodes (Cast and Constant excluded) with at least one FP16/BF16 input or output "
-        "(types from the model plus ONNX shape inference), out of the nodes with any floating-point input or "
-        'output (integer shape arithmetic excluded); "FP32:" names the op types of the float nodes left '
-        "in FP32. Cast nodes: all Cast nodes in the result (inserted = minus the FP32 model's own); size: "
-        ".onnx plus external data. Errors are "
-        "against the FP32 model on the real inputs (ONNX Runtime CPU, whole batch), on the first output: max "
-        "abs, relative L2 ||a−b||/||a||, cosine, top-1 agreement (argmax over the last axis; EfficientNet "
-        "logits per image, SmolLM2 logits per token). Perplexity: SmolLM2 on the 16 real 256-token windows. "
-        "\"tool's own count\" is the tool's log line (`Converted X/Y nodes`), which counts differently.",
+        TEXT["autocast.quality"],
         "",
     ]
     out += grouped_tables(merged, groups, quality_table)
@@ -718,11 +646,7 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
         out += [
             "## Inference latency, ONNX Runtime CPU",
             "",
-            "Batch 1 (the first real sample), default session options, on the benchmark machine; the FP32 model "
-            "and every result in one process (one at a time for the MatMul stacks above 3 GB in all), "
-            "alternating in rounds after warm-up. ONNX Runtime's CPU provider runs FP16 only where it has FP16 "
-            "kernels and inserts casts around the other nodes, so this table says what a CPU user gets, not what "
-            "a GPU gets.",
+            TEXT["autocast.latency.cpu"],
             "",
             *lat_parts,
         ]
@@ -738,9 +662,7 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
         ]
     else:
         out += [
-            "Not measured yet: `python -m experiments.gpu_prepare --out DIR`, move DIR to the GPU machine, run "
-            "`python experiments/gpu_latency.py DIR --out benchmarks/results/gpu-<date>.json` there, bring the JSON "
-            "back and run `python -m benchmarks report`.",
+            TEXT["autocast.gpu.missing"],
             "",
         ]
     return out + METHOD

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,17 @@ MODEL_LABELS = {
     "minilm_l6_v2": "MiniLM-L6-v2",
     "smollm2_135m": "SmolLM2-135M",
 }
-TOOL_ORDER = tuple(TOOLS)  # table rows follow the tools' registry order (unknown tools last, by name)
+TOOL_ORDER = tuple(TOOLS)
+TEXT_PATH = Path(__file__).resolve().parent / "report_text.md"
+
+
+def text_blocks(path: Path = TEXT_PATH) -> dict[str, str]:
+    """The document's prose: ``{key: paragraph lines}`` from the ``<!-- key -->`` blocks of ``report_text.md``."""
+    parts = re.split(r"^<!-- ([\w.]+) -->\n", path.read_text(), flags=re.M)
+    return {key: body.strip("\n") for key, body in zip(parts[1::2], parts[2::2])}
+
+
+TEXT = text_blocks()  # table rows follow the tools' registry order (unknown tools last, by name)
 
 
 # ------------------------------------------------------------------------------------------------------------

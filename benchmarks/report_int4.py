@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import load_kind, model_label, num, size, table
+from .report_common import TEXT, load_kind, model_label, num, size, table
 
 logger = logging.getLogger(__name__)
 
@@ -315,9 +315,7 @@ def latency_table(m: Int4Merged) -> list[str]:
     return [
         f"### ONNX Runtime CPU latency, SmolLM2-135M — run [I{run}]",
         "",
-        "Median over 5 rounds alternating the models (all sessions open, default optimizations: ONNX Runtime fuses "
-        "DequantizeLinear → MatMul into MatMulNBits at load, accuracy level 4). The 1-token forward is the "
-        "weight-bound step of decoding; the zoo export has no KV cache, so attention over past tokens is not in it.",
+        TEXT["int4.latency"],
         "",
         table(header, rows),
         "",
@@ -448,20 +446,7 @@ def genai_section(m: Int4Merged) -> list[str]:
     return [
         "### SmolLM2-135M built by onnxruntime-genai's builder (KV cache, GroupQueryAttention, contrib ops)",
         "",
-        "`python -m benchmarks int4 --plan genai` (`--tools` and `--repeats` per run below): the builder's FP32 "
-        "model (`-p fp32 -e cpu`); onnxprec gets the calibration windows 0-7 as token ids only (it completes the "
-        "mask and the empty KV cache), ModelOpt 0.47 `int4.quantize` the same windows with every input filled "
-        "(`onnxprec.llm_inputs.llm_feeds`; awq_lite with `awqlite_fuse_nodes=False`: its scale fusing calls "
-        "CuPy's `.get()` on numpy arrays without CuPy), the builder rebuilds from the Hugging Face folder. "
-        "Perplexity on windows 8-15 through ONNX Runtime with the KV inputs (`ppl.py`'s semantics); size: the model "
-        "files on disk (MB of 10^6 bytes); time and peak RSS: the whole process under `/usr/bin/time -v`, median "
-        "over the rounds; decode: onnxruntime-genai greedy decode tokens/s on the 2-core CPU "
-        "(`onnxprec.evaluate.generate_models`, three prompts, 64 new tokens), median over rounds alternating the "
-        "models (each round listed). The machine is shared with other engineers' jobs (load average 13-18 on 2 "
-        "cores during these runs, with up to three of these runs at once): read absolute times and speeds as noisy, "
-        "and compare ratios taken in one run. ModelOpt `awq_lite` has no row: on this machine its per-node AWQ "
-        "scale search ran at 34-43 s a node (18 of 150 nodes in 12 minutes, about 1.5 h projected), so it was "
-        "stopped; ModelOpt `rtn_dq` is in the table.",
+        TEXT["int4.genai"],
         "",
         table(
             [
@@ -496,13 +481,7 @@ def sections(results_dir: Path) -> list[str]:
     out = [
         "## INT4 weight-only quantization (INT4 issue)",
         "",
-        "`python -m benchmarks int4` (`benchmarks/int4.py`): every quantizer as its own process under "
-        "`/usr/bin/time -v` (whole-process wall time and peak RSS), the anchors in the anchors venv, the same "
-        "calibration windows for every calibrated tool (SmolLM2 windows 0-7, 2,048 tokens of real text, one batch "
-        "a window) and perplexity on the held-out windows 8-15, FP32 measured in the same run. Every tool keeps "
-        "`lm_head` in float (pattern `.*/lm_head`: ModelOpt's default `/lm_head` is matched from the start of the "
-        "name and misses the exporter's `/model/lm_head/MatMul`). Block 128, QDQ (`DequantizeLinear` → `MatMul`) "
-        "unless a row says otherwise. One round per tool: the machine is shared, so read times as ±20 %.",
+        TEXT["int4.intro"],
         "",
         *runs_list(m),
         "### Targets (INT4 issue)",
@@ -513,11 +492,7 @@ def sections(results_dir: Path) -> list[str]:
         "",
         llm_table(m),
         "",
-        "Δ / awq_clip's Δ: the perplexity increase over FP32 relative to ModelOpt `awq_clip`'s (the best anchor; "
-        "lower is better). Size: the bytes of the tensors that hold the quantized layers (4-bit weights, scales, "
-        "zero points) against the ideal of 4 bits a weight of the original `[K, N]` plus one float32 scale (and one "
-        "4-bit zero point) per block and column. MatMulNBits stores whole blocks (`[N, ceil(K/block), block/2]`), "
-        "so K = 576 (4.5 blocks of 128) is padded to 640 there; the QDQ form has no padding.",
+        TEXT["int4.llm.notes"],
         "",
         *latency_table(m),
         *synthetic_table(m),

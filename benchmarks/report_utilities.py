@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import load_kind, model_label, model_sort_key, num, short_error, size, table
+from .report_common import TEXT, load_kind, model_label, model_sort_key, num, short_error, size, table
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +181,7 @@ def preprocess_table(m: UtilitiesMerged) -> list[str]:
     return [
         "### `onnxprec preprocess` and ONNX Runtime's `quant_pre_process`, side by side",
         "",
-        "Both with their defaults (symbolic shape inference, basic graph optimization, ONNX shape inference), the "
-        "same model and machine, minutes apart; ORT gets `save_as_external_data=True, all_tensors_to_one_file=True` "
-        "where the model has external data.",
+        TEXT["utilities.preprocess"],
         "",
         table(header, rows),
         "",
@@ -217,18 +215,7 @@ def llm_sentence(m: UtilitiesMerged) -> list[str]:
     ]
 
 
-MEMORY_NOTE = (
-    "Reading the peak RSS: `dump` and `compare` fetch the selected tensors in chunks under a memory budget "
-    "(768 MiB by default), and run a model whose weights exceed 1 GiB segment by segment (one ONNX Runtime session "
-    "of at most 512 MiB of weights at a time, `onnxprec.reference`), so on the 4 GiB stack they stay far below "
-    "the weights; on SmolLM2 (622 MiB, one session) the peak is the weights, one chunk of activations and ONNX "
-    "Runtime's working memory. `preprocess` hands the weights to ONNX Runtime's optimizer by file reference and "
-    "streams them to the output. `evaluate` keeps one session per model open, as deployed (default optimizations, "
-    "for the interleaved latency), so its peak grows with the weights of all the models it evaluates (here the FP32 "
-    "model and its FP16 candidate, 1.5× the FP32 size) plus ONNX Runtime's working memory. AutoCast's range run "
-    "goes segment by segment as well since run [U2] (4191 MiB with one session in [U1]); the rest of its peak is "
-    "its conversion and save. The ratio column divides by the FP32 model's size."
-)
+MEMORY_NOTE = TEXT["utilities.memory"]
 
 
 def max_load(run: dict[str, Any]) -> float | None:
@@ -277,12 +264,7 @@ def sections(results_dir: Path) -> list[str]:
     out = [
         "## Utilities (preprocess, evaluate, dump, compare)",
         "",
-        "`python -m benchmarks utilities` (`benchmarks/utilities.py`): each tool as its own process "
-        "(`python -m onnxprec.cli <tool>`, what the `onnxprec` command runs) under `/usr/bin/time -v`: "
-        "whole-process wall time and peak RSS. The data is one batch of the zoo's inputs in one `.npz`; "
-        "`evaluate` and `compare` take the model and its FP16 AutoCast (`--keep_io_types`, made first and measured "
-        "too); `dump` writes every float node output (`--dump_float`). `M` stands for the model's path. "
-        "One round per tool: the machine is shared, so read times as ±20 %.",
+        TEXT["utilities.intro"],
         "",
         *runs_list(m),
         *llm_sentence(m),

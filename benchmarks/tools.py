@@ -59,104 +59,31 @@ class Tool:
 
 _AUTOCAST = "--onnx_path {src} --output_path {dst} --keep_io_types"
 TARGET = "rel_l2<=1e-3"  # the accuracy target of the onnxprec:target runs (AutoCast issue 11)
-TOOLS: dict[str, Tool] = {
-    t.id: t
-    for t in (
-        Tool(
-            "onnxprec",
-            "onnxprec",
-            "project",
-            "onnxprec",
-            f"python -m onnxprec.autocast {_AUTOCAST}",
-            report_json=True,
-        ),
-        Tool(
-            "modelopt",
-            "modelopt",
-            "anchors",
-            "ModelOpt",
-            f"python -m modelopt.onnx.autocast {_AUTOCAST}",
-            anchor=None,
-        ),
-        Tool(
-            "onnxprec:inf",
-            "onnxprec",
-            "project",
-            "onnxprec data_max=inf",
-            f"python -m onnxprec.autocast {_AUTOCAST} --data_max inf",
-            data_max="inf",
-            anchor="modelopt:inf",
-            report_json=True,
-        ),
-        Tool(
-            "modelopt:inf",
-            "modelopt",
-            "anchors",
-            "ModelOpt data_max=inf",
-            f"python -m modelopt.onnx.autocast {_AUTOCAST} --data_max inf",
-            data_max="inf",
-            anchor=None,
-        ),
-        Tool(
-            "onnxprec:data",
-            "onnxprec",
-            "project",
-            "onnxprec, real inputs as calibration data",
-            f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz",
-            anchor=None,
-            needs_inputs=True,
-            report_json=True,
-        ),
-        Tool(
-            "onnxprec:target",
-            "onnxprec",
-            "project",
-            f"onnxprec --target_accuracy {TARGET}",
-            f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz --target_accuracy '{TARGET}'",
-            anchor="onnxprec:data",
-            needs_inputs=True,
-            report_json=True,
-            target=TARGET,
-            timeout_s=3600,
-            max_repeats=1,
-        ),
-        Tool(
-            "occ_fp16",
-            "occ_fp16",
-            "anchors",
-            "onnxconverter-common float16",
-            "onnxconverter_common.float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)",
-        ),
-        Tool(
-            "occ_amp",
-            "occ_amp",
-            "anchors",
-            "onnxconverter-common auto_mixed_precision",
-            "onnxconverter_common.auto_mixed_precision.auto_convert_mixed_precision(onnx.load(src), real_inputs, "
-            "rtol=0.01, atol=0.001, keep_io_types=True)",
-            needs_inputs=True,
-            max_model_mb=200,
-            timeout_s=900,
-            max_repeats=1,
-        ),
-        Tool(
-            "ort_fp16",
-            "ort_fp16",
-            "anchors",
-            "onnxruntime transformers float16",
-            "onnxruntime.transformers.float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)",
-        ),
-        Tool(
-            "baseline_loadsave",
-            "baseline_loadsave",
-            "project",
-            "onnx.load + onnx.save",
-            "onnx.save(onnx.load(src), dst)  # external data stays external",
-            anchor=None,
-            evaluate=False,
-        ),
-    )
-}
+_OCC = "onnxconverter_common"
+# fmt: off
+TOOLS: dict[str, Tool] = {t.id: t for t in (
+    Tool("onnxprec", "onnxprec", "project", "onnxprec", f"python -m onnxprec.autocast {_AUTOCAST}", report_json=True),
+    Tool("modelopt", "modelopt", "anchors", "ModelOpt", f"python -m modelopt.onnx.autocast {_AUTOCAST}", anchor=None),
+    Tool("onnxprec:inf", "onnxprec", "project", "onnxprec data_max=inf",
+         f"python -m onnxprec.autocast {_AUTOCAST} --data_max inf", "inf", "modelopt:inf", report_json=True),
+    Tool("modelopt:inf", "modelopt", "anchors", "ModelOpt data_max=inf",
+         f"python -m modelopt.onnx.autocast {_AUTOCAST} --data_max inf", "inf", None),
+    Tool("onnxprec:data", "onnxprec", "project", "onnxprec, real inputs as calibration data",
+         f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz", anchor=None, needs_inputs=True, report_json=True),
+    Tool("onnxprec:target", "onnxprec", "project", f"onnxprec --target_accuracy {TARGET}",
+         f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz --target_accuracy '{TARGET}'",
+         anchor="onnxprec:data", needs_inputs=True, report_json=True, target=TARGET, timeout_s=3600, max_repeats=1),
+    Tool("occ_fp16", "occ_fp16", "anchors", "onnxconverter-common float16",
+         f"{_OCC}.float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)"),
+    Tool("occ_amp", "occ_amp", "anchors", "onnxconverter-common auto_mixed_precision",
+         f"{_OCC}.auto_mixed_precision.auto_convert_mixed_precision(onnx.load(src), real_inputs, rtol=0.01, "
+         "atol=0.001, keep_io_types=True)", needs_inputs=True, max_model_mb=200, timeout_s=900, max_repeats=1),
+    Tool("ort_fp16", "ort_fp16", "anchors", "onnxruntime transformers float16",
+         "onnxruntime.transformers.float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)"),
+    Tool("baseline_loadsave", "baseline_loadsave", "project", "onnx.load + onnx.save",
+         "onnx.save(onnx.load(src), dst)  # external data stays external", anchor=None, evaluate=False),
+)}
+# fmt: on
 
 # the tools whose runs the others' time and memory are taken against, round by round (see Tool.anchor)
 RATIO_ANCHORS = ("modelopt", "modelopt:inf", "baseline_loadsave", "onnxprec:data")
