@@ -1,4 +1,8 @@
-"""The benchmark run: every tool on every model, alternating (A B A B), then the metrics, into one JSON file.
+"""The one harness: a process runner (:func:`measure`), one results schema (:func:`new_results`), and the AutoCast
+part's run; the INT4 and utilities parts (:mod:`benchmarks.int4`, :mod:`benchmarks.utilities`) run their tool
+tables through the same pieces, and :mod:`benchmarks.report` renders every part's results into BENCHMARKS.md.
+
+AutoCast: every tool on every model, alternating (A B A B), then the metrics, into one JSON file.
 
 For each model, ``repeats`` rounds each run every tool once, in the same order (so a slow spell on the shared
 machine hits all tools alike); every run is a fresh process measured by :mod:`benchmarks.proc`. A tool that
@@ -46,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SCHEMA = 1
+SCHEMA = 2  # 2: every part writes the same header (versions.project/anchors, settings); 1: AutoCast's
 TOP1_MODELS = frozenset({"efficientnet_lite0", "smollm2_135m"})
 PERPLEXITY_MODELS = frozenset({"smollm2_135m"})
 EVAL_BATCH = {"smollm2_135m": 2}  # windows per ONNX Runtime call when measuring accuracy (bounds memory)
@@ -58,9 +62,10 @@ _MODELOPT_COUNTS = re.compile(r"Converted (\d+)/(\d+) nodes \([\d.]+%\) to \w+")
 
 @dataclass
 class RunConfig:
-    """What ``python -m benchmarks run`` was asked to do."""
+    """What ``python -m benchmarks run|int4|utilities`` was asked to do (``plan``: the INT4 part's model plan,
+    ``tokens``: the utilities part's window length; ``models``/``tools`` empty: the part's defaults)."""
 
-    models: list[str]
+    models: list[str] = field(default_factory=list)
     tools: list[str] | None = None
     repeats: int = 3
     heavy_repeats: int = 1
@@ -77,6 +82,8 @@ class RunConfig:
     anchors_python: Path | None = None
     command: str = ""
     progress: Callable[[str], None] | None = None
+    plan: str = "all"
+    tokens: int = 256
     _anchor_versions: dict[str, str] = field(default_factory=dict)
 
 
@@ -250,33 +257,82 @@ def _applicable(tool: Tool, model_bytes: int) -> str | None:
     return None
 
 
-def _results_path(config: RunConfig, started: dt.datetime) -> Path:
-    tag = config.tag
-    if not tag:
-        tag = "all" if len(config.models) > 6 else "+".join(config.models)[:60]
-    tag = re.sub(r"[^A-Za-z0-9._+-]+", "-", tag)
-    base = config.results_dir / f"{started:%Y-%m-%d}-{tag}"
-    path = base.with_suffix(".json")
-    n = 2
+def measure(
+    argv: list[str], log: Path, timeout_s: float, mem_limit_mb: float | None = None, **popen: Any
+) -> dict[str, Any]:
+    """Runs one tool as its own process (:func:`benchmarks.proc.run_measured`: whole-process wall time and peak
+    RSS, stopped past the timeout or the memory limit, default 75 % of RAM); the round's record every part
+    stores, with the error line and the log's tail when it did not succeed."""
+    limit = mem_limit_mb or default_mem_limit_mb()
+    load = os.getloadavg()[0]  # another job on the machine stretches the times (not the peak RSS)
+    r = run_measured(argv, log, timeout_s=timeout_s, mem_limit_mb=limit, **popen)
+    runner = r.runner or {}
+    rec: dict[str, Any] = {
+        "status": r.status,
+        "wall_s": r.wall_s,
+        "peak_rss_mb": r.peak_rss_mb,
+        "rss_source": r.rss_source,
+        "poll_peak_rss_mb": r.poll_peak_rss_mb,
+        "user_s": r.user_s,
+        "sys_s": r.sys_s,
+        "import_s": runner.get("import_s"),
+        "convert_s": runner.get("convert_s"),
+        "returncode": r.returncode,
+        "load_before": round(load, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+    }
+    if r.status == "memory-limit":
+        rec["error"] = f"stopped above the memory limit ({limit:.0f} MiB) after {r.wall_s:.0f} s"
+    elif r.status == "timeout":
+        rec["error"] = f"stopped at the timeout ({timeout_s:.0f} s)"
+    elif r.status != "ok":
+        rec["error"] = str(runner.get("error") or _last_error(r.log_tail))[:400]
+    if r.status != "ok":
+        rec["log_tail"] = r.log_tail[-12:]
+    return rec
+
+
+def new_results(kind: str, config: RunConfig, **settings: Any) -> dict[str, Any]:
+    """The results file's header (the one schema of every part): what ran, where, with which versions and
+    settings; the part adds its ``models``."""
+    return {
+        "schema": SCHEMA,
+        "kind": kind,
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": config.command,
+        "machine": machine_info(),
+        "versions": {
+            "project": project_versions(),
+            "anchors": anchor_versions(config.anchors_python) if config.anchors_python else {},
+        },
+        "settings": {"repeats": config.repeats, "timeout_s": config.timeout_s, **settings},
+        "models": {},
+    }
+
+
+def results_path(config: RunConfig, kind: str) -> Path:
+    """``<results>/<kind>-<date>-<tag>.json`` (``<date>-<tag>.json`` for AutoCast), never an existing file."""
+    tag = config.tag or ("all" if len(config.models) > 6 else "+".join(config.models)[:60]) or "run"
+    base = f"{dt.date.today():%Y-%m-%d}-{re.sub(r'[^A-Za-z0-9._+-]+', '-', tag)}"
+    path = config.results_dir / f"{'' if kind == 'autocast' else kind + '-'}{base}.json"
+    stem, n = path.stem, 2
     while path.exists():
-        path = Path(f"{base}-{n}.json")
-        n += 1
+        path, n = path.with_name(f"{stem}-{n}.json"), n + 1
     return path
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_results(path: Path, data: dict[str, Any]) -> None:
+    """Writes the results file atomically (after every model, so that an interrupted run keeps what it measured)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(data, indent=1, default=json_default) + "\n")
 
 
-def add_run_arguments(ap: Any, timeout_s: float) -> None:
-    """The arguments every ``python -m benchmarks <part>`` run shares: rounds, timeout, tag and folders."""
-    ap.add_argument("--repeats", type=int, default=1, help="rounds of every tool (default 1)")
-    ap.add_argument("--timeout", type=float, default=timeout_s, help=f"seconds per tool run (default {timeout_s:.0f})")
-    ap.add_argument("--tag", default=None, help="results file name suffix")
-    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--work-dir", type=Path, default=None)
-    ap.add_argument("--zoo-dir", type=Path, default=None)
+def ensure_anchors(config: RunConfig, venvs: set[str]) -> None:
+    """Creates (or finds) the anchors venv when a planned tool runs there."""
+    if "anchors" in venvs and config.anchors_python is None:
+        from zoo.anchors_env import ensure_anchor_venv
+
+        config.anchors_python = ensure_anchor_venv()
 
 
 def json_default(o: Any) -> Any:
@@ -295,41 +351,26 @@ def _say(config: RunConfig, msg: str) -> None:
 
 
 def run(config: RunConfig) -> Path:
-    """Runs the benchmark; returns the results JSON path (written after every model)."""
-    started = dt.datetime.now().astimezone()
+    """Runs the AutoCast part; returns the results JSON path (written after every model)."""
     plan: list[tuple[str, list[Tool]]] = []
     for model in config.models:
         zoo._check_name(model)
         names = config.tools if config.tools is not None else list(default_tools(model))
         plan.append((model, [TOOLS[n] for n in names]))
-    if any(t.venv == "anchors" for _, ts in plan for t in ts) and config.anchors_python is None:
-        from zoo.anchors_env import ensure_anchor_venv
-
-        config.anchors_python = ensure_anchor_venv()
+    ensure_anchors(config, {t.venv for _, ts in plan for t in ts})
     mem_limit = config.mem_limit_mb if config.mem_limit_mb is not None else default_mem_limit_mb()
-    out_path = _results_path(config, started)
-    data: dict[str, Any] = {
-        "schema": SCHEMA,
-        "run_id": out_path.stem,
-        "date": started.isoformat(timespec="seconds"),
-        "command": config.command,
-        "machine": machine_info(),
-        "versions": {
-            "project": project_versions(),
-            "anchors": anchor_versions(config.anchors_python) if config.anchors_python else {},
-        },
-        "settings": {
-            "repeats": config.repeats,
-            "heavy_repeats": config.heavy_repeats,
-            "heavy_models": sorted(HEAVY_MODELS),
-            "timeout_s": config.timeout_s,
-            "mem_limit_mb": round(mem_limit),
-            "latency_budget_s": config.latency_budget_s,
-            "page_cache": "model files read once before every tool run (when they fit in half the free RAM)",
-        },
-        "models": {},
-    }
-    _write_json(out_path, data)
+    out_path = results_path(config, "autocast")
+    data = new_results(
+        "autocast",
+        config,
+        heavy_repeats=config.heavy_repeats,
+        heavy_models=sorted(HEAVY_MODELS),
+        mem_limit_mb=round(mem_limit),
+        latency_budget_s=config.latency_budget_s,
+        page_cache="model files read once before every tool run (when they fit in half the free RAM)",
+    )
+    data["run_id"] = out_path.stem
+    write_results(out_path, data)
     _say(config, f"results -> {out_path}")
     work_root = Path(tempfile.mkdtemp(prefix="onnxprec-bench-", dir=config.work_dir))
     try:
@@ -337,7 +378,7 @@ def run(config: RunConfig) -> Path:
             t0 = time.perf_counter()
             data["models"][model] = _run_model(config, model, tools, work_root / _safe(model), mem_limit)
             data["finished"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-            _write_json(out_path, data)
+            write_results(out_path, data)
             _say(config, f"{model}: done in {time.perf_counter() - t0:.0f} s")
     finally:
         if config.keep_outputs:
@@ -397,45 +438,21 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
             cmd = tool_command(tool, python_for(tool, config.anchors_python), src, dst, inputs_npz, report_json)
             timeout = min(config.timeout_s, tool.timeout_s or config.timeout_s)
             warm_page_cache(files)
-            res = run_measured(cmd, rdir / "log.txt", timeout_s=timeout, mem_limit_mb=mem_limit, cwd=rdir)
-            log = (rdir / "log.txt").read_text(errors="replace")
-            runner = res.runner or {}
-            record: dict[str, Any] = {
-                "repeat": rep,
-                "status": res.status,
-                "wall_s": res.wall_s,
-                "peak_rss_mb": res.peak_rss_mb,
-                "rss_source": res.rss_source,
-                "poll_peak_rss_mb": res.poll_peak_rss_mb,
-                "user_s": res.user_s,
-                "sys_s": res.sys_s,
-                "import_s": runner.get("import_s"),
-                "convert_s": runner.get("convert_s"),
-                "returncode": res.returncode,
-            }
-            if res.status == "ok" and dst.exists():
+            record = {"repeat": rep, **measure(cmd, rdir / "log.txt", timeout, mem_limit, cwd=rdir)}
+            if record["status"] == "ok" and dst.exists():
                 record["out_bytes"] = file_size(dst)
-                counts = _tool_counts(tool, log, report_json)
+                counts = _tool_counts(tool, (rdir / "log.txt").read_text(errors="replace"), report_json)
                 if counts:
                     record["tool_reported"] = counts
-            elif res.status == "ok":
-                record["status"] = "failed"
-                record["error"] = "no output file"
-            if record["status"] == "memory-limit":
-                record["error"] = f"stopped above the memory limit ({mem_limit:.0f} MiB) after {res.wall_s:.0f} s"
-            elif record["status"] == "timeout":
-                record["error"] = f"stopped at the timeout ({timeout:.0f} s)"
+            elif record["status"] == "ok":
+                record.update(status="failed", error="no output file")
             if record["status"] != "ok":
-                record["error"] = (
-                    record.get("error") or runner.get("error") or _last_error(res.log_tail) or "see log_tail"
-                )
-                record["log_tail"] = res.log_tail[-12:]
                 stopped.add(tool.id)
             entry["runs"].append(record)
             _say(
                 config,
-                f"{model} r{rep} {tool.id:18s} {record['status']:12s} wall {res.wall_s:7.2f} s  "
-                f"rss {res.peak_rss_mb or 0:8.0f} MB"
+                f"{model} r{rep} {tool.id:18s} {record['status']:12s} wall {record['wall_s']:7.2f} s  "
+                f"rss {record['peak_rss_mb'] or 0:8.0f} MB"
                 + (f"  convert {record['convert_s']:.2f} s" if record.get("convert_s") is not None else "")
                 + (f"  ({record.get('error')})" if record["status"] != "ok" else ""),
             )
@@ -489,6 +506,10 @@ def warm_page_cache(files: list[Path]) -> float:
 
 
 def _last_error(tail: list[str]) -> str:
+    """The failure's message in a log's tail: the last ``error:`` line, else the last unindented line."""
+    for line in reversed(tail):
+        if line.strip().startswith("error:"):
+            return line.strip()[:300]
     for line in reversed(tail):
         if line.strip() and not line.startswith(("\t", " ")):
             return line.strip()[:300]

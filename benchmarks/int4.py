@@ -2,6 +2,9 @@
 
     python -m benchmarks int4 [--plan smollm2|synthetic|genai|all] [--tools ID,...] [--repeats 1] [--tag T]
 
+The tool table is :data:`TOOLS` (one :class:`Int4Tool` a row), the models and their tools :data:`PLANS`; every
+run goes through the harness's process runner and results schema (:mod:`benchmarks.harness`).
+
 One run measures, on the same machine minutes apart:
 
 * **SmolLM2-135M** (the zoo's FP32 export, ``input_ids [1, 256] -> logits``): the zoo's 16 windows of 256 tokens of
@@ -29,7 +32,6 @@ BENCHMARKS.md (:mod:`benchmarks.report_int4`).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import math
@@ -47,18 +49,8 @@ from onnx import TensorProto
 
 import zoo
 
-from .harness import (
-    RESULTS_DIR,
-    add_run_arguments,
-    anchor_versions,
-    json_default,
-    machine_info,
-    median,
-    onnxprec_source_hash,
-    project_versions,
-)
+from .harness import RunConfig, ensure_anchors, measure, median, new_results, results_path, write_results
 from .output_metrics import latency, session
-from .proc import run_measured
 from .tools import RUNNER
 
 logger = logging.getLogger(__name__)
@@ -354,21 +346,6 @@ def quantized_storage(path: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Int4Config:
-    plan: dict[str, list[str]]
-    repeats: int = 1
-    timeout_s: float = 3600.0
-    mem_limit_mb: float | None = None
-    latency: bool = True
-    latency_budget_s: float = 4.0
-    tag: str | None = None
-    results_dir: Path = RESULTS_DIR
-    work_dir: Path | None = None
-    zoo_dir: Path | None = None
-    command: str = ""
-
-
 def _command(tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | None, report: Path) -> list[str]:
     cmd = [str(python), str(RUNNER), tool.runner, "--input", str(src), "--output", str(dst)]
     cmd += ["--method", tool.method, "--block-size", str(tool.block_size), "--format", tool.output_format]
@@ -383,38 +360,16 @@ def _command(tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | N
 
 
 def _measure(
-    tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | None, work: Path, config: Int4Config
+    tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | None, work: Path, config: RunConfig
 ) -> dict[str, Any]:
     report = work / f"{tool.id.replace(':', '_')}.report.json"
-    log = work / f"{tool.id.replace(':', '_')}.log"
-    r = run_measured(
-        _command(tool, python, src, dst, calib, report),
-        log,
-        timeout_s=config.timeout_s,
-        mem_limit_mb=config.mem_limit_mb,
-    )
-    rec: dict[str, Any] = {
-        "status": r.status,
-        "wall_s": r.wall_s,
-        "peak_rss_mb": r.peak_rss_mb,
-        "import_s": (r.runner or {}).get("import_s"),
-        "convert_s": (r.runner or {}).get("convert_s"),
-    }
-    if r.status != "ok":
-        err = (r.runner or {}).get("error") or next((ln for ln in reversed(r.log_tail) if ln.strip()), r.status)
-        rec["error"] = str(err)[:400]
-        rec["log_tail"] = r.log_tail[-8:]
-    elif report.exists():
+    cmd = _command(tool, python, src, dst, calib, report)
+    rec = measure(cmd, work / f"{tool.id.replace(':', '_')}.log", config.timeout_s, config.mem_limit_mb)
+    if rec["status"] == "ok" and report.exists():
         data = json.loads(report.read_text())
         rec["report_seconds"] = data.get("seconds") or data.get("time_s")
-    logger.info(
-        "%s: %s, %.1f s, peak RSS %s MiB%s",
-        tool.id,
-        r.status,
-        r.wall_s,
-        f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb else "?",
-        f" ({rec['error']})" if "error" in rec else "",
-    )
+    peak = f"{rec['peak_rss_mb']:.0f}" if rec["peak_rss_mb"] else "?"
+    logger.info("%s: %s, %.1f s, peak RSS %s MiB %s", tool.id, rec["status"], rec["wall_s"], peak, rec.get("error", ""))
     return rec
 
 
@@ -433,35 +388,36 @@ class _Model:
     weights: list[tuple[int, int]] | None = None
 
 
-def run(config: Int4Config) -> Path:
-    """Runs the plan, every round over every model's tools in turn; writes and returns the results file."""
-    started = dt.datetime.now()
-    venvs = {TOOLS[t].venv for ts in config.plan.values() for t in ts}
-    anchors_python = None
-    if "anchors" in venvs:
-        from zoo.anchors_env import ensure_anchor_venv
+def plan(config: RunConfig) -> dict[str, list[str]]:
+    """``config.plan``'s models and tools, only ``config.models`` and ``config.tools`` when given (both given:
+    those tools on those models)."""
+    unknown = [t for t in config.tools or [] if t not in TOOLS]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}")
+    if config.models and config.tools:  # an explicit plan: these tools on these models
+        return {m: list(config.tools) for m in config.models}
+    chosen = {m: [t for t in ts if config.tools is None or t in config.tools] for m, ts in PLANS[config.plan].items()}
+    return {m: ts for m, ts in chosen.items() if ts and (not config.models or m in config.models)}
 
-        anchors_python = ensure_anchor_venv()
-    pythons = {"project": Path(sys.executable), "anchors": anchors_python, "torch": zoo.TORCH_VENV / "bin" / "python"}
-    result: dict[str, Any] = {
-        "schema": SCHEMA,
-        "kind": KIND,
-        "date": started.isoformat(timespec="seconds"),
-        "command": config.command,
-        "machine": machine_info(),
-        "versions": project_versions(),
-        "anchors": anchor_versions(anchors_python) if anchors_python else {},
-        "onnxprec_sources": onnxprec_source_hash(),
-        "repeats": config.repeats,
-        "data": {
-            "calibration": f"{LLM}: windows {CALIBRATION_WINDOWS.start}-{CALIBRATION_WINDOWS.stop - 1} of 256 tokens",
-            "evaluation": f"{LLM}: windows {EVALUATION_WINDOWS.start}-{EVALUATION_WINDOWS.stop - 1} (held out)",
-        },
-        "models": {},
+
+def run(config: RunConfig) -> Path:
+    """Runs the plan, every round over every model's tools in turn; writes and returns the results file."""
+    todo = plan(config)
+    ensure_anchors(config, {TOOLS[t].venv for ts in todo.values() for t in ts})
+    pythons = {
+        "project": Path(sys.executable),
+        "anchors": config.anchors_python,
+        "torch": zoo.TORCH_VENV / "bin" / "python",
     }
+    result = new_results(
+        KIND,
+        config,
+        calibration=f"{LLM}: windows {CALIBRATION_WINDOWS.start}-{CALIBRATION_WINDOWS.stop - 1} of 256 tokens",
+        evaluation=f"{LLM}: windows {EVALUATION_WINDOWS.start}-{EVALUATION_WINDOWS.stop - 1} (held out)",
+    )
     work = Path(tempfile.mkdtemp(prefix="onnxprec-int4-", dir=config.work_dir))
     try:
-        models = [_prepare(m, [TOOLS[t] for t in ts], work / m, config) for m, ts in config.plan.items()]
+        models = [_prepare(m, [TOOLS[t] for t in ts], work / m, config) for m, ts in todo.items()]
         rounds: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for r in range(config.repeats):
             for m in models:
@@ -481,10 +437,8 @@ def run(config: Int4Config) -> Path:
             result["models"][m.name] = _finish(m, {t.id: rounds[m.name, t.id] for t in m.tools}, config)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    config.results_dir.mkdir(parents=True, exist_ok=True)
-    name = f"int4-{started:%Y-%m-%d}" + (f"-{config.tag}" if config.tag else "") + ".json"
-    path = config.results_dir / name
-    path.write_text(json.dumps(result, indent=1, default=json_default) + "\n")
+    path = results_path(config, KIND)
+    write_results(path, result)
     logger.info("wrote %s", path)
     return path
 
@@ -494,7 +448,7 @@ def _output(m: _Model, tool: Int4Tool) -> Path:
     return m.work / tool.id.replace(":", "_") / "model.onnx"
 
 
-def _prepare(model: str, tools: list[Int4Tool], work: Path, config: Int4Config) -> _Model:
+def _prepare(model: str, tools: list[Int4Tool], work: Path, config: RunConfig) -> _Model:
     work.mkdir(parents=True)
     src = (
         zoo.build_genai(["smollm2_fp32"], config.zoo_dir)[0]
@@ -513,7 +467,7 @@ def _prepare(model: str, tools: list[Int4Tool], work: Path, config: Int4Config) 
     return m
 
 
-def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: Int4Config) -> dict[str, Any]:
+def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfig) -> dict[str, Any]:
     """The model's rows: medians over the rounds, storage, perplexity, latency (zoo LLM) or genai decode speed."""
     src, ids = m.src, m.ids
     entry: dict[str, Any] = {
@@ -592,43 +546,3 @@ def genai_decode(paths: dict[str, Path], rounds: int) -> dict[str, dict[str, Any
         k: {"decode_tokens_per_s": median(v), "rounds": v} if k not in errors else {"error": errors[k]}
         for k, v in speeds.items()
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-    import shlex
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m benchmarks int4", description=__doc__.splitlines()[0])
-    ap.add_argument("--plan", default="all", choices=sorted(PLANS), help="which models (default: all)")
-    ap.add_argument("--tools", default=None, help="only these tool ids, comma separated")
-    add_run_arguments(ap, 3600.0)
-    ap.add_argument("--no-latency", action="store_true")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    plan = {m: list(ts) for m, ts in PLANS[a.plan].items()}
-    if a.tools:
-        wanted = [t.strip() for t in a.tools.split(",") if t.strip()]
-        unknown = [t for t in wanted if t not in TOOLS]
-        if unknown:
-            print(f"error: unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}", file=sys.stderr)
-            return 2
-        plan = {m: [t for t in ts if t in wanted] for m, ts in plan.items()}
-        plan = {m: ts for m, ts in plan.items() if ts}
-    config = Int4Config(
-        plan=plan,
-        repeats=a.repeats,
-        timeout_s=a.timeout,
-        latency=not a.no_latency,
-        tag=a.tag,
-        results_dir=a.results_dir,
-        work_dir=a.work_dir,
-        zoo_dir=a.zoo_dir,
-        command="python -m benchmarks int4 " + shlex.join(argv),
-    )
-    print(run(config))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,8 @@ import pytest
 import zoo
 
 from . import int4, report_int4
-from .int4 import Int4Config, ideal_bytes, quantizable_weights, quantized_storage
+from .harness import RunConfig
+from .int4 import ideal_bytes, quantizable_weights, quantized_storage
 
 
 def test_ideal_bytes_counts_half_a_byte_a_weight_and_one_scale_per_block() -> None:
@@ -42,8 +43,9 @@ def tiny_stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow  # runs the harness: a process per measured command
 def test_end_to_end_on_a_tiny_stack(tiny_stack: Path, tmp_path: Path) -> None:
-    config = Int4Config(
-        plan={"matmul_0.002gb": ["onnxprec:rtn:random", "onnxprec:awq_lite:random"]},
+    config = RunConfig(
+        models=["matmul_0.002gb"],
+        tools=["onnxprec:rtn:random", "onnxprec:awq_lite:random"],
         results_dir=tmp_path / "results",
         work_dir=tmp_path,
         zoo_dir=tiny_stack,
@@ -57,7 +59,7 @@ def test_end_to_end_on_a_tiny_stack(tiny_stack: Path, tmp_path: Path) -> None:
     entry = data["models"]["matmul_0.002gb"]
     layers = entry["quantizable_layers"]
     assert layers >= 1
-    for tool in config.plan["matmul_0.002gb"]:
+    for tool in config.tools or []:
         rec = entry["tools"][tool]
         assert rec["status"] == "ok", rec.get("error")
         assert rec["peak_rss_mb"] > 0 and rec["wall_s"] > 0
@@ -89,9 +91,8 @@ def _result(tools: dict[str, dict[str, object]]) -> dict[str, object]:
         "date": "2026-11-26T12:00:00",
         "command": "python -m benchmarks int4",
         "machine": {"cpu": "test", "cores": 2},
-        "versions": {"git": "abc"},
-        "anchors": {},
-        "data": {"calibration": "c", "evaluation": "e"},
+        "versions": {"project": {"git": "abc"}, "anchors": {}},
+        "settings": {"calibration": "c", "evaluation": "e"},
         "models": {
             report_int4.LLM: {"fp32": {"perplexity": 20.0, "file_bytes": 100}, "tools": tools},
             report_int4.SYNTHETIC: {

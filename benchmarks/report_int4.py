@@ -353,12 +353,12 @@ def runs_list(m: Int4Merged) -> list[str]:
     out = []
     for r in m.runs:
         mach = r.get("machine", {})
-        anchors = ", ".join(f"{k} {v}" for k, v in r.get("anchors", {}).items())
-        data = r.get("data", {})
+        anchors = ", ".join(f"{k} {v}" for k, v in r["versions"]["anchors"].items())
+        data = r["settings"]
         out += [
             f"**[I{r['number']}]** {r.get('date', '').replace('T', ' ')} — `{r.get('command', '')}` (`{r['file']}`)  ",
             f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores; onnxprec git "
-            f"{r.get('versions', {}).get('onnxprec_git', '?')}; anchors: {anchors or 'not used'}  ",
+            f"{r['versions']['project'].get('onnxprec_git', '?')}; anchors: {anchors or 'not used'}  ",
             f"data: {data.get('calibration', '')}; perplexity on {data.get('evaluation', '')}",
             "",
         ]

@@ -235,7 +235,7 @@ def runs_list(m: UtilitiesMerged) -> list[str]:
     out = []
     for r in m.runs:
         mach = r.get("machine", {})
-        versions = r.get("versions", {})
+        versions = r["versions"]["project"]
         load = max_load(r)
         busy = ""
         if load is not None and mach.get("cores") and load > 0.75 * mach["cores"] + 1:
@@ -243,13 +243,13 @@ def runs_list(m: UtilitiesMerged) -> list[str]:
         out += [
             f"**[U{r['number']}]** {r.get('date', '').replace('T', ' ')} — `{r.get('command', '')}` (`{r['file']}`)  ",
             f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores, {mach.get('ram_gib', '?')} GiB; "
-            f"onnxprec git {versions.get('onnxprec_git', '?')} (sources {r.get('onnxprec_sources', '?')}"
+            f"onnxprec git {versions.get('onnxprec_git', '?')} (sources {versions.get('onnxprec_src_sha256', '?')}"
             + (
                 f", **changed during the run** to {r['onnxprec_sources_at_end']}"
                 if r.get("onnxprec_sources_at_end")
                 else ""
             )
-            + f"); onnxruntime {r.get('onnxruntime') or '?'}{busy}",
+            + f"); onnxruntime {versions.get('onnxruntime') or '?'}{busy}",
             "",
         ]
     return out

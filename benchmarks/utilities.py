@@ -32,16 +32,12 @@ Results go to ``benchmarks/results/utilities-<date>[-<tag>].json`` (``"kind": "u
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
-import os
-import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +47,16 @@ import onnx
 import zoo
 
 from .harness import (
-    RESULTS_DIR,
-    add_run_arguments,
-    default_mem_limit_mb,
-    json_default,
-    machine_info,
+    RunConfig,
+    measure,
     median,
     model_files,
+    new_results,
     onnxprec_source_hash,
-    project_versions,
+    results_path,
     warm_page_cache,
+    write_results,
 )
-from .proc import run_measured
 
 logger = logging.getLogger(__name__)
 
@@ -84,32 +78,6 @@ _ORT_CODE = (
     "ext = len(sys.argv) > 3\n"
     "quant_pre_process(sys.argv[1], sys.argv[2], save_as_external_data=ext, all_tensors_to_one_file=ext)\n"
 )
-
-
-@dataclass
-class UtilitiesConfig:
-    """What one run measures.
-
-    Attributes:
-        models: Zoo model names (built on first use).
-        tools: Tool ids among :data:`TOOL_IDS` (the candidate is made whenever evaluate or compare runs).
-        repeats: Rounds of every tool (the median of the ok rounds is reported).
-        timeout_s: Seconds per tool run.
-        mem_limit_mb: A run above this RSS is stopped (default: 75 % of RAM).
-        tokens: Sequence length of the causal LM's data window.
-    """
-
-    models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
-    tools: list[str] = field(default_factory=lambda: list(TOOL_IDS))
-    repeats: int = 1
-    timeout_s: float = 1800.0
-    mem_limit_mb: float | None = None
-    tokens: int = LLM_TOKENS
-    tag: str | None = None
-    results_dir: Path = RESULTS_DIR
-    work_dir: Path | None = None
-    zoo_dir: Path | None = None
-    command: str = ""
 
 
 @dataclass(frozen=True)
@@ -191,36 +159,6 @@ def files_bytes(path: Path) -> int:
     if not path.exists():
         return 0
     return sum(p.stat().st_size for p in model_files(path) if p.exists())
-
-
-def _error(tail: list[str], status: str) -> str:
-    for line in reversed(tail):
-        if line.strip().startswith("error:"):
-            return line.strip()[:400]
-    for line in reversed(tail):
-        if line.strip() and not line.startswith(("\t", " ")):
-            return line.strip()[:400]
-    return status
-
-
-def _measure(argv: list[str], log: Path, config: UtilitiesConfig) -> dict[str, Any]:
-    load = os.getloadavg()[0]  # another job on the machine stretches the times (not the peak RSS)
-    r = run_measured(argv, log, timeout_s=config.timeout_s, mem_limit_mb=config.mem_limit_mb or default_mem_limit_mb())
-    rec: dict[str, Any] = {
-        "status": r.status,
-        "wall_s": r.wall_s,
-        "peak_rss_mb": r.peak_rss_mb,
-        "poll_peak_rss_mb": r.poll_peak_rss_mb,
-        "user_s": r.user_s,
-        "sys_s": r.sys_s,
-        "rss_source": r.rss_source,
-        "load_before": round(load, 2),
-        "load_after": round(os.getloadavg()[0], 2),
-    }
-    if r.status != "ok":
-        rec["error"] = _error(r.log_tail, r.status)
-        rec["log_tail"] = r.log_tail[-10:]
-    return rec
 
 
 def _details(tool: str, out: Path) -> dict[str, Any]:
@@ -307,7 +245,7 @@ def _has_external_data(path: Path) -> bool:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _run_model(model: str, work: Path, config: UtilitiesConfig) -> dict[str, Any]:
+def _run_model(model: str, work: Path, config: RunConfig) -> dict[str, Any]:
     python = sys.executable
     src = zoo.model_path(model, config.zoo_dir)
     mwork = work / model
@@ -323,11 +261,12 @@ def _run_model(model: str, work: Path, config: UtilitiesConfig) -> dict[str, Any
     }
     entry["page_cache_warm_s"] = warm_page_cache(model_files(src))
     candidate = None
-    if any(t in ("evaluate", "compare") for t in config.tools):
+    tools = config.tools or list(TOOL_IDS)
+    if any(t in ("evaluate", "compare") for t in tools):
         dst = mwork / "candidate.fp16.onnx"
         argv, user = candidate_command(python, src, dst, external)
         logger.info("[%s] candidate: %s", model, user)
-        rec = _measure(argv, mwork / "candidate.log", config)
+        rec = measure(argv, mwork / "candidate.log", config.timeout_s, config.mem_limit_mb)
         rec["output_bytes"] = files_bytes(dst) if rec["status"] == "ok" else None
         entry["candidate"] = {"id": CANDIDATE, **_summary([rec], user)}
         _log(model, CANDIDATE, entry["candidate"])
@@ -335,22 +274,22 @@ def _run_model(model: str, work: Path, config: UtilitiesConfig) -> dict[str, Any
             candidate = dst
             warm_page_cache(model_files(dst))
     f = _Files(src, data, candidate, external, mwork)
-    rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in config.tools}
+    rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
     commands: dict[str, str] = {}
     for r in range(config.repeats):
-        for tool in config.tools:
+        for tool in tools:
             out = _output(tool, mwork)
             if tool in ("evaluate", "compare") and candidate is None:
                 rounds[tool].append({"status": "skipped", "wall_s": None, "error": "no FP16 candidate (see candidate)"})
                 continue
             argv, commands[tool] = tool_command(tool, python, f, out)
             logger.info("[%s round %d/%d] %s", model, r + 1, config.repeats, tool)
-            rec = _measure(argv, mwork / f"{tool.replace(':', '_')}.log", config)
+            rec = measure(argv, mwork / f"{tool.replace(':', '_')}.log", config.timeout_s, config.mem_limit_mb)
             if rec["status"] == "ok":
                 rec.update(_details(tool, out))
             _remove(out)
             rounds[tool].append(rec)
-    for tool in config.tools:
+    for tool in tools:
         entry["tools"][tool] = _summary(rounds[tool], commands.get(tool, ""))
         _log(model, tool, entry["tools"][tool])
     if candidate is not None:
@@ -372,31 +311,14 @@ def _log(model: str, tool: str, rec: dict[str, Any]) -> None:
     )
 
 
-def run(config: UtilitiesConfig) -> Path:
+def run(config: RunConfig) -> Path:
     """Runs every tool on every model; writes and returns the results file."""
+    config.models = config.models or list(DEFAULT_MODELS)
+    config.tools = config.tools or list(TOOL_IDS)
     unknown = [t for t in config.tools if t not in TOOL_IDS]
     if unknown:
         raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOL_IDS)}")
-    started = dt.datetime.now()
-    try:
-        from importlib.metadata import version
-
-        ort_version: str | None = version("onnxruntime")
-    except Exception:
-        ort_version = None
-    result: dict[str, Any] = {
-        "schema": SCHEMA,
-        "kind": KIND,
-        "date": started.isoformat(timespec="seconds"),
-        "command": config.command,
-        "machine": machine_info(),
-        "versions": project_versions(),
-        "onnxprec_sources": onnxprec_source_hash(),
-        "onnxruntime": ort_version,
-        "repeats": config.repeats,
-        "mem_limit_mb": config.mem_limit_mb or default_mem_limit_mb(),
-        "models": {},
-    }
+    result = new_results(KIND, config, tokens=config.tokens)
     work = Path(tempfile.mkdtemp(prefix="onnxprec-utilities-", dir=config.work_dir))
     try:
         for model in config.models:
@@ -404,50 +326,10 @@ def run(config: UtilitiesConfig) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     end_hash = onnxprec_source_hash()
-    if end_hash != result["onnxprec_sources"]:  # src/ was edited while the tools ran: the numbers are mixed
-        logger.warning("onnxprec sources changed during the run (%s -> %s)", result["onnxprec_sources"], end_hash)
+    if end_hash != result["versions"]["project"]["onnxprec_src_sha256"]:  # src/ was edited meanwhile: mixed numbers
+        logger.warning("onnxprec sources changed during the run (now %s)", end_hash)
         result["onnxprec_sources_at_end"] = end_hash
-    config.results_dir.mkdir(parents=True, exist_ok=True)
-    name = f"utilities-{started:%Y-%m-%d}" + (f"-{config.tag}" if config.tag else "") + ".json"
-    path = config.results_dir / name
-    path.write_text(json.dumps(result, indent=1, default=json_default, allow_nan=False) + "\n")
+    path = results_path(config, KIND)
+    write_results(path, result)
     logger.info("wrote %s", path)
     return path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m benchmarks utilities", description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="zoo models, comma separated")
-    ap.add_argument("--tools", default=",".join(TOOL_IDS), help=f"tool ids, comma separated ({', '.join(TOOL_IDS)})")
-    add_run_arguments(ap, 1800.0)
-    ap.add_argument("--mem-limit-gb", type=float, default=None, help="stop a tool above this RSS (default 75%% RAM)")
-    ap.add_argument("--tokens", type=int, default=LLM_TOKENS, help="tokens of the causal LM's window (default 256)")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
-    unknown = [t for t in tools if t not in TOOL_IDS]
-    if unknown:
-        print(f"error: unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOL_IDS)}", file=sys.stderr)
-        return 2
-    config = UtilitiesConfig(
-        models=[m.strip() for m in a.models.split(",") if m.strip()],
-        tools=tools,
-        repeats=a.repeats,
-        timeout_s=a.timeout,
-        mem_limit_mb=a.mem_limit_gb * 1024 if a.mem_limit_gb else None,
-        tokens=a.tokens,
-        tag=a.tag,
-        results_dir=a.results_dir,
-        work_dir=a.work_dir,
-        zoo_dir=a.zoo_dir,
-        command="python -m benchmarks utilities " + shlex.join(argv),
-    )
-    print(run(config))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ import pytest
 import zoo
 
 from . import report, report_utilities, utilities
-from .utilities import UtilitiesConfig
+from .harness import RunConfig
 
 TINY = "matmul_0.002gb"
 
@@ -25,7 +25,7 @@ def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow  # runs the harness: a process per measured command
 def test_end_to_end_on_a_tiny_external_data_stack(tiny_zoo: Path, tmp_path: Path) -> None:
-    config = UtilitiesConfig(
+    config = RunConfig(
         models=[TINY],
         results_dir=tmp_path / "results",
         work_dir=tmp_path,
@@ -93,7 +93,7 @@ def _result() -> dict[str, object]:
         "date": "2026-11-26T12:00:00",
         "command": "python -m benchmarks utilities",
         "machine": {"cpu": "test", "cores": 2, "ram_gib": 23},
-        "versions": {"onnxprec_git": "abc"},
+        "versions": {"project": {"onnxprec_git": "abc"}, "anchors": {}},
         "onnxruntime": "1.32.0",
         "models": {
             "smollm2_135m": {
