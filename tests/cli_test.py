@@ -318,7 +318,8 @@ def test_a_tool_registers_with_one_line(
     (tmp_path / "fake_int4_cli.py").write_text(
         "from dataclasses import dataclass\n"
         "from onnxprec import _options\n"
-        "from onnxprec._options import CommonArgs, ToolOptions, from_args, option\n"
+        "from onnxprec._arg_groups import CommonArgs\n"
+        "from onnxprec._options import ToolOptions, from_args, option\n"
         "from onnxprec.errors import InvalidArgumentError\n"
         "DESCRIPTION = 'Fake INT4.'\n"
         "EPILOG = 'example:\\n  {prog} --block_size 64'\n"

@@ -20,6 +20,7 @@ PACKAGE = SRC / "onnxprec"
 # The layers of docs/architecture.md, lowest first; a module may import from its own layer and those below.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("onnxprec", "onnxprec.errors", "onnxprec._graph", "onnxprec._ops", "onnxprec._options",
+              "onnxprec._arg_groups",
               "onnxprec._lazy_sympy",
               "onnxprec._html")),
     ("I/O", ("onnxprec._io", "onnxprec._protobuf", "onnxprec._tensors", "onnxprec._report", "onnxprec._genai")),

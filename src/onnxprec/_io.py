@@ -29,6 +29,7 @@ __all__ = [
     "load_model",
     "model_file",
     "save_model",
+    "sibling_path",
     "total_initializer_bytes",
     "write_atomically",
 ]
@@ -275,6 +276,13 @@ def total_initializer_bytes(model: ir.Model) -> int:
 def exceeds_protobuf_limit(model: ir.Model) -> bool:
     """Whether the model's weights are too large for one protobuf message: save them as external data."""
     return total_initializer_bytes(model) > PROTOBUF_LIMIT
+
+
+def sibling_path(path: str | os.PathLike, suffix: str) -> Path:
+    """A tool's default output: ``<name><suffix>.onnx`` beside ``path`` (``.int4``: ``model.int4.onnx``)."""
+    source = Path(path)
+    stem = source.name[: -len(".onnx")] if source.name.endswith(".onnx") else source.name
+    return source.with_name(f"{stem}{suffix}.onnx")
 
 
 def check_output_path(

@@ -25,11 +25,7 @@ Flag types come from ``type=``, else from a scalar annotation (``int``, ``float`
 True; ``--no_validate`` on a field defaulting to True sets False). ``nargs`` fields are stored as tuples; a
 single string given to one through the API is taken as a one-item tuple.
 
-Options shared by several tools are declared once too, as Polygraphy's tools share their argument groups: an
-API setting as a field factory whose spelling is a parameter (:func:`calibration_data_option`,
-:func:`input_shapes_option`, :func:`providers_option`, :func:`html_report_option`), a command-line-only group as
-its own class (:class:`FileArgs`, :class:`CommonArgs`), respelled per tool with :func:`customize`
-(:func:`file_args`).
+Options shared by several tools are declared once in :mod:`onnxprec._arg_groups`.
 
 This module is in the base layer: every tool's ``_options`` and ``_api`` import it, so it imports nothing from
 onnxprec (but its errors, when one is raised) and nothing heavy.
@@ -48,28 +44,20 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 __all__ = [
     "ArgGroup",
-    "CommonArgs",
-    "FileArgs",
     "OptionSpec",
     "ToolOptions",
     "add_arguments",
     "args_doc",
-    "calibration_data_option",
     "compile_patterns",
     "customize",
     "deprecated_alias",
     "fields_in",
-    "file_args",
     "from_args",
-    "genai_provider_option",
-    "html_report_option",
-    "input_shapes_option",
     "log_level_during",
     "option",
     "option_fields",
     "options_from_call",
     "parse_args_doc",
-    "providers_option",
     "signature_mismatches",
 ]
 
@@ -476,213 +464,6 @@ def signature_mismatches(function: Callable[..., Any], cls: type, *, skip: Itera
                 f"write the field's doc instead: {want!r}."
             )
     return problems
-
-
-# ---------------------------------------------------------------------------------------------------
-# Options shared by several tools, declared once here: API settings as field factories used in each tool's
-# options class (spellings and what the tool does with the value are parameters), command-line-only flags as
-# classes of their own that each tool adds, possibly respelled with :func:`customize`.
-
-_DATA_FORMATS_HELP = (
-    "an .npz file (split along the batch axis), a folder of .npz files (one batch each) or a Polygraphy .json"
-)
-_DATA_FORMATS_DOC = (
-    "a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``), a dict of arrays, a list or "
-    "iterator of feed dicts, or an ONNX Runtime ``CalibrationDataReader``"
-)
-
-
-def calibration_data_option(
-    purpose: str,
-    *,
-    flags: Iterable[str] = ("-d", "--calibration_data"),
-    default: str = "realistic random data",
-    note: str = "",
-    more_formats: tuple[str, str] | None = None,
-    group: str | None = None,
-) -> Any:
-    """The data option of every tool that runs a model: what sources it accepts is written once, here.
-
-    Args:
-        purpose: What the data is for, e.g. "Inputs for the reference run" (the sentence's start).
-        flags: The spellings (ModelOpt's ``-d/--calibration_data`` by default).
-        default: What the tool uses without data (after "default:" in the help, "None:" in the doc).
-        note: A remark appended to the default, e.g. "AWQ and GPTQ need representative data".
-        more_formats: A format only this tool reads, as (help text, doc text), e.g. an ``.npy`` of token ids.
-        group: Title of the argparse group, when not the options class's ``TITLE``.
-
-    Returns:
-        An :func:`option` field defaulting to None.
-    """
-    formats_help, formats_doc = _DATA_FORMATS_HELP, _DATA_FORMATS_DOC
-    if more_formats is not None:
-        formats_help = f"{formats_help.replace(' or ', ', ')}, or {more_formats[0]}"
-        formats_doc = f"{more_formats[1]}, {formats_doc}"
-    tail = f"; {note}" if note else ""
-    return option(
-        None,
-        flags=flags,
-        metavar="PATH",
-        group=group,
-        help=f"{purpose}: {formats_help} (default: {default}{tail}).",
-        doc=f"{purpose}: {formats_doc}; None: {default}{tail}.",
-    )
-
-
-def input_shapes_option(*, flags: Iterable[str] = ("--input_shapes",), group: str | None = None, more: str = "") -> Any:
-    """The sizes of dynamic inputs for random data, shared by every tool that makes random inputs.
-
-    Args:
-        flags: The spellings.
-        group: Title of the argparse group, when not the options class's ``TITLE``.
-        more: Other forms the API accepts, appended to the doc (e.g. a list of shapes in input order).
-
-    Returns:
-        An :func:`option` field defaulting to None.
-    """
-    return option(
-        None,
-        flags=flags,
-        group=group,
-        metavar="SHAPES",
-        help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128.",
-        doc=f'Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes{more}.',
-    )
-
-
-def providers_option(purpose: str, *, flags: Iterable[str] = ("--providers",)) -> Any:
-    """The ONNX Runtime execution providers option, shared by every tool that runs a model.
-
-    Args:
-        purpose: What the runs are for, e.g. "the reference run" or "calibration".
-        flags: The spellings (``--providers`` by default; e.g. ``--calibration_eps`` for a ModelOpt-like tool).
-
-    Returns:
-        An :func:`option` field defaulting to ``("cpu",)``.
-    """
-    return option(
-        ("cpu",),
-        flags=flags,
-        nargs="*",
-        metavar="PROVIDER",
-        help=f"ONNX Runtime providers for {purpose}, in order of preference: cpu, cuda[:N], trt, dml.",
-        doc=f"ONNX Runtime providers for {purpose}: ``cpu``, ``cuda:N``, ``trt``, ``dml``.",
-    )
-
-
-def genai_provider_option() -> Any:
-    """The provider written into the ``genai_config.json`` that a tool carries beside its output (``onnxprec._genai``).
-
-    Returns:
-        An :func:`option` field defaulting to None (the provider of the input's config).
-    """
-    return option(
-        None,
-        flags=("--genai_provider",),
-        choices=("cpu", "cuda"),
-        help="When the input sits in an onnxruntime-genai folder (genai_config.json), its config and tokenizer files "
-        "are copied beside the output; this sets the copied config's provider (cpu: provider_options [], e.g. to "
-        "run a CUDA build on the CPU) (default: as in the input's config).",
-        doc="When the input sits in an onnxruntime-genai folder (``genai_config.json``), its config and tokenizer "
-        "files are copied beside the output; this sets the copied config's provider: ``cpu`` "
-        "(``provider_options: []``) or ``cuda``; None: as in the input's config.",
-    )
-
-
-def html_report_option(what: str, *, flags: Iterable[str] = ("--html",), group: str | None = None) -> Any:
-    """The path of a tool's self-contained HTML report (any browser, no network).
-
-    Args:
-        what: What the page shows, e.g. "the table and a plot of the error along the graph".
-        flags: The spellings (``--html`` by default; AutoCast's is ``--report``).
-        group: Title of the argparse group, when not the options class's ``TITLE``.
-
-    Returns:
-        An :func:`option` field defaulting to None.
-    """
-    return option(
-        None,
-        flags=flags,
-        group=group,
-        metavar="PATH",
-        help=f"Also write a self-contained HTML report (any browser, no network): {what}.",
-        doc=f"Path of a self-contained HTML report ({what}); None: no report.",
-    )
-
-
-@dataclasses.dataclass
-class FileArgs(ToolOptions):
-    """The input model and the output path of a tool's command line (the API takes them as arguments).
-
-    Tools respell them with :func:`file_args` (e.g. ``--input``/``--output`` for ``preprocess``).
-    """
-
-    TITLE = "input and output"
-
-    onnx_path: str = option(flags=("--onnx_path",), metavar="PATH", help="Input ONNX model.")
-    output_path: str | None = option(
-        None, flags=("--output_path",), metavar="PATH", help="Output model (default: beside the input)."
-    )
-    external_data: bool = option(
-        False,
-        flags=("--external_data",),
-        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
-    )
-
-
-def file_args(
-    output_name: str | None,
-    *,
-    input_help: str = "Input ONNX model.",
-    input_flags: Iterable[str] = ("--onnx_path",),
-    output_flags: Iterable[str] = ("--output_path",),
-    external_data: bool = False,
-) -> ArgGroup:
-    """:class:`FileArgs` as one tool shows it.
-
-    Args:
-        output_name: The default output, e.g. ``"<name>.int4.onnx"``; None: the tool has no output model flag.
-        input_help: The input flag's help.
-        input_flags: The input's spellings.
-        output_flags: The output's spellings.
-        external_data: Whether the tool has FileArgs' ``--external_data`` flag (tools whose options declare
-            their own external-data setting leave it out).
-
-    Returns:
-        The group to pass to :func:`add_arguments`; :func:`from_args` with :class:`FileArgs` reads it back.
-    """
-    omit = {"external_data"} if not external_data else set()
-    output: dict[str, Any] = {"flags": tuple(output_flags)}
-    if output_name is None:
-        omit.add("output_path")
-    else:
-        output["help"] = f"Output model (default: {output_name} beside the input)."
-    return customize(
-        FileArgs,
-        omit=omit,
-        onnx_path={"flags": tuple(input_flags), "help": input_help},
-        output_path=output,
-    )
-
-
-@dataclasses.dataclass
-class CommonArgs(ToolOptions):
-    """Flags every tool's command line has, declared once (``onnxprec.cli`` configures logging from them)."""
-
-    TITLE = "common"
-
-    log_level: str = option(
-        "INFO",
-        flags=("--log_level",),
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="Log level; DEBUG also logs why each decision was made.",
-    )
-    report_json: str | None = option(
-        None,
-        flags=("--report_json",),
-        metavar="PATH",
-        help="Also write a JSON report of the run (counts, per-node decisions with reasons, errors, timings).",
-    )
 
 
 def compile_patterns(patterns: Iterable[str] | None, what: str) -> list[re.Pattern[str]]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from onnxprec._arg_groups import CommonArgs, providers_option
 from onnxprec._options import (
-    CommonArgs,
     ToolOptions,
     add_arguments,
     args_doc,
@@ -20,7 +20,6 @@ from onnxprec._options import (
     option,
     option_fields,
     parse_args_doc,
-    providers_option,
     signature_mismatches,
 )
 from onnxprec.autocast._cli import FileArgs, ModelOptCompatArgs

@@ -16,8 +16,8 @@ a ``__main__.py`` with ``sys.exit(tool_main("<words>"))``. A name of several wor
 
     ("quantize int4", "onnxprec.quantization.int4._cli", "FP32 -> INT4 weight-only quantization."),
 
-Flags every tool has (``--log_level``, ``--report_json``) are :class:`onnxprec._options.CommonArgs`, added by
-each tool's ``add_arguments`` with the other shared groups (:class:`onnxprec._options.FileArgs`...); logging is
+Flags every tool has (``--log_level``, ``--report_json``) are :class:`onnxprec._arg_groups.CommonArgs`, added by
+each tool's ``add_arguments`` with the other shared groups (:class:`onnxprec._arg_groups.FileArgs`...); logging is
 configured from ``--log_level`` before ``run`` is called, and ``run`` checks the report's path before the work
 (:func:`onnxprec._report.check_paths`) and writes it after (:func:`onnxprec._report.write_json`). A ``_cli``
 module never imports this module: this module imports them.
@@ -64,7 +64,8 @@ def _configure_logging(level: str) -> None:
 
 def _guarded(tool: ModuleType, args: argparse.Namespace) -> int:
     """Runs a tool: user errors become one line on stderr and exit code 2, never a traceback."""
-    from onnxprec._options import CommonArgs, from_args
+    from onnxprec._arg_groups import CommonArgs
+    from onnxprec._options import from_args
 
     try:
         _configure_logging(from_args(CommonArgs, args).log_level)

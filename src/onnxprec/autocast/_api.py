@@ -38,6 +38,7 @@ from onnxprec._io import (
     external_data_paths,
     load_model,
     save_model,
+    sibling_path,
     to_model_proto,
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
@@ -99,9 +100,7 @@ MIN_OPSET = {"fp16": 13, "bf16": 22}
 
 def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16") -> Path:
     """``<name>.fp16.onnx`` (or ``.bf16.onnx``) beside the input."""
-    path = Path(onnx_path)
-    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
-    return path.with_name(f"{stem}.{low_precision_type}.onnx")
+    return sibling_path(onnx_path, f".{low_precision_type}")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """``onnxprec autocast`` and ``python -m onnxprec.autocast``: ModelOpt AutoCast's command line, same flags.
 
 The flags come from :class:`~onnxprec.autocast.AutoCastOptions` (declared once, with the API keywords) and the
-shared :class:`onnxprec._options.FileArgs` and :class:`onnxprec._options.CommonArgs`. Nothing heavy is imported until
-:func:`run`, so ``--help`` is fast.
+shared :class:`onnxprec._arg_groups.FileArgs` and :class:`onnxprec._arg_groups.CommonArgs`. Nothing heavy is
+imported until :func:`run`, so ``--help`` is fast.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import argparse
 from dataclasses import dataclass
 
 from onnxprec import _options, _report
-from onnxprec._options import CommonArgs, FileArgs, ToolOptions, file_args, from_args, option
+from onnxprec._arg_groups import CommonArgs, FileArgs, file_args
+from onnxprec._options import ToolOptions, from_args, option
 from onnxprec.autocast._options import AutoCastOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "FILES", "ModelOptCompatArgs", "add_arguments", "run"]

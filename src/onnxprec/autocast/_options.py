@@ -14,16 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from onnxprec._options import (
-    ToolOptions,
+from onnxprec._arg_groups import (
     calibration_data_option,
-    compile_patterns,
     genai_provider_option,
     html_report_option,
     input_shapes_option,
-    option,
     providers_option,
 )
+from onnxprec._options import ToolOptions, compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """``onnxprec compare REFERENCE CANDIDATE`` (and ``python -m onnxprec.debug compare``).
 
 The flags come from :class:`~onnxprec.debug.CompareOptions` (declared once, with the API keywords), the report
-outputs below and the shared :class:`onnxprec._options.CommonArgs`. Nothing heavy is imported until :func:`run`.
+outputs below and the shared :class:`onnxprec._arg_groups.CommonArgs`. Nothing heavy is imported until :func:`run`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import argparse
 from dataclasses import dataclass
 
 from onnxprec import _options, _report
-from onnxprec._options import CommonArgs, ToolOptions, from_args, html_report_option, option
+from onnxprec._arg_groups import CommonArgs, html_report_option
+from onnxprec._options import ToolOptions, from_args, option
 from onnxprec.debug._options import CompareOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "ReportArgs", "add_arguments", "run"]

@@ -1,7 +1,7 @@
 """``onnxprec dump`` (and ``python -m onnxprec.debug dump``): AMD Quark's ``dump_model`` on the command line.
 
 The flags come from :class:`~onnxprec.debug.DumpOptions` (declared once, with the API keywords) and the shared
-:class:`onnxprec._options.FileArgs` (``--onnx_path``) and :class:`onnxprec._options.CommonArgs`. Nothing heavy is
+:class:`onnxprec._arg_groups.FileArgs` (``--onnx_path``) and :class:`onnxprec._arg_groups.CommonArgs`. Nothing heavy is
 imported until :func:`run`.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 
 from onnxprec import _options, _report
-from onnxprec._options import CommonArgs, FileArgs, file_args, from_args
+from onnxprec._arg_groups import CommonArgs, FileArgs, file_args
+from onnxprec._options import from_args
 from onnxprec.debug._options import DumpOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "FILES", "add_arguments", "run"]

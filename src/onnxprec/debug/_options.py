@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import ToolOptions, calibration_data_option, input_shapes_option, option, providers_option
+from onnxprec._arg_groups import calibration_data_option, input_shapes_option, providers_option
+from onnxprec._options import ToolOptions, option
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "CompareOptions", "DumpOptions"]

@@ -1,7 +1,7 @@
 """``onnxprec evaluate`` and ``python -m onnxprec.evaluate``: models side by side, task metrics and latency.
 
 The flags come from :class:`~onnxprec.evaluate._options.EvaluateOptions` (declared once, with the API
-keywords), the models (positional) and the shared :class:`onnxprec._options.CommonArgs` (``--report_json``;
+keywords), the models (positional) and the shared :class:`onnxprec._arg_groups.CommonArgs` (``--report_json``;
 ``--json`` is its hidden alias, kept for one release).
 Nothing heavy is imported until :func:`run`.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from onnxprec import _options, _report
-from onnxprec._options import CommonArgs, from_args
+from onnxprec._arg_groups import CommonArgs
+from onnxprec._options import from_args
 from onnxprec.evaluate._options import EvaluateOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]

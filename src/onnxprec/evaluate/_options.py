@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import ToolOptions, calibration_data_option, option, providers_option
+from onnxprec._arg_groups import calibration_data_option, providers_option
+from onnxprec._options import ToolOptions, option
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["OPTIMIZATION_LEVELS", "EvaluateOptions"]

@@ -45,6 +45,7 @@ from onnxprec._io import (
     external_data_paths,
     load_model,
     save_model,
+    sibling_path,
 )
 from onnxprec._ops import default_opset, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
@@ -529,9 +530,7 @@ def _save(model: ir.Model, output: Path, options: PreprocessOptions, protected: 
 
 def default_output_path(input_model_path: str | os.PathLike) -> Path:
     """``<name>.pre.onnx`` beside the input."""
-    path = Path(input_model_path)
-    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
-    return path.with_name(f"{stem}.pre.onnx")
+    return sibling_path(input_model_path, ".pre")
 
 
 def preprocess_file(

@@ -1,8 +1,8 @@
 """``onnxprec preprocess`` and ``python -m onnxprec.preprocess``: ONNX Runtime's pre-processing, same flags.
 
 The flags come from :class:`~onnxprec.preprocess._options.PreprocessOptions` (declared once, with the API
-keywords), the shared :class:`onnxprec._options.FileArgs` spelled ``--input``/``--output`` as in ``python -m
-onnxruntime.quantization.preprocess``, and the shared :class:`onnxprec._options.CommonArgs`. The skip flags
+keywords), the shared :class:`onnxprec._arg_groups.FileArgs` spelled ``--input``/``--output`` as in ``python -m
+onnxruntime.quantization.preprocess``, and the shared :class:`onnxprec._arg_groups.CommonArgs`. The skip flags
 take no value (ONNX Runtime's take one: ``--skip_optimization True``). Nothing heavy is imported until
 :func:`run`.
 """
@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 
 from onnxprec import _options, _report
-from onnxprec._options import CommonArgs, FileArgs, file_args, from_args
+from onnxprec._arg_groups import CommonArgs, FileArgs, file_args
+from onnxprec._options import from_args
 from onnxprec.errors import ModelLoadError
 from onnxprec.preprocess._options import PreprocessOptions
 

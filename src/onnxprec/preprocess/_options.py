@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxprec._options import ToolOptions, genai_provider_option, option, providers_option
+from onnxprec._arg_groups import genai_provider_option, providers_option
+from onnxprec._options import ToolOptions, option
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["PreprocessOptions"]

@@ -1,8 +1,9 @@
 """ModelOpt's one entry point, ``quantize(onnx_path, quantize_mode="int8" | "int4", ...)``, routed to the tools.
 
-``quantize_mode="int8"`` runs :func:`onnxprec.quantization.int8.quantize`; ``"int4"`` runs the INT4 weight-only tool
-(:func:`onnxprec.quantization.int4.quantize_file`) with ModelOpt's argument names mapped onto it. Both write
-``output_path`` (default ``<name>.quant.onnx`` for INT8, ``<name>.int4.onnx`` for INT4) and return the report.
+ModelOpt's signature is written here only: ``quantize_mode="int8"`` runs the INT8 tool
+(:func:`onnxprec.quantization.int8.quantize_file`, whose options have ModelOpt's names); ``"int4"`` runs the INT4
+weight-only tool (:func:`onnxprec.quantization.int4.quantize_file`) with ModelOpt's argument names mapped onto it. Both
+write ``output_path`` (default ``<name>.quant.onnx`` for INT8, ``<name>.int4.onnx`` for INT4) and return the report.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def quantize(
 
     Args:
         onnx_path: Path to the float model.
-        quantize_mode: ``int8`` (static/dynamic INT8, :func:`onnxprec.quantization.int8.quantize`) or ``int4``
+        quantize_mode: ``int8`` (static/dynamic INT8, :mod:`onnxprec.quantization.int8`) or ``int4``
             (weight-only, :mod:`onnxprec.quantization.int4`).
         calibration_data: Calibration inputs (a path, a dict of arrays, a list of feed dicts or a reader).
         calibration_method: INT8: max, entropy (default), percentile, mse; INT4: rtn, awq_lite, awq_clip, gptq...
@@ -98,9 +99,10 @@ def quantize(
     mode = _check_mode(quantize_mode)
     named = {k: v for k, v in locals().items() if k not in ("onnx_path", "quantize_mode", "kwargs", "mode")}
     if mode == "int8":
-        from onnxprec.quantization.int8 import quantize as quantize_int8
+        from onnxprec.quantization import int8
 
-        return quantize_int8(onnx_path, **named, **kwargs)
+        del named["output_path"]  # ModelOpt's names are INT8's options
+        return int8.quantize_file(onnx_path, output_path, options=int8.Int8Options.from_call(None, kwargs, named))
     given = {name: value for name, value in named.items() if name in _INT4_UNSUPPORTED and value is not None}
     if given:
         raise InvalidArgumentError(f"quantize_mode='int4' has no {', '.join(sorted(given))}: drop them.")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,17 +22,16 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort, calibration
-from onnxprec._genai import GenaiCarry
 from onnxprec._graph import NameAllocator
-from onnxprec._io import ModelSource, check_output_path, external_data_paths, load_model, save_model, to_model_proto
+from onnxprec._io import ModelSource, load_model, to_model_proto
 from onnxprec._ops import (
-    QUANTIZED_OPS,
     default_opset,
 )
-from onnxprec._options import fields_in, log_level_during, options_from_call
+from onnxprec._options import fields_in, log_level_during
 from onnxprec.calibration_data import CalibrationData, run_on_data
-from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
+from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
+from onnxprec.quantization._tool import QuantizationTool, check_float_model
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
@@ -59,23 +57,8 @@ GATHER_TYPES = {
 }
 
 
-def default_output_path(onnx_path: str | Path) -> Path:
-    """``<name>.int4.onnx`` beside the input."""
-    path = Path(onnx_path)
-    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
-    return path.with_name(f"{stem}.int4.onnx")
-
-
 # ---------------------------------------------------------------------------------------------------
 # Steps
-
-
-def _check_quantizable(model: ir.Model) -> None:
-    quantized = sorted({n.op_type for n in model.graph.all_nodes() if n.op_type in QUANTIZED_OPS})
-    if quantized:
-        raise UnsupportedModelError(
-            f"The model is already quantized (it has {', '.join(quantized)} nodes): pass the float model."
-        )
 
 
 def _sanitize(model: ir.Model, options: Int4Options) -> None:
@@ -270,7 +253,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     tick = time.perf_counter()
     _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
     model = load_model(source)
-    _check_quantizable(model)
+    check_float_model(model)
     _sanitize(model, options)
     selection = select_layers(
         model,
@@ -425,8 +408,7 @@ def quantize(
     Raises:
         OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
     """
-    params = fields_in(Int4Options, locals())
-    options = options_from_call(Int4Options, params, kwargs, "INT4")
+    options = Int4Options.from_call(None, kwargs, fields_in(Int4Options, locals()))
     with log_level_during(options.log_level):
         model, report = quantize_model(onnx_path, options)
         tick = time.perf_counter()
@@ -438,66 +420,6 @@ def quantize(
     return proto
 
 
-def quantize_file(
-    onnx_path: str | Path,
-    output_path: str | Path | None = None,
-    *,
-    external_data: bool | None = None,
-    options: Int4Options | None = None,
-    **kwargs: Any,
-) -> Int4Report:
-    """Quantizes a model file into a new file, each weight quantized while it is written (the path-to-path form).
-
-    Args:
-        onnx_path: The float model.
-        output_path: Where to write; default ``<name>.int4.onnx`` beside the input.
-        external_data: True: weights in ``<output>.data``; None: as ``use_external_data_format``, else only when
-            above 2 GB.
-        options: The settings as one object (e.g. built from command-line flags); or pass them as ``kwargs``.
-        **kwargs: Any :class:`Int4Options` field (the arguments of :func:`quantize`).
-
-    Returns:
-        The report; ``report.to_json()`` is JSON-ready.
-
-    Raises:
-        OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
-    """
-    if options is None:
-        options = options_from_call(Int4Options, {}, kwargs, "INT4")
-    elif kwargs:
-        raise InvalidArgumentError(
-            f"quantize_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
-            "e.g. dataclasses.replace(options, ...)."
-        )
-    output = Path(output_path) if output_path is not None else default_output_path(onnx_path)
-    source = Path(onnx_path)
-    protected = {source.resolve()} if source.exists() else set()
-    check_output_path(output, protected)  # fail before the work, not after
-    genai = GenaiCarry.plan(source, output, options.genai_provider)
-    if external_data is None and options.use_external_data_format:
-        external_data = True
-    with log_level_during(options.log_level):
-        model, report = quantize_model(source, options)
-        report.input_path = source
-        protected |= external_data_paths(model)
-        tick = time.perf_counter()
-        from tqdm.auto import tqdm
-
-        with tqdm(total=len(report.layers), desc="Quantizing weights", unit="weight", disable=None) as bar:
-            report.progress = bar.update
-            try:
-                report.output_path = save_model(
-                    model,
-                    output,
-                    external_data=external_data,
-                    protected=protected,
-                    check=lambda path: load_in_ort(str(path), report.ort_only, providers=list(options.calibration_eps)),
-                )
-            finally:
-                report.progress = None
-        report.seconds["quantize+save"] = time.perf_counter() - tick
-        logger.info("%s; saved %s", report.summary, output)
-        if genai is not None:
-            genai.write(model)
-            report.genai = genai
-    return report
+TOOL: QuantizationTool[Int4Options, Int4Report] = QuantizationTool(Int4Options, quantize_model, progress=True)
+default_output_path = TOOL.default_output_path
+quantize_file = TOOL.quantize_file

@@ -9,16 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import (
-    ToolOptions,
-    calibration_data_option,
-    compile_patterns,
-    genai_provider_option,
-    input_shapes_option,
-    option,
-    providers_option,
-)
+from onnxprec._arg_groups import calibration_data_option, genai_provider_option, input_shapes_option, log_level_option
+from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization import _tool
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"]
 
@@ -29,15 +23,15 @@ METHOD_NAMES = (
     "rtn_dq", "rtn_trt", "rtn_trt_dq", "awq_clip_trt",
 )  # fmt: skip
 OUTPUT_FORMATS = ("qdq", "matmulnbits")
-_EXTRAS = "onnxprec extras"
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass
-class Int4Options(ToolOptions):
+class Int4Options(_tool.QuantizationOptions):
     """All INT4 settings, validated once. The first eight are ModelOpt's ``int4.quantize`` arguments."""
 
     TITLE = "INT4 options (ModelOpt names)"
+    TOOL = "INT4"
+    OUTPUT_SUFFIX = ".int4"
 
     calibration_method: str | None = option(
         None,
@@ -55,12 +49,10 @@ class Int4Options(ToolOptions):
         flags=("--calibration_data", "--calibration_data_path"),
         note="AWQ and GPTQ need representative data",
     )
-    calibration_eps: Sequence[str] = providers_option("calibration", flags=("--calibration_eps",))
+    calibration_eps: Sequence[str] = _tool.calibration_eps_option()
     genai_provider: str | None = genai_provider_option()
-    use_external_data_format: bool = option(
-        False,
+    use_external_data_format: bool = _tool.external_data_option(
         flags=("--external_data", "--use_external_data_format"),
-        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
         doc="Save the weights in ``<output>.data`` (``quantize_file``; automatic above 2 GB). ``quantize`` returns "
         "a ModelProto: save it with ``onnx.save(..., save_as_external_data=True)``.",
     )
@@ -81,14 +73,10 @@ class Int4Options(ToolOptions):
         flags=("--block_size",),
         help="Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel (default: 128).",
     )
-    nodes_to_exclude: Sequence[str] | None = option(
-        None,
+    nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option(
+        "the node name, its output name and its weight name",
+        "; give the flag with no pattern to quantize every layer (default: /lm_head, none under --size_budget_mb)",
         flags=("--nodes_to_exclude", "-ne"),
-        nargs="*",
-        metavar="REGEX",
-        help="Regexes (re.search) of layers to keep in float, matched against the node name, its output name and "
-        "its weight name; give the flag with no pattern to quantize every layer (default: /lm_head, none under "
-        "--size_budget_mb).",
     )
     quantize_embeddings: bool = option(
         False,
@@ -107,9 +95,7 @@ class Int4Options(ToolOptions):
         "itself, or random data, "
         "scaled by a few real runs' KL divergence of the logits).",
     )
-    log_level: str = option(
-        "INFO", api_only=True, help="Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR."
-    )
+    log_level: str = log_level_option()
     output_format: str = option(
         "qdq",
         flags=("--output_format",),
@@ -155,27 +141,18 @@ class Int4Options(ToolOptions):
         help="Block size of the INT8 layers: a power of two >= 16, or -1 per output channel (default: the largest "
         "power of two <= 128 that divides K, so MatMulNBits needs no padding; per channel if none does).",
     )
-    calibration_batch_size: int | None = option(
-        1,
-        flags=("--calibration_batch_size",),
-        group=_EXTRAS,
-        help="Split calibration batches along a dynamic batch axis into runs of this many samples (bounds the "
-        "memory of each run; 0 or None: as given).",
+    calibration_batch_size: int | None = _tool.calibration_batch_size_option(
+        1, "bounds the memory of each run; 0 or None: as given"
     )
-    sample_tokens: int = option(
-        512,
-        flags=("--sample_tokens",),
-        group=_EXTRAS,
-        help="Tokens sampled per layer input for the AWQ and AWQ-clip losses.",
-    )
+    sample_tokens: int = _tool.sample_tokens_option("layer input for the AWQ and AWQ-clip losses")
     stats_memory_mb: int = option(
         256,
         flags=("--stats_memory_mb",),
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
         "several passes over the data.",
     )
-    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=_EXTRAS)
+    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=_tool.EXTRAS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -198,19 +175,15 @@ class Int4Options(ToolOptions):
             )
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise InvalidArgumentError(f"accuracy_level must be 0..4, got {self.accuracy_level!r}.")
-        if self.log_level not in _LOG_LEVELS:
-            raise InvalidArgumentError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}.")
         for name in ("awqlite_alpha_step", "awqclip_alpha_step"):
             step = getattr(self, name)
             if not 0 < step <= 1:
                 raise InvalidArgumentError(f"{name} must be in (0, 1], got {step!r}.")
         if not 0 < self.awqclip_alpha_min <= 1:
             raise InvalidArgumentError(f"awqclip_alpha_min must be in (0, 1], got {self.awqclip_alpha_min!r}.")
-        for name in ("awqclip_bsz_col", "sample_tokens", "stats_memory_mb"):
+        for name in ("awqclip_bsz_col", "stats_memory_mb"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
-        if self.calibration_batch_size is not None and self.calibration_batch_size < 0:
-            raise InvalidArgumentError(f"calibration_batch_size must be >= 0, got {self.calibration_batch_size!r}.")
         if not 0 <= self.gptq_damp < 10:
             raise InvalidArgumentError(f"gptq_damp must be in [0, 10), got {self.gptq_damp!r}.")
         if self.size_budget_mb is not None and not self.size_budget_mb > 0:

@@ -8,29 +8,28 @@ The pipeline, one step each::
          -> build -> [float fallback until the accuracy target holds] -> [AutoCast of the float remainder]
          -> validate -> save (INT8 weights computed while written)
 
-``quantize`` takes ModelOpt's ``quantize(quantize_mode="int8")`` arguments and writes the model (as ModelOpt does)
-and returns the report; ``quantize_model`` stops before saving.
+``quantize_file`` writes the model and returns the report (ModelOpt's ``quantize(quantize_mode="int8")`` is
+:func:`onnxprec.quantization.quantize`); ``quantize_model`` stops before saving.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
-from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 import onnx_ir as ir
 
 from onnxprec import _ort, calibration
-from onnxprec._io import ModelSource, check_output_path, external_data_paths, load_model, save_model
-from onnxprec._ops import QUANTIZED_OPS, default_opset
-from onnxprec._options import fields_in, log_level_during, options_from_call
+from onnxprec._io import ModelSource, load_model
+from onnxprec._ops import default_opset
 from onnxprec.calibration_data import CalibrationData, run_on_data
-from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError
+from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
 from onnxprec.passes import InferTypesPass, LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
+from onnxprec.quantization._tool import QuantizationTool, check_float_model
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
@@ -39,9 +38,9 @@ from onnxprec.quantization.int8.fallback import measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
 from onnxprec.quantization.int8.place import Plan
 from onnxprec.reference import run_reference
-from onnxprec.validate import check_structure, load_in_ort
+from onnxprec.validate import check_structure
 
-__all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
+__all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", "quantize_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,23 +48,8 @@ MIN_OPSET = 13  # per-axis DequantizeLinear
 _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "Cast")
 
 
-def default_output_path(onnx_path: str | Path) -> Path:
-    """``<name>.quant.onnx`` beside the input (ModelOpt's default)."""
-    path = Path(onnx_path)
-    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
-    return path.with_name(f"{stem}.quant.onnx")
-
-
 # ---------------------------------------------------------------------------------------------------
 # Steps
-
-
-def _check_quantizable(model: ir.Model) -> None:
-    quantized = sorted({n.op_type for n in model.graph.all_nodes() if n.op_type in QUANTIZED_OPS})
-    if quantized:
-        raise UnsupportedModelError(
-            f"The model is already quantized (it has {', '.join(quantized)} nodes): pass the float model."
-        )
 
 
 def _sanitize(model: ir.Model) -> None:
@@ -177,7 +161,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     tick = time.perf_counter()
     _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
     model = load_model(source)
-    _check_quantizable(model)
+    check_float_model(model)
     _sanitize(model)
     plan = plan_for(model, options)
     report.excluded, report.skipped = plan.excluded, plan.skipped
@@ -269,113 +253,6 @@ def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.M
 # Public functions
 
 
-def quantize(
-    onnx_path: str | Path,
-    calibration_data: Any = None,
-    calibration_method: str | None = None,
-    calibration_data_reader: Any = None,
-    calibration_eps: Sequence[str] = ("cpu",),
-    op_types_to_quantize: Sequence[str] | None = None,
-    op_types_to_exclude: Sequence[str] | None = None,
-    nodes_to_quantize: Sequence[str] | None = None,
-    nodes_to_exclude: Sequence[str] | None = None,
-    use_external_data_format: bool = False,
-    output_path: str | Path | None = None,
-    log_level: str = "INFO",
-    high_precision_dtype: str | None = None,
-    **kwargs: Any,
-) -> Int8Report:
-    """INT8 quantization with ModelOpt's ``quantize(quantize_mode="int8")`` arguments; writes ``output_path``.
-
-    Args:
-        onnx_path: Path to the float model.
-        calibration_data: Calibration inputs: a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
-            ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
-            ``CalibrationDataReader``; None: realistic random data; the ranges of static activations, SmoothQuant
-            and the accuracy target are fitted to it.
-        calibration_method: How the ranges of static activations are calibrated: max (the extremes seen), entropy
-            (TensorRT's KL threshold), percentile (of |x|, --percentile), mse (the clip with the least squared
-            error) (default: max on --runtime ort-cpu, where entropy clipped EfficientNet-Lite0's ReLU6 and residual
-            tensors (rel L2 0.17 against 0.05 on held-out images); entropy elsewhere, as ModelOpt; dynamic
-            activations need none).
-        calibration_data_reader: An ONNX Runtime ``CalibrationDataReader`` (or any source ``calibration_data``
-            takes); give one of the two.
-        calibration_eps: ONNX Runtime providers for calibration: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
-        op_types_to_quantize: Only these op types (Conv, MatMul, Gemm, and the static region's Add, Mul, Concat,
-            pools) (default: all supported).
-        op_types_to_exclude: Op types kept in float.
-        nodes_to_quantize: Only nodes whose name or output name matches one of these regexes (re.search) (default:
-            all).
-        nodes_to_exclude: Regexes (re.search) of nodes kept in float, matched against the node name and its output
-            names.
-        use_external_data_format: Save the weights in <output>.data beside the model (automatic above 2 GB).
-        output_path: Where to write; default ``<name>.quant.onnx`` beside the input (ModelOpt's).
-        log_level: Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR.
-        high_precision_dtype: Type of what stays in float: fp32, or fp16/bf16 by AutoCast on the float remainder
-            (default: fp32 on --runtime ort-cpu, where FP16 is slow; fp16 on trt and ort-cuda, as ModelOpt).
-        **kwargs: Any other :class:`Int8Options` field: ``runtime`` (ort-cpu, ort-cuda, trt), ``activations``,
-            ``target_accuracy``, ``smoothquant``, ``outlier_channels``, ``bias_correction``, ``percentile``,
-            ``calibration_batch_size``, ``sample_tokens``, ``input_shapes``.
-
-    Returns:
-        The report; ``report.to_json()`` is JSON-ready.
-
-    Raises:
-        OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
-    """
-    params = fields_in(Int8Options, locals())
-    options = options_from_call(Int8Options, params, kwargs, "INT8")
-    return quantize_file(onnx_path, output_path, options=options)
-
-
-def quantize_file(
-    onnx_path: str | Path,
-    output_path: str | Path | None = None,
-    *,
-    external_data: bool | None = None,
-    options: Int8Options | None = None,
-    **kwargs: Any,
-) -> Int8Report:
-    """Quantizes a model file into a new file (INT8 weights computed while it is written).
-
-    Args:
-        onnx_path: The float model.
-        output_path: Where to write; default ``<name>.quant.onnx`` beside the input.
-        external_data: True: weights in ``<output>.data``; None: as ``use_external_data_format``, else only when
-            above 2 GB.
-        options: The settings as one object (e.g. built from command-line flags); or pass them as ``kwargs``.
-        **kwargs: Any :class:`Int8Options` field.
-
-    Raises:
-        OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
-    """
-    if options is None:
-        options = options_from_call(Int8Options, {}, kwargs, "INT8")
-    elif kwargs:
-        raise InvalidArgumentError(
-            f"quantize_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way."
-        )
-    source = Path(onnx_path)
-    output = Path(output_path) if output_path is not None else default_output_path(source)
-    protected = {source.resolve()} if source.exists() else set()
-    check_output_path(output, protected)  # fail before the work, not after
-    if external_data is None and options.use_external_data_format:
-        external_data = True
-    with log_level_during(options.log_level):
-        try:
-            model, report = quantize_model(source, options)
-        except OnnxprecError:
-            raise
-        report.input_path = source
-        protected |= external_data_paths(model)
-        tick = time.perf_counter()
-        report.output_path = save_model(
-            model,
-            output,
-            external_data=external_data,
-            protected=protected,
-            check=lambda path: load_in_ort(str(path), report.ort_only, providers=list(options.calibration_eps)),
-        )
-        report.seconds["save"] = time.perf_counter() - tick
-        logger.info("%s; saved %s", report.summary, output)
-    return report
+TOOL: QuantizationTool[Int8Options, Int8Report] = QuantizationTool(Int8Options, quantize_model)
+default_output_path = TOOL.default_output_path
+quantize_file = TOOL.quantize_file

@@ -1,20 +1,18 @@
 """``onnxprec quantize int8`` and ``python -m onnxprec.quantization --quantize_mode int8``: INT8 quantization.
 
 The flags come from :class:`~onnxprec.quantization.int8.Int8Options` (declared once, with the API keywords,
-ModelOpt's names) and the shared :class:`onnxprec._options.FileArgs` and :class:`onnxprec._options.CommonArgs`.
-Nothing heavy is imported until :func:`run`, so ``--help`` is fast.
+ModelOpt's names) and the groups every quantizer shares (:mod:`onnxprec.quantization._tool`). Nothing heavy is
+imported until :func:`run`, so ``--help`` is fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from onnxprec import _options, _report
-from onnxprec._options import CommonArgs, FileArgs, file_args, from_args
+from onnxprec.quantization import _tool
 from onnxprec.quantization.int8._options import Int8Options
 
-__all__ = ["DESCRIPTION", "EPILOG", "FILES", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
 
 DESCRIPTION = (
     "Quantize Conv, MatMul and Gemm layers to INT8 for the runtime that will run the model: on ONNX Runtime's CPU "
@@ -33,23 +31,14 @@ examples:
       TensorRT-style symmetric Q/DQ, FP16 remainder (ModelOpt's defaults)
 """
 
-FILES = file_args("<name>.quant.onnx", input_help="Input float ONNX model.")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The INT8 flags (ModelOpt's names where ModelOpt has them) and onnxprec's extras."""
-    _options.add_arguments(parser, FILES, Int8Options, CommonArgs)
+    _tool.add_arguments(parser, Int8Options)
 
 
 def run(args: argparse.Namespace) -> int:
     """Quantizes the model; prints one summary line on stdout."""
-    from onnxprec.quantization.int8._api import quantize_file
+    from onnxprec.quantization.int8 import quantize_file
 
-    files = from_args(FileArgs, args)
-    common = from_args(CommonArgs, args)
-    options = dataclasses.replace(from_args(Int8Options, args), log_level=common.log_level)
-    _report.check_paths({"--report_json": common.report_json}, [files.onnx_path, *filter(None, [files.output_path])])
-    report = quantize_file(files.onnx_path, files.output_path, options=options)
-    _report.write_json(common.report_json, report.to_json())
-    print(f"{report.summary}; saved {report.output_path}")
-    return 0
+    return _tool.run_cli(args, Int8Options, quantize_file)

@@ -9,8 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._options import ToolOptions, calibration_data_option, input_shapes_option, option, providers_option
+from onnxprec._arg_groups import calibration_data_option, input_shapes_option, log_level_option
+from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization import _tool
 
 __all__ = [
     "ACTIVATION_MODES",
@@ -26,15 +28,15 @@ RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
 WEIGHT_ROUNDINGS = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
-_EXTRAS = "onnxprec extras"
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass
-class Int8Options(ToolOptions):
+class Int8Options(_tool.QuantizationOptions):
     """All INT8 settings, validated once. The ModelOpt arguments come first, with ModelOpt's names and meanings."""
 
     TITLE = "INT8 options (ModelOpt names)"
+    TOOL = "INT8"
+    OUTPUT_SUFFIX = ".quant"
 
     calibration_data: Any = calibration_data_option(
         "Calibration inputs",
@@ -56,7 +58,7 @@ class Int8Options(ToolOptions):
         help="An ONNX Runtime ``CalibrationDataReader`` (or any source ``calibration_data`` takes); give one of the "
         "two.",
     )
-    calibration_eps: Sequence[str] = providers_option("calibration", flags=("--calibration_eps",))
+    calibration_eps: Sequence[str] = _tool.calibration_eps_option()
     op_types_to_quantize: Sequence[str] | None = option(
         None,
         flags=("--op_types_to_quantize",),
@@ -75,18 +77,8 @@ class Int8Options(ToolOptions):
         metavar="REGEX",
         help="Only nodes whose name or output name matches one of these regexes (re.search) (default: all).",
     )
-    nodes_to_exclude: Sequence[str] | None = option(
-        None,
-        flags=("--nodes_to_exclude",),
-        nargs="*",
-        metavar="REGEX",
-        help="Regexes (re.search) of nodes kept in float, matched against the node name and its output names.",
-    )
-    use_external_data_format: bool = option(
-        False,
-        flags=("--use_external_data_format",),
-        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
-    )
+    nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option("the node name and its output names")
+    use_external_data_format: bool = _tool.external_data_option()
     high_precision_dtype: str | None = option(
         None,
         flags=("--high_precision_dtype",),
@@ -102,21 +94,19 @@ class Int8Options(ToolOptions):
         "kernels, dynamic INT8 MatMuls), ort-cuda or trt (TensorRT-style symmetric Q/DQ on Conv, MatMul and Gemm "
         "inputs).",
     )
-    log_level: str = option(
-        "INFO", api_only=True, help="Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR."
-    )
+    log_level: str = log_level_option()
     activations: str = option(
         "auto",
         flags=("--activations",),
         choices=ACTIVATION_MODES,
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="How MatMul/Gemm activations are quantized: auto (dynamic on ort-cpu, static elsewhere), static "
         "(calibrated ranges) or dynamic (DynamicQuantizeLinear at run time, ort-cpu).",
     )
     target_accuracy: str | Callable[..., Any] | None = option(
         None,
         flags=("--target_accuracy",),
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="What the outputs must keep on the calibration data, AutoCast's syntax (rel_l2<=0.03, cosine>=0.999, "
         "top1>=0.99, max_abs<=0.1, joined by commas); the most sensitive layers go back to float until it holds, "
         "within --max_float_compute (default: none, as ModelOpt: every selected layer stays INT8; a float layer "
@@ -129,28 +119,28 @@ class Int8Options(ToolOptions):
     max_float_compute: float = option(
         0.25,
         flags=("--max_float_compute",),
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="The accuracy target sends at most this fraction of the quantized layers' multiply-adds back to float "
         "(speed first; a target it cannot meet within it is reported with what was reached); 1: no limit.",
     )
     smoothquant: bool = option(
         True,
         flags=("--no_smoothquant",),
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="Turn SmoothQuant off (default: on for dynamic and static MatMul/Gemm layers, alpha searched per input "
         "on held-out calibration tokens, kept only where it helps).",
     )
     outlier_channels: int = option(
         32,
         flags=("--outlier_channels",),
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="At most this many input channels per dynamic layer input computed in float (LLM.int8()-style outlier "
         "split, chosen on calibration data, kept only where it helps); 0: none.",
     )
     bias_correction: bool = option(
         True,
         flags=("--no_bias_correction",),
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="Turn bias correction off (default: on: each layer's bias cancels the mean output shift of its "
         "quantized weight on the calibration data).",
     )
@@ -158,7 +148,7 @@ class Int8Options(ToolOptions):
         "auto",
         flags=("--weight_rounding",),
         choices=WEIGHT_ROUNDINGS,
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="How INT8 weights are rounded: rtn (to nearest), gptq (GPTQ on the layer's input Hessian from the "
         "calibration data, for layers whose calibration saw at least as many input rows as the layer has inputs), "
         "auto (gptq for Conv layers, rtn for MatMul/Gemm).",
@@ -166,24 +156,15 @@ class Int8Options(ToolOptions):
     percentile: float = option(
         99.999,
         flags=("--percentile",),
-        group=_EXTRAS,
+        group=_tool.EXTRAS,
         help="The percentile of |x| kept by --calibration_method percentile.",
     )
-    calibration_batch_size: int | None = option(
-        None,
-        flags=("--calibration_batch_size",),
-        group=_EXTRAS,
-        help="Split calibration batches along a dynamic batch axis into runs of this many samples (bounds memory; "
-        "dynamic ranges are per run) (default: as given).",
+    calibration_batch_size: int | None = _tool.calibration_batch_size_option(
+        None, "bounds memory; dynamic ranges are per run; default: as given"
     )
-    sample_tokens: int = option(
-        512,
-        flags=("--sample_tokens",),
-        group=_EXTRAS,
-        help="Token rows sampled per dynamic layer input for the SmoothQuant and outlier decisions.",
-    )
+    sample_tokens: int = _tool.sample_tokens_option("dynamic layer input for the SmoothQuant and outlier decisions")
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(
-        flags=("--calibration_shapes", "--input_shapes"), group=_EXTRAS
+        flags=("--calibration_shapes", "--input_shapes"), group=_tool.EXTRAS
     )
 
     def __post_init__(self) -> None:
@@ -205,22 +186,16 @@ class Int8Options(ToolOptions):
             )
         if self.activations == "dynamic" and self.runtime != "ort-cpu":
             raise InvalidArgumentError(f"activations='dynamic' is for --runtime ort-cpu, not {self.runtime}.")
-        if self.log_level not in _LOG_LEVELS:
-            raise InvalidArgumentError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}.")
         if not 0 <= self.max_float_compute <= 1:
             raise InvalidArgumentError(f"max_float_compute must be in [0, 1], got {self.max_float_compute!r}.")
         if not 0 < self.percentile <= 100:
             raise InvalidArgumentError(f"percentile must be in (0, 100], got {self.percentile!r}.")
-        if self.outlier_channels < 0 or self.sample_tokens < 1:
-            raise InvalidArgumentError("outlier_channels must be >= 0 and sample_tokens >= 1.")
-        if self.calibration_batch_size is not None and self.calibration_batch_size < 0:
-            raise InvalidArgumentError(f"calibration_batch_size must be >= 0, got {self.calibration_batch_size!r}.")
+        if self.outlier_channels < 0:
+            raise InvalidArgumentError(f"outlier_channels must be >= 0, got {self.outlier_channels!r}.")
         if self.calibration_data is not None and self.calibration_data_reader is not None:
             raise InvalidArgumentError("Give calibration_data or calibration_data_reader, not both.")
         if isinstance(self.target_accuracy, str) and self.target_accuracy.strip().lower() in ("none", ""):
             self.target_accuracy = None
-        from onnxprec._options import compile_patterns
-
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.include_patterns = compile_patterns(self.nodes_to_quantize, "nodes_to_quantize")
         self.target = None

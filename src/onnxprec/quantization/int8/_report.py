@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -66,6 +67,10 @@ class Int8Report:
     input_path: Path | None = None
     output_path: Path | None = None
     ort_only: dict[str, int] = field(default_factory=dict)
+    genai: Any = None
+    """Always None: INT8 carries no onnxruntime-genai files."""
+    progress: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+    """Unused: INT8 shows no progress bar while it writes the weights."""
 
     def count(self, mode: str) -> int:
         return sum(1 for entry in self.layers if entry.mode == mode)

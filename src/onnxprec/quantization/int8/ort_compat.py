@@ -141,15 +141,15 @@ def quantize_static(
         names = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "trt",
                  "DmlExecutionProvider": "dml"}  # fmt: skip
         options["calibration_eps"] = tuple(names.get(p, p) for p in calibration_providers)
-    from onnxprec.quantization.int8._api import quantize
+    from onnxprec.quantization.int8._api import quantize_file
 
-    return quantize(
+    return quantize_file(
         model_input,
+        model_output,
         calibration_data_reader=calibration_data_reader,
         op_types_to_quantize=op_types_to_quantize,
         nodes_to_quantize=[f"^{re.escape(n)}$" for n in nodes_to_quantize] if nodes_to_quantize else None,
         nodes_to_exclude=[f"^{re.escape(n)}$" for n in nodes_to_exclude] if nodes_to_exclude else None,
         use_external_data_format=use_external_data_format,
-        output_path=model_output,
         **options,
     )

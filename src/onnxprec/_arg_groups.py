@@ -1,0 +1,256 @@
+"""Options shared by several tools, declared once, as Polygraphy's tools share their argument groups.
+
+An API setting every tool words its own way is a field factory used in each tool's options class (the spelling and
+what the tool does with the value are parameters): :func:`calibration_data_option`, :func:`input_shapes_option`,
+:func:`providers_option`, :func:`genai_provider_option`, :func:`html_report_option`, :func:`log_level_option`.
+Command-line-only flags are classes of their own that each tool adds (:class:`FileArgs`, :class:`CommonArgs`),
+respelled per tool with :func:`onnxprec._options.customize` (:func:`file_args`).
+
+In the base layer, with :mod:`onnxprec._options`: it imports nothing heavy, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from onnxprec._options import ArgGroup, ToolOptions, customize, option
+
+__all__ = [
+    "LOG_LEVELS",
+    "CommonArgs",
+    "FileArgs",
+    "calibration_data_option",
+    "check_log_level",
+    "file_args",
+    "genai_provider_option",
+    "html_report_option",
+    "input_shapes_option",
+    "log_level_option",
+    "providers_option",
+]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+_DATA_FORMATS_HELP = (
+    "an .npz file (split along the batch axis), a folder of .npz files (one batch each) or a Polygraphy .json"
+)
+_DATA_FORMATS_DOC = (
+    "a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``), a dict of arrays, a list or "
+    "iterator of feed dicts, or an ONNX Runtime ``CalibrationDataReader``"
+)
+
+
+def calibration_data_option(
+    purpose: str,
+    *,
+    flags: Iterable[str] = ("-d", "--calibration_data"),
+    default: str = "realistic random data",
+    note: str = "",
+    more_formats: tuple[str, str] | None = None,
+    group: str | None = None,
+) -> Any:
+    """The data option of every tool that runs a model: what sources it accepts is written once, here.
+
+    Args:
+        purpose: What the data is for, e.g. "Inputs for the reference run" (the sentence's start).
+        flags: The spellings (ModelOpt's ``-d/--calibration_data`` by default).
+        default: What the tool uses without data (after "default:" in the help, "None:" in the doc).
+        note: A remark appended to the default, e.g. "AWQ and GPTQ need representative data".
+        more_formats: A format only this tool reads, as (help text, doc text), e.g. an ``.npy`` of token ids.
+        group: Title of the argparse group, when not the options class's ``TITLE``.
+
+    Returns:
+        An :func:`option` field defaulting to None.
+    """
+    formats_help, formats_doc = _DATA_FORMATS_HELP, _DATA_FORMATS_DOC
+    if more_formats is not None:
+        formats_help = f"{formats_help.replace(' or ', ', ')}, or {more_formats[0]}"
+        formats_doc = f"{more_formats[1]}, {formats_doc}"
+    tail = f"; {note}" if note else ""
+    return option(
+        None,
+        flags=flags,
+        metavar="PATH",
+        group=group,
+        help=f"{purpose}: {formats_help} (default: {default}{tail}).",
+        doc=f"{purpose}: {formats_doc}; None: {default}{tail}.",
+    )
+
+
+def input_shapes_option(*, flags: Iterable[str] = ("--input_shapes",), group: str | None = None, more: str = "") -> Any:
+    """The sizes of dynamic inputs for random data, shared by every tool that makes random inputs.
+
+    Args:
+        flags: The spellings.
+        group: Title of the argparse group, when not the options class's ``TITLE``.
+        more: Other forms the API accepts, appended to the doc (e.g. a list of shapes in input order).
+
+    Returns:
+        An :func:`option` field defaulting to None.
+    """
+    return option(
+        None,
+        flags=flags,
+        group=group,
+        metavar="SHAPES",
+        help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128.",
+        doc=f'Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes{more}.',
+    )
+
+
+def providers_option(purpose: str, *, flags: Iterable[str] = ("--providers",)) -> Any:
+    """The ONNX Runtime execution providers option, shared by every tool that runs a model.
+
+    Args:
+        purpose: What the runs are for, e.g. "the reference run" or "calibration".
+        flags: The spellings (``--providers`` by default; e.g. ``--calibration_eps`` for a ModelOpt-like tool).
+
+    Returns:
+        An :func:`option` field defaulting to ``("cpu",)``.
+    """
+    return option(
+        ("cpu",),
+        flags=flags,
+        nargs="*",
+        metavar="PROVIDER",
+        help=f"ONNX Runtime providers for {purpose}, in order of preference: cpu, cuda[:N], trt, dml.",
+        doc=f"ONNX Runtime providers for {purpose}: ``cpu``, ``cuda:N``, ``trt``, ``dml``.",
+    )
+
+
+def genai_provider_option() -> Any:
+    """The provider written into the ``genai_config.json`` that a tool carries beside its output (``onnxprec._genai``).
+
+    Returns:
+        An :func:`option` field defaulting to None (the provider of the input's config).
+    """
+    return option(
+        None,
+        flags=("--genai_provider",),
+        choices=("cpu", "cuda"),
+        help="When the input sits in an onnxruntime-genai folder (genai_config.json), its config and tokenizer files "
+        "are copied beside the output; this sets the copied config's provider (cpu: provider_options [], e.g. to "
+        "run a CUDA build on the CPU) (default: as in the input's config).",
+        doc="When the input sits in an onnxruntime-genai folder (``genai_config.json``), its config and tokenizer "
+        "files are copied beside the output; this sets the copied config's provider: ``cpu`` "
+        "(``provider_options: []``) or ``cuda``; None: as in the input's config.",
+    )
+
+
+def html_report_option(what: str, *, flags: Iterable[str] = ("--html",), group: str | None = None) -> Any:
+    """The path of a tool's self-contained HTML report (any browser, no network).
+
+    Args:
+        what: What the page shows, e.g. "the table and a plot of the error along the graph".
+        flags: The spellings (``--html`` by default; AutoCast's is ``--report``).
+        group: Title of the argparse group, when not the options class's ``TITLE``.
+
+    Returns:
+        An :func:`option` field defaulting to None.
+    """
+    return option(
+        None,
+        flags=flags,
+        group=group,
+        metavar="PATH",
+        help=f"Also write a self-contained HTML report (any browser, no network): {what}.",
+        doc=f"Path of a self-contained HTML report ({what}); None: no report.",
+    )
+
+
+@dataclasses.dataclass
+class FileArgs(ToolOptions):
+    """The input model and the output path of a tool's command line (the API takes them as arguments).
+
+    Tools respell them with :func:`file_args` (e.g. ``--input``/``--output`` for ``preprocess``).
+    """
+
+    TITLE = "input and output"
+
+    onnx_path: str = option(flags=("--onnx_path",), metavar="PATH", help="Input ONNX model.")
+    output_path: str | None = option(
+        None, flags=("--output_path",), metavar="PATH", help="Output model (default: beside the input)."
+    )
+    external_data: bool = option(
+        False,
+        flags=("--external_data",),
+        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
+    )
+
+
+def file_args(
+    output_name: str | None,
+    *,
+    input_help: str = "Input ONNX model.",
+    input_flags: Iterable[str] = ("--onnx_path",),
+    output_flags: Iterable[str] = ("--output_path",),
+    external_data: bool = False,
+) -> ArgGroup:
+    """:class:`FileArgs` as one tool shows it.
+
+    Args:
+        output_name: The default output, e.g. ``"<name>.int4.onnx"``; None: the tool has no output model flag.
+        input_help: The input flag's help.
+        input_flags: The input's spellings.
+        output_flags: The output's spellings.
+        external_data: Whether the tool has FileArgs' ``--external_data`` flag (tools whose options declare
+            their own external-data setting leave it out).
+
+    Returns:
+        The group to pass to :func:`add_arguments`; :func:`from_args` with :class:`FileArgs` reads it back.
+    """
+    omit = {"external_data"} if not external_data else set()
+    output: dict[str, Any] = {"flags": tuple(output_flags)}
+    if output_name is None:
+        omit.add("output_path")
+    else:
+        output["help"] = f"Output model (default: {output_name} beside the input)."
+    return customize(
+        FileArgs,
+        omit=omit,
+        onnx_path={"flags": tuple(input_flags), "help": input_help},
+        output_path=output,
+    )
+
+
+@dataclasses.dataclass
+class CommonArgs(ToolOptions):
+    """Flags every tool's command line has, declared once (``onnxprec.cli`` configures logging from them)."""
+
+    TITLE = "common"
+
+    log_level: str = option(
+        "INFO",
+        flags=("--log_level",),
+        choices=LOG_LEVELS,
+        help="Log level; DEBUG also logs why each decision was made.",
+    )
+    report_json: str | None = option(
+        None,
+        flags=("--report_json",),
+        metavar="PATH",
+        help="Also write a JSON report of the run (counts, per-node decisions with reasons, errors, timings).",
+    )
+
+
+def log_level_option() -> Any:
+    """ModelOpt's ``log_level`` keyword: the ``onnxprec`` logger's level during an API call (the command line's
+    ``--log_level`` is :class:`CommonArgs`'; checked with :func:`check_log_level`)."""
+    return option(
+        "INFO", api_only=True, help="Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR."
+    )
+
+
+def check_log_level(level: str) -> None:
+    """Raises when ``level`` is not one of :data:`LOG_LEVELS`.
+
+    Raises:
+        InvalidArgumentError: An unknown level.
+    """
+    if level not in LOG_LEVELS:
+        from onnxprec.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {level!r}.")

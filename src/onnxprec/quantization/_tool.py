@@ -1,0 +1,338 @@
+"""The quantization-tool base: what every quantizer (INT4, INT8, the next one) shares, so a tool is its own decisions.
+
+A quantizer is an options dataclass, a pipeline and a report:
+
+- **options**: a subclass of :class:`QuantizationOptions` (a ``@dataclass``) with its ``TOOL`` name and
+  ``OUTPUT_SUFFIX``; the settings every quantizer has come from the field factories here (ModelOpt's
+  ``calibration_eps``, ``use_external_data_format``, ``nodes_to_exclude``, ``log_level``, and the extras
+  ``calibration_batch_size`` and ``sample_tokens``), each tool wording what it does with them; the base checks them;
+- **pipeline**: ``quantize_model(source, options) -> (model, report)``, up to (not including) saving;
+- **report**: a :class:`QuantizationReport`.
+
+:class:`QuantizationTool` then gives the path-to-path API (``quantize_file``: the output checked before the work,
+the log level, the weights quantized while they are written, the output loaded in ONNX Runtime) and
+:func:`add_arguments`/:func:`run_cli` the command line (the tool's flags with the shared input/output and common
+groups, the report path checked before the work, one summary line). ModelOpt's ``quantize(quantize_mode=...)``
+(:mod:`onnxprec.quantization._api`) routes to the tools.
+
+Nothing heavy is imported at module level: the tools' ``_options`` and ``_cli`` modules import this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+from onnxprec import _options, _report
+from onnxprec._arg_groups import CommonArgs, FileArgs, check_log_level, file_args, providers_option
+from onnxprec._options import ToolOptions, option, options_from_call
+from onnxprec.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import argparse
+
+    import onnx_ir as ir
+
+    from onnxprec._io import ModelSource
+
+__all__ = [
+    "QuantizationOptions",
+    "QuantizationReport",
+    "QuantizationTool",
+    "add_arguments",
+    "calibration_batch_size_option",
+    "calibration_eps_option",
+    "check_float_model",
+    "external_data_option",
+    "nodes_to_exclude_option",
+    "run_cli",
+    "sample_tokens_option",
+]
+
+logger = logging.getLogger(__name__)
+
+EXTRAS = "onnxprec extras"
+"""The argparse group of the settings ModelOpt does not have."""
+
+T = TypeVar("T", bound="QuantizationOptions")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Options
+
+
+def calibration_eps_option() -> Any:
+    """ModelOpt's ``calibration_eps``: the ONNX Runtime providers of the calibration runs."""
+    return providers_option("calibration", flags=("--calibration_eps",))
+
+
+def external_data_option(*, flags: Iterable[str] = ("--use_external_data_format",), doc: str | None = None) -> Any:
+    """ModelOpt's ``use_external_data_format``: the weights in ``<output>.data``.
+
+    Args:
+        flags: The spellings.
+        doc: The API docstring text when the tool's API says more (e.g. a function that returns a ModelProto).
+    """
+    return option(
+        False,
+        flags=flags,
+        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
+        doc=doc,
+    )
+
+
+def nodes_to_exclude_option(matched: str, more: str = "", *, flags: Iterable[str] = ("--nodes_to_exclude",)) -> Any:
+    """ModelOpt's ``nodes_to_exclude``: regexes of the nodes kept in float.
+
+    Args:
+        matched: What a pattern is matched against, e.g. "the node name and its output names".
+        more: The rest of the sentence (what no pattern does, the default), starting with "; ".
+        flags: The spellings.
+    """
+    return option(
+        None,
+        flags=flags,
+        nargs="*",
+        metavar="REGEX",
+        help=f"Regexes (re.search) of the nodes kept in float, matched against {matched}{more}.",
+    )
+
+
+def calibration_batch_size_option(default: int | None, note: str) -> Any:
+    """The runs' batch size along a dynamic batch axis (0 or None: the batches as given).
+
+    Args:
+        default: The tool's default.
+        note: What else it bounds or changes, with the default, e.g. "bounds memory; default: as given".
+    """
+    return option(
+        default,
+        flags=("--calibration_batch_size",),
+        group=EXTRAS,
+        help=f"Split calibration batches along a dynamic batch axis into runs of this many samples ({note}).",
+    )
+
+
+def sample_tokens_option(what: str) -> Any:
+    """Token rows sampled per layer input for the tool's decisions (``what``: which inputs, for what)."""
+    return option(512, flags=("--sample_tokens",), group=EXTRAS, help=f"Tokens sampled per {what}.")
+
+
+class QuantizationOptions(ToolOptions):
+    """Base of a quantizer's options dataclass: the settings every quantizer has, checked once.
+
+    A subclass is a ``@dataclass`` that sets ``TOOL`` (its name in messages, e.g. ``"INT4"``) and
+    ``OUTPUT_SUFFIX`` (``".int4"``: ``<name>.int4.onnx``), declares the fields below with the factories of this
+    module, and calls ``super().__post_init__()`` first in its own ``__post_init__``.
+    """
+
+    TOOL: ClassVar[str] = "quantization"
+    OUTPUT_SUFFIX: ClassVar[str] = ".quant"
+
+    calibration_eps: Sequence[str]
+    use_external_data_format: bool
+    nodes_to_exclude: Sequence[str] | None
+    log_level: str
+    calibration_batch_size: int | None
+    sample_tokens: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_log_level(self.log_level)
+        if self.calibration_batch_size is not None and self.calibration_batch_size < 0:
+            raise InvalidArgumentError(f"calibration_batch_size must be >= 0, got {self.calibration_batch_size!r}.")
+        if self.sample_tokens < 1:
+            raise InvalidArgumentError(f"sample_tokens must be a positive integer, got {self.sample_tokens!r}.")
+
+    @classmethod
+    def from_call(cls: type[T], options: T | None, kwargs: Mapping[str, Any], params: Mapping[str, Any] = {}) -> T:
+        """The options of an API call: ``options`` as given, or made from the call's keywords (not both).
+
+        Raises:
+            InvalidArgumentError: Both were given, an unknown keyword (with the closest field's name), or a bad value.
+        """
+        if options is None:
+            return options_from_call(cls, params, kwargs, cls.TOOL)
+        if kwargs:
+            raise InvalidArgumentError(
+                f"quantize_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
+                "e.g. dataclasses.replace(options, ...)."
+            )
+        return options
+
+
+class QuantizationReport(_report.Report, Protocol):
+    """What every quantizer's report has besides :class:`onnxprec._report.Report`."""
+
+    @property
+    def layers(self) -> Sequence[Any]:
+        """One entry per quantized weight or layer."""
+        ...
+
+    seconds: dict[str, float]
+    input_path: Path | None
+    output_path: Path | None
+    ort_only: dict[str, int]
+    """The output's nodes that only ONNX Runtime can check, by op (validation loads the output in it)."""
+    genai: Any
+    """The onnxruntime-genai files carried beside the output (:class:`onnxprec._genai.GenaiCarry`), or None."""
+    progress: Callable[[], Any] | None
+    """Called after each weight is quantized while the model is written, when the tool has a progress bar."""
+
+
+OptionsT = TypeVar("OptionsT", bound=QuantizationOptions)
+ReportT = TypeVar("ReportT", bound=QuantizationReport)
+
+
+def check_float_model(model: ir.Model) -> None:
+    """Raises when the model is quantized already.
+
+    Raises:
+        UnsupportedModelError: It has QuantizeLinear, DequantizeLinear, MatMulNBits... nodes.
+    """
+    from onnxprec._ops import QUANTIZED_OPS
+    from onnxprec.errors import UnsupportedModelError
+
+    quantized = sorted({n.op_type for n in model.graph.all_nodes() if n.op_type in QUANTIZED_OPS})
+    if quantized:
+        raise UnsupportedModelError(
+            f"The model is already quantized (it has {', '.join(quantized)} nodes): pass the float model."
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The path-to-path API
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizationTool(Generic[OptionsT, ReportT]):
+    """A quantizer's path-to-path API from its options class and pipeline.
+
+    A tool whose options have ``genai_provider`` carries the onnxruntime-genai files of the input's folder beside
+    the output.
+
+    Args:
+        options: The options dataclass.
+        pipeline: ``quantize_model(source, options) -> (model, report)``; the model's quantized weights may be lazy
+            tensors, computed while the model is written.
+        progress: A progress bar over the report's layers while the weights are written (the report's ``progress``
+            is called once per weight).
+    """
+
+    options: type[OptionsT]
+    pipeline: Callable[[ModelSource, OptionsT], tuple[ir.Model, ReportT]]
+    progress: bool = False
+
+    def default_output_path(self, onnx_path: str | Path) -> Path:
+        """``<name><OUTPUT_SUFFIX>.onnx`` beside the input."""
+        from onnxprec._io import sibling_path
+
+        return sibling_path(onnx_path, self.options.OUTPUT_SUFFIX)
+
+    def quantize_file(
+        self,
+        onnx_path: str | Path,
+        output_path: str | Path | None = None,
+        *,
+        external_data: bool | None = None,
+        options: OptionsT | None = None,
+        **kwargs: Any,
+    ) -> ReportT:
+        """Quantizes a model file into a new file, the weights quantized while they are written.
+
+        Args:
+            onnx_path: The float model.
+            output_path: Where to write; default ``<name><OUTPUT_SUFFIX>.onnx`` beside the input.
+            external_data: True: weights in ``<output>.data``; None: as ``use_external_data_format``, else only when
+                above 2 GB.
+            options: The settings as one object (e.g. built from command-line flags); or pass them as ``kwargs``.
+            **kwargs: Any field of the tool's options.
+
+        Returns:
+            The report; ``report.to_json()`` is JSON-ready.
+
+        Raises:
+            OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
+        """
+        from onnxprec._genai import GenaiCarry
+        from onnxprec._io import check_output_path, external_data_paths, save_model
+        from onnxprec._options import log_level_during
+        from onnxprec.validate import load_in_ort
+
+        settings: OptionsT = self.options.from_call(options, kwargs)
+        source = Path(onnx_path)
+        output = Path(output_path) if output_path is not None else self.default_output_path(source)
+        protected = {source.resolve()} if source.exists() else set()
+        check_output_path(output, protected)  # fail before the work, not after
+        genai = None
+        if hasattr(settings, "genai_provider"):  # a tool with the flag carries an onnxruntime-genai folder's files
+            genai = GenaiCarry.plan(source, output, settings.genai_provider)
+        if external_data is None and settings.use_external_data_format:
+            external_data = True
+        with log_level_during(settings.log_level):
+            model, report = self.pipeline(source, settings)
+            report.input_path = source
+            protected |= external_data_paths(model)
+            tick = time.perf_counter()
+
+            def check(path: Path) -> None:
+                load_in_ort(str(path), report.ort_only, providers=list(settings.calibration_eps))
+
+            with self._progress(report):
+                report.output_path = save_model(
+                    model, output, external_data=external_data, protected=protected, check=check
+                )
+            report.seconds["quantize+save"] = time.perf_counter() - tick
+            logger.info("%s; saved %s", report.summary, output)
+            if genai is not None:
+                genai.write(model)
+                report.genai = genai
+        return report
+
+    def _progress(self, report: ReportT) -> Any:
+        import contextlib
+
+        if not self.progress:
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def bar() -> Any:
+            from tqdm.auto import tqdm
+
+            with tqdm(total=len(report.layers), desc="Quantizing weights", unit="weight", disable=None) as shown:
+                report.progress = shown.update
+                try:
+                    yield
+                finally:
+                    report.progress = None
+
+        return bar()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command line
+
+
+def _files(options: type[QuantizationOptions]) -> Any:
+    return file_args(f"<name>{options.OUTPUT_SUFFIX}.onnx", input_help="Input float ONNX model.")
+
+
+def add_arguments(parser: argparse.ArgumentParser, options: type[QuantizationOptions]) -> None:
+    """A quantizer's flags: input and output, its options (ModelOpt's names, then onnxprec's extras), common."""
+    _options.add_arguments(parser, _files(options), options, CommonArgs)
+
+
+def run_cli(args: argparse.Namespace, options: type[OptionsT], quantize_file: Callable[..., QuantizationReport]) -> int:
+    """Runs a quantizer on parsed flags: the report's path checked before the work; prints one summary line."""
+    files = _options.from_args(FileArgs, args)
+    common = _options.from_args(CommonArgs, args)
+    settings = dataclasses.replace(_options.from_args(options, args), log_level=common.log_level)  # type: ignore[type-var]
+    _report.check_paths({"--report_json": common.report_json}, [files.onnx_path, *filter(None, [files.output_path])])
+    report = quantize_file(files.onnx_path, files.output_path, options=settings)
+    _report.write_json(common.report_json, report.to_json())
+    print(f"{report.summary}; saved {report.output_path}")
+    return 0
