@@ -248,19 +248,26 @@ def opset21(src: Path, work: Path) -> Path:
     return dst
 
 
-def held_out_perplexity(path: Path, ids: np.ndarray, feeds: Sequence[dict[str, np.ndarray]] = ()) -> float:
-    """Perplexity of ``path`` on the held-out windows, one window per ONNX Runtime call (``feeds``: every input of
-    each window, else ``input_ids`` alone)."""
-    from onnxprec.metrics import Perplexity
+def held_out_perplexity(
+    path: Path, ids: np.ndarray, feeds: Sequence[dict[str, np.ndarray]] = (), reference: Path | None = None
+) -> dict[str, float | None]:
+    """``perplexity`` of ``path`` on the held-out windows, one window per ONNX Runtime call (``feeds``: every input of
+    each window, else ``input_ids`` alone); with a ``reference`` (the float model), also the mean ``kl`` divergence
+    of its next-token distributions from the reference's and the ``top1`` agreement, as ``onnxprec evaluate``."""
+    from onnxprec.metrics import ErrorStats, Perplexity
 
     sess = session(path, str(path.name))
-    ppl = Perplexity()
+    ref = session(reference, str(reference.name)) if reference is not None else None
+    ppl, agree = Perplexity(), ErrorStats(track_top1=True, track_kl=True)
     for k, i in enumerate(EVALUATION_WINDOWS):
-        logits = sess.run(feeds[k] if feeds else {"input_ids": ids[i : i + 1]}, ["logits"])[0]
+        window = feeds[k] if feeds else {"input_ids": ids[i : i + 1]}
+        logits = sess.run(window, ["logits"])[0]
         ppl.update(logits, ids[i : i + 1])
+        if ref is not None:
+            agree.update(ref.run(window, ["logits"])[0], logits)
         del logits
-    del sess
-    return float(ppl.value)
+    del sess, ref
+    return {"perplexity": float(ppl.value), **({"kl": agree.kl, "top1": agree.top1} if reference else {})}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -476,7 +483,7 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
         "tools": {},
     }
     if ids is not None:
-        entry["fp32"]["perplexity"] = held_out_perplexity(src, ids, m.eval_feeds or ())
+        entry["fp32"]["perplexity"] = held_out_perplexity(src, ids, m.eval_feeds or ())["perplexity"]
         logger.info("%s FP32 held-out perplexity %.4f", m.name, entry["fp32"]["perplexity"])
     outputs: dict[str, Path] = {}
     for tool in m.tools:
@@ -503,7 +510,7 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
             rec["ideal_bytes"] = ideal_bytes(m.weights or [], tool.block_size, tool.zero_point, storage["scale_bits"])
             if ids is not None:
                 try:
-                    rec["perplexity"] = held_out_perplexity(dst, ids, m.eval_feeds or ())
+                    rec.update(held_out_perplexity(dst, ids, m.eval_feeds or (), reference=src))
                 except Exception as e:  # a result ONNX Runtime cannot run is a result too
                     rec["perplexity_error"] = f"{type(e).__name__}: {e}"[:400]
                 logger.info("%s: held-out perplexity %s", tool.id, rec.get("perplexity", rec.get("perplexity_error")))

@@ -260,7 +260,7 @@ def llm_table(m: Int4Merged) -> str:
             )
             continue
         d = _delta(m, tool)
-        ppl = num(rec.get("perplexity"), 3) if rec.get("perplexity") is not None else rec.get("perplexity_error", "–")
+        ppl = _ppl(rec)
         lb, ib = rec.get("layer_bytes"), rec.get("ideal_bytes")
         sz = f"{size(lb)} ({(lb / ib - 1) * 100:+.1f} %, {rec.get('layers')} layers)" if lb and ib else "–"
         rows.append(
@@ -277,6 +277,14 @@ def llm_table(m: Int4Merged) -> str:
             ]
         )
     return table(header, rows)
+
+
+def _ppl(rec: dict[str, Any]) -> str:
+    """A row's held-out perplexity, with the KL divergence from the FP32 logits and top-1 agreement when measured."""
+    if rec.get("perplexity") is None:
+        return str(rec.get("perplexity_error", "–"))
+    extra = f" (KL {num(rec['kl'], 4)}, top-1 {rec['top1'] * 100:.1f} %)" if rec.get("kl") is not None else ""
+    return num(rec["perplexity"], 3) + extra
 
 
 def latency_table(m: Int4Merged) -> list[str]:
@@ -399,7 +407,7 @@ def genai_section(m: Int4Merged) -> list[str]:
             rows.append([label, _config(rec), f"**{rec.get('status')}**: {err}", "–", num(rec.get("wall_s")), "–"])
             rows[-1] += ["–", _run_ref(rec)]
             continue
-        ppl = num(rec.get("perplexity"), 3) if rec.get("perplexity") is not None else rec.get("perplexity_error", "–")
+        ppl = _ppl(rec)
         rss = f"{num(rec.get('peak_rss_mb'), 0)}" if rec.get("peak_rss_mb") else "–"
         mb = f"{rec['file_bytes'] / 1e6:.1f}" if rec.get("file_bytes") else "–"
         cfg = "FP16" if tool == "onnxprec:autocast" else _config(rec)

@@ -24,7 +24,7 @@ EMBED = RNG.standard_normal((VOCAB, DIM)).astype(np.float32)
 HEAD = RNG.standard_normal((DIM, VOCAB)).astype(np.float32)
 
 
-def _lm(path: Path, *, mask: bool = False, kv: bool = False) -> Path:
+def _lm(path: Path, *, mask: bool = False, kv: bool = False, head: np.ndarray = HEAD) -> Path:
     """A tiny causal LM: logits = embedding[ids] @ head (each position depends on its own token).
 
     With ``kv``, the past key/value inputs are concatenated with this step's keys/values (present outputs), so
@@ -36,7 +36,7 @@ def _lm(path: Path, *, mask: bool = False, kv: bool = False) -> Path:
         helper.make_node("MatMul", ["h", "head"], ["raw"], name="head"),
     ]
     inputs = [tensor_info("input_ids", I64, ["batch", "seq"])]
-    weights: dict[str, np.ndarray] = {"embed": EMBED, "head": HEAD}
+    weights: dict[str, np.ndarray] = {"embed": EMBED, "head": head}
     outputs = [tensor_info("logits", F, ["batch", "seq", VOCAB])]
     logits = "raw"
     if mask or kv:
@@ -138,6 +138,39 @@ def test_kv_cache_model_gets_an_empty_past(tmp_path: Path, monkeypatch: pytest.M
     assert report.models[0].perplexity == pytest.approx(_numpy_perplexity(ids), rel=1e-6)
     assert report.models[1].agreement is not None and list(report.models[1].agreement) == ["logits"]
     assert report.models[1].agreement["logits"]["max_abs"] == 0.0
+
+
+def test_kl_divergence_and_top1_agreement_with_a_reference_model_match_numpy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    float_lm = _lm(tmp_path / "float.onnx")
+    noisy = (HEAD + 0.3 * RNG.standard_normal(HEAD.shape)).astype(np.float32)
+    quantized = _lm(tmp_path / "quantized.onnx", head=noisy)
+    ids = RNG.integers(0, VOCAB, (4, 9)).astype(np.int64)
+    report = evaluate_models(quantized, {"input_ids": ids}, reference=str(float_lm), batch_size=3, latency_runs=0)
+    assert [m.name for m in report.models] == ["float", "quantized"] and report.reference.name == "float"
+    p_logits = (EMBED[ids] @ HEAD).astype(np.float64)
+    q_logits = (EMBED[ids] @ noisy).astype(np.float64)
+    p = np.exp(p_logits) / np.exp(p_logits).sum(-1, keepdims=True)
+    q = np.exp(q_logits) / np.exp(q_logits).sum(-1, keepdims=True)
+    kl = float((p * np.log(p / q)).sum(-1).mean())  # every position, batch by batch
+    top1 = float((p_logits.argmax(-1) == q_logits.argmax(-1)).mean())
+    assert kl > 0.01 and 0 < top1 < 1
+    agreement = report["quantized"].agreement
+    assert agreement is not None
+    assert agreement["logits"]["kl"] == pytest.approx(kl, rel=1e-5)
+    assert agreement["logits"]["top1"] == pytest.approx(top1, abs=0)
+    assert report["float"].agreement is None
+    table = report.table()
+    assert table.splitlines()[0].split()[:4] == ["model", "perplexity", "KL", "top-1"]
+    assert f"{kl:.4g}" in table
+    import argparse
+
+    from onnxprec.evaluate import _cli
+
+    parser = argparse.ArgumentParser()
+    _cli.add_arguments(parser)
+    assert parser.parse_args([str(quantized), "--reference_model", str(float_lm)]).reference == str(float_lm)
 
 
 def test_top1_top5_accuracy_against_labels(tmp_path: Path) -> None:

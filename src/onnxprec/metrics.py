@@ -19,6 +19,7 @@ __all__ = [
     "Perplexity",
     "compare",
     "cosine",
+    "kl_divergence",
     "max_abs",
     "nll_sum",
     "perplexity",
@@ -35,9 +36,12 @@ class ErrorStats:
 
     Args:
         track_top1: Also count argmax agreement along the last axis (classifier or LM logits).
+        track_kl: Also average the KL divergence ``KL(softmax(reference) || softmax(candidate))`` of the rows along
+            the last axis (logits; in nats per row, as ModelOpt reports for LLMs).
     """
 
     track_top1: bool = False
+    track_kl: bool = False
     max_abs: float = 0.0
     nonfinite: int = 0
     count: int = 0
@@ -47,6 +51,8 @@ class ErrorStats:
     _rc: float = 0.0
     _agree: int = 0
     _rows: int = 0
+    _kl: float = 0.0
+    _kl_rows: int = 0
 
     def update(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         """Adds one batch (any float dtypes, same shape)."""
@@ -75,6 +81,10 @@ class ErrorStats:
             if self.track_top1 and r.shape[0]:
                 self._agree += int((r64.argmax(-1) == c64.argmax(-1)).sum())
                 self._rows += r.shape[0]
+            if self.track_kl and r.shape[0]:
+                log_p, log_q = _log_softmax(r64), _log_softmax(c64)
+                self._kl += float((np.exp(log_p) * (log_p - log_q)).sum())
+                self._kl_rows += r.shape[0]
         self.count += ref.size
 
     @property
@@ -94,6 +104,11 @@ class ErrorStats:
         """Fraction of rows whose argmax agrees (None unless ``track_top1`` was asked for)."""
         return self._agree / self._rows if self._rows else None
 
+    @property
+    def kl(self) -> float | None:
+        """Mean KL divergence of the candidate's softmax from the reference's, per row (None unless ``track_kl``)."""
+        return self._kl / self._kl_rows if self._kl_rows else None
+
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "max_abs": self.max_abs,
@@ -103,12 +118,20 @@ class ErrorStats:
         }
         if self.top1 is not None:
             out["top1"] = self.top1
+        if self.kl is not None:
+            out["kl"] = self.kl
         return out
 
 
-def compare(reference: np.ndarray, candidate: np.ndarray, *, top1: bool = False) -> dict[str, Any]:
-    """max_abs, rel_l2, cosine, nonfinite (and top1) of one candidate output against its reference."""
-    stats = ErrorStats(track_top1=top1)
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    """Log-softmax of the rows of ``x`` ``[rows, classes]`` (float64)."""
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def compare(reference: np.ndarray, candidate: np.ndarray, *, top1: bool = False, kl: bool = False) -> dict[str, Any]:
+    """max_abs, rel_l2, cosine, nonfinite (and top1, kl) of one candidate output against its reference."""
+    stats = ErrorStats(track_top1=top1, track_kl=kl)
     stats.update(reference, candidate)
     return stats.as_dict()
 
@@ -133,6 +156,13 @@ def top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> float:
     """Fraction of rows (all axes but the last) whose argmax over the last axis agrees."""
     value = compare(reference, candidate, top1=True)["top1"]
     return float(value) if value is not None else 1.0
+
+
+def kl_divergence(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """Mean KL divergence ``KL(softmax(reference) || softmax(candidate))`` of the rows (all axes but the last) of
+    two logits arrays, in nats."""
+    value = compare(reference, candidate, kl=True)["kl"]
+    return float(value) if value is not None else 0.0
 
 
 def nll_sum(logits: np.ndarray, ids: np.ndarray, attention_mask: np.ndarray | None = None) -> tuple[float, int]:

@@ -54,3 +54,20 @@ def test_perplexity_of_a_uniform_and_a_perfect_model() -> None:
     assert stream.value == pytest.approx(math.exp(3 * math.log(10) / 6))
     with pytest.raises(ValueError, match="do not match"):
         metrics.nll_sum(uniform, ids[:, :3])
+
+
+def test_kl_divergence_matches_numpy_and_streams() -> None:
+    rng = np.random.default_rng(1)
+    ref = (3 * rng.standard_normal((4, 6, 11))).astype(np.float32)
+    cand = (ref + 0.5 * rng.standard_normal(ref.shape)).astype(np.float32)
+    p = np.exp(ref.astype(np.float64)) / np.exp(ref.astype(np.float64)).sum(-1, keepdims=True)
+    q = np.exp(cand.astype(np.float64)) / np.exp(cand.astype(np.float64)).sum(-1, keepdims=True)
+    expected = float((p * np.log(p / q)).sum(-1).mean())
+    assert expected > 0.01
+    assert metrics.kl_divergence(ref, cand) == pytest.approx(expected, rel=1e-9)
+    assert metrics.kl_divergence(ref, ref + 5.0) == pytest.approx(0.0, abs=1e-12)  # a shift changes no probability
+    stream = metrics.ErrorStats(track_kl=True)
+    for i in range(4):
+        stream.update(ref[i : i + 1], cand[i : i + 1])
+    assert stream.kl == pytest.approx(expected, rel=1e-9) and stream.as_dict()["kl"] == stream.kl
+    assert "kl" not in metrics.compare(ref, cand)

@@ -152,7 +152,8 @@ class EvaluationReport:
         ``latency_batch`` (input shapes of the timed batch) and ``models``: per model ``name``, ``path``,
         ``reference``, ``batches``, ``samples``, ``perplexity`` and ``tokens``, ``accuracy`` (``top1``, ``top5``,
         ``samples``; None without labels), ``main_output``, ``agreement`` (None for the reference; per output
-        ``max_abs``, ``rel_l2``, ``cosine``, ``nonfinite`` and, for scores, ``top1``), ``latency_ms``
+        ``max_abs``, ``rel_l2``, ``cosine``, ``nonfinite``, for scores ``top1`` and for a causal LM's logits
+        ``kl``, the mean KL divergence of its next-token distributions from the reference's in nats), ``latency_ms``
         (``median``, ``p90``, ``mean``, ``min``, ``runs``; None without latency runs) and ``seconds``.
         Non-finite numbers are None."""
         return {
@@ -173,6 +174,8 @@ class EvaluationReport:
             columns.append(("top-1 acc", lambda m: _fmt(m.top1_accuracy, "{:.2%}")))
             columns.append(("top-5 acc", lambda m: _fmt(m.top5_accuracy, "{:.2%}")))
         if len(self.models) > 1:
+            if any((m.main_agreement or {}).get("kl") is not None for m in self.models):
+                columns.append(("KL", lambda m: _fmt((m.main_agreement or {}).get("kl"), "{:.4g}")))
             if any((m.main_agreement or {}).get("top1") is not None for m in self.models):
                 columns.append(("top-1 agree", lambda m: _fmt((m.main_agreement or {}).get("top1"), "{:.2%}")))
             columns.append(("max abs", lambda m: _fmt((m.main_agreement or {}).get("max_abs"), "{:.3g}")))
@@ -387,7 +390,8 @@ def _agree(model: _Model, reference: dict[str, np.ndarray], outputs: dict[str, n
         if stats is None:
             scores = name in (model.scores, model.logits) and expected.ndim >= 2
             stats = model.agreement[name] = metrics.ErrorStats(
-                track_top1=scores and (bool(_SCORES.search(name)) or expected.ndim == 2 or name == model.logits)
+                track_top1=scores and (bool(_SCORES.search(name)) or expected.ndim == 2 or name == model.logits),
+                track_kl=name == model.logits,  # a causal LM's logits: KL divergence of the next-token distributions
             )
         stats.update(expected, got)
 
@@ -486,7 +490,8 @@ def evaluate_models(
             ``.npz`` files, a Polygraphy ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX
             Runtime ``CalibrationDataReader``; None: one batch of realistic random data.
         reference: The model the others are compared with: one of the models (path or name) or another model
-            file (default: the first model).
+            file, e.g. the float model of quantized ones: agreement, and for causal LMs the KL divergence of the
+            logits and top-1 agreement (default: the first model).
         labels: Class ids (a path to an ``.npy`` or an array), one per sample in data order (negative ids are
             ignored): top-1/top-5 accuracy of the first float output.
         providers: ONNX Runtime providers for the evaluation: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
@@ -616,7 +621,8 @@ def _summary(result: ModelResult) -> str:
         parts.append(f"top-1 {result.top1_accuracy:.2%}, top-5 {_fmt(result.top5_accuracy, '{:.2%}')}")
     main = result.main_agreement
     if main is not None:
-        agree = f"top-1 agreement {main['top1']:.2%}, " if main.get("top1") is not None else ""
+        agree = f"KL divergence {main['kl']:.4g}, " if main.get("kl") is not None else ""
+        agree += f"top-1 agreement {main['top1']:.2%}, " if main.get("top1") is not None else ""
         parts.append(f"{agree}max abs {main['max_abs']:.3g}, rel L2 {main['rel_l2']:.3g}, cosine {main['cosine']:.6f}")
     if result.latency_ms:
         parts.append(f"latency median {result.latency_ms['median']:.2f} ms, p90 {result.latency_ms['p90']:.2f} ms")

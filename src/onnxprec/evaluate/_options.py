@@ -36,10 +36,11 @@ class EvaluateOptions(ToolOptions):
     )
     reference: Any = option(
         None,
-        flags=("--reference",),
+        flags=("--reference", "--reference_model"),
         metavar="MODEL",
-        help="The model the others are compared with: one of the models (path or name) or another model file "
-        "(default: the first model).",
+        help="The model the others are compared with: one of the models (path or name) or another model file, "
+        "e.g. the float model of quantized ones: agreement, and for causal LMs the KL divergence of the logits and "
+        "top-1 agreement (default: the first model).",
     )
     labels: Any = option(
         None,
