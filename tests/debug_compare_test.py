@@ -316,3 +316,25 @@ def test_cli_errors_are_one_line_with_exit_code_2_and_no_output(tmp_path: Path) 
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], bad.stderr
         assert not report.exists()
+
+
+def test_empty_tensors_are_compared_without_a_crash() -> None:
+    """A tensor with a zero-length last axis (Phi-3 Optimum's rotary slices of an empty past) has nothing to
+    compare: it crashed compare with 'cannot reshape array of size 0 into shape (0)'."""
+    nodes = [
+        helper.make_node("Slice", ["x", "zero", "zero", "last"], ["empty"], name="/empty/Slice"),
+        helper.make_node("Tanh", ["empty"], ["empty_tanh"], name="/empty/Tanh"),
+        helper.make_node("Concat", ["x", "empty_tanh"], ["cat"], name="/cat/Concat", axis=-1),
+        helper.make_node("Tanh", ["cat"], ["y"], name="/out/Tanh"),
+    ]
+    zero, last = np.array([0], np.int64), np.array([-1], np.int64)
+    model = make_model(
+        nodes, [tensor_info("x", F, ["batch", WIDTH])], [tensor_info("y", F, ["batch", WIDTH])],
+        {"zero": zero, "last": last},
+    )  # fmt: skip
+    candidate = convert_to_mixed_precision(model, keep_io_types=True, calibration_data=_inputs())
+    report = compare_models(model, candidate, _inputs())
+    rows = {r.node: r for r in report.rows}
+    assert rows["/empty/Tanh"].status == "compared" and rows["/empty/Tanh"].max_abs == 0.0
+    assert not rows["/empty/Tanh"].diverged
+    assert 0 < rows["/out/Tanh"].rel_l2 < 1e-3 and not rows["/out/Tanh"].diverged  # type: ignore[operator]

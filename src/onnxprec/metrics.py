@@ -60,6 +60,8 @@ class ErrorStats:
         cand = np.asarray(candidate)
         if ref.shape != cand.shape:
             raise ValueError(f"reference shape {ref.shape} and candidate shape {cand.shape} differ")
+        if ref.size == 0:
+            return  # an empty tensor (a zero-length axis, e.g. an empty past's slice): nothing to compare
         last = ref.shape[-1] if ref.ndim else 1
         ref = ref.reshape(-1, last)
         cand = cand.reshape(-1, last)

@@ -106,6 +106,31 @@ def pruned_copy(model: ir.Model, outputs: list[str]) -> ir.Model:
     return copy
 
 
+def _sinks(model: ir.Model, names: list[str]) -> list[str]:
+    """The node outputs among ``names`` that no other of ``names`` depends on, deepest first: the outputs of the
+    smallest cut of the model that computes them all. One for a chain of layers; more where branches run side by
+    side to the end (Phi's parallel attention and MLP: the last attention output feeds no later MLP input)."""
+    producer = {str(out.name): node for node in model.graph for out in node.outputs}
+    order = {str(out.name): i for i, node in enumerate(model.graph) for out in node.outputs}
+    covered: set[str] = set()  # values some kept output depends on (or is)
+    seen: set[int] = set()
+    sinks = []
+    for name in sorted((n for n in set(names) if n in producer), key=lambda n: -order[n]):
+        if name in covered:
+            continue
+        sinks.append(name)
+        stack = [name]
+        while stack:
+            value = stack.pop()
+            covered.add(value)
+            node = producer.get(value)
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.extend(str(v.name) for v in node.inputs if v is not None)
+    return sinks
+
+
 def collect_stats(
     model: ir.Model,
     groups: list[InputGroup],
@@ -117,19 +142,17 @@ def collect_stats(
 ) -> dict[InputGroup, GroupStats]:
     """One pass over ``batches``: the statistics ``spec`` needs of every group's input.
 
-    The model is run up to the deepest of the inputs only; the deepest input is fetched as the graph output, the
-    others through the reference runner's memory-bounded chunks.
+    The model is run up to the deepest of the inputs only: the inputs no other input depends on are fetched as
+    the graph outputs, the others through the reference runner's memory-bounded chunks.
     """
     names = [group.name for group in groups]
-    order = {str(out.name): i for i, node in enumerate(model.graph) for out in node.outputs}
-    produced = [name for name in names if name in order]
-    deepest = max(produced, key=lambda name: order[name]) if produced else None
-    calibration_model = pruned_copy(model, [deepest]) if deepest is not None else model
+    sinks = _sinks(model, names)
+    calibration_model = pruned_copy(model, sinks) if sinks else model
     absmean = ChannelAbsMeanObserver(names) if spec.needs_absmean else None
     sample = TokenSampleObserver(sample_tokens, names) if spec.needs_sample else None
     gram = Float32GramObserver(names) if spec.needs_gram else None
     observers: list[Observer] = [o for o in (absmean, sample, gram) if o is not None]
-    wanted = set(names) - ({deepest} if deepest else set())
+    wanted = set(names) - set(sinks)
     run_reference(
         calibration_model,
         batches,

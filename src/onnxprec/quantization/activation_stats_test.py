@@ -121,3 +121,46 @@ def test_calibration_reader_and_npz_sources(tmp_path, method: str) -> None:  # t
     for result in results[1:]:
         assert {i.name: i.raw_data for i in result.graph.initializer} == reference
     onnx.checker.check_model(results[0], full_check=True)
+
+
+def _parallel_block() -> onnx.ModelProto:
+    """Phi's layer: attention and MLP side by side on one norm's output, summed at the end; the attention's
+    second MatMul input (``a``) is no input of the deeper MLP branch."""
+    from onnx import helper
+
+    from onnxprec._testing import F, make_model, tensor_info
+
+    rng = np.random.default_rng(1)
+    inits = {
+        "gamma": rng.uniform(0.5, 2.0, 64).astype(np.float32),
+        **{w: (rng.standard_normal((64, 64)) / 8).astype(np.float32) for w in ("Wa", "Wo", "Wf", "Wd")},
+    }
+    nodes = [
+        helper.make_node("Mul", ["X", "gamma"], ["xn"], name="/model/layers.0/ln/Mul"),
+        helper.make_node("MatMul", ["xn", "Wa"], ["qa"], name="/model/layers.0/attn/qkv/MatMul"),
+        helper.make_node("Tanh", ["qa"], ["a"], name="/model/layers.0/attn/Attention"),
+        helper.make_node("MatMul", ["a", "Wo"], ["ao"], name="/model/layers.0/attn/o_proj/MatMul"),
+        helper.make_node("MatMul", ["xn", "Wf"], ["h"], name="/model/layers.0/mlp/fc1/MatMul"),
+        helper.make_node("Relu", ["h"], ["f"], name="/model/layers.0/mlp/act"),
+        helper.make_node("MatMul", ["f", "Wd"], ["fo"], name="/model/layers.0/mlp/fc2/MatMul"),
+        helper.make_node("Add", ["ao", "fo"], ["Y"], name="/model/layers.0/Add"),
+    ]
+    return make_model(nodes, [tensor_info("X", F, ["B", "T", 64])], [tensor_info("Y", F, ["B", "T", 64])], inits)
+
+
+@pytest.mark.parametrize("method", ["awq_lite", "gptq"])
+def test_side_by_side_branches_are_all_observed(method: str) -> None:
+    """A group input that the deepest one does not depend on (Phi's last attention output beside its MLP) is
+    observed too: it crashed AWQ/GPTQ with a KeyError on the builder's Phi."""
+    model = ir.serde.deserialize_model(_parallel_block())
+    groups = select_layers(model).groups()
+    assert {g.name for g in groups} == {"xn", "a", "f"}
+    stats = collect_stats(model, groups, CalibrationData([{"X": X}], model, batch_size=1), METHODS["awq_gptq"])
+    gamma, wa = (model.graph.initializers[n].const_value.numpy() for n in ("gamma", "Wa"))  # type: ignore[union-attr]
+    a = np.tanh((X * gamma) @ wa).reshape(-1, 64)
+    got = stats[next(g for g in groups if g.name == "a")]
+    np.testing.assert_allclose(got.absmean, np.abs(a).mean(0), rtol=1e-5)  # type: ignore[arg-type]
+    np.testing.assert_allclose(got.gram, a.astype(np.float64).T @ a, rtol=1e-4, atol=1e-4)  # type: ignore[arg-type]
+    out = quantize(_parallel_block(), calibration_method=method, calibration_data_reader=[{"X": X}], block_size=16)
+    onnx.checker.check_model(out, full_check=True)
+    assert sum(n.op_type == "DequantizeLinear" for n in out.graph.node) >= 4
