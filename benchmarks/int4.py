@@ -15,7 +15,8 @@ One run measures, on the same machine minutes apart:
   peak RSS), the anchors in the anchors venv; a crash is recorded with its message;
 * the quantized layers' storage (INT4/UINT4 weights, scales, zero points) against the ideal (4 bits a weight of the
   original ``[K, N]`` plus one scale, and one 4-bit zero point, per block and output channel);
-* ONNX Runtime CPU latency of the FP32 model and of chosen results: prefill (``[1, 256]``) and a one-token forward
+* ONNX Runtime CPU latency of chosen results against the FP32 model (:func:`onnxprec.evaluate.evaluate_models`):
+  prefill (``[1, 256]``) and a one-token forward
   (``[1, 1]``, the weight-bound step of decoding; the zoo export has no KV cache), the models alternating;
 * ``--plan genai``: **SmolLM2-135M as onnxruntime-genai's builder writes it** (FP32, KV cache, GroupQueryAttention;
   ``<zoo>/genai/smollm2_fp32``): onnxprec gets the calibration windows as token ids only (it completes the mask and
@@ -50,7 +51,7 @@ from onnx import TensorProto
 import zoo
 
 from .harness import RunConfig, ensure_anchors, measure, median, new_results, results_path, write_results
-from .output_metrics import latency, session
+from .output_metrics import latencies, session
 from .tools import RUNNER
 
 logger = logging.getLogger(__name__)
@@ -545,8 +546,8 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
     lat_paths = {"fp32": src, **{t.id: outputs[t.id] for t in m.tools if t.latency and t.id in outputs}}
     if m.name == LLM and config.latency and ids is not None and len(lat_paths) > 1:
         entry["latency"] = {
-            "prefill": latency(lat_paths, {"input_ids": ids[:1]}, budget_s=config.latency_budget_s),
-            "decode": latency(lat_paths, {"input_ids": ids[:1, :1]}, budget_s=config.latency_budget_s),
+            "prefill": latencies(lat_paths, {"input_ids": ids[:1]}, config.latency_runs),
+            "decode": latencies(lat_paths, {"input_ids": ids[:1, :1]}, config.latency_runs),
         }
         logger.info(
             "latency: %s",

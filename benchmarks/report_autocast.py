@@ -391,6 +391,8 @@ def latency_table(merged: Merged, models: Sequence[str]) -> str | None:
 
 
 def _lat(lat: dict[str, Any]) -> str:
+    if "p10_ms" not in lat:  # onnxprec.evaluate's statistics (runs from 2026-11-27 on)
+        return f"{num(lat['median_ms'])} (p90 {num(lat['p90_ms'])}, {lat['iters']} runs)"
     return f"{num(lat['median_ms'])} [{num(lat['p10_ms'])}–{num(lat['p90_ms'])}] ({lat['iters']} runs)"
 
 
