@@ -9,7 +9,7 @@ each chunk only adds its outputs to the same small message.
 
 ONNX Runtime maps external weights rather than copying them, but every page a run touches stays resident (as
 file-backed memory) while the session lives, so one session over a 4 GB model peaks at 4 GB of RSS. Models whose
-weights exceed twice ``segment_bytes`` (512 MiB by default) are therefore run **segment by segment** when no node
+weights exceed ``segment_bytes`` (192 MiB by default) are therefore run **segment by segment** when no node
 has a subgraph: the nodes, in graph order, are cut into pieces of at most ``segment_bytes`` of weights; each piece
 is a session of its own (with the range reductions of the tensors it produces), run over every batch and released
 before the next is created, and only the activations that later pieces read are carried over (per batch, in
@@ -51,7 +51,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_BYTES = 768 * 1024 * 1024
-DEFAULT_SEGMENT_BYTES = 512 * 1024 * 1024
+DEFAULT_SEGMENT_BYTES = 192 * 1024 * 1024
 
 Selector = Callable[[ir.Value], bool]
 Feeds = Mapping[str, np.ndarray]
@@ -163,7 +163,8 @@ def run_reference(
     providers: Sequence[str] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     observe_inputs: bool = True,
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    segment_bytes: int | None = None,
+    what: str | None = None,
 ) -> ReferenceResult:
     """Runs ``model`` on every batch; each selected tensor of each batch goes to every observer.
 
@@ -176,12 +177,17 @@ def run_reference(
         providers: ModelOpt-style provider names (``cpu``, ``cuda:0``, ...).
         budget_bytes: Upper bound on the estimated bytes of the tensors fetched in one run.
         observe_inputs: Also hand the graph inputs of every batch to the observers.
-        segment_bytes: Weights per session when the model is run in segments (see the module docstring).
+        segment_bytes: Weights per session when the model is run in segments (see the module docstring); None:
+            ``DEFAULT_SEGMENT_BYTES``.
+        what: How errors name the model (default: the model for the reference run, with advice on how to skip
+            that run).
 
     Raises:
         UnsupportedModelError: ONNX Runtime cannot load the model.
         CalibrationDataError: ONNX Runtime fails on the given inputs.
     """
+    if segment_bytes is None:
+        segment_bytes = DEFAULT_SEGMENT_BYTES
     data = CalibrationData.of(batches)
     first = data.first
     marked = _selected(model, select)
@@ -209,13 +215,14 @@ def run_reference(
             data_folder = folder if folder is not None or isinstance(payload, bytes) else Path(payload).parent
             done = _run_segmented(
                 base, segments, data_folder, model, marked, replay, observers, providers, observe_inputs,
-                in_graph, sentinels,
+                in_graph, sentinels, what,
             )  # fmt: skip
         if segments is not None and done is not None:
             first_outputs, count = done
-            logger.info(
-                "Reference run: %d tensors over %d batch(es) in %d segments of <= %d MiB of weights",
-                len(marked), count, len(segments), segment_bytes >> 20,
+            logger.log(
+                logging.INFO if marked else logging.DEBUG,
+                "Reference run: %d tensors over %d batch(es) in %d segments of <= %.4g MiB of weights",
+                len(marked), count, len(segments), segment_bytes / (1 << 20),
             )  # fmt: skip
             return ReferenceResult(first, first_outputs, count, 1, ranges.stats if ranges else None, len(segments))
         n_outputs, original_nodes = len(base.graph.output), list(base.graph.node)
@@ -223,7 +230,7 @@ def run_reference(
         for chunk_index, chunk in enumerate(chunks):
             names = [str(v.name) for v in chunk]
             reductions = _add_reductions(base, in_graph, sentinels) if chunk_index == 0 and in_graph else {}
-            session = _chunk_session(base, payload, folder, chunk, providers)
+            session = _chunk_session(base, payload, folder, chunk, providers, what)
             del base.graph.output[n_outputs:]
             if reductions:
                 base.graph.ClearField("node")
@@ -248,7 +255,10 @@ def run_reference(
                 count += 1
                 progress.update()
             del session
-    logger.info("Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(marked), count, len(chunks))
+    logger.log(
+        logging.INFO if marked else logging.DEBUG,  # a plain run of a model (e.g. a numeric check) is no step
+        "Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(marked), count, len(chunks),
+    )  # fmt: skip
     return ReferenceResult(first, first_outputs, count, len(chunks), ranges.stats if ranges else None)
 
 
@@ -268,7 +278,7 @@ def _segments(proto: onnx.ModelProto, segment_bytes: int) -> list[list[int]] | N
     """Node indices cut, in graph order, into pieces of at most ``segment_bytes`` of weights (a node whose own
     weights exceed it is a piece alone); None when the model is small enough to run at once or has subgraphs."""
     sizes = _weight_bytes(proto)
-    if sum(sizes.values()) <= 2 * segment_bytes:
+    if sum(sizes.values()) <= segment_bytes:
         return None
     if any(
         a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in proto.graph.node for a in n.attribute
@@ -306,6 +316,7 @@ def _run_segmented(
     observe_inputs: bool,
     in_graph: Sequence[ir.Value] = (),
     sentinels: Mapping[str, float] | None = None,
+    what: str | None = None,
 ) -> tuple[dict[str, np.ndarray], int] | None:
     """Runs the graph piece by piece over every batch (see the module docstring); returns the first batch's graph
     outputs and the number of batches, or None (nothing run) when a tensor crossing pieces has no known type."""
@@ -363,7 +374,7 @@ def _run_segmented(
                 optimization="none",
                 low_memory=True,
                 external_data_folder=folder,
-                what=f"segment {s + 1}/{len(segments)} of the model for the reference run",
+                what=f"segment {s + 1}/{len(segments)} of {what or 'the model for the reference run'}",
             )
             count = 0
             for i, batch in enumerate(replay):
@@ -516,6 +527,7 @@ def _chunk_session(
     folder: Path | None,
     chunk: list[ir.Value],
     providers: Sequence[str] | None,
+    what: str | None = None,
 ) -> _ort.Session:
     base.graph.output.extend(ir.serde.serialize_value(v) for v in chunk)
     if isinstance(payload, bytes):
@@ -530,9 +542,11 @@ def _chunk_session(
             optimization="none",  # exact semantics, and session creation takes half the time
             low_memory=True,
             external_data_folder=folder,
-            what="the model for the reference run",
+            what=what or "the model for the reference run",
         )
     except UnsupportedModelError as e:
+        if what is not None:
+            raise
         if "NOT_IMPLEMENTED" in str(e) or "No Op registered" in str(e) or "is not a registered function" in str(e):
             advice = "skip the reference run with --data_max inf, or use a provider that supports its ops"
         else:  # ONNX Runtime's graph checks: the model itself is broken

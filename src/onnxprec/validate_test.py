@@ -135,3 +135,26 @@ def test_int4_output_with_contrib_ops_is_loaded_in_onnx_runtime(
         assert TensorProto.FLOAT in {
             o.type.tensor_type.elem_type for o in onnx.load(tmp_path / f"{fmt}.onnx").graph.output
         }
+
+
+def test_numeric_check_runs_a_large_output_in_segments_like_the_reference_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The check of a converted model never maps more weights at once than the reference run did: with 1 KiB
+    # segments each 16x16 FP32 weight is a session of its own, and the check still compares every output.
+    import onnxprec.reference
+
+    monkeypatch.setattr(onnxprec.reference, "DEFAULT_SEGMENT_BYTES", 1024)
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", f"w{i}"], [f"h{i + 1}"]) for i in range(4)]
+    nodes.append(helper.make_node("Relu", ["h4"], ["y"]))
+    weights = {f"w{i}": (rng.standard_normal((16, 16)) / 4).astype(np.float32) for i in range(4)}
+    source = tmp_path / "chain.onnx"
+    onnx.save(make_model(nodes, [tensor_info("x", F, [2, 16])], [tensor_info("y", F, [2, 16])], weights), source)
+    with caplog.at_level(logging.DEBUG, logger="onnxprec.reference"):
+        report = convert_file(source, tmp_path / "chain.fp16.onnx")
+    runs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Reference run:")]
+    # The reference run (four FP32 weights of 1 KiB), then the check (FP16 weights: two to a segment).
+    assert len(runs) == 2 and "in 4 segments" in runs[0] and "in 2 segments" in runs[1], runs
+    assert report.numeric is not None and not report.numeric.skipped
+    assert 0 < report.numeric.errors["y"]["rel_l2"] < 1e-2

@@ -579,7 +579,7 @@ def convert_to_mixed_precision(
             if options.validate and report.numeric is None:
                 load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.providers))
             return proto
-        numeric = numeric_check(proto.SerializeToString(), reference, providers=list(options.providers))
+        numeric = numeric_check(proto, reference, providers=list(options.providers))
         if not _kernel_gap(numeric, report, options, onnx_path, fp32_nodes):
             _log_numeric(numeric)
             prove_by_run(numeric, report.ort_only)
