@@ -70,16 +70,26 @@ def _infer(model: ir.Model) -> bool:
         logger.info("ONNX shape inference failed (%s); types stay as declared", str(e).splitlines()[0][:200])
         return False
     modified = False
-    for graph, inferred_graph in zip(model.graphs(), ir.serde.deserialize_model(inferred).graphs()):
-        found = ir.convenience.create_value_mapping(inferred_graph)
-        for name, value in ir.convenience.create_value_mapping(graph).items():
-            new = found.get(name)
-            if new is None:
-                continue
-            if new.shape is not None and value.shape != new.shape:
-                value.shape = new.shape
-                modified = True
-            if new.type is not None and value.type != new.type:
-                value.type = new.type
-                modified = True
+    if next(iter(model.graph.subgraphs()), None) is None:
+        # No subgraphs: read the main graph's inferred value infos alone (deserializing the whole inferred
+        # model, nodes included, took as long as loading the model).
+        infos = {p.name: p for p in (*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info)}
+        pairs = [
+            (value, ir.serde.deserialize_value_info_proto(infos[name], None))
+            for name, value in ir.convenience.create_value_mapping(model.graph).items()
+            if name in infos
+        ]
+    else:
+        pairs = []
+        for graph, inferred_graph in zip(model.graphs(), ir.serde.deserialize_model(inferred).graphs()):
+            found = ir.convenience.create_value_mapping(inferred_graph)
+            values = ir.convenience.create_value_mapping(graph)
+            pairs += [(value, found[name]) for name, value in values.items() if name in found]
+    for value, new in pairs:
+        if new.shape is not None and value.shape != new.shape:
+            value.shape = new.shape
+            modified = True
+        if new.type is not None and value.type != new.type:
+            value.type = new.type
+            modified = True
     return modified
