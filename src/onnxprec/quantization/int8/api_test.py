@@ -171,3 +171,26 @@ def test_command_line(tmp_path: Path, mlp_file: Path) -> None:
     bad = subprocess.run([*command[:4], "fp8", *command[5:]], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert "Unknown quantize_mode 'fp8'" in bad.stderr
+
+
+def test_a_dead_channel_keeps_its_bias(tmp_path: Path) -> None:
+    """A channel whose weights are ~0 (BatchNorm folding of a dead channel) and whose bias is not: its RTN scale is
+    so small that ``bias / (x_scale * w_scale)`` overflows INT32; the scale is raised so that the bias survives."""
+    model = tiny_cnn()
+    arrays = {t.name: onnx.numpy_helper.to_array(t).copy() for t in model.graph.initializer}
+    arrays["w1"][0] = 1e-7
+    arrays["b1"][0] = 2.0  # a constant 2 after the Relu, read by the 1x1 conv
+    for t in model.graph.initializer:
+        t.CopyFrom(onnx.numpy_helper.from_array(arrays[t.name], t.name))
+    source, out = tmp_path / "cnn.onnx", tmp_path / "q.onnx"
+    onnx.save(model, source)
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    quantize_file(source, out, calibration_data=data, target_accuracy=None)
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(out).graph.initializer}
+    levels, scales = stored["/dw/Conv_bias_int32"], stored["/dw/Conv_bias_scales"]
+    assert np.abs(levels.astype(np.int64)).max() < 2**31 - 1
+    assert abs(float(levels[0]) * float(scales[0]) - 2.0) < 1e-3
+    x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
+    (ref,), (got,) = run(source, x), run(out, x)
+    assert _rel(ref, got) < 0.05

@@ -288,16 +288,27 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         decision = decisions.layers.get(layer.name)
         if decision is None:
             continue
+        # a static Conv/Gemm with a calibrated input gets an INT32 bias (QLinearConv, QGemm)
+        params = decisions.tensors.get(str(inputs[layer.name].name))
+        int32_bias = (
+            layer.node.op_type in ("Conv", "Gemm")
+            and not layer.dynamic
+            and params is not None
+            and decision.bias is not None
+            and decision.bias.ndim == 1
+        )
         if layer.dynamic:
             product = replace_with_matmul_integer(
                 graph, layer.node, decision.recipe, dynamic[str(inputs[layer.name].name)], names
             )
         else:
-            product = replace_weight(graph, layer.node, decision.recipe, names)
+            recipe = decision.recipe
+            if int32_bias:
+                recipe = recipe.fitting_bias(decision.bias, params[0])  # type: ignore[arg-type,index]
+            product = replace_weight(graph, layer.node, recipe, names)
         if layer.node.op_type in ("Conv", "Gemm") and not layer.dynamic:
-            params = decisions.tensors.get(str(inputs[layer.name].name))
-            if decision.bias is not None and params is not None and decision.bias.ndim == 1:
-                quantize_bias(graph, product, decision.bias, params[0], decision.recipe.scales, names)
+            if int32_bias:
+                quantize_bias(graph, product, decision.bias, params[0], recipe.scales, names)  # type: ignore[arg-type,index]
             continue
         if decision.bias is not None:  # first: merged into the bias Add when there is one
             add_bias(graph, product, decision.bias, names)

@@ -17,7 +17,7 @@ Every rewrite inserts standard ONNX ops (opset >= 13: per-axis DequantizeLinear)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_ir as ir
@@ -81,6 +81,29 @@ class WeightRecipe:
     def shape(self) -> tuple[int, ...]:
         shape = tuple(int(d) for d in self.source.shape.numpy())
         return shape[::-1] if self.transpose else shape
+
+    def fitting_bias(self, bias: np.ndarray, x_scale: float) -> WeightRecipe:
+        """This recipe with the scales of the channels whose INT32 bias (``bias / (x_scale * scale)``) would
+        overflow raised until it fits.
+
+        Such channels have weights near zero (a dead channel after BatchNorm folding: weights ~1e-6, bias -5):
+        their tiny RTN scale would clamp the bias to a fraction of its value, which changes the output wherever
+        the bias is positive. A larger scale rounds their weights (to about zero, as they were) and keeps the bias.
+        """
+        limit = np.float64(x_scale) * (2**31 - 2**12)
+        needed = (np.abs(bias.astype(np.float64)) / limit).astype(np.float32)
+        low = self.scales < needed
+        if not np.any(low):
+            return self
+        scales = np.where(low, needed, self.scales).astype(self.scales.dtype)
+        levels = self.levels
+        if levels is not None:
+            weight = np.moveaxis(self.matrix(), self.axis, 0)[low]
+            shape = (-1,) + (1,) * (weight.ndim - 1)
+            refit = np.clip(np.rint(weight / scales[low].reshape(shape)), -QMAX, QMAX).astype(np.int8)
+            levels = np.array(levels, copy=True)
+            np.moveaxis(levels, self.axis, 0)[low] = refit
+        return replace(self, scales=scales, levels=levels)
 
 
 def _value_like(value: ir.Value, name: str) -> ir.Value:
