@@ -64,6 +64,10 @@ FLOOR = {"autocast_fp16": 2.0**-9, "autocast_bf16": 2.0**-6}  # bounds never und
 CALIB, EVAL = slice(0, 4), slice(4, 8)
 NOT_GENAI = "not a genai folder (no genai_config.json)"
 GENAI = os.environ.get("ONNXPREC_SWEEP_GENAI", "1") != "0"  # 0: a host without the torch venv checks no generation
+# cuda: every run on the GPU (ORT sessions, the tools' calibration runs, onnxruntime-genai), with onnxruntime-gpu and
+# onnxruntime-genai-cuda importable by this Python (the GPU machine has no torch venv): the runs the CPU provider
+# cannot make, e.g. GroupQueryAttention with per-head Q/K norms (Qwen3, LFM2 builder FP16).
+PROVIDER = os.environ.get("ONNXPREC_SWEEP_PROVIDER", "cpu")
 
 _GENAI = r"""
 import json, os, shutil, sys, tempfile
@@ -74,7 +78,8 @@ with tempfile.TemporaryDirectory() as tmp:
     shutil.copytree(src, d)
     path = os.path.join(d, "genai_config.json")
     cfg = json.load(open(path))
-    cfg["model"]["decoder"].setdefault("session_options", {})["provider_options"] = []  # the CPU
+    options = [] if sys.argv[3] == "cpu" else [{sys.argv[3]: {}}]
+    cfg["model"]["decoder"].setdefault("session_options", {})["provider_options"] = options
     json.dump(cfg, open(path, "w"))
     m = og.Model(d)
     p = og.GeneratorParams(m)
@@ -146,6 +151,8 @@ def _session(path: Path) -> Any:
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if PROVIDER == "cuda":
+        return ort.InferenceSession(str(path), so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
@@ -224,7 +231,14 @@ def prepare(model: Path, work: Path, ids: np.ndarray, full: bool) -> dict[str, A
 
 
 def command(tool: str, model: Path, work: Path) -> tuple[list[str], Path | None]:
-    """The tool's command line and its output model (None for tools that write no model)."""
+    """The tool's command line and its output model (None for tools that write no model), on ``PROVIDER``."""
+    argv, out = _command(tool, model, work)
+    if PROVIDER != "cpu" and tool != "preprocess":
+        argv += ["--calibration_eps" if tool in INT4 else "--providers", PROVIDER]
+    return argv, out
+
+
+def _command(tool: str, model: Path, work: Path) -> tuple[list[str], Path | None]:
     d = work / "data"
     out = work / tool / "model.onnx"
     if tool.startswith("autocast"):
@@ -257,9 +271,11 @@ def command(tool: str, model: Path, work: Path) -> tuple[list[str], Path | None]
 
 
 def genai_generate(folder: Path, ids: np.ndarray, timeout: float) -> dict[str, Any]:
-    """Loads ``folder`` in onnxruntime-genai (torch venv, CPU) and generates 8 tokens after ``ids``."""
+    """Loads ``folder`` in onnxruntime-genai (torch venv, CPU; or this Python on ``PROVIDER``) and generates 8
+    tokens after ``ids``."""
     prompt = ",".join(str(int(t)) for t in ids[:8])
-    cmd = [str(ensure_torch_venv()), "-c", _GENAI, str(folder), prompt]
+    python = sys.executable if PROVIDER != "cpu" else str(ensure_torch_venv())
+    cmd = [python, "-c", _GENAI, str(folder), prompt, PROVIDER]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if res.returncode:
         raise RuntimeError(f"onnxruntime-genai: {error_line(res.stderr + res.stdout)}")

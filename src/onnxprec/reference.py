@@ -86,7 +86,14 @@ def _selected(model: ir.Model, select: Selector | Iterable[ir.Value]) -> list[ir
     if not callable(select):
         wanted = set(select)
         return [out for node in model.graph for out in node.outputs if out in wanted and out not in outputs]
-    return [out for node in model.graph for out in node.outputs if out.name and out not in outputs and select(out)]
+    # An output nothing reads (an optional output such as a fused norm's mean) decides nothing, and some providers
+    # never compute it: ORT's CUDA SkipSimplifiedLayerNormalization leaves it missing, and observing it failed the run.
+    return [
+        out
+        for node in model.graph
+        for out in node.outputs
+        if out.name and out not in outputs and len(out.uses()) > 0 and select(out)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -118,6 +118,7 @@ def test_ranges_reduced_in_the_runtime_equal_ranges_of_fetched_tensors() -> None
         helper.make_node("Log", ["x"], ["log"], name="log"),  # NaN for negative inputs
         helper.make_node("Relu", ["x"], ["relu"], name="relu"),
         helper.make_node("Slice", ["relu", "s", "e"], ["empty"], name="slice"),  # [0, 3]
+        helper.make_node("Identity", ["empty"], ["empty_copy"], name="read_empty"),  # observed: something reads it
         helper.make_node("Add", ["log", "relu"], ["y"], name="add"),
     ]
     proto = make_model(
@@ -184,3 +185,25 @@ def test_segmented_range_run_reduces_inside_each_piece() -> None:
     assert pieces.stats is not None and set(pieces.stats) == set(ranges_w.stats)
     for name, stats in ranges_w.stats.items():
         assert ranges_p.stats[name] == stats, name
+
+
+def test_outputs_nothing_reads_are_not_observed() -> None:
+    # LayerNormalization's optional Mean/InvStdDev outputs here feed nothing: they decide nothing, and some providers
+    # never compute such outputs (ORT's CUDA SkipSimplifiedLayerNormalization), so observing them failed the run.
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "scale"], ["n", "mean", "inv"], name="ln", axis=-1),
+        helper.make_node("Relu", ["n"], ["y"], name="relu"),
+    ]
+    proto = make_model(
+        nodes,
+        [tensor_info("x", TensorProto.FLOAT, [2, 16])],
+        [tensor_info("y", TensorProto.FLOAT, [2, 16])],
+        {"scale": np.ones(16, np.float32)},
+        opset=17,
+    )
+    model = ir.serde.deserialize_model(proto)
+    for chunked in (False, True):
+        ranges = RangeObserver()
+        run_reference(model, _batches(), observers=[ranges] if chunked else [ranges, FirstBatchObserver()])
+        assert ranges.stats is not None and "n" in ranges.stats
+        assert not {"mean", "inv"} & set(ranges.stats)
