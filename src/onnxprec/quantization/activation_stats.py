@@ -20,7 +20,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver, accumulate
 from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup
-from onnxprec.reference import run_reference
+from onnxprec.reference import DEFAULT_SEGMENT_BYTES, run_reference
 
 __all__ = [
     "Float32GramObserver",
@@ -139,11 +139,13 @@ def collect_stats(
     *,
     sample_tokens: int = 512,
     providers: Iterable[str] | None = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
 ) -> dict[InputGroup, GroupStats]:
     """One pass over ``batches``: the statistics ``spec`` needs of every group's input.
 
     The model is run up to the deepest of the inputs only: the inputs no other input depends on are fetched as
-    the graph outputs, the others through the reference runner's memory-bounded chunks.
+    the graph outputs, the others through the reference runner's memory-bounded chunks. A model with more than
+    twice ``segment_bytes`` of weights runs in segments of at most that many (a session holds its weights in memory).
     """
     names = [group.name for group in groups]
     sinks = _sinks(model, names)
@@ -159,6 +161,7 @@ def collect_stats(
         select=lambda value: str(value.name) in wanted,
         observers=observers,
         providers=list(providers) if providers is not None else None,
+        segment_bytes=segment_bytes,
     )
     del calibration_model
     stats = {}

@@ -129,12 +129,17 @@ def _calibrate_and_decide(
     groups = [g for g in groups if owned[g]]
     budget = options.stats_memory_mb * 1024 * 1024
     chunks = plan_chunks(groups, spec, options.sample_tokens, budget)
+    if options.gptq_sequential:
+        chunks = [chunk[i : i + SEQUENTIAL_GROUPS] for chunk in chunks for i in range(0, len(chunk), SEQUENTIAL_GROUPS)]
     if len(chunks) > 1:
         logger.info(
             "Activation statistics of %d layer inputs exceed --stats_memory_mb %d: calibrating in %d passes",
             len(groups), options.stats_memory_mb, len(chunks),
         )  # fmt: skip
     scales: dict[InputGroup, np.ndarray] = {}
+    floats: dict[
+        Target, ir.TensorProtocol
+    ] = {}  # --gptq_sequential: the float weights while their dequantized stand in
     source = options.calibration_data_reader if written is None else written
     if source is None:
         logger.warning(
@@ -150,15 +155,21 @@ def _calibrate_and_decide(
             for chunk in chunks:
                 tick = time.perf_counter()
                 stats = collect_stats(
-                    model, chunk, replay, spec, sample_tokens=options.sample_tokens, providers=options.calibration_eps
-                )
+                    model, chunk, replay, spec, sample_tokens=options.sample_tokens, providers=options.calibration_eps,
+                    segment_bytes=options.segment_bytes,
+                )  # fmt: skip
                 _add_seconds(report, "calibration runs", tick)
                 for group in chunk:
                     group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
                     if group_scales is not None:
                         scales[group] = group_scales
+                    if options.gptq_sequential:  # the next chunks see this group's weights quantized
+                        for target in owned[group]:
+                            floats[target] = _set_dequantized(target, recipes[target])
                     bar.update()
         finally:
+            for target, tensor in floats.items():
+                target.weight.const_value = tensor
             bar.close()
             report.calibration.update({"batches": replay.batches, "samples": replay.samples})
             replay.close()
@@ -171,6 +182,22 @@ def _calibrate_and_decide(
     )
     report.seconds["calibration"] = time.perf_counter() - tick
     return scales
+
+
+# --gptq_sequential: layer inputs calibrated per pass (q/k/v, o, gate/up and down: one transformer block).
+SEQUENTIAL_GROUPS = 4
+
+
+def _set_dequantized(target: Target, recipe: Recipe) -> ir.TensorProtocol:
+    """Puts ``target``'s quantized-then-dequantized weight (AWQ scales undone) in place of its initializer; returns
+    the float tensor it replaced."""
+    original = target.weight.const_value
+    assert original is not None
+    w = target.read()
+    dq = recipe.dequantized(recipe.quantize(w)).astype(target.dtype.numpy())
+    del w
+    target.weight.const_value = ir.tensor(dq.T.copy() if target.transposed else dq, name=original.name)
+    return original
 
 
 def _add_seconds(report: Int4Report, step: str, since: float) -> None:
@@ -398,8 +425,8 @@ def quantize(
         log_level: Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR.
         **kwargs: Any other :class:`Int4Options` field: ``output_format`` (qdq, matmulnbits), ``accuracy_level``,
             ``awqlite_alpha_step``, ``awqclip_alpha_step``, ``awqclip_alpha_min``, ``awqclip_bsz_col``,
-            ``gptq_damp``, ``gptq_act_order``, ``layers_8bit``, ``block_size_8bit``, ``size_budget_mb``,
-            ``calibration_batch_size``, ``sample_tokens``,
+            ``gptq_damp``, ``gptq_act_order``, ``gptq_sequential``, ``layers_8bit``, ``block_size_8bit``,
+            ``size_budget_mb``, ``calibration_batch_size``, ``sample_tokens``,
             ``stats_memory_mb``, ``input_shapes``.
 
     Returns:

@@ -380,7 +380,10 @@ def choose_precisions(
         try:
             for chunk in chunks:
                 tick = time.perf_counter()
-                stats = collect_stats(model, chunk, replay, spec, providers=options.calibration_eps)
+                stats = collect_stats(
+                    model, chunk, replay, spec, providers=options.calibration_eps,
+                    segment_bytes=options.segment_bytes,
+                )  # fmt: skip
                 _add(report.steps, "statistics", tick)
                 tick = time.perf_counter()
                 for group in chunk:

@@ -127,6 +127,13 @@ class Int4Options(_tool.QuantizationOptions):
     gptq_act_order: bool = option(
         False, flags=("--gptq_act_order",), help="GPTQ: quantize input channels in order of decreasing activation."
     )
+    gptq_sequential: bool = option(
+        False,
+        flags=("--gptq_sequential",),
+        help="GPTQ and AWQ: calibrate the layer inputs a few at a time (about one transformer block), each on the "
+        "model whose earlier layers are already quantized (default: every input on the float model; one pass over "
+        "the data per few inputs instead of per --stats_memory_mb).",
+    )
     layers_8bit: Sequence[str] | None = option(
         None,
         flags=("--layers_8bit",),
@@ -150,7 +157,7 @@ class Int4Options(_tool.QuantizationOptions):
         flags=("--stats_memory_mb",),
         group=_tool.EXTRAS,
         help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
-        "several passes over the data.",
+        "several passes over the data; a model with more weights than this runs in segments of half as many.",
     )
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=_tool.EXTRAS)
 
@@ -192,6 +199,13 @@ class Int4Options(_tool.QuantizationOptions):
             self.nodes_to_exclude = () if self.size_budget_mb is not None else DEFAULT_EXCLUDE
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
+
+    @property
+    def segment_bytes(self) -> int:
+        """Weights per ONNX Runtime session in the calibration runs: half of ``--stats_memory_mb``, so that the
+        statistics and one session's weights stay within about twice that (a model up to twice this size runs in
+        one session; larger ones segment by segment)."""
+        return self.stats_memory_mb * 1024 * 1024 // 2
 
     @property
     def method_name(self) -> str:

@@ -314,3 +314,44 @@ def test_default_method_is_kquant_without_data_and_awq_lite_with_it(caplog: pyte
     x = correlated(64, 64)[None]
     _, layers = quantize_file_in_memory(model, block_size=16, calibration_data_reader=[{"X": x}])
     assert {layer["method"] for layer in layers.values()} == {"awq_lite"}
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq_gptq"])
+def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it(
+    method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnxprec.quantization.int4 import _api
+
+    monkeypatch.setattr(_api, "SEQUENTIAL_GROUPS", 1)  # one input per pass: q/k, then o_proj, then lm_head
+    model = mlp()
+    x = correlated(64, 64, seed=3).reshape(2, 32, 64)
+    data = [{"X": x[i : i + 1]} for i in range(2)]
+
+    def quantized(proto: onnx.ModelProto, **extra: object) -> dict[str, np.ndarray]:
+        return dequantized_weights(quantize(
+            proto, calibration_method=method, block_size=16, nodes_to_exclude=[], calibration_data_reader=data,
+            **extra,  # type: ignore[arg-type]
+        ))  # fmt: skip
+
+    sequential = quantized(model, gptq_sequential=True)
+    plain = quantized(model)
+    q, k, o, head = ("/model/layers.0/q_proj/MatMul", "/model/layers.0/k_proj/MatMul", "/model/layers.0/o_proj/MatMul",
+                     "/model/lm_head/MatMul")  # fmt: skip
+    np.testing.assert_array_equal(sequential[q], plain[q])  # the first input sees the float model either way
+    assert _rel(sequential[o], plain[o]) > 1e-3
+    if method != "gptq":  # AWQ stores the weights in its scaled basis: the replay below needs the plain ones
+        return
+
+    def with_weights(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+        changed = onnx.ModelProto()
+        changed.CopyFrom(model)
+        for init in changed.graph.initializer:
+            if init.name in weights:
+                init.CopyFrom(onnx.numpy_helper.from_array(weights[init.name].astype(np.float32), init.name))
+        return changed
+
+    # o_proj was calibrated on the outputs of the quantized q/k: the float model with those in place gives the same
+    before_o = quantized(with_weights({"Wq": sequential[q], "Wk": sequential[k]}))
+    np.testing.assert_allclose(sequential[o], before_o[o], rtol=0, atol=1e-6)
+    before_head = quantized(with_weights({"Wq": sequential[q], "Wk": sequential[k], "Wo": sequential[o]}))
+    np.testing.assert_allclose(sequential[head], before_head[head], rtol=0, atol=1e-6)
