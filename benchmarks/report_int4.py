@@ -209,6 +209,8 @@ def _config(rec: dict[str, Any]) -> str:
     t = rec.get("tool", {})
     block = t.get("block_size")
     b = "per-channel" if block is not None and block <= 0 else str(block)
+    if t.get("budget_mb"):  # each layer's precision chosen within the budget
+        b = f"--size_budget_mb {t['budget_mb']:g}" + ("" if t.get("calibrated") else ", no data")
     return f"{b}, {'asym' if t.get('zero_point') else 'sym'}" + (
         ", MatMulNBits" if t.get("output_format") == "matmulnbits" else ""
     )
