@@ -452,6 +452,7 @@ def test_unmeasured_float_tensors_are_not_in_range() -> None:
     x, y = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT)), ir.Value(name="y")
     node = ir.Node("", "Exp", [x], outputs=[y])
     y.type = ir.TensorType(ir.DataType.FLOAT)
+    ir.Node("", "Relu", [y])  # y is read; an output nothing reads is never measured and never decides
     rule = DataRangeRule(512)
     stats = {"x": TensorStats(1.0, -1.0, 1.0, (4,), np.dtype(np.float32))}
     assert "was not measured" in (rule(node, RuleContext(stats=stats)) or "")

@@ -168,6 +168,8 @@ class DataRangeRule:
             for value in values:
                 if value is None or value.is_initializer():
                     continue
+                if kind == "output" and not value.uses() and not value.is_graph_output():
+                    continue  # nothing reads it (a fused norm's mean): the reference run does not measure it
                 stats = ctx.stats.get(str(value.name))
                 if stats is None:
                     if tensor_dtype(value) in FLOAT_TYPES:  # e.g. inside an If/Loop/Scan body
