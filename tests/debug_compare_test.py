@@ -338,3 +338,34 @@ def test_empty_tensors_are_compared_without_a_crash() -> None:
     assert rows["/empty/Tanh"].status == "compared" and rows["/empty/Tanh"].max_abs == 0.0
     assert not rows["/empty/Tanh"].diverged
     assert 0 < rows["/out/Tanh"].rel_l2 < 1e-3 and not rows["/out/Tanh"].diverged  # type: ignore[operator]
+
+
+def test_mask_fills_that_both_models_mask_with_are_no_divergence() -> None:
+    """An FP32 mask of -inf against AutoCast's FP16 fill -16384: both mask, so the mask is no divergence (it was
+    Phi-3 Optimum's first divergence, rel L2 1e6); a fill the candidate lost (0 where -inf) still diverges."""
+    causal = np.triu(np.ones((8, 8), bool), 1)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["scores"], name="/attn/MatMul"),
+        helper.make_node("Where", ["causal", "neg_inf", "zero"], ["mask"], name="/attn/Where"),
+        helper.make_node("Add", ["scores", "mask"], ["masked"], name="/attn/Add"),
+        helper.make_node("Softmax", ["masked"], ["y"], name="/attn/Softmax", axis=-1),
+    ]
+    inits = {
+        "w": (np.random.default_rng(0).standard_normal((WIDTH, 8)) / 6).astype(np.float32),
+        "causal": causal, "neg_inf": np.array(-np.inf, np.float32), "zero": np.array(0.0, np.float32),
+    }  # fmt: skip
+    model = make_model(nodes, [tensor_info("x", F, [8, WIDTH])], [tensor_info("y", F, [8, 8])], inits)
+    feeds = [{"x": np.random.default_rng(1).standard_normal((8, WIDTH)).astype(np.float32)}]
+    candidate = convert_to_mixed_precision(model, keep_io_types=True, calibration_data=feeds)
+    fills = {float(numpy_helper.to_array(t).min()) for t in candidate.graph.initializer if t.name.startswith("neg")}
+    assert fills and all(-1e5 < f <= -1e4 for f in fills)  # AutoCast's own FP16 fill
+    report = compare_models(model, candidate, feeds)
+    rows = {r.node: r for r in report.rows}
+    assert rows["/attn/Where"].status == "compared" and rows["/attn/Where"].max_abs == 0.0
+    assert report.first_divergence is None and not any(r.diverged for r in report.rows)
+    lost = onnx.ModelProto()
+    lost.CopyFrom(candidate)
+    for t in lost.graph.initializer:
+        if t.name.startswith("neg"):
+            t.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(t)), t.name))
+    assert compare_models(model, lost, feeds).first_divergence == "/attn/Add"
