@@ -3,6 +3,7 @@
     <torch-venv>/bin/python _torch_side.py hf     CORPUS ARCH...   # random-weight HF folders: CORPUS/ARCH/hf/
     <torch-venv>/bin/python _torch_side.py export CORPUS ARCH...   # torch.onnx.export with KV: CORPUS/ARCH/torch/
     <torch-venv>/bin/python _torch_side.py check  CORPUS ARCH/EXPORTER...   # ORT vs torch on CORPUS/ids.npy
+    <torch-venv>/bin/python _torch_side.py lowp   CORPUS ARCH...   # the model's own FP16/BF16 error: ARCH/lowp.json
 
 Each step writes ``<out>.status.json`` beside its output folder: ``{"ok": bool, "error": first line, ...}``, so one
 architecture that fails does not stop the others. Every model: 2 layers, hidden 128, 4 query / 2 KV heads of 32,
@@ -312,6 +313,24 @@ def check(corpus: Path, arch: str, exporter: str) -> dict[str, Any]:
     return {"ort_vs_torch_rel_l2": rel, "logits_rms": float(np.sqrt(np.mean(ref**2)))}
 
 
+def own_error(corpus: Path, arch: str) -> dict[str, Any]:
+    """The model's own low-precision error: transformers' logits with weights and compute in FP16 and in BF16
+    against FP32 (relative L2), on the sweep's judged windows (ids 4-7, eager attention)."""
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.from_numpy(np.load(corpus / "ids.npy")[4:8])
+    model = AutoModelForCausalLM.from_pretrained(corpus / arch / "hf", dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits.double()
+        for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            got = model.to(dtype)(input_ids=ids, use_cache=False).logits.double()
+            out[name] = float((got - ref).norm() / ref.norm())
+            model.to(torch.float32)
+    return out
+
+
 def main(argv: list[str]) -> int:
     step, corpus, names = argv[0], Path(argv[1]), argv[2:]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -323,6 +342,8 @@ def main(argv: list[str]) -> int:
         status = corpus / arch / ("hf.status.json" if step == "hf" else "torch.status.json")
         if step == "check":
             status = corpus / arch / f"{exporter}.check.json"
+        elif step == "lowp":
+            status = corpus / arch / "lowp.json"
         elif step not in ("hf", "export"):
             raise SystemExit(f"unknown step {step}")
         try:
@@ -330,6 +351,8 @@ def main(argv: list[str]) -> int:
                 info = make_hf(arch, corpus / arch / "hf", tokenizer_src)
             elif step == "export":
                 info = export_torch(corpus / arch / "hf", corpus / arch / "torch")
+            elif step == "lowp":
+                info = own_error(corpus, arch)
             else:
                 info = check(corpus, arch, exporter)
             write_status(status, ok=True, seconds=round(time.perf_counter() - t0, 1), **info)

@@ -3,6 +3,7 @@
     python -m experiments.llm_corpus sweep [--models GLOB ...] [--tools T ...] [--feeds ids|full] [--jobs N]
                                           [--timeout S] [--out DIR] [--json OUT] [--md OUT]
     python -m experiments.llm_corpus sweep --measure-bounds     # once: bounds.json from the zoo's smollm2_135m
+    python -m experiments.llm_corpus sweep --measure-own-error  # once: each architecture's own FP16/BF16 error
 
 **Data.** ``<corpus>/ids.npy`` (8 windows of 64 random ids < 512, seed 0): windows 0-3 calibrate, 4-7 evaluate.
 ``--feeds ids`` (default, the path users take) gives the tools ``.npz`` files that hold only ``input_ids``;
@@ -21,7 +22,10 @@ within the bound the same tool meets on our own SmolLM2-135M export (``bounds.js
 ``--measure-bounds``). For builder models the output must also generate in onnxruntime-genai. evaluate passes when
 its perplexity equals the one computed here from the float logits (rel. 1e-3); dump when its dumped logits equal
 them (rel. L2 1e-4; FP16 logits 2^-10); compare when it reports a finite logits error within the fp16 bound.
-AutoCast refusing an FP16 model in one line is a skip. Random weights judge robustness, not accuracy.
+AutoCast refusing an FP16 model in one line is a skip. A float model that ONNX Runtime's CPU provider cannot run
+(the builder's FP16 GroupQueryAttention with q/k norm runs on CUDA only) still gets every tool: a one-line refusal
+(exit 2) or an output that loads but fails in ORT likewise is a skip saying why; a crash is a failure. Random
+weights judge robustness, not accuracy.
 """
 
 from __future__ import annotations
@@ -219,10 +223,16 @@ def prepare(model: Path, work: Path, ids: np.ndarray, full: bool) -> dict[str, A
     for name, part in (("calib", ids[CALIB]), ("eval", ids[EVAL])):
         np.savez(data / f"{name}.npz", **complete(sess, part, head, full, past))
     np.save(data / "eval.npy", ids[EVAL])
-    logits, _ = run_logits(model, ids[EVAL], head, past)
-    np.save(data / "ref.npy", logits)
     fp16 = any(o.name == "logits" and o.type == "tensor(float16)" for o in sess.get_outputs())
-    return {"head": head, "past": past, "genai": (model.parent / "genai_config.json").exists(), "fp16": fp16}
+    facts = {"head": head, "past": past, "genai": (model.parent / "genai_config.json").exists(), "fp16": fp16}
+    try:
+        logits, _ = run_logits(model, ids[EVAL], head, past)
+    except Exception as e:
+        if not type(e).__module__.startswith("onnxruntime"):
+            raise
+        return facts | {"unrunnable": short(error_line(f"{type(e).__name__}: {e}"))[:160]}
+    np.save(data / "ref.npy", logits)
+    return facts
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -289,9 +299,11 @@ def judge(
     from onnxprec.metrics import perplexity, rel_l2
 
     d = work / "data"
-    ref = np.load(d / "ref.npy")
     ids = np.load(d / "eval.npy")
     row: dict[str, Any] = {"verdict": "pass"}
+    if facts.get("unrunnable"):
+        return unrunnable(tool, work, facts, ids)
+    ref = np.load(d / "ref.npy")
     if tool == "genai":
         if not facts["genai"] or not GENAI:
             return {"verdict": "skip", "error": NOT_GENAI if not facts["genai"] else "genai not run on this host"}
@@ -355,6 +367,25 @@ def judge(
     return row
 
 
+def unrunnable(tool: str, work: Path, facts: dict[str, Any], ids: np.ndarray) -> dict[str, Any]:
+    """Judges a tool that exited 0 on a float model ONNX Runtime cannot run here (a contrib op's CPU kernel lacks
+    a feature the graph uses): the output model must load; it is run, and its failure for the same reason is a
+    skip (nothing to judge against), not a failure."""
+    why = f"the float model does not run in ORT (CPU): {facts['unrunnable']}"
+    out = work / tool / "model.onnx"
+    if tool not in MODEL_TOOLS:
+        return {"verdict": "skip", "stage": "baseline", "error": why}
+    if not out.exists():
+        return {"verdict": "fail", "stage": "tool", "error": "exit 0 but no output model"}
+    try:
+        run_logits(out, ids[:1], facts["head"], facts["past"])
+    except Exception as e:
+        if not type(e).__module__.startswith("onnxruntime") and not isinstance(e, Skip):
+            return {"verdict": "fail", "stage": "ort", "error": error_line(f"{type(e).__name__}: {e}")}
+        return {"verdict": "skip", "stage": "baseline", "error": f"output written; {why}"}
+    return {"verdict": "skip", "stage": "baseline", "error": f"output runs; no float logits to judge it ({why})"}
+
+
 def run_case(spec: dict[str, Any]) -> dict[str, Any]:
     """Worker body: runs the tool's command line (in this worker process, which has the timeout) and judges it."""
     tool, model, work = spec["tool"], Path(spec["model"]), Path(spec["work"])
@@ -371,6 +402,9 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             err = error_line(res.stderr + res.stdout).removeprefix("error: ")
             if res.returncode == 2 and tool.startswith("autocast") and spec["facts"].get("fp16"):
                 return {"verdict": "skip", "error": f"an FP16 model: AutoCast refuses it in one line ({err[:80]})"}
+            if res.returncode == 2 and spec["facts"].get("unrunnable"):  # a one-line error, the model's runtime's
+                why = f"the float model does not run in ORT (CPU): {spec['facts']['unrunnable']}"
+                return {"verdict": "skip", "stage": "baseline", "error": f"{why}; the tool exits 2: {err[:100]}"}
             return {
                 "verdict": "fail",
                 "stage": "tool",
@@ -417,11 +451,11 @@ def sweep(
     corpus: Path = CORPUS_DIR,
 ) -> list[dict[str, Any]]:
     """Runs ``tools`` on the corpus models ``names`` (arch/exporter) or on model paths; returns one row per case."""
-    bounds = json.loads(BOUNDS.read_text())["tools"] if BOUNDS.exists() else {}
-    missing = [t for t in tools if t in MODEL_TOOLS and t not in bounds] + (
-        ["autocast_fp16"] if "compare" in tools and "autocast_fp16" not in bounds else []
+    doc = json.loads(BOUNDS.read_text()) if BOUNDS.exists() else {"tools": {}}
+    missing = [t for t in tools if t in MODEL_TOOLS and t not in doc["tools"]] + (
+        ["autocast_fp16"] if "compare" in tools and "autocast_fp16" not in doc["tools"] else []
     )
-    bounds |= {t: {"bound": math.inf, "note": "no bound measured"} for t in missing}
+    doc["tools"] |= {t: {"bound": math.inf, "note": "no bound measured"} for t in missing}
     ids = np.load(corpus / "ids.npy") if ids is None else ids
     rows: list[dict[str, Any]] = []
     first = [t for t in tools if t != "compare"]
@@ -440,6 +474,7 @@ def sweep(
             ]
             print(f"{label}: baseline fails: {facts['error']}", flush=True)
             continue
+        bounds = model_bounds(doc, label)
         spec = {"model": str(model), "work": str(work), "facts": facts, "bounds": bounds, "timeout": timeout}
         for group in (first, ["compare"] if "compare" in tools else []):
             with cf.ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -455,12 +490,51 @@ def sweep(
     return rows
 
 
-def rejudge(rows: list[dict[str, Any]], bounds: dict[str, Any]) -> list[dict[str, Any]]:
+def model_bounds(doc: dict[str, Any], label: str) -> dict[str, Any]:
+    """The bounds of the corpus model ``label`` (``arch/exporter``): bounds.json's tools, AutoCast's raised to twice
+    the architecture's own error at the low precision (``own_error``: transformers' logits in FP16/BF16 against
+    FP32, ``--measure-own-error``) where that is larger: a model whose own FP16 inference is that far off cannot
+    be held to SmolLM2's."""
+    tools = {t: dict(v) for t, v in doc["tools"].items()}
+    own = doc.get("own_error", {}).get("arch", {}).get(label.split("/")[0], {})
+    for tool, entry in tools.items():
+        low = tool.removeprefix("autocast_")
+        if tool.startswith("autocast_") and isinstance(own.get(low), float) and 2 * own[low] > entry["bound"]:
+            entry |= {"bound": 2 * own[low], "why": f"2 x the architecture's own {low.upper()} error {own[low]:.3g}"}
+    return tools
+
+
+def measure_own_error() -> dict[str, Any]:
+    """Runs ``_torch_side.py lowp`` on every architecture of the corpus and records its own FP16/BF16 logits error
+    in bounds.json (``own_error``)."""
+    from .build import TORCH_SIDE
+
+    names = [a for a in dict.fromkeys(m.split("/")[0] for m in models()) if (CORPUS_DIR / a / "hf").is_dir()]
+    subprocess.run([str(ensure_torch_venv()), str(TORCH_SIDE), "lowp", str(CORPUS_DIR), *names], check=True)
+    arch = {}
+    for a in names:
+        status = json.loads((CORPUS_DIR / a / "lowp.json").read_text())
+        if status.get("ok"):
+            arch[a] = {k: status[k] for k in ("fp16", "bf16")}
+    doc = json.loads(BOUNDS.read_text())
+    doc["own_error"] = {
+        "measured": "logits rel L2 of transformers' model (eager attention) with weights and compute in FP16 / BF16 "
+        "against FP32, corpus ids windows 4-7 (the sweep's judged windows), torch CPU",
+        "command": "python -m experiments.llm_corpus sweep --measure-own-error",
+        "date": dt.date.today().isoformat(),
+        "arch": arch,
+    }
+    BOUNDS.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc["own_error"]
+
+
+def rejudge(rows: list[dict[str, Any]], doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Re-applies today's bounds (and the dump and FP16-refusal rules) to recorded rows, e.g. of shards run before
     a bound changed: only verdicts that rest on a recorded number or message change."""
     out = []
     for r in rows:
         r = dict(r)
+        bounds = model_bounds(doc, r["model"])
         err, tool = r.get("rel_l2"), r["tool"]
         fp16 = r["model"].endswith("_fp16")
         if r.get("stage") in (None, "numerics") and isinstance(err, float):
@@ -536,15 +610,23 @@ def measure_bounds(out: Path, jobs: int, timeout: float) -> dict[str, Any]:
         err = r.get("rel_l2")
         floor = FLOOR.get(r["tool"], EXACT)
         tools[r["tool"]] = {"rel_l2": err, "bound": max(2 * err, floor) if isinstance(err, float) else None}
+    for tool, entry in tools.items():  # random weights give AWQ and GPTQ nothing to exploit: RTN's bound
+        rtn = tools.get("int4_rtn_" + tool.rsplit("_", 1)[1])
+        if tool.startswith(("int4_awq", "int4_gptq")) and rtn and entry["bound"] is not None and rtn["bound"]:
+            entry["bound"] = max(entry["bound"], rtn["bound"])
     doc = {
         "measured": "logits rel L2 against FP32 of each tool's output of the zoo smollm2_135m export (no KV cache), "
         "calibrated on 4 windows x 128 tokens of smollm2_eval_input_ids (0-3), judged on windows 8-11 (128 tokens); "
         "default flags; bound = max(2 x measured, 1e-4; AutoCast: two units in the last place of the low type, "
-        "2^-9 for FP16 and 2^-6 for BF16, as the logits of a random-weight model carry a rounding per layer)",
+        "2^-9 for FP16 and 2^-6 for BF16, as the logits of a random-weight model carry a rounding per layer; "
+        "INT4 AWQ and GPTQ: at least RTN's bound of the same format, as on random weights they match RTN, see "
+        "RELIABILITY.md); AutoCast of a corpus model: at least 2 x its architecture's own_error",
         "command": "python -m experiments.llm_corpus sweep --measure-bounds",
         "date": dt.date.today().isoformat(),
         "tools": tools,
     }
+    if BOUNDS.exists() and "own_error" in (old := json.loads(BOUNDS.read_text())):
+        doc["own_error"] = old["own_error"]
     BOUNDS.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -560,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--md", type=Path, default=None)
     ap.add_argument("--measure-bounds", action="store_true")
+    ap.add_argument("--measure-own-error", action="store_true", help="each architecture's own FP16/BF16 error")
     ap.add_argument(
         "--merge",
         nargs="+",
@@ -581,11 +664,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = {"error": error_line(f"{type(e).__name__}: {e}")}
         print(json.dumps(result, default=float))
         return 0
+    if a.measure_own_error:
+        print(json.dumps(measure_own_error(), indent=1))
+        return 0
     if a.measure_bounds:
         print(json.dumps(measure_bounds(a.out / "_bounds", a.jobs, a.timeout), indent=1))
         return 0
     if a.merge:
-        bounds = json.loads(BOUNDS.read_text())["tools"]
+        bounds = json.loads(BOUNDS.read_text())
         docs = [json.loads(p.read_text()) for p in a.merge]
         latest: dict[tuple[str, str], dict[str, Any]] = {}
         for r in (r for d in docs for r in d["rows"]):  # a later shard's case wins, unless it did not run genai

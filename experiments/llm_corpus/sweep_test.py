@@ -117,3 +117,46 @@ def test_sweep_sample_passes_on_the_torch_free_decoder(corpus: Path, tmp_path: P
     assert by["int4_rtn_qdq"]["rel_l2"] > 0 and by["autocast_fp16"]["runtime"] == "onnxruntime"
     assert by["autocast_bf16"]["runtime"] in ("onnxruntime", "onnx.reference")
     assert by["compare"]["candidate"] == "autocast_fp16"
+
+
+def test_model_bounds_raise_autocast_to_twice_the_architectures_own_error() -> None:
+    doc = {
+        "tools": {"autocast_fp16": {"bound": 0.002}, "autocast_bf16": {"bound": 0.09}, "int4_rtn_qdq": {"bound": 0.6}},
+        "own_error": {"arch": {"granite": {"fp16": 0.0029, "bf16": 0.0176}}},
+    }
+    granite = sweep.model_bounds(doc, "granite/torch")
+    assert granite["autocast_fp16"]["bound"] == 0.0058 and granite["autocast_bf16"]["bound"] == 0.09
+    assert granite["int4_rtn_qdq"]["bound"] == 0.6
+    assert sweep.model_bounds(doc, "llama/torch") == doc["tools"]
+    assert doc["tools"]["autocast_fp16"]["bound"] == 0.002  # not changed in place
+    row = {"model": "granite/torch", "tool": "autocast_fp16", "verdict": "fail", "stage": "numerics", "rel_l2": 0.0028}
+    assert sweep.rejudge([row], doc)[0]["verdict"] == "pass"
+    assert sweep.rejudge([row | {"model": "llama/torch"}], doc)[0]["verdict"] == "fail"
+
+
+def test_a_float_model_ort_cannot_run_makes_its_cases_skips(tmp_path: Path) -> None:
+    """The float model fails in ORT (here a Reshape that cannot fit the window): its tools' outputs that fail the
+    same way, and the tools without a model output, are skips saying why; a missing output is a failure."""
+    from onnx import TensorProto, helper, save
+
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["x"], to=TensorProto.FLOAT),
+        helper.make_node("Reshape", ["x", "shape"], ["logits"]),
+    ]
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [-1, 7])
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)], [shape],
+    )  # fmt: skip
+    model = tmp_path / "m" / "model.onnx"
+    model.parent.mkdir()
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(model))
+    ids = np.arange(8 * 16).reshape(8, 16) % 50
+    facts = sweep.prepare(model, tmp_path / "w", ids, False)
+    assert "Reshape" in facts["unrunnable"] and not (tmp_path / "w" / "data" / "ref.npy").exists()
+    (tmp_path / "w" / "int4_rtn_qdq").mkdir()
+    (tmp_path / "w" / "int4_rtn_qdq" / "model.onnx").write_bytes(model.read_bytes())
+    row = sweep.judge("int4_rtn_qdq", model, tmp_path / "w", facts, {}, 10.0)
+    assert row["verdict"] == "skip" and row["stage"] == "baseline" and "output written" in row["error"]
+    assert sweep.judge("evaluate", model, tmp_path / "w", facts, {}, 10.0)["verdict"] == "skip"
+    assert sweep.judge("preprocess", model, tmp_path / "w", facts, {}, 10.0)["verdict"] == "fail"
