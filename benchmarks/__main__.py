@@ -25,11 +25,11 @@ from typing import Any
 from . import harness, int4, report, utilities
 from .tools import DEFAULT_TOOLS, MODEL_GROUPS, TOOLS, expand_models, parse_tools
 
-# part: (help, run, default repeats, default timeout s, default CPU latency budget s)
-PARTS: dict[str, tuple[str, Callable[[harness.RunConfig], Path], int, float, float]] = {
-    "run": ("AutoCast: every tool on every model, then BENCHMARKS.md", harness.run, 3, 600.0, 3.0),
-    "int4": ("INT4 weight-only quantizers side by side (benchmarks/int4.py)", int4.run, 1, 3600.0, 4.0),
-    "utilities": ("preprocess, evaluate, dump and compare (benchmarks/utilities.py)", utilities.run, 1, 1800.0, 3.0),
+# part: (help, run, default repeats, default timeout s)
+PARTS: dict[str, tuple[str, Callable[[harness.RunConfig], Path], int, float]] = {
+    "run": ("AutoCast: every tool on every model, then BENCHMARKS.md", harness.run, 3, 600.0),
+    "int4": ("INT4 weight-only quantizers side by side (benchmarks/int4.py)", int4.run, 1, 3600.0),
+    "utilities": ("preprocess, evaluate, dump and compare (benchmarks/utilities.py)", utilities.run, 1, 1800.0),
 }
 
 
@@ -42,7 +42,7 @@ def _list(values: Sequence[str] | None) -> list[str] | None:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=(__doc__ or "").splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, (text, _, repeats, timeout, budget) in PARTS.items():
+    for name, (text, _, repeats, timeout) in PARTS.items():
         r = sub.add_parser(name, help=text)
         r.add_argument("--models", nargs="*", help="models or groups, comma or space separated (default: the part's)")
         r.add_argument("--tools", nargs="*", help="tool ids, comma or space separated (default: per model)")
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         r.add_argument("--mem-limit-gb", type=float, default=None, help="stop a tool above this RSS (default 75%% RAM)")
         r.add_argument("--tag", default=None, help="results file name suffix")
         r.add_argument("--no-latency", action="store_true", help="skip the CPU latency measurement")
-        r.add_argument("--latency-budget", type=float, default=budget, help="seconds of timed runs per model file")
+        r.add_argument("--latency-runs", type=int, default=20, help="timed CPU runs of each model (default 20)")
         r.add_argument("--zoo-dir", type=Path, default=None, help="zoo folder (default: zoo's)")
         r.add_argument("--work-dir", type=Path, default=None, help="where converted models go (default: system temp)")
         r.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
@@ -91,7 +91,7 @@ def _config(a: argparse.Namespace, argv: Sequence[str]) -> harness.RunConfig:
         work_dir=a.work_dir,
         tag=a.tag,
         latency=not a.no_latency,
-        latency_budget_s=a.latency_budget,
+        latency_runs=a.latency_runs,
         command="python -m benchmarks " + shlex.join(argv),
         **extra,
     )

@@ -120,6 +120,8 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
             argv += ["--calibration_data", args.calib]
         if args.report_json:
             argv += ["--report_json", args.report_json]
+        if args.size_budget_mb:
+            argv += ["--size_budget_mb", str(args.size_budget_mb)]
         t = time.perf_counter()
         ap = argparse.ArgumentParser()
         add_arguments(ap)
@@ -178,6 +180,7 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
         from onnxruntime.quantization import QuantFormat
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
+            HQQWeightOnlyQuantConfig,
             MatMulNBitsQuantizer,
         )
 
@@ -185,12 +188,18 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
         t = time.perf_counter()
         model, external = _load(args.input)
         excluded = [n.name for n in model.graph.node if any(re.search(p, n.name) for p in args.exclude)]
-        config = DefaultWeightOnlyQuantConfig(
-            block_size=args.block_size,
-            is_symmetric=not args.zero_point,
-            accuracy_level=4,
-            quant_format=QuantFormat.QDQ,
-        )
+        config: Any
+        if args.method == "hqq":  # MatMulNBits with float zero points only; no Gather
+            config = HQQWeightOnlyQuantConfig(block_size=args.block_size, bits=4)
+        else:  # matmulnbits with no exclusion: the embedding Gather too (GatherBlockQuantized), as the builder
+            every = args.format == "matmulnbits" and not args.exclude
+            config = DefaultWeightOnlyQuantConfig(
+                block_size=args.block_size,
+                is_symmetric=not args.zero_point,
+                accuracy_level=4,
+                quant_format=QuantFormat.QOperator if args.format == "matmulnbits" else QuantFormat.QDQ,
+                op_types_to_quantize=("MatMul", "Gather") if every else None,
+            )
         q = MatMulNBitsQuantizer(model, nodes_to_exclude=excluded, algo_config=config)
         q.process()
         _save(q.model.model, args.output, external)
@@ -272,7 +281,8 @@ def main() -> int:
     ap.add_argument("--method", default="rtn", help="INT4: calibration method")
     ap.add_argument("--block-size", type=int, default=128, help="INT4: block size (-1 per channel)")
     ap.add_argument("--zero-point", action="store_true", help="INT4: asymmetric (zero points)")
-    ap.add_argument("--format", default="qdq", help="onnxprec_int4: qdq or matmulnbits")
+    ap.add_argument("--format", default="qdq", help="onnxprec_int4, ort_int4: qdq or matmulnbits")
+    ap.add_argument("--size-budget-mb", type=float, default=None, help="onnxprec_int4: --size_budget_mb")
     ap.add_argument("--calib", default=None, help="INT4: folder of .npz calibration feeds (default: random)")
     ap.add_argument("--exclude", nargs="*", default=["/lm_head"], help="INT4: regexes of layers kept in float")
     args = ap.parse_args()

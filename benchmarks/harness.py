@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCHEMA = 2  # 2: every part writes the same header (versions.project/anchors, settings); 1: AutoCast's
-TOP1_MODELS = frozenset({"efficientnet_lite0", "smollm2_135m"})
 PERPLEXITY_MODELS = frozenset({"smollm2_135m"})
 EVAL_BATCH = {"smollm2_135m": 2}  # windows per ONNX Runtime call when measuring accuracy (bounds memory)
 METRICS_TIMEOUT_S = 3600.0
@@ -77,7 +76,7 @@ class RunConfig:
     tag: str | None = None
     metrics: bool = True
     latency: bool = True
-    latency_budget_s: float = 3.0
+    latency_runs: int = 20
     keep_outputs: bool = False
     anchors_python: Path | None = None
     command: str = ""
@@ -366,7 +365,7 @@ def run(config: RunConfig) -> Path:
         heavy_repeats=config.heavy_repeats,
         heavy_models=sorted(HEAVY_MODELS),
         mem_limit_mb=round(mem_limit),
-        latency_budget_s=config.latency_budget_s,
+        latency_runs=config.latency_runs,
         page_cache="model files read once before every tool run (when they fit in half the free RAM)",
     )
     data["run_id"] = out_path.stem
@@ -556,11 +555,10 @@ def _metrics(
         "inputs": str(work / "inputs.npz"),
         "candidates": {k: str(v) for k, v in kept.items()},
         "evaluate": [t.id for t in evaluate if t.id in kept],
-        "top1": model in TOP1_MODELS,
         "perplexity": model in PERPLEXITY_MODELS,
         "batch": EVAL_BATCH.get(model),
         "latency": config.latency,
-        "latency_budget_s": config.latency_budget_s,
+        "latency_runs": config.latency_runs,
         "work": str(work / "metrics"),
     }
     spec_path = work / "metrics-spec.json"

@@ -32,7 +32,7 @@ def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
         zoo_dir=tiny_zoo,
         results_dir=results,
         work_dir=tmp_path,
-        latency_budget_s=0.2,
+        latency_runs=3,
         command="pytest",
     )
     path = harness.run(config)

@@ -15,7 +15,8 @@ One run measures, on the same machine minutes apart:
   peak RSS), the anchors in the anchors venv; a crash is recorded with its message;
 * the quantized layers' storage (INT4/UINT4 weights, scales, zero points) against the ideal (4 bits a weight of the
   original ``[K, N]`` plus one scale, and one 4-bit zero point, per block and output channel);
-* ONNX Runtime CPU latency of the FP32 model and of chosen results: prefill (``[1, 256]``) and a one-token forward
+* ONNX Runtime CPU latency of chosen results against the FP32 model (:func:`onnxprec.evaluate.evaluate_models`):
+  prefill (``[1, 256]``) and a one-token forward
   (``[1, 1]``, the weight-bound step of decoding; the zoo export has no KV cache), the models alternating;
 * ``--plan genai``: **SmolLM2-135M as onnxruntime-genai's builder writes it** (FP32, KV cache, GroupQueryAttention;
   ``<zoo>/genai/smollm2_fp32``): onnxprec gets the calibration windows as token ids only (it completes the mask and
@@ -50,7 +51,7 @@ from onnx import TensorProto
 import zoo
 
 from .harness import RunConfig, ensure_anchors, measure, median, new_results, results_path, write_results
-from .output_metrics import latency, session
+from .output_metrics import latencies, session
 from .tools import RUNNER
 
 logger = logging.getLogger(__name__)
@@ -82,10 +83,11 @@ class Int4Tool:
         method: The tool's calibration method name.
         block_size: Weights per scale along K (-1: per output channel).
         zero_point: Asymmetric (UINT4 with zero points).
-        output_format: ``qdq`` or ``matmulnbits`` (onnxprec only; the anchors here write QDQ).
+        output_format: ``qdq`` or ``matmulnbits`` (onnxprec and ORT; ModelOpt writes QDQ).
         calibrated: Gets the calibration windows (else the tool's random data or none).
         latency: Whether its result joins the CPU latency comparison.
         exclude: Regex of the layers kept in float (empty: every layer quantized, as the builder's ``-p int4``).
+        budget_mb: onnxprec's ``--size_budget_mb`` (each layer's precision chosen within it).
     """
 
     id: str
@@ -98,6 +100,7 @@ class Int4Tool:
     calibrated: bool = True
     latency: bool = False
     exclude: str = EXCLUDE
+    budget_mb: float | None = None
 
     @property
     def family(self) -> str:
@@ -109,7 +112,8 @@ class Int4Tool:
         if self.runner == "onnxprec_int4":
             data = " --calibration_data calib/" if self.calibrated else ""
             fmt = f" --output_format {self.output_format}" if self.output_format != "qdq" else ""
-            fmt += " --nodes_to_exclude --quantize_embeddings" if not self.exclude else ""
+            fmt += " --nodes_to_exclude --quantize_embeddings" if not self.exclude and not self.budget_mb else ""
+            fmt += f" --size_budget_mb {self.budget_mb:g}" if self.budget_mb else ""
             return (
                 f"onnxprec quantize int4 --onnx_path M --calibration_method {self.method} "
                 f"--block_size {self.block_size}{zp}{fmt}{data}"
@@ -126,9 +130,14 @@ class Int4Tool:
                 f"calibration_data_reader={reader}, calibration_eps=['cpu'], block_size={self.block_size}"
                 f"{', use_zero_point=True' if self.zero_point else ''})"
             )
+        if self.method == "hqq":
+            return f"MatMulNBitsQuantizer(M, algo_config=HQQWeightOnlyQuantConfig(block_size={self.block_size}))"
+        every = self.output_format == "matmulnbits" and not self.exclude
+        fmt = "QOperator" if self.output_format == "matmulnbits" else "QDQ"
+        ops = ", op_types_to_quantize=('MatMul', 'Gather')" if every else ""
         return (
             f"MatMulNBitsQuantizer(M, algo_config=DefaultWeightOnlyQuantConfig(block_size={self.block_size}, "
-            f"is_symmetric={not self.zero_point}, accuracy_level=4, quant_format=QuantFormat.QDQ))"
+            f"is_symmetric={not self.zero_point}, accuracy_level=4, quant_format=QuantFormat.{fmt}{ops}))"
         )
 
 
@@ -174,6 +183,23 @@ _GENAI_ONLY = (
     Int4Tool("builder:default", "genai_builder", "torch", "default", 32, False, "matmulnbits", False),
     Int4Tool("builder:k_quant_mixed", "genai_builder", "torch", "k_quant_mixed", 32, False, "matmulnbits", False),
     Int4Tool("onnxprec:autocast", "onnxprec", "project", "autocast", calibrated=False),
+    # the size/perplexity frontier: ORT's RTN (every MatMul and the embedding Gather) and HQQ (every MatMul; its
+    # Gather is not supported) in MatMulNBits, zero points (ORT's default), and onnxprec under a size budget
+    *(
+        Int4Tool(f"ort:{m}:b{b}:matmulnbits:all", "ort_int4", "anchors", m, b, True, "matmulnbits", False, exclude="")
+        for m in ("rtn", "hqq")
+        for b in (32, 128)
+    ),
+    *(
+        replace(_ours("awq_gptq"), id=f"onnxprec:awq_gptq:budget{mb:g}", budget_mb=mb, exclude="")
+        for mb in (80, 86.5, 113.6)
+    ),
+    *(
+        replace(
+            _ours("awq_gptq"), id=f"onnxprec:awq_gptq:budget{mb:g}:nodata", calibrated=False, budget_mb=mb, exclude=""
+        )
+        for mb in (86.5,)
+    ),
 )
 _SMOLLM2_TOOLS = [t for t in TOOLS if not t.endswith(":random")]
 TOOLS.update({t.id: t for t in _GENAI_ONLY})
@@ -363,6 +389,8 @@ def _command(tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | N
         cmd += ["--calib", str(calib)]
     if tool.runner == "onnxprec_int4":
         cmd += ["--report-json", str(report)]
+    if tool.budget_mb:
+        cmd += ["--size-budget-mb", str(tool.budget_mb)]
     return cmd
 
 
@@ -518,8 +546,8 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
     lat_paths = {"fp32": src, **{t.id: outputs[t.id] for t in m.tools if t.latency and t.id in outputs}}
     if m.name == LLM and config.latency and ids is not None and len(lat_paths) > 1:
         entry["latency"] = {
-            "prefill": latency(lat_paths, {"input_ids": ids[:1]}, budget_s=config.latency_budget_s),
-            "decode": latency(lat_paths, {"input_ids": ids[:1, :1]}, budget_s=config.latency_budget_s),
+            "prefill": latencies(lat_paths, {"input_ids": ids[:1]}, config.latency_runs),
+            "decode": latencies(lat_paths, {"input_ids": ids[:1, :1]}, config.latency_runs),
         }
         logger.info(
             "latency: %s",

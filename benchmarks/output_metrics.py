@@ -11,31 +11,26 @@ Definitions (the same for every tool, so the columns compare):
   kept in FP32 between two casts does not. **FP32 nodes** = float nodes - low nodes (what stayed in FP32).
 * **casts** - Cast nodes in the output; **casts inserted** - that minus the FP32 model's own Cast nodes.
 * **size** - the ``.onnx`` file plus every external data file it references.
-* **output error** - against the FP32 model run by ONNX Runtime CPU on the model's real inputs (whole batch,
-  in slices for SmolLM2): max |a-b|, relative L2 ||a-b||/||a||, cosine <a,b>/(||a|| ||b||) over the whole
-  output, top-1 agreement (share of rows whose argmax over the last axis matches; classifiers and LLM logits
-  only), all on the model's first output (every output is kept in the JSON); computed by
-  :class:`onnxprec.metrics.ErrorStats`.
-* **perplexity** - SmolLM2 only: exp(mean next-token NLL) of the logits on the real 16x256 windows
-  (:class:`onnxprec.metrics.Perplexity`).
-* **CPU latency** - ONNX Runtime CPU, default session options, batch 1 (the first real sample); warm-up runs,
-  then rounds that alternate the FP32 model and every candidate in one process (one model at a time for
-  models above ``TOGETHER_LIMIT_MB``); median and 10th/90th percentiles of single runs (the same timing loop
-  and statistics as ``experiments/gpu_latency.py``).
+* **output error**, **perplexity** and **CPU latency** - :func:`onnxprec.evaluate.evaluate_models` runs the FP32
+  model and one candidate side by side on the model's real inputs (whole batch, in slices for SmolLM2): the
+  agreement of every output with FP32's (:class:`onnxprec.metrics.ErrorStats`: max |a-b|, relative L2
+  ||a-b||/||a||, cosine, top-1 agreement on classifier scores and LLM logits; the main output's in the table),
+  perplexity (exp(mean next-token NLL), SmolLM2 on the real 16x256 windows) and ONNX Runtime CPU latency of
+  batch 1 (the first real sample; default session options; the two models alternating after warm-up; median and
+  p90 of single runs). One candidate at a time, so that a result ONNX Runtime cannot load fails alone.
 
 Run as a worker (``python -m benchmarks.output_metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given
-back to the system after each model. Sessions come from :func:`onnxprec._ort.create_session`.
+back to the system after each model.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from onnxprec import _ort, metrics
+from onnxprec import _ort
 from onnxprec._io import write_atomically
 
 logger = logging.getLogger(__name__)
@@ -171,150 +166,47 @@ def _itemsize(data_type: int) -> float:
         return 0.5 if data_type in (TensorProto.INT4, TensorProto.UINT4) else 0.0
 
 
-# ------------------------------------------------------------------------------------------------------------
-# running models
-# ------------------------------------------------------------------------------------------------------------
-
-
 def session(path: Path, what: str = "the model") -> _ort.Session:
-    """An ONNX Runtime CPU session with ONNX Runtime's default optimizations (quiet); it casts FP32 feeds to
-    FP16 inputs (a tool that did not keep the I/O types) and fetches every float type."""
+    """An ONNX Runtime CPU session with ONNX Runtime's default optimizations (quiet)."""
     return _ort.create_session(path, optimization="all", what=what)
 
 
-def _own_feeds(sess: _ort.Session, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The feeds that are inputs of ``sess`` (a converter may drop an unused input)."""
-    return {k: v for k, v in feeds.items() if k in sess.input_types}
+def versus_fp32(fp32: Path, candidate: Path, feeds: Mapping[str, np.ndarray], spec: Mapping[str, Any]) -> dict:
+    """The candidate's ``accuracy`` and ``latency_cpu`` against FP32's (:func:`onnxprec.evaluate.evaluate_models`),
+    and FP32's own perplexity and latency measured beside it (``fp32_perplexity``, ``fp32_latency_cpu``)."""
+    from onnxprec.evaluate import evaluate_models
 
-
-def batches(feeds: Mapping[str, np.ndarray], size: int | None) -> list[dict[str, np.ndarray]]:
-    """``feeds`` sliced along their common leading dimension into batches of ``size`` (None: one batch)."""
-    arrays = list(feeds.values())
-    n = arrays[0].shape[0] if arrays and arrays[0].ndim else 0
-    if size is None or size >= n or any(a.ndim == 0 or a.shape[0] != n for a in arrays):
-        return [dict(feeds)]
-    return [{k: v[i : i + size] for k, v in feeds.items()} for i in range(0, n, size)]
-
-
-def first_sample(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Batch 1: the first row of every input."""
-    return {k: v[:1] if v.ndim else v for k, v in feeds.items()}
-
-
-def reference_outputs(
-    fp32: Path, feeds: Mapping[str, np.ndarray], batch: int | None, work: Path, perplexity: bool
-) -> tuple[list[Path], list[str], float | None]:
-    """Runs the FP32 model batch by batch; saves each batch's outputs to ``work``; returns the files, the output
-    names and the FP32 perplexity (when asked)."""
-    sess = session(fp32, "the FP32 model")
-    names = sess.output_names
-    files = []
-    ppl = metrics.Perplexity()
-    for i, b in enumerate(batches(feeds, batch)):
-        outs = sess.run(_own_feeds(sess, b))
-        f = work / f"ref-{i}.npz"
-        np.savez(f, **{f"o{j}": o for j, o in enumerate(outs)})
-        files.append(f)
-        if perplexity:
-            ppl.update(outs[0], b["input_ids"])
-        del outs
-    del sess
-    return files, names, ppl.value if perplexity and ppl.tokens else None
-
-
-def accuracy(
-    path: Path,
-    feeds: Mapping[str, np.ndarray],
-    batch: int | None,
-    ref_files: list[Path],
-    names: list[str],
-    top1: bool,
-    perplexity: bool,
-) -> dict[str, Any]:
-    """Output error of ``path`` against the saved FP32 outputs (and its perplexity when asked)."""
-    sess = session(path, "the result")
-    streams = [metrics.ErrorStats(track_top1=top1 and j == 0) for j in range(len(names))]
-    ppl = metrics.Perplexity()
-    for b, f in zip(batches(feeds, batch), ref_files):
-        outs = sess.run(_own_feeds(sess, b))
-        with np.load(f) as z:
-            for j, o in enumerate(outs):
-                streams[j].update(z[f"o{j}"], o)
-        if perplexity:
-            ppl.update(outs[0], b["input_ids"])
-        del outs
-    del sess
-    per_output = {name: s.as_dict() for name, s in zip(names, streams)}
-    out: dict[str, Any] = {"output": names[0], **per_output[names[0]], "outputs": per_output}
-    if perplexity:
-        out["perplexity"] = ppl.value if ppl.tokens else math.inf
+    runs = int(spec.get("latency_runs", 20)) if spec.get("latency", True) else 0
+    ppl = None if spec.get("perplexity") else False
+    report = evaluate_models([fp32, candidate], dict(feeds), batch_size=spec.get("batch"), perplexity=ppl,
+                             latency_runs=runs)  # fmt: skip
+    ref, res = report.models
+    acc = {"output": res.main_output, **(res.main_agreement or {}), "outputs": res.agreement or {}}
+    out: dict[str, Any] = {"accuracy": acc, "fp32_perplexity": ref.perplexity}
+    if res.perplexity is not None:
+        acc["perplexity"] = res.perplexity
+    if ref.latency_ms and res.latency_ms:
+        base = ref.latency_ms["median"]
+        for key, m in (("fp32_latency_cpu", ref.latency_ms), ("latency_cpu", res.latency_ms)):
+            out[key] = {**{f"{s}_ms": v for s, v in m.items() if s != "runs"}, "iters": runs}
+        out["latency_cpu"]["vs_fp32"] = res.latency_ms["median"] / base
     return out
 
 
-def time_alternating(
-    runs: Mapping[str, Callable[[], object]], rounds: int, per_round: Mapping[str, int]
-) -> dict[str, list[float]]:
-    """Single-run times (ms) of each callable: ``rounds`` rounds that each time ``per_round[key]`` runs of every
-    callable in turn, so that clock, thermal and neighbour drift hit all of them alike."""
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(rounds):
-        for k, run in runs.items():
-            for _ in range(per_round[k]):
-                t = time.perf_counter()
-                run()
-                times[k].append((time.perf_counter() - t) * 1e3)
-    return times
-
-
-def latency_stats(times_ms: Sequence[float]) -> dict[str, Any]:
-    """Median, 10th and 90th percentile and mean (ms) of single runs, and their number."""
-    a = np.asarray(times_ms)
-    return {
-        "median_ms": float(np.median(a)),
-        "p10_ms": float(np.percentile(a, 10)),
-        "p90_ms": float(np.percentile(a, 90)),
-        "mean_ms": float(a.mean()),
-        "iters": len(a),
-    }
-
-
-def latency(
-    paths: Mapping[str, Path],
-    feeds: Mapping[str, np.ndarray],
-    budget_s: float = 3.0,
-    rounds: int = 5,
-    max_iters: int = 200,
-    min_iters: int = 10,
-    together: bool = True,
-) -> dict[str, dict[str, Any]]:
-    """Single-run CPU latencies (ms) of each model on ``feeds``: warm-up, then ``rounds`` rounds alternating the
-    models (all sessions open at once when ``together``, else one model at a time); about ``budget_s`` of timed
-    runs per model, at least ``min_iters`` and at most ``max_iters``."""
+def latencies(paths: Mapping[str, Path], feeds: Mapping[str, np.ndarray], runs: int) -> dict[str, dict[str, Any]]:
+    """CPU latency of every model of ``paths`` (the first is FP32) on ``feeds``, each against FP32 in its own
+    :func:`versus_fp32`; a model that fails gets its ``error``."""
+    (ref, fp32), *others = paths.items()
     out: dict[str, dict[str, Any]] = {}
-    groups = [list(paths)] if together else [[k] for k in paths]
-    for group in groups:
-        sessions = {}
-        per_iter: dict[str, int] = {}
-        for key in group:
-            try:
-                wrapped = session(paths[key], f"{key}'s model")
-                f = wrapped.feeds(_own_feeds(wrapped, feeds))
-                sess = wrapped.inner  # the raw ORT session: only ONNX Runtime's own run is timed
-                sess.run(None, f)  # warm-up (first run allocates)
-                t = time.perf_counter()
-                sess.run(None, f)
-                one = max(time.perf_counter() - t, 1e-5)
-            except Exception as e:
-                logger.warning("latency: %s failed: %s", key, e)
-                out[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
-                continue
-            sessions[key] = (sess, f)
-            per_iter[key] = int(min(max_iters / rounds, max(math.ceil(min_iters / rounds), budget_s / rounds / one)))
-        runs = {key: functools.partial(sess.run, None, f) for key, (sess, f) in sessions.items()}
-        for key, ts in time_alternating(runs, rounds, per_iter).items():
-            out[key] = latency_stats(ts)
-        del sessions, runs
-    return out
+    for key, path in others:
+        try:
+            got = versus_fp32(fp32, path, feeds, {"latency_runs": runs, "perplexity": False})
+        except Exception as e:  # a result ONNX Runtime cannot run is a result too
+            out[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            continue
+        out.setdefault(ref, got["fp32_latency_cpu"])
+        out[key] = got["latency_cpu"]
+    return dict(sorted(out.items(), key=lambda kv: kv[0] != ref))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -326,7 +218,7 @@ def evaluate(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Everything for one model: structure of FP32 and each candidate, accuracy and CPU latency.
 
     ``spec``: model, fp32 (path), inputs (npz path), candidates {tool: path}, evaluate [tools to run],
-    top1, perplexity, batch, latency (bool), latency_budget_s, work (scratch folder)."""
+    perplexity, batch, latency (bool), latency_runs, work (scratch folder)."""
     fp32 = Path(spec["fp32"])
     work = Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)
@@ -339,48 +231,23 @@ def evaluate(spec: Mapping[str, Any]) -> dict[str, Any]:
         t = time.perf_counter()
         result["tools"][key]["structure"] = structure(p)
         logger.info("%s %s: structure in %.1f s", spec["model"], key, time.perf_counter() - t)
-    if spec.get("accuracy", True) and to_run:
+    for key in to_run:
         t = time.perf_counter()
-        ref_files, names, ppl = reference_outputs(fp32, feeds, spec.get("batch"), work, bool(spec.get("perplexity")))
-        if ppl is not None:
-            result["fp32"]["perplexity"] = ppl
-        logger.info("%s fp32: reference outputs in %.1f s", spec["model"], time.perf_counter() - t)
-        for key in to_run:
-            t = time.perf_counter()
-            try:
-                result["tools"][key]["accuracy"] = accuracy(
-                    cands[key],
-                    feeds,
-                    spec.get("batch"),
-                    ref_files,
-                    names,
-                    bool(spec.get("top1")),
-                    bool(spec.get("perplexity")),
-                )
-            except Exception as e:
-                logger.warning("%s %s: accuracy failed: %s", spec["model"], key, e)
-                result["tools"][key]["accuracy"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-            logger.info("%s %s: accuracy in %.1f s", spec["model"], key, time.perf_counter() - t)
-        for f in ref_files:
-            f.unlink(missing_ok=True)
-    if spec.get("latency", True) and to_run:
-        t = time.perf_counter()
-        paths = {"fp32": fp32, **{k: cands[k] for k in to_run}}
-        total_mb = sum(file_size(p) for p in paths.values()) / MIB
-        lat = latency(
-            paths,
-            first_sample(feeds),
-            budget_s=float(spec.get("latency_budget_s", 3.0)),
-            together=total_mb <= TOGETHER_LIMIT_MB,
-        )
-        result["fp32"]["latency_cpu"] = lat.pop("fp32")
-        base = result["fp32"]["latency_cpu"].get("median_ms")
-        for key, v in lat.items():
-            if base and "median_ms" in v:
-                v["vs_fp32"] = v["median_ms"] / base
-            result["tools"][key]["latency_cpu"] = v
-        result["latency_mode"] = "together" if total_mb <= TOGETHER_LIMIT_MB else "one model at a time"
-        logger.info("%s: CPU latency in %.1f s", spec["model"], time.perf_counter() - t)
+        try:
+            got = versus_fp32(fp32, cands[key], feeds, spec)
+        except Exception as e:  # a result ONNX Runtime cannot load or run is a result too
+            logger.warning("%s %s: evaluation failed: %s", spec["model"], key, e)
+            result["tools"][key]["accuracy"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            continue
+        fp32_perplexity = got.pop("fp32_perplexity")
+        if fp32_perplexity is not None:
+            result["fp32"]["perplexity"] = fp32_perplexity
+        fp32_latency = got.pop("fp32_latency_cpu", None)
+        if fp32_latency:
+            result["fp32"].setdefault("latency_cpu", fp32_latency)
+        result["tools"][key].update(got)
+        logger.info("%s %s: accuracy and latency in %.1f s", spec["model"], key, time.perf_counter() - t)
+    result["latency_mode"] = "FP32 and one candidate at a time (onnxprec.evaluate)"
     return result
 
 

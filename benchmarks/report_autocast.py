@@ -1,4 +1,4 @@
-"""The AutoCast part of BENCHMARKS.md: its targets (as data), conversion cost, quality, CPU and GPU latency.
+"""The AutoCast part of BENCHMARKS.md: its targets (as data), conversion cost, quality and CPU latency.
 
 The loading, merging and formatting it uses are :mod:`benchmarks.report_common`'s; the targets are evaluated by
 :func:`benchmarks.targets.evaluate`.
@@ -15,9 +15,7 @@ from zoo import SMOLLM2_FP32_PERPLEXITY
 
 from .report_common import (
     TEXT,
-    GpuResults,
     Merged,
-    ReportPart,
     anchor_of,
     cos,
     grouped_tables,
@@ -391,101 +389,9 @@ def latency_table(merged: Merged, models: Sequence[str]) -> str | None:
 
 
 def _lat(lat: dict[str, Any]) -> str:
+    if "p10_ms" not in lat:  # onnxprec.evaluate's statistics (runs from 2026-11-27 on)
+        return f"{num(lat['median_ms'])} (p90 {num(lat['p90_ms'])}, {lat['iters']} runs)"
     return f"{num(lat['median_ms'])} [{num(lat['p10_ms'])}–{num(lat['p90_ms'])}] ({lat['iters']} runs)"
-
-
-GPU_LABELS = {
-    "fp32": "FP32 original",
-    "onnxprec": "onnxprec FP16",
-    "modelopt": "ModelOpt FP16",
-    "occ_fp16": "onnxconverter-common FP16",
-    "ort_fp16": "onnxruntime transformers FP16",
-}
-
-
-def gpu_section(gpu: Sequence[dict[str, Any]]) -> str | None:
-    """One table per GPU result file (newest first): per model and batch, FP32 then each variant."""
-    if not gpu:
-        return None
-    parts = []
-    order = list(GPU_LABELS)
-    for g in reversed(gpu):
-        rows = []
-        for model in sorted(g.get("models", {}), key=model_sort_key):
-            variants = g["models"][model]
-            names = sorted(variants, key=lambda v: (order.index(v) if v in order else len(order), v))
-            batches = sorted({b for v in variants.values() for b in v.get("batches", {})}, key=int)
-            for batch in batches:
-                base = variants.get("fp32", {}).get("batches", {}).get(batch, {}).get("median_ms")
-                mo = variants.get("modelopt", {}).get("batches", {}).get(batch, {}).get("median_ms")
-                for variant in names:
-                    r = variants[variant].get("batches", {}).get(batch)
-                    if r is None:
-                        continue
-                    label = GPU_LABELS.get(variant, variant)
-                    ppl = variants[variant].get("perplexity") if batch == batches[-1] else None
-                    ppl_text = num(ppl, 3) if ppl is not None else "–"
-                    if "median_ms" not in r:
-                        rows.append(
-                            [
-                                model_label(model),
-                                batch,
-                                label,
-                                f"failed: {r.get('error', '')[:70]}",
-                                "–",
-                                "–",
-                                "–",
-                                ppl_text,
-                            ]
-                        )
-                        continue
-                    rows.append(
-                        [
-                            model_label(model),
-                            batch,
-                            label,
-                            f"{num(r['median_ms'], 3)} [{num(r['p10_ms'], 3)}–{num(r['p90_ms'], 3)}]",
-                            f"**{num(base / r['median_ms'])}×**" if base else "–",
-                            f"{num(mo / r['median_ms'])}×" if mo and variant != "fp32" else "–",
-                            num(r.get("rel_l2"), 2) if r.get("rel_l2") is not None and variant != "fp32" else "–",
-                            ppl_text,
-                        ]
-                    )
-        head = (
-            f"### {g.get('card', '?')}, {g.get('date', '?')[:10]}\n\n"
-            f"**{g.get('card', '?')}** (driver {g.get('driver', '?')}), onnxruntime {g.get('onnxruntime', '?')}, "
-            f"{g.get('date', '?')[:16].replace('T', ' ')}: `{g.get('command', 'python experiments/gpu_latency.py')}` "
-            f"(`benchmarks/results/{g.get('file', '')}`); {g.get('warmup', '?')} warm-up runs, then "
-            f"{g.get('iters', '?')} timed runs per model file in {g.get('rounds', '?')} rounds alternating the files, "
-            "inputs and outputs bound on the GPU (IO binding)."
-        )
-        parts.append(
-            head
-            + "\n\n"
-            + table(
-                [
-                    "Model",
-                    "batch",
-                    "Model file",
-                    "median ms [p10–p90]",
-                    "speed-up vs FP32",
-                    "speed vs ModelOpt FP16",
-                    "rel L2 vs FP32",
-                    "perplexity",
-                ],
-                rows,
-            )
-        )
-        notes = [str(n) for n in g.get("notes", [])]
-        env = g.get("env")
-        if env:
-            notes.append("GPU machine: " + ", ".join(f"{k} {v}" for k, v in env.items()))
-        if g.get("conversion_on_gpu_machine_s"):
-            conv = g["conversion_on_gpu_machine_s"]
-            notes.append("SmolLM2 conversions there (s): " + ", ".join(f"{k} {num(v)}" for k, v in conv.items()))
-        if notes:
-            parts.append("\n".join(f"* {n}" for n in notes))
-    return "\n\n".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -590,8 +496,9 @@ INTRO = (
 )
 
 
-def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> list[str]:
-    """Targets, conversion cost, quality, CPU and GPU latency, and the method, as markdown lines."""
+def sections(merged: Merged, cuda: Sequence[str] = (), png: str | None = None) -> list[str]:
+    """Targets, conversion cost, quality, CPU latency, the CUDA tables (``cuda``: measured outside the harness,
+    :func:`benchmarks.report_common.measured_tables`) and the method, as markdown lines."""
     out = [
         "## Targets (AutoCast issue)",
         "",
@@ -650,22 +557,5 @@ def sections(merged: Merged, gpu: GpuResults = (), png: str | None = None) -> li
             "",
             *lat_parts,
         ]
-    gs = gpu_section(gpu)
-    out += ["## Inference latency, ONNX Runtime CUDA", ""]
-    if gs:
-        out += [
-            "`python experiments/gpu_latency.py` on the GPU machine, models prepared by "
-            "`python -m experiments.gpu_prepare` (SmolLM2's converted on the GPU machine itself).",
-            "",
-            gs,
-            "",
-        ]
-    else:
-        out += [
-            TEXT["autocast.gpu.missing"],
-            "",
-        ]
+    out += cuda
     return out + METHOD
-
-
-PART = ReportPart(INTRO, sections)

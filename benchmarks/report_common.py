@@ -4,10 +4,12 @@ Every ``benchmarks/results/*.json`` written by ``python -m benchmarks run`` is r
 and tool the newest measurement wins, so a partial rerun (``--models smollm2_135m --tools onnxprec,modelopt``)
 updates only its rows. Ratios between two tools come from the same run, round by round; when the newest
 measurements of a tool and its anchor come from different runs the ratio of their medians is shown instead,
-marked with a dagger. GPU latencies come from ``benchmarks/results/gpu-*.json`` (``experiments/gpu_latency.py``).
+marked with a dagger.
+Sections measured outside the harness (INT8 by hand, CUDA by ``experiments/gpu_latency.py``) are stored as
+finished tables with their provenance (:func:`measured_tables`).
 
-A tool's part of the document (its introduction and sections, e.g. :mod:`benchmarks.report_autocast`) is a
-:class:`ReportPart`; its goals are :class:`benchmarks.targets.Target` data.
+Each part's sections are its module's (:mod:`benchmarks.report_autocast`, ``report_int4``, ``report_utilities``);
+goals are :class:`benchmarks.targets.Target` data.
 """
 
 from __future__ import annotations
@@ -54,8 +56,6 @@ def load_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
     """Every run's result file, oldest first (GPU files excluded)."""
     runs = []
     for p in sorted(results_dir.glob("*.json")):
-        if p.name.startswith("gpu-"):
-            continue
         data = _read_json(p)
         if not isinstance(data, dict) or data.get("kind", "autocast") != "autocast":
             continue
@@ -89,16 +89,19 @@ def load_kind(results_dir: Path, kind: str) -> list[dict[str, Any]]:
     return runs
 
 
-def load_gpu_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
-    """Every ``gpu-*.json``, oldest first."""
-    out = []
-    for p in sorted(results_dir.glob("gpu-*.json")):
-        data = _read_json(p)
-        if data is None:
-            continue
-        data.setdefault("file", p.name)
-        out.append(data)
-    out.sort(key=lambda d: d.get("date", ""))
+def measured_tables(results_dir: Path, kind: str) -> list[str]:
+    """The sections of the ``<kind>-*.json`` files that hold finished tables (``title``, ``intro``, ``tables``: each
+    an optional ``heading`` and ``intro``, ``columns``, ``rows``, ``notes``): numbers measured outside the
+    harness's runs, stored with their ``provenance``."""
+    out: list[str] = []
+    for run in load_kind(results_dir, kind):
+        out += [f"## {run['title']}", "", *run["intro"], ""]
+        for t in run["tables"]:
+            out += [f"### {t['heading']}", ""] if t.get("heading") else []
+            out += [*t.get("intro", []), ""] if t.get("intro") else []
+            out += [table(t["columns"], t["rows"]), ""]
+            for note in t.get("notes", []):
+                out += [*note, ""]
     return out
 
 
@@ -317,22 +320,6 @@ def short_error(err: object, width: int = 80) -> str:
 # ------------------------------------------------------------------------------------------------------------
 # the document's shared parts
 # ------------------------------------------------------------------------------------------------------------
-
-GpuResults = Sequence[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class ReportPart:
-    """One tool's part of BENCHMARKS.md.
-
-    Attributes:
-        intro: Paragraph lines before the list of runs.
-        sections: ``(merged, gpu results, chart path or None) -> lines`` after it: targets, tables, method.
-    """
-
-    intro: Sequence[str]
-    sections: Callable[[Merged, GpuResults, str | None], list[str]]
-
 
 MODEL_GROUPS = (
     "Real models",

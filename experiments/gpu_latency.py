@@ -1,9 +1,9 @@
 """GPU inference latency of FP32 and converted models with ONNX Runtime's CUDAExecutionProvider.
 
-A script (of the ``benchmarks`` package it imports only the timing loop); it needs onnxruntime-gpu, onnx,
-onnx-ir, ml_dtypes and onnxprec's runtime layer (:mod:`onnxprec._ort`, :mod:`onnxprec.metrics`). Where onnxprec
-is not installed it is imported from this checkout's ``src/`` (``pip install -e .`` would bring the CPU
-onnxruntime, which overwrites onnxruntime-gpu's files):
+A script (it never imports the ``benchmarks`` package); it needs onnxruntime-gpu, onnx, onnx-ir, ml_dtypes and
+onnxprec's runtime layer (:mod:`onnxprec._ort`, :mod:`onnxprec.metrics`). Where onnxprec is not installed it is
+imported from this checkout's ``src/`` (``pip install -e .`` would bring the CPU onnxruntime, which overwrites
+onnxruntime-gpu's files):
 
     python experiments/gpu_latency.py DIR [--out gpu-<date>.json] [--batches 1,full] [--iters 300]
 
@@ -28,6 +28,8 @@ import json
 import shlex
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,6 @@ except ImportError:  # not installed on the GPU machine: this checkout's sources
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from onnxprec import _ort, metrics
     from onnxprec._io import write_atomically
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.output_metrics import latency_stats, time_alternating
 
 MANIFEST = "manifest.json"
 
@@ -119,6 +119,33 @@ class Bound:
 
     def first_output(self) -> np.ndarray:
         return np.asarray(self.binding.copy_outputs_to_cpu()[0], dtype=np.float32)
+
+
+def time_alternating(
+    runs: Mapping[str, Callable[[], object]], rounds: int, per_round: Mapping[str, int]
+) -> dict[str, list[float]]:
+    """Single-run times (ms) of each callable: ``rounds`` rounds that each time ``per_round[key]`` runs of every
+    callable in turn, so that clock, thermal and neighbour drift hit all of them alike."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, run in runs.items():
+            for _ in range(per_round[k]):
+                t = time.perf_counter()
+                run()
+                times[k].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def latency_stats(times_ms: Sequence[float]) -> dict[str, Any]:
+    """Median, 10th and 90th percentile and mean (ms) of single runs, and their number."""
+    a = np.asarray(times_ms)
+    return {
+        "median_ms": float(np.median(a)),
+        "p10_ms": float(np.percentile(a, 10)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "mean_ms": float(a.mean()),
+        "iters": len(a),
+    }
 
 
 def _batch(feeds: dict[str, np.ndarray], batch: str) -> dict[str, np.ndarray]:

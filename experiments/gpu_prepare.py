@@ -126,7 +126,7 @@ def prepare(
     logger.info("%d bundles, %.1f MB in all, in %s", len(dirs), total / 1e6, out)
     print(
         f"Move each of {out}/bundle-NN (<= {chunk_bytes / 1e6:.0f} MB) to the same folder DIR on the GPU machine, "
-        "then run: python experiments/gpu_latency.py DIR --out benchmarks/results/gpu-<date>.json",
+        "then run: python experiments/gpu_latency.py DIR --out experiments/results/gpu-<date>.json",
         file=sys.stderr,
     )
     return dirs
