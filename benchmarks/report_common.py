@@ -82,11 +82,22 @@ def load_kind(results_dir: Path, kind: str) -> list[dict[str, Any]]:
             data["file"] = p.resolve().relative_to(REPO_ROOT).as_posix()
         except ValueError:
             data["file"] = str(p)
-        runs.append(data)
+        runs.append(_schema2(data))
     runs.sort(key=lambda d: d.get("date", ""))
     for i, r in enumerate(runs, 1):
         r["number"] = i
     return runs
+
+
+def _schema2(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 INT4 or utilities file's header in the one schema (versions.project/anchors, settings)."""
+    if "settings" in data or "tables" in data:
+        return data
+    project = {**data.get("versions", {}), "onnxprec_src_sha256": data.pop("onnxprec_sources", None)}
+    project["onnxruntime"] = data.pop("onnxruntime", project.get("onnxruntime"))
+    data["versions"] = {"project": project, "anchors": data.pop("anchors", {})}
+    data["settings"] = {"repeats": data.pop("repeats", None), **data.pop("data", {})}
+    return data
 
 
 def measured_tables(results_dir: Path, kind: str) -> list[str]:
