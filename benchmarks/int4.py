@@ -1,34 +1,14 @@
-"""INT4 weight-only quantization benchmark: onnxprec's methods against ModelOpt and ONNX Runtime, side by side.
+"""The INT4 part: onnxprec's weight-only methods against ModelOpt's, ONNX Runtime's and onnxruntime-genai's builder.
 
     python -m benchmarks int4 [--plan smollm2|synthetic|genai|all] [--tools ID,...] [--repeats 1] [--tag T]
 
 The tool table is :data:`TOOLS` (one :class:`Int4Tool` a row), the models and their tools :data:`PLANS`; every
-run goes through the harness's process runner and results schema (:mod:`benchmarks.harness`).
-
-One run measures, on the same machine minutes apart:
-
-* **SmolLM2-135M** (the zoo's FP32 export, ``input_ids [1, 256] -> logits``): the zoo's 16 windows of 256 tokens of
-  real text are split in two halves, windows 0-7 (2,048 tokens) for calibration, one ``.npz`` a window, given to
-  every calibrated tool in the same order, and windows 8-15 held out for perplexity, so that no method is scored on
-  the text it was fitted to. The FP32 model's held-out perplexity is measured in the same run.
-* every tool as its own process (``benchmarks/_runner.py`` under ``/usr/bin/time -v``: whole-process wall time and
-  peak RSS), the anchors in the anchors venv; a crash is recorded with its message;
-* the quantized layers' storage (INT4/UINT4 weights, scales, zero points) against the ideal (4 bits a weight of the
-  original ``[K, N]`` plus one scale, and one 4-bit zero point, per block and output channel);
-* ONNX Runtime CPU latency of chosen results against the FP32 model (:func:`onnxprec.evaluate.evaluate_models`):
-  prefill (``[1, 256]``) and a one-token forward
-  (``[1, 1]``, the weight-bound step of decoding; the zoo export has no KV cache), the models alternating;
-* ``--plan genai``: **SmolLM2-135M as onnxruntime-genai's builder writes it** (FP32, KV cache, GroupQueryAttention;
-  ``<zoo>/genai/smollm2_fp32``): onnxprec gets the calibration windows as token ids only (it completes the mask and
-  the empty KV cache), ModelOpt gets every input (built by :func:`onnxprec.llm_inputs.llm_feeds`), the builder's
-  own ``-p int4`` rebuilds from the Hugging Face folder; perplexity with the KV inputs filled, size on disk and
-  onnxruntime-genai CPU decode tokens/s (:func:`onnxprec.evaluate.generate_models`, the models alternating). The
-  same onnxprec AutoCast/INT4 runs on the zoo export alternate with it, round by round, for a time/RSS ratio;
-* **a synthetic 4 GB MatMul stack** in external data (``matmul_4gb``), quantized with RTN and AWQ-lite on random
-  calibration data: peak RSS.
-
-Results go to ``benchmarks/results/int4-<date>[-<tag>].json``; ``python -m benchmarks report`` renders them into
-BENCHMARKS.md (:mod:`benchmarks.report_int4`).
+run goes through the harness's process runner and results schema (:mod:`benchmarks.harness`). On SmolLM2 the
+zoo's windows 0-7 calibrate every calibrated tool and 8-15 score perplexity (FP32 in the same run); each result
+gets its quantized layers' storage against the ideal (:func:`ideal_bytes`), CPU latency through
+:func:`onnxprec.evaluate.evaluate_models`, and on the builder's model (``--plan genai``) onnxruntime-genai decode
+speed (:func:`onnxprec.evaluate.generate_models`). The method as BENCHMARKS.md states it is ``report_text.md``'s
+``int4.*`` blocks; the results (``int4-<date>-<tag>.json``) render through :mod:`benchmarks.report_int4`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """What a converted model is worth, measured after (and apart from) the timed runs, in the project venv.
 
-Definitions (the same for every tool, so the columns compare):
-
-* **nodes** - nodes of the output model's main graph and subgraphs, Cast and Constant nodes excluded (tools
-  differ in whether constants are nodes or initializers; neither computes anything).
-* **float nodes** - of those, the ones with at least one floating-point (FP64/FP32/FP16/BF16) input or output;
-  the rest is integer shape arithmetic that no converter touches.
-* **low nodes** - the ones with at least one FP16 or BF16 input or output tensor (types from the model's
-  declarations completed by ONNX shape inference). A Shape or Gather reading an FP16 tensor counts; a node
-  kept in FP32 between two casts does not. **FP32 nodes** = float nodes - low nodes (what stayed in FP32).
-* **casts** - Cast nodes in the output; **casts inserted** - that minus the FP32 model's own Cast nodes.
-* **size** - the ``.onnx`` file plus every external data file it references.
-* **output error**, **perplexity** and **CPU latency** - :func:`onnxprec.evaluate.evaluate_models` runs the FP32
-  model and one candidate side by side on the model's real inputs (whole batch, in slices for SmolLM2): the
-  agreement of every output with FP32's (:class:`onnxprec.metrics.ErrorStats`: max |a-b|, relative L2
-  ||a-b||/||a||, cosine, top-1 agreement on classifier scores and LLM logits; the main output's in the table),
-  perplexity (exp(mean next-token NLL), SmolLM2 on the real 16x256 windows) and ONNX Runtime CPU latency of
-  batch 1 (the first real sample; default session options; the two models alternating after warm-up; median and
-  p90 of single runs). One candidate at a time, so that a result ONNX Runtime cannot load fails alone.
-
-Run as a worker (``python -m benchmarks.output_metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given
-back to the system after each model.
+:func:`structure` counts the nodes (Cast and Constant excluded), the float nodes (any FP64/FP32/FP16/BF16 input or
+output), the low nodes (any FP16/BF16 input or output, types completed by ONNX shape inference), the Cast nodes and
+the size with external data; :func:`versus_fp32` runs :func:`onnxprec.evaluate.evaluate_models` on the FP32 model
+and one candidate at a time (a result ONNX Runtime cannot load fails alone): agreement of every output
+(:class:`onnxprec.metrics.ErrorStats`), perplexity and ONNX Runtime CPU latency of batch 1. BENCHMARKS.md states
+the same definitions (``report_text.md``'s ``autocast.quality``). Run as a worker (``python -m
+benchmarks.output_metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given back after each model.
 """
 
 from __future__ import annotations

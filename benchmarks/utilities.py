@@ -1,33 +1,12 @@
-"""Benchmark of the four utilities of issue 10: ``onnxprec preprocess``, ``evaluate``, ``dump`` and ``compare``.
+"""The utilities part: ``onnxprec preprocess``, ``evaluate``, ``dump`` and ``compare`` (issue 10), and ONNX Runtime's
+``quant_pre_process`` beside ``preprocess``.
 
     python -m benchmarks utilities [--models smollm2_135m,matmul_4gb] [--tools ID,...] [--repeats 1] [--tag T]
 
-Each tool runs as its own process (``python -m onnxprec.cli <tool> ...``, what the ``onnxprec`` console script
-runs) under ``/usr/bin/time -v`` (:func:`benchmarks.proc.run_measured`): whole-process wall time and peak RSS,
-a crash recorded with its message. On each model:
-
-* the data is one batch of the zoo's inputs (for **SmolLM2-135M** the first window of real text,
-  ``input_ids [1, 256]``; for the synthetic stacks the zoo's fixed-seed ``X [1, hidden]``), one ``.npz`` given to
-  every tool that takes data;
-* the candidate of ``evaluate`` and ``compare`` is the model's FP16 AutoCast
-  (``python -m onnxprec.autocast --onnx_path M --output_path M.fp16.onnx --keep_io_types``, with
-  ``--external_data`` when the model has external data), made in the work folder and measured too;
-* ``preprocess`` runs with its defaults (the three steps of ONNX Runtime's ``quant_pre_process``), side by side
-  with ONNX Runtime's own ``onnxruntime.quantization.shape_inference.quant_pre_process`` (defaults; its
-  ``save_as_external_data=True, all_tensors_to_one_file=True`` when the model has external data, without which
-  it cannot write a model above 2 GB at all);
-* ``evaluate`` runs the FP32 model and its FP16 candidate side by side (perplexity for the causal LM, agreement,
-  the default 10 latency rounds);
-* ``dump`` writes every float node output (``--dump_float``; the FP32 models have no quantized node, whose
-  outputs are all ``dump`` writes without it);
-* ``compare`` compares the FP32 model with its FP16 candidate node by node.
-
-The models: SmolLM2-135M (an embedded-weights 620 MiB protobuf) and ``matmul_4gb``, a synthetic 4 GiB MatMul
-stack in one external data file (built into the zoo on first use): every tool must work above 2 GB, in memory
-bounded by what ONNX Runtime needs for the weights.
-
-Results go to ``benchmarks/results/utilities-<date>[-<tag>].json`` (``"kind": "utilities"``);
-``python -m benchmarks report`` renders them into BENCHMARKS.md (:mod:`benchmarks.report_utilities`).
+Each tool (:func:`tool_command`: the command a user types) runs as its own process through the harness's runner,
+on one batch of the zoo's inputs; ``evaluate`` and ``compare`` take the model and its FP16 AutoCast, made first
+and measured too. The method as BENCHMARKS.md states it is ``report_text.md``'s ``utilities.intro``; the results
+(``utilities-<date>-<tag>.json``) render through :mod:`benchmarks.report_utilities`.
 """
 
 from __future__ import annotations
