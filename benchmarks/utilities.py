@@ -16,7 +16,6 @@ import logging
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,6 @@ DEFAULT_MODELS = (LLM, SYNTHETIC)
 CANDIDATE = "autocast:fp16"  # the candidate's production (measured, not one of the four tools)
 ORT_PREPROCESS = "ort:quant_pre_process"
 TOOL_IDS = ("preprocess", ORT_PREPROCESS, "evaluate", "dump", "compare")
-UTILITIES = ("preprocess", "evaluate", "dump", "compare")
 LLM_TOKENS = 256
 
 # ONNX Runtime's quant_pre_process as a user calls it: python -c CODE INPUT OUTPUT [external]
@@ -57,73 +55,35 @@ _ORT_CODE = (
     "ext = len(sys.argv) > 3\n"
     "quant_pre_process(sys.argv[1], sys.argv[2], save_as_external_data=ext, all_tensors_to_one_file=ext)\n"
 )
-
-
-@dataclass(frozen=True)
-class _Files:
-    """One model's inputs to the tools."""
-
-    src: Path
-    data: Path
-    candidate: Path | None
-    external: bool
-    work: Path
-
-
-# ------------------------------------------------------------------------------------------------------------
-# commands
-# ------------------------------------------------------------------------------------------------------------
-
-
-def _cli(python: str, tool: str, *args: str | Path) -> list[str]:
-    return [python, "-m", "onnxprec.cli", tool, *(str(a) for a in args)]
-
-
-def candidate_command(python: str, src: Path, dst: Path, external: bool) -> tuple[list[str], str]:
-    """The FP16 AutoCast candidate's command, and what a user types."""
-    extra = ["--external_data"] if external else []
-    argv = [python, "-m", "onnxprec.autocast", "--onnx_path", str(src), "--output_path", str(dst), "--keep_io_types"]
-    user = "python -m onnxprec.autocast --onnx_path M --output_path M.fp16.onnx --keep_io_types"
-    return argv + extra, user + (" --external_data" if external else "")
-
-
-def tool_command(tool: str, python: str, f: _Files, out: Path) -> tuple[list[str], str]:
-    """``(argv, user command)`` of one tool on one model; ``out`` is its output path (file or folder)."""
-    if tool == "preprocess":
-        argv = _cli(python, tool, "--input", f.src, "--output", out)
-        return argv, "onnxprec preprocess --input M --output M.pre.onnx"
-    if tool == ORT_PREPROCESS:
-        argv = [python, "-c", _ORT_CODE, str(f.src), str(out), *(["external"] if f.external else [])]
-        ext = ", save_as_external_data=True, all_tensors_to_one_file=True" if f.external else ""
-        return argv, f"onnxruntime.quantization.shape_inference.quant_pre_process(M, 'M.pre.onnx'{ext})"
-    if tool == "dump":
-        argv = _cli(python, tool, "--onnx_path", f.src, "--calibration_data", f.data, "--dump_float")
-        argv += ["--output_dir", str(out)]
-        return argv, "onnxprec dump --onnx_path M --calibration_data data.npz --dump_float --output_dir dump"
-    if f.candidate is None:
-        raise ValueError(f"{tool} needs the FP16 candidate")
-    if tool == "evaluate":
-        argv = _cli(python, tool, f.src, f.candidate, "--data", f.data, "--report_json", out)
-        return argv, "onnxprec evaluate M M.fp16.onnx --data data.npz --report_json eval.json"
-    if tool == "compare":
-        argv = _cli(python, tool, f.src, f.candidate, "--calibration_data", f.data, "--report_json", out)
-        return argv, "onnxprec compare M M.fp16.onnx --calibration_data data.npz --report_json compare.json"
-    raise ValueError(f"unknown tool {tool!r}; known: {', '.join(TOOL_IDS)}")
-
-
-_OUTPUTS = {
-    "preprocess": "pre.onnx",
-    ORT_PREPROCESS: "ort_pre.onnx",
-    "evaluate": "evaluate.json",
-    "dump": "dump",
-    "compare": "compare.json",
+# the tool table: its output (file or folder) and its command after the interpreter, {M} the model, {C} its FP16
+# candidate, {D} the data, {O} the output; what a user types is the same with `onnxprec` for `-m onnxprec.cli`
+TOOLS: dict[str, tuple[str, str]] = {
+    "preprocess": ("M.pre.onnx", "-m onnxprec.cli preprocess --input {M} --output {O}"),
+    ORT_PREPROCESS: ("M.ort_pre.onnx", "-c {ORT} {M} {O}"),
+    "evaluate": ("eval.json", "-m onnxprec.cli evaluate {M} {C} --data {D} --report_json {O}"),
+    "dump": ("dump", "-m onnxprec.cli dump --onnx_path {M} --calibration_data {D} --dump_float --output_dir {O}"),
+    "compare": ("compare.json", "-m onnxprec.cli compare {M} {C} --calibration_data {D} --report_json {O}"),
+    CANDIDATE: ("M.fp16.onnx", "-m onnxprec.autocast --onnx_path {M} --output_path {O} --keep_io_types"),
 }
 # what _details records, moved from the last round to the tool's row
 _DETAILS = ("output_bytes", "tensors", "counts", "first_divergence", "chunks", "outputs", "evaluated", "details_error")
+_USER = {"{M}": "M", "{C}": "M.fp16.onnx", "{D}": "data.npz", "-m onnxprec.cli": "onnxprec", "-m ": "python -m "}
 
 
-def _output(tool: str, work: Path) -> Path:
-    return work / _OUTPUTS[tool]
+def tool_command(tool: str, model: Path, work: Path, external: bool) -> tuple[list[str], str]:
+    """``(argv, user command)`` of one tool on one model (its files in ``work``: data.npz, the candidate)."""
+    out, template = TOOLS[tool]
+    files = {"M": model, "C": work / TOOLS[CANDIDATE][0], "D": work / "data.npz", "O": work / out, "ORT": _ORT_CODE}
+    argv = [sys.executable, *(a.format(**files) for a in template.split())]
+    if external:  # ORT writes external data only when told; AutoCast keeps it when told
+        argv += {ORT_PREPROCESS: ["external"], CANDIDATE: ["--external_data"]}.get(tool, [])
+    user = template.replace("{O}", out)
+    for key, value in _USER.items():
+        user = user.replace(key, value)
+    if tool == ORT_PREPROCESS:
+        ext = ", save_as_external_data=True, all_tensors_to_one_file=True" if external else ""
+        user = f"onnxruntime.quantization.shape_inference.quant_pre_process(M, 'M.ort_pre.onnx'{ext})"
+    return argv, user + (" --external_data" if external and tool == CANDIDATE else "")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -225,7 +185,6 @@ def _has_external_data(path: Path) -> bool:
 
 
 def _run_model(model: str, work: Path, config: RunConfig) -> dict[str, Any]:
-    python = sys.executable
     src = zoo.model_path(model, config.zoo_dir)
     mwork = work / model
     mwork.mkdir(parents=True, exist_ok=True)
@@ -242,8 +201,8 @@ def _run_model(model: str, work: Path, config: RunConfig) -> dict[str, Any]:
     candidate = None
     tools = config.tools or list(TOOL_IDS)
     if any(t in ("evaluate", "compare") for t in tools):
-        dst = mwork / "candidate.fp16.onnx"
-        argv, user = candidate_command(python, src, dst, external)
+        argv, user = tool_command(CANDIDATE, src, mwork, external)
+        dst = mwork / TOOLS[CANDIDATE][0]
         logger.info("[%s] candidate: %s", model, user)
         rec = measure(argv, mwork / "candidate.log", config.timeout_s, config.mem_limit_mb)
         rec["output_bytes"] = files_bytes(dst) if rec["status"] == "ok" else None
@@ -252,16 +211,15 @@ def _run_model(model: str, work: Path, config: RunConfig) -> dict[str, Any]:
         if rec["status"] == "ok":
             candidate = dst
             warm_page_cache(model_files(dst))
-    f = _Files(src, data, candidate, external, mwork)
     rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
     commands: dict[str, str] = {}
     for r in range(config.repeats):
         for tool in tools:
-            out = _output(tool, mwork)
+            out = mwork / TOOLS[tool][0]
             if tool in ("evaluate", "compare") and candidate is None:
                 rounds[tool].append({"status": "skipped", "wall_s": None, "error": "no FP16 candidate (see candidate)"})
                 continue
-            argv, commands[tool] = tool_command(tool, python, f, out)
+            argv, commands[tool] = tool_command(tool, src, mwork, external)
             logger.info("[%s round %d/%d] %s", model, r + 1, config.repeats, tool)
             rec = measure(argv, mwork / f"{tool.replace(':', '_')}.log", config.timeout_s, config.mem_limit_mb)
             if rec["status"] == "ok":
