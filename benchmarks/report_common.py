@@ -372,34 +372,36 @@ def _run_date(merged: Merged, run_id: str) -> str:
     return str(run.get("date", "?"))[:16].replace("T", " ")
 
 
+def run_lines(r: dict[str, Any], ref: str, settings: str) -> list[str]:
+    """One run as the document cites it (``[ref]``): its command and file, machine and versions (the one results
+    header), then the part's ``settings`` line."""
+    mach, pv, av = r.get("machine", {}), r["versions"].get("project", {}), r["versions"].get("anchors", {})
+    return [
+        f"**[{ref}]** {str(r.get('date', '?'))[:19].replace('T', ' ')} — `{r.get('command', '?')}` "
+        f"(`{r.get('file', r.get('run_id'))}`)  ",
+        f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores, {mach.get('ram_gib', '?')} GiB RAM, "
+        f"{mach.get('os', '?')}, Python {mach.get('python', '?')}; shared with other jobs  ",
+        f"onnxprec {pv.get('onnxprec', '?')} (git {pv.get('onnxprec_git', '?')}), onnx {pv.get('onnx', '?')}, "
+        f"onnxruntime {pv.get('onnxruntime', '?')}, onnx-ir {pv.get('onnx-ir', '?')}; anchors venv: "
+        + (", ".join(f"{k} {v}" for k, v in av.items() if v) or "not used")
+        + "  ",
+        settings,
+    ]
+
+
 def runs_section(merged: Merged) -> list[str]:
     """``## Runs``: each contributing run's command, machine, versions and settings, numbered as cited."""
     out = ["## Runs", ""]
     for i, r in enumerate(merged.runs, 1):
-        mach = r.get("machine", {})
-        pv = r.get("versions", {}).get("project", {})
-        av = r.get("versions", {}).get("anchors", {})
-        st = r.get("settings", {})
-        out.append(
-            f"**[{i}]** {str(r.get('date', '?'))[:19].replace('T', ' ')} — `{r.get('command', '?')}` "
-            f"(`{r.get('file', r['run_id'])}`)  "
-        )
-        out.append(
-            f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores, {mach.get('ram_gib', '?')} GiB RAM, "
-            f"{mach.get('os', '?')}, Python {mach.get('python', '?')}; shared with other jobs  "
-        )
-        out.append(
-            f"onnxprec {pv.get('onnxprec', '?')} (git {pv.get('onnxprec_git', '?')}), onnx {pv.get('onnx', '?')}, "
-            f"onnxruntime {pv.get('onnxruntime', '?')}, onnx-ir {pv.get('onnx-ir', '?')}; anchors venv: "
-            + (", ".join(f"{k} {v}" for k, v in av.items() if v) or "not used")
-            + "  "
-        )
-        out.append(
+        pv, st = r["versions"].get("project", {}), r.get("settings", {})
+        out += run_lines(
+            r,
+            str(i),
             f"settings: {st.get('repeats', '?')} rounds ({st.get('heavy_repeats', '?')} for "
             f"{', '.join(st.get('heavy_models', []))}), timeout {st.get('timeout_s', '?')} s per tool run, "
             f"memory limit {st.get('mem_limit_mb', '?')} MiB"
             + ("; page cache warmed before every tool run" if st.get("page_cache") else "")
-            + (f"; onnxprec sources sha256 {pv['onnxprec_src_sha256']}" if pv.get("onnxprec_src_sha256") else "")
+            + (f"; onnxprec sources sha256 {pv['onnxprec_src_sha256']}" if pv.get("onnxprec_src_sha256") else ""),
         )
         changed = sorted(
             name

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import TEXT, load_kind, model_label, num, size, table
+from .report_common import TEXT, load_kind, model_label, num, run_lines, size, table
 
 logger = logging.getLogger(__name__)
 
@@ -362,16 +362,9 @@ def synthetic_table(m: Int4Merged) -> list[str]:
 def runs_list(m: Int4Merged) -> list[str]:
     out = []
     for r in m.runs:
-        mach = r.get("machine", {})
-        anchors = ", ".join(f"{k} {v}" for k, v in r["versions"]["anchors"].items())
         data = r["settings"]
-        out += [
-            f"**[I{r['number']}]** {r.get('date', '').replace('T', ' ')} — `{r.get('command', '')}` (`{r['file']}`)  ",
-            f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores; onnxprec git "
-            f"{r['versions']['project'].get('onnxprec_git', '?')}; anchors: {anchors or 'not used'}  ",
-            f"data: {data.get('calibration', '')}; perplexity on {data.get('evaluation', '')}",
-            "",
-        ]
+        settings = f"data: {data.get('calibration', '')}; perplexity on {data.get('evaluation', '')}"
+        out += [*run_lines(r, f"I{r['number']}", settings), ""]
     return out
 
 

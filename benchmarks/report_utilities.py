@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import TEXT, load_kind, model_label, model_sort_key, num, short_error, size, table
+from .report_common import TEXT, load_kind, model_label, model_sort_key, num, run_lines, short_error, size, table
 
 logger = logging.getLogger(__name__)
 
@@ -234,24 +234,13 @@ def max_load(run: dict[str, Any]) -> float | None:
 def runs_list(m: UtilitiesMerged) -> list[str]:
     out = []
     for r in m.runs:
-        mach = r.get("machine", {})
-        versions = r["versions"]["project"]
-        load = max_load(r)
-        busy = ""
-        if load is not None and mach.get("cores") and load > 0.75 * mach["cores"] + 1:
-            busy = f"; **the machine was busy** (1-min load average up to {num(load, 1)}): times are stretched"
-        out += [
-            f"**[U{r['number']}]** {r.get('date', '').replace('T', ' ')} — `{r.get('command', '')}` (`{r['file']}`)  ",
-            f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores, {mach.get('ram_gib', '?')} GiB; "
-            f"onnxprec git {versions.get('onnxprec_git', '?')} (sources {versions.get('onnxprec_src_sha256', '?')}"
-            + (
-                f", **changed during the run** to {r['onnxprec_sources_at_end']}"
-                if r.get("onnxprec_sources_at_end")
-                else ""
-            )
-            + f"); onnxruntime {versions.get('onnxruntime') or '?'}{busy}",
-            "",
-        ]
+        load, cores = max_load(r), r.get("machine", {}).get("cores")
+        at_end = r.get("onnxprec_sources_at_end")
+        settings = f"onnxprec sources sha256 {r['versions']['project'].get('onnxprec_src_sha256', '?')}"
+        settings += f", **changed during the run** to {at_end}" if at_end else ""
+        if load is not None and cores and load > 0.75 * cores + 1:
+            settings += f"; **the machine was busy** (1-min load average up to {num(load, 1)}): times are stretched"
+        out += [*run_lines(r, f"U{r['number']}", settings), ""]
     return out
 
 
