@@ -17,6 +17,7 @@ seconds apart) and then summarised (median, min, max).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import psutil
 
 import zoo
 from onnxprec._io import write_atomically
@@ -92,26 +94,15 @@ class RunConfig:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, cores, RAM (from /proc), OS and Python."""
+    """CPU model, cores, RAM, OS and Python."""
     cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                ram = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu)
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "ram_gib": round(ram / (1 << 30), 1) if ram else None,
+        "ram_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "gnu_time": gnu_time_available(),
@@ -173,13 +164,7 @@ def anchor_versions(python: Path) -> dict[str, str]:
 
 def default_mem_limit_mb() -> float:
     """75 % of the machine's RAM: a tool above it is stopped (recorded as memory-limit)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1024 * 0.75
-    except OSError:
-        pass
-    return 16 * 1024.0
+    return psutil.virtual_memory().total / MIB * 0.75
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -489,13 +474,8 @@ def warm_page_cache(files: list[Path]) -> float:
     not fit in half the available memory. Returns the seconds it took."""
     t0 = time.perf_counter()
     total = sum(p.stat().st_size for p in files if p.exists())
-    try:
-        import psutil
-
-        if total > psutil.virtual_memory().available / 2:
-            return 0.0
-    except ImportError:
-        pass
+    if total > psutil.virtual_memory().available / 2:
+        return 0.0
     buf = bytearray(16 << 20)
     for p in files:
         with open(p, "rb", buffering=0) as f:
