@@ -7,7 +7,8 @@ The loading, merging and formatting it uses are :mod:`benchmarks.report_common`'
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from zoo import SMOLLM2_FP32_PERPLEXITY
 
 from .report_common import (
     TEXT,
+    Column,
     Merged,
     anchor_of,
+    column_table,
     cos,
     grouped_tables,
     median,
@@ -30,7 +33,6 @@ from .report_common import (
     size,
     stat,
     status_text,
-    table,
     tool_label,
 )
 from .targets import Target, evaluate, targets_table
@@ -128,225 +130,197 @@ TARGETS: tuple[Target, ...] = (
 
 
 # ------------------------------------------------------------------------------------------------------------
-# tables
+# tables: each a tuple of (header, cell) columns over the rows of (model, tool) it keeps
 # ------------------------------------------------------------------------------------------------------------
 
 
-def cost_table(merged: Merged, models: Sequence[str]) -> str:
-    """Time and memory, led by the ratios against ModelOpt (the same data_max variant)."""
-    rows = []
+@dataclass
+class Row:
+    """One (model, tool) of the merged results (``tool`` "fp32": the FP32 model's own row)."""
+
+    merged: Merged
+    model: str
+    tool: str
+    e: dict[str, Any]
+
+    @property
+    def s(self) -> dict[str, Any]:
+        return self.e.get("summary", {})
+
+    @property
+    def st(self) -> dict[str, Any]:
+        return self.e.get("structure") or {}
+
+    @property
+    def acc(self) -> dict[str, Any]:
+        return self.e.get("accuracy", {})
+
+    @property
+    def fp32(self) -> bool:
+        return self.tool == "fp32"
+
+    def vs(self, anchor: str | None) -> dict[str, Any]:
+        return (self.e.get("_vs", {}).get(anchor) or {}) if anchor else {}
+
+    def other(self, tool: str | None) -> dict[str, Any]:
+        return (self.merged.models[self.model]["tools"].get(tool) or {}) if tool else {}
+
+
+def rows(merged: Merged, models: Sequence[str], keep: Callable[[Row], object], fp32: bool = False) -> list[Row]:
+    """The rows ``keep`` keeps, model by model in table order (the FP32 model's first when ``fp32``)."""
+    out = []
     for model in models:
         m = merged.models[model]
-        for tool in ordered(m["tools"]):
-            e = m["tools"][tool]
-            if e.get("status") in ("skipped", "not run"):
-                continue
-            anchor = anchor_of(tool)
-            v = e["_vs"].get(anchor) if anchor else None
-            s = e.get("summary", {})
-            if not s.get("wall_s"):
-                speed, rss = status_text(e), "–"
-            elif tool in _TARGET_TOOLS:
-                speed, rss = "– (accuracy target table)", "–"
-            else:
-                paired = v.get("paired", True) if v else True
-                speed = ratio(v.get("speedup") if v else None, paired, 1) if anchor else "(anchor)"
-                rss = ratio(v.get("rss_ratio") if v else None, paired, 2) if anchor else "(anchor)"
-                other = m["tools"].get(anchor) if anchor else None
-                if anchor and not v and other and other.get("status") in ("timeout", "memory-limit", "failed"):
-                    speed = f"{tool_label(anchor, other)}: {other['status']}"
-            rows.append(
-                [
-                    model_label(model),
-                    tool_label(tool, e),
-                    speed,
-                    rss,
-                    stat(s.get("wall_s")),
-                    stat(s.get("peak_rss_mb"), 0),
-                    stat(s.get("convert_s")),
-                    stat(s.get("import_s")),
-                    str(s["wall_s"]["n"]) if s.get("wall_s") else "0",
-                    f"[{merged.run_number(e['_run'])}]",
-                ]
-            )
-    return table(
-        [
-            "Model",
-            "Tool",
-            "× faster than ModelOpt",
-            "peak RSS vs ModelOpt",
-            "wall s",
-            "peak RSS MiB",
-            "convert-only s",
-            "import s",
-            "n",
-            "run",
-        ],
-        rows,
-    )
+        out += [Row(merged, model, "fp32", m.get("fp32", {}))] if fp32 else []
+        out += [Row(merged, model, tool, m["tools"][tool]) for tool in ordered(m["tools"])]
+    return [r for r in out if keep(r)]
 
 
+_MODEL: Column = ("Model", lambda r: model_label(r.model))
+_TOOL: Column = ("Tool", lambda r: "FP32 original" if r.fp32 else tool_label(r.tool, r.e))
 _TARGET_TOOLS = ("onnxprec:data", "onnxprec:target")
+
+
+def _stat(key: str, digits: int = 2, of: str | None = None) -> Callable[[Row], str]:
+    """A summary statistic of the row's tool (``of``: of that tool on the same model)."""
+    return lambda r: stat((r.other(of).get("summary", {}) if of else r.s).get(key), digits)
+
+
+def _ratio(anchor: str, key: str, digits: int = 2) -> Callable[[Row], str]:
+    return lambda r: ratio(r.vs(anchor).get(key), r.vs(anchor).get("paired", True), digits)
+
+
+def _versus(key: str, digits: int) -> Callable[[Row], str]:
+    """The cost table's ratio against the tool's anchor, or why there is none."""
+
+    def cell(r: Row) -> str:
+        anchor = anchor_of(r.tool)
+        other = r.other(anchor)
+        if not r.s.get("wall_s") or r.tool in _TARGET_TOOLS:
+            return ("– (accuracy target table)" if r.s.get("wall_s") else status_text(r.e)) if key == "speedup" else "–"
+        if not anchor:
+            return "(anchor)"
+        if key == "speedup" and not r.vs(anchor) and other.get("status") in ("timeout", "memory-limit", "failed"):
+            return f"{tool_label(anchor, other)}: {other['status']}"
+        return ratio(r.vs(anchor).get(key), r.vs(anchor).get("paired", True), digits)
+
+    return cell
+
+
+COST: tuple[Column, ...] = (
+    _MODEL,
+    _TOOL,
+    ("× faster than ModelOpt", _versus("speedup", 1)),
+    ("peak RSS vs ModelOpt", _versus("rss_ratio", 2)),
+    ("wall s", _stat("wall_s")),
+    ("peak RSS MiB", _stat("peak_rss_mb", 0)),
+    ("convert-only s", _stat("convert_s")),
+    ("import s", _stat("import_s")),
+    ("n", lambda r: str(r.s["wall_s"]["n"]) if r.s.get("wall_s") else "0"),
+    ("run", lambda r: f"[{r.merged.run_number(r.e['_run'])}]"),
+)
+
+
+def cost_table(merged: Merged, models: Sequence[str]) -> str | None:
+    """Time and memory, led by the ratios against ModelOpt (the same data_max variant)."""
+    return column_table(COST, rows(merged, models, lambda r: r.e.get("status") not in ("skipped", "not run")))
+
+
+def _search(r: Row) -> str:
+    s = (r.e.get("tool_reported") or {}).get("target")
+    if not s:
+        return "–"
+    reached = "reached" if s["reached"] else "NOT reached"
+    return f"{s['mode']}, {s['moved']} moved, {s['sessions']} sessions, {s['runs']} runs, {reached}"
+
+
+def _nodes(r: Row) -> str:
+    return f"{r.st['low_nodes']}/{r.st.get('float_nodes', r.st['nodes'])}" if r.st else "–"
+
+
+def _num(key: str, digits: int) -> Callable[[Row], str]:
+    """The result's accuracy metric ``key`` (the FP32 model's own for its row)."""
+    return lambda r: num(v, digits) if (v := (r.e if r.fp32 else r.acc).get(key)) is not None else "–"
+
+
+TARGET_COLUMNS: tuple[Column, ...] = (
+    _MODEL,
+    _TOOL,
+    ("wall s", lambda r: stat(r.s["wall_s"]) if r.s.get("wall_s") else status_text(r.e)),
+    ("time vs onnxprec on the same data", lambda r: "–" if r.tool == "onnxprec:data" else _time_vs_data(r)),
+    ("low-precision nodes", _nodes),
+    ("Cast nodes", lambda r: str(r.st["casts"]) if r.st else "–"),
+    ("rel L2 err", _num("rel_l2", 2)),
+    ("perplexity", _num("perplexity", 3)),
+    ("search", _search),
+)
+
+
+def _time_vs_data(r: Row) -> str:
+    return _ratio("onnxprec:data", "time_ratio", 1)(r) if r.vs("onnxprec:data").get("time_ratio") else "–"
 
 
 def target_table(merged: Merged, models: Sequence[str]) -> str | None:
     """``--target_accuracy`` against the default on the same calibration data and against onnxconverter-common's
     ``auto_mixed_precision`` (AutoCast issue 11)."""
-    rows = []
-    for model in models:
-        m = merged.models[model]
-        base = m["tools"].get("onnxprec:data")
-        if not base and "onnxprec:target" not in m["tools"]:
-            continue
-        for tool in ("onnxprec:data", "onnxprec:target", "occ_amp"):
-            e = m["tools"].get(tool)
-            if not e or e.get("status") in ("skipped", "not run"):
-                continue
-            s, st, acc = e.get("summary", {}), e.get("structure"), e.get("accuracy", {})
-            v = e["_vs"].get("onnxprec:data") if tool != "onnxprec:data" else None
-            search = (e.get("tool_reported") or {}).get("target") or {}
-            rows.append(
-                [
-                    model_label(model),
-                    tool_label(tool, e),
-                    stat(s.get("wall_s")) if s.get("wall_s") else status_text(e),
-                    ratio(v.get("time_ratio"), v.get("paired", True), 1) if v and v.get("time_ratio") else "–",
-                    f"{st['low_nodes']}/{st.get('float_nodes', st['nodes'])}" if st else "–",
-                    str(st["casts"]) if st else "–",
-                    num(acc.get("rel_l2"), 2) if "rel_l2" in acc else "–",
-                    num(acc.get("perplexity"), 3) if acc.get("perplexity") is not None else "–",
-                    (
-                        f"{search['mode']}, {search['moved']} moved, {search['sessions']} sessions, "
-                        f"{search['runs']} runs, {'reached' if search['reached'] else 'NOT reached'}"
-                    )
-                    if search
-                    else "–",
-                ]
-            )
-    if not rows:
-        return None
-    return table(
-        [
-            "Model",
-            "Tool",
-            "wall s",
-            "time vs onnxprec on the same data",
-            "low-precision nodes",
-            "Cast nodes",
-            "rel L2 err",
-            "perplexity",
-            "search",
-        ],
-        rows,
-    )
+    models = [m for m in models if set(_TARGET_TOOLS) & set(merged.models[m]["tools"])]
+    tools = (*_TARGET_TOOLS, "occ_amp")
+    ran = rows(merged, models, lambda r: r.tool in tools and r.e.get("status") not in ("skipped", "not run"))
+    return column_table(TARGET_COLUMNS, ran)
+
+
+BASELINE: tuple[Column, ...] = (
+    _MODEL,
+    _TOOL,
+    ("wall vs load+save", _ratio("baseline_loadsave", "time_ratio")),
+    ("peak RSS vs load+save", _ratio("baseline_loadsave", "rss_ratio")),
+    ("tool wall s", _stat("wall_s")),
+    ("load+save wall s", _stat("wall_s", of="baseline_loadsave")),
+    ("tool RSS MiB", _stat("peak_rss_mb", 0)),
+    ("load+save RSS MiB", _stat("peak_rss_mb", 0, of="baseline_loadsave")),
+)
 
 
 def baseline_table(merged: Merged, models: Sequence[str]) -> str | None:
     """data_max=inf conversions against a plain onnx.load + onnx.save of the same model."""
-    rows = []
-    for model in models:
-        m = merged.models[model]
-        base = m["tools"].get("baseline_loadsave")
-        if not base or not base.get("summary", {}).get("wall_s"):
-            continue
-        for tool in ordered(m["tools"]):
-            v = m["tools"][tool]["_vs"].get("baseline_loadsave")
-            if not v:
-                continue
-            e = m["tools"][tool]
-            rows.append(
-                [
-                    model_label(model),
-                    tool_label(tool, e),
-                    ratio(v.get("time_ratio"), v.get("paired", True)),
-                    ratio(v.get("rss_ratio"), v.get("paired", True)),
-                    stat(e["summary"].get("wall_s")),
-                    stat(base["summary"].get("wall_s")),
-                    stat(e["summary"].get("peak_rss_mb"), 0),
-                    stat(base["summary"].get("peak_rss_mb"), 0),
-                ]
-            )
-    if not rows:
-        return None
-    return table(
-        [
-            "Model",
-            "Tool",
-            "wall vs load+save",
-            "peak RSS vs load+save",
-            "tool wall s",
-            "load+save wall s",
-            "tool RSS MiB",
-            "load+save RSS MiB",
-        ],
-        rows,
-    )
+    base = [m for m in models if _stat("wall_s", of="baseline_loadsave")(Row(merged, m, "", {})) != "–"]
+    return column_table(BASELINE, rows(merged, base, lambda r: r.vs("baseline_loadsave")))
 
 
-def quality_table(merged: Merged, models: Sequence[str]) -> str:
+def _low_nodes(r: Row) -> str:
+    st = r.st
+    if r.fp32:
+        return f"0/{st.get('float_nodes', st['nodes'])} ({st['nodes']} nodes)"
+    ops = f", FP32: {_ops(st.get('fp32_ops', {}))}" if st.get("fp32_nodes") else ""
+    return f"{_nodes(r)} ({st['low_pct']:.1f} %){ops}"
+
+
+def _casts(r: Row) -> str:
+    base = (r.merged.models[r.model].get("fp32", {}).get("structure") or {}).get("casts", 0)
+    return str(r.st["casts"]) if r.fp32 else f"{r.st['casts']} ({r.st['casts'] - base:+d})"
+
+
+QUALITY: tuple[Column, ...] = (
+    _MODEL,
+    _TOOL,
+    ("low-precision nodes", _low_nodes),
+    ("Cast nodes (inserted)", _casts),
+    ("size", lambda r: size(r.st.get("file_bytes"))),
+    (
+        "max abs err",
+        lambda r: num(r.acc["max_abs"], 3) if "max_abs" in r.acc else short_error(r.acc.get("error", "–"), 70),
+    ),
+    ("rel L2 err", lambda r: num(r.acc.get("rel_l2"), 2) if "rel_l2" in r.acc else "–"),
+    ("cosine", lambda r: cos(r.acc.get("cosine"))),
+    ("top-1 agree", lambda r: f"{r.acc['top1'] * 100:.2f} %" if r.acc.get("top1") is not None else "–"),
+    ("perplexity", _num("perplexity", 3)),
+    ("tool's own count", lambda r: _reported(r.e.get("tool_reported"))),
+)
+
+
+def quality_table(merged: Merged, models: Sequence[str]) -> str | None:
     """Structure and output error of each tool's result."""
-    rows = []
-    for model in models:
-        m = merged.models[model]
-        fp32 = m.get("fp32", {})
-        fs = fp32.get("structure")
-        if fs:
-            ppl = fp32.get("perplexity")
-            rows.append(
-                [
-                    model_label(model),
-                    "FP32 original",
-                    f"0/{fs.get('float_nodes', fs['nodes'])} ({fs['nodes']} nodes)",
-                    str(fs["casts"]),
-                    size(fs.get("file_bytes")),
-                    "–",
-                    "–",
-                    "–",
-                    "–",
-                    num(ppl, 3) if ppl else "–",
-                    "–",
-                ]
-            )
-        for tool in ordered(m["tools"]):
-            e = m["tools"][tool]
-            st = e.get("structure")
-            if not st:
-                continue
-            acc = e.get("accuracy", {})
-            rep = e.get("tool_reported")
-            base_casts = fs["casts"] if fs else 0
-            rows.append(
-                [
-                    model_label(model),
-                    tool_label(tool, e),
-                    f"{st['low_nodes']}/{st.get('float_nodes', st['nodes'])} ({st['low_pct']:.1f} %)"
-                    + (f", FP32: {_ops(st.get('fp32_ops', {}))}" if st.get("fp32_nodes") else ""),
-                    f"{st['casts']} ({st['casts'] - base_casts:+d})",
-                    size(st.get("file_bytes")),
-                    num(acc.get("max_abs"), 3) if "max_abs" in acc else short_error(acc.get("error", "–"), 70),
-                    num(acc.get("rel_l2"), 2) if "rel_l2" in acc else "–",
-                    cos(acc.get("cosine")),
-                    f"{acc['top1'] * 100:.2f} %" if acc.get("top1") is not None else "–",
-                    num(acc.get("perplexity"), 3) if acc.get("perplexity") is not None else "–",
-                    _reported(rep),
-                ]
-            )
-    return table(
-        [
-            "Model",
-            "Tool",
-            "low-precision nodes",
-            "Cast nodes (inserted)",
-            "size",
-            "max abs err",
-            "rel L2 err",
-            "cosine",
-            "top-1 agree",
-            "perplexity",
-            "tool's own count",
-        ],
-        rows,
-    )
+    return column_table(QUALITY, rows(merged, models, lambda r: r.st, fp32=True))
 
 
 def _ops(counts: dict[str, int], most: int = 3) -> str:
@@ -365,33 +339,32 @@ def _reported(rep: dict[str, Any] | None) -> str:
     return text
 
 
-def latency_table(merged: Merged, models: Sequence[str]) -> str | None:
-    """ONNX Runtime CPU latency of each result, batch 1, against the FP32 model timed in the same process."""
-    rows = []
-    for model in models:
-        m = merged.models[model]
-        base = m.get("fp32", {}).get("latency_cpu")
-        if not base or "median_ms" not in base:
-            continue
-        rows.append([model_label(model), "FP32 original", _lat(base), "1.00×"])
-        for tool in ordered(m["tools"]):
-            e = m["tools"][tool]
-            lat = e.get("latency_cpu")
-            if not lat:
-                continue
-            if "median_ms" not in lat:
-                rows.append([model_label(model), tool_label(tool, e), f"failed: {short_error(lat.get('error'))}", "–"])
-                continue
-            rows.append([model_label(model), tool_label(tool, e), _lat(lat), f"{num(lat.get('vs_fp32'))}×"])
-    if not rows:
-        return None
-    return table(["Model", "Model file", "median ms [p10–p90]", "vs FP32 (lower is faster)"], rows)
-
-
-def _lat(lat: dict[str, Any]) -> str:
+def _lat(r: Row) -> str:
+    lat = r.e["latency_cpu"]
+    if "median_ms" not in lat:
+        return f"failed: {short_error(lat.get('error'))}"
     if "p10_ms" not in lat:  # onnxprec.evaluate's statistics (runs from 2026-11-27 on)
         return f"{num(lat['median_ms'])} (p90 {num(lat['p90_ms'])}, {lat['iters']} runs)"
     return f"{num(lat['median_ms'])} [{num(lat['p10_ms'])}–{num(lat['p90_ms'])}] ({lat['iters']} runs)"
+
+
+def _vs_fp32(r: Row) -> str:
+    lat = r.e["latency_cpu"]
+    return "1.00×" if r.fp32 else (f"{num(lat.get('vs_fp32'))}×" if "median_ms" in lat else "–")
+
+
+LATENCY: tuple[Column, ...] = (
+    _MODEL,
+    ("Model file", _TOOL[1]),
+    ("median ms [p10–p90]", _lat),
+    ("vs FP32 (lower is faster)", _vs_fp32),
+)
+
+
+def latency_table(merged: Merged, models: Sequence[str]) -> str | None:
+    """ONNX Runtime CPU latency of each result, batch 1, against the FP32 model timed in the same process."""
+    timed = [m for m in models if "median_ms" in (merged.models[m].get("fp32", {}).get("latency_cpu") or {})]
+    return column_table(LATENCY, rows(merged, timed, lambda r: r.e.get("latency_cpu"), fp32=True))
 
 
 # ------------------------------------------------------------------------------------------------------------

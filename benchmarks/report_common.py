@@ -257,6 +257,15 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+Column = tuple[str, Callable[[Any], str]]  # a table column: its header and its cell of one row
+
+
+def column_table(columns: Sequence[Column], rows: Iterable[Any]) -> str | None:
+    """A markdown table with a row per item of ``rows``, each cell ``cell(item)``; None without rows."""
+    cells = [[cell(r) for _, cell in columns] for r in rows]
+    return table([header for header, _ in columns], cells) if cells else None
+
+
 def model_label(name: str) -> str:
     """The zoo model's name in tables."""
     return MODEL_LABELS.get(name, name)
