@@ -85,7 +85,6 @@ class RunConfig:
     progress: Callable[[str], None] | None = None
     plan: str = "all"
     tokens: int = 256
-    _anchor_versions: dict[str, str] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------------------
