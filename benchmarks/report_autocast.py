@@ -343,7 +343,7 @@ def _lat(r: Row) -> str:
     lat = r.e["latency_cpu"]
     if "median_ms" not in lat:
         return f"failed: {short_error(lat.get('error'))}"
-    if "p10_ms" not in lat:  # onnxprec.evaluate's statistics (runs from 2026-11-27 on)
+    if "p10_ms" not in lat:  # onnxprec.evaluate's statistics (runs since its latency replaced the harness's)
         return f"{num(lat['median_ms'])} (p90 {num(lat['p90_ms'])}, {lat['iters']} runs)"
     return f"{num(lat['median_ms'])} [{num(lat['p10_ms'])}–{num(lat['p90_ms'])}] ({lat['iters']} runs)"
 
