@@ -9,12 +9,23 @@ time, peak RSS against the model's size, what it produced), then ``preprocess`` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import TEXT, load_kind, model_label, model_sort_key, num, run_lines, short_error, size, table
+from .report_common import (
+    TEXT,
+    Column,
+    column_table,
+    load_kind,
+    model_label,
+    model_sort_key,
+    num,
+    run_lines,
+    short_error,
+    size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -112,80 +123,64 @@ def _produced(tool: str, rec: dict[str, Any]) -> str:
     return "–"
 
 
+def _tool_columns(model_bytes: int | None) -> tuple[Column, ...]:
+    """The model table's columns over ``(tool, row)`` pairs."""
+    per_size = lambda p: f"{num(p * MIB / model_bytes)}×" if p and model_bytes else "–"  # noqa: E731
+    return (
+        ("Tool", lambda x: _label(x[0])),
+        ("command", lambda x: f"`{x[1].get('command', '')}`"),
+        ("status", lambda x: _status(x[1])),
+        ("time s", lambda x: num(x[1].get("wall_s"))),
+        ("peak RSS", lambda x: _rss(x[1])),
+        ("peak RSS / model size", lambda x: per_size(x[1].get("peak_rss_mb"))),
+        ("result", lambda x: _produced(*x)),
+        ("run", lambda x: f"[U{x[1]['run']}]"),
+    )
+
+
 def model_table(m: UtilitiesMerged, model: str) -> list[str]:
     rows_in = m.rows.get(model, {})
     desc = m.models.get(model, {})
-    model_bytes = desc.get("file_bytes")
     order = [CANDIDATE, *TOOL_ORDER, *sorted(t for t in rows_in if t not in TOOL_ORDER and t != CANDIDATE)]
-    rows = []
-    for tool in order:
-        rec = rows_in.get(tool)
-        if rec is None:
-            continue
-        peak = rec.get("peak_rss_mb")
-        rows.append(
-            [
-                _label(tool),
-                f"`{rec.get('command', '')}`",
-                _status(rec),
-                num(rec.get("wall_s")),
-                _rss(rec),
-                f"{num(peak * MIB / model_bytes)}×" if peak and model_bytes else "–",
-                _produced(tool, rec),
-                f"[U{rec['run']}]",
-            ]
-        )
     weights = "weights in external data" if desc.get("external_data") else "weights inside the protobuf"
     data = ", ".join(f"`{k}` {v}" for k, v in (desc.get("data") or {}).items())
+    rows = [(tool, rows_in[tool]) for tool in order if tool in rows_in]
     return [
-        f"### {_model(model)}: {size(model_bytes)} ({weights}); data {data or '–'}",
+        f"### {_model(model)}: {size(desc.get('file_bytes'))} ({weights}); data {data or '–'}",
         "",
-        table(["Tool", "command", "status", "time s", "peak RSS", "peak RSS / model size", "result", "run"], rows),
+        column_table(_tool_columns(desc.get("file_bytes")), rows) or "",
         "",
     ]
+
+
+def _side(key: str, text: Callable[[dict[str, Any]], str]) -> tuple[Column, Column, Column]:
+    """onnxprec's and ORT's ``key`` and ORT / onnxprec over ``(model, ours, ort)``, when both ran."""
+    ok = lambda x: x[1].get("status") == "ok" and x[2].get("status") == "ok" and x[1].get(key) and x[2].get(key)  # noqa: E731
+    return (
+        (f"onnxprec {'time s' if key == 'wall_s' else 'peak RSS'}", lambda x: text(x[1])),
+        (f"ORT {'time s' if key == 'wall_s' else 'peak RSS'}", lambda x: text(x[2])),
+        (
+            f"ORT / onnxprec {'time' if key == 'wall_s' else 'RSS'}",
+            lambda x: f"**{num(x[2][key] / x[1][key])}×**" if ok(x) else "–",
+        ),
+    )
 
 
 def preprocess_table(m: UtilitiesMerged) -> list[str]:
-    rows = []
-    for model in sorted(m.rows, key=model_sort_key):
-        ours, ort = m.rows[model].get("preprocess"), m.rows[model].get(ORT_PREPROCESS)
-        if ours is None or ort is None:
-            continue
-        ok = ours.get("status") == "ok" and ort.get("status") == "ok"
-        t_ours, t_ort = ours.get("wall_s"), ort.get("wall_s")
-        r_ours, r_ort = ours.get("peak_rss_mb"), ort.get("peak_rss_mb")
-        rows.append(
-            [
-                _model(model),
-                size(m.models.get(model, {}).get("file_bytes")),
-                num(t_ours) if ours.get("status") == "ok" else _status(ours),
-                num(t_ort) if ort.get("status") == "ok" else _status(ort),
-                f"**{num(t_ort / t_ours)}×**" if ok and t_ours and t_ort else "–",
-                _rss(ours),
-                _rss(ort),
-                f"**{num(r_ort / r_ours)}×**" if ok and r_ours and r_ort else "–",
-            ]
-        )
-    if not rows:
+    pairs = [(model, m.rows[model].get("preprocess"), m.rows[model].get(ORT_PREPROCESS)) for model in m.rows]
+    pairs = sorted((x for x in pairs if x[1] is not None and x[2] is not None), key=lambda x: model_sort_key(x[0]))
+    time_cell = lambda r: num(r.get("wall_s")) if r.get("status") == "ok" else _status(r)  # noqa: E731
+    columns: tuple[Column, ...] = (
+        ("Model", lambda x: _model(x[0])),
+        ("size", lambda x: size(m.models.get(x[0], {}).get("file_bytes"))),
+        *_side("wall_s", time_cell),
+        *_side("peak_rss_mb", _rss),
+    )
+    made = column_table(columns, pairs)
+    if not made:
         return []
-    header = [
-        "Model",
-        "size",
-        "onnxprec time s",
-        "ORT time s",
-        "ORT / onnxprec time",
-        "onnxprec peak RSS",
-        "ORT peak RSS",
-        "ORT / onnxprec RSS",
-    ]
-    return [
-        "### `onnxprec preprocess` and ONNX Runtime's `quant_pre_process`, side by side",
-        "",
-        TEXT["utilities.preprocess"],
-        "",
-        table(header, rows),
-        "",
-    ]
+    heading = "### `onnxprec preprocess` and ONNX Runtime's `quant_pre_process`, side by side"
+    return [heading, "", TEXT["utilities.preprocess"], "", made, ""]
 
 
 def llm_sentence(m: UtilitiesMerged) -> list[str]:
