@@ -419,18 +419,21 @@ def _kernel_gap(
     """Whether ONNX Runtime could not run the converted FP16 model because of a node this conversion made low.
 
     If so, the node is added to ``fp32_nodes`` with a WARNING naming it and its op, and the caller converts
-    again (ModelOpt's guide promises a model that runs). BF16 is not retried: ONNX Runtime's CPU provider has
-    almost no BF16 kernels, and BF16 models are meant for GPUs. A model given as an ``ir.Model`` cannot be
-    converted again (it was converted in place).
+    again (ModelOpt's guide promises a model that runs). BF16 is retried only where the check ran on a GPU
+    provider: ONNX Runtime's CPU provider has almost no BF16 kernels, and BF16 models are meant for GPUs, where a
+    gap (e.g. no CUDA BF16 Reciprocal) is the runtime's and worth working around. A model given as an
+    ``ir.Model`` cannot be converted again (it was converted in place).
     """
     if not numeric.skipped or numeric.failed_node is None:
         return False
     node = next((n for n, d in report.decisions.items() if d.low and n.name == numeric.failed_node), None)
     if node is None:
         return False
-    if options.low != ir.DataType.FLOAT16 or isinstance(source, ir.Model) or len(fp32_nodes) >= MAX_KERNEL_FALLBACKS:
+    on_gpu = any(not str(p).lower().startswith("cpu") for p in options.providers)
+    retried = options.low == ir.DataType.FLOAT16 or on_gpu
+    if not retried or isinstance(source, ir.Model) or len(fp32_nodes) >= MAX_KERNEL_FALLBACKS:
         logger.log(
-            logging.INFO if options.low != ir.DataType.FLOAT16 else logging.WARNING,
+            logging.INFO if not retried else logging.WARNING,
             "ONNX Runtime cannot run %s node '%s' of the converted model (%s): keep it in FP32 with "
             "--nodes_to_exclude '%s' if your runtime has the same gap.",
             node.op_type,
@@ -439,11 +442,13 @@ def _kernel_gap(
             re.escape(str(node.name)),
         )
         return False
-    fp32_nodes[str(node.name)] = f"ONNX Runtime cannot run {node.op_type} in FP16 here"
+    low = options.low_precision_type.upper()
+    fp32_nodes[str(node.name)] = f"ONNX Runtime cannot run {node.op_type} in {low} here"
     logger.warning(
-        "ONNX Runtime cannot run %s node '%s' in FP16 (%s): converting again with it in FP32.",
+        "ONNX Runtime cannot run %s node '%s' in %s (%s): converting again with it in FP32.",
         node.op_type,
         node.name,
+        low,
         numeric.skipped.split(": ", 1)[-1],
     )
     return True
