@@ -121,3 +121,9 @@ def test_merge_keeps_the_newest_and_marks_cross_run_ratios() -> None:
     same = report_common.merge([old])
     assert same.models["chain_24"]["tools"]["onnxprec"]["_vs"]["modelopt"]["paired"] is True
     assert "†" in report_autocast.cost_table(merged, ["chain_24"])
+
+
+def test_benchmarks_md_regenerates_from_the_stored_results() -> None:
+    """BENCHMARKS.md is exactly what `python -m benchmarks report` renders from benchmarks/results (no chart:
+    the committed document is rendered without matplotlib)."""
+    assert report.document(harness.RESULTS_DIR) == report.MD_PATH.read_text()

@@ -38,23 +38,27 @@ def render(merged: Merged, cuda: Sequence[str] = (), png: str | None = None, *pa
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_report(results_dir: Path = RESULTS_DIR, md_path: Path = MD_PATH, png_path: Path | None = None) -> Path:
-    """Regenerates BENCHMARKS.md (and the scaling chart beside the results) from the result files."""
+def document(results_dir: Path = RESULTS_DIR, png: str | None = None) -> str:
+    """BENCHMARKS.md's text from the result files (``png``: the scaling chart's path, relative to the document)."""
     runs = load_results(results_dir)
     if not runs:
         raise FileNotFoundError(f"no result files in {results_dir}: run `python -m benchmarks run` first")
-    merged = merge(runs)
-    png = png_path or results_dir / PNG_NAME
-    rel_png = None
-    if report_autocast.scaling_chart(merged, png):
-        try:
-            rel_png = png.resolve().relative_to(md_path.resolve().parent).as_posix()
-        except ValueError:
-            rel_png = png.resolve().as_posix()
     parts = (
         report_int4.sections(results_dir),
         report_utilities.sections(results_dir) + measured_tables(results_dir, "int8"),
     )
-    md_path.write_text(render(merged, measured_tables(results_dir, "cuda"), rel_png, *parts))
+    return render(merge(runs), measured_tables(results_dir, "cuda"), png, *parts)
+
+
+def write_report(results_dir: Path = RESULTS_DIR, md_path: Path = MD_PATH, png_path: Path | None = None) -> Path:
+    """Regenerates BENCHMARKS.md (and the scaling chart beside the results) from the result files."""
+    png = png_path or results_dir / PNG_NAME
+    rel_png = None
+    if report_autocast.scaling_chart(merge(load_results(results_dir)), png):
+        try:
+            rel_png = png.resolve().relative_to(md_path.resolve().parent).as_posix()
+        except ValueError:
+            rel_png = png.resolve().as_posix()
+    md_path.write_text(document(results_dir, rel_png))
     logger.info("wrote %s", md_path)
     return md_path

@@ -103,11 +103,12 @@ def _schema2(data: dict[str, Any]) -> dict[str, Any]:
 def measured_tables(results_dir: Path, kind: str) -> list[str]:
     """The sections of the ``<kind>-*.json`` files that hold finished tables (``title``, ``intro``, ``tables``: each
     an optional ``heading`` and ``intro``, ``columns``, ``rows``, ``notes``): numbers measured outside the
-    harness's runs, stored with their ``provenance``."""
+    harness's runs, stored with their ``provenance``; a file of one table may hold its ``columns``, ``rows`` and
+    ``notes`` itself."""
     out: list[str] = []
     for run in load_kind(results_dir, kind):
         out += [f"## {run['title']}", "", *run["intro"], ""]
-        for t in run["tables"]:
+        for t in run.get("tables") or [{k: run[k] for k in ("columns", "rows", "notes")}]:
             out += [f"### {t['heading']}", ""] if t.get("heading") else []
             out += [*t.get("intro", []), ""] if t.get("intro") else []
             out += [table(t["columns"], t["rows"]), ""]
