@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
             r.add_argument("--plan", default="all", choices=sorted(int4.PLANS), help="which models (default: all)")
         if name == "utilities":
             r.add_argument("--tokens", type=int, default=256, help="tokens of the causal LM's window (default 256)")
-    rp = sub.add_parser("report", help="regenerate BENCHMARKS.md and the scaling chart from the results")
+    rp = sub.add_parser("report", help="regenerate BENCHMARKS.md from the results")
     rp.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     rp.add_argument("--md", type=Path, default=report.MD_PATH)
     sub.add_parser("tools", help="list the tools and the default plan")

@@ -60,7 +60,7 @@ def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
     assert block["fp32"]["latency_cpu"]["median_ms"] > 0
     assert not list(tmp_path.glob("onnxprec-bench-*")), "converted models must be cleaned up"
 
-    md = report.write_report(results, tmp_path / "BENCHMARKS.md", tmp_path / "scaling.png")
+    md = report.write_report(results, tmp_path / "BENCHMARKS.md")
     text = md.read_text()
     wall = report_common.stat(s["wall_s"])
     assert "| chain_24 | onnxprec |" in text
@@ -124,6 +124,5 @@ def test_merge_keeps_the_newest_and_marks_cross_run_ratios() -> None:
 
 
 def test_benchmarks_md_regenerates_from_the_stored_results() -> None:
-    """BENCHMARKS.md is exactly what `python -m benchmarks report` renders from benchmarks/results (no chart:
-    the committed document is rendered without matplotlib)."""
+    """BENCHMARKS.md is exactly what `python -m benchmarks report` renders from benchmarks/results."""
     assert report.document(harness.RESULTS_DIR) == report.MD_PATH.read_text()

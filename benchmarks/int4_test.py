@@ -13,6 +13,7 @@ import zoo
 from . import int4, report_int4
 from .harness import RunConfig
 from .int4 import ideal_bytes, quantizable_weights, quantized_storage
+from .report_common import load_results
 
 
 def test_ideal_bytes_counts_half_a_byte_a_weight_and_one_scale_per_block() -> None:
@@ -127,7 +128,7 @@ def test_report_targets_pick_the_best_block_128_method(tmp_path: Path) -> None:
     }
     (tmp_path / "int4-2026-11-26-x.json").write_text(json.dumps(_result(tools)))
     text = "\n".join(report_int4.sections(tmp_path))
-    merged = report_int4.merge(report_int4.load_runs(tmp_path))
+    merged = report_int4.merge(load_results(tmp_path, "int4"))
     assert report_int4.best_ours(merged) == "onnxprec:awq_gptq"
     rows = {r[0]: r for r in report_int4.targets(merged)}
     ppl = next(r for k, r in rows.items() if "perplexity increase" in k)
@@ -163,7 +164,7 @@ def test_report_genai_section_targets_and_ratios(tmp_path: Path) -> None:
         report_int4.LLM: {"fp32": {"perplexity": 20.0}, "tools": own},
     }
     (tmp_path / "int4-2026-11-26-genai.json").write_text(json.dumps(result))
-    merged = report_int4.merge(report_int4.load_runs(tmp_path))
+    merged = report_int4.merge(load_results(tmp_path, "int4"))
     assert report_int4.LLM not in merged.rows  # the genai plan's own-export rows stay out of the INT4 table
     text = "\n".join(report_int4.genai_section(merged))
     assert "| awq_gptq (block 128, zero points, QDQ, lm_head excluded) perplexity | **22.50** | ≤ 22.8 | ✅ |" in text

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md (and the scaling chart) from the result files, without rerunning anything: the one report.
+"""BENCHMARKS.md from the result files, without rerunning anything: the one report.
 
 The document is the title, the AutoCast introduction, the runs its numbers come from, AutoCast's sections
 (:mod:`benchmarks.report_autocast`, with the CUDA tables measured outside the harness), then the INT4 part
@@ -19,10 +19,9 @@ from .report_common import REPO_ROOT, RESULTS_DIR, Merged, load_results, measure
 logger = logging.getLogger(__name__)
 
 MD_PATH = REPO_ROOT / "BENCHMARKS.md"
-PNG_NAME = "scaling.png"
 
 
-def render(merged: Merged, cuda: Sequence[str] = (), png: str | None = None, *parts: Sequence[str]) -> str:
+def render(merged: Merged, cuda: Sequence[str] = (), *parts: Sequence[str]) -> str:
     """BENCHMARKS.md's text: AutoCast's part from ``merged`` (``cuda``: its CUDA tables), then ``parts``' lines."""
     out: list[str] = [
         "# Benchmarks",
@@ -31,15 +30,15 @@ def render(merged: Merged, cuda: Sequence[str] = (), png: str | None = None, *pa
         "",
         *report_autocast.INTRO,
         *runs_section(merged),
-        *report_autocast.sections(merged, cuda, png),
+        *report_autocast.sections(merged, cuda),
     ]
     for lines in parts:
         out += ["", *lines] if lines else []
     return "\n".join(out).rstrip() + "\n"
 
 
-def document(results_dir: Path = RESULTS_DIR, png: str | None = None) -> str:
-    """BENCHMARKS.md's text from the result files (``png``: the scaling chart's path, relative to the document)."""
+def document(results_dir: Path = RESULTS_DIR) -> str:
+    """BENCHMARKS.md's text from the result files."""
     runs = load_results(results_dir)
     if not runs:
         raise FileNotFoundError(f"no result files in {results_dir}: run `python -m benchmarks run` first")
@@ -47,18 +46,11 @@ def document(results_dir: Path = RESULTS_DIR, png: str | None = None) -> str:
         report_int4.sections(results_dir),
         report_utilities.sections(results_dir) + measured_tables(results_dir, "int8"),
     )
-    return render(merge(runs), measured_tables(results_dir, "cuda"), png, *parts)
+    return render(merge(runs), measured_tables(results_dir, "cuda"), *parts)
 
 
-def write_report(results_dir: Path = RESULTS_DIR, md_path: Path = MD_PATH, png_path: Path | None = None) -> Path:
-    """Regenerates BENCHMARKS.md (and the scaling chart beside the results) from the result files."""
-    png = png_path or results_dir / PNG_NAME
-    rel_png = None
-    if report_autocast.scaling_chart(merge(load_results(results_dir)), png):
-        try:
-            rel_png = png.resolve().relative_to(md_path.resolve().parent).as_posix()
-        except ValueError:
-            rel_png = png.resolve().as_posix()
-    md_path.write_text(document(results_dir, rel_png))
+def write_report(results_dir: Path = RESULTS_DIR, md_path: Path = MD_PATH) -> Path:
+    """Regenerates BENCHMARKS.md from the result files."""
+    md_path.write_text(document(results_dir))
     logger.info("wrote %s", md_path)
     return md_path

@@ -6,10 +6,8 @@ The loading, merging and formatting it uses are :mod:`benchmarks.report_common`'
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from zoo import SMOLLM2_FP32_PERPLEXITY
@@ -22,10 +20,8 @@ from .report_common import (
     column_table,
     cos,
     grouped_tables,
-    median,
     model_groups,
     model_label,
-    model_sort_key,
     num,
     ordered,
     ratio,
@@ -36,9 +32,7 @@ from .report_common import (
     tool_label,
 )
 from .targets import Target, evaluate, targets_table
-from .tools import TARGET, TOOLS
-
-logger = logging.getLogger(__name__)
+from .tools import TARGET
 
 GIB_MB = 1024.0
 ERROR_TOLERANCE = 1.05  # "output error no worse": relative L2 at most 5 % above ModelOpt's
@@ -367,93 +361,6 @@ def latency_table(merged: Merged, models: Sequence[str]) -> str | None:
     return column_table(LATENCY, rows(merged, timed, lambda r: r.e.get("latency_cpu"), fp32=True))
 
 
-# ------------------------------------------------------------------------------------------------------------
-# chart
-# ------------------------------------------------------------------------------------------------------------
-
-
-def scaling_chart(merged: Merged, path: Path) -> bool:
-    """Wall time and peak RSS against model size for the chains and the MatMul stacks; False without data."""
-    chains = sorted((m for m in merged.models if m.startswith("chain_")), key=model_sort_key)
-    mats = sorted((m for m in merged.models if m.startswith("matmul_")), key=model_sort_key)
-    if not chains and not mats:
-        return False
-    try:
-        import matplotlib
-    except ImportError:
-        logger.warning("matplotlib is not installed (pip install matplotlib): no scaling chart")
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    styles = {
-        "onnxprec": ("tab:blue", "-", "o"),
-        "onnxprec:inf": ("tab:blue", "--", "s"),
-        "modelopt": ("tab:red", "-", "o"),
-        "modelopt:inf": ("tab:red", "--", "s"),
-        "baseline_loadsave": ("tab:gray", ":", "^"),
-    }
-    for row, (names, xlabel, xof) in enumerate(
-        (
-            (chains, "chain length (nodes)", lambda n: float(n.split("_")[1])),
-            (mats, "MatMul stack weights (GiB, external data)", lambda n: float(n[len("matmul_") : -2])),
-        )
-    ):
-        for col, (key, ylabel) in enumerate(
-            (("wall_s", "whole-process wall time (s)"), ("peak_rss_mb", "peak RSS (MiB)"))
-        ):
-            ax = axes[row][col]
-            for tool, (color, ls, marker) in styles.items():
-                xs, ys = [], []
-                stopped: list[tuple[float, float, str]] = []
-                for n in names:
-                    e = merged.models[n]["tools"].get(tool)
-                    if not e:
-                        continue
-                    med = median(e, key)
-                    if med is not None:
-                        xs.append(xof(n))
-                        ys.append(med)
-                    elif e.get("status") in ("timeout", "memory-limit", "failed") and e.get("runs"):
-                        first = e["runs"][0]
-                        y = first.get("wall_s") if key == "wall_s" else first.get("poll_peak_rss_mb")
-                        if y:
-                            stopped.append((xof(n), y, str(e["status"])))
-                if xs:
-                    ax.plot(xs, ys, color=color, ls=ls, marker=marker, label=TOOLS[tool].label)
-                for x, y, status in stopped:
-                    ax.plot([x], [y], color=color, marker="x", ms=10, ls="none")
-                    ax.annotate(
-                        f"{TOOLS[tool].label}: {status}",
-                        (x, y),
-                        xytext=(-8, -3),
-                        textcoords="offset points",
-                        ha="right",
-                        va="top",
-                        fontsize=7,
-                        color=color,
-                    )
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ticks = [xof(n) for n in names]
-            ax.set_xticks(ticks)
-            ax.set_xticklabels([f"{t:g}" for t in ticks])
-            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            ax.grid(True, which="both", alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
-    fig.suptitle("AutoCast scaling: onnxprec vs ModelOpt (keep_io_types; x = stopped run)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 METHOD = ["## Method", "", TEXT["autocast.method"].format(tolerance=round((ERROR_TOLERANCE - 1) * 100)), ""]
 
 
@@ -469,7 +376,7 @@ INTRO = (
 )
 
 
-def sections(merged: Merged, cuda: Sequence[str] = (), png: str | None = None) -> list[str]:
+def sections(merged: Merged, cuda: Sequence[str] = ()) -> list[str]:
     """Targets, conversion cost, quality, CPU latency, the CUDA tables (``cuda``: measured outside the harness,
     :func:`benchmarks.report_common.measured_tables`) and the method, as markdown lines."""
     out = [
@@ -512,8 +419,6 @@ def sections(merged: Merged, cuda: Sequence[str] = (), png: str | None = None) -
             TEXT["autocast.target.proxy"],
             "",
         ]
-    if png:
-        out += ["### Scaling chart", "", f"![wall time and peak RSS against model size]({png})", ""]
     out += [
         "## Quality of the result",
         "",

@@ -52,52 +52,25 @@ TEXT = text_blocks()  # table rows follow the tools' registry order (unknown too
 # ------------------------------------------------------------------------------------------------------------
 
 
-def load_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
-    """Every run's result file, oldest first (GPU files excluded)."""
+def load_results(results_dir: Path = RESULTS_DIR, kind: str = "autocast") -> list[dict[str, Any]]:
+    """The result files of one part (``"kind"``: ``autocast`` when absent, ``int4``, ``utilities``, or the finished
+    tables ``cuda``, ``int8``), oldest first, each with its ``run_id``, ``file`` (relative to the repository) and
+    ``number`` (1, 2, ...)."""
     runs = []
     for p in sorted(results_dir.glob("*.json")):
         data = _read_json(p)
-        if not isinstance(data, dict) or data.get("kind", "autocast") != "autocast":
+        if not isinstance(data, dict) or data.get("kind", "autocast") != kind:
             continue
-        if isinstance(data.get("models"), dict):
-            data.setdefault("run_id", p.stem)
-            try:
-                data["file"] = p.resolve().relative_to(REPO_ROOT).as_posix()
-            except ValueError:
-                data["file"] = str(p)
-            runs.append(data)
-    runs.sort(key=lambda d: d.get("date", ""))
-    return runs
-
-
-def load_kind(results_dir: Path, kind: str) -> list[dict[str, Any]]:
-    """The result files ``<kind>-*.json`` whose ``"kind"`` is ``kind`` (another tool's benchmark: ``int4``,
-    ``utilities``), oldest first, each with its ``file`` (relative to the repository) and ``number`` (1, 2, ...)."""
-    runs = []
-    for p in sorted(results_dir.glob(f"{kind}-*.json")):
-        data = _read_json(p)
-        if not isinstance(data, dict) or data.get("kind") != kind:
-            continue
+        data.setdefault("run_id", p.stem)
         try:
             data["file"] = p.resolve().relative_to(REPO_ROOT).as_posix()
         except ValueError:
             data["file"] = str(p)
-        runs.append(_schema2(data))
+        runs.append(data)
     runs.sort(key=lambda d: d.get("date", ""))
     for i, r in enumerate(runs, 1):
         r["number"] = i
     return runs
-
-
-def _schema2(data: dict[str, Any]) -> dict[str, Any]:
-    """A schema-1 INT4 or utilities file's header in the one schema (versions.project/anchors, settings)."""
-    if "settings" in data or "tables" in data:
-        return data
-    project = {**data.get("versions", {}), "onnxprec_src_sha256": data.pop("onnxprec_sources", None)}
-    project["onnxruntime"] = data.pop("onnxruntime", project.get("onnxruntime"))
-    data["versions"] = {"project": project, "anchors": data.pop("anchors", {})}
-    data["settings"] = {"repeats": data.pop("repeats", None), **data.pop("data", {})}
-    return data
 
 
 def measured_tables(results_dir: Path, kind: str) -> list[str]:
@@ -106,7 +79,7 @@ def measured_tables(results_dir: Path, kind: str) -> list[str]:
     harness's runs, stored with their ``provenance``; a file of one table may hold its ``columns``, ``rows`` and
     ``notes`` itself."""
     out: list[str] = []
-    for run in load_kind(results_dir, kind):
+    for run in load_results(results_dir, kind):
         out += [f"## {run['title']}", "", *run["intro"], ""]
         for t in run.get("tables") or [{k: run[k] for k in ("columns", "rows", "notes")}]:
             out += [f"### {t['heading']}", ""] if t.get("heading") else []

@@ -7,15 +7,12 @@ wins, and the FP32 perplexity and latencies come from the newest run that has th
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import TEXT, load_kind, model_label, num, run_lines, size, table
-
-logger = logging.getLogger(__name__)
+from .report_common import TEXT, load_results, model_label, num, run_lines, size, table
 
 LLM = "smollm2_135m"
 GENAI = "smollm2_genai"  # the genai plan (benchmarks.int4): the builder's SmolLM2, and the same runs on LLM
@@ -30,11 +27,6 @@ RTN_SECONDS_GOAL = 10.0
 RSS_GOAL_MB = 1.5 * 1024
 SIZE_GOAL = 0.02
 SYNTHETIC_RSS_GOAL_MB = 1024.0
-
-
-def load_runs(results_dir: Path) -> list[dict[str, Any]]:
-    """Every INT4 results file, oldest first."""
-    return load_kind(results_dir, "int4")
 
 
 @dataclass
@@ -477,7 +469,7 @@ def genai_section(m: Int4Merged) -> list[str]:
 
 def sections(results_dir: Path) -> list[str]:
     """The INT4 part of BENCHMARKS.md (empty without INT4 results)."""
-    runs = load_runs(results_dir)
+    runs = load_results(results_dir, "int4")
     if not runs:
         return []
     m = merge(runs)

@@ -8,7 +8,6 @@ time, peak RSS against the model's size, what it produced), then ``preprocess`` 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from .report_common import (
     TEXT,
     Column,
     column_table,
-    load_kind,
+    load_results,
     model_label,
     model_sort_key,
     num,
@@ -27,8 +26,6 @@ from .report_common import (
     size,
 )
 
-logger = logging.getLogger(__name__)
-
 KIND = "utilities"
 LLM = "smollm2_135m"
 CANDIDATE = "autocast:fp16"
@@ -36,11 +33,6 @@ ORT_PREPROCESS = "ort:quant_pre_process"
 TOOL_ORDER = ("preprocess", ORT_PREPROCESS, "evaluate", "dump", "compare")
 MIB = 1 << 20
 LABELS = {"matmul_4gb": "4 GiB MatMul stack (`matmul_4gb`)"}
-
-
-def load_runs(results_dir: Path) -> list[dict[str, Any]]:
-    """Every utilities results file, oldest first, numbered."""
-    return load_kind(results_dir, KIND)
 
 
 @dataclass
@@ -241,7 +233,7 @@ def runs_list(m: UtilitiesMerged) -> list[str]:
 
 def sections(results_dir: Path) -> list[str]:
     """The utilities part of BENCHMARKS.md (empty without utilities results)."""
-    runs = load_runs(results_dir)
+    runs = load_results(results_dir, KIND)
     if not runs:
         return []
     m = merge(runs)

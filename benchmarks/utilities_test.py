@@ -130,7 +130,7 @@ def test_report_renders_tables_the_sentence_and_the_side_by_side(tmp_path: Path)
     side = next(ln for ln in text.splitlines() if ln.startswith("| SmolLM2-135M | 652.0 MiB |"))
     assert "**2.00×**" in side and "**2.50×**" in side  # ORT / onnxprec: time 20/10, RSS 2000/800
     # the whole document gets the section after the INT4 part; the AutoCast loader ignores the file
-    doc = report.render(report.merge([]), [], None, ["## INT4"], lines)
+    doc = report.render(report.merge([]), [], ["## INT4"], lines)
     assert doc.index("## INT4") < doc.index("## Utilities (preprocess, evaluate, dump, compare)")
     from .report_common import load_results
 
