@@ -38,6 +38,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -47,6 +48,9 @@ _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if not p or str(Path(p).resolve()) != _HERE]
 
 
+Convert = Callable[[], Any]  # the tool's conversion (load + convert + save); returns its exit code or None
+
+
 def _autocast_argv(args: argparse.Namespace) -> list[str]:
     argv = ["--onnx_path", args.input, "--output_path", args.output, "--keep_io_types"]
     if args.data_max is not None:
@@ -54,21 +58,14 @@ def _autocast_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _has_external_data(model: Any) -> bool:
-    from onnx import TensorProto
-
-    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
-
-
 def _load(path: str) -> tuple[Any, bool]:
     """onnx.load, telling whether the weights were external (so that the result keeps them external)."""
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model
 
     model = onnx.load(path, load_external_data=False)
-    external = _has_external_data(model)
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     if external:
-        from onnx.external_data_helper import load_external_data_for_model
-
         load_external_data_for_model(model, str(Path(path).parent))
     return model, external
 
@@ -84,55 +81,89 @@ def _save(model: Any, path: str, external: bool) -> None:
         onnx.save_model(model, path)
 
 
-def _inputs(path: str | None) -> dict[str, Any]:
-    import numpy as np
+def _rewrite(args: argparse.Namespace, convert: Callable[[Any], Any]) -> Convert:
+    """Loads the model, converts it in memory and saves it (external data kept external)."""
 
-    if not path:
+    def run() -> None:
+        model, external = _load(args.input)
+        _save(convert(model), args.output, external)
+
+    return run
+
+
+def _onnxprec(args: argparse.Namespace) -> Convert:
+    import onnxprec.autocast  # noqa: F401  (the CLI imports it lazily: count it as import time)
+    from onnxprec.cli import autocast_main
+
+    argv = _autocast_argv(args)
+    argv += ["--report_json", args.report_json] if args.report_json else []
+    argv += ["-d", args.inputs] if args.inputs else []
+    argv += ["--target_accuracy", args.target] if args.target else []
+    return lambda: autocast_main(argv)
+
+
+def _modelopt(args: argparse.Namespace) -> Convert:
+    from modelopt.onnx.autocast.__main__ import main as modelopt_main
+
+    return lambda: modelopt_main(_autocast_argv(args)) and None
+
+
+def _baseline_loadsave(args: argparse.Namespace) -> Convert:
+    import onnx  # noqa: F401  (imported by _load: count it as import time)
+
+    return _rewrite(args, lambda m: m)
+
+
+def _occ_fp16(args: argparse.Namespace) -> Convert:
+    from onnxconverter_common.float16 import convert_float_to_float16
+
+    return _rewrite(args, lambda m: convert_float_to_float16(m, keep_io_types=True))
+
+
+def _ort_fp16(args: argparse.Namespace) -> Convert:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return _rewrite(args, lambda m: convert_float_to_float16(m, keep_io_types=True))
+
+
+def _occ_amp(args: argparse.Namespace) -> Convert:
+    import numpy as np
+    from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
+
+    if not args.inputs:
         raise SystemExit("this tool needs --inputs (an .npz of the model's real inputs)")
-    with np.load(path) as z:
-        return {k: z[k] for k in z.files}
+    with np.load(args.inputs) as z:
+        feeds = {k: z[k] for k in z.files}
+    kw = {"rtol": args.rtol, "atol": args.atol, "keep_io_types": True}
+    return _rewrite(args, lambda m: auto_convert_mixed_precision(m, feeds, **kw))
 
 
-def _calibration_files(folder: str | None) -> list[str]:
-    if not folder:
-        return []
-    return sorted(str(p) for p in Path(folder).glob("*.npz"))
+def _onnxprec_int4(args: argparse.Namespace) -> Convert:
+    from onnxprec.quantization.int4._cli import add_arguments
+    from onnxprec.quantization.int4._cli import run as int4_run
+
+    argv = ["--onnx_path", args.input, "--output_path", args.output, "--calibration_method", args.method]
+    argv += ["--block_size", str(args.block_size), "--output_format", args.format]
+    argv += ["--nodes_to_exclude", *args.exclude]
+    if not args.exclude:  # every layer, as the builder's -p int4: the embedding (and a tied head) too
+        argv.append("--quantize_embeddings")
+    argv += ["--use_zero_point"] if args.zero_point else []
+    argv += ["--calibration_data", args.calib] if args.calib else []
+    argv += ["--report_json", args.report_json] if args.report_json else []
+    argv += ["--size_budget_mb", str(args.size_budget_mb)] if args.size_budget_mb else []
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    return lambda: int4_run(ap.parse_args(argv))
 
 
-def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
-    """The INT4 tools (see the module docstring)."""
-    t = time.perf_counter()
-    tool = args.tool
-    files = _calibration_files(args.calib)
-    if tool == "onnxprec_int4":
-        from onnxprec.quantization.int4._cli import add_arguments
-        from onnxprec.quantization.int4._cli import run as int4_run
-
-        t_imp = time.perf_counter() - t
-        argv = ["--onnx_path", args.input, "--output_path", args.output, "--calibration_method", args.method]
-        argv += ["--block_size", str(args.block_size), "--output_format", args.format]
-        argv += ["--nodes_to_exclude", *args.exclude]
-        if not args.exclude:  # every layer, as the builder's -p int4: the embedding (and a tied head) too
-            argv.append("--quantize_embeddings")
-        if args.zero_point:
-            argv.append("--use_zero_point")
-        if args.calib:
-            argv += ["--calibration_data", args.calib]
-        if args.report_json:
-            argv += ["--report_json", args.report_json]
-        if args.size_budget_mb:
-            argv += ["--size_budget_mb", str(args.size_budget_mb)]
-        t = time.perf_counter()
-        ap = argparse.ArgumentParser()
-        add_arguments(ap)
-        rc = int4_run(ap.parse_args(argv))
-        return t_imp, time.perf_counter() - t, int(rc or 0)
+def _modelopt_int4(args: argparse.Namespace) -> Convert:
     import numpy as np
+    from modelopt.onnx.quantization.int4 import quantize
     from onnxruntime.quantization import CalibrationDataReader
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.it = iter(files)
+            self.it = iter(sorted(Path(args.calib).glob("*.npz")))
 
         def get_next(self) -> dict[str, Any] | None:
             name = next(self.it, None)
@@ -141,29 +172,11 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
             with np.load(name) as z:
                 return {k: z[k] for k in z.files}
 
-    if tool == "genai_builder":
-        import runpy
-
-        t_imp = time.perf_counter() - t
-        out = Path(args.output).parent
-        sys.argv = ["builder", "-i", args.input, "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(out / "cache")]
-        if args.method != "default":
-            sys.argv += ["--extra_options", f"algo_config={args.method}"]
-        t = time.perf_counter()
-        runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
-        import shutil
-
-        shutil.rmtree(out / "cache", ignore_errors=True)
-        return t_imp, time.perf_counter() - t, 0
-    if tool == "modelopt_int4":
-        from modelopt.onnx.quantization.int4 import quantize
-
-        t_imp = time.perf_counter() - t
-        t = time.perf_counter()
+    def run() -> None:
         model = quantize(
             args.input,
             calibration_method=args.method,
-            calibration_data_reader=Reader() if files else None,
+            calibration_data_reader=Reader() if args.calib else None,
             calibration_eps=["cpu"],
             use_zero_point=args.zero_point,
             block_size=args.block_size,
@@ -173,19 +186,21 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
             **({"awqlite_fuse_nodes": False} if args.method == "awq_lite" else {}),
         )
         _save(model, args.output, model.ByteSize() > 2_000_000_000)
-        return t_imp, time.perf_counter() - t, 0
-    if tool == "ort_int4":
-        import re
 
-        from onnxruntime.quantization import QuantFormat
-        from onnxruntime.quantization.matmul_nbits_quantizer import (
-            DefaultWeightOnlyQuantConfig,
-            HQQWeightOnlyQuantConfig,
-            MatMulNBitsQuantizer,
-        )
+    return run
 
-        t_imp = time.perf_counter() - t
-        t = time.perf_counter()
+
+def _ort_int4(args: argparse.Namespace) -> Convert:
+    import re
+
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    def run() -> None:
         model, external = _load(args.input)
         excluded = [n.name for n in model.graph.node if any(re.search(p, n.name) for p in args.exclude)]
         config: Any
@@ -203,68 +218,51 @@ def _int4(args: argparse.Namespace) -> tuple[float, float, int]:
         q = MatMulNBitsQuantizer(model, nodes_to_exclude=excluded, algo_config=config)
         q.process()
         _save(q.model.model, args.output, external)
-        return t_imp, time.perf_counter() - t, 0
-    raise SystemExit(f"unknown tool {tool!r}")
+
+    return run
+
+
+def _genai_builder(args: argparse.Namespace) -> Convert:
+    import runpy
+    import shutil
+
+    out = Path(args.output).parent
+    argv = ["builder", "-i", args.input, "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(out / "cache")]
+    argv += ["--extra_options", f"algo_config={args.method}"] if args.method != "default" else []
+
+    def run() -> None:
+        sys.argv = argv
+        runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+        shutil.rmtree(out / "cache", ignore_errors=True)
+
+    return run
+
+
+# each tool: its imports (timed as import_s) and the conversion they return (timed as convert_s)
+TOOLS: dict[str, Callable[[argparse.Namespace], Convert]] = {
+    "onnxprec": _onnxprec,
+    "modelopt": _modelopt,
+    "occ_fp16": _occ_fp16,
+    "occ_amp": _occ_amp,
+    "ort_fp16": _ort_fp16,
+    "baseline_loadsave": _baseline_loadsave,
+    "onnxprec_int4": _onnxprec_int4,
+    "modelopt_int4": _modelopt_int4,
+    "ort_int4": _ort_int4,
+    "genai_builder": _genai_builder,
+}
 
 
 def run(args: argparse.Namespace) -> tuple[float, float, int]:
     """Imports and runs the tool; returns (import seconds, conversion seconds, exit code)."""
+    if args.tool not in TOOLS:
+        raise SystemExit(f"unknown tool {args.tool!r}")
     t = time.perf_counter()
-    tool = args.tool
-    if tool.endswith("_int4") or tool == "genai_builder":
-        return _int4(args)
-    if tool == "onnxprec":
-        import onnxprec.autocast  # noqa: F401  (the CLI imports it lazily: count it as import time)
-        from onnxprec.cli import autocast_main
-
-        t_imp = time.perf_counter() - t
-        argv = _autocast_argv(args)
-        if args.report_json:
-            argv += ["--report_json", args.report_json]
-        if args.inputs:
-            argv += ["-d", args.inputs]
-        if args.target:
-            argv += ["--target_accuracy", args.target]
-        t = time.perf_counter()
-        rc = autocast_main(argv)
-        return t_imp, time.perf_counter() - t, int(rc or 0)
-    if tool == "modelopt":
-        from modelopt.onnx.autocast.__main__ import main as modelopt_main
-
-        t_imp = time.perf_counter() - t
-        t = time.perf_counter()
-        modelopt_main(_autocast_argv(args))
-        return t_imp, time.perf_counter() - t, 0
-    if tool == "baseline_loadsave":
-        import onnx  # noqa: F401
-
-        t_imp = time.perf_counter() - t
-        t = time.perf_counter()
-        model, external = _load(args.input)
-        _save(model, args.output, external)
-        return t_imp, time.perf_counter() - t, 0
-    if tool in ("occ_fp16", "ort_fp16"):
-        if tool == "occ_fp16":
-            from onnxconverter_common.float16 import convert_float_to_float16
-        else:
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-        t_imp = time.perf_counter() - t
-        t = time.perf_counter()
-        model, external = _load(args.input)
-        model = convert_float_to_float16(model, keep_io_types=True)
-        _save(model, args.output, external)
-        return t_imp, time.perf_counter() - t, 0
-    if tool == "occ_amp":
-        from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
-
-        t_imp = time.perf_counter() - t
-        feeds = _inputs(args.inputs)
-        t = time.perf_counter()
-        model, external = _load(args.input)
-        model = auto_convert_mixed_precision(model, feeds, rtol=args.rtol, atol=args.atol, keep_io_types=True)
-        _save(model, args.output, external)
-        return t_imp, time.perf_counter() - t, 0
-    raise SystemExit(f"unknown tool {tool!r}")
+    convert = TOOLS[args.tool](args)
+    t_imp = time.perf_counter() - t
+    t = time.perf_counter()
+    rc = convert()
+    return t_imp, time.perf_counter() - t, int(rc or 0)
 
 
 def main() -> int:

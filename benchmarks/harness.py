@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -82,7 +82,6 @@ class RunConfig:
     keep_outputs: bool = False
     anchors_python: Path | None = None
     command: str = ""
-    progress: Callable[[str], None] | None = None
     plan: str = "all"
     tokens: int = 256
 
@@ -233,13 +232,6 @@ def _tool_counts(tool: Tool, log: str, report_json: Path) -> dict[str, Any] | No
     return None
 
 
-def _applicable(tool: Tool, model_bytes: int) -> str | None:
-    """Why ``tool`` is skipped on a model of this size, or None."""
-    if tool.max_model_mb is not None and model_bytes / MIB > tool.max_model_mb:
-        return f"model above {tool.max_model_mb:.0f} MB (too slow for this tool)"
-    return None
-
-
 def measure(
     argv: list[str], log: Path, timeout_s: float, mem_limit_mb: float | None = None, **popen: Any
 ) -> dict[str, Any]:
@@ -327,12 +319,6 @@ def json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def _say(config: RunConfig, msg: str) -> None:
-    logger.info("%s", msg)
-    if config.progress is not None:
-        config.progress(msg)
-
-
 def run(config: RunConfig) -> Path:
     """Runs the AutoCast part; returns the results JSON path (written after every model)."""
     plan: list[tuple[str, list[Tool]]] = []
@@ -354,7 +340,7 @@ def run(config: RunConfig) -> Path:
     )
     data["run_id"] = out_path.stem
     write_results(out_path, data)
-    _say(config, f"results -> {out_path}")
+    logger.info("results -> %s", out_path)
     work_root = Path(tempfile.mkdtemp(prefix="onnxprec-bench-", dir=config.work_dir))
     try:
         for model, tools in plan:
@@ -362,10 +348,10 @@ def run(config: RunConfig) -> Path:
             data["models"][model] = _run_model(config, model, tools, work_root / _safe(model), mem_limit)
             data["finished"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
             write_results(out_path, data)
-            _say(config, f"{model}: done in {time.perf_counter() - t0:.0f} s")
+            logger.info("%s: done in %.0f s", model, time.perf_counter() - t0)
     finally:
         if config.keep_outputs:
-            _say(config, f"outputs kept in {work_root}")
+            logger.info("outputs kept in %s", work_root)
         else:
             shutil.rmtree(work_root, ignore_errors=True)
     return out_path
@@ -394,7 +380,8 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
     }
     active: list[Tool] = []
     for tool in tools:
-        why = _applicable(tool, size)
+        too_large = tool.max_model_mb is not None and size / MIB > tool.max_model_mb
+        why = f"model above {tool.max_model_mb:.0f} MB (too slow for this tool)" if too_large else None
         entry: dict[str, Any] = {
             "label": tool.label,
             "command": tool.user_command.format(src=f"{model}.onnx", dst="out.onnx"),
@@ -403,7 +390,7 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
         if why:
             entry["status"] = "skipped"
             entry["reason"] = why
-            _say(config, f"{model} {tool.id}: skipped ({why})")
+            logger.info("%s %s: skipped (%s)", model, tool.id, why)
         else:
             active.append(tool)
         block["tools"][tool.id] = entry
@@ -432,8 +419,8 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
             if record["status"] != "ok":
                 stopped.add(tool.id)
             entry["runs"].append(record)
-            _say(
-                config,
+            logger.info(
+                "%s",
                 f"{model} r{rep} {tool.id:18s} {record['status']:12s} wall {record['wall_s']:7.2f} s  "
                 f"rss {record['peak_rss_mb'] or 0:8.0f} MB"
                 + (f"  convert {record['convert_s']:.2f} s" if record.get("convert_s") is not None else "")
@@ -454,8 +441,7 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
                 if ratios:
                     entry["vs"][anchor] = ratios
     if config.metrics and kept:
-        block.update(_metrics(config, model, src, work, kept, [t for t in active if t.evaluate]))
-        merge_tool_metrics(block)
+        _metrics(config, model, src, work, kept, [t for t in active if t.evaluate], block)
     if not config.keep_outputs:
         for p in kept.values():
             shutil.rmtree(p.parent, ignore_errors=True)
@@ -524,10 +510,15 @@ def _summarise(entry: dict[str, Any]) -> None:
 
 
 def _metrics(
-    config: RunConfig, model: str, src: Path, work: Path, kept: dict[str, Path], evaluate: list[Tool]
-) -> dict[str, Any]:
-    """Runs the metrics worker on the kept outputs; returns the model-level keys to add to its block (the
-    per-tool metrics under ``_tool_metrics``, for :func:`merge_tool_metrics`)."""
+    config: RunConfig,
+    model: str,
+    src: Path,
+    work: Path,
+    kept: dict[str, Path],
+    evaluate: list[Tool],
+    block: dict[str, Any],
+) -> None:
+    """Runs the metrics worker on the kept outputs; adds its numbers to the model's block and each tool's entry."""
     spec = {
         "model": model,
         "fp32": str(src),
@@ -543,7 +534,7 @@ def _metrics(
     spec_path = work / "metrics-spec.json"
     out_path = work / "metrics-out.json"
     spec_path.write_text(json.dumps(spec))
-    _say(config, f"{model}: metrics (structure, accuracy, CPU latency) for {', '.join(kept)}")
+    logger.info("%s: metrics (structure, accuracy, CPU latency) for %s", model, ", ".join(kept))
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     res = run_measured(
@@ -555,16 +546,11 @@ def _metrics(
     )
     if res.status != "ok" or not out_path.exists():
         logger.error("%s: metrics worker %s:\n%s", model, res.status, "\n".join(res.log_tail))
-        return {"metrics_error": f"{res.status}: {_last_error(res.log_tail)}"}
+        block["metrics_error"] = f"{res.status}: {_last_error(res.log_tail)}"
+        return
     result = json.loads(out_path.read_text())
-    block: dict[str, Any] = {"fp32": result.get("fp32", {}), "metrics_s": time.perf_counter() - t0}
+    block.update(fp32=result.get("fp32", {}), metrics_s=time.perf_counter() - t0)
     if "latency_mode" in result:
         block["latency_mode"] = result["latency_mode"]
-    block["_tool_metrics"] = result.get("tools", {})
-    return block
-
-
-def merge_tool_metrics(block: dict[str, Any]) -> None:
-    """Moves the worker's per-tool metrics into each tool's entry."""
-    for key, metrics in block.pop("_tool_metrics", {}).items():
+    for key, metrics in result.get("tools", {}).items():
         block["tools"].setdefault(key, {}).update(metrics)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,12 @@ from onnx import TensorProto
 
 from onnxprec import _ort
 from onnxprec._io import write_atomically
+from onnxprec._protobuf import proto_graphs
 
 logger = logging.getLogger(__name__)
 
 LOW_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 FLOAT_TYPES = LOW_TYPES | {TensorProto.FLOAT, TensorProto.DOUBLE}
-TOGETHER_LIMIT_MB = 3000.0
-MIB = 1 << 20
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -42,57 +41,44 @@ MIB = 1 << 20
 
 def external_files(model: onnx.ModelProto, folder: Path) -> list[Path]:
     """The external data files the model's initializers refer to (existing ones, once each)."""
-    found: dict[str, Path] = {}
-    for t in _all_initializers(model.graph):
-        if t.data_location != TensorProto.EXTERNAL:
-            continue
-        for e in t.external_data:
-            if e.key == "location":
-                found.setdefault(e.value, folder / e.value)
+    found = {
+        e.value: folder / e.value
+        for g in proto_graphs(model.graph)
+        for t in g.initializer
+        if t.data_location == TensorProto.EXTERNAL
+        for e in t.external_data
+        if e.key == "location"
+    }
     return [p for p in found.values() if p.exists()]
 
 
-def file_size(path: Path) -> int:
-    """Bytes of ``path`` plus its external data files."""
-    model = onnx.load(str(path), load_external_data=False)
+def file_size(path: Path, model: onnx.ModelProto | None = None) -> int:
+    """Bytes of ``path`` plus its external data files (``model``: the file, already loaded without its data)."""
+    model = model or onnx.load(str(path), load_external_data=False)
     return path.stat().st_size + sum(p.stat().st_size for p in external_files(model, path.parent))
 
 
 def structure(path: Path) -> dict[str, Any]:
-    """Node, cast and weight counts of a model file (weights are not read)."""
+    """Node, cast and float-node counts of a model file, and its size (weights are not read)."""
     model = onnx.load(str(path), load_external_data=False)
-    size = path.stat().st_size + sum(p.stat().st_size for p in external_files(model, path.parent))
     try:
         inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
     except Exception as e:  # custom ops, or too large: fall back to the declared types
         logger.warning("%s: shape inference failed (%s); using declared types only", path.name, e)
         inferred = model
     types = _tensor_types(inferred.graph)
-    nodes = low = casts = constants = floats = 0
-    op_low: dict[str, int] = {}
-    op_fp32: dict[str, int] = {}
-    for node in _all_nodes(inferred.graph):
-        standard = node.domain in ("", "ai.onnx")
-        if standard and node.op_type == "Cast":
-            casts += 1
-            continue
-        if standard and node.op_type == "Constant":
-            constants += 1
+    nodes = low = casts = floats = 0
+    fp32_ops: Counter[str] = Counter()
+    for node in (n for g in proto_graphs(inferred.graph) for n in g.node):
+        if node.domain in ("", "ai.onnx") and node.op_type in ("Cast", "Constant"):
+            casts += node.op_type == "Cast"
             continue
         nodes += 1
-        io = [types.get(n) for n in (*node.input, *node.output) if n]
-        if any(t in LOW_TYPES for t in io):
-            low += 1
-            op_low[node.op_type] = op_low.get(node.op_type, 0) + 1
-        if any(t in FLOAT_TYPES for t in io):
-            floats += 1
-            if not any(t in LOW_TYPES for t in io):
-                op_fp32[node.op_type] = op_fp32.get(node.op_type, 0) + 1
-    weights: dict[str, float] = {}
-    for t in _all_initializers(model.graph):
-        name = TensorProto.DataType.Name(t.data_type).lower()
-        n = math.prod(t.dims) if t.dims else 1
-        weights[name] = weights.get(name, 0.0) + n * _itemsize(t.data_type) / MIB
+        io = {types.get(n) for n in (*node.input, *node.output) if n}
+        low += bool(io & LOW_TYPES)
+        floats += bool(io & FLOAT_TYPES)
+        if io & FLOAT_TYPES and not io & LOW_TYPES:
+            fp32_ops[node.op_type] += 1
     return {
         "nodes": nodes,
         "float_nodes": floats,
@@ -100,38 +86,14 @@ def structure(path: Path) -> dict[str, Any]:
         "fp32_nodes": floats - low,
         "low_pct": 100.0 * low / floats if floats else 0.0,
         "casts": casts,
-        "constants": constants,
-        "file_bytes": size,
-        "weights_mb": {k: round(v, 3) for k, v in sorted(weights.items())},
-        "low_ops": dict(sorted(op_low.items(), key=lambda kv: -kv[1])),
-        "fp32_ops": dict(sorted(op_fp32.items(), key=lambda kv: -kv[1])),
+        "file_bytes": file_size(path, model),
+        "fp32_ops": dict(fp32_ops.most_common()),
     }
-
-
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for g in _all_graphs(graph):
-        yield from g.node
-
-
-def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _all_graphs(g)
-
-
-def _all_initializers(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    for g in _all_graphs(graph):
-        yield from g.initializer
 
 
 def _tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
     types: dict[str, int] = {}
-    for g in _all_graphs(graph):
+    for g in proto_graphs(graph):
         for vi in (*g.input, *g.output, *g.value_info):
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
                 types[vi.name] = vi.type.tensor_type.elem_type
@@ -143,13 +105,6 @@ def _tensor_types(graph: onnx.GraphProto) -> dict[str, int]:
                     if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                         types[node.output[0]] = attr.t.data_type
     return types
-
-
-def _itemsize(data_type: int) -> float:
-    try:
-        return float(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize)
-    except (KeyError, TypeError, ValueError):
-        return 0.5 if data_type in (TensorProto.INT4, TensorProto.UINT4) else 0.0
 
 
 def session(path: Path, what: str = "the model") -> _ort.Session:

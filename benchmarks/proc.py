@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ _TIME_FIELDS = {
     "User time (seconds)": "user_s",
     "System time (seconds)": "sys_s",
     "Exit status": "exit_status",
-    "Elapsed (wall clock) time (h:mm:ss or m:ss)": "elapsed",
 }
 
 
@@ -54,9 +53,6 @@ class ProcResult:
     sys_s: float | None = None
     runner: dict[str, Any] | None = None
     log_tail: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def gnu_time_available() -> bool:
@@ -91,16 +87,7 @@ def _parse_gnu_time(path: Path) -> dict[str, Any]:
         name = _TIME_FIELDS.get(key)
         if name is None:
             continue
-        value = value.strip()
-        if name == "elapsed":
-            secs = 0.0
-            for part in value.split(":"):
-                secs = secs * 60 + float(part)
-            out[name] = secs
-        elif name in ("maxrss_kb", "exit_status"):
-            out[name] = int(value)
-        else:
-            out[name] = float(value)
+        out[name] = int(value) if name in ("maxrss_kb", "exit_status") else float(value)
     return out
 
 
