@@ -234,9 +234,10 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 Column = tuple[str, Callable[[Any], str]]  # a table column: its header and its cell of one row
 
 
-def column_table(columns: Sequence[Column], rows: Iterable[Any]) -> str | None:
-    """A markdown table with a row per item of ``rows``, each cell ``cell(item)``; None without rows."""
-    cells = [[cell(r) for _, cell in columns] for r in rows]
+def column_table(columns: Sequence[Column], rows: Iterable[Any], first: Sequence[Sequence[str]] = ()) -> str | None:
+    """A markdown table with the rows ``first`` (given cell by cell), then a row per item of ``rows``, each cell
+    ``cell(item)``; None without rows."""
+    cells = [*first, *([cell(r) for _, cell in columns] for r in rows)]
     return table([header for header, _ in columns], cells) if cells else None
 
 

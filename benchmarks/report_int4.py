@@ -7,12 +7,12 @@ wins, and the FP32 perplexity and latencies come from the newest run that has th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import TEXT, load_results, model_label, num, run_lines, size, table
+from .report_common import TEXT, Column, column_table, load_results, model_label, num, run_lines, size, table
 
 LLM = "smollm2_135m"
 GENAI = "smollm2_genai"  # the genai plan (benchmarks.int4): the builder's SmolLM2, and the same runs on LLM
@@ -208,69 +208,54 @@ def _config(rec: dict[str, Any]) -> str:
     )
 
 
+def _failed(rec: dict[str, Any]) -> str:
+    return f"**{rec.get('status')}**: " + str(rec.get("error", "")).replace("|", "\\|")[:140]
+
+
+def _excess(rec: dict[str, Any]) -> float | None:
+    """How far the quantized layers' bytes are above the ideal (0.01: 1 %), None when not measured."""
+    lb, ib = rec.get("layer_bytes"), rec.get("ideal_bytes")
+    return lb / ib - 1 if lb and ib else None
+
+
+# columns over the (tool, row) pairs of one model
+_TOOL: Column = ("Tool, method", lambda x: _label(x[0]))
+_CONFIG: Column = ("block, scale", lambda x: _config(x[1]))
+_TIME: Column = ("time s", lambda x: num(x[1].get("wall_s")))
+_RUN: Column = ("run", lambda x: _run_ref(x[1]))
+
+
+def _rss(unit: str = " MiB") -> Callable[[tuple[str, dict[str, Any]]], str]:
+    return lambda x: f"{num(x[1]['peak_rss_mb'], 0)}{unit}" if x[1].get("peak_rss_mb") else "–"
+
+
 def llm_table(m: Int4Merged) -> str:
-    llm = m.rows.get(LLM, {})
-    base = m.fp32.get(LLM, {}).get("perplexity")
     d_anchor = _delta(m, ANCHOR)
-    header = [
-        "Tool, method",
-        "block, scale",
-        "held-out ppl",
-        "Δ vs FP32",
-        "Δ / awq_clip's Δ",
-        "time s",
-        "peak RSS",
-        "quantized layers: size vs ideal",
-        "run",
-    ]
-    rows = [
-        [
-            "FP32 (no quantization)",
-            "–",
-            f"**{num(base, 3)}**",
-            "–",
-            "–",
-            "–",
-            "–",
-            size(m.fp32.get(LLM, {}).get("file_bytes")) + " (whole file)",
-            _run_ref(m.fp32.get(LLM)),
-        ]
-    ]
-    for tool, rec in llm.items():
-        if rec.get("status") != "ok":
-            err = str(rec.get("error", "")).replace("|", "\\|")[:140]
-            rows.append(
-                [
-                    _label(tool),
-                    _config(rec),
-                    f"**{rec.get('status')}**: {err}",
-                    "–",
-                    "–",
-                    num(rec.get("wall_s")),
-                    "–",
-                    "–",
-                    _run_ref(rec),
-                ]
-            )
-            continue
-        d = _delta(m, tool)
-        ppl = _ppl(rec)
-        lb, ib = rec.get("layer_bytes"), rec.get("ideal_bytes")
-        sz = f"{size(lb)} ({(lb / ib - 1) * 100:+.1f} %, {rec.get('layers')} layers)" if lb and ib else "–"
-        rows.append(
-            [
-                _label(tool),
-                _config(rec),
-                ppl,
-                f"+{num(d, 3)}" if d is not None else "–",
-                f"{num(d / d_anchor)}×" if d is not None and d_anchor else "–",
-                num(rec.get("wall_s")),
-                f"{num(rec.get('peak_rss_mb'), 0)} MiB" if rec.get("peak_rss_mb") else "–",
-                sz,
-                _run_ref(rec),
-            ]
-        )
-    return table(header, rows)
+    fp32 = m.fp32.get(LLM, {})
+    first = ["FP32 (no quantization)", "–", f"**{num(fp32.get('perplexity'), 3)}**", *["–"] * 4]
+    first += [size(fp32.get("file_bytes")) + " (whole file)", _run_ref(fp32)]
+    columns: tuple[Column, ...] = (
+        _TOOL,
+        _CONFIG,
+        ("held-out ppl", lambda x: _ppl(x[1]) if x[1].get("status") == "ok" else _failed(x[1])),
+        ("Δ vs FP32", lambda x: f"+{num(d, 3)}" if (d := _delta(m, x[0])) is not None else "–"),
+        (
+            "Δ / awq_clip's Δ",
+            lambda x: f"{num(d / d_anchor)}×" if (d := _delta(m, x[0])) is not None and d_anchor else "–",
+        ),
+        _TIME,
+        ("peak RSS", _rss()),
+        (
+            "quantized layers: size vs ideal",
+            lambda x: (
+                "–"
+                if (e := _excess(x[1])) is None
+                else f"{size(x[1]['layer_bytes'])} ({e * 100:+.1f} %, {x[1].get('layers')} layers)"
+            ),
+        ),
+        _RUN,
+    )
+    return column_table(columns, m.rows.get(LLM, {}).items(), [first]) or ""
 
 
 def _ppl(rec: dict[str, Any]) -> str:
@@ -285,70 +270,54 @@ def latency_table(m: Int4Merged) -> list[str]:
     if LLM not in m.latency:
         return []
     lat, run = m.latency[LLM]
-    pre, dec = lat.get("prefill", {}), lat.get("decode", {})
-    base_p, base_d = pre.get("fp32", {}).get("median_ms"), dec.get("fp32", {}).get("median_ms")
-    anchor_p, anchor_d = pre.get(ANCHOR, {}).get("median_ms"), dec.get(ANCHOR, {}).get("median_ms")
-    rows = []
-    for key in pre:
-        p, d = pre[key].get("median_ms"), dec.get(key, {}).get("median_ms")
-        if p is None and d is None:
-            rows.append([_label(key) if key != "fp32" else "FP32", pre[key].get("error", "failed")[:80], *["–"] * 5])
-            continue
-        rows.append(
-            [
-                "FP32" if key == "fp32" else _label(key),
-                num(p, 3),
-                f"{num(base_p / p)}×" if p and base_p else "–",
-                f"{num(anchor_p / p)}×" if p and anchor_p else "–",
-                num(d, 3),
-                f"{num(base_d / d)}×" if d and base_d else "–",
-                f"{num(anchor_d / d)}×" if d and anchor_d else "–",
-            ]
+
+    def ms(part: str, key: str) -> float | None:
+        return lat.get(part, {}).get(key, {}).get("median_ms")
+
+    def speedup(part: str, base: str) -> Column:
+        return (
+            "speed-up vs FP32" if base == "fp32" else "vs ModelOpt awq_clip",
+            lambda k: f"{num(b / t)}×" if (t := ms(part, k)) and (b := ms(part, base)) else "–",
         )
-    header = [
-        "Model",
-        "prefill [1,256] ms",
-        "speed-up vs FP32",
-        "vs ModelOpt awq_clip",
-        "1-token forward ms",
-        "speed-up vs FP32",
-        "vs ModelOpt awq_clip",
-    ]
-    return [
-        f"### ONNX Runtime CPU latency, SmolLM2-135M — run [I{run}]",
-        "",
-        TEXT["int4.latency"],
-        "",
-        table(header, rows),
-        "",
-    ]
+
+    failed = lambda k: ms("prefill", k) is None and ms("decode", k) is None  # noqa: E731
+    columns: tuple[Column, ...] = (
+        ("Model", lambda k: "FP32" if k == "fp32" else _label(k)),
+        (
+            "prefill [1,256] ms",
+            lambda k: lat["prefill"][k].get("error", "failed")[:80] if failed(k) else num(ms("prefill", k), 3),
+        ),
+        speedup("prefill", "fp32"),
+        speedup("prefill", ANCHOR),
+        ("1-token forward ms", lambda k: num(ms("decode", k), 3)),
+        speedup("decode", "fp32"),
+        speedup("decode", ANCHOR),
+    )
+    heading = f"### ONNX Runtime CPU latency, SmolLM2-135M — run [I{run}]"
+    return [heading, "", TEXT["int4.latency"], "", column_table(columns, lat.get("prefill", {})) or "", ""]
 
 
 def synthetic_table(m: Int4Merged) -> list[str]:
     rows_in = m.rows.get(SYNTHETIC, {})
     if not rows_in:
         return []
-    fp = m.fp32.get(SYNTHETIC, {})
-    rows = []
-    for tool, rec in rows_in.items():
-        lb, ib = rec.get("layer_bytes"), rec.get("ideal_bytes")
-        rows.append(
-            [
-                _label(tool),
-                rec.get("status", "?") + (f": {rec.get('error', '')[:100]}" if rec.get("status") != "ok" else ""),
-                num(rec.get("wall_s")),
-                f"{num(rec.get('peak_rss_mb'), 0)} MiB" if rec.get("peak_rss_mb") else "–",
-                size(rec.get("file_bytes")),
-                f"{(lb / ib - 1) * 100:+.1f} %" if lb and ib else "–",
-                _run_ref(rec),
-            ]
-        )
-    return [
-        f"### {model_label(SYNTHETIC)}: {size(fp.get('file_bytes'))} of FP32 weights in external data",
-        "",
-        table(["Tool, method", "status", "time s", "peak RSS", "output size", "layers vs ideal", "run"], rows),
-        "",
-    ]
+    columns: tuple[Column, ...] = (
+        _TOOL,
+        (
+            "status",
+            lambda x: (
+                x[1].get("status", "?") + (f": {x[1].get('error', '')[:100]}" if x[1].get("status") != "ok" else "")
+            ),
+        ),
+        _TIME,
+        ("peak RSS", _rss()),
+        ("output size", lambda x: size(x[1].get("file_bytes"))),
+        ("layers vs ideal", lambda x: "–" if (e := _excess(x[1])) is None else f"{e * 100:+.1f} %"),
+        _RUN,
+    )
+    fp_bytes = m.fp32.get(SYNTHETIC, {}).get("file_bytes")
+    heading = f"### {model_label(SYNTHETIC)}: {size(fp_bytes)} of FP32 weights in external data"
+    return [heading, "", column_table(columns, rows_in.items()) or "", ""]
 
 
 def runs_list(m: Int4Merged) -> list[str]:
@@ -382,23 +351,20 @@ def genai_section(m: Int4Merged) -> list[str]:
         vs = f"; {num(r)}× builder default in that run" if r is not None else ""
         return f"{num(t, 1)} ({rounds}{vs}) [I{d['run']}]" if t else "–"
 
-    rows = [["FP32 (builder `-p fp32 -e cpu`)", "–", f"**{num(fp.get('perplexity'), 3)}**"]]
-    rows[0] += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", dec("fp32"), _run_ref(fp)]
-    for tool, rec in rows_in.items():
-        if tool == "onnxprec:autocast":
-            label = "onnxprec AutoCast FP16 (default flags)"
-        else:
-            label = _label(tool)
-        if rec.get("status") != "ok":
-            err = str(rec.get("error", "")).replace("|", "\\|")[:140]
-            rows.append([label, _config(rec), f"**{rec.get('status')}**: {err}", "–", num(rec.get("wall_s")), "–"])
-            rows[-1] += ["–", _run_ref(rec)]
-            continue
-        ppl = _ppl(rec)
-        rss = f"{num(rec.get('peak_rss_mb'), 0)}" if rec.get("peak_rss_mb") else "–"
-        mb = f"{rec['file_bytes'] / 1e6:.1f}" if rec.get("file_bytes") else "–"
-        cfg = "FP16" if tool == "onnxprec:autocast" else _config(rec)
-        rows.append([label, cfg, ppl, mb, num(rec.get("wall_s")), rss, dec(tool), _run_ref(rec)])
+    fp32 = ["FP32 (builder `-p fp32 -e cpu`)", "–", f"**{num(fp.get('perplexity'), 3)}**"]
+    fp32 += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", dec("fp32"), _run_ref(fp)]
+    autocast = lambda x: x[0] == "onnxprec:autocast"  # noqa: E731
+    ok = lambda x: x[1].get("status") == "ok"  # noqa: E731
+    columns: tuple[Column, ...] = (
+        ("Tool, method", lambda x: "onnxprec AutoCast FP16 (default flags)" if autocast(x) else _label(x[0])),
+        ("block, scale", lambda x: "FP16" if autocast(x) and ok(x) else _config(x[1])),
+        ("ppl (8-15)", lambda x: _ppl(x[1]) if ok(x) else _failed(x[1])),
+        ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–"),
+        _TIME,
+        ("peak RSS MiB", _rss("")),
+        ("decode tok/s", lambda x: dec(x[0])),
+        _RUN,
+    )
     gptq = rows_in.get("onnxprec:awq_gptq:zp", {}).get("perplexity")
     ours, builder = m.decode.get("onnxprec:rtn:b32:matmulnbits:all", {}), m.decode.get("builder:default", {})
     speed = _ratio(ours.get("decode_tokens_per_s"), builder.get("decode_tokens_per_s"))
@@ -421,48 +387,36 @@ def genai_section(m: Int4Merged) -> list[str]:
             _mark(None if speed is None else speed >= 1.0 and (paired_median or 1.0) >= 1.0),
         ],
     ]
-    compare = []
-    for tool in GENAI_COMPARED:
-        g, z = rows_in.get(tool, {}), m.compare.get(tool, {})
-        tr, rr = _ratio(g.get("wall_s"), z.get("wall_s")), _ratio(g.get("peak_rss_mb"), z.get("peak_rss_mb"))
-        compare.append(
-            [
-                tool,
-                f"{num(g.get('wall_s'))} s / {num(z.get('wall_s'))} s",
-                f"**{num(tr)}×**",
-                f"{num(g.get('peak_rss_mb'), 0)} / {num(z.get('peak_rss_mb'), 0)} MiB",
-                f"**{num(rr)}×**",
-                _mark(None if tr is None or rr is None else max(tr, rr) <= GENAI_RATIO_GOAL),
-                ", ".join(f"{num(x.get('wall_s'))}" for x in g.get("rounds", []))
-                + " / "
-                + ", ".join(f"{num(x.get('wall_s'))}" for x in z.get("rounds", [])),
-            ]
-        )
+    pairs = [(t, rows_in.get(t, {}), m.compare.get(t, {})) for t in GENAI_COMPARED]
+    ratio = lambda x, key: _ratio(x[1].get(key), x[2].get(key))  # noqa: E731
+    rounds = lambda rec: ", ".join(f"{num(r.get('wall_s'))}" for r in rec.get("rounds", []))  # noqa: E731
+
+    def within(x: tuple[str, dict[str, Any], dict[str, Any]]) -> str:
+        tr, rr = ratio(x, "wall_s"), ratio(x, "peak_rss_mb")
+        return _mark(None if tr is None or rr is None else max(tr, rr) <= GENAI_RATIO_GOAL)
+
+    compare: tuple[Column, ...] = (
+        ("Tool", lambda x: x[0]),
+        ("time (median)", lambda x: f"{num(x[1].get('wall_s'))} s / {num(x[2].get('wall_s'))} s"),
+        ("ratio", lambda x: f"**{num(ratio(x, 'wall_s'))}×**"),
+        ("peak RSS", lambda x: f"{num(x[1].get('peak_rss_mb'), 0)} / {num(x[2].get('peak_rss_mb'), 0)} MiB"),
+        ("ratio", lambda x: f"**{num(ratio(x, 'peak_rss_mb'))}×**"),
+        ("", within),
+        ("time per round, builder / own", lambda x: f"{rounds(x[1])} / {rounds(x[2])}"),
+    )
     return [
         "### SmolLM2-135M built by onnxruntime-genai's builder (KV cache, GroupQueryAttention, contrib ops)",
         "",
         TEXT["int4.genai"],
         "",
-        table(
-            [
-                "Tool, method",
-                "block, scale",
-                "ppl (8-15)",
-                "model files MB",
-                "time s",
-                "peak RSS MiB",
-                "decode tok/s",
-                "run",
-            ],
-            rows,
-        ),
+        column_table(columns, rows_in.items(), [fp32]) or "",
         "",
         table(["Target (KV-cache issue)", "Measured", "Goal", ""], goals),
         "",
         "Same onnxprec runs on the builder model and on our own export (`smollm2_135m.onnx`, no KV cache), "
         "alternating round by round in one run: builder / own export (target ≤ 1.2× for both time and peak RSS).",
         "",
-        table(["Tool", "time (median)", "ratio", "peak RSS", "ratio", "", "time per round, builder / own"], compare),
+        column_table(compare, pairs) or "",
         "",
     ]
 
