@@ -3,6 +3,8 @@
 An API setting every tool words its own way is a field factory used in each tool's options class (the spelling and
 what the tool does with the value are parameters): :func:`calibration_data_option`, :func:`input_shapes_option`,
 :func:`providers_option`, :func:`genai_provider_option`, :func:`html_report_option`, :func:`log_level_option`.
+Each factory returns an :func:`~onnxprec._options.option` field (defaulting to None unless it says otherwise); its
+``flags`` are the spellings and its ``group`` the argparse group's title when not the options class's ``TITLE``.
 Command-line-only flags are classes of their own that each tool adds (:class:`FileArgs`, :class:`CommonArgs`),
 respelled per tool with :func:`onnxprec._options.customize` (:func:`file_args`).
 
@@ -13,9 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from onnxprec._options import ArgGroup, ToolOptions, customize, option
+from onnxprec._options import ArgGroup, ToolOptions, customize, from_args, option
+
+if TYPE_CHECKING:
+    import argparse
+
+T = TypeVar("T", bound=ToolOptions)
 
 __all__ = [
     "LOG_LEVELS",
@@ -29,6 +36,7 @@ __all__ = [
     "input_shapes_option",
     "log_level_option",
     "providers_option",
+    "read_args",
 ]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -60,10 +68,6 @@ def calibration_data_option(
         default: What the tool uses without data (after "default:" in the help, "None:" in the doc).
         note: A remark appended to the default, e.g. "AWQ and GPTQ need representative data".
         more_formats: A format only this tool reads, as (help text, doc text), e.g. an ``.npy`` of token ids.
-        group: Title of the argparse group, when not the options class's ``TITLE``.
-
-    Returns:
-        An :func:`option` field defaulting to None.
     """
     formats_help, formats_doc = _DATA_FORMATS_HELP, _DATA_FORMATS_DOC
     if more_formats is not None:
@@ -84,12 +88,7 @@ def input_shapes_option(*, flags: Iterable[str] = ("--input_shapes",), group: st
     """The sizes of dynamic inputs for random data, shared by every tool that makes random inputs.
 
     Args:
-        flags: The spellings.
-        group: Title of the argparse group, when not the options class's ``TITLE``.
         more: Other forms the API accepts, appended to the doc (e.g. a list of shapes in input order).
-
-    Returns:
-        An :func:`option` field defaulting to None.
     """
     return option(
         None,
@@ -146,10 +145,6 @@ def html_report_option(what: str, *, flags: Iterable[str] = ("--html",), group: 
     Args:
         what: What the page shows, e.g. "the table and a plot of the error along the graph".
         flags: The spellings (``--html`` by default; AutoCast's is ``--report``).
-        group: Title of the argparse group, when not the options class's ``TITLE``.
-
-    Returns:
-        An :func:`option` field defaulting to None.
     """
     return option(
         None,
@@ -234,6 +229,11 @@ class CommonArgs(ToolOptions):
         metavar="PATH",
         help="Also write a JSON report of the run (counts, per-node decisions with reasons, errors, timings).",
     )
+
+
+def read_args(args: argparse.Namespace, options: type[T]) -> tuple[FileArgs, CommonArgs, T]:
+    """A tool's parsed flags read back: its input and output (:class:`FileArgs`), :class:`CommonArgs`, its options."""
+    return from_args(FileArgs, args), from_args(CommonArgs, args), from_args(options, args)
 
 
 def log_level_option() -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from onnxprec._arg_groups import CommonArgs, providers_option
+from onnxprec._arg_groups import CommonArgs, FileArgs, providers_option
 from onnxprec._options import (
     ToolOptions,
     add_arguments,
@@ -22,7 +22,7 @@ from onnxprec._options import (
     parse_args_doc,
     signature_mismatches,
 )
-from onnxprec.autocast._cli import FileArgs, ModelOptCompatArgs
+from onnxprec.autocast._cli import ModelOptCompatArgs
 from onnxprec.autocast._options import AutoCastOptions
 
 

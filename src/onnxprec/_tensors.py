@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["cast_array", "converted_tensor", "finite_max", "release"]
+__all__ = ["cast_array", "converted_tensor", "finite_max", "float32_copy", "release"]
 
 # Convert big tensors in slices so the temporary float32 copy made by clipping stays small.
 _CHUNK_ELEMENTS = 1 << 22
@@ -58,6 +58,19 @@ def release(tensor: ir.TensorProtocol) -> None:
         # BufferError: a numpy view of the mapping is still alive; it is unmapped when that view goes.
         with contextlib.suppress(BufferError):
             tensor.release()
+
+
+def float32_copy(tensor: ir.TensorProtocol, *, transposed: bool = False) -> np.ndarray:
+    """A float32 copy of a weight (transposed: ``[K, N]`` from a Gemm's ``[N, K]``); an external one is unmapped.
+
+    The view of the mapping is dropped before :func:`release`: while it lives the mapping cannot be closed, and the
+    tensor would keep the whole file mapped with every page read so far resident (3.7 GB of RSS on a 4 GB model).
+    """
+    array = np.asarray(tensor.numpy())
+    copy = (array.T if transposed else array).astype(np.float32)
+    del array
+    release(tensor)
+    return copy
 
 
 def converted_tensor(tensor: ir.TensorProtocol, to: ir.DataType, name: str | None = None) -> ir.LazyTensor:

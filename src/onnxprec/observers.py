@@ -39,6 +39,7 @@ __all__ = [
     "RunSampleObserver",
     "TensorStats",
     "TokenSampleObserver",
+    "TokenSumObserver",
     "accumulate",
 ]
 
@@ -58,6 +59,19 @@ class _Filtered:
 
     def wants(self, name: str) -> bool:
         return self.names is None or name in self.names
+
+
+class _Sampling(_Filtered):
+    """Base of the observers that keep a uniform random sample of at most ``max_tokens`` token rows per tensor
+    (reservoir sampling with ``seed``; ``_seen``: the rows seen so far per tensor)."""
+
+    def __init__(self, max_tokens: int, names: Collection[str] | None, seed: int) -> None:
+        super().__init__(names)
+        if max_tokens <= 0:
+            raise ValueError("max_tokens must be positive")
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self._seen: dict[str, int] = {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -184,23 +198,35 @@ def _rows(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1, array.shape[-1]).astype(np.float32, copy=False)
 
 
-class ChannelAbsMeanObserver(_Filtered):
-    """Per-channel (last axis) mean of ``|x|`` over every token of every batch."""
+class TokenSumObserver(_Filtered):
+    """Base of the observers that sum one array per batch over every token: ``term`` of the batch's token rows
+    ``[tokens, channels]`` (float32) is added to ``totals[name]`` (float64) and the rows to ``tokens[name]``."""
 
     def __init__(self, names: Collection[str] | None = None) -> None:
         super().__init__(names)
-        self._sums: dict[str, np.ndarray] = {}
+        self.totals: dict[str, np.ndarray] = {}
         self.tokens: dict[str, int] = {}
+
+    def term(self, rows: np.ndarray) -> np.ndarray:
+        """The batch's contribution to the sum (float64)."""
+        raise NotImplementedError
 
     def update(self, name: str, array: np.ndarray) -> None:
         if not self.wants(name):
             return
         rows = _rows(array)
-        accumulate(self._sums, self.tokens, name, np.abs(rows).sum(axis=0, dtype=np.float64), rows.shape[0])
+        accumulate(self.totals, self.tokens, name, self.term(rows), rows.shape[0])
+
+
+class ChannelAbsMeanObserver(TokenSumObserver):
+    """Per-channel (last axis) mean of ``|x|`` over every token of every batch."""
+
+    def term(self, rows: np.ndarray) -> np.ndarray:
+        return np.abs(rows).sum(axis=0, dtype=np.float64)
 
     def mean(self, name: str) -> np.ndarray:
         """``[channels]`` float32 mean ``|x|``."""
-        return (self._sums[name] / max(self.tokens[name], 1)).astype(np.float32)
+        return (self.totals[name] / max(self.tokens[name], 1)).astype(np.float32)
 
 
 def accumulate(totals: dict[str, np.ndarray], counts: dict[str, int], name: str, value: np.ndarray, n: int) -> None:
@@ -213,19 +239,17 @@ def accumulate(totals: dict[str, np.ndarray], counts: dict[str, int], name: str,
         counts[name] = n
 
 
-class GramObserver(_Filtered):
-    """``XᵀX`` (float64, ``[channels, channels]``) and the token count, summed over every batch."""
+class GramObserver(TokenSumObserver):
+    """``XᵀX`` (float64, ``[channels, channels]``, in ``gram``) and the token count, summed over every batch."""
 
-    def __init__(self, names: Collection[str] | None = None) -> None:
-        super().__init__(names)
-        self.gram: dict[str, np.ndarray] = {}
-        self.tokens: dict[str, int] = {}
+    @property
+    def gram(self) -> dict[str, np.ndarray]:
+        """``XᵀX`` by tensor name."""
+        return self.totals
 
-    def update(self, name: str, array: np.ndarray) -> None:
-        if not self.wants(name):
-            return
-        rows = _rows(array).astype(np.float64)
-        accumulate(self.gram, self.tokens, name, rows.T @ rows, rows.shape[0])
+    def term(self, rows: np.ndarray) -> np.ndarray:
+        rows = rows.astype(np.float64)
+        return rows.T @ rows
 
 
 def _reservoir(
@@ -256,7 +280,7 @@ def _reservoir(
     return sample, seen, where
 
 
-class TokenSampleObserver(_Filtered):
+class TokenSampleObserver(_Sampling):
     """A uniform random sample of at most ``max_tokens`` token rows per tensor (reservoir sampling).
 
     Rows are the last axis of the tensor. The same seed gives the same sample for the same batches, and
@@ -265,13 +289,8 @@ class TokenSampleObserver(_Filtered):
     """
 
     def __init__(self, max_tokens: int = 512, names: Collection[str] | None = None, seed: int = 0) -> None:
-        super().__init__(names)
-        if max_tokens <= 0:
-            raise ValueError("max_tokens must be positive")
-        self.max_tokens = max_tokens
-        self.seed = seed
+        super().__init__(max_tokens, names, seed)
         self._samples: dict[str, np.ndarray] = {}
-        self._seen: dict[str, int] = {}
 
     def update(self, name: str, array: np.ndarray) -> None:
         if not self.wants(name):
@@ -430,7 +449,7 @@ class ChannelStatsObserver(_Filtered):
         return self._absmax[name]
 
 
-class RunSampleObserver(_Filtered):
+class RunSampleObserver(_Sampling):
     """A uniform sample of at most ``max_tokens`` token rows per tensor, and per-channel min/max of their runs.
 
     Dynamic quantization (``DynamicQuantizeLinear``) takes its range from the whole tensor of one run; a sampled row
@@ -440,15 +459,10 @@ class RunSampleObserver(_Filtered):
     """
 
     def __init__(self, max_tokens: int = 512, names: Collection[str] | None = None, seed: int = 0) -> None:
-        super().__init__(names)
-        if max_tokens <= 0:
-            raise ValueError("max_tokens must be positive")
-        self.max_tokens = max_tokens
-        self.seed = seed
+        super().__init__(max_tokens, names, seed)
         self._rows: dict[str, np.ndarray] = {}
         self._runs_of_rows: dict[str, np.ndarray] = {}
         self._extremes: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-        self._seen: dict[str, int] = {}
         self._run_count: dict[str, int] = {}
 
     def update(self, name: str, array: np.ndarray) -> None:

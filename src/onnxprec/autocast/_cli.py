@@ -11,8 +11,8 @@ import argparse
 from dataclasses import dataclass
 
 from onnxprec import _options, _report
-from onnxprec._arg_groups import CommonArgs, FileArgs, file_args
-from onnxprec._options import ToolOptions, from_args, option
+from onnxprec._arg_groups import CommonArgs, file_args, read_args
+from onnxprec._options import ToolOptions, option
 from onnxprec.autocast._options import AutoCastOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "FILES", "ModelOptCompatArgs", "add_arguments", "run"]
@@ -52,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """Converts the model; prints one summary line on stdout."""
     from onnxprec.autocast._api import convert_file
 
-    files = from_args(FileArgs, args)
-    common = from_args(CommonArgs, args)
-    options = from_args(AutoCastOptions, args)
+    files, common, options = read_args(args, AutoCastOptions)
     _report.check_paths(
         {"--report_json": common.report_json}, [files.onnx_path, *filter(None, [files.output_path, options.report])]
     )

@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 
 from onnxprec import _options, _report
-from onnxprec._arg_groups import CommonArgs, FileArgs, file_args
-from onnxprec._options import from_args
+from onnxprec._arg_groups import CommonArgs, file_args, read_args
 from onnxprec.debug._options import DumpOptions
 
 __all__ = ["DESCRIPTION", "EPILOG", "FILES", "add_arguments", "run"]
@@ -41,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
     """Dumps the model; prints one summary line on stdout."""
     from onnxprec.debug.dump import dump_model
 
-    files = from_args(FileArgs, args)
-    common = from_args(CommonArgs, args)
-    options = from_args(DumpOptions, args)
+    files, common, options = read_args(args, DumpOptions)
     _report.check_paths({"--report_json": common.report_json}, [files.onnx_path])
     result = dump_model(
         files.onnx_path,

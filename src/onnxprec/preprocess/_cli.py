@@ -13,8 +13,7 @@ import argparse
 from pathlib import Path
 
 from onnxprec import _options, _report
-from onnxprec._arg_groups import CommonArgs, FileArgs, file_args
-from onnxprec._options import from_args
+from onnxprec._arg_groups import CommonArgs, file_args, read_args
 from onnxprec.errors import ModelLoadError
 from onnxprec.preprocess._options import PreprocessOptions
 
@@ -46,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
     """Pre-processes the model; prints one summary line on stdout."""
     from onnxprec.preprocess._api import default_output_path, preprocess_file
 
-    files = from_args(FileArgs, args)
-    common = from_args(CommonArgs, args)
-    options = from_args(PreprocessOptions, args)
+    files, common, options = read_args(args, PreprocessOptions)
     if not Path(files.onnx_path).exists():
         raise ModelLoadError(f"Model file '{files.onnx_path}' does not exist: check --input.")
     output = files.output_path or str(default_output_path(files.onnx_path))

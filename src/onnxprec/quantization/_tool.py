@@ -11,7 +11,7 @@ A quantizer is an options dataclass, a pipeline and a report:
 
 :class:`QuantizationTool` then gives the path-to-path API (``quantize_file``: the output checked before the work,
 the log level, the weights quantized while they are written, the output loaded in ONNX Runtime) and
-:func:`add_arguments`/:func:`run_cli` the command line (the tool's flags with the shared input/output and common
+:func:`command_line` the command line (the tool's flags with the shared input/output and common
 groups, the report path checked before the work, one summary line). ModelOpt's ``quantize(quantize_mode=...)``
 (:mod:`onnxprec.quantization._api`) routes to the tools.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from onnxprec import _options, _report
-from onnxprec._arg_groups import CommonArgs, FileArgs, check_log_level, file_args, providers_option
+from onnxprec._arg_groups import CommonArgs, check_log_level, file_args, providers_option, read_args
 from onnxprec._options import ToolOptions, option, options_from_call
 from onnxprec.errors import InvalidArgumentError
 
@@ -43,13 +43,13 @@ __all__ = [
     "QuantizationOptions",
     "QuantizationReport",
     "QuantizationTool",
-    "add_arguments",
     "calibration_batch_size_option",
     "calibration_eps_option",
     "check_float_model",
+    "command_line",
     "external_data_option",
     "nodes_to_exclude_option",
-    "run_cli",
+    "nothing_to_quantize",
     "sample_tokens_option",
 ]
 
@@ -204,6 +204,25 @@ def check_float_model(model: ir.Model) -> None:
         )
 
 
+def nothing_to_quantize(layers: str, skipped: str, excluded_by: str | None) -> Exception:
+    """The error when no layer is left to quantize.
+
+    Args:
+        layers: The layers the tool quantizes, e.g. "Conv, MatMul or Gemm whose weight is a float32 initializer".
+        skipped: How many candidates were skipped, e.g. "3 skipped".
+        excluded_by: The options that excluded every candidate, or None when none was excluded.
+
+    Returns:
+        An :class:`~onnxprec.errors.UnsupportedModelError` to raise.
+    """
+    from onnxprec.errors import UnsupportedModelError
+
+    hint = f" (all excluded by {excluded_by})" if excluded_by else ""
+    return UnsupportedModelError(
+        f"Nothing to quantize{hint}: the model has no {layers} ({skipped}; see --log_level DEBUG)."
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # The path-to-path API
 
@@ -317,22 +336,30 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
 # The command line
 
 
-def _files(options: type[QuantizationOptions]) -> Any:
-    return file_args(f"<name>{options.OUTPUT_SUFFIX}.onnx", input_help="Input float ONNX model.")
+def command_line(
+    options: type[QuantizationOptions], api: str
+) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]:
+    """A quantizer's ``add_arguments`` and ``run`` for its ``_cli`` module (see :mod:`onnxprec.cli`).
 
+    Args:
+        options: The options dataclass: its flags follow the input and output, the common ones last.
+        api: The module whose ``quantize_file`` ``run`` calls, imported only then (``--help`` stays fast).
+    """
 
-def add_arguments(parser: argparse.ArgumentParser, options: type[QuantizationOptions]) -> None:
-    """A quantizer's flags: input and output, its options (ModelOpt's names, then onnxprec's extras), common."""
-    _options.add_arguments(parser, _files(options), options, CommonArgs)
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        files = file_args(f"<name>{options.OUTPUT_SUFFIX}.onnx", input_help="Input float ONNX model.")
+        _options.add_arguments(parser, files, options, CommonArgs)
 
+    def run(args: argparse.Namespace) -> int:
+        import importlib
 
-def run_cli(args: argparse.Namespace, options: type[OptionsT], quantize_file: Callable[..., QuantizationReport]) -> int:
-    """Runs a quantizer on parsed flags: the report's path checked before the work; prints one summary line."""
-    files = _options.from_args(FileArgs, args)
-    common = _options.from_args(CommonArgs, args)
-    settings = dataclasses.replace(_options.from_args(options, args), log_level=common.log_level)  # type: ignore[type-var]
-    _report.check_paths({"--report_json": common.report_json}, [files.onnx_path, *filter(None, [files.output_path])])
-    report = quantize_file(files.onnx_path, files.output_path, options=settings)
-    _report.write_json(common.report_json, report.to_json())
-    print(f"{report.summary}; saved {report.output_path}")
-    return 0
+        files, common, parsed = read_args(args, options)
+        settings = dataclasses.replace(parsed, log_level=common.log_level)  # type: ignore[type-var]
+        outputs = [files.onnx_path, *filter(None, [files.output_path])]
+        _report.check_paths({"--report_json": common.report_json}, outputs)
+        report = importlib.import_module(api).quantize_file(files.onnx_path, files.output_path, options=settings)
+        _report.write_json(common.report_json, report.to_json())
+        print(f"{report.summary}; saved {report.output_path}")
+        return 0
+
+    return add_arguments, run

@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver, accumulate
+from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
 from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup
 from onnxprec.reference import DEFAULT_SEGMENT_BYTES, run_reference
@@ -50,12 +50,8 @@ class Float32GramObserver(GramObserver):
     """:class:`~onnxprec.observers.GramObserver` with each batch's ``XᵀX`` computed in float32 and summed in
     float64: twice as fast (a float32 symmetric rank-k update), with per-batch sums exact to about 1e-7."""
 
-    def update(self, name: str, array: np.ndarray) -> None:
-        if not self.wants(name):
-            return
-        values = np.asarray(array)
-        rows = values.reshape(-1, values.shape[-1] if values.ndim else 1).astype(np.float32, copy=False)
-        accumulate(self.gram, self.tokens, name, (rows.T @ rows).astype(np.float64), rows.shape[0])
+    def term(self, rows: np.ndarray) -> np.ndarray:
+        return (rows.T @ rows).astype(np.float64)
 
 
 def stats_bytes(group: InputGroup, spec: MethodSpec, sample_tokens: int) -> int:

@@ -31,7 +31,7 @@ from onnxprec._options import fields_in, log_level_during
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
-from onnxprec.quantization._tool import QuantizationTool, check_float_model
+from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
@@ -291,11 +291,9 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     )
     report.excluded, report.skipped = selection.excluded, selection.skipped
     if not selection.targets:
-        hint = " (all excluded by nodes_to_exclude)" if selection.excluded else ""
-        raise UnsupportedModelError(
-            f"Nothing to quantize{hint}: the model has no MatMul or Gemm whose weight is a 2-D float initializer "
-            f"and whose other input is computed ({len(selection.skipped)} MatMul/Gemm skipped; see --log_level DEBUG)."
-        )
+        layers = "MatMul or Gemm whose weight is a 2-D float initializer and whose other input is computed"
+        skipped = f"{len(selection.skipped)} MatMul/Gemm skipped"
+        raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
     report.seconds["load+select"] = time.perf_counter() - tick
     written = None  # without data, an LLM calibrates on text it writes itself
     needs_data = options.spec.needs_data and any(t.bits == 4 for t in selection.targets)

@@ -1,13 +1,8 @@
-"""``onnxprec quantize int4`` and ``python -m onnxprec.quantization.int4``: INT4 weight-only quantization.
-
-The flags come from :class:`~onnxprec.quantization.int4.Int4Options` (declared once, with the API keywords,
-ModelOpt's names) and the groups every quantizer shares (:mod:`onnxprec.quantization._tool`). Nothing heavy is
-imported until :func:`run`, so ``--help`` is fast.
+"""``onnxprec quantize int4`` (``python -m onnxprec.quantization.int4``): the flags of
+:class:`~onnxprec.quantization.int4.Int4Options` and those every quantizer shares (:mod:`onnxprec.quantization._tool`).
 """
 
 from __future__ import annotations
-
-import argparse
 
 from onnxprec.quantization import _tool
 from onnxprec.quantization.int4._options import Int4Options
@@ -29,13 +24,4 @@ examples:
 """
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The INT4 flags (ModelOpt's names where ModelOpt has them) and onnxprec's extras."""
-    _tool.add_arguments(parser, Int4Options)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Quantizes the model; prints one summary line on stdout."""
-    from onnxprec.quantization.int4 import quantize_file
-
-    return _tool.run_cli(args, Int4Options, quantize_file)
+add_arguments, run = _tool.command_line(Int4Options, "onnxprec.quantization.int4")

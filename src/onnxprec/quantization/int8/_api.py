@@ -29,7 +29,7 @@ from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
 from onnxprec.passes import InferTypesPass, LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
-from onnxprec.quantization._tool import QuantizationTool, check_float_model
+from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
@@ -166,11 +166,9 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     plan = plan_for(model, options)
     report.excluded, report.skipped = plan.excluded, plan.skipped
     if not plan.layers:
-        hint = " (all excluded by nodes_to_exclude or op_types_to_exclude)" if plan.excluded else ""
-        raise UnsupportedModelError(
-            f"Nothing to quantize{hint}: the model has no Conv, MatMul or Gemm whose weight is a float32 initializer "
-            f"and whose input is computed ({len(plan.skipped)} skipped; see --log_level DEBUG)."
-        )
+        excluded_by = "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
+        layers = "Conv, MatMul or Gemm whose weight is a float32 initializer and whose input is computed"
+        raise nothing_to_quantize(layers, f"{len(plan.skipped)} skipped", excluded_by)
     report.seconds["load+place"] = time.perf_counter() - tick
     logger.info(
         "INT8 for %s: %d layers (%d dynamic), %d static tensors", options.runtime, len(plan.layers),

@@ -1,13 +1,8 @@
-"""``onnxprec quantize int8`` and ``python -m onnxprec.quantization --quantize_mode int8``: INT8 quantization.
-
-The flags come from :class:`~onnxprec.quantization.int8.Int8Options` (declared once, with the API keywords,
-ModelOpt's names) and the groups every quantizer shares (:mod:`onnxprec.quantization._tool`). Nothing heavy is
-imported until :func:`run`, so ``--help`` is fast.
+"""``onnxprec quantize int8`` (``python -m onnxprec.quantization --quantize_mode int8``): its description, examples
+and the flags of :class:`~onnxprec.quantization.int8.Int8Options` with the shared ones (:func:`_tool.command_line`).
 """
 
 from __future__ import annotations
-
-import argparse
 
 from onnxprec.quantization import _tool
 from onnxprec.quantization.int8._options import Int8Options
@@ -32,13 +27,4 @@ examples:
 """
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The INT8 flags (ModelOpt's names where ModelOpt has them) and onnxprec's extras."""
-    _tool.add_arguments(parser, Int8Options)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Quantizes the model; prints one summary line on stdout."""
-    from onnxprec.quantization.int8 import quantize_file
-
-    return _tool.run_cli(args, Int8Options, quantize_file)
+add_arguments, run = _tool.command_line(Int8Options, "onnxprec.quantization.int8")

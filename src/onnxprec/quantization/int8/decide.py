@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
-from onnxprec._tensors import release
+from onnxprec._tensors import float32_copy
 from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
 from onnxprec.quantization.algorithms.int8 import (
     bias_correction,
@@ -101,11 +101,7 @@ def _matrix(layer: Layer) -> np.ndarray:
     """The float32 weight as the quantized layer reads it (``[K, N]`` for MatMul/Gemm), mapping released."""
     tensor = layer.weight.const_value
     assert tensor is not None
-    array = np.asarray(tensor.numpy())
-    weight = (array.T if layer.transposed else array).astype(np.float32)
-    del array
-    release(tensor)
-    return weight
+    return float32_copy(tensor, transposed=layer.transposed)
 
 
 def _bias(node: ir.Node) -> np.ndarray | None:
