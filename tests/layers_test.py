@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("I/O", ("onnxprec._io", "onnxprec._protobuf", "onnxprec._tensors", "onnxprec._report", "onnxprec._genai")),
     ("runtime", ("onnxprec._ort",)),
     ("measure", ("onnxprec.calibration", "onnxprec.calibration_data", "onnxprec.llm_inputs",
-                 "onnxprec._input_contracts", "onnxprec.reference", "onnxprec.observers",
+                 "onnxprec._input_contracts", "onnxprec.reference", "onnxprec.reductions", "onnxprec.observers",
                  "onnxprec.metrics", "onnxprec.validate")),
     ("passes", ("onnxprec.passes",)),
     ("tools", ("onnxprec.autocast", "onnxprec.quantization", "onnxprec.debug", "onnxprec.evaluate",

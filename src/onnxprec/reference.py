@@ -31,11 +31,12 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort
-from onnxprec._graph import FLOAT_TYPES, unique_name
+from onnxprec._graph import FLOAT_TYPES
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
+from onnxprec.reductions import AddRangeReductionsPass, RangeReductionsResult
 
 __all__ = [
     "DEFAULT_BUDGET_BYTES",
@@ -232,16 +233,13 @@ def run_reference(
                 len(marked), count, len(segments), segment_bytes / (1 << 20),
             )  # fmt: skip
             return ReferenceResult(first, first_outputs, count, 1, ranges.stats if ranges else None, len(segments))
-        n_outputs, original_nodes = len(base.graph.output), list(base.graph.node)
+        n_outputs = len(base.graph.output)
         progress = stack.enter_context(tqdm(desc="Reference run", unit="run", disable=None, leave=False))
         for chunk_index, chunk in enumerate(chunks):
             names = [str(v.name) for v in chunk]
-            reductions = _add_reductions(base, in_graph, sentinels) if chunk_index == 0 and in_graph else {}
-            session = _chunk_session(base, payload, folder, chunk, providers, what)
-            del base.graph.output[n_outputs:]
-            if reductions:
-                base.graph.ClearField("node")
-                base.graph.node.extend(original_nodes)
+            reduced, reductions = _with_reductions(base, in_graph, sentinels) if chunk_index == 0 else (base, {})
+            session = _chunk_session(reduced, payload, folder, chunk, providers, what)
+            del base.graph.output[n_outputs:], reduced
             fetch = graph_outputs + names if chunk_index == 0 else names
             fetch += [out for outs in reductions.values() for out in outs]
             count = 0
@@ -367,7 +365,7 @@ def _run_segmented(
         )
         proto.functions.extend(base.functions)
         here = [v for v in in_graph if str(v.name) in produced_set]
-        reductions = _add_reductions(proto, here, sentinels) if here else {}
+        proto, reductions = _with_reductions(proto, here, sentinels)
         pieces.append((proto.SerializeToString(), inputs, outputs, reductions))
         del proto
     carried: list[dict[str, np.ndarray]] = []
@@ -455,63 +453,18 @@ def _reduced_in_graph(marked: list[ir.Value], observers: Sequence[Observer]) -> 
     return [v for v in marked if v.dtype == ir.DataType.FLOAT and not fetched(str(v.name))]
 
 
-_REDUCTIONS = (("ReduceMin", "min"), ("ReduceMax", "max"), ("ReduceSum", "sum"), ("Shape", "shape"))
-
-
-def _add_reductions(
-    proto: onnx.ModelProto, values: list[ir.Value], sentinels: Mapping[str, float] | None = None
-) -> dict[str, tuple[str, ...]]:
-    """Appends min/max/sum/shape nodes for each value to ``proto``'s graph; returns their output names.
-
-    The sum is NaN exactly when the tensor holds a NaN (or both infinities, which min/max show anyway):
-    ReduceMin/ReduceMax alone do not propagate NaN reliably. A value with a threshold in ``sentinels`` also
-    gets the largest magnitude among its elements above the threshold (a fifth output name).
+def _with_reductions(
+    proto: onnx.ModelProto, values: Sequence[ir.Value], sentinels: Mapping[str, float] | None
+) -> tuple[onnx.ModelProto, dict[str, tuple[str, ...]]]:
+    """The model to run with the range reductions of ``values`` (:class:`AddRangeReductionsPass` on an onnx-ir clone
+    of ``proto``, whose weights stay references to their files) and the names of their outputs; ``proto`` unchanged.
     """
-    used = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
-    used |= {out for node in proto.graph.node for out in node.output}
-
-    def fresh(base: str) -> str:
-        return unique_name(base, used)
-
-    after: dict[str, list[onnx.NodeProto]] = {}
-    result: dict[str, tuple[str, ...]] = {}
-    for index, value in enumerate(values):
-        name = str(value.name)
-        outs = []
-        for op, suffix in _REDUCTIONS:
-            out = fresh(f"__onnxprec_{index}_{suffix}")
-            node = onnx.helper.make_node(op, [name], [out], name=out)
-            if op != "Shape":
-                node.attribute.append(onnx.helper.make_attribute("keepdims", 0))
-            after.setdefault(name, []).append(node)
-            elem = onnx.TensorProto.INT64 if op == "Shape" else onnx.TensorProto.FLOAT
-            proto.graph.output.append(onnx.helper.make_tensor_value_info(out, elem, None))
-            outs.append(out)
-        threshold = (sentinels or {}).get(name)
-        if threshold is not None:
-            # max(|x| where not x <= threshold): NaN stays (it is data), sentinels count as 0
-            t, masked, mag, kept, out = (fresh(f"__onnxprec_{index}_{s}") for s in ("t", "m", "a", "k", "past"))
-            zero = fresh(f"__onnxprec_{index}_0")
-            after[name] += [
-                onnx.helper.make_node("Constant", [], [t], value=onnx.numpy_helper.from_array(np.float32(threshold))),
-                onnx.helper.make_node("Constant", [], [zero], value=onnx.numpy_helper.from_array(np.float32(0))),
-                onnx.helper.make_node("LessOrEqual", [name, t], [masked]),
-                onnx.helper.make_node("Abs", [name], [mag]),
-                onnx.helper.make_node("Where", [masked, zero, mag], [kept]),
-                onnx.helper.make_node("ReduceMax", [kept], [out], keepdims=0),
-            ]
-            proto.graph.output.append(onnx.helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
-            outs.append(out)
-        result[name] = tuple(outs)
-    # Each reduction right after its tensor's producer, so the runtime frees the tensor as early as before.
-    nodes: list[onnx.NodeProto] = []
-    for node in proto.graph.node:
-        nodes.append(node)
-        for out in node.output:
-            nodes.extend(after.get(out, ()))
-    proto.graph.ClearField("node")
-    proto.graph.node.extend(nodes)
-    return result
+    if not values:
+        return proto, {}
+    clone = ir.serde.deserialize_model(proto)
+    result = AddRangeReductionsPass([str(v.name) for v in values], sentinels)(clone)
+    assert isinstance(result, RangeReductionsResult)
+    return ir.serde.serialize_model(clone), result.reductions
 
 
 def _copy(value: Any) -> Any:

@@ -1,27 +1,27 @@
 """The emulation session of AutoCast's accuracy-target search: every configuration is a set of boolean inputs.
 
 :class:`Emulator` builds, once, the FP32 model in which every tensor edge that a candidate node can make low goes
-through the low type (``Cast`` to low and back) behind a boolean input, exactly where the converter rounds; trying
-a configuration is then one ``session.run`` per batch, never a build or a session (:mod:`onnxprec.autocast.target`
-runs the search).
+through the low type (``Cast`` to low and back) behind a boolean input, exactly where the converter rounds
+(:class:`EmulateRoundingPass` on a clone of the model); trying a configuration is then one ``session.run`` per batch,
+never a build or a session (:mod:`onnxprec.autocast.target` runs the search).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort
-from onnxprec._graph import unique_name
+from onnxprec._graph import NameAllocator
 from onnxprec._tensors import finite_max
 
-__all__ = ["Emulator", "float_values"]
+__all__ = ["EmulateRoundingPass", "EmulationResult", "Emulator", "float_values"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +33,128 @@ def float_values(node: ir.Node) -> list[ir.Value]:
     return [v for v in (*node.inputs, *node.outputs) if v is not None and v.dtype == _F]
 
 
-class Emulator:
-    """The FP32 model with switchable rounding through the low type; one ORT session for every configuration.
+@dataclasses.dataclass
+class EmulationResult(ir.passes.PassResult):
+    """The result of :class:`EmulateRoundingPass`.
+
+    Attributes:
+        switches: Per boolean input ``SWITCH.format(k)``, the candidates (indices) any of which being low rounds
+            the edges behind it.
+        fetch: Graph output name -> the name to fetch for it (its rounded twin where the output is rounded).
+        rounded_edges: How many tensor edges go through the low type.
+    """
+
+    switches: list[frozenset[int]] = dataclasses.field(default_factory=list)
+    fetch: dict[str, str] = dataclasses.field(default_factory=dict)
+    rounded_edges: int = 0
+
+
+class EmulateRoundingPass(ir.passes.InPlacePass):
+    """Rounds every FP32 tensor edge through the low type where a low node would, behind switches (main graph).
 
     A tensor edge (tensor ``t`` read by node ``c``) is rounded when the producer of ``t`` is low or ``c`` is
     low, as the converter does it (a low node writes the low type; a low node reads a cast of an FP32 tensor).
     Initializers are rounded for their low readers only (the converter gives them a low copy), clamped to the
     finite range as the converter clamps. Edges decided by fixed nodes are rounded unconditionally; the others
-    go through ``Where(switch, rounded, exact)``, with one boolean input per distinct set of candidates that
-    decides it.
+    go through ``Where(switch, rounded, exact)``, with one boolean scalar input per distinct set of candidates that
+    decides it. A rounded graph output keeps its exact value and gets a rounded twin as an extra output
+    (``result.fetch``). The rounding nodes follow the tensor's producer (graph inputs' and initializers' come first).
+
+    Args:
+        fixed_low: Main-graph nodes of the model the pass runs on that are low whatever the search does.
+        candidates: Its nodes the search may make low or FP32 (switch ``k`` names indices into this list).
+        low: FLOAT16 or BFLOAT16.
+        keep_io_types: Whether FP32 graph inputs and outputs stay FP32.
+    """
+
+    SWITCH = "__onnxprec_low_{}"
+
+    def __init__(
+        self, fixed_low: set[ir.Node], candidates: Sequence[ir.Node], low: ir.DataType, *, keep_io_types: bool
+    ) -> None:
+        super().__init__()
+        self.fixed_low = fixed_low
+        self.candidates = list(candidates)
+        self.low = low
+        self.keep_io_types = keep_io_types
+
+    def call(self, model: ir.Model) -> EmulationResult:
+        graph = model.graph
+        candidate = {node: i for i, node in enumerate(self.candidates)}
+        names = NameAllocator(model)
+        result = EmulationResult(model, modified=False, fetch={str(v.name): str(v.name) for v in graph.outputs})
+        switch_of: dict[frozenset[int], ir.Value] = {}
+        first: list[ir.Node] = []
+        after: dict[ir.Node, list[ir.Node]] = {}
+        io_state = "high" if self.keep_io_types else "low"
+
+        def state(node: ir.Node | None) -> str | int:
+            if node is None or node.graph is not graph:
+                return "high"
+            if node in candidate:
+                return candidate[node]
+            return "low" if node in self.fixed_low else "high"
+
+        for value in list(_float_tensors(graph)):
+            producer = value.producer()
+            # the converter copies an initializer for its low readers
+            p_state = "high" if value.is_initializer() else io_state if producer is None else state(producer)
+            readers: list[tuple[ir.Node | None, int, str | int]] = [
+                (u.node, u.idx, state(u.node)) for u in value.uses() if u.node.graph is graph
+            ]
+            readers += [(None, i, io_state) for i, v in enumerate(graph.outputs) if v is value]
+            groups: dict[frozenset[int] | None, list[tuple[ir.Node | None, int]]] = {}
+            for node, slot, c_state in readers:
+                drivers = None
+                if "low" not in (p_state, c_state):
+                    drivers = frozenset(s for s in (p_state, c_state) if isinstance(s, int))
+                    if not drivers:
+                        continue
+                groups.setdefault(drivers, []).append((node, slot))
+            if not groups:
+                continue
+            new = _rounding(value, self.low, names, clamp=value.is_initializer())
+            where = first if producer is None else after.setdefault(producer, [])
+            where += new
+            rounded = new[-1].outputs[0]
+            for drivers, uses in groups.items():
+                out = rounded
+                if drivers is not None:
+                    switch = switch_of.get(drivers)
+                    if switch is None:
+                        switch = switch_of[drivers] = ir.Value(
+                            name=self.SWITCH.format(len(result.switches)),
+                            type=ir.TensorType(ir.DataType.BOOL),
+                            shape=ir.Shape([]),
+                        )
+                        result.switches.append(drivers)
+                    out = ir.Value(name=names(f"{value.name}__emu"), type=ir.TensorType(_F))
+                    where.append(ir.Node("", "Where", [switch, rounded, value], outputs=[out]))
+                for node, slot in uses:
+                    if node is None:
+                        result.fetch[str(graph.outputs[slot].name)] = str(out.name)
+                        if out not in graph.outputs:
+                            out.shape = value.shape  # a graph output has a shape, if only of unknown dims
+                            graph.outputs.append(out)
+                    else:
+                        node.replace_input_with(slot, out)
+                result.rounded_edges += len(uses)
+        if first and graph.num_nodes():
+            graph.insert_before(graph.node(0), first)
+        elif first:
+            graph.extend(first)
+        for producer, nodes in after.items():
+            graph.insert_after(producer, nodes)
+        graph.inputs.extend(switch_of.values())
+        result.modified = bool(result.rounded_edges)
+        return result
+
+
+class Emulator:
+    """The FP32 model with switchable rounding through the low type; one ORT session for every configuration.
+
+    The session runs a clone of the model rounded by :class:`EmulateRoundingPass` (the model is unchanged; the
+    clone shares its weights and is serialized once for ONNX Runtime).
 
     Args:
         model: The FP32 model after sanitizing (unchanged).
@@ -52,7 +165,7 @@ class Emulator:
         providers: ONNX Runtime providers.
     """
 
-    SWITCH = "__onnxprec_low_{}"
+    SWITCH = EmulateRoundingPass.SWITCH
 
     def __init__(
         self,
@@ -67,111 +180,37 @@ class Emulator:
         tick = time.perf_counter()
         self.candidates = list(candidates)
         self.low = low
+        clone = model.clone()
+        twin = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))  # a clone keeps the graph's order
+        rounding = EmulateRoundingPass(
+            {twin[node] for node in fixed_low if node in twin},
+            [twin[node] for node in self.candidates],
+            low,
+            keep_io_types=keep_io_types,
+        )
+        result = rounding(clone)
+        assert isinstance(result, EmulationResult)
+        self.switches = result.switches
+        self.fetch = result.fetch
+        edges = result.rounded_edges
         self._stack = contextlib.ExitStack()
-        payload, folder = self._stack.enter_context(_ort.ort_model(model))
-        proto = _ort.model_proto(payload)
-        graph = model.graph
-        nodes = list(graph)
-        if len(nodes) != len(proto.graph.node):
-            raise AssertionError("the serialized graph does not match the model")
-        index = {node: i for i, node in enumerate(nodes)}
-        candidate = {node: i for i, node in enumerate(self.candidates)}
-
-        def state(node: ir.Node | None) -> str | int:
-            if node is None or node.graph is not graph:
-                return "high"
-            if node in candidate:
-                return candidate[node]
-            return "low" if node in fixed_low else "high"
-
-        used = _names(proto)
-        self.switches: list[frozenset[int]] = []
-        switch_of: dict[frozenset[int], str] = {}
-        first: list[onnx.NodeProto] = []
-        after: dict[int, list[onnx.NodeProto]] = {}
-        self.fetch: dict[str, str] = {str(v.name): str(v.name) for v in graph.outputs}
-        rounded_edges = 0
-        for value in _float_tensors(graph):
-            producer = value.producer()
-            if value.is_initializer():
-                p_state: str | int = "high"  # the converter copies an initializer for its low readers
-            elif producer is None:
-                p_state = "high" if keep_io_types else "low"
-            else:
-                p_state = state(producer)
-            groups: dict[frozenset[int] | None, list[tuple[int, int]]] = {}
-            readers = [(index[u.node], u.idx, state(u.node)) for u in value.uses() if u.node.graph is graph]
-            if value.is_graph_output():
-                position = next(i for i, v in enumerate(graph.outputs) if v is value)
-                readers.append((-1, position, "high" if keep_io_types else "low"))
-            for node_index, slot, c_state in readers:
-                if "low" in (p_state, c_state):
-                    drivers: frozenset[int] | None = None
-                else:
-                    drivers = frozenset(s for s in (p_state, c_state) if isinstance(s, int))
-                    if not drivers:
-                        continue
-                groups.setdefault(drivers, []).append((node_index, slot))
-            if not groups:
-                continue
-            name = str(value.name)
-            new = _rounding(name, low, used, clamp=value.is_initializer())
-            where = first if producer is None or producer.graph is not graph else after.setdefault(index[producer], [])
-            where += new
-            exact_rounded = new[-1].output[0]
-            for drivers, uses in groups.items():
-                out = exact_rounded
-                if drivers is not None:
-                    switch = switch_of.get(drivers)
-                    if switch is None:
-                        switch = switch_of[drivers] = self.SWITCH.format(len(self.switches))
-                        self.switches.append(drivers)
-                    out = unique_name(f"{name}__emu", used)
-                    where.append(onnx.helper.make_node("Where", [switch, exact_rounded, name], [out]))
-                for node_index, slot in uses:
-                    if node_index < 0:
-                        self.fetch[str(graph.outputs[slot].name)] = out
-                    else:
-                        proto.graph.node[node_index].input[slot] = out
-                rounded_edges += len(uses)
-        ordered = list(first)
-        for i, node_proto in enumerate(proto.graph.node):
-            ordered.append(node_proto)
-            ordered += after.get(i, ())
-        proto.graph.ClearField("node")
-        proto.graph.node.extend(ordered)
-        for switch in switch_of.values():
-            proto.graph.input.append(onnx.helper.make_tensor_value_info(switch, onnx.TensorProto.BOOL, []))
-        for name, fetched in self.fetch.items():
-            if fetched != name:
-                proto.graph.output.append(onnx.helper.make_tensor_value_info(fetched, onnx.TensorProto.FLOAT, None))
-        self._proto = proto
-        self._folder = folder
-        self._payload = payload
-        self._providers = providers
-        self.session = self._session(proto)
+        payload, folder = self._stack.enter_context(_ort.ort_model(clone))
+        del clone, twin, rounding, result
+        self.session = _ort.create_session(
+            payload,
+            providers=providers,
+            optimization="basic",
+            external_data_folder=folder,
+            what="the emulation model",
+        )
         self.runs = 0
         self.sessions = 1
         logger.info(
             "Emulation session: %d candidates, %d switches, %d rounded edges (%.1f s)",
             len(self.candidates),
             len(self.switches),
-            rounded_edges,
+            edges,
             time.perf_counter() - tick,
-        )
-
-    def _session(self, proto: onnx.ModelProto) -> _ort.Session:
-        if isinstance(self._payload, bytes):
-            source: bytes | str = proto.SerializeToString()
-        else:  # a temporary model whose weights are in its external data file: rewrite only the small .onnx
-            onnx.save(proto, self._payload)
-            source = self._payload
-        return _ort.create_session(
-            source,
-            providers=self._providers,
-            optimization="basic",
-            external_data_folder=self._folder,
-            what="the emulation model",
         )
 
     def close(self) -> None:
@@ -199,12 +238,6 @@ class Emulator:
         return one
 
 
-def _names(proto: onnx.ModelProto) -> set[str]:
-    used = {v.name for v in (*proto.graph.input, *proto.graph.output, *proto.graph.initializer)}
-    used.update(out for node in proto.graph.node for out in node.output)
-    return used
-
-
 def _float_tensors(graph: ir.Graph) -> Iterable[ir.Value]:
     yield from (v for v in graph.inputs if v.dtype == _F and not v.is_initializer())
     yield from (v for v in graph.initializers.values() if v.dtype == _F)
@@ -212,26 +245,24 @@ def _float_tensors(graph: ir.Graph) -> Iterable[ir.Value]:
         yield from (v for v in node.outputs if v.dtype == _F and v.name)
 
 
-def _rounding(name: str, low: ir.DataType, used: set[str], *, clamp: bool) -> list[onnx.NodeProto]:
+def _rounding(value: ir.Value, low: ir.DataType, names: NameAllocator, *, clamp: bool) -> list[ir.Node]:
     """``Cast(Cast(x, low), FLOAT)`` (clamped first for weights, as the converter clamps them)."""
     nodes = []
-    source = name
+    source = value
     if clamp:
         limit = finite_max(low)
-        lo, hi, clipped = (
-            unique_name(f"{name}__lo", used),
-            unique_name(f"{name}__hi", used),
-            unique_name(f"{name}__clip", used),
-        )
-        nodes += [
-            onnx.helper.make_node("Constant", [], [lo], value=onnx.numpy_helper.from_array(np.float32(-limit))),
-            onnx.helper.make_node("Constant", [], [hi], value=onnx.numpy_helper.from_array(np.float32(limit))),
-            onnx.helper.make_node("Clip", [name, lo, hi], [clipped]),
-        ]
-        source = clipped
-    down, up = unique_name(f"{name}__low", used), unique_name(f"{name}__round", used)
+        bounds = []
+        for suffix, bound in (("lo", -limit), ("hi", limit)):
+            out = ir.Value(name=names(f"{value.name}__{suffix}"), type=ir.TensorType(_F))
+            tensor = ir.tensor(np.float32(bound))
+            nodes.append(ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", tensor)], outputs=[out]))
+            bounds.append(out)
+        source = ir.Value(name=names(f"{value.name}__clip"), type=ir.TensorType(_F))
+        nodes.append(ir.Node("", "Clip", [value, *bounds], outputs=[source]))
+    down = ir.Value(name=names(f"{value.name}__low"), type=ir.TensorType(low))
+    up = ir.Value(name=names(f"{value.name}__round"), type=ir.TensorType(_F))
     nodes += [
-        onnx.helper.make_node("Cast", [source], [down], to=int(low)),
-        onnx.helper.make_node("Cast", [down], [up], to=onnx.TensorProto.FLOAT),
+        ir.Node("", "Cast", [source], attributes=[ir.AttrInt64("to", low)], outputs=[down]),
+        ir.Node("", "Cast", [down], attributes=[ir.AttrInt64("to", _F)], outputs=[up]),
     ]
     return nodes
