@@ -42,12 +42,14 @@ if TYPE_CHECKING:
 __all__ = [
     "QuantizationOptions",
     "QuantizationReport",
+    "QuantizationReportBase",
     "QuantizationTool",
     "calibration_batch_size_option",
     "calibration_eps_option",
     "check_float_model",
     "command_line",
     "external_data_option",
+    "json_start",
     "nodes_to_exclude_option",
     "nothing_to_quantize",
     "sample_tokens_option",
@@ -165,6 +167,26 @@ class QuantizationOptions(ToolOptions):
         return options
 
 
+@dataclasses.dataclass(kw_only=True)
+class QuantizationReportBase:
+    """The fields every quantizer's report has besides its own results (keyword-only: they follow the tool's)."""
+
+    excluded: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """(node, pattern or op type) of the layers the options kept in float."""
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """(node, reason) of the candidate layers the tool cannot quantize."""
+    calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    input_path: Path | None = None
+    output_path: Path | None = None
+    ort_only: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The output's nodes that only ONNX Runtime can check, by op; validation loads the output in ONNX Runtime."""
+    genai: Any = None
+    """The onnxruntime-genai files carried beside the output (:class:`onnxprec._genai.GenaiCarry`), or None."""
+    progress: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    """Called after each weight is quantized while the model is written, when the tool has a progress bar."""
+
+
 class QuantizationReport(_report.Report, Protocol):
     """What every quantizer's report has besides :class:`onnxprec._report.Report`."""
 
@@ -182,6 +204,12 @@ class QuantizationReport(_report.Report, Protocol):
     """The onnxruntime-genai files carried beside the output (:class:`onnxprec._genai.GenaiCarry`), or None."""
     progress: Callable[[], Any] | None
     """Called after each weight is quantized while the model is written, when the tool has a progress bar."""
+
+
+def json_start(report: QuantizationReport) -> dict[str, Any]:
+    """The first keys of a quantizer's report JSON: :func:`onnxprec._report.header`, then ``input`` and ``output``."""
+    paths = {"input": report.input_path, "output": report.output_path}
+    return {**_report.header(report), **{key: None if path is None else str(path) for key, path in paths.items()}}
 
 
 OptionsT = TypeVar("OptionsT", bound=QuantizationOptions)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from onnxprec._genai import GenaiCarry
-from onnxprec._report import header, json_number
+from onnxprec._report import json_number
+from onnxprec.quantization._tool import QuantizationReportBase, json_start
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 
 __all__ = ["Int4Report", "LayerReport"]
@@ -63,7 +61,7 @@ class LayerReport:
 
 
 @dataclass
-class Int4Report:
+class Int4Report(QuantizationReportBase):
     """The outcome of a run: settings, per-layer entries, exclusions, sizes and timings."""
 
     TOOL: ClassVar[str] = "quantize int4"
@@ -73,23 +71,11 @@ class Int4Report:
     use_zero_point: bool
     output_format: str
     layers: list[LayerReport] = field(default_factory=list)
-    excluded: list[tuple[str, str]] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    calibration: dict[str, Any] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
     float_bytes: int = 0
     quantized_bytes: int = 0
     ideal_bytes: int = 0
-    input_path: Path | None = None
-    output_path: Path | None = None
-    genai: GenaiCarry | None = None
-    """The onnxruntime-genai files carried beside the output (``quantize_file``)."""
-    ort_only: dict[str, int] = field(default_factory=dict)
-    """The output's nodes that only ONNX Runtime can check, by op; validation loads the output in ONNX Runtime."""
     budget: Any = None
     """The size budget's choice (:class:`~onnxprec.quantization.int4._budget.BudgetReport`), or None."""
-    progress: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
-    """Called after each weight is quantized (a progress bar while the model is written)."""
 
     @property
     def summary(self) -> str:
@@ -113,9 +99,7 @@ class Int4Report:
         onnxruntime-genai files carried beside the output, None when none), ``ort_only_nodes`` (the nodes only ONNX
         Runtime can check, by op, proved by loading the output in it) and ``layers``."""
         return {
-            **header(self),
-            "input": None if self.input_path is None else str(self.input_path),
-            "output": None if self.output_path is None else str(self.output_path),
+            **json_start(self),
             "method": self.method,
             "block_size": self.block_size,
             "use_zero_point": self.use_zero_point,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
-from onnxprec._report import header, json_number
+from onnxprec._report import json_number
+from onnxprec.quantization._tool import QuantizationReportBase, json_start
 
 __all__ = ["Int8Report", "LayerEntry"]
 
@@ -43,7 +42,7 @@ class LayerEntry:
 
 
 @dataclass
-class Int8Report:
+class Int8Report(QuantizationReportBase):
     """The outcome of a run: settings, per-layer entries, static tensors, fallback, accuracy and timings."""
 
     TOOL: ClassVar[str] = "quantize int8"
@@ -54,23 +53,12 @@ class Int8Report:
     layers: list[LayerEntry] = field(default_factory=list)
     static_tensors: int = 0
     passthrough: list[str] = field(default_factory=list)
-    excluded: list[tuple[str, str]] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
     target: str | None = None
     accuracy: dict[str, Any] = field(default_factory=dict)
     """The outputs' errors against the float model on the calibration data (the final model)."""
     fallback_steps: list[dict[str, Any]] = field(default_factory=list)
-    calibration: dict[str, Any] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
     autocast: str | None = None
     """AutoCast's summary when the float remainder was converted (``high_precision_dtype`` fp16/bf16)."""
-    input_path: Path | None = None
-    output_path: Path | None = None
-    ort_only: dict[str, int] = field(default_factory=dict)
-    genai: Any = None
-    """Always None: INT8 carries no onnxruntime-genai files."""
-    progress: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
-    """Unused: INT8 shows no progress bar while it writes the weights."""
 
     def count(self, mode: str) -> int:
         return sum(1 for entry in self.layers if entry.mode == mode)
@@ -100,9 +88,7 @@ class Int8Report:
         ``fallback_steps`` (each configuration the target search tried), ``calibration``, ``seconds``,
         ``excluded``/``skipped`` nodes and ``layers``."""
         return {
-            **header(self),
-            "input": None if self.input_path is None else str(self.input_path),
-            "output": None if self.output_path is None else str(self.output_path),
+            **json_start(self),
             "runtime": self.runtime,
             "calibration_method": self.calibration_method,
             "high_precision_dtype": self.float_type,
