@@ -7,7 +7,8 @@ A quantizer is an options dataclass, a pipeline and a report:
   ``calibration_eps``, ``use_external_data_format``, ``nodes_to_exclude``, ``log_level``, and the extras
   ``calibration_batch_size`` and ``sample_tokens``), each tool wording what it does with them; the base checks them;
 - **pipeline**: ``quantize_model(source, options) -> (model, report)``, up to (not including) saving;
-- **report**: a :class:`QuantizationReport`.
+- **report**: a dataclass on :class:`QuantizationReportBase` (the fields every quantizer fills) with the tool's own
+  results, its ``TOOL``, ``summary`` and ``to_json`` (starting with :func:`json_start`): a :class:`QuantizationReport`.
 
 :class:`QuantizationTool` then gives the path-to-path API (``quantize_file``: the output checked before the work,
 the log level, the weights quantized while they are written, the output loaded in ONNX Runtime) and
