@@ -483,19 +483,10 @@ def _last_error(tail: list[str]) -> str:
 def _summarise(entry: dict[str, Any]) -> None:
     runs = entry["runs"]
     ok = [r for r in runs if r["status"] == "ok"]
-    if not runs:
-        entry["status"] = "not run"
-    elif len(ok) == len(runs):
-        entry["status"] = "ok"
-    elif ok:
-        entry["status"] = "partial"
-    else:
-        entry["status"] = runs[0]["status"]
-    summary: dict[str, Any] = {}
-    for key in ("wall_s", "peak_rss_mb", "convert_s", "import_s", "user_s", "sys_s"):
-        s = stats([r.get(key) for r in ok])
-        if s:
-            summary[key] = s
+    status = "ok" if len(ok) == len(runs) else "partial" if ok else runs[0]["status"]
+    entry["status"] = status if runs else "not run"
+    keys = ("wall_s", "peak_rss_mb", "convert_s", "import_s", "user_s", "sys_s")
+    summary: dict[str, Any] = {key: s for key in keys if (s := stats([r.get(key) for r in ok]))}
     sizes = sorted({r["out_bytes"] for r in ok if "out_bytes" in r})
     if sizes:
         summary["out_bytes"] = sizes[0]

@@ -63,11 +63,11 @@ def gnu_time_available() -> bool:
     return res.returncode == 0 and "Maximum resident set size" in res.stderr
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    """Sum of the RSS of ``proc`` and its descendants (0 for those gone)."""
+def _tree_rss(proc: psutil.Process, own: bool = True) -> int:
+    """Sum of the RSS of ``proc`` (unless not ``own``) and its descendants (0 for those gone)."""
     total = 0
     try:
-        members = [proc, *proc.children(recursive=True)]
+        members = ([proc] if own else []) + proc.children(recursive=True)
     except psutil.Error:
         return 0
     for p in members:
@@ -151,7 +151,8 @@ def run_measured(
                 popen.wait()
                 raise
             if ps is not None:
-                poll_peak = max(poll_peak, _tree_rss(ps) - (_own_rss(ps) if use_gnu_time else 0))
+                # under GNU time, the wrapper's own RSS is left out: users don't run it
+                poll_peak = max(poll_peak, _tree_rss(ps, own=not use_gnu_time))
             if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
                 status = "timeout"
                 _kill_group(popen)
@@ -188,11 +189,3 @@ def run_measured(
         runner=runner,
         log_tail=tail if status != "ok" else [],
     )
-
-
-def _own_rss(ps: psutil.Process) -> int:
-    """RSS of the GNU time wrapper itself (excluded from the tree sum: users don't run it)."""
-    try:
-        return ps.memory_info().rss
-    except psutil.Error:
-        return 0

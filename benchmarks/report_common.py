@@ -161,15 +161,11 @@ def _cross_ratio(entry: dict[str, Any], anchor: dict[str, Any]) -> dict[str, Any
     tw, aw = median(entry, "wall_s"), median(anchor, "wall_s")
     if not tw or not aw:
         return None
-    one = {"n": 1}
-    out: dict[str, Any] = {
-        "speedup": {"median": aw / tw, "min": aw / tw, "max": aw / tw, **one},
-        "time_ratio": {"median": tw / aw, "min": tw / aw, "max": tw / aw, **one},
-        "paired": False,
-    }
+    one = lambda x: {"median": x, "min": x, "max": x, "n": 1}  # noqa: E731
+    out: dict[str, Any] = {"speedup": one(aw / tw), "time_ratio": one(tw / aw), "paired": False}
     tr, ar = median(entry, "peak_rss_mb"), median(anchor, "peak_rss_mb")
     if tr and ar:
-        out["rss_ratio"] = {"median": tr / ar, "min": tr / ar, "max": tr / ar, **one}
+        out["rss_ratio"] = one(tr / ar)
     return out
 
 

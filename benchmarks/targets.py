@@ -24,6 +24,7 @@ left out. Fields: ``anchor_wall_s``, ``anchor_rss_gib`` (the anchor's medians) a
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -272,19 +273,10 @@ def _row(t: Target, model: str, merged: Merged) -> TargetRow | None:
 def evaluate(targets: Sequence[Target], merged: Merged) -> list[TargetRow]:
     """Every target's row, in list order; a ``*`` target has one row per model that has its numbers."""
     rows: list[TargetRow] = []
-    i = 0
-    while i < len(targets):
-        if targets[i].model != EVERY_MODEL:
-            row = _row(targets[i], targets[i].model, merged)
-            rows += [row] if row else []
-            i += 1
-            continue
-        j = i
-        while j < len(targets) and targets[j].model == EVERY_MODEL:
-            j += 1
-        for model in sorted(merged.models, key=model_sort_key):
-            rows += [row for t in targets[i:j] if (row := _row(t, model, merged))]
-        i = j
+    for every, group in itertools.groupby(targets, key=lambda t: t.model == EVERY_MODEL):
+        run = list(group)
+        for model in sorted(merged.models, key=model_sort_key) if every else [None]:
+            rows += [row for t in run if (row := _row(t, model or t.model, merged))]
     return rows
 
 

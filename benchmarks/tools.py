@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,11 +134,11 @@ def expand_models(spec: Sequence[str]) -> list[str]:
     return out
 
 
-def parse_tools(spec: Sequence[str]) -> list[str]:
-    """Validated tool ids."""
-    unknown = [t for t in spec if t not in TOOLS]
+def parse_tools(spec: Sequence[str], known: Collection[str] = TOOLS) -> list[str]:
+    """Validated tool ids (of ``known``: AutoCast's tools by default)."""
+    unknown = [t for t in spec if t not in known]
     if unknown:
-        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}")
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return list(dict.fromkeys(spec))
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 import zoo
 
@@ -35,6 +34,7 @@ from .harness import (
     warm_page_cache,
     write_results,
 )
+from .tools import parse_tools
 
 logger = logging.getLogger(__name__)
 
@@ -104,18 +104,13 @@ def _details(tool: str, out: Path) -> dict[str, Any]:
     """What the tool produced, in a few numbers (sizes, counts, the comparison's verdict)."""
     info: dict[str, Any] = {}
     try:
-        if tool in ("preprocess", ORT_PREPROCESS):
+        if tool in ("preprocess", ORT_PREPROCESS, "dump"):
             info["output_bytes"] = files_bytes(out)
-        elif tool == "dump":
-            info["output_bytes"] = files_bytes(out)
-            index = json.loads((out / "index.json").read_text())
-            info["tensors"] = len(index.get("tensors", []))
+        if tool == "dump":
+            info["tensors"] = len(json.loads((out / "index.json").read_text()).get("tensors", []))
         elif tool == "compare":
             data = json.loads(out.read_text())
-            info["counts"] = data.get("counts")
-            info["first_divergence"] = data.get("first_divergence")
-            info["chunks"] = data.get("chunks")
-            info["outputs"] = data.get("outputs")
+            info.update({k: data.get(k) for k in ("counts", "first_divergence", "chunks", "outputs")})
         elif tool == "evaluate":
             data = json.loads(out.read_text())
             info["evaluated"] = [
@@ -174,11 +169,6 @@ def write_data(model: str, dst: Path, zoo_dir: Path | None, tokens: int = LLM_TO
     return {k: list(v.shape) for k, v in feeds.items()}
 
 
-def _has_external_data(path: Path) -> bool:
-    m = onnx.load(str(path), load_external_data=False)
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer)
-
-
 # ------------------------------------------------------------------------------------------------------------
 # the run
 # ------------------------------------------------------------------------------------------------------------
@@ -188,7 +178,7 @@ def _run_model(model: str, work: Path, config: RunConfig) -> dict[str, Any]:
     src = zoo.model_path(model, config.zoo_dir)
     mwork = work / model
     mwork.mkdir(parents=True, exist_ok=True)
-    external = _has_external_data(src)
+    external = len(model_files(src)) > 1  # the model file and its external data files
     data = mwork / "data.npz"
     shapes = write_data(model, data, config.zoo_dir, config.tokens)
     entry: dict[str, Any] = {
@@ -235,26 +225,16 @@ def _run_model(model: str, work: Path, config: RunConfig) -> dict[str, Any]:
 
 
 def _log(model: str, tool: str, rec: dict[str, Any]) -> None:
-    peak = rec.get("peak_rss_mb")
-    wall = rec.get("wall_s")
-    logger.info(
-        "%s %s: %s, %s s, peak RSS %s MiB%s",
-        model,
-        tool,
-        rec["status"],
-        f"{wall:.1f}" if wall is not None else "?",
-        f"{peak:.0f}" if peak else "?",
-        f" ({rec['error']})" if rec.get("error") else "",
-    )
+    wall, peak, error = rec.get("wall_s"), rec.get("peak_rss_mb"), rec.get("error")
+    shown = (f"{wall:.1f}" if wall is not None else "?", f"{peak:.0f}" if peak else "?", f" ({error})" if error else "")
+    logger.info("%s %s: %s, %s s, peak RSS %s MiB%s", model, tool, rec["status"], *shown)
 
 
 def run(config: RunConfig) -> Path:
     """Runs every tool on every model; writes and returns the results file."""
     config.models = config.models or list(DEFAULT_MODELS)
     config.tools = config.tools or list(TOOL_IDS)
-    unknown = [t for t in config.tools if t not in TOOL_IDS]
-    if unknown:
-        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOL_IDS)}")
+    parse_tools(config.tools, TOOL_IDS)
     result = new_results(KIND, config, tokens=config.tokens)
     work = Path(tempfile.mkdtemp(prefix="onnxprec-utilities-", dir=config.work_dir))
     try:
