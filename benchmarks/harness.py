@@ -380,20 +380,13 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
     }
     active: list[Tool] = []
     for tool in tools:
-        too_large = tool.max_model_mb is not None and size / MIB > tool.max_model_mb
-        why = f"model above {tool.max_model_mb:.0f} MB (too slow for this tool)" if too_large else None
-        entry: dict[str, Any] = {
-            "label": tool.label,
-            "command": tool.user_command.format(src=f"{model}.onnx", dst="out.onnx"),
-            "runs": [],
-        }
-        if why:
-            entry["status"] = "skipped"
-            entry["reason"] = why
-            logger.info("%s %s: skipped (%s)", model, tool.id, why)
+        command = tool.user_command.format(src=f"{model}.onnx", dst="out.onnx")
+        entry = block["tools"][tool.id] = {"label": tool.label, "command": command, "runs": []}
+        if tool.max_model_mb is not None and size / MIB > tool.max_model_mb:
+            entry.update(status="skipped", reason=f"model above {tool.max_model_mb:.0f} MB (too slow for this tool)")
+            logger.info("%s %s: skipped (%s)", model, tool.id, entry["reason"])
         else:
             active.append(tool)
-        block["tools"][tool.id] = entry
     kept: dict[str, Path] = {}
     stopped: set[str] = set()
     for rep in range(repeats):
@@ -432,14 +425,11 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
                 shutil.rmtree(rdir, ignore_errors=True)
     for tool in active:
         _summarise(block["tools"][tool.id])
-    for tool in active:
-        entry = block["tools"][tool.id]
-        entry["vs"] = {}
-        for anchor in RATIO_ANCHORS:
-            if anchor != tool.id and anchor in block["tools"]:
-                ratios = paired_ratios(entry["runs"], block["tools"][anchor]["runs"])
-                if ratios:
-                    entry["vs"][anchor] = ratios
+    for tool in active:  # ratios round by round against every anchor measured on the model
+        runs = block["tools"][tool.id]["runs"]
+        anchors = [a for a in RATIO_ANCHORS if a != tool.id and a in block["tools"]]
+        vs = {a: paired_ratios(runs, block["tools"][a]["runs"]) for a in anchors}
+        block["tools"][tool.id]["vs"] = {a: r for a, r in vs.items() if r}
     if config.metrics and kept:
         _metrics(config, model, src, work, kept, [t for t in active if t.evaluate], block)
     if not config.keep_outputs:

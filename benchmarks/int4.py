@@ -32,7 +32,7 @@ import zoo
 
 from .harness import RunConfig, ensure_anchors, measure, median, new_results, results_path, write_results
 from .output_metrics import latencies, session
-from .tools import RUNNER
+from .tools import RUNNER, parse_tools
 
 logger = logging.getLogger(__name__)
 
@@ -406,9 +406,7 @@ class _Model:
 def plan(config: RunConfig) -> dict[str, list[str]]:
     """``config.plan``'s models and tools, only ``config.models`` and ``config.tools`` when given (both given:
     those tools on those models)."""
-    unknown = [t for t in config.tools or [] if t not in TOOLS]
-    if unknown:
-        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}")
+    parse_tools(config.tools or [], TOOLS)
     if config.models and config.tools:  # an explicit plan: these tools on these models
         return {m: list(config.tools) for m in config.models}
     chosen = {m: [t for t in ts if config.tools is None or t in config.tools] for m, ts in PLANS[config.plan].items()}

@@ -282,17 +282,6 @@ def evaluate(targets: Sequence[Target], merged: Merged) -> list[TargetRow]:
 
 def targets_table(rows: Sequence[TargetRow]) -> str:
     """The Target / Measured / Goal / ✅❌– / Context / run table."""
-    return table(
-        ["Target", "Measured", "Goal", "", "Context", "run"],
-        [
-            [
-                r.target,
-                r.measured,
-                r.goal,
-                "✅" if r.reached else ("❌" if r.reached is False else "–"),
-                r.context.strip(),
-                r.run,
-            ]
-            for r in rows
-        ],
-    )
+    marks = {True: "✅", False: "❌", None: "–"}
+    cells = [[r.target, r.measured, r.goal, marks[r.reached], r.context.strip(), r.run] for r in rows]
+    return table(["Target", "Measured", "Goal", "", "Context", "run"], cells)

@@ -120,8 +120,7 @@ def family(model: str) -> str:
 
 def default_tools(model: str) -> tuple[str, ...]:
     """The tools measured on ``model`` when ``--tools`` is not given."""
-    fam = family(model)
-    return DEFAULT_TOOLS[model] if fam == "real" else DEFAULT_TOOLS[fam]
+    return DEFAULT_TOOLS.get(model) or DEFAULT_TOOLS[family(model)]
 
 
 def expand_models(spec: Sequence[str]) -> list[str]:
