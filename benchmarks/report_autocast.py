@@ -17,6 +17,7 @@ from .report_common import (
     Column,
     Merged,
     anchor_of,
+    blocks,
     column_table,
     cos,
     grouped_tables,
@@ -356,79 +357,27 @@ def latency_table(merged: Merged, models: Sequence[str]) -> str | None:
     return column_table(LATENCY, rows(merged, timed, lambda r: r.e.get("latency_cpu"), fp32=True))
 
 
-METHOD = ["## Method", "", TEXT["autocast.method"].format(tolerance=round((ERROR_TOLERANCE - 1) * 100)), ""]
-
-
 # ------------------------------------------------------------------------------------------------------------
 # the AutoCast part of the document
 # ------------------------------------------------------------------------------------------------------------
 
-INTRO = (
-    TEXT["autocast.intro.zoo"],
-    "",
-    TEXT["autocast.intro.reproduce"],
-    "",
-)
+INTRO = blocks(TEXT["autocast.intro.zoo"], TEXT["autocast.intro.reproduce"])
 
 
 def sections(merged: Merged, cuda: Sequence[str] = ()) -> list[str]:
     """Targets, conversion cost, quality, CPU latency, the CUDA tables (``cuda``: measured outside the harness,
     :func:`benchmarks.report_common.measured_tables`) and the method, as markdown lines."""
-    out = [
-        "## Targets (AutoCast issue)",
-        "",
-        "Whole process, same flags, `--keep_io_types`. ✅ reached, ❌ not reached, – not measured. "
-        "Ratios: median over rounds [min–max]; † = ratio of medians from different runs.",
-        "",
-        targets_table(evaluate(TARGETS, merged)),
-        "",
-    ]
     groups = model_groups(merged)
-    out += [
-        "## Conversion cost",
-        "",
-        TEXT["autocast.cost"],
-        "",
-    ]
-    out += grouped_tables(merged, groups, cost_table)
-    bt = baseline_table(merged, [m for _, ms in groups for m in ms])
-    if bt:
-        out += [
-            "### data_max=inf against a plain `onnx.load` + `onnx.save`",
-            "",
-            "The floor for any converter that reads and writes the whole model (same process set-up, external "
-            "data kept external).",
-            "",
-            bt,
-            "",
-        ]
-    tt = target_table(merged, [m for _, ms in groups for m in ms])
-    if tt:
-        out += [
-            f"### Accuracy target: `--target_accuracy {TARGET}` (AutoCast issue 11)",
-            "",
-            TEXT["autocast.target"],
-            "",
-            tt,
-            "",
-            TEXT["autocast.target.proxy"],
-            "",
-        ]
-    out += [
-        "## Quality of the result",
-        "",
-        TEXT["autocast.quality"],
-        "",
-    ]
-    out += grouped_tables(merged, groups, quality_table)
-    lat_parts = grouped_tables(merged, groups, latency_table)
-    if lat_parts:
-        out += [
-            "## Inference latency, ONNX Runtime CPU",
-            "",
-            TEXT["autocast.latency.cpu"],
-            "",
-            *lat_parts,
-        ]
-    out += cuda
-    return out + METHOD
+    models = [m for _, ms in groups for m in ms]
+    out = blocks("## Targets (AutoCast issue)", TEXT["autocast.targets"], targets_table(evaluate(TARGETS, merged)))
+    out += blocks("## Conversion cost", TEXT["autocast.cost"]) + grouped_tables(merged, groups, cost_table)
+    if bt := baseline_table(merged, models):
+        out += blocks("### data_max=inf against a plain `onnx.load` + `onnx.save`", TEXT["autocast.baseline"], bt)
+    if tt := target_table(merged, models):
+        heading = f"### Accuracy target: `--target_accuracy {TARGET}` (AutoCast issue 11)"
+        out += blocks(heading, TEXT["autocast.target"], tt, TEXT["autocast.target.proxy"])
+    out += blocks("## Quality of the result", TEXT["autocast.quality"]) + grouped_tables(merged, groups, quality_table)
+    if latency := grouped_tables(merged, groups, latency_table):
+        out += blocks("## Inference latency, ONNX Runtime CPU", TEXT["autocast.latency.cpu"]) + latency
+    method = TEXT["autocast.method"].format(tolerance=round((ERROR_TOLERANCE - 1) * 100))
+    return out + list(cuda) + blocks("## Method", method)

@@ -219,6 +219,11 @@ def ratio(s: dict[str, Any] | None, paired: bool = True, digits: int = 2) -> str
     return text + ("" if paired else " †")
 
 
+def blocks(*parts: str) -> list[str]:
+    """Markdown blocks (headings, paragraphs, tables) as the document's lines, each followed by a blank line."""
+    return [line for part in parts for line in (part, "")]
+
+
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """A markdown table."""
     rows = list(rows)

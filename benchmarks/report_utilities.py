@@ -16,6 +16,7 @@ from typing import Any
 from .report_common import (
     TEXT,
     Column,
+    blocks,
     column_table,
     load_results,
     model_label,
@@ -137,12 +138,8 @@ def model_table(m: UtilitiesMerged, model: str) -> list[str]:
     weights = "weights in external data" if desc.get("external_data") else "weights inside the protobuf"
     data = ", ".join(f"`{k}` {v}" for k, v in (desc.get("data") or {}).items())
     rows = [(tool, rows_in[tool]) for tool in order if tool in rows_in]
-    return [
-        f"### {_model(model)}: {size(desc.get('file_bytes'))} ({weights}); data {data or '–'}",
-        "",
-        column_table(_tool_columns(desc.get("file_bytes")), rows) or "",
-        "",
-    ]
+    heading = f"### {_model(model)}: {size(desc.get('file_bytes'))} ({weights}); data {data or '–'}"
+    return blocks(heading, column_table(_tool_columns(desc.get("file_bytes")), rows) or "")
 
 
 def _side(key: str, text: Callable[[dict[str, Any]], str]) -> tuple[Column, Column, Column]:
@@ -172,7 +169,7 @@ def preprocess_table(m: UtilitiesMerged) -> list[str]:
     if not made:
         return []
     heading = "### `onnxprec preprocess` and ONNX Runtime's `quant_pre_process`, side by side"
-    return [heading, "", TEXT["utilities.preprocess"], "", made, ""]
+    return blocks(heading, TEXT["utilities.preprocess"], made)
 
 
 def llm_sentence(m: UtilitiesMerged) -> list[str]:
@@ -200,9 +197,6 @@ def llm_sentence(m: UtilitiesMerged) -> list[str]:
         "(FP32 against its FP16 AutoCast, node by node).",
         "",
     ]
-
-
-MEMORY_NOTE = TEXT["utilities.memory"]
 
 
 def max_load(run: dict[str, Any]) -> float | None:
@@ -237,16 +231,8 @@ def sections(results_dir: Path) -> list[str]:
     if not runs:
         return []
     m = merge(runs)
-    out = [
-        "## Utilities (preprocess, evaluate, dump, compare)",
-        "",
-        TEXT["utilities.intro"],
-        "",
-        *runs_list(m),
-        *llm_sentence(m),
-    ]
+    out = blocks("## Utilities (preprocess, evaluate, dump, compare)", TEXT["utilities.intro"])
+    out += runs_list(m) + llm_sentence(m)
     for model in sorted(m.rows, key=model_sort_key):
         out += model_table(m, model)
-    out += [MEMORY_NOTE, ""]
-    out += preprocess_table(m)
-    return out
+    return out + blocks(TEXT["utilities.memory"]) + preprocess_table(m)
