@@ -19,9 +19,11 @@ onnxruntime-genai on the CPU and generate 8 tokens, in the torch venv). Each cas
 ``onnx.reference`` runs it, and a model with com.microsoft ops is skipped, saying why) on the eval windows with
 the inputs completed; the relative L2 error of its logits against the float model's, on the same inputs, is
 within the bound the same tool meets on our own SmolLM2-135M export (``bounds.json``, made by
-``--measure-bounds``). For builder models the output must also generate in onnxruntime-genai. evaluate passes when
-its perplexity equals the one computed here from the float logits (rel. 1e-3); dump when its dumped logits equal
-them (rel. L2 1e-4; FP16 logits 2^-10); compare when it reports a finite logits error within the fp16 bound.
+``--measure-bounds``; AutoCast's at least twice the architecture's own FP16/BF16 error in transformers,
+``--measure-own-error``; AWQ's and GPTQ's at least RTN's). For builder models the output must also generate in
+onnxruntime-genai. evaluate passes when its perplexity equals the one computed here from the float logits (rel.
+1e-3); dump when its dumped logits equal them (rel. L2 1e-4; FP16 logits 2^-10); compare when it reports a finite
+logits error within the fp16 bound.
 AutoCast refusing an FP16 model in one line is a skip. A float model that ONNX Runtime's CPU provider cannot run
 (the builder's FP16 GroupQueryAttention with q/k norm runs on CUDA only) still gets every tool: a one-line refusal
 (exit 2) or an output that loads but fails in ORT likewise is a skip saying why; a crash is a failure. Random
@@ -400,11 +402,11 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         (work / tool / "log.txt").write_text(res.stdout + res.stderr)
         if res.returncode:
             err = error_line(res.stderr + res.stdout).removeprefix("error: ")
-            if res.returncode == 2 and tool.startswith("autocast") and spec["facts"].get("fp16"):
-                return {"verdict": "skip", "error": f"an FP16 model: AutoCast refuses it in one line ({err[:80]})"}
             if res.returncode == 2 and spec["facts"].get("unrunnable"):  # a one-line error, the model's runtime's
                 why = f"the float model does not run in ORT (CPU): {spec['facts']['unrunnable']}"
                 return {"verdict": "skip", "stage": "baseline", "error": f"{why}; the tool exits 2: {err[:100]}"}
+            if res.returncode == 2 and tool.startswith("autocast") and spec["facts"].get("fp16"):
+                return {"verdict": "skip", "error": f"an FP16 model: AutoCast refuses it in one line ({err[:80]})"}
             return {
                 "verdict": "fail",
                 "stage": "tool",
