@@ -73,3 +73,54 @@ def test_autocast_on_the_builders_sliding_window_gemma2_fp16(dtype: str, tmp_pat
     _ok("autocast", "--onnx_path", model, "--output_path", out, "-t", dtype, "--keep_io_types",
         "-d", _ids(tmp_path, "calib"))  # fmt: skip
     assert out.is_file() and (out.parent / "genai_config.json").is_file()
+
+
+def _logits(model: Path, ids: np.ndarray) -> np.ndarray:
+    import onnx_ir as ir
+
+    from onnxprec._ort import create_session
+    from onnxprec.llm_inputs import LLMInputs
+
+    session = create_session(str(model))
+    inputs = LLMInputs.of(ir.load(str(model)))
+    assert inputs is not None
+    windows = [session.run(inputs.complete({"input_ids": w[None]}), ["logits"])[0] for w in ids]
+    return np.concatenate(windows).astype(np.float64)
+
+
+def test_gptq_statistics_are_right_on_granite(tmp_path: Path) -> None:
+    """Granite failed the sweep's GPTQ bound (0.51 > 0.38). Not a defect of its statistics: calibrated on the judged
+    windows themselves, GPTQ removes a fifth of RTN's logits error (0.422 -> 0.334); on held-out random-token
+    windows it cannot (RELIABILITY.md)."""
+    from onnxprec.metrics import rel_l2
+
+    model = _model("granite/torch")
+    ids = np.load(CORPUS / "ids.npy")[4:8]
+    np.savez(tmp_path / "judged.npz", input_ids=ids)
+    ref = _logits(model, ids)
+    errors = {}
+    for method in ("rtn", "gptq"):
+        out = tmp_path / method / "model.onnx"
+        out.parent.mkdir()
+        _ok("quantize", "int4", "--onnx_path", model, "--output_path", out, "--calibration_method", method,
+            "--calibration_data", tmp_path / "judged.npz")  # fmt: skip
+        errors[method] = rel_l2(ref, _logits(out, ids))
+    assert errors["gptq"] < 0.85 * errors["rtn"], errors
+
+
+def test_tools_on_a_float_model_ort_cannot_run_on_the_cpu(tmp_path: Path) -> None:
+    """The builder's FP16 Qwen3 (GroupQueryAttention with q/k norm: CUDA only in ORT): RTN needs no run and writes
+    its output; GPTQ needs a calibration run and says in one line that ORT cannot run the model, no traceback."""
+    model = _model("qwen3/builder_fp16")
+    calib = _ids(tmp_path, "calib")
+    out = tmp_path / "q" / "model.onnx"
+    out.parent.mkdir()
+    _ok("quantize", "int4", "--onnx_path", model, "--output_path", out, "--calibration_data", calib,
+        "--calibration_method", "rtn")  # fmt: skip
+    assert out.is_file()
+    out2 = tmp_path / "g" / "model.onnx"
+    out2.parent.mkdir()
+    res = run_cli("quantize", "int4", "--onnx_path", str(model), "--output_path", str(out2),
+                  "--calibration_method", "gptq", "--calibration_data", str(calib))  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "q_norm_weight" in res.stderr
+    assert not out2.exists()
