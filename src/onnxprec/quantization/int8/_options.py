@@ -75,7 +75,9 @@ class Int8Options(_tool.QuantizationOptions):
         flags=("--nodes_to_quantize",),
         nargs="*",
         metavar="REGEX",
-        help="Only nodes whose name or output name matches one of these regexes (re.search) (default: all).",
+        help="Only nodes whose name or output name matches one of these regexes (re.search) (default: all, except on "
+        "ort-cpu a layer that reads the model's float input, e.g. a CNN's first Conv, which stays float unless named "
+        "here).",
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option("the node name and its output names")
     use_external_data_format: bool = _tool.external_data_option()

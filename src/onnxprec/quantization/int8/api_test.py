@@ -60,7 +60,9 @@ def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path) -> None:
     onnx.save(tiny_cnn(), source)
     rng = np.random.default_rng(0)
     data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
-    report = quantize_file(source, out, calibration_data=data, calibration_method="max", target_accuracy=None)
+    # nodes_to_quantize ('.*') also quantizes the first Conv, which reads the model input (float by default)
+    report = quantize_file(source, out, calibration_data=data, calibration_method="max", target_accuracy=None,
+                           nodes_to_quantize=[".*"])  # fmt: skip
     assert report.count("static") == 4 and report.count("dynamic") == 0
     ops = _optimized_ops(out, tmp_path)
     assert ops.count("QLinearConv") == 3 and "Conv" not in ops and "FusedConv" not in ops
@@ -78,7 +80,14 @@ def test_a_layer_kept_in_float_stays_float_in_onnx_runtime(tmp_path: Path) -> No
     onnx.save(tiny_cnn(), source)
     rng = np.random.default_rng(1)
     data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
-    report = quantize_file(source, out, calibration_data=data, nodes_to_exclude=["^/dw/Conv$"], target_accuracy=None)
+    report = quantize_file(
+        source,
+        out,
+        calibration_data=data,
+        nodes_to_exclude=["^/dw/Conv$"],
+        target_accuracy=None,
+        nodes_to_quantize=[".*"],
+    )  # fmt: skip  (the first Conv quantized too)
     assert report.count("static") == 3 and report.excluded == [("/dw/Conv", "^/dw/Conv$")]
     ops = _optimized_ops(out, tmp_path)
     assert ops.count("QLinearConv") == 2 and ops.count("FusedConv") + ops.count("Conv") == 1
@@ -194,3 +203,25 @@ def test_a_dead_channel_keeps_its_bias(tmp_path: Path) -> None:
     x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
     (ref,), (got,) = run(source, x), run(out, x)
     assert _rel(ref, got) < 0.05
+
+
+def test_a_layer_reading_the_model_input_stays_float(tmp_path: Path) -> None:
+    """The first Conv reads the float image (through a Pad): quantizing its input to UINT8 adds noise of one input
+    step, and a 3-channel Conv gains nothing from INT8 kernels; it stays float unless nodes_to_quantize names it."""
+    source, out = tmp_path / "cnn.onnx", tmp_path / "q.onnx"
+    onnx.save(tiny_cnn(), source)
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    report = quantize_file(source, out, calibration_data=data, target_accuracy=None)
+    assert report.count("static") == 3 and "/stem/Conv" not in {layer.name for layer in report.layers}
+    assert ("/stem/Conv", "reads the model input 'x': kept float (name it in nodes_to_quantize)") in report.skipped
+    model = onnx.load(out)
+    stem = next(n for n in model.graph.node if n.name == "/stem/Conv")
+    assert stem.input[0] == "x" and stem.input[1] == "w0"  # float input (the Pad folded) and float weight
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "x" for n in model.graph.node)
+    x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
+    (ref,), (got,) = run(source, x), run(out, x)
+    assert _rel(ref, got) < 0.05
+    named = quantize_file(source, tmp_path / "q2.onnx", calibration_data=data, target_accuracy=None,
+                          nodes_to_quantize=["^/stem/Conv$"])  # fmt: skip
+    assert [layer.name for layer in named.layers] == ["/stem/Conv"] and named.count("static") == 1

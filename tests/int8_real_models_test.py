@@ -1,0 +1,35 @@
+"""INT8 on EfficientNet-Lite0 with real images (slow; skipped where ../shared/models is absent): calibrated on 4
+images, judged on the 3 others."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprec._testing import run, shared_path
+from onnxprec.quantization.int8 import quantize_file
+
+pytestmark = pytest.mark.slow
+
+
+def test_efficientnet_int8_on_images_it_did_not_see(tmp_path: Path) -> None:
+    shared = shared_path("models")
+    if shared is None or not (shared / "efficientnet_lite0.onnx").is_file():
+        pytest.skip("EfficientNet-Lite0 is absent from ../shared/models: real-model INT8 test skipped")
+    source = shared / "efficientnet_lite0.onnx"
+    images = np.load(shared / "efficientnet_lite0_input.npy")
+    out = tmp_path / "q.onnx"
+    report = quantize_file(source, out, calibration_data=[{"input": images[i : i + 1]} for i in range(4)])
+    # every Conv and the Gemm in INT8 but the first Conv, which reads the float image
+    assert report.count("static") == 49 and report.skipped[0][0] == "/_conv_stem/Conv"
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "input" for n in onnx.load(out).graph.node)
+    rel, agree = [], 0
+    for i in range(4, 7):
+        x = {"input": images[i : i + 1]}
+        (ref,), (got,) = run(source, x), run(out, x)
+        rel.append(float(np.linalg.norm(got - ref) / np.linalg.norm(ref)))
+        agree += int(ref.argmax() == got.argmax())
+    assert agree == 3 and max(rel) < 0.08, rel
