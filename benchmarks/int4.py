@@ -153,6 +153,15 @@ TOOLS: dict[str, Int4Tool] = {
         # the synthetic stack: random calibration (no windows)
         Int4Tool("onnxprec:rtn:random", "onnxprec_int4", "project", "rtn", calibrated=False),
         Int4Tool("onnxprec:awq_lite:random", "onnxprec_int4", "project", "awq_lite", calibrated=False),
+        Int4Tool(
+            "onnxprec:kquant:budget800:random",
+            "onnxprec_int4",
+            "project",
+            "kquant",
+            calibrated=False,
+            exclude="",
+            budget_mb=800,
+        ),
     )
 }
 _GENAI_ONLY = (

@@ -92,6 +92,12 @@ def pruned_copy(model: ir.Model, outputs: list[str]) -> ir.Model:
     }
     if len(base_dirs) == 1:
         ir.external_data.set_base_dir(copy.graph, base_dirs.pop())
+    elif base_dirs:  # weights in several folders (e.g. stand-ins beside the model's own): each keeps its folder
+        for name, value in copy.graph.initializers.items():
+            tensor, source = value.const_value, model.graph.initializers.get(name)
+            if isinstance(tensor, ir.ExternalTensor) and source is not None:
+                assert isinstance(source.const_value, ir.ExternalTensor)
+                tensor.base_dir = source.const_value.base_dir
     produced = {str(out.name): out for node in copy.graph for out in node.outputs}
     wanted = [produced[name] for name in outputs if name in produced]
     if wanted:

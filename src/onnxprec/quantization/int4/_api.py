@@ -13,8 +13,10 @@ streams path to path (memory-mapped weights in, each weight quantized as it is w
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,9 +139,8 @@ def _calibrate_and_decide(
             len(groups), options.stats_memory_mb, len(chunks),
         )  # fmt: skip
     scales: dict[InputGroup, np.ndarray] = {}
-    floats: dict[
-        Target, ir.TensorProtocol
-    ] = {}  # --gptq_sequential: the float weights while their dequantized stand in
+    floats: dict[Target, ir.TensorProtocol] = {}  # --gptq_sequential: float weights while dequantized ones stand in
+    stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-") if options.gptq_sequential else None
     source = options.calibration_data_reader if written is None else written
     if source is None:
         logger.warning(
@@ -163,13 +164,15 @@ def _calibrate_and_decide(
                     group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
                     if group_scales is not None:
                         scales[group] = group_scales
-                    if options.gptq_sequential:  # the next chunks see this group's weights quantized
+                    if stand_ins is not None:  # the next chunks see this group's weights quantized
                         for target in owned[group]:
-                            floats[target] = _set_dequantized(target, recipes[target])
+                            floats[target] = _set_dequantized(target, recipes[target], Path(stand_ins.name))
                     bar.update()
         finally:
             for target, tensor in floats.items():
                 target.weight.const_value = tensor
+            if stand_ins is not None:
+                stand_ins.cleanup()
             bar.close()
             report.calibration.update({"batches": replay.batches, "samples": replay.samples})
             replay.close()
@@ -188,15 +191,26 @@ def _calibrate_and_decide(
 SEQUENTIAL_GROUPS = 4
 
 
-def _set_dequantized(target: Target, recipe: Recipe) -> ir.TensorProtocol:
-    """Puts ``target``'s quantized-then-dequantized weight (AWQ scales undone) in place of its initializer; returns
-    the float tensor it replaced."""
+def _set_dequantized(target: Target, recipe: Recipe, folder: Path) -> ir.TensorProtocol:
+    """Puts ``target``'s quantized-then-dequantized weight (AWQ scales undone) in place of its initializer, as a
+    file in ``folder`` (mapped like the model's own weights, not copied by each pass); returns the tensor it
+    replaced."""
     original = target.weight.const_value
     assert original is not None
     w = target.read()
     dq = recipe.dequantized(recipe.quantize(w)).astype(target.dtype.numpy())
     del w
-    target.weight.const_value = ir.tensor(dq.T.copy() if target.transposed else dq, name=original.name)
+    location = f"w{len(list(folder.iterdir()))}.bin"
+    np.ascontiguousarray(dq.T if target.transposed else dq).tofile(folder / location)
+    target.weight.const_value = ir.ExternalTensor(
+        location,
+        0,
+        dq.nbytes,
+        original.dtype,
+        shape=ir.Shape(dq.T.shape if target.transposed else dq.shape),
+        name=str(target.weight.name),
+        base_dir=folder,
+    )
     return original
 
 

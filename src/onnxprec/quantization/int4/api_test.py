@@ -318,7 +318,7 @@ def test_default_method_is_kquant_without_data_and_awq_lite_with_it(caplog: pyte
 
 @pytest.mark.parametrize("method", ["gptq", "awq_gptq"])
 def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it(
-    method: str, monkeypatch: pytest.MonkeyPatch
+    method: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from onnxprec.quantization.int4 import _api
 
@@ -327,7 +327,7 @@ def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it
     x = correlated(64, 64, seed=3).reshape(2, 32, 64)
     data = [{"X": x[i : i + 1]} for i in range(2)]
 
-    def quantized(proto: onnx.ModelProto, **extra: object) -> dict[str, np.ndarray]:
+    def quantized(proto: onnx.ModelProto | Path, **extra: object) -> dict[str, np.ndarray]:
         return dequantized_weights(quantize(
             proto, calibration_method=method, block_size=16, nodes_to_exclude=[], calibration_data_reader=data,
             **extra,  # type: ignore[arg-type]
@@ -335,6 +335,12 @@ def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it
 
     sequential = quantized(model, gptq_sequential=True)
     plain = quantized(model)
+    # weights in external data: the stand-ins live in another folder than the model's own, the same result
+    external = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), external, save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=0)
+    from_file = quantized(external, gptq_sequential=True)  # type: ignore[arg-type]
+    for name, weight in sequential.items():
+        np.testing.assert_array_equal(from_file[name], weight, err_msg=name)
     q, k, o, head = ("/model/layers.0/q_proj/MatMul", "/model/layers.0/k_proj/MatMul", "/model/layers.0/o_proj/MatMul",
                      "/model/lm_head/MatMul")  # fmt: skip
     np.testing.assert_array_equal(sequential[q], plain[q])  # the first input sees the float model either way
