@@ -39,7 +39,7 @@ def document(results_dir: Path = RESULTS_DIR) -> str:
     if not runs:
         raise FileNotFoundError(f"no result files in {results_dir}: run `python -m benchmarks run` first")
     parts = (
-        report_int4.sections(results_dir),
+        report_int4.sections(results_dir) + measured_tables(results_dir, "int4manual"),
         report_utilities.sections(results_dir) + measured_tables(results_dir, "int8"),
     )
     return render(merge(runs), measured_tables(results_dir, "cuda"), *parts)
