@@ -152,11 +152,13 @@ def complete(sess: Any, ids: np.ndarray, head: int | None, full: bool = True, pa
     return feeds
 
 
-def _session(path: Path) -> Any:
+def _session(path: Path, rewrites: bool = True) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if not rewrites:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if PROVIDER == "cuda":
         return ort.InferenceSession(str(path), so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
@@ -234,7 +236,25 @@ def prepare(model: Path, work: Path, ids: np.ndarray, full: bool) -> dict[str, A
             raise
         return facts | {"unrunnable": short(error_line(f"{type(e).__name__}: {e}"))[:160]}
     np.save(data / "ref.npy", logits)
+    if PROVIDER != "cpu" and fp16:
+        facts["spread"] = runtime_spread(model, ids[EVAL], head, past, logits)
     return facts
+
+
+def runtime_spread(model: Path, ids: np.ndarray, head: int | None, past: int, logits: np.ndarray) -> float:
+    """Relative L2 between the float model's logits with and without ORT's graph rewrites: the runtime's own noise
+    on the same model. On CUDA in FP16 it is ~1e-3 (fused kernels round differently; LFM2/Qwen3 builder FP16), ten
+    times the exactness bound, so the tools that must reproduce the model exactly are judged against 1.5x it."""
+    from onnxprec.metrics import rel_l2
+
+    sess = _session(model, rewrites=False)
+    plain = [np.asarray(sess.run(["logits"], complete(sess, w[None], head, past=past))[0], np.float64) for w in ids]
+    return float(rel_l2(logits.astype(np.float64), np.concatenate(plain)))
+
+
+def _exact(tol: float, facts: dict[str, Any]) -> float:
+    """An exactness bound, widened to 1.5x the runtime's measured spread where one was measured (see above)."""
+    return max(tol, 1.5 * facts.get("spread", 0.0))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -330,6 +350,7 @@ def judge(
         want = ref[: got.size // ref[0].size].reshape(-1)
         err = rel_l2(want.astype(np.float64), got.astype(np.float64))
         tol = EXACT if hit[0]["dtype"] != "float16" else FP16_EXACT  # FP16 logits: batching changes the rounding
+        tol = _exact(tol, facts)
         row |= {"rel_l2": err, "tol": tol}
         return (
             row
@@ -340,7 +361,7 @@ def judge(
         out = json.loads((work / tool / "compare.json").read_text())["outputs"].get("logits") or {}
         err = out.get("rel_l2")
         cand_fp16 = (work / "autocast_fp16" / "model.onnx").exists()
-        bound = bounds["autocast_fp16"]["bound"] if cand_fp16 else EXACT
+        bound = bounds["autocast_fp16"]["bound"] if cand_fp16 else _exact(EXACT, facts)
         row |= {"rel_l2": err, "bound": bound, "candidate": "autocast_fp16" if cand_fp16 else "itself"}
         if err is None or not math.isfinite(err) or err > bound:
             return row | {"verdict": "fail", "stage": "numerics", "error": f"compare reports logits rel L2 {err}"}
@@ -353,7 +374,7 @@ def judge(
     except Exception as e:
         return {"verdict": "fail", "stage": "ort", "error": error_line(f"{type(e).__name__}: {e}")}
     err = rel_l2(ref.astype(np.float64), logits.astype(np.float64))
-    bound = bounds[tool]["bound"]
+    bound = _exact(bounds[tool]["bound"], facts) if tool == "preprocess" else bounds[tool]["bound"]
     row |= {"rel_l2": err, "bound": bound, "runtime": runtime}
     if not err <= bound:
         return row | {"verdict": "fail", "stage": "numerics", "error": f"logits rel L2 {err:.3g} > bound {bound:.3g}"}
