@@ -216,6 +216,17 @@ def check_structure(model: ir.Model) -> dict[str, int]:
     return ort_only
 
 
+def _chain_text(error: BaseException) -> str:
+    """The messages of an exception and of the exceptions it was raised from (ORT's whole message, where ours
+    kept its first line)."""
+    parts: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(parts) < 8:
+        parts.append(str(current))
+        current = current.__cause__ or current.__context__
+    return "\n".join(parts)
+
+
 def _no_kernel(error: str) -> bool:
     """ONNX Runtime resolved the graph (typing every node against its schemas) and then found no kernel for a node
     on this provider (a BF16 op on the CPU): the types are proved, the run is not possible here."""
@@ -335,9 +346,10 @@ def numeric_check(
         del run
     except Exception as e:  # any failure means "cannot check here", never a failed conversion
         report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"
-        named = _NODE_IN_ERROR.search(str(e))
+        text = _chain_text(e)  # the node ORT names may be past the first line our errors keep
+        named = _NODE_IN_ERROR.search(text)
         report.failed_node = next(g for g in named.groups() if g is not None) if named else None
-        report.no_kernel = _no_kernel(str(e))
+        report.no_kernel = _no_kernel(text)
         return report
     for name, actual in zip(names, outputs):
         expected = reference.first_outputs.get(name)

@@ -538,3 +538,21 @@ def test_a_kernel_gap_is_worked_around_where_the_check_ran(low: str, providers: 
     assert _kernel_gap(numeric, report, options, "model.onnx", fp32_nodes) is retried  # type: ignore[arg-type]
     assert fp32_nodes == ({"/router/Reciprocal": f"ONNX Runtime cannot run Reciprocal in {low.upper()} here"}
                           if retried else {})  # fmt: skip
+
+
+def test_the_node_orts_message_names_is_read_past_our_first_line() -> None:
+    # ORT 1.31 on CUDA names the node only after a long first line; our error keeps the first line and chains ORT's.
+    from onnxprec.validate import _chain_text, _no_kernel
+
+    ort_error = RuntimeError(
+        "[ONNXRuntimeError] : 1 : FAIL : Exception during initialization: transformer_memcpy.cc:253 bool f()\n"
+        "Provider type for Reciprocal node with name '/moe/router/sigmoid/Reciprocal' is not set."
+    )
+    try:
+        try:
+            raise ort_error
+        except RuntimeError as e:
+            raise CalibrationDataError("ONNX Runtime cannot load the converted model: [ONNXRuntimeError] : 1") from e
+    except CalibrationDataError as ours:
+        text = _chain_text(ours)
+    assert "'/moe/router/sigmoid/Reciprocal'" in text and _no_kernel(text)
