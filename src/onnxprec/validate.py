@@ -306,6 +306,7 @@ class NumericReport:
     errors: dict[str, dict[str, float]] = field(default_factory=dict)
     skipped: str = ""
     failed_node: str | None = None  # the node ONNX Runtime names when it cannot run the model (a kernel gap)
+    failed_op: str | None = None  # its op type, where ORT says it (it names unnamed nodes '')
     no_kernel: bool = False  # ONNX Runtime typed the graph but has no kernel for a node on this provider
 
     @property
@@ -349,6 +350,8 @@ def numeric_check(
         text = _chain_text(e)  # the node ORT names may be past the first line our errors keep
         named = _NODE_IN_ERROR.search(text)
         report.failed_node = next(g for g in named.groups() if g is not None) if named else None
+        op = re.search(r"for (\w+) node with name '", text)
+        report.failed_op = op.group(1) if op else None
         report.no_kernel = _no_kernel(text)
         return report
     for name, actual in zip(names, outputs):

@@ -17,7 +17,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -312,9 +312,11 @@ def convert_model(
     report.decisions = classify(
         model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
     )
-    for node in report.decisions:
-        if fp32_nodes and node.name is not None and node.name in fp32_nodes:
-            report.decisions[node] = Decision(False, fp32_nodes[node.name])
+    if fp32_nodes:
+        keys = _node_keys(report.decisions)
+        for node in report.decisions:
+            if keys[node] in fp32_nodes:
+                report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
     report.seconds["classify"] = time.perf_counter() - tick
     if keep is not None:
         tick = time.perf_counter()
@@ -409,6 +411,20 @@ def _converted_clone(model: ir.Model, decisions: Mapping[ir.Node, Decision], opt
 MAX_KERNEL_FALLBACKS = 8
 
 
+def _node_keys(nodes: Iterable[ir.Node]) -> dict[ir.Node, str]:
+    """A key per node that survives converting again from the file: its name, or for an unnamed node its op type
+    and its rank among the unnamed nodes of that op (in graph order)."""
+    keys: dict[ir.Node, str] = {}
+    counts: dict[str, int] = {}
+    for node in nodes:
+        if node.name:
+            keys[node] = str(node.name)
+        else:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            keys[node] = f"<unnamed {node.op_type} #{counts[node.op_type]}>"
+    return keys
+
+
 def _kernel_gap(
     numeric: NumericReport,
     report: AutoCastReport,
@@ -427,6 +443,10 @@ def _kernel_gap(
     if not numeric.skipped or numeric.failed_node is None:
         return False
     node = next((n for n, d in report.decisions.items() if d.low and n.name == numeric.failed_node), None)
+    if node is None and not numeric.failed_node and numeric.failed_op:
+        # ORT names an unnamed node '': the gap is that op's, if only one unnamed node of it went low.
+        unnamed = [n for n, d in report.decisions.items() if d.low and not n.name and n.op_type == numeric.failed_op]
+        node = unnamed[0] if len(unnamed) == 1 else None
     if node is None:
         return False
     on_gpu = any(not str(p).lower().startswith("cpu") for p in options.providers)
@@ -443,7 +463,7 @@ def _kernel_gap(
         )
         return False
     low = options.low_precision_type.upper()
-    fp32_nodes[str(node.name)] = f"ONNX Runtime cannot run {node.op_type} in {low} here"
+    fp32_nodes[_node_keys(report.decisions)[node]] = f"ONNX Runtime cannot run {node.op_type} in {low} here"
     logger.warning(
         "ONNX Runtime cannot run %s node '%s' in %s (%s): converting again with it in FP32.",
         node.op_type,

@@ -556,3 +556,20 @@ def test_the_node_orts_message_names_is_read_past_our_first_line() -> None:
     except CalibrationDataError as ours:
         text = _chain_text(ours)
     assert "'/moe/router/sigmoid/Reciprocal'" in text and _no_kernel(text)
+
+
+def test_an_unnamed_node_ort_cannot_run_is_kept_in_fp32_by_its_op_and_rank() -> None:
+    # ORT names an unnamed node '' ("Provider type for Less node with name '' is not set", LFM2-MoE in BF16 on CUDA):
+    # the only unnamed Less that went low is that node, and its key survives converting again from the file.
+    from onnxprec.autocast._api import _kernel_gap, _node_keys
+    from onnxprec.autocast.classify import Decision
+    from onnxprec.validate import NumericReport
+
+    less = ir.Node("", "Less", [ir.Value(name="a"), ir.Value(name="b")])
+    named = ir.Node("", "Less", [ir.Value(name="c"), ir.Value(name="d")], name="kept")
+    report = type("Report", (), {"decisions": {named: Decision(low=True, reason=""), less: Decision(True, "")}})()
+    numeric = NumericReport(skipped="cannot load", failed_node="", failed_op="Less")
+    fp32_nodes: dict[str, str] = {}
+    options = AutoCastOptions(low_precision_type="bf16", providers=["cuda"])
+    assert _kernel_gap(numeric, report, options, "model.onnx", fp32_nodes)  # type: ignore[arg-type]
+    assert list(fp32_nodes) == ["<unnamed Less #1>"] == [_node_keys([named, less])[less]]
