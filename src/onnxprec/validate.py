@@ -230,13 +230,7 @@ def _chain_text(error: BaseException) -> str:
 def _no_kernel(error: str) -> bool:
     """ONNX Runtime resolved the graph (typing every node against its schemas) and then found no kernel for a node
     on this provider (a BF16 op on the CPU): the types are proved, the run is not possible here."""
-    # ORT 1.31's CUDA session reports a node no provider has a kernel for as "Provider type for X node with name
-    # 'N' is not set" (seen for a BF16 Reciprocal in LFM2-MoE's router).
-    return (
-        "NOT_IMPLEMENTED" in error
-        or "Could not find an implementation" in error
-        or bool(re.search(r"Provider type for \w+ node with name '[^']*' is not set", error))
-    )
+    return "NOT_IMPLEMENTED" in error or "Could not find an implementation" in error or bool(_NO_PROVIDER.search(error))
 
 
 def _typed_not_run(ort_only: Mapping[str, int], error: str) -> None:
@@ -316,6 +310,9 @@ class NumericReport:
 
 # ORT names the node it has no kernel for at load ("node with name 'x'") or at run time ("Name:'x'").
 _NODE_IN_ERROR = re.compile(r"node with name '([^']*)'|Name:'([^']*)'")
+# ORT 1.31's CUDA session reports a node no provider has a kernel for this way (a BF16 Reciprocal in LFM2-MoE's
+# router); the op type is the only handle on a node it names ''.
+_NO_PROVIDER = re.compile(r"Provider type for (\w+) node with name '[^']*' is not set")
 
 
 def numeric_check(
@@ -342,19 +339,17 @@ def numeric_check(
             source, [reference.first_feeds], select=(), providers=providers, observe_inputs=False,
             what="the converted model",
         )  # fmt: skip
-        names = [str(v.name) for v in source.graph.outputs]
-        outputs = [run.first_outputs.get(name) for name in names]
-        del run
+        outputs = run.first_outputs
     except Exception as e:  # any failure means "cannot check here", never a failed conversion
         report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"
         text = _chain_text(e)  # the node ORT names may be past the first line our errors keep
         named = _NODE_IN_ERROR.search(text)
         report.failed_node = next(g for g in named.groups() if g is not None) if named else None
-        op = re.search(r"for (\w+) node with name '", text)
+        op = _NO_PROVIDER.search(text)
         report.failed_op = op.group(1) if op else None
         report.no_kernel = _no_kernel(text)
         return report
-    for name, actual in zip(names, outputs):
+    for name, actual in outputs.items():
         expected = reference.first_outputs.get(name)
         if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
             continue  # missing, or a sequence / optional output

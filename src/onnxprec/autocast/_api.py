@@ -271,8 +271,8 @@ def convert_model(
 ) -> tuple[ir.Model, AutoCastReport, ReferenceResult | None]:
     """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights.
 
-    ``fp32_nodes`` (node name -> reason) stay FP32 whatever the rules say: nodes ONNX Runtime could not run in
-    the low type in an earlier attempt (see :func:`_kernel_gap`).
+    ``fp32_nodes`` (:func:`_node_keys` key -> reason) stay FP32 whatever the rules say: nodes ONNX Runtime could
+    not run in the low type in an earlier attempt (see :func:`_kernel_gap`).
     """
     report = AutoCastReport(options.low_precision_type)
     tick = time.perf_counter()
@@ -432,7 +432,7 @@ def _kernel_gap(
     source: ModelSource,
     fp32_nodes: dict[str, str],
 ) -> bool:
-    """Whether ONNX Runtime could not run the converted FP16 model because of a node this conversion made low.
+    """Whether ONNX Runtime could not run the converted model because of a node this conversion made low.
 
     If so, the node is added to ``fp32_nodes`` with a WARNING naming it and its op, and the caller converts
     again (ModelOpt's guide promises a model that runs). BF16 is retried only where the check ran on a GPU
