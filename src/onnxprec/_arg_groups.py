@@ -165,14 +165,10 @@ class FileArgs(ToolOptions):
 
     TITLE = "input and output"
 
-    onnx_path: str = option(flags=("--onnx_path",), metavar="PATH", help="Input ONNX model.")
-    output_path: str | None = option(
-        None, flags=("--output_path",), metavar="PATH", help="Output model (default: beside the input)."
-    )
+    onnx_path: str = option(metavar="PATH", help="Input ONNX model.")
+    output_path: str | None = option(None, metavar="PATH", help="Output model (default: beside the input).")
     external_data: bool = option(
-        False,
-        flags=("--external_data",),
-        help="Save the weights in <output>.data beside the model (automatic above 2 GB).",
+        False, help="Save the weights in <output>.data beside the model (automatic above 2 GB)."
     )
 
 
@@ -217,15 +213,9 @@ class CommonArgs(ToolOptions):
 
     TITLE = "common"
 
-    log_level: str = option(
-        "INFO",
-        flags=("--log_level",),
-        choices=LOG_LEVELS,
-        help="Log level; DEBUG also logs why each decision was made.",
-    )
+    log_level: str = option("INFO", choices=LOG_LEVELS, help="Log level; DEBUG also logs why each decision was made.")
     report_json: str | None = option(
         None,
-        flags=("--report_json",),
         metavar="PATH",
         help="Also write a JSON report of the run (counts, per-node decisions with reasons, errors, timings).",
     )

@@ -8,10 +8,12 @@ and help text live in the field's metadata::
         TITLE = "INT4 options"  # the argparse group's title
 
         block_size: int = option(128, flags=("-b", "--block_size"), help="Weights per scale.")
-        method: str = option("rtn", flags=("--method",), choices=("rtn", "awq", "gptq"), help="Algorithm.")
+        method: str = option("rtn", choices=("rtn", "awq", "gptq"), help="Algorithm.")
         nodes_to_exclude: Sequence[str] | None = option(None, flags=("-ne",), nargs="*", help="Regexes...")
         custom_rule: Any = option(None, api_only=True, help="A callable on onnx_ir.Node (API only).")
 
+A field's flag is ``--<field name>`` (``--method`` above); ``flags`` is given only where the spelling differs
+(a short form, ModelOpt's or ONNX Runtime's name, ``--no_<name>`` for a bool that defaults to True).
 From that one declaration:
 
 - :func:`add_arguments` adds one argparse group per class, one flag per field (``api_only`` fields get none);
@@ -72,7 +74,9 @@ class OptionSpec(NamedTuple):
 
     Attributes:
         help: The flag's help text (one or two sentences, no default: it is appended automatically).
-        flags: The flag spellings, e.g. ``("-t", "--low_precision_type")``; empty for API-only fields.
+        flags: The flag spellings, e.g. ``("-t", "--low_precision_type")``; empty for API-only fields and, until
+            :func:`option_fields` reads the field, for a field whose flag is ``--<field name>``.
+        api_only: The field has no flag (e.g. a callable).
         choices: Allowed values of the flag.
         nargs: ``"*"`` or ``"+"`` for list flags (stored as tuples).
         type: Converts the flag's text; default from the annotation (int, float, str), else str.
@@ -83,17 +87,13 @@ class OptionSpec(NamedTuple):
 
     help: str
     flags: tuple[str, ...] = ()
+    api_only: bool = False
     choices: tuple[Any, ...] | None = None
     nargs: str | None = None
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
     doc: str | None = None
     group: str | None = None
-
-    @property
-    def api_only(self) -> bool:
-        """True for fields that have no flag (e.g. a callable)."""
-        return not self.flags
 
     @property
     def api_doc(self) -> str:
@@ -105,7 +105,7 @@ def option(
     default: Any = dataclasses.MISSING,
     *,
     help: str,
-    flags: Iterable[str] = (),
+    flags: Iterable[str] | None = None,
     api_only: bool = False,
     choices: Iterable[Any] | None = None,
     nargs: str | None = None,
@@ -119,7 +119,7 @@ def option(
     Args:
         default: The default (API and command line). Omit it for a required option (a required flag).
         help: What the option does, one or two sentences; the default is appended to the flag's help.
-        flags: The flag spellings; at least one unless ``api_only``.
+        flags: The flag spellings, when not ``--<field name>``.
         api_only: The option has no flag (a callable, an in-memory object...).
         choices: Allowed values.
         nargs: ``"*"`` or ``"+"`` for list options.
@@ -132,12 +132,13 @@ def option(
         A ``dataclasses.field`` (typed Any so that ``name: T = option(...)`` type-checks).
 
     Raises:
-        TypeError: Neither ``flags`` nor ``api_only`` is given, or both are, or the help text is empty.
+        TypeError: ``flags`` is empty, or given with ``api_only``, or the help text is empty.
     """
-    flag_tuple = tuple(flags)
-    if bool(flag_tuple) == api_only:
+    flag_tuple = tuple(flags) if flags is not None else ()
+    if flags is not None and (api_only or not flag_tuple):
         raise TypeError(
-            "option() needs flags=(...) for a command-line option, or api_only=True for one without a flag."
+            "option() takes flags=(...) (at least one) for a flag other than --<field name>, or api_only=True for "
+            "an option without a flag, not both."
         )
     if not help.strip():
         raise TypeError("option() needs a help text: every option is documented.")
@@ -146,6 +147,7 @@ def option(
     spec = OptionSpec(
         help=help,
         flags=flag_tuple,
+        api_only=api_only,
         choices=tuple(choices) if choices is not None else None,
         nargs=nargs,
         type=type,
@@ -184,6 +186,8 @@ class ToolOptions:
 def option_fields(cls: type) -> list[tuple[dataclasses.Field[Any], OptionSpec]]:
     """The fields of an options dataclass with their specs, in declaration order.
 
+    A spec's ``flags`` are filled in here where the declaration left them out: ``--<field name>``.
+
     Raises:
         TypeError: ``cls`` is not a dataclass, or one of its init fields was not declared with :func:`option`.
     """
@@ -198,6 +202,8 @@ def option_fields(cls: type) -> list[tuple[dataclasses.Field[Any], OptionSpec]]:
             raise TypeError(
                 f"{cls.__name__}.{f.name} has no help or flags: declare it with onnxprec._options.option()."
             )
+        if not spec.flags and not spec.api_only:
+            spec = spec._replace(flags=(f"--{f.name}",))
         result.append((f, spec))
     return result
 

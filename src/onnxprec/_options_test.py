@@ -30,14 +30,14 @@ from onnxprec.autocast._options import AutoCastOptions
 class _Demo(ToolOptions):
     TITLE = "demo"
 
-    path: str = option(flags=("--path",), help="Required input.")
+    path: str = option(help="Required input.")
     size: int = option(8, flags=("-s", "--size"), help="A size.")
-    scale: float = option(1, flags=("--scale",), help="A scale (any number).")
-    limit: int | None = option(None, flags=("--limit",), help="An optional limit.")
-    mode: str = option("a", flags=("--mode",), choices=("a", "b"), help="A mode.")
-    names: Sequence[str] | None = option(None, flags=("--names",), nargs="*", help="Some names.")
+    scale: float = option(1, help="A scale (any number).")
+    limit: int | None = option(None, help="An optional limit.")
+    mode: str = option("a", choices=("a", "b"), help="A mode.")
+    names: Sequence[str] | None = option(None, nargs="*", help="Some names.")
     providers: Sequence[str] = providers_option("the demo")
-    fast: bool = option(False, flags=("--fast",), help="Go fast.")
+    fast: bool = option(False, help="Go fast.")
     check: bool = option(True, flags=("--no_check",), group="extras", help="Skip the check.", doc="Check.")
     hook: Any = option(None, api_only=True, help="A callable (API only).")
 
@@ -88,9 +88,18 @@ def test_nargs_fields_are_tuples_through_the_api_too() -> None:
     assert options.names == ("a",) and options.providers == ("cuda",)
 
 
+def test_a_flag_is_the_field_name_unless_declared() -> None:
+    flags = {f.name: spec.flags for f, spec in option_fields(_Demo)}
+    assert flags["path"] == ("--path",) and flags["names"] == ("--names",)
+    assert flags["size"] == ("-s", "--size") and flags["check"] == ("--no_check",)
+    assert flags["hook"] == ()
+
+
 def test_declaration_errors_say_how_to_fix() -> None:
     with pytest.raises(TypeError, match="flags="):
-        option(1, help="No flag.")
+        option(1, flags=(), help="No flag.")
+    with pytest.raises(TypeError, match="api_only"):
+        option(1, flags=("--x",), api_only=True, help="Both.")
     with pytest.raises(TypeError, match="help"):
         option(1, flags=("--x",), help=" ")
     with pytest.raises(TypeError, match="mutable"):

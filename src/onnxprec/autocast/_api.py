@@ -7,6 +7,8 @@ The pipeline, one pass per step::
 ``convert_to_mixed_precision`` takes the same arguments as ModelOpt's and returns an ``onnx.ModelProto``;
 ``convert_file`` streams path to path (weights converted while they are written; external data on request
 or above 2 GB) and returns a report.
+
+Its public names are listed once, in ``onnxprec.autocast.__all__``.
 """
 
 from __future__ import annotations
@@ -54,12 +56,12 @@ from onnxprec.autocast.rules import (
     DepthOfReductionRule,
     InitializerRangeRule,
     NodeNameRule,
-    NodeRuleBase,
     OpTypeRule,
     Rule,
     RuleContext,
     UserRule,
 )
+from onnxprec.autocast.rules import NodeRuleBase as NodeRuleBase  # re-exported by onnxprec.autocast
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError, ValidationError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
@@ -82,16 +84,6 @@ from onnxprec.validate import (
     numeric_check,
     prove_by_run,
 )
-
-__all__ = [
-    "AutoCastOptions",
-    "AutoCastReport",
-    "NodeRuleBase",
-    "convert_file",
-    "convert_model",
-    "convert_to_mixed_precision",
-    "default_output_path",
-]
 
 logger = logging.getLogger(__name__)
 

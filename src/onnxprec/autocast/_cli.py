@@ -37,9 +37,7 @@ class ModelOptCompatArgs(ToolOptions):
     TITLE = AutoCastOptions.TITLE
 
     use_standalone_type_inference: bool = option(
-        False,
-        flags=("--use_standalone_type_inference",),
-        help="Accepted for ModelOpt compatibility and ignored: onnxprec always uses ONNX type inference.",
+        False, help="Accepted for ModelOpt compatibility and ignored: onnxprec always uses ONNX type inference."
     )
 
 

@@ -78,14 +78,11 @@ class AutoCastOptions(ToolOptions):
     )
     data_max: float = option(
         512,
-        flags=("--data_max",),
         help="Keep nodes whose floating-point inputs or outputs exceed this magnitude in the reference run "
         "(inf: no reference run).",
     )
-    init_max: float = option(
-        65504, flags=("--init_max",), help="Keep nodes with FP32 initializers whose magnitude exceeds this."
-    )
-    keep_io_types: bool = option(False, flags=("--keep_io_types",), help="Keep FP32 graph inputs and outputs.")
+    init_max: float = option(65504, help="Keep nodes with FP32 initializers whose magnitude exceeds this.")
+    keep_io_types: bool = option(False, help="Keep FP32 graph inputs and outputs.")
     calibration_data: Any = calibration_data_option("Inputs for the reference run")
     custom_rule: Any = option(
         None,
@@ -94,38 +91,26 @@ class AutoCastOptions(ToolOptions):
         "True or a reason string keeps the node in FP32.",
     )
     init_conversion_max_bytes: int | None = option(
-        None,
-        flags=("--init_conversion_max_bytes",),
-        help="Initializers above this many bytes stay FP32 and are cast at run time.",
+        None, help="Initializers above this many bytes stay FP32 and are cast at run time."
     )
     providers: Sequence[str] = providers_option("the reference run")
     genai_provider: str | None = genai_provider_option()
     trt_plugins: Sequence[str] = option(
-        (),
-        flags=("--trt_plugins",),
-        nargs="*",
-        metavar="PATH",
-        help="TensorRT plugin libraries (.so); recorded, TensorRT is not needed.",
+        (), nargs="*", metavar="PATH", help="TensorRT plugin libraries (.so); recorded, TensorRT is not needed."
     )
     trt_plugins_precision: Sequence[str] = option(
         (),
-        flags=("--trt_plugins_precision",),
         nargs="*",
         metavar="SPEC",
         help="Custom op precisions: op:fp16, op:fp32 or op:[fp16,fp32]:[fp16] (per input, per output).",
     )
     max_depth_of_reduction: int | None = option(
-        None,
-        flags=("--max_depth_of_reduction",),
-        help="Keep nodes that accumulate more terms than this per output element.",
+        None, help="Keep nodes that accumulate more terms than this per output element."
     )
-    opset: int | None = option(
-        None, flags=("--opset",), help="Target opset (default: at least 13 for fp16, 22 for bf16; never lowered)."
-    )
+    opset: int | None = option(None, help="Target opset (default: at least 13 for fp16, 22 for bf16; never lowered).")
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=_EXTRAS)
     target_accuracy: Any = option(
         None,
-        flags=("--target_accuracy",),
         group=_EXTRAS,
         metavar="TARGET",
         help="Convert as many nodes as the outputs allow on the calibration data: rel_l2<=1e-3, cosine>=0.9999, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,19 +164,14 @@ def classify(
     if not ctx.opsets:
         ctx.opsets = opsets
     decisions: dict[ir.Node, Decision] = {}
+    # What stays the same for every node of this model; visit gives the node and the reason it inherits.
+    decide = functools.partial(
+        _decide, opsets=opsets, low=low, rules=rules, includes=includes, ctx=ctx, plugins=plugins
+    )
 
     def visit(graph: ir.Graph, inherited: str | None) -> None:
         for node in graph:
-            decision = _decide(
-                node,
-                opsets=opsets,
-                low=low,
-                rules=rules,
-                includes=includes,
-                ctx=ctx,
-                plugins=plugins,
-                inherited=inherited,
-            )
+            decision = decide(node, inherited=inherited)
             decisions[node] = decision
             logger.debug("%s %s '%s': %s", "LOW " if decision.low else "HIGH", node.op_type, node.name, decision.reason)
             if node.op_type in CONTROL_FLOW_OPS:

@@ -38,9 +38,7 @@ class ReportArgs(ToolOptions):
     TITLE = "report"
 
     html: str | None = html_report_option("the table and a plot of the error along the graph")
-    max_rows: int = option(
-        40, flags=("--max_rows",), help="Rows of the terminal table (the rest go to --report_json/--html)."
-    )
+    max_rows: int = option(40, help="Rows of the terminal table (the rest go to --report_json/--html).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

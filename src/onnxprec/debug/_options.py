@@ -46,15 +46,10 @@ class DumpOptions(ToolOptions):
         more=", a list of shapes in input order, or ``{}`` (sizes chosen from the model)"
     )
     dump_float: bool = option(
-        False,
-        flags=("--dump_float",),
-        help="Also dump every node's float output as <name>_float.bin and <name>_float.txt.",
+        False, help="Also dump every node's float output as <name>_float.bin and <name>_float.txt."
     )
     output_dir: str = option(
-        "./dump_results",
-        flags=("--output_dir",),
-        metavar="DIR",
-        help="Folder of the dump (created; its parent must exist).",
+        "./dump_results", metavar="DIR", help="Folder of the dump (created; its parent must exist)."
     )
     providers: Sequence[str] = providers_option("the run")
     budget_bytes: int | None = option(None, api_only=True, help=_BUDGET_DOC)
@@ -75,16 +70,14 @@ class CompareOptions(ToolOptions):
     )
     atol: float = option(
         DEFAULT_ATOL,
-        flags=("--atol",),
         help="A node diverges when its max abs error exceeds atol and its relative L2 error exceeds rtol, or "
         "when it has non-finite values the reference has not.",
     )
-    rtol: float = option(DEFAULT_RTOL, flags=("--rtol",), help="Relative L2 error tolerance (see --atol).")
+    rtol: float = option(DEFAULT_RTOL, help="Relative L2 error tolerance (see --atol).")
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option()
     providers: Sequence[str] = providers_option("both models' runs")
     verify: bool = option(
         False,
-        flags=("--verify",),
         help="Re-run AutoCast on the reference with the printed --nodes_to_exclude pattern and compare again, "
         "to check that keeping the first divergent node in high precision fixes the divergence.",
     )

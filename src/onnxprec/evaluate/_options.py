@@ -44,7 +44,6 @@ class EvaluateOptions(ToolOptions):
     )
     labels: Any = option(
         None,
-        flags=("--labels",),
         metavar="PATH",
         help="Class ids (.npy, one per sample in data order; negative ids are ignored): top-1/top-5 accuracy.",
         doc="Class ids (a path to an ``.npy`` or an array), one per sample in data order (negative ids are "
@@ -53,23 +52,18 @@ class EvaluateOptions(ToolOptions):
     providers: Sequence[str] = providers_option("the evaluation")
     batch_size: int | None = option(
         None,
-        flags=("--batch_size",),
         metavar="N",
         help="Split each batch of the data into runs of at most this many samples (default: as stored).",
     )
     perplexity: bool = option(
         None,
-        flags=("--perplexity",),
         help="Report perplexity; an error if a model is not a causal LM (default: automatic when a model has "
         "input_ids and [batch, seq, vocab] logits (an output named like 'logits')).",
         doc="Report perplexity: True requires causal LMs, False never, None (default) for every model with "
         "``input_ids`` and ``[batch, seq, vocab]`` logits (an output whose name contains ``logits``).",
     )
     latency_runs: int = option(
-        10,
-        flags=("--latency_runs",),
-        metavar="N",
-        help="Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency).",
+        10, metavar="N", help="Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency)."
     )
     custom_op_libs: Sequence[str] = option(
         (),
@@ -80,13 +74,11 @@ class EvaluateOptions(ToolOptions):
     )
     optimization: str = option(
         "all",
-        flags=("--optimization",),
         choices=OPTIMIZATION_LEVELS,
         help="ONNX Runtime graph optimization level of the sessions (all: as deployed).",
     )
     generate: bool = option(
         False,
-        flags=("--generate",),
         group=_GENERATION,
         help="Generation mode: load each model's onnxruntime-genai folder (genai_config.json beside it) in "
         "onnxruntime_genai.Model, generate greedily from the same prompts, and report prefill and decode tokens/s "
@@ -98,7 +90,6 @@ class EvaluateOptions(ToolOptions):
     )
     prompts: Sequence[str] = option(
         (),
-        flags=("--prompts",),
         nargs="+",
         metavar="TEXT",
         group=_GENERATION,
@@ -107,21 +98,18 @@ class EvaluateOptions(ToolOptions):
     )
     max_new_tokens: int = option(
         32,
-        flags=("--max_new_tokens",),
         metavar="N",
         group=_GENERATION,
         help="--generate: tokens to generate after each prompt (fewer when a model emits its end token).",
     )
     prompt_tokens: int | None = option(
         None,
-        flags=("--prompt_tokens",),
         metavar="N",
         group=_GENERATION,
         help="--generate with --data token ids: the first N tokens of each row are its prompt (default: the row).",
     )
     num_prompts: int | None = option(
         None,
-        flags=("--num_prompts",),
         metavar="N",
         group=_GENERATION,
         help="--generate: use only the first N prompts (rows of --data, or --prompts).",

@@ -15,6 +15,8 @@ Where ONNX Runtime's own ``quant_pre_process`` fails, this one does not:
   found are kept, a warning names the node where it stopped, and ONNX shape inference continues. It never
   leaves ``sym_shape_infer_temp.onnx`` in the working folder.
 - The input model and its data files are never overwritten; the output is written atomically.
+
+Its public names are listed once, in ``onnxprec.preprocess.__all__``.
 """
 
 from __future__ import annotations
@@ -55,15 +57,6 @@ from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
 from onnxprec.preprocess._options import PreprocessOptions
-
-__all__ = [
-    "PreprocessOptions",
-    "PreprocessReport",
-    "StepReport",
-    "default_output_path",
-    "preprocess_file",
-    "quant_pre_process",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -28,61 +28,42 @@ class PreprocessOptions(ToolOptions):
 
     skip_optimization: bool = option(
         False,
-        flags=("--skip_optimization",),
         help="Skip the ONNX Runtime graph optimization (basic level: constant folding, Conv+BatchNormalization "
         "and other fusions).",
     )
-    skip_onnx_shape: bool = option(False, flags=("--skip_onnx_shape",), help="Skip ONNX shape inference.")
+    skip_onnx_shape: bool = option(False, help="Skip ONNX shape inference.")
     skip_symbolic_shape: bool = option(
-        False,
-        flags=("--skip_symbolic_shape",),
-        help="Skip ONNX Runtime's symbolic shape inference (best for transformers; needs sympy).",
+        False, help="Skip ONNX Runtime's symbolic shape inference (best for transformers; needs sympy)."
     )
     auto_merge: bool = option(
-        False,
-        flags=("--auto_merge",),
-        help="Symbolic shape inference: merge symbolic dims automatically when they conflict.",
+        False, help="Symbolic shape inference: merge symbolic dims automatically when they conflict."
     )
     int_max: int = option(
         2**31 - 1,
-        flags=("--int_max",),
         metavar="INT",
         help="Symbolic shape inference: integers from this value on are boundless (e.g. Slice ends).",
     )
     guess_output_rank: bool = option(
-        False,
-        flags=("--guess_output_rank",),
-        help="Symbolic shape inference: unknown ops get the rank of their first input.",
+        False, help="Symbolic shape inference: unknown ops get the rank of their first input."
     )
     verbose: int = option(
-        0,
-        flags=("--verbose",),
-        metavar="LEVEL",
-        help="Symbolic shape inference's own logs: 0 off, 1 warnings, 3 detailed.",
+        0, metavar="LEVEL", help="Symbolic shape inference's own logs: 0 off, 1 warnings, 3 detailed."
     )
-    save_as_external_data: bool = option(
-        False, flags=("--save_as_external_data",), help="Save the weights as external data beside the output."
-    )
+    save_as_external_data: bool = option(False, help="Save the weights as external data beside the output.")
     all_tensors_to_one_file: bool = option(
         False,
-        flags=("--all_tensors_to_one_file",),
         help="With --save_as_external_data: all weights in one file (otherwise one file per tensor, as ONNX does).",
     )
     external_data_location: str | None = option(
         None,
-        flags=("--external_data_location",),
         metavar="FILE",
         help="Name of the one external data file, relative to the output (default: <output name>.data).",
     )
     external_data_size_threshold: int = option(
-        1024,
-        flags=("--external_data_size_threshold",),
-        metavar="BYTES",
-        help="Tensors larger than this many bytes go to external data.",
+        1024, metavar="BYTES", help="Tensors larger than this many bytes go to external data."
     )
     opset: int | None = option(
         None,
-        flags=("--opset",),
         metavar="N",
         group=_EXTRAS,
         help="Upgrade the default-domain opset to this version (e.g. 21 for INT4 DequantizeLinear), verified by "

@@ -35,7 +35,6 @@ class Int4Options(_tool.QuantizationOptions):
 
     calibration_method: str | None = option(
         None,
-        flags=("--calibration_method",),
         choices=METHOD_NAMES,
         help="rtn (no data), rtn_clip (RTN with a per-block MSE clip search, no data), kquant (llama.cpp's "
         "weighted least-squares scale search, no data), hqq (half-quadratic lp fit, no data), awq_lite (AWQ scale "
@@ -58,19 +57,16 @@ class Int4Options(_tool.QuantizationOptions):
     )
     use_zero_point: bool = option(
         False,
-        flags=("--use_zero_point",),
         help="Asymmetric quantization: UINT4 weights with UINT4 zero points (default: symmetric INT4, all 16 levels).",
     )
     positive_scales: bool = option(
         False,
-        flags=("--positive_scales",),
         help="Symmetric scales always positive (max(-min/8, max/7) per block), for runtimes that reject negative "
         "scales such as TensorRT; the *_trt methods imply it (default: a block whose largest magnitude is positive "
         "may get a negative scale that puts it on level -8, as ONNX Runtime's RTN does, when that is more accurate).",
     )
     block_size: int | None = option(
         None,
-        flags=("--block_size",),
         help="Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel (default: 128).",
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option(
@@ -80,14 +76,12 @@ class Int4Options(_tool.QuantizationOptions):
     )
     quantize_embeddings: bool = option(
         False,
-        flags=("--quantize_embeddings",),
         help="Also quantize embedding Gathers block-wise along the hidden axis (GatherBlockQuantized for "
         "matmulnbits, DequantizeLinear -> Gather for qdq), as onnxruntime-genai's builder does; a tied lm_head then "
         "shares the quantized table. Implied by --size_budget_mb.",
     )
     size_budget_mb: float | None = option(
         None,
-        flags=("--size_budget_mb",),
         metavar="MB",
         help="The output's model files (.onnx plus external data) are at most this many MB (10^6 bytes): each weight "
         "gets INT4 at block 128, 64 or 32, INT8, or float when tiny, the most sensitive bytes promoted first "
@@ -98,45 +92,34 @@ class Int4Options(_tool.QuantizationOptions):
     log_level: str = log_level_option()
     output_format: str = option(
         "qdq",
-        flags=("--output_format",),
         choices=OUTPUT_FORMATS,
         help="qdq: DequantizeLinear(INT4) -> MatMul at opset >= 21 (DirectML, TensorRT, QNN; ONNX Runtime fuses it "
         "on CPU and CUDA); matmulnbits: com.microsoft::MatMulNBits (ONNX Runtime).",
     )
     accuracy_level: int = option(
         4,
-        flags=("--accuracy_level",),
         choices=(0, 1, 2, 3, 4),
         help="MatMulNBits compute type for the activations: 4 int8 (the fast CPU path), 1 fp32, 2 fp16, 3 bf16, "
         "0 unset (matmulnbits only; for qdq ONNX Runtime's session option sets it).",
     )
-    awqlite_alpha_step: float = option(
-        0.1, flags=("--awqlite_alpha_step",), help="Step of the AWQ-lite exponent grid 0..1."
-    )
-    awqclip_alpha_step: float = option(0.05, flags=("--awqclip_alpha_step",), help="Step of the AWQ-clip ratio grid.")
-    awqclip_alpha_min: float = option(0.5, flags=("--awqclip_alpha_min",), help="Smallest AWQ-clip ratio.")
-    awqclip_bsz_col: int = option(
-        1024, flags=("--awqclip_bsz_col",), help="Output columns processed at once by the AWQ-clip search (memory)."
-    )
+    awqlite_alpha_step: float = option(0.1, help="Step of the AWQ-lite exponent grid 0..1.")
+    awqclip_alpha_step: float = option(0.05, help="Step of the AWQ-clip ratio grid.")
+    awqclip_alpha_min: float = option(0.5, help="Smallest AWQ-clip ratio.")
+    awqclip_bsz_col: int = option(1024, help="Output columns processed at once by the AWQ-clip search (memory).")
     gptq_damp: float = option(
         0.1,
-        flags=("--gptq_damp",),
         help="GPTQ damping, as a fraction of the Hessian's mean diagonal (0.1 generalized better than the usual "
         "0.01 from a few thousand calibration tokens on SmolLM2).",
     )
-    gptq_act_order: bool = option(
-        False, flags=("--gptq_act_order",), help="GPTQ: quantize input channels in order of decreasing activation."
-    )
+    gptq_act_order: bool = option(False, help="GPTQ: quantize input channels in order of decreasing activation.")
     gptq_sequential: bool = option(
         False,
-        flags=("--gptq_sequential",),
         help="GPTQ and AWQ: calibrate the layer inputs a few at a time (about one transformer block), each on the "
         "model whose earlier layers are already quantized (default: every input on the float model; one pass over "
         "the data per few inputs instead of per --stats_memory_mb).",
     )
     layers_8bit: Sequence[str] | None = option(
         None,
-        flags=("--layers_8bit",),
         nargs="*",
         metavar="REGEX",
         help="Regexes (re.search, like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
@@ -144,7 +127,6 @@ class Int4Options(_tool.QuantizationOptions):
     )
     block_size_8bit: int | None = option(
         None,
-        flags=("--block_size_8bit",),
         help="Block size of the INT8 layers: a power of two >= 16, or -1 per output channel (default: the largest "
         "power of two <= 128 that divides K, so MatMulNBits needs no padding; per channel if none does).",
     )
@@ -154,7 +136,6 @@ class Int4Options(_tool.QuantizationOptions):
     sample_tokens: int = _tool.sample_tokens_option("layer input for the AWQ and AWQ-clip losses")
     stats_memory_mb: int = option(
         256,
-        flags=("--stats_memory_mb",),
         group=_tool.EXTRAS,
         help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
         "several passes over the data; a model with more weights than this runs in segments of half as many.",

@@ -45,7 +45,6 @@ class Int8Options(_tool.QuantizationOptions):
     )
     calibration_method: str | None = option(
         None,
-        flags=("--calibration_method",),
         choices=CALIBRATION_METHODS,
         help="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
         "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error) (default: max "
@@ -61,18 +60,14 @@ class Int8Options(_tool.QuantizationOptions):
     calibration_eps: Sequence[str] = _tool.calibration_eps_option()
     op_types_to_quantize: Sequence[str] | None = option(
         None,
-        flags=("--op_types_to_quantize",),
         nargs="*",
         metavar="OP",
         help="Only these op types (Conv, MatMul, Gemm, and the static region's Add, Mul, Concat, pools) (default: "
         "all supported).",
     )
-    op_types_to_exclude: Sequence[str] | None = option(
-        None, flags=("--op_types_to_exclude",), nargs="*", metavar="OP", help="Op types kept in float."
-    )
+    op_types_to_exclude: Sequence[str] | None = option(None, nargs="*", metavar="OP", help="Op types kept in float.")
     nodes_to_quantize: Sequence[str] | None = option(
         None,
-        flags=("--nodes_to_quantize",),
         nargs="*",
         metavar="REGEX",
         help="Only nodes whose name or output name matches one of these regexes (re.search) (default: all, except on "
@@ -83,14 +78,12 @@ class Int8Options(_tool.QuantizationOptions):
     use_external_data_format: bool = _tool.external_data_option()
     high_precision_dtype: str | None = option(
         None,
-        flags=("--high_precision_dtype",),
         choices=HIGH_PRECISION_TYPES,
         help="Type of what stays in float: fp32, or fp16/bf16 by AutoCast on the float remainder (default: fp32 on "
         "--runtime ort-cpu, where FP16 is slow; fp16 on trt and ort-cuda, as ModelOpt).",
     )
     runtime: str = option(
         "ort-cpu",
-        flags=("--runtime",),
         choices=RUNTIMES,
         help="Where the model will run; sets the placement: ort-cpu (ONNX Runtime CPU: QDQ that fuses into QLinear "
         "kernels, dynamic INT8 MatMuls), ort-cuda or trt (TensorRT-style symmetric Q/DQ on Conv, MatMul and Gemm "
@@ -99,7 +92,6 @@ class Int8Options(_tool.QuantizationOptions):
     log_level: str = log_level_option()
     activations: str = option(
         "auto",
-        flags=("--activations",),
         choices=ACTIVATION_MODES,
         group=_tool.EXTRAS,
         help="How MatMul/Gemm activations are quantized: auto (dynamic on ort-cpu, static elsewhere), static "
@@ -107,7 +99,6 @@ class Int8Options(_tool.QuantizationOptions):
     )
     target_accuracy: str | Callable[..., Any] | None = option(
         None,
-        flags=("--target_accuracy",),
         group=_tool.EXTRAS,
         help="What the outputs must keep on the calibration data, AutoCast's syntax (rel_l2<=0.03, cosine>=0.999, "
         "top1>=0.99, max_abs<=0.1, joined by commas); the most sensitive layers go back to float until it holds, "
@@ -120,7 +111,6 @@ class Int8Options(_tool.QuantizationOptions):
     )
     max_float_compute: float = option(
         0.25,
-        flags=("--max_float_compute",),
         group=_tool.EXTRAS,
         help="The accuracy target sends at most this fraction of the quantized layers' multiply-adds back to float "
         "(speed first; a target it cannot meet within it is reported with what was reached); 1: no limit.",
@@ -134,7 +124,6 @@ class Int8Options(_tool.QuantizationOptions):
     )
     outlier_channels: int = option(
         32,
-        flags=("--outlier_channels",),
         group=_tool.EXTRAS,
         help="At most this many input channels per dynamic layer input computed in float (LLM.int8()-style outlier "
         "split, chosen on calibration data, kept only where it helps); 0: none.",
@@ -148,7 +137,6 @@ class Int8Options(_tool.QuantizationOptions):
     )
     weight_rounding: str = option(
         "auto",
-        flags=("--weight_rounding",),
         choices=WEIGHT_ROUNDINGS,
         group=_tool.EXTRAS,
         help="How INT8 weights are rounded: rtn (to nearest), gptq (GPTQ on the layer's input Hessian from the "
@@ -156,10 +144,7 @@ class Int8Options(_tool.QuantizationOptions):
         "auto (gptq for Conv layers, rtn for MatMul/Gemm).",
     )
     percentile: float = option(
-        99.999,
-        flags=("--percentile",),
-        group=_tool.EXTRAS,
-        help="The percentile of |x| kept by --calibration_method percentile.",
+        99.999, group=_tool.EXTRAS, help="The percentile of |x| kept by --calibration_method percentile."
     )
     calibration_batch_size: int | None = _tool.calibration_batch_size_option(
         None, "bounds memory; dynamic ranges are per run; default: as given"
