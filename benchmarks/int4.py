@@ -44,8 +44,11 @@ SYNTHETIC = "matmul_4gb"
 CALIBRATION_WINDOWS = range(0, 8)
 EVALUATION_WINDOWS = range(8, 16)
 GENAI = "smollm2_genai"  # the builder's FP32 SmolLM2 (<zoo>/genai/smollm2_fp32), from the same token windows as LLM
+GENAI_FP16 = "smollm2_genai_fp16"  # the builder's FP16 SmolLM2 (<zoo>/genai/smollm2_fp16), the same windows
+GENAI_BUILDS = {GENAI: "smollm2_fp32", GENAI_FP16: "smollm2_fp16"}
 GENAI_FILES = ("genai_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 DECODE_TOKENS = 64
+PREFILL_WINDOWS = range(8, 11)  # held-out windows of 256 tokens: the prompts of the prefill measurement
 # ModelOpt matches its patterns with re.match from the start of the name, so its default r"/lm_head" misses the
 # exporter's "/model/lm_head/MatMul" and quantizes the head (int4.md); every tool here gets a pattern that keeps it.
 EXCLUDE = r".*/lm_head"
@@ -181,13 +184,36 @@ _GENAI_ONLY = (
     ),
     *(
         replace(_ours("awq_gptq"), id=f"onnxprec:awq_gptq:budget{mb:g}", budget_mb=mb, exclude="")
-        for mb in (80, 86.5, 113.6)
+        for mb in (80, 86.5, 100, 113.6, 150)
+    ),
+    # the builder's format (MatMulNBits) at the builder outputs' sizes, for the decode-speed goal
+    *(
+        replace(
+            _ours("awq_gptq", fmt="matmulnbits"),
+            id=f"onnxprec:awq_gptq:budget{mb:g}:matmulnbits",
+            budget_mb=mb,
+            exclude="",
+        )
+        for mb in (86.5, 113.6)
     ),
     *(
         replace(
             _ours("awq_gptq"), id=f"onnxprec:awq_gptq:budget{mb:g}:nodata", calibrated=False, budget_mb=mb, exclude=""
         )
         for mb in (86.5,)
+    ),
+    # the default method without data (kquant) and a cheaper calibrated one, on the text the model writes itself
+    *(
+        Int4Tool(
+            f"onnxprec:{m}:budget86.5:nodata",
+            "onnxprec_int4",
+            "project",
+            m,
+            calibrated=False,
+            exclude="",
+            budget_mb=86.5,
+        )
+        for m in ("kquant", "awq_lite")
     ),
 )
 _SMOLLM2_TOOLS = [t for t in TOOLS if not t.endswith(":random")]
@@ -473,14 +499,14 @@ def _output(m: _Model, tool: Int4Tool) -> Path:
 def _prepare(model: str, tools: list[Int4Tool], work: Path, config: RunConfig) -> _Model:
     work.mkdir(parents=True)
     src = (
-        zoo.build_genai(["smollm2_fp32"], config.zoo_dir)[0]
-        if model == GENAI
+        zoo.build_genai([GENAI_BUILDS[model]], config.zoo_dir)[0]
+        if model in GENAI_BUILDS
         else zoo.model_path(model, config.zoo_dir)
     )
     if any(t.venv == "anchors" for t in tools):
         src = opset21(src, work)
     m = _Model(model, src, tools, work, weights=quantizable_weights(src))
-    if model in (LLM, GENAI):
+    if model == LLM or model in GENAI_BUILDS:
         m.ids = zoo.inputs(LLM, config.zoo_dir)["input_ids"]
         m.calib = write_calibration(m.ids, work / "calib")
         m.eval_feeds = window_feeds(src, m.ids, EVALUATION_WINDOWS)
@@ -518,7 +544,7 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
         if runs[-1]["status"] == "ok":
             outputs[tool.id] = dst = _output(m, tool)
             for f in GENAI_FILES:  # a tool that does not carry the genai files (ModelOpt) gets them for decoding
-                if m.name == GENAI and not (dst.parent / f).exists() and (src.parent / f).exists():
+                if m.name in GENAI_BUILDS and not (dst.parent / f).exists() and (src.parent / f).exists():
                     shutil.copy2(src.parent / f, dst.parent / f)
             storage = quantized_storage(dst)
             rec.update(storage)
@@ -540,18 +566,22 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
             "latency: %s",
             json.dumps({k: {m: v.get("median_ms") for m, v in d.items()} for k, d in entry["latency"].items()}),
         )
-    if m.name == GENAI and config.latency:
+    if m.name in GENAI_BUILDS and config.latency:
         quantized = {k: p for k, p in outputs.items() if TOOLS[k].runner != "onnxprec"}
-        entry["genai_decode"] = genai_decode({"fp32": src, **quantized}, max(config.repeats, 5))
+        prompts = ids[PREFILL_WINDOWS.start : PREFILL_WINDOWS.stop] if ids is not None else None
+        entry["genai_decode"] = genai_decode({"fp32": src, **quantized}, max(config.repeats, 5), prompts)
     return entry
 
 
-def genai_decode(paths: dict[str, Path], rounds: int) -> dict[str, dict[str, Any]]:
-    """onnxruntime-genai greedy decode tokens/s on the CPU (three short prompts, :data:`DECODE_TOKENS` new tokens),
-    the models alternating round by round; the median and every round."""
+def genai_decode(paths: dict[str, Path], rounds: int, prompts: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
+    """onnxruntime-genai greedy decode tokens/s on the CPU (three short prompts, :data:`DECODE_TOKENS` new tokens)
+    and, with ``prompts`` (token ids ``[N, S]``), the prefill time of one ``S``-token prompt in ms (the prompt's
+    forward pass and the first new token, averaged over the ``N`` prompts); the models alternate round by round;
+    the median and every round."""
     from onnxprec.evaluate import generate_models
 
     speeds: dict[str, list[float]] = {k: [] for k in paths}
+    prefill: dict[str, list[float]] = {k: [] for k in paths}
     errors: dict[str, str] = {}
     for r in range(rounds):
         for key, path in paths.items():
@@ -559,12 +589,22 @@ def genai_decode(paths: dict[str, Path], rounds: int) -> dict[str, dict[str, Any
                 continue
             try:
                 res = generate_models([path], max_new_tokens=DECODE_TOKENS).models[0]
+                if prompts is not None:
+                    pre = generate_models([path], data=prompts, max_new_tokens=1).models[0]
+                    prefill[key].append(1000 * pre.prefill_seconds / len(prompts))
             except Exception as e:  # a model onnxruntime-genai cannot load is a result too
                 errors[key] = f"{type(e).__name__}: {e}"[:300]
                 continue
             speeds[key].append(float(res.decode_tokens_per_s or 0.0))
-            logger.info("[decode round %d/%d] %s: %.1f tok/s", r + 1, rounds, key, speeds[key][-1])
+            logger.info(
+                "[decode round %d/%d] %s: %.1f tok/s%s", r + 1, rounds, key, speeds[key][-1],
+                f", prefill {prefill[key][-1]:.0f} ms" if prefill[key] else "",
+            )  # fmt: skip
     return {
-        k: {"decode_tokens_per_s": median(v), "rounds": v} if k not in errors else {"error": errors[k]}
+        k: {"decode_tokens_per_s": median(v), "rounds": v}
+        | ({"prefill_ms": median(prefill[k]), "prefill_rounds": prefill[k], "prefill_tokens": prompts.shape[1]}
+           if prompts is not None and prefill[k] else {})
+        if k not in errors
+        else {"error": errors[k]}
         for k, v in speeds.items()
-    }
+    }  # fmt: skip

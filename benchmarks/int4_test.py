@@ -175,3 +175,57 @@ def test_report_genai_section_targets_and_ratios(tmp_path: Path) -> None:
 
 def test_report_is_empty_without_int4_results(tmp_path: Path) -> None:
     assert report_int4.sections(tmp_path) == []
+
+
+def test_report_fp16_frontier_and_the_decode_goal_at_the_same_size(tmp_path: Path) -> None:
+    budget = "onnxprec:awq_gptq:budget86.5:matmulnbits"
+    fp32_run = _result({})
+    fp32_run["models"] = {
+        report_int4.GENAI: {
+            "fp32": {"perplexity": 19.76, "file_bytes": 540_300_000},
+            "tools": {
+                budget: {**_row(22.0, 200.0), "file_bytes": 86_300_000},
+                "builder:default": {**_row(29.0, 10.0), "file_bytes": 86_500_000},
+            },
+            "genai_decode": {
+                budget: {
+                    "decode_tokens_per_s": 50.0,
+                    "rounds": [50.0, 45.0, 60.0],
+                    "prefill_ms": 700.0,
+                    "prefill_rounds": [700.0, 710.0, 690.0],
+                },
+                "builder:default": {"decode_tokens_per_s": 55.0, "rounds": [55.0, 60.0, 50.0]},
+            },
+        }
+    }
+    fp16_run = _result({})
+    fp16_run["date"] = "2026-11-26T13:00:00"
+    big, small = (
+        {**_row(ppl, 100.0), "tool": {"block_size": 128, "budget_mb": mb, "calibrated": True}, "file_bytes": mb * 1e6}
+        for ppl, mb in ((20.3, 113.6), (22.0, 86.5))
+    )
+    fp16_run["models"] = {
+        report_int4.GENAI_FP16: {
+            "fp32": {"perplexity": 19.762, "file_bytes": 270_200_000},
+            "tools": {"onnxprec:awq_gptq:budget113.6": big, "onnxprec:awq_gptq:budget86.5": small},
+            "genai_decode": {
+                "fp32": {"decode_tokens_per_s": 9.0, "rounds": [9.0], "prefill_ms": 2000.0, "prefill_rounds": [2000.0]}
+            },
+        }
+    }
+    (tmp_path / "int4-2026-11-26-a.json").write_text(json.dumps(fp32_run))
+    (tmp_path / "int4-2026-11-27-b.json").write_text(json.dumps(fp16_run))
+    merged = report_int4.merge(load_results(tmp_path, "int4"))
+    genai = "\n".join(report_int4.genai_section(merged))
+    # paired per-round ratios 50/55, 45/60, 60/50 -> median 0.909: within 10 %
+    assert "**0.91×** (median of the per-round ratios 0.75, 0.91, 1.20; 50 vs 55 tok/s; 86.3 vs 86.5 MB)" in genai
+    assert "| ≥ 0.9× | ✅ |" in genai and "| 700 (700, 710, 690) [I1] |" in genai
+    fp16 = "\n".join(report_int4.fp16_section(merged))
+    lines = [line for line in fp16.splitlines() if line.startswith("| ")]
+    assert (
+        lines[1].startswith("| FP16 (builder `-p fp16`) | – | **19.76** | 270.2 |")
+        and "| 2000 (2000) [I2] | 9.0 (9.0) [I2] |" in lines[1]
+    )
+    assert "builder `-p int4` `default`" in lines[2]  # the builder's outputs from the FP32 run, beside the frontier
+    assert lines[3].startswith("| onnxprec `awq_gptq:budget86.5` | --size_budget_mb 86.5, sym | 22.00 |")  # by size
+    assert lines[4].startswith("| onnxprec `awq_gptq:budget113.6` |")

@@ -16,6 +16,13 @@ from .report_common import TEXT, Column, column_table, load_results, model_label
 
 LLM = "smollm2_135m"
 GENAI = "smollm2_genai"  # the genai plan (benchmarks.int4): the builder's SmolLM2, and the same runs on LLM
+GENAI_FP16 = "smollm2_genai_fp16"  # the builder's FP16 SmolLM2: the size/perplexity frontier on an FP16 base
+DECODE_RATIO_GOAL = 0.9  # decode tok/s within 10 % of the builder's output of the same size and format
+# onnxprec's rows in the builder's format at the builder outputs' sizes, and the builder output each is held to
+SAME_SIZE = {
+    "onnxprec:awq_gptq:budget86.5:matmulnbits": "builder:default",
+    "onnxprec:awq_gptq:budget113.6:matmulnbits": "builder:k_quant_mixed",
+}
 GENAI_COMPARED = ("onnxprec:autocast", "onnxprec:rtn:zp", "onnxprec:awq_lite:zp")
 GENAI_PPL_GOAL = 22.8
 GENAI_RATIO_GOAL = 1.2
@@ -39,10 +46,10 @@ class Int4Merged:
     runs: list[dict[str, Any]]
     compare: dict[str, dict[str, Any]]
     """The genai plan's runs on the zoo export (LLM), kept apart from the INT4 table."""
-    decode: dict[str, dict[str, Any]]
-    """onnxruntime-genai decode tokens/s of the genai plan's models, the newest per model."""
-    decode_runs: dict[int, dict[str, dict[str, Any]]]
-    """Every run's decode tokens/s (ratios are taken within one run)."""
+    decode: dict[str, dict[str, dict[str, Any]]]
+    """Per base model: onnxruntime-genai decode tokens/s (and prefill ms) of each output, the newest per output."""
+    decode_runs: dict[str, dict[int, dict[str, dict[str, Any]]]]
+    """Per base model: every run's decode tokens/s (ratios are taken within one run)."""
 
 
 def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
@@ -50,8 +57,8 @@ def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
     fp32: dict[str, dict[str, Any]] = {}
     lat: dict[str, tuple[dict[str, Any], int]] = {}
     compare: dict[str, dict[str, Any]] = {}
-    decode: dict[str, dict[str, Any]] = {}
-    decode_runs: dict[int, dict[str, dict[str, Any]]] = {}
+    decode: dict[str, dict[str, dict[str, Any]]] = {}
+    decode_runs: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
     for run in runs:
         genai = GENAI in run.get("models", {})
         for model, entry in run.get("models", {}).items():
@@ -63,9 +70,10 @@ def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
                 rows.setdefault(model, {})[tool] = {**rec, "run": run["number"]}
             if entry.get("latency"):
                 lat[model] = (entry["latency"], run["number"])
-            decode.update({k: {**v, "run": run["number"]} for k, v in entry.get("genai_decode", {}).items()})
-            if entry.get("genai_decode"):
-                decode_runs[run["number"]] = entry["genai_decode"]
+            speeds = entry.get("genai_decode", {})
+            decode.setdefault(model, {}).update({k: {**v, "run": run["number"]} for k, v in speeds.items()})
+            if speeds:
+                decode_runs.setdefault(model, {})[run["number"]] = speeds
     return Int4Merged(rows, fp32, lat, list(runs), compare, decode, decode_runs)
 
 
@@ -334,6 +342,100 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+PREFILL_TOKENS = 256
+
+
+def _decode_cell(m: Int4Merged, model: str) -> Callable[[str], str]:
+    """A row's decode tokens/s: median (every round; against the builder default measured in that run)."""
+    speeds, runs = m.decode.get(model, {}), m.decode_runs.get(model, {})
+
+    def cell(key: str) -> str:
+        d = speeds.get(key, {})
+        if "error" in d:
+            return "failed: " + d["error"][:80].replace("|", "\\|")
+        t = d.get("decode_tokens_per_s")
+        r = _ratio(t, runs.get(d.get("run", -1), {}).get("builder:default", {}).get("decode_tokens_per_s"))
+        rounds = ", ".join(num(x, 1) for x in d.get("rounds", []))
+        vs = f"; {num(r)}× builder default in that run" if r is not None else ""
+        return f"{num(t, 1)} ({rounds}{vs}) [I{d['run']}]" if t else "–"
+
+    return cell
+
+
+def _prefill_cell(m: Int4Merged, model: str) -> Callable[[str], str]:
+    """A row's prefill time of one 256-token prompt in onnxruntime-genai: median ms (every round)."""
+    speeds = m.decode.get(model, {})
+
+    def cell(key: str) -> str:
+        d = speeds.get(key, {})
+        if d.get("prefill_ms") is None:
+            return "–"
+        rounds = ", ".join(num(x, 0) for x in d.get("prefill_rounds", []))
+        return f"{num(d['prefill_ms'], 0)} ({rounds}) [I{d['run']}]"
+
+    return cell
+
+
+def _same_size_goals(m: Int4Merged) -> list[list[str]]:
+    """Decode speed of onnxprec's budget outputs in MatMulNBits against the builder output of the same size, in
+    the same run: the median of the per-round ratios."""
+    out = []
+    speeds, runs = m.decode.get(GENAI, {}), m.decode_runs.get(GENAI, {})
+    for ours_id, builder_id in SAME_SIZE.items():
+        ours = speeds.get(ours_id, {})
+        builder = runs.get(ours.get("run", -1), {}).get(builder_id, {})
+        paired = sorted(a / b for a, b in zip(ours.get("rounds", []), builder.get("rounds", [])) if b)
+        ratio = paired[len(paired) // 2] if paired else None
+        size_ours = m.rows.get(GENAI, {}).get(ours_id, {}).get("file_bytes")
+        size_builder = m.rows.get(GENAI, {}).get(builder_id, {}).get("file_bytes")
+        out.append(
+            [
+                f"onnxprec `{ours_id.partition(':')[2]}` decode tok/s vs {_label(builder_id)} (same size and format)",
+                f"**{num(ratio)}×** (median of the per-round ratios {', '.join(num(x) for x in paired)}; "
+                f"{num(ours.get('decode_tokens_per_s'), 1)} vs {num(builder.get('decode_tokens_per_s'), 1)} tok/s; "
+                f"{(size_ours or 0) / 1e6:.1f} vs {(size_builder or 0) / 1e6:.1f} MB)"
+                if ratio is not None
+                else "–",
+                f"≥ {DECODE_RATIO_GOAL}×",
+                _mark(None if ratio is None else ratio >= DECODE_RATIO_GOAL),
+            ]
+        )
+    return out
+
+
+def fp16_section(m: Int4Merged) -> list[str]:
+    """The size/perplexity frontier on the builder's FP16 SmolLM2, beside the builder's INT4 outputs."""
+    rows_in = m.rows.get(GENAI_FP16, {})
+    if not rows_in:
+        return []
+    fp = m.fp32.get(GENAI_FP16, {})
+    dec, pre = _decode_cell(m, GENAI_FP16), _prefill_cell(m, GENAI_FP16)
+    builder = {t: r for t, r in m.rows.get(GENAI, {}).items() if t.startswith("builder:")}
+    base = ["FP16 (builder `-p fp16`)", "–", f"**{num(fp.get('perplexity'), 3)}**"]
+    base += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", pre("fp32"), dec("fp32"), _run_ref(fp)]
+    ok = lambda x: x[1].get("status") == "ok"  # noqa: E731
+    columns: tuple[Column, ...] = (
+        ("Tool, method", lambda x: _label(x[0])),
+        ("block, scale", lambda x: _config(x[1]) if not x[0].endswith(":zp") else "128, asym (no budget)"),
+        ("ppl (8-15)", lambda x: _ppl(x[1]) if ok(x) else _failed(x[1])),
+        ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–"),
+        _TIME,
+        ("peak RSS MiB", _rss("")),
+        (f"prefill {PREFILL_TOKENS} tok ms", lambda x: pre(x[0]) if x[0] in rows_in else "–"),
+        ("decode tok/s", lambda x: dec(x[0]) if x[0] in rows_in else "–"),
+        _RUN,
+    )
+    ordered = sorted(rows_in.items(), key=lambda x: x[1].get("file_bytes") or 0)
+    return [
+        "### SmolLM2-135M FP16 base (builder `-p fp16`): the size/perplexity frontier",
+        "",
+        TEXT["int4.genai_fp16"],
+        "",
+        column_table(columns, [*builder.items(), *ordered], [base]) or "",
+        "",
+    ]
+
+
 def genai_section(m: Int4Merged) -> list[str]:
     """The builder's SmolLM2 (KV cache, contrib ops): every INT4 row, the targets, and the time/RSS comparison
     with the same onnxprec runs on the zoo export."""
@@ -342,18 +444,9 @@ def genai_section(m: Int4Merged) -> list[str]:
         return []
     fp = m.fp32.get(GENAI, {})
 
-    def dec(key: str) -> str:
-        d = m.decode.get(key, {})
-        if "error" in d:
-            return "failed: " + d["error"][:80].replace("|", "\\|")
-        t = d.get("decode_tokens_per_s")
-        r = _ratio(t, m.decode_runs.get(d.get("run", -1), {}).get("builder:default", {}).get("decode_tokens_per_s"))
-        rounds = ", ".join(num(x, 1) for x in d.get("rounds", []))
-        vs = f"; {num(r)}× builder default in that run" if r is not None else ""
-        return f"{num(t, 1)} ({rounds}{vs}) [I{d['run']}]" if t else "–"
-
+    dec, pre = _decode_cell(m, GENAI), _prefill_cell(m, GENAI)
     fp32 = ["FP32 (builder `-p fp32 -e cpu`)", "–", f"**{num(fp.get('perplexity'), 3)}**"]
-    fp32 += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", dec("fp32"), _run_ref(fp)]
+    fp32 += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", pre("fp32"), dec("fp32"), _run_ref(fp)]
     autocast = lambda x: x[0] == "onnxprec:autocast"  # noqa: E731
     ok = lambda x: x[1].get("status") == "ok"  # noqa: E731
     columns: tuple[Column, ...] = (
@@ -363,11 +456,13 @@ def genai_section(m: Int4Merged) -> list[str]:
         ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–"),
         _TIME,
         ("peak RSS MiB", _rss("")),
+        (f"prefill {PREFILL_TOKENS} tok ms", lambda x: pre(x[0])),
         ("decode tok/s", lambda x: dec(x[0])),
         _RUN,
     )
     gptq = rows_in.get("onnxprec:awq_gptq:zp", {}).get("perplexity")
-    ours, builder = m.decode.get("onnxprec:rtn:b32:matmulnbits:all", {}), m.decode.get("builder:default", {})
+    speeds = m.decode.get(GENAI, {})
+    ours, builder = speeds.get("onnxprec:rtn:b32:matmulnbits:all", {}), speeds.get("builder:default", {})
     speed = _ratio(ours.get("decode_tokens_per_s"), builder.get("decode_tokens_per_s"))
     paired = sorted(a / b for a, b in zip(ours.get("rounds", []), builder.get("rounds", [])) if b)
     paired_median = paired[len(paired) // 2] if paired and ours.get("run") == builder.get("run") else None
@@ -387,6 +482,7 @@ def genai_section(m: Int4Merged) -> list[str]:
             "≥ 1×",
             _mark(None if speed is None else speed >= 1.0 and (paired_median or 1.0) >= 1.0),
         ],
+        *_same_size_goals(m),
     ]
     pairs = [(t, rows_in.get(t, {}), m.compare.get(t, {})) for t in GENAI_COMPARED]
     ratio = lambda x, key: _ratio(x[1].get(key), x[2].get(key))  # noqa: E731
@@ -447,5 +543,6 @@ def sections(results_dir: Path) -> list[str]:
         *latency_table(m),
         *synthetic_table(m),
         *genai_section(m),
+        *fp16_section(m),
     ]
     return out

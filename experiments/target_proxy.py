@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import zoo
+from onnxprec import sensitivity
 from onnxprec._io import load_model
 from onnxprec.autocast import _api, masks, target
 from onnxprec.autocast._options import AutoCastOptions
@@ -83,8 +84,8 @@ def main() -> int:
     scaled_bound = bound * emulated_default / real_default
 
     exact = np.array([error({i}) ** 2 for i in range(n)])  # each node low alone
-    distance = target._distance_to_outputs(model)
-    proxy = target._sensitivity(model)
+    distance = sensitivity.distance_to_outputs(model)
+    proxy = sensitivity.structural(model)
     observer = FirstBatchObserver({str(v.name) for node in moving for v in node.outputs})
     run_reference(model, [reference.first_feeds], observers=[observer])
     own = []

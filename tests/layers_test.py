@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("onnxprec._ort",)),
     ("measure", ("onnxprec.calibration", "onnxprec.calibration_data", "onnxprec.llm_inputs",
                  "onnxprec._input_contracts", "onnxprec.reference", "onnxprec.reductions", "onnxprec.observers",
-                 "onnxprec.metrics", "onnxprec.validate")),
+                 "onnxprec.metrics", "onnxprec.validate", "onnxprec.sensitivity")),
     ("passes", ("onnxprec.passes",)),
     ("tools", ("onnxprec.autocast", "onnxprec.quantization", "onnxprec.debug", "onnxprec.evaluate",
                "onnxprec.preprocess", "onnxprec.export")),

@@ -20,11 +20,13 @@ The reference run keeps the FP32 outputs of every batch (:class:`ReferenceOutput
    configuration is a set of feeds: trying one is one ``session.run`` per batch, never a build or a session. Its
    verdicts are scaled to the real error of the default (:class:`_Scale`): the emulation rounds every low tensor as
    FP16/BF16 hardware does, while ONNX Runtime's CPU computes many FP16 ops in FP32.
-5. **Sensitivity**: a validated structural proxy (:func:`_sensitivity`), the number of readers of the node's
-   outputs over its distance to the graph outputs. Validated against each node's exact output error (one emulated
+5. **Sensitivity** (the sensitivity engine, :mod:`onnxprec.sensitivity`): a validated structural proxy
+   (:func:`~onnxprec.sensitivity.structural`), the number of readers of the node's outputs over its distance to
+   the graph outputs. Validated against each node's exact output error (one emulated
    run per node) by ``python -m experiments.target_proxy``: the node's own rounding error is nearly the same for
    every node and ranks poorly; the numbers are in BENCHMARKS.md. Least sensitive first upward, most sensitive
-   first downward; a bisection on how many nodes to move (``log2(candidates)`` runs), then greedy steps on chunks
+   first downward (:func:`~onnxprec.sensitivity.rank`); a bisection on how many nodes to move
+   (:func:`~onnxprec.sensitivity.bisect_count`, ``log2(candidates)`` runs), then greedy steps on chunks
    of the rest while runs are cheap (:data:`REFINE_RUNS`).
 6. **Check**: the choice is converted in memory and run for real on every batch; if it misses, the bisection goes
    on with real checks (at most :data:`MAX_REAL_CHECKS`).
@@ -57,6 +59,7 @@ from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.metrics import ErrorStats
 from onnxprec.observers import TensorStats
+from onnxprec.sensitivity import bisect_count, rank, structural
 from onnxprec.validate import NumericReport
 
 if TYPE_CHECKING:
@@ -358,9 +361,9 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     report.mode = "upward" if upward else "downward"
     moving = [n for n in candidates if problem.decisions[n].low != upward]
     fixed_low |= {n for n in candidates if problem.decisions[n].low and upward}
-    sensitivity = _sensitivity(problem.model)
+    sensitivity = structural(problem.model)
     # Least sensitive first upward; downward, the most sensitive go back to FP32 first.
-    ranked = sorted(moving, key=lambda n: sensitivity[n], reverse=not upward)
+    ranked = rank(sensitivity, moving, least_first=upward)
     report.sensitivity = {n: sensitivity[n] for n in moving}
     chosen = problem.decisions
     if not moving:
@@ -409,30 +412,6 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
         }
     )
     return chosen, report, numeric
-
-
-def _distance_to_outputs(model: ir.Model) -> dict[ir.Node, int]:
-    """The longest path, in nodes, from each main-graph node to a graph output (1: it writes one)."""
-    graph = model.graph
-    distance: dict[ir.Node, int] = {}
-    for node in reversed(list(graph)):
-        below = [distance.get(use.node, 0) for out in node.outputs for use in out.uses() if use.node.graph is graph]
-        distance[node] = 1 + max(below, default=0)
-    return distance
-
-
-def _sensitivity(model: ir.Model) -> dict[ir.Node, float]:
-    """The structural sensitivity proxy: readers of the node's outputs over its distance to the outputs.
-
-    An error injected near the outputs is diluted by fewer nodes; one in a tensor that many nodes read (a
-    residual stream) reaches the outputs along many paths.
-    """
-    distance = _distance_to_outputs(model)
-    result = {}
-    for node, d in distance.items():
-        readers = sum(len(out.uses()) + out.is_graph_output() for out in node.outputs)
-        result[node] = max(readers, 1) / d
-    return result
 
 
 class _Scale:
@@ -521,13 +500,8 @@ def _bisect(
         return ok
 
     verb = "convert" if upward else "keep FP32"
-    good, bad = (0, n) if upward else (n, 0)  # downward, every candidate in FP32 is assumed to hold
-    while abs(good - bad) > 1:
-        k = (good + bad) // 2
-        if holds(set(range(k)), f"{verb} {k} of {n}"):
-            good = k
-        else:
-            bad = k
+    # downward, every candidate in FP32 is assumed to hold
+    good = bisect_count(lambda k: holds(set(range(k)), f"{verb} {k} of {n}"), *((0, n) if upward else (n, 0)))
     # Greedy steps: the ranking is a proxy, so try chunks of the other side too, while runs are cheap.
     moved = set(range(good))
     runs, spent = 0, 0.0

@@ -2,7 +2,8 @@
 
 One pass over the calibration data (random data without it) collects every layer input's ``XᵀX``, chunk by chunk in
 a bounded memory; each weight's candidates (INT4 at block 128/64/32, INT8, float) are quantized with RTN and scored by
-their Hessian-weighted output error (:mod:`onnxprec.quantization.budget`); the weights' choices are then set on the
+their Hessian-weighted output error (:func:`onnxprec.sensitivity.hessian_loss`), and the sensitivity engine's
+:func:`~onnxprec.sensitivity.allocate` chooses within the budget; the weights' choices are then set on the
 selection (``Target.bits``, ``Target.block_size``; a weight left in float is dropped from it) and the run's method
 quantizes them. The bytes outside the quantized weights (other initializers, the graph, AWQ scale vectors) are
 counted against the budget first.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,19 +35,11 @@ from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks
 from onnxprec.quantization.algorithms.rtn import quantize_rtn
-from onnxprec.quantization.budget import (
-    FLOAT,
-    Allocation,
-    Candidate,
-    Precision,
-    allocate,
-    hessian_energy,
-    hessian_loss,
-    stored_bytes,
-)
+from onnxprec.quantization.budget import FLOAT, Precision, stored_bytes
 from onnxprec.quantization.int4._options import Int4Options
 from onnxprec.quantization.methods import MethodSpec
 from onnxprec.quantization.select import InputGroup, Selection, Target
+from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hessian_energy, hessian_loss
 
 __all__ = [
     "BLOCK_CHOICES", "TINY_ELEMENTS", "WRITTEN_LENGTH", "WRITTEN_WINDOWS", "BudgetReport", "choose_precisions",
@@ -283,23 +276,30 @@ def _calibrate_gains(
     """
     eight = {t.name: Precision(8, options.block_8bit(t.k)) for t in candidates}
     reference = _reference_top(_probe_model(model, eight, options), data, options)
+
+    def smallest(targets: Sequence[Target]) -> dict[Target, Candidate]:
+        return {t: min(candidates[t], key=lambda c: c.bytes) for t in targets}
+
+    def measure(targets: Sequence[Target]) -> float:
+        chosen = {t.name: c.precision for t, c in smallest(targets).items()}
+        probe = _probe_model(model, {**eight, **chosen}, options)
+        try:
+            return _kl(probe, data, reference, options)
+        finally:
+            del probe
+
     probes = []
-    for targets in _probe_sets(candidates):
-        smallest = {t: min(candidates[t], key=lambda c: c.bytes) for t in targets}
-        estimated = sum(c.loss for c in smallest.values())
-        probe = _probe_model(model, {**eight, **{t.name: c.precision for t, c in smallest.items()}}, options)
-        measured = _kl(probe, data, reference, options)
-        del probe
-        gain = max(measured, 1e-9) / max(estimated, 1e-12)
+    for probe in calibrate(_probe_sets(candidates), lambda ts: sum(c.loss for c in smallest(ts).values()), measure):
+        targets = probe.items
         for target in targets:
-            candidates[target] = [Candidate(c.precision, c.bytes, c.loss * gain) for c in candidates[target]]
+            candidates[target] = [Candidate(c.precision, c.bytes, c.loss * probe.gain) for c in candidates[target]]
         names = [t.name for t in targets]
-        probes.append({"weights": names if len(names) <= 3 else f"{len(names)} weights", "estimated": estimated,
-                       "measured_kl": measured, "gain": gain})  # fmt: skip
+        probes.append({"weights": names if len(names) <= 3 else f"{len(names)} weights", "estimated": probe.estimated,
+                       "measured_kl": probe.measured, "gain": probe.gain})  # fmt: skip
         logger.info(
             "Real run: %s at the smallest precision: KL divergence of the logits %.4g nats (estimate %.4g)",
             names[0] if len(names) == 1 else f"{len(names)} weights of shape {targets[0].k}x{targets[0].n}",
-            measured, estimated,
+            probe.measured, probe.estimated,
         )  # fmt: skip
     report.probes = {"sets": probes}
 

@@ -6,12 +6,15 @@ the INT8 model for real (the decisions applied to a copy of the float model) and
 fusions, as the user will: what is measured is what is saved.
 
 1. The all-INT8 model is checked; if it meets the target, nothing changes.
-2. Sensitivity: with at most :data:`MAX_ISOLATED` layers, how much the output error drops when that layer alone
-   goes back to float (one check per layer; it sees the interactions that the error of a layer quantized alone
-   misses); with more, the layer's own output error on the calibration sample (a local proxy). Divided by the
-   layer's share of the model's multiply-adds: the cheapest error goes back first.
-3. How many of the most sensitive layers go back to float: 1, 2, 4... until the target holds, then a bisection
-   in between (about ``2 log2(count)`` checks) finds the fewest that meet it.
+2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers,
+   how much the output error drops when that layer alone goes back to float (:func:`~onnxprec.sensitivity.
+   isolated_gains`: one check per layer; it sees the interactions that the error of a layer quantized alone
+   misses); with more, the layer's own output error on the calibration sample (a local proxy). With
+   ``max_float_compute``, only the most sensitive layers that fit in that share of the multiply-adds
+   (:func:`~onnxprec.sensitivity.within`).
+3. How many of the most sensitive layers go back to float (:func:`~onnxprec.sensitivity.fewest`): 1, 2, 4...
+   until the target holds, then a bisection in between (about ``2 log2(count)`` checks) finds the fewest that
+   meet it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from onnxprec import _ort
 from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget
 from onnxprec.autocast.target import Measurement, ReferenceOutputs
 from onnxprec.metrics import ErrorStats
+from onnxprec.sensitivity import fewest, isolated_gains, rank, within
 
 __all__ = ["MAX_ISOLATED", "measure", "search"]
 
@@ -66,14 +70,6 @@ def _badness(measurement: Measurement, metric: str) -> float:
     if value is None:
         return 0.0
     return 1.0 - value if metric in ("cosine", "top1") else value
-
-
-def _gain(before: float, after: float, metric: str) -> float:
-    """What a change gained: in squared error for rel_l2 and max_abs (errors of independent layers add up in
-    squares), in the metric itself for cosine and top1 (1 - cosine is already a squared error)."""
-    if metric in ("rel_l2", "max_abs"):
-        return before * before - after * after
-    return before - after
 
 
 def search(
@@ -115,49 +111,30 @@ def search(
     if first.ok or not layers:
         return [], first
     metric = target.bounds[0].metric if target.bounds else "rel_l2"
-    from tqdm.auto import tqdm
-
     if len(layers) <= MAX_ISOLATED:
-        base = _badness(first, metric)
-        sensitivity = {}
-        for name in tqdm(layers, desc="INT8 sensitivity", unit="layer", disable=None, leave=False):
-            sensitivity[name] = _gain(base, _badness(check({name}), metric), metric)  # what it gains alone
+        sensitivity = isolated_gains(
+            layers, lambda name: _badness(check({name}), metric), _badness(first, metric),
+            squared=metric in ("rel_l2", "max_abs"), progress="INT8 sensitivity",
+        )  # fmt: skip
         steps.append({"what": f"gain of each layer alone in float ({metric})", "checks": len(layers)})
     else:
         sensitivity = {name: proxy.get(name, 0.0) for name in layers}
-    order = [name for name in sorted(layers, key=lambda name: -sensitivity[name]) if sensitivity[name] > 0]
-    if cost and max_float_compute < 1.0:
-        total, used, kept = sum(cost.get(name, 0.0) for name in layers) or 1.0, 0.0, []
-        for name in order:  # the most sensitive layers that fit in the compute budget, in order
-            if used + cost.get(name, 0.0) <= max_float_compute * total:
-                kept.append(name)
-                used += cost.get(name, 0.0)
-        order = kept
+    order = rank(sensitivity, layers, positive=True)
+    if cost and max_float_compute < 1.0:  # the most sensitive layers that fit in the compute budget, in order
+        order = within(order, cost, max_float_compute * (sum(cost.get(name, 0.0) for name in layers) or 1.0))
     if not order:
         logger.warning(
             "The accuracy target %s is not met (%s) and no layer's float form helps", target, first.summary()
         )
         return [], first
-    # Galloping from the fewest: 1, 2, 4... layers in float until the target holds, then a bisection in between,
-    # so a target that a few layers meet is found in a few checks.
-    low, high = 0, len(order)  # low misses; high is assumed to hold until checked
-    best: Measurement | None = None
-    count = 1
-    while count < high:
-        measurement = run(order[:count], f"{count} most sensitive in float")
-        if measurement.ok:
-            high, best = count, measurement
-            break
-        low, count = count, count * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        measurement = run(order[:middle], f"{middle} most sensitive in float")
-        if measurement.ok:
-            high, best = middle, measurement
-        else:
-            low = middle
-    if best is None:
-        best = run(order[:high], f"{high} most sensitive in float")
+    checked: dict[int, Measurement] = {}
+
+    def holds(count: int) -> bool:
+        checked[count] = run(order[:count], f"{count} most sensitive in float")
+        return checked[count].ok
+
+    high = fewest(holds, len(order))
+    best = checked.get(high) or run(order[:high], f"{high} most sensitive in float")
     if not best.ok:
         logger.warning(
             "The accuracy target %s is not met (%s) with the %d most sensitive layers in float, all that "
