@@ -138,6 +138,11 @@ def _split_sizes(c: Contract) -> np.ndarray | None:
     return c.shaped([n // k + (1 if i < n % k else 0) for i in range(k)])
 
 
+def _value(value: float) -> Maker:
+    """A maker of the one value ``value`` (a scalar, or a 1-element vector)."""
+    return lambda c: c.shaped([value])
+
+
 def _positive(value: float) -> Maker:
     return lambda c: c.shaped([value] * (c.length(1) or 1))
 
@@ -244,8 +249,8 @@ _PARAMETERS: dict[tuple[str, int], Maker] = {
     ("Squeeze", 1): _squeeze_axes,
     ("Split", 1): _split_sizes,
     ("SplitToSequence", 1): _split_sizes,
-    ("TopK", 1): lambda c: c.shaped([1]),
-    ("OneHot", 1): lambda c: c.shaped([4]),
+    ("TopK", 1): _value(1),
+    ("OneHot", 1): _value(4),
     ("Resize", 1): _roi,
     ("Resize", 2): _scales,
     ("Resize", 3): _sizes,
@@ -253,19 +258,17 @@ _PARAMETERS: dict[tuple[str, int], Maker] = {
     ("CenterCropPad", 1): _sizes,
     ("Pad", 1): _pads,
     ("Pad", 3): _axes,
-    ("Range", 0): _range,
-    ("Range", 1): _range,
-    ("Range", 2): _range,
-    ("NonMaxSuppression", 2): lambda c: c.shaped([3]),
-    ("NonMaxSuppression", 3): lambda c: c.shaped([0.5]),
-    ("NonMaxSuppression", 4): lambda c: c.shaped([0.0]),
+    **{("Range", i): _range for i in (0, 1, 2)},
+    ("NonMaxSuppression", 2): _value(3),
+    ("NonMaxSuppression", 3): _value(0.5),
+    ("NonMaxSuppression", 4): _value(0.0),
     ("Gather", 1): _index(),
     ("GatherElements", 1): _index(),
     ("ScatterElements", 1): _index(),
     ("GatherND", 1): _gather_nd,
     ("ScatterND", 1): _gather_nd,
-    ("CumSum", 1): lambda c: c.shaped([0]),
-    ("Trilu", 1): lambda c: c.shaped([0]),
+    ("CumSum", 1): _value(0),
+    ("Trilu", 1): _value(0),
     ("AffineGrid", 1): _affine_size,
     ("Col2Im", 1): _col2im,
     ("Col2Im", 2): _col2im,
@@ -273,20 +276,14 @@ _PARAMETERS: dict[tuple[str, int], Maker] = {
     **{(op, 1): lambda c: np.full(c.shape, 0.05) for op in ("QuantizeLinear", "DequantizeLinear")},
     **{(op, 2): lambda c: np.zeros(c.shape) for op in ("QuantizeLinear", "DequantizeLinear")},
     ("Bernoulli", 0): lambda c: c.rng.uniform(0, 1, size=c.shape),
-    ("MelWeightMatrix", 0): lambda c: c.shaped([_MEL[0]]),
-    ("MelWeightMatrix", 1): lambda c: c.shaped([_MEL[1]]),
-    ("MelWeightMatrix", 2): lambda c: c.shaped([_MEL[2]]),
-    ("MelWeightMatrix", 3): lambda c: c.shaped([_MEL[3]]),
-    ("MelWeightMatrix", 4): lambda c: c.shaped([_MEL[4]]),
-    ("HannWindow", 0): lambda c: c.shaped([8]),
-    ("HammingWindow", 0): lambda c: c.shaped([8]),
-    ("BlackmanWindow", 0): lambda c: c.shaped([8]),
+    **{("MelWeightMatrix", i): _value(value) for i, value in enumerate(_MEL)},
+    **{(op, 0): _value(8) for op in ("HannWindow", "HammingWindow", "BlackmanWindow")},
     ("DFT", 1): lambda c: c.shaped([_axis_dim(c, "axis", 1) or 4]),
     ("STFT", 1): _stft_frame,
     ("STFT", 3): _stft_frame,
-    ("Loop", 0): lambda c: c.shaped([3]),
+    ("Loop", 0): _value(3),
     ("Loop", 1): lambda c: np.ones(c.shape, dtype=np.bool_),
-    ("SequenceAt", 1): lambda c: c.shaped([0]),
+    ("SequenceAt", 1): _value(0),
     ("ReverseSequence", 1): lambda c: np.full(c.shape, _axis_dim(c, "time_axis", 0) or 1),
     ("NegativeLogLikelihoodLoss", 1): _index("", 1),
     ("SoftmaxCrossEntropyLoss", 1): _index("", 1),

@@ -12,8 +12,8 @@ and help text live in the field's metadata::
         nodes_to_exclude: Sequence[str] | None = option(None, flags=("-ne",), nargs="*", help="Regexes...")
         custom_rule: Any = option(None, api_only=True, help="A callable on onnx_ir.Node (API only).")
 
-A field's flag is ``--<field name>`` (``--method`` above); ``flags`` is given only where the spelling differs
-(a short form, ModelOpt's or ONNX Runtime's name, ``--no_<name>`` for a bool that defaults to True).
+A field's flag is ``--<field name>`` (``--method`` above), or ``--no_<field name>`` for a bool that defaults to
+True; ``flags`` is given only where the spelling differs (a short form, ModelOpt's or ONNX Runtime's name).
 From that one declaration:
 
 - :func:`add_arguments` adds one argparse group per class, one flag per field (``api_only`` fields get none);
@@ -75,7 +75,8 @@ class OptionSpec(NamedTuple):
     Attributes:
         help: The flag's help text (one or two sentences, no default: it is appended automatically).
         flags: The flag spellings, e.g. ``("-t", "--low_precision_type")``; empty for API-only fields and, until
-            :func:`option_fields` reads the field, for a field whose flag is ``--<field name>``.
+            :func:`option_fields` reads the field, for a field whose flag is ``--<field name>`` (``--no_<field name>``
+            for a bool that defaults to True).
         api_only: The field has no flag (e.g. a callable).
         choices: Allowed values of the flag.
         nargs: ``"*"`` or ``"+"`` for list flags (stored as tuples).
@@ -119,7 +120,7 @@ def option(
     Args:
         default: The default (API and command line). Omit it for a required option (a required flag).
         help: What the option does, one or two sentences; the default is appended to the flag's help.
-        flags: The flag spellings, when not ``--<field name>``.
+        flags: The flag spellings, when not ``--<field name>`` (``--no_<field name>`` for a bool defaulting to True).
         api_only: The option has no flag (a callable, an in-memory object...).
         choices: Allowed values.
         nargs: ``"*"`` or ``"+"`` for list options.
@@ -186,7 +187,8 @@ class ToolOptions:
 def option_fields(cls: type) -> list[tuple[dataclasses.Field[Any], OptionSpec]]:
     """The fields of an options dataclass with their specs, in declaration order.
 
-    A spec's ``flags`` are filled in here where the declaration left them out: ``--<field name>``.
+    A spec's ``flags`` are filled in here where the declaration left them out: ``--<field name>``, or
+    ``--no_<field name>`` for a bool that defaults to True (the flag turns it off).
 
     Raises:
         TypeError: ``cls`` is not a dataclass, or one of its init fields was not declared with :func:`option`.
@@ -203,7 +205,8 @@ def option_fields(cls: type) -> list[tuple[dataclasses.Field[Any], OptionSpec]]:
                 f"{cls.__name__}.{f.name} has no help or flags: declare it with onnxprec._options.option()."
             )
         if not spec.flags and not spec.api_only:
-            spec = spec._replace(flags=(f"--{f.name}",))
+            off = _is_bool(f) and _default(f) is True
+            spec = spec._replace(flags=(f"--no_{f.name}" if off else f"--{f.name}",))
         result.append((f, spec))
     return result
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["Report", "check_paths", "header", "json_number", "write_json"]
+__all__ = ["Report", "check_paths", "fields_of", "header", "json_number", "write_json"]
 
 logger = logging.getLogger("onnxprec")
 
@@ -42,6 +42,12 @@ def header(report: Report) -> dict[str, Any]:
     from onnxprec import __version__
 
     return {"tool": report.TOOL, "onnxprec_version": __version__, "summary": report.summary}
+
+
+def fields_of(item: object, *names: str) -> dict[str, Any]:
+    """``{name: item.name}`` for each of ``names``, in that order: the keys of a ``to_json`` that copy an attribute
+    as it is (the others, renamed or converted, follow by hand)."""
+    return {name: getattr(item, name) for name in names}
 
 
 def json_number(value: Any) -> Any:

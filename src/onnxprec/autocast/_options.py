@@ -128,7 +128,6 @@ class AutoCastOptions(ToolOptions):
     )
     validate: bool = option(
         True,
-        flags=("--no_validate",),
         group=_EXTRAS,
         help="Skip the checker, I/O contract and numeric checks of the result.",
         doc="Check the result: ONNX checker with strict type inference, I/O contract, and output error "

@@ -50,6 +50,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._ops import CONTROL_FLOW_OPS
+from onnxprec._report import fields_of
 from onnxprec._tensors import finite_max
 from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget, Bound
 from onnxprec.autocast.classify import Decision, classify
@@ -206,10 +207,7 @@ class Step:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "what": self.what,
-            "low_nodes": self.low_nodes,
-            "ok": self.ok,
+            **fields_of(self, "kind", "what", "low_nodes", "ok"),
             "errors": _jsonable(self.measurement.errors),
             "seconds": round(self.measurement.seconds, 3),
         }
@@ -242,13 +240,7 @@ class TargetReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "target": self.target,
-            "mode": self.mode,
-            "candidates": self.candidates,
-            "moved": self.moved,
-            "reached": self.reached,
-            "sessions": self.sessions,
-            "runs": self.runs,
+            **fields_of(self, "target", "mode", "candidates", "moved", "reached", "sessions", "runs"),
             "seconds": round(self.seconds, 3),
             "note": self.note,
             "default": None if self.default is None else _jsonable(self.default.errors),

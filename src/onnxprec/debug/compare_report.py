@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from onnxprec._html import BAD_COLOR, LOW_COLOR, LogAxes, e, filters, fmt, num_cell, page, section, svg, table
-from onnxprec._report import header
+from onnxprec._report import fields_of, header
 
 __all__ = [
     "CRITERION",
@@ -152,12 +152,7 @@ class Verification:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "pattern": self.pattern,
-            "node": self.node,
-            "low_precision_type": self.low_precision_type,
-            "keep_io_types": self.keep_io_types,
-            "fixed": self.fixed,
-            "resolved": self.resolved,
+            **fields_of(self, "pattern", "node", "low_precision_type", "keep_io_types", "fixed", "resolved"),
             "before": self.before.to_json(),
             "after": None if self.after is None else self.after.to_json(),
             "after_first_divergence": self.after_first_divergence,

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 import onnx
@@ -41,7 +41,7 @@ from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoa
 from onnxprec.evaluate._options import EvaluateOptions
 from onnxprec.llm_inputs import LLMInputs
 
-__all__ = ["EvaluateOptions", "EvaluationReport", "ModelResult", "evaluate_models"]
+__all__ = ["EvaluateOptions", "EvaluationReport", "ModelResult", "ModelsReport", "evaluate_models"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,20 +113,41 @@ class ModelResult:
         }
 
 
+class _Result(Protocol):
+    name: str
+    is_reference: bool
+
+
+ResultT = TypeVar("ResultT", bound=_Result)
+
+
 @dataclass
-class EvaluationReport:
+class ModelsReport(Generic[ResultT]):
+    """The results of models run side by side, one of them the reference; ``report[name]`` is one model's."""
+
+    models: list[ResultT] = field(default_factory=list)
+
+    @property
+    def reference(self) -> ResultT:
+        """The reference model's result."""
+        return next(m for m in self.models if m.is_reference)
+
+    def __getitem__(self, name: str) -> ResultT:
+        for result in self.models:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+
+@dataclass
+class EvaluationReport(ModelsReport[ModelResult]):
     """All models' results; :meth:`table` for the terminal, :meth:`to_json` for scripts (``--report_json``)."""
 
     TOOL: ClassVar[str] = "evaluate"
 
-    models: list[ModelResult] = field(default_factory=list)
     data: str | None = None
     providers: list[str] = field(default_factory=list)
     latency_batch: dict[str, list[int]] = field(default_factory=dict)
-
-    @property
-    def reference(self) -> ModelResult:
-        return next(m for m in self.models if m.is_reference)
 
     @property
     def summary(self) -> str:
@@ -140,12 +161,6 @@ class EvaluationReport:
                 parts.append(f"{m.name} top-1 {_fmt(m.top1_accuracy, '{:.2%}')}")
         text = f"Evaluated {len(self.models)} model(s) on {ref.samples} samples in {ref.batches} batch(es)"
         return f"{text}: {', '.join(parts)}" if parts else text
-
-    def __getitem__(self, name: str) -> ModelResult:
-        for result in self.models:
-            if result.name == name:
-                return result
-        raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
         """``tool``, ``onnxprec_version``, ``summary``, ``data``, ``providers``, ``reference`` (a model name),

@@ -37,7 +37,7 @@ from onnxprec._genai import GENAI_CONFIG, has_tokenizer, read_config
 from onnxprec._options import fields_in
 from onnxprec._report import header
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
-from onnxprec.evaluate._api import text_table
+from onnxprec.evaluate._api import ModelsReport, text_table
 from onnxprec.evaluate._options import EvaluateOptions
 
 __all__ = ["DEFAULT_PROMPTS", "GenerationReport", "GenerationResult", "generate_models", "run_generation"]
@@ -75,7 +75,7 @@ class GenerationResult:
     name: str
     folder: str
     model_file: str
-    is_reference: bool = False
+    is_reference: bool
     prompt_tokens: int = 0
     generated_tokens: int = 0
     decode_steps: int = 0
@@ -130,21 +130,16 @@ class GenerationResult:
 
 
 @dataclass
-class GenerationReport:
+class GenerationReport(ModelsReport[GenerationResult]):
     """All models' generation results; :meth:`table` for the terminal, :meth:`to_json` for scripts
     (``--report_json``)."""
 
     TOOL: ClassVar[str] = "evaluate"
 
-    models: list[GenerationResult] = field(default_factory=list)
     provider: str = "cpu"
     prompts: list[list[int]] = field(default_factory=list)
     prompt_texts: list[str] | None = None
     max_new_tokens: int = 0
-
-    @property
-    def reference(self) -> GenerationResult:
-        return next(m for m in self.models if m.is_reference)
 
     @property
     def summary(self) -> str:
@@ -152,12 +147,6 @@ class GenerationReport:
         parts = [f"{m.name} agreement {m.agreement:.2%}" for m in self.models if m.agreement is not None]
         text = f"Generated with {len(self.models)} model(s) from {len(self.prompts)} prompt(s) on {self.provider}"
         return f"{text}: {', '.join(parts)}" if parts else text
-
-    def __getitem__(self, name: str) -> GenerationResult:
-        for result in self.models:
-            if result.name == name:
-                return result
-        raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
         """``tool``, ``onnxprec_version``, ``summary``, ``mode`` (generate), ``provider``, ``max_new_tokens``,

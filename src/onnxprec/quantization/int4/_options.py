@@ -13,6 +13,7 @@ from onnxprec._arg_groups import calibration_data_option, genai_provider_option,
 from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
+from onnxprec.quantization._tool import EXTRAS
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "METHOD_NAMES", "OUTPUT_FORMATS", "Int4Options"]
 
@@ -136,11 +137,11 @@ class Int4Options(_tool.QuantizationOptions):
     sample_tokens: int = _tool.sample_tokens_option("layer input for the AWQ and AWQ-clip losses")
     stats_memory_mb: int = option(
         256,
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
         "several passes over the data; a model with more weights than this runs in segments of half as many.",
     )
-    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=_tool.EXTRAS)
+    input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=EXTRAS)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -13,6 +13,7 @@ from onnxprec._arg_groups import calibration_data_option, input_shapes_option, l
 from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
+from onnxprec.quantization._tool import EXTRAS
 
 __all__ = [
     "ACTIVATION_MODES",
@@ -93,13 +94,13 @@ class Int8Options(_tool.QuantizationOptions):
     activations: str = option(
         "auto",
         choices=ACTIVATION_MODES,
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="How MatMul/Gemm activations are quantized: auto (dynamic on ort-cpu, static elsewhere), static "
         "(calibrated ranges) or dynamic (DynamicQuantizeLinear at run time, ort-cpu).",
     )
     target_accuracy: str | Callable[..., Any] | None = option(
         None,
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="What the outputs must keep on the calibration data, AutoCast's syntax (rel_l2<=0.03, cosine>=0.999, "
         "top1>=0.99, max_abs<=0.1, joined by commas); the most sensitive layers go back to float until it holds, "
         "within --max_float_compute (default: none, as ModelOpt: every selected layer stays INT8; a float layer "
@@ -111,47 +112,45 @@ class Int8Options(_tool.QuantizationOptions):
     )
     max_float_compute: float = option(
         0.25,
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="The accuracy target sends at most this fraction of the quantized layers' multiply-adds back to float "
         "(speed first; a target it cannot meet within it is reported with what was reached); 1: no limit.",
     )
     smoothquant: bool = option(
         True,
-        flags=("--no_smoothquant",),
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="Turn SmoothQuant off (default: on for dynamic and static MatMul/Gemm layers, alpha searched per input "
         "on held-out calibration tokens, kept only where it helps).",
     )
     outlier_channels: int = option(
         32,
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="At most this many input channels per dynamic layer input computed in float (LLM.int8()-style outlier "
         "split, chosen on calibration data, kept only where it helps); 0: none.",
     )
     bias_correction: bool = option(
         True,
-        flags=("--no_bias_correction",),
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="Turn bias correction off (default: on: each layer's bias cancels the mean output shift of its "
         "quantized weight on the calibration data).",
     )
     weight_rounding: str = option(
         "auto",
         choices=WEIGHT_ROUNDINGS,
-        group=_tool.EXTRAS,
+        group=EXTRAS,
         help="How INT8 weights are rounded: rtn (to nearest), gptq (GPTQ on the layer's input Hessian from the "
         "calibration data, for layers whose calibration saw at least as many input rows as the layer has inputs), "
         "auto (gptq for Conv layers, rtn for MatMul/Gemm).",
     )
     percentile: float = option(
-        99.999, group=_tool.EXTRAS, help="The percentile of |x| kept by --calibration_method percentile."
+        99.999, group=EXTRAS, help="The percentile of |x| kept by --calibration_method percentile."
     )
     calibration_batch_size: int | None = _tool.calibration_batch_size_option(
         None, "bounds memory; dynamic ranges are per run; default: as given"
     )
     sample_tokens: int = _tool.sample_tokens_option("dynamic layer input for the SmoothQuant and outlier decisions")
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(
-        flags=("--calibration_shapes", "--input_shapes"), group=_tool.EXTRAS
+        flags=("--calibration_shapes", "--input_shapes"), group=EXTRAS
     )
 
     def __post_init__(self) -> None:
@@ -191,12 +190,16 @@ class Int8Options(_tool.QuantizationOptions):
 
             self.target = AccuracyTarget.parse(self.target_accuracy)
 
+    def _by_runtime(self, given: str | None, cpu: str, other: str) -> str:
+        """``given`` when set, else ``cpu`` on --runtime ort-cpu and ``other`` on the others."""
+        if given is not None:
+            return given
+        return cpu if self.runtime == "ort-cpu" else other
+
     @property
     def method(self) -> str:
         """The calibration method in effect: max on ort-cpu, else ModelOpt's default, entropy."""
-        if self.calibration_method is not None:
-            return self.calibration_method
-        return "max" if self.runtime == "ort-cpu" else "entropy"
+        return self._by_runtime(self.calibration_method, "max", "entropy")
 
     @property
     def source(self) -> Any:
@@ -206,9 +209,7 @@ class Int8Options(_tool.QuantizationOptions):
     @property
     def float_type(self) -> str:
         """What stays in float: fp32 on ort-cpu, fp16 elsewhere, unless ``high_precision_dtype`` says."""
-        if self.high_precision_dtype is not None:
-            return self.high_precision_dtype
-        return "fp32" if self.runtime == "ort-cpu" else "fp16"
+        return self._by_runtime(self.high_precision_dtype, "fp32", "fp16")
 
     @property
     def symmetric(self) -> bool:

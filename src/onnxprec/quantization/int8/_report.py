@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from onnxprec._report import json_number
+from onnxprec._report import fields_of, json_number
 from onnxprec.quantization._tool import QuantizationReportBase, json_start
 
 __all__ = ["Int8Report", "LayerEntry"]
@@ -29,12 +29,7 @@ class LayerEntry:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "op": self.op,
-            "mode": self.mode,
-            "weight": self.weight,
-            "shape": self.shape,
-            "outlier_channels": self.outlier_channels,
+            **fields_of(self, "name", "op", "mode", "weight", "shape", "outlier_channels"),
             "smoothquant_alpha": self.alpha,
             "bias_corrected": self.bias_corrected,
             **{key: json_number(value) for key, value in self.info.items()},
