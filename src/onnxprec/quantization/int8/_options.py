@@ -48,9 +48,10 @@ class Int8Options(_tool.QuantizationOptions):
         None,
         choices=CALIBRATION_METHODS,
         help="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
-        "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error) (default: max "
-        "on --runtime ort-cpu, where entropy clipped EfficientNet-Lite0's ReLU6 and residual tensors (rel L2 0.17 "
-        "against 0.05 on held-out images); entropy elsewhere, as ModelOpt; dynamic activations need none).",
+        "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error) (default: mse "
+        "on --runtime ort-cpu: on EfficientNet-Lite0 rel L2 0.039 / 0.046 on calibration / held-out images, max "
+        "0.040 / 0.049, and entropy clipped its ReLU6 and residual tensors (0.17 held out); entropy elsewhere, as "
+        "ModelOpt; dynamic activations need none).",
     )
     calibration_data_reader: Any = option(
         None,
@@ -198,8 +199,8 @@ class Int8Options(_tool.QuantizationOptions):
 
     @property
     def method(self) -> str:
-        """The calibration method in effect: max on ort-cpu, else ModelOpt's default, entropy."""
-        return self._by_runtime(self.calibration_method, "max", "entropy")
+        """The calibration method in effect: mse on ort-cpu, else ModelOpt's default, entropy."""
+        return self._by_runtime(self.calibration_method, "mse", "entropy")
 
     @property
     def source(self) -> Any:

@@ -5,9 +5,10 @@ The placement depends on the runtime that will run the model:
 - ``ort-cpu`` (ONNX Runtime's CPU provider): ONNX Runtime fuses ``DequantizeLinear -> Conv -> QuantizeLinear`` into
   ``QLinearConv``, ``DynamicQuantizeLinear -> DequantizeLinear -> MatMul`` into ``DynamicQuantizeMatMul``, and the
   QDQ forms of Add, Concat and the pools into their QLinear kernels. Conv layers are static (calibrated activation
-  ranges, UINT8 activations and INT8 weights: VNNI's u8*s8), and so are Gemm layers (``QGemm``); MatMul layers
-  with a constant weight are dynamic (each run quantizes its own activation range: no calibrated range can be too
-  small, and transformers' per-run ranges vary), unless their input is already a static tensor. A ``Relu`` or
+  ranges, UINT8 activations and INT8 weights: VNNI's u8*s8). MatMul and Gemm layers with a constant weight are
+  dynamic (each run quantizes its own activation range: no calibrated range can be too small, and transformers'
+  per-run ranges vary; a Gemm becomes ``DynamicQuantizeMatMul`` with its bias), unless their input is already a
+  static tensor (then ``QGemm``). A ``Relu`` or
   ``Clip`` that follows a static layer is absorbed (its output is quantized instead: ONNX Runtime drops it into the
   quantization's own clamp), and Add, Concat, Mul and the pools join the static region only when each of their float
   inputs comes from it, so no DequantizeLinear is left in front of an op ONNX Runtime cannot fuse except where the
@@ -15,7 +16,12 @@ The placement depends on the runtime that will run the model:
   stays float unless ``nodes_to_quantize`` names it: the input's own resolution (an 8-bit image's pixel step) is
   about as fine as a UINT8 grid over its range, so quantizing it adds noise of the size of one input step, which the
   network may amplify (EfficientNet-Lite0 on 29 unseen images: rel L2 0.094 -> 0.057 with the first Conv float), and
-  a first Conv with a few input channels gains nothing from INT8 kernels (the same latency on a Xeon with AMX).
+  a first Conv with a few input channels gains nothing from INT8 kernels (the same latency on a Xeon with AMX). So
+  does a depthwise Conv that reads the output of a layer kept float (a MobileNet's first depthwise Conv after its
+  stem): with no sum over channels its INT8 kernel is no faster than the float one, its input would need a
+  QuantizeLinear of its own, and an early layer's error is the one the network amplifies most (EfficientNet-Lite0:
+  rel L2 0.044 -> 0.040 on its calibration images, 0.053 -> 0.049 on 29 unseen ones, 0.63x FP32 on the Xeon
+  instead of 0.66x).
 - ``trt`` and ``ort-cuda`` (TensorRT-style): symmetric INT8 Q/DQ on the activation and weight inputs of Conv, MatMul
   and Gemm only, as ModelOpt places them; TensorRT chooses its own fusions.
 """
@@ -162,6 +168,40 @@ def _absorbed_activation(node: ir.Node) -> ir.Node | None:
     return user
 
 
+def _depthwise(node: ir.Node) -> bool:
+    """A Conv with one input channel per group."""
+    weight = node.inputs[1]
+    return (
+        node.op_type == "Conv"
+        and weight is not None
+        and weight.const_value is not None
+        and int(weight.const_value.shape.numpy()[1]) == 1
+        and int(_attr(node, "group", 1)) > 1
+    )
+
+
+def _kept_float(node: ir.Node, float_outputs: set[ir.Value]) -> str | None:
+    """Why a static layer stays float on ort-cpu (None: it is quantized): it reads the model input, or it is a
+    depthwise Conv that reads the output of a layer kept float (its INT8 kernel, with no sum over channels, is no
+    faster than the float one, and its input would need a QuantizeLinear of its own)."""
+    source = _model_input(node.inputs[0])
+    if source is not None:
+        return f"reads the model input '{source.name}'"
+    if not _depthwise(node):
+        return None
+    value = node.inputs[0]
+    for _ in range(8):  # through Pad, Transpose, Reshape...
+        if value is None or value in float_outputs:
+            break
+        producer = value.producer()
+        if producer is None or producer.op_type not in _LAYOUT_OPS or not is_default_domain(producer.domain):
+            return None
+        value = producer.inputs[0] if producer.inputs else None
+    if value is None or value not in float_outputs:
+        return None
+    return f"a depthwise Conv reading the float '{value.name}'"
+
+
 def place(
     model: ir.Model,
     runtime: str,
@@ -200,6 +240,7 @@ def place(
             return False
         return not nodes_to_quantize or _matches(node, nodes_to_quantize) is not None
 
+    float_outputs: set[ir.Value] = set()  # outputs of the layers the two float rules keep in float
     for node in model.graph:
         if node.op_type not in WEIGHT_OPS or not is_default_domain(node.domain):
             continue
@@ -209,14 +250,11 @@ def place(
             continue
         if not allowed(node):
             continue
-        # Gemm stays static on ort-cpu: ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm, but folds a dynamic
-        # MatMul + Add back into a float Gemm before its quantization fusions run.
-        dynamic = node.op_type == "MatMul" and (activations == "dynamic" or (activations == "auto" and cpu))
-        source = _model_input(node.inputs[0]) if cpu and not dynamic and not nodes_to_quantize else None
-        if source is not None:
-            plan.skipped.append(
-                (str(node.name), f"reads the model input '{source.name}': kept float (name it in nodes_to_quantize)")
-            )
+        dynamic = node.op_type in ("MatMul", "Gemm") and (activations == "dynamic" or (activations == "auto" and cpu))
+        kept = _kept_float(node, float_outputs) if cpu and not dynamic and not nodes_to_quantize else None
+        if kept is not None:
+            plan.skipped.append((str(node.name), f"{kept}: kept float (name it in nodes_to_quantize)"))
+            float_outputs.add((_absorbed_activation(node) or node).outputs[0])
             continue
         plan.layers.append(Layer(node, weight, axis, dynamic))
     if cpu:
