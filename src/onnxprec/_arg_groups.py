@@ -2,7 +2,8 @@
 
 An API setting every tool words its own way is a field factory used in each tool's options class (the spelling and
 what the tool does with the value are parameters): :func:`calibration_data_option`, :func:`input_shapes_option`,
-:func:`providers_option`, :func:`genai_provider_option`, :func:`html_report_option`, :func:`log_level_option`.
+:func:`providers_option`, :func:`genai_provider_option`, :func:`html_report_option`, :func:`log_level_option`,
+:func:`regexes_option`, :func:`op_types_option`.
 Each factory returns an :func:`~onnxprec._options.option` field (defaulting to None unless it says otherwise); its
 ``flags`` are the spellings and its ``group`` the argparse group's title when not the options class's ``TITLE``.
 Command-line-only flags are classes of their own that each tool adds (:class:`FileArgs`, :class:`CommonArgs`),
@@ -35,8 +36,10 @@ __all__ = [
     "html_report_option",
     "input_shapes_option",
     "log_level_option",
+    "op_types_option",
     "providers_option",
     "read_args",
+    "regexes_option",
 ]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -98,6 +101,26 @@ def input_shapes_option(*, flags: Iterable[str] = ("--input_shapes",), group: st
         help="Sizes of dynamic inputs for random data: name:1x3x224x224,ids:1x128.",
         doc=f'Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a dict of shapes{more}.',
     )
+
+
+def regexes_option(help: str, *, flags: Iterable[str] | None = None) -> Any:
+    """A list of regular expressions of node or layer names (``--flag REGEX ...``), None when not given.
+
+    Args:
+        help: What the regexes select and how they match (``re.match`` or ``re.search``).
+        flags: The spellings, when not ``--<field name>``.
+    """
+    return option(None, flags=flags, nargs="*", metavar="REGEX", help=help)
+
+
+def op_types_option(help: str, *, flags: Iterable[str] | None = None) -> Any:
+    """A list of op types (``--flag OP ...``), None when not given.
+
+    Args:
+        help: What the op types select.
+        flags: The spellings, when not ``--<field name>``.
+    """
+    return option(None, flags=flags, nargs="*", metavar="OP", help=help)
 
 
 def providers_option(purpose: str, *, flags: Iterable[str] = ("--providers",)) -> Any:

@@ -2,7 +2,7 @@
 
 Each tool is a package with its API in ``_api`` and its command line in ``_cli``. A ``_cli`` module is
 imported only when its subcommand runs (``onnxprec --help`` imports none), so it should import nothing heavy
-at module level. It provides:
+at module level. It provides (this list is its interface; it has no ``__all__``):
 
 - ``DESCRIPTION``: the paragraph at the top of ``--help``;
 - ``EPILOG``: examples shown at the end of ``--help``; ``{prog}`` is replaced by the command's name;

@@ -15,8 +15,6 @@ from onnxprec._arg_groups import CommonArgs, file_args, read_args
 from onnxprec._options import ToolOptions, option
 from onnxprec.autocast._options import AutoCastOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "FILES", "ModelOptCompatArgs", "add_arguments", "run"]
-
 DESCRIPTION = "Convert an FP32 ONNX model to mixed FP32/FP16 or FP32/BF16 (ModelOpt AutoCast flags)."
 EPILOG = """\
 examples:

@@ -19,7 +19,9 @@ from onnxprec._arg_groups import (
     genai_provider_option,
     html_report_option,
     input_shapes_option,
+    op_types_option,
     providers_option,
+    regexes_option,
 )
 from onnxprec._options import ToolOptions, compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
@@ -52,29 +54,17 @@ class AutoCastOptions(ToolOptions):
         choices=LOW_PRECISION_TYPES,
         help="Low precision type: fp16 or bf16.",
     )
-    nodes_to_exclude: Sequence[str] | None = option(
-        None,
-        flags=("-ne", "--nodes_to_exclude"),
-        nargs="*",
-        metavar="REGEX",
-        help="Regexes (re.match) of node names to keep in FP32.",
+    nodes_to_exclude: Sequence[str] | None = regexes_option(
+        "Regexes (re.match) of node names to keep in FP32.", flags=("-ne", "--nodes_to_exclude")
     )
-    op_types_to_exclude: Sequence[str] | None = option(
-        None, flags=("-ope", "--op_types_to_exclude"), nargs="*", metavar="OP", help="Op types to keep in FP32."
+    op_types_to_exclude: Sequence[str] | None = op_types_option(
+        "Op types to keep in FP32.", flags=("-ope", "--op_types_to_exclude")
     )
-    nodes_to_include: Sequence[str] | None = option(
-        None,
-        flags=("-ni", "--nodes_to_include"),
-        nargs="*",
-        metavar="REGEX",
-        help="Regexes (re.match) of node names to convert even if a rule excludes them.",
+    nodes_to_include: Sequence[str] | None = regexes_option(
+        "Regexes (re.match) of node names to convert even if a rule excludes them.", flags=("-ni", "--nodes_to_include")
     )
-    op_types_to_include: Sequence[str] | None = option(
-        None,
-        flags=("-opi", "--op_types_to_include"),
-        nargs="*",
-        metavar="OP",
-        help="Op types to convert even if a rule excludes them.",
+    op_types_to_include: Sequence[str] | None = op_types_option(
+        "Op types to convert even if a rule excludes them.", flags=("-opi", "--op_types_to_include")
     )
     data_max: float = option(
         512,

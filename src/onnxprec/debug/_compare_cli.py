@@ -14,8 +14,6 @@ from onnxprec._arg_groups import CommonArgs, html_report_option
 from onnxprec._options import ToolOptions, from_args, option
 from onnxprec.debug._options import CompareOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "ReportArgs", "add_arguments", "run"]
-
 DESCRIPTION = (
     "Run a model and its conversion (FP16/BF16/INT4...) on the same inputs, match their tensors by name, recorded "
     "original names, inserted Casts and DequantizeLinear, and report per node the max abs error, relative L2 error "

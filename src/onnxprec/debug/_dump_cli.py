@@ -13,8 +13,6 @@ from onnxprec import _options, _report
 from onnxprec._arg_groups import CommonArgs, file_args, read_args
 from onnxprec.debug._options import DumpOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "FILES", "add_arguments", "run"]
-
 DESCRIPTION = (
     "Run a model on one batch and write each quantized node's output (DequantizeLinear, QuantizeLinear, "
     "MatMulNBits...) as <name>.bin (raw little-endian) and <name>.txt (one value a line), with index.json; "

@@ -35,7 +35,11 @@ def _check_budget(budget_bytes: int | None) -> None:
 
 @dataclass
 class DumpOptions(ToolOptions):
-    """The settings of :func:`onnxprec.debug.dump_model` (AMD Quark's ``dump_model`` arguments and more)."""
+    """The settings of :func:`onnxprec.debug.dump_model` (AMD Quark's ``dump_model`` arguments and more).
+
+    Quark's keywords ``dump_data_reader`` and ``random_data_reader_input_shape`` are the command line's
+    ``--calibration_data`` and ``--input_shapes``, spelled as in the other tools.
+    """
 
     TITLE = "dump options"
 

@@ -15,8 +15,6 @@ from onnxprec._arg_groups import CommonArgs
 from onnxprec._options import from_args
 from onnxprec.evaluate._options import EvaluateOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
-
 DESCRIPTION = (
     "Run one or several models side by side on the same data (e.g. an FP32 model and its FP16/BF16/INT4 "
     "versions) and report perplexity (causal LMs), top-1/top-5 accuracy (with --labels), agreement with the "

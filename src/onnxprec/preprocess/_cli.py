@@ -17,8 +17,6 @@ from onnxprec._arg_groups import CommonArgs, file_args, read_args
 from onnxprec.errors import ModelLoadError
 from onnxprec.preprocess._options import PreprocessOptions
 
-__all__ = ["DESCRIPTION", "EPILOG", "FILES", "add_arguments", "run"]
-
 DESCRIPTION = (
     "Prepare a model for quantization, as ONNX Runtime's quant_pre_process does: symbolic shape inference, "
     "ONNX Runtime basic graph optimization (constant folding, Conv+BatchNormalization fusion...), ONNX shape "

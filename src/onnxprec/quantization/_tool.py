@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from onnxprec import _options, _report
-from onnxprec._arg_groups import CommonArgs, check_log_level, file_args, providers_option, read_args
+from onnxprec._arg_groups import CommonArgs, check_log_level, file_args, providers_option, read_args, regexes_option
 from onnxprec._options import ToolOptions, option, options_from_call
 from onnxprec.errors import InvalidArgumentError
 
@@ -96,12 +96,8 @@ def nodes_to_exclude_option(matched: str, more: str = "", *, flags: Iterable[str
         more: The rest of the sentence (what no pattern does, the default), starting with "; ".
         flags: The spellings.
     """
-    return option(
-        None,
-        flags=flags,
-        nargs="*",
-        metavar="REGEX",
-        help=f"Regexes (re.search) of the nodes kept in float, matched against {matched}{more}.",
+    return regexes_option(
+        f"Regexes (re.search) of the nodes kept in float, matched against {matched}{more}.", flags=flags
     )
 
 

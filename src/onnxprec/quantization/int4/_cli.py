@@ -7,8 +7,6 @@ from __future__ import annotations
 from onnxprec.quantization import _tool
 from onnxprec.quantization.int4._options import Int4Options
 
-__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
-
 DESCRIPTION = (
     "Quantize the weights of MatMul/Gemm layers to INT4 (RTN, AWQ, GPTQ), block-wise along K; "
     "output as DequantizeLinear -> MatMul (QDQ) or com.microsoft::MatMulNBits."

@@ -9,7 +9,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._arg_groups import calibration_data_option, genai_provider_option, input_shapes_option, log_level_option
+from onnxprec._arg_groups import (
+    calibration_data_option,
+    genai_provider_option,
+    input_shapes_option,
+    log_level_option,
+    regexes_option,
+)
 from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
@@ -119,12 +125,9 @@ class Int4Options(_tool.QuantizationOptions):
         "model whose earlier layers are already quantized (default: every input on the float model; one pass over "
         "the data per few inputs instead of per --stats_memory_mb).",
     )
-    layers_8bit: Sequence[str] | None = option(
-        None,
-        nargs="*",
-        metavar="REGEX",
-        help="Regexes (re.search, like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
-        "instead (they win over --nodes_to_exclude, e.g. --layers_8bit lm_head).",
+    layers_8bit: Sequence[str] | None = regexes_option(
+        "Regexes (re.search, like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
+        "instead (they win over --nodes_to_exclude, e.g. --layers_8bit lm_head)."
     )
     block_size_8bit: int | None = option(
         None,

@@ -7,8 +7,6 @@ from __future__ import annotations
 from onnxprec.quantization import _tool
 from onnxprec.quantization.int8._options import Int8Options
 
-__all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "run"]
-
 DESCRIPTION = (
     "Quantize Conv, MatMul and Gemm layers to INT8 for the runtime that will run the model: on ONNX Runtime's CPU "
     "(the default) static QDQ that fuses into QLinear kernels and dynamic INT8 MatMuls, with outlier channels and "

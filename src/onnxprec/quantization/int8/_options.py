@@ -9,7 +9,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onnxprec._arg_groups import calibration_data_option, input_shapes_option, log_level_option
+from onnxprec._arg_groups import (
+    calibration_data_option,
+    input_shapes_option,
+    log_level_option,
+    op_types_option,
+    regexes_option,
+)
 from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
@@ -60,21 +66,15 @@ class Int8Options(_tool.QuantizationOptions):
         "two.",
     )
     calibration_eps: Sequence[str] = _tool.calibration_eps_option()
-    op_types_to_quantize: Sequence[str] | None = option(
-        None,
-        nargs="*",
-        metavar="OP",
-        help="Only these op types (Conv, MatMul, Gemm, and the static region's Add, Mul, Concat, pools) (default: "
-        "all supported).",
+    op_types_to_quantize: Sequence[str] | None = op_types_option(
+        "Only these op types (Conv, MatMul, Gemm, and the static region's Add, Mul, Concat, pools) (default: "
+        "all supported)."
     )
-    op_types_to_exclude: Sequence[str] | None = option(None, nargs="*", metavar="OP", help="Op types kept in float.")
-    nodes_to_quantize: Sequence[str] | None = option(
-        None,
-        nargs="*",
-        metavar="REGEX",
-        help="Only nodes whose name or output name matches one of these regexes (re.search) (default: all, except on "
+    op_types_to_exclude: Sequence[str] | None = op_types_option("Op types kept in float.")
+    nodes_to_quantize: Sequence[str] | None = regexes_option(
+        "Only nodes whose name or output name matches one of these regexes (re.search) (default: all, except on "
         "ort-cpu a layer that reads the model's float input, e.g. a CNN's first Conv, which stays float unless named "
-        "here).",
+        "here)."
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option("the node name and its output names")
     use_external_data_format: bool = _tool.external_data_option()
