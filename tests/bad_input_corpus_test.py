@@ -27,7 +27,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._testing import F16, F, make_genai_folder, make_model, tensor_info, tiny_decoder
+from onnxprec._testing import F, make_genai_folder, make_model, tensor_info, tiny_decoder
 
 # Every case is a process of its own (the corpus checks the real exit, stderr and files): the slow suite.
 pytestmark = pytest.mark.slow
@@ -207,7 +207,7 @@ class Case:
     tool: str = "onnxprec.autocast"  # the module run with ``python -m``
 
 
-NO_FP32 = "The model has no FP32 tensors to convert (is it already FP16/BF16?): pass the FP32 model."
+NO_FP32 = "The model has no floating-point tensors to convert: AutoCast changes float precision only."
 CASES: dict[str, Case] = {
     # --- the model file
     "missing file": Case(
@@ -327,16 +327,6 @@ CASES: dict[str, Case] = {
             _graph([helper.make_node("Relu", ["X"], ["Y"], name="relu")], [helper.make_empty_tensor_value_info("X")])
         ),
         "Graph input 'X' has no element type; fix the model's inputs.",
-    ),
-    "already FP16": Case(
-        _with_model(
-            _graph(
-                [helper.make_node("Relu", ["X"], ["Y"], name="relu")],
-                [tensor_info("X", F16, [2, 4])],
-                [tensor_info("Y", F16, [2, 4])],
-            )
-        ),
-        NO_FP32,
     ),
     "integers only": Case(
         _with_model(

@@ -368,4 +368,36 @@ def test_mask_fills_that_both_models_mask_with_are_no_divergence() -> None:
     for t in lost.graph.initializer:
         if t.name.startswith("neg"):
             t.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(t)), t.name))
-    assert compare_models(model, lost, feeds).first_divergence == "/attn/Add"
+    # The mask itself diverges where it lost the fill: FP32 -inf against 0 (counted as no error until the
+    # non-finite mismatch rule; the divergence then showed only at the Add after it).
+    report = compare_models(model, lost, feeds)
+    assert report.first_divergence == "/attn/Where"
+    where = {r.node: r for r in report.rows}["/attn/Where"]
+    assert where.diverged and math.isinf(where.rel_l2) and where.nonfinite == 0 < where.ref_nonfinite
+
+
+def test_non_finite_values_in_different_places_diverge() -> None:
+    """The reference is -inf where the candidate is finite, and the candidate -inf where the reference is finite,
+    as many of each: the counts of non-finite values agree, the values do not. Was zero error (both zeroed)."""
+    nodes = [
+        helper.make_node("Log", ["x"], ["l"], name="log"),
+        helper.make_node("Neg", ["l"], ["y"], name="neg"),
+    ]
+    model = make_model(nodes, [tensor_info("x", F, [4])], [tensor_info("y", F, [4])])
+    shifted = make_model(
+        [
+            helper.make_node("Sub", ["x", "one"], ["d"], name="sub"),
+            helper.make_node("Abs", ["d"], ["s"], name="abs"),
+            *nodes,
+        ],
+        [tensor_info("x", F, [4])],
+        [tensor_info("y", F, [4])],
+        {"one": np.array(1.0, np.float32)},
+    )
+    shifted.graph.node[2].input[0] = "s"
+    feeds = [{"x": np.array([0.0, 1.0, 2.0, 3.0], np.float32)}]  # -log(x): inf at 0; -log|x - 1|: inf at 1
+    report = compare_models(model, shifted, feeds)
+    rows = {r.node: r for r in report.rows}
+    assert rows["log"].nonfinite == rows["log"].ref_nonfinite == 1
+    assert rows["log"].diverged and math.isinf(rows["log"].rel_l2) and report.first_divergence == "log"
+    assert math.isinf(report.outputs["y"].rel_l2)

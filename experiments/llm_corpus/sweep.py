@@ -24,10 +24,11 @@ within the bound the same tool meets on our own SmolLM2-135M export (``bounds.js
 onnxruntime-genai. evaluate passes when its perplexity equals the one computed here from the float logits (rel.
 1e-3); dump when its dumped logits equal them (rel. L2 1e-4; FP16 logits 2^-10); compare when it reports a finite
 logits error within the fp16 bound.
-AutoCast refusing an FP16 model in one line is a skip. A float model that ONNX Runtime's CPU provider cannot run
-(the builder's FP16 GroupQueryAttention with q/k norm runs on CUDA only) still gets every tool: a one-line refusal
-(exit 2) or an output that loads but fails in ORT likewise is a skip saying why; a crash is a failure. Random
-weights judge robustness, not accuracy.
+AutoCast of an FP16 model (fp16: its FP32 islands; bf16: FP16 -> BF16) is judged like any other, against the FP16
+model's logits (rows of runs before 2026-11-27, when AutoCast refused FP16 models in one line, stay skips). A float
+model that ONNX Runtime's CPU provider cannot run (the builder's FP16 GroupQueryAttention with q/k norm runs on CUDA
+only) still gets every tool: a one-line refusal (exit 2) or an output that loads but fails in ORT likewise is a skip
+saying why; a crash is a failure. Random weights judge robustness, not accuracy.
 """
 
 from __future__ import annotations
@@ -426,8 +427,6 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             if res.returncode == 2 and spec["facts"].get("unrunnable"):  # a one-line error, the model's runtime's
                 why = f"the float model does not run in ORT (CPU): {spec['facts']['unrunnable']}"
                 return {"verdict": "skip", "stage": "baseline", "error": f"{why}; the tool exits 2: {err[:100]}"}
-            if res.returncode == 2 and tool.startswith("autocast") and spec["facts"].get("fp16"):
-                return {"verdict": "skip", "error": f"an FP16 model: AutoCast refuses it in one line ({err[:80]})"}
             return {
                 "verdict": "fail",
                 "stage": "tool",

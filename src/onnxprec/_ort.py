@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,8 @@ __all__ = [
     "first_line",
     "float_contract",
     "import_onnxruntime",
+    "is_kernel_gap",
+    "lacks_kernels",
     "model_proto",
     "ort_model",
     "resolve_providers",
@@ -158,6 +161,101 @@ def float_contract(node: ir.Node, opset: int) -> FloatContract | None:
         return None
     versions = [c for since, c in _contrib_schemas().get((domain, node.op_type), []) if since <= opset]
     return versions[-1] if versions else None
+
+
+# ORT 1.31's CUDA session names a node no provider has a kernel for this way (its op type is the only handle on a
+# node it names '', e.g. one of an op expanded into its function body).
+NO_PROVIDER = re.compile(r"Provider type for (\w+) node with name '[^']*' is not set")
+
+
+def is_kernel_gap(error: str) -> bool:
+    """Whether ONNX Runtime's error says it has no kernel for a node (it typed the graph, then found no provider to
+    run a node: a BF16 op on the CPU; ORT names a node of an op expanded into its function body '')."""
+    return "NOT_IMPLEMENTED" in error or "Could not find an implementation" in error or bool(NO_PROVIDER.search(error))
+
+
+def lacks_kernels(
+    nodes: Sequence[tuple[ir.Node, frozenset[int], frozenset[int]]],
+    opsets: Mapping[str, int],
+    dtype: ir.DataType,
+    provider: str,
+) -> set[ir.Node]:
+    """The nodes ONNX Runtime cannot run with their float slots in ``dtype`` on ``provider`` (``cuda``...), the CPU
+    provider being its fallback: each distinct op signature is probed once, as a one-node model in a session.
+
+    Each entry is a node with the input and output slots that stay FP32 (the others of type FLOAT become
+    ``dtype``). A probe that fails for any other reason than a missing kernel (a synthetic one-node model ORT cannot
+    type, say) tells nothing, and its nodes are not returned. ORT's kernel registry would say the same without
+    sessions, but reading it (``get_all_opkernel_def``) crashes onnxruntime-gpu 1.31 when TensorRT is not installed.
+    ORT expands a few ops without a kernel into their ONNX function body (BF16 Clip on CUDA into Less, Where...):
+    the probe runs what ORT runs, so such an op lacks a kernel exactly when its body does.
+    """
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    providers = resolve_providers([provider])
+    results: dict[tuple[Any, ...], bool] = {}
+    lacking: set[ir.Node] = set()
+    for node, fp32_inputs, fp32_outputs in nodes:
+        probe = _probe_model(node, opsets, dtype, fp32_inputs, fp32_outputs)
+        if probe is None:
+            continue
+        key, model = probe
+        if key not in results:
+            try:
+                ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+                results[key] = False
+            except Exception as e:  # ORT raises its own exception types
+                results[key] = is_kernel_gap(str(e))
+                logger.debug("Kernel probe of %s: %s", key[:2], first_line(e))
+        if results[key]:
+            lacking.add(node)
+    return lacking
+
+
+def _probe_model(
+    node: ir.Node,
+    opsets: Mapping[str, int],
+    dtype: ir.DataType,
+    fp32_inputs: frozenset[int],
+    fp32_outputs: frozenset[int],
+) -> tuple[tuple[Any, ...], onnx.ModelProto] | None:
+    """A model of ``node`` alone, its FLOAT slots (but the FP32 ones) in ``dtype``, and the key of its signature;
+    None for nodes a lone copy cannot stand for (subgraphs, non-tensor or untyped values)."""
+    if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+        return None
+
+    def types(values: Sequence[ir.Value | None], kept: frozenset[int]) -> list[int | None] | None:
+        found: list[int | None] = []
+        for i, value in enumerate(values):
+            if value is None:
+                found.append(None)
+                continue
+            if not isinstance(value.type, ir.TensorType) or value.dtype is None:
+                return None
+            low = value.dtype == ir.DataType.FLOAT and i not in kept
+            found.append(int(dtype if low else value.dtype))
+        return found
+
+    ins, outs = types(node.inputs, fp32_inputs), types(node.outputs, fp32_outputs)
+    if ins is None or outs is None:
+        return None
+    proto = ir.serde.serialize_node(node)
+    attributes = tuple(sorted(a.SerializeToString() for a in proto.attribute))
+    key = (normalized_domain(node.domain), node.op_type, tuple(ins), tuple(outs), attributes)
+    del proto.input[:], proto.output[:]
+    proto.input.extend(f"i{i}" if t is not None else "" for i, t in enumerate(ins))
+    proto.output.extend(f"o{i}" if t is not None else "" for i, t in enumerate(outs))
+    graph = onnx.helper.make_graph(
+        [proto],
+        "probe",
+        [onnx.helper.make_tensor_value_info(f"i{i}", t, None) for i, t in enumerate(ins) if t is not None],
+        [onnx.helper.make_tensor_value_info(f"o{i}", t, None) for i, t in enumerate(outs) if t is not None],
+    )
+    imports = [onnx.helper.make_opsetid(d, v) for d, v in opsets.items()]
+    model = onnx.helper.make_model(graph, opset_imports=imports, ir_version=10)
+    return key, model
 
 
 def resolve_providers(names: Sequence[str] | None = None, *, trt_plugins: Sequence[str] = ()) -> list[Any]:

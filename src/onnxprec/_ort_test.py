@@ -133,3 +133,31 @@ def test_two_runtime_builds_are_named_with_the_fix(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(importlib, "import_module", lambda name: broken)
     with pytest.raises(UnsupportedModelError, match=r"onnxruntime==1\.32\.0, onnxruntime-gpu==1\.31\.1.*exactly one"):
         _ort.import_onnxruntime()
+
+
+def test_lacks_kernels_probes_each_op_signature_once() -> None:
+    """ORT's CPU provider has BF16 Reshape but no BF16 Less or MatMul (why BF16 models are for GPUs); a slot that
+    stays FP32 is probed in FP32 (Less with both inputs kept), and FP16 Less runs on the CPU."""
+    nodes = [
+        helper.make_node("Less", ["x", "y"], ["b"], name="less"),
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        helper.make_node("MatMul", ["r", "w"], ["m"], name="mm"),
+        helper.make_node("Less", ["m", "y"], ["b2"], name="less2"),
+    ]
+    proto = make_model(
+        nodes,
+        [tensor_info("x", TensorProto.FLOAT, [2, 2]), tensor_info("y", TensorProto.FLOAT, [2, 2])],
+        [tensor_info("b", TensorProto.BOOL, [2, 2]), tensor_info("b2", TensorProto.BOOL, [2, 2])],
+        {"shape": np.array([2, 2], np.int64), "w": np.eye(2, dtype=np.float32)},
+        opset=22,
+    )
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(proto))
+    by_name = {n.name: n for n in model.graph}
+    none: frozenset[int] = frozenset()
+    entries = [(n, none, none) for n in model.graph]
+    opsets = dict(model.opset_imports)
+    bf16 = _ort.lacks_kernels(entries, opsets, ir.DataType.BFLOAT16, "cpu")
+    assert {n.name for n in bf16} == {"less", "mm", "less2"}
+    kept = [(by_name["less"], frozenset({0, 1}), none)]
+    assert not _ort.lacks_kernels(kept, opsets, ir.DataType.BFLOAT16, "cpu")
+    assert "less" not in {n.name for n in _ort.lacks_kernels(entries, opsets, ir.DataType.FLOAT16, "cpu")}

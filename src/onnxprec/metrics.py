@@ -3,7 +3,9 @@
 The one-shot functions (:func:`max_abs`, :func:`rel_l2`, :func:`cosine`, :func:`top1_agreement`,
 :func:`perplexity`) are thin wrappers over streaming accumulators (:class:`ErrorStats`, :class:`Perplexity`)
 that add batches one at a time, so large outputs and many batches never sit in memory together. All sums are
-in float64; non-finite candidate values are counted and excluded from the sums.
+in float64; non-finite candidate values are counted and excluded from the sums. A place where one side is finite
+and the other not (an FP32 -inf the candidate lost, or an overflow), or where both are non-finite but differ (-inf
+against +inf), is a divergence of unbounded size: ``mismatched`` counts them, and max_abs and rel_l2 are then inf.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class ErrorStats:
     track_kl: bool = False
     max_abs: float = 0.0
     nonfinite: int = 0
+    mismatched: int = 0
     count: int = 0
     _d2: float = 0.0
     _r2: float = 0.0
@@ -70,12 +73,19 @@ class ErrorStats:
             r64 = r.astype(np.float64)
             c64 = c.astype(np.float64)
             finite = np.isfinite(c64)
+            ref_finite = np.isfinite(r64)
             self.nonfinite += int(finite.size - finite.sum())
+            if not (finite.all() and ref_finite.all()):
+                with np.errstate(invalid="ignore"):
+                    same = (c64 == r64) | (np.isnan(c64) & np.isnan(r64))
+                self.mismatched += int(((finite != ref_finite) | (~finite & ~ref_finite & ~same)).sum())
             c64 = np.where(finite, c64, 0.0)
-            r64 = np.where(np.isfinite(r64), r64, 0.0)
+            r64 = np.where(ref_finite, r64, 0.0)
             d = c64 - r64
             if d.size:
                 self.max_abs = max(self.max_abs, float(np.abs(d).max()))
+            if self.mismatched:
+                self.max_abs = math.inf
             self._d2 += float((d * d).sum())
             self._r2 += float((r64 * r64).sum())
             self._c2 += float((c64 * c64).sum())
@@ -91,7 +101,10 @@ class ErrorStats:
 
     @property
     def rel_l2(self) -> float:
-        """``||cand - ref|| / ||ref||`` (``||cand - ref||`` when the reference is all zeros)."""
+        """``||cand - ref|| / ||ref||`` (``||cand - ref||`` when the reference is all zeros); inf when finite and
+        non-finite values do not match (``mismatched``)."""
+        if self.mismatched:
+            return math.inf
         return math.sqrt(self._d2) / math.sqrt(self._r2) if self._r2 > 0 else math.sqrt(self._d2)
 
     @property

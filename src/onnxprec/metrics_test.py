@@ -34,8 +34,25 @@ def test_nonfinite_candidates_are_counted_not_summed() -> None:
     cand = ref.copy()
     cand[0, 0] = np.nan
     result = metrics.compare(ref, cand)
-    assert result["nonfinite"] == 1 and result["max_abs"] == 1.0
+    assert result["nonfinite"] == 1 and math.isinf(result["max_abs"])
     assert math.isinf(metrics.rel_l2(ref, cand))
+
+
+def test_a_reference_inf_the_candidate_lost_is_a_divergence_not_zero_error() -> None:
+    """FP32 -inf against a finite candidate (0 here, which the sums used to count as no error) or the reverse, and
+    -inf against +inf, diverge without bound; the same non-finite value on both sides is no error."""
+    ref = np.array([[-np.inf, 1.0, 2.0, np.nan]], np.float32)
+    same = metrics.ErrorStats()
+    same.update(ref, ref.copy())
+    assert same.mismatched == 0 and same.rel_l2 == 0.0 and same.max_abs == 0.0
+    for cand in ([0.0, 1.0, 2.0, np.nan], [np.inf, 1.0, 2.0, np.nan], [-np.inf, -np.inf, 2.0, np.nan]):
+        stats = metrics.ErrorStats()
+        stats.update(ref, np.array([cand], np.float32))
+        assert stats.mismatched == 1 and math.isinf(stats.rel_l2) and math.isinf(stats.max_abs)
+    stream = metrics.ErrorStats()
+    stream.update(ref[:, 1:3], ref[:, 1:3])
+    stream.update(ref[:, :1], np.zeros((1, 1), np.float32))  # a later batch
+    assert stream.mismatched == 1 and math.isinf(stream.rel_l2)
 
 
 def test_perplexity_of_a_uniform_and_a_perfect_model() -> None:

@@ -42,6 +42,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _F = ir.DataType.FLOAT
+_RETYPED = frozenset({_F, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 
 @dataclass(frozen=True)
@@ -97,13 +98,14 @@ class IOContract:
         )
 
     def expected(self, low: ir.DataType, keep_io_types: bool) -> IOContract:
-        """The contract after conversion: FP32 tensor I/O become ``low`` unless ``keep_io_types``."""
+        """The contract after conversion: FP32, FP16 and BF16 tensor I/O become ``low`` unless ``keep_io_types``
+        (FP64 I/O keep their type)."""
 
         def retype(items: tuple[IOEntry, ...]) -> tuple[IOEntry, ...]:
             if keep_io_types:
                 return items
             return tuple(
-                dataclasses.replace(e, dtype=low) if (e.dtype == _F and e.kind == "tensor") else e for e in items
+                dataclasses.replace(e, dtype=low) if (e.dtype in _RETYPED and e.kind == "tensor") else e for e in items
             )
 
         return IOContract(retype(self.inputs), retype(self.outputs))
@@ -230,7 +232,7 @@ def _chain_text(error: BaseException) -> str:
 def _no_kernel(error: str) -> bool:
     """ONNX Runtime resolved the graph (typing every node against its schemas) and then found no kernel for a node
     on this provider (a BF16 op on the CPU): the types are proved, the run is not possible here."""
-    return "NOT_IMPLEMENTED" in error or "Could not find an implementation" in error or bool(_NO_PROVIDER.search(error))
+    return _ort.is_kernel_gap(error)
 
 
 def _typed_not_run(ort_only: Mapping[str, int], error: str) -> None:
@@ -310,9 +312,6 @@ class NumericReport:
 
 # ORT names the node it has no kernel for at load ("node with name 'x'") or at run time ("Name:'x'").
 _NODE_IN_ERROR = re.compile(r"node with name '([^']*)'|Name:'([^']*)'")
-# ORT 1.31's CUDA session reports a node no provider has a kernel for this way (a BF16 Reciprocal in LFM2-MoE's
-# router); the op type is the only handle on a node it names ''.
-_NO_PROVIDER = re.compile(r"Provider type for (\w+) node with name '[^']*' is not set")
 
 
 def numeric_check(
@@ -345,7 +344,7 @@ def numeric_check(
         text = _chain_text(e)  # the node ORT names may be past the first line our errors keep
         named = _NODE_IN_ERROR.search(text)
         report.failed_node = next(g for g in named.groups() if g is not None) if named else None
-        op = _NO_PROVIDER.search(text)
+        op = _ort.NO_PROVIDER.search(text)
         report.failed_op = op.group(1) if op else None
         report.no_kernel = _no_kernel(text)
         return report

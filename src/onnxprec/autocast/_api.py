@@ -14,7 +14,9 @@ Its public names are listed once, in ``onnxprec.autocast.__all__``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
+import functools
 import logging
 import math
 import re
@@ -32,7 +34,7 @@ from onnx_ir.passes.common import (
 )
 
 from onnxprec._genai import GenaiCarry
-from onnxprec._graph import all_values
+from onnxprec._graph import FLOAT_TYPES, all_values, tensor_dtype
 from onnxprec._io import (
     PROTOBUF_LIMIT,
     ModelSource,
@@ -45,6 +47,7 @@ from onnxprec._io import (
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
+from onnxprec._ort import lacks_kernels
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
@@ -73,6 +76,7 @@ from onnxprec.passes import (
     OpsetUpgradeError,
     RemoveRedundantCastsPass,
     UpgradeOpsetPass,
+    WidenToFp32Pass,
 )
 from onnxprec.reference import ReferenceResult, run_reference
 from onnxprec.validate import (
@@ -102,17 +106,18 @@ def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16")
 def _check_convertible(model: ir.Model) -> None:
     """Refuses models with nothing to convert. Quantized models are converted around their quantization nodes:
     QuantizeLinear keeps its FP32 scale, DequantizeLinear follows its schema (FP16/BF16 output from opset 19),
-    QOperator and contrib ops (QLinearConv, MatMulNBits...) stay as they are, integer weights are never touched."""
+    QOperator and contrib ops (QLinearConv, MatMulNBits...) stay as they are, integer weights are never touched.
+    FP16, BF16 and mixed models are converted too (see :func:`_widen`)."""
     graph = model.graph
-    has_fp32 = (
-        any(v.dtype == ir.DataType.FLOAT for v in (*graph.inputs, *graph.outputs))
-        or any(v.dtype == ir.DataType.FLOAT for v in graph.initializers.values())
-        or any(out.dtype == ir.DataType.FLOAT for node in graph.all_nodes() for out in node.outputs)
+    floats = FLOAT_TYPES
+    has_float = (
+        any(v.dtype in floats for v in (*graph.inputs, *graph.outputs))
+        or any(v.dtype in floats for v in graph.initializers.values())
+        or any(out.dtype in floats for node in graph.all_nodes() for out in node.outputs)
     )
-    has_fp64 = any(v.dtype == ir.DataType.DOUBLE for v in graph.initializers.values())
-    if not has_fp32 and not has_fp64:
+    if not has_float:
         raise UnsupportedModelError(
-            "The model has no FP32 tensors to convert (is it already FP16/BF16?): pass the FP32 model."
+            "The model has no floating-point tensors to convert: AutoCast changes float precision only."
         )
 
 
@@ -236,18 +241,69 @@ def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:
                     out.dtype = observed
 
 
-def _rules(options: AutoCastOptions) -> tuple[list[Rule], list[Rule]]:
+_LOW_FLOATS = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+def _widen(model: ir.Model, low: ir.DataType) -> tuple[dict[str, ir.DataType], frozenset[ir.Node]]:
+    """Makes an FP16, BF16 or mixed model an FP32 one to classify and convert like any other (ModelOpt classifies
+    every float node too, whatever its type). Widening is exact and keeps every name, so the reference run's
+    statistics of the model as given still apply.
+
+    Returns:
+        The FP16/BF16 graph inputs and outputs (name -> type), which ``keep_io_types`` keeps in their type, and
+        the nodes whose float inputs and outputs are all ``low`` already: they stay low unless the user excludes
+        them (the automatic rules do not apply to what the model already runs in that type).
+    """
+    graph = model.graph
+    io_types = {
+        str(v.name): dtype for v in (*graph.inputs, *graph.outputs) if (dtype := tensor_dtype(v)) in _LOW_FLOATS
+    }
+    already_low = set()
+    widen = bool(io_types) or any(v.dtype in _LOW_FLOATS for v in graph.initializers.values())
+    for node in graph.all_nodes():
+        floats = {tensor_dtype(v) for v in (*node.inputs, *node.outputs) if v is not None} & FLOAT_TYPES
+        widen = widen or bool(floats & _LOW_FLOATS)
+        if floats == {low}:
+            already_low.add(node)
+    if not widen:
+        return {}, frozenset()
+    WidenToFp32Pass()(model)
+    kind = low.name.lower()
+    logger.info(
+        "The model has FP16/BF16 tensors: classified as FP32 ones; %d nodes already in %s stay so unless excluded "
+        "by name, op type or a custom rule.",
+        len(already_low),
+        kind,
+    )
+    return io_types, frozenset(already_low)
+
+
+class _ExceptNodes:
+    """An automatic rule (ranges, depth of reduction) that leaves ``nodes`` alone: the nodes the input model
+    already runs in the low type."""
+
+    def __init__(self, rule: Rule, nodes: frozenset[ir.Node]) -> None:
+        self.rule = rule
+        self.nodes = nodes
+
+    def __call__(self, node: ir.Node, ctx: RuleContext) -> str | None:
+        return None if node in self.nodes else self.rule(node, ctx)
+
+
+def _rules(options: AutoCastOptions, already_low: frozenset[ir.Node] = frozenset()) -> tuple[list[Rule], list[Rule]]:
     rules: list[Rule] = []
     if options.exclude_patterns:
         rules.append(NodeNameRule(options.exclude_patterns))
     if options.op_types_to_exclude:
         rules.append(OpTypeRule(options.op_types_to_exclude))
+    automatic: list[Rule] = []
     if math.isfinite(options.init_max):
-        rules.append(InitializerRangeRule(options.init_max))
+        automatic.append(InitializerRangeRule(options.init_max))
     if math.isfinite(options.data_max):
-        rules.append(DataRangeRule(options.data_max, options.low))
+        automatic.append(DataRangeRule(options.data_max, options.low))
     if options.max_depth_of_reduction is not None:
-        rules.append(DepthOfReductionRule(options.max_depth_of_reduction))
+        automatic.append(DepthOfReductionRule(options.max_depth_of_reduction))
+    rules += [_ExceptNodes(rule, already_low) if already_low else rule for rule in automatic]
     if options.custom_rule is not None:
         rules.append(UserRule(options.custom_rule))
     includes: list[Rule] = []
@@ -295,7 +351,8 @@ def convert_model(
     report.seconds["reference"] = time.perf_counter() - tick
 
     tick = time.perf_counter()
-    rules, includes = _rules(options)
+    io_types, already_low = _widen(model, options.low)
+    rules, includes = _rules(options, already_low)
     stats = reference.stats if reference else None
     for region in mask_regions:
         region.rewrite(options.low, stats)
@@ -304,16 +361,23 @@ def convert_model(
     report.decisions = classify(
         model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
     )
+    low_name = options.low_precision_type.upper()
+    for node in already_low:
+        decision = report.decisions.get(node)
+        if decision is not None and decision.low and decision.reason == "default":
+            report.decisions[node] = dataclasses.replace(decision, reason=f"already {low_name} in the input model")
     if fp32_nodes:
         keys = _node_keys(report.decisions)
         for node in report.decisions:
             if keys[node] in fp32_nodes:
                 report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
+    _keep_kernel_gaps(model, report.decisions, options)
     report.seconds["classify"] = time.perf_counter() - tick
+    clone = functools.partial(_converted_clone, io_types=io_types)
     if keep is not None:
         tick = time.perf_counter()
         assert options.target is not None
-        search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, _converted_clone)
+        search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, clone)
         report.decisions, report.target_search, report.numeric = target.search(search)
         keep.close()  # the spooled batches (on an error, garbage collection removes them)
         report.seconds["target"] = time.perf_counter() - tick
@@ -324,8 +388,8 @@ def convert_model(
         "keep_io_types": options.keep_io_types,
     }
     if options.report is not None:
-        report.details = _details(model, report.decisions, options, ctx.stats, stats, reference)
-    converted = _convert(model, report.decisions, options)
+        report.details = _details(model, report.decisions, options, ctx.stats, stats, reference, clone)
+    converted = _convert(model, report.decisions, options, io_types)
     report.stats = converted.stats
     report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
     if report.details is not None:
@@ -359,14 +423,16 @@ def _details(
     seen: Mapping[str, TensorStats] | None,
     measured: Mapping[str, TensorStats] | None,
     reference: ReferenceResult | None,
+    converted_clone: Callable[[ir.Model, Mapping[ir.Node, Decision], AutoCastOptions], ir.Model],
 ) -> Details:
-    """What the HTML report shows per node; the errors along the graph on the first calibration sample."""
+    """What the HTML report shows per node; the errors along the graph on the first calibration sample
+    (``converted_clone``: :func:`_converted_clone` with the model's interface types)."""
     tick = time.perf_counter()
     found = Details.of(model, seen, measured)
     if reference is None:
         found.error_note = "errors along the graph not measured: no reference run (data_max inf)"
         return found
-    converted = _converted_clone(model, decisions, options)
+    converted = converted_clone(model, decisions, options)
     feeds = first_sample(reference.first_feeds)
     found.errors, found.error_note = layer_errors(model, converted, feeds, options.providers)
     logger.info("Errors along the graph: %d tensors (%.1f s)", len(found.errors), time.perf_counter() - tick)
@@ -374,14 +440,19 @@ def _details(
 
 
 def _convert(
-    model: ir.Model, decisions: Mapping[ir.Node, Decision], options: AutoCastOptions
+    model: ir.Model,
+    decisions: Mapping[ir.Node, Decision],
+    options: AutoCastOptions,
+    io_types: Mapping[str, ir.DataType] | None = None,
 ) -> ConvertPrecisionResult:
-    """Converts the classified model in place: precisions, casts, then the redundant casts and unused nodes go."""
+    """Converts the classified model in place: precisions, casts, then the redundant casts and unused nodes go.
+    ``io_types``: the FP16/BF16 inputs and outputs of a widened model (:func:`_widen`), kept with keep_io_types."""
     convert = ConvertPrecisionPass(
         dict(decisions),
         options.low,
         keep_io_types=options.keep_io_types,
         init_conversion_max_bytes=options.init_conversion_max_bytes,
+        io_types=io_types,
     )
     cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
     converted = _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())[0]
@@ -389,15 +460,49 @@ def _convert(
     return converted
 
 
-def _converted_clone(model: ir.Model, decisions: Mapping[ir.Node, Decision], options: AutoCastOptions) -> ir.Model:
+def _converted_clone(
+    model: ir.Model,
+    decisions: Mapping[ir.Node, Decision],
+    options: AutoCastOptions,
+    io_types: Mapping[str, ir.DataType] | None = None,
+) -> ir.Model:
     """A converted copy of the classified model (weights shared until converted); the model is unchanged."""
     clone = model.clone()
     for value in all_values(clone.graph):
         if value.type is not None:
             value.type = copy.copy(value.type)  # clones share type objects, and retyping mutates them
     nodes = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))
-    _convert(clone, {nodes[node]: decision for node, decision in decisions.items()}, options)
+    _convert(clone, {nodes[node]: decision for node, decision in decisions.items()}, options, io_types)
     return clone
+
+
+def _keep_kernel_gaps(model: ir.Model, decisions: dict[ir.Node, Decision], options: AutoCastOptions) -> None:
+    """Keeps in FP32 the BF16 nodes ONNX Runtime has no BF16 kernel for on the GPU provider the model is meant for
+    (nor on the CPU it falls back to), found up front by probing each op signature once
+    (:func:`onnxprec._ort.lacks_kernels`; ORT 1.31's CUDA provider has no BF16 Clip, Reciprocal or Log, say) instead
+    of one failed run of the whole model per node (:func:`_kernel_gap`, still the fallback). Only BF16 (ORT runs an
+    FP16 node without a kernel in FP32 behind casts it inserts itself) and only for GPU providers: ORT's CPU provider
+    has almost no BF16 kernels, and BF16 models are meant for GPUs."""
+    gpu = next((str(p) for p in options.providers if not str(p).lower().startswith("cpu")), None)
+    if gpu is None or options.low != ir.DataType.BFLOAT16:
+        return
+    low = [
+        (node, d.fp32_inputs, d.fp32_outputs)
+        for node, d in decisions.items()
+        if d.low and any(v is not None and tensor_dtype(v) == ir.DataType.FLOAT for v in (*node.inputs, *node.outputs))
+    ]
+    tick = time.perf_counter()
+    lacking = lacks_kernels(low, opsets_by_domain(model), options.low, gpu)
+    kept: dict[str, int] = {}
+    for node in lacking:
+        decisions[node] = Decision(False, f"ONNX Runtime has no BF16 kernel for {node.op_type} on {gpu}")
+        kept[node.op_type] = kept.get(node.op_type, 0) + 1
+    logger.info(
+        "Probed ONNX Runtime's BF16 kernels on %s (%.1f s)%s",
+        gpu,
+        time.perf_counter() - tick,
+        ": kept in FP32 for lack of one: " + ", ".join(f"{op} x{n}" for op, n in sorted(kept.items())) if kept else "",
+    )
 
 
 MAX_KERNEL_FALLBACKS = 8

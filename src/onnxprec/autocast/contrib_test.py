@@ -181,3 +181,49 @@ def test_ops_without_a_table_entry_are_measured_like_standard_ops() -> None:
     assert not decision.low and "> data_max 512" in decision.reason
     (decision,) = classify(_single("Fused", "my.ops", 1), low=ir.DataType.FLOAT16, rules=[]).values()
     assert not decision.low and decision.reason == "custom op my.ops::Fused (no ONNX schema)"
+
+
+def _cuda() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs onnxruntime-gpu and a GPU")
+def test_bf16_on_cuda_keeps_ops_without_a_cuda_bf16_kernel_in_fp32_up_front() -> None:
+    """LFM2-MoE's router on CUDA: ORT 1.31 has no CUDA BF16 Reciprocal, Log or Clip (Clip it expands into its
+    function body, whose Less has none either: the unnamed 'Less' of ORT's error). AutoCast probes the kernels up
+    front and keeps those ops in FP32 at once, the MatMul and Add go BF16, and the output runs on CUDA."""
+    import onnxruntime as ort
+
+    from onnxprec.autocast import AutoCastOptions
+    from onnxprec.autocast._api import convert_model
+
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["m"], name="mm"),
+        helper.make_node("Clip", ["m", "lo", "hi"], ["c"], name="clip"),
+        helper.make_node("Log", ["c"], ["l"], name="log"),
+        helper.make_node("Reciprocal", ["l"], ["r"], name="recip"),
+        helper.make_node("Add", ["r", "m"], ["Y"], name="add"),
+    ]
+    inits = {
+        "W": np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32),
+        "lo": np.array(1.5, np.float32),
+        "hi": np.array(4.0, np.float32),
+    }
+    model = make_model(nodes, [tensor_info("X", F, [4, 8])], [tensor_info("Y", F, [4, 8])], inits, opset=22)
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    options = AutoCastOptions(
+        low_precision_type="bf16", keep_io_types=True, providers=("cuda",), calibration_data={"X": x}
+    )
+    _, report, _ = convert_model(model, options)
+    decided = {n.name: d for n, d in report.decisions.items()}
+    assert decided["mm"].low and decided["add"].low
+    for name in ("clip", "log", "recip"):
+        assert not decided[name].low and "no BF16 kernel" in decided[name].reason, (name, decided[name])
+    out = convert_to_mixed_precision(model, low_precision_type="bf16", keep_io_types=True, providers=["cuda"],
+                                     calibration_data={"X": x})  # fmt: skip
+    sess = ort.InferenceSession(out.SerializeToString(), providers=["CUDAExecutionProvider"])
+    assert np.isfinite(sess.run(None, {"X": x})[0]).all()

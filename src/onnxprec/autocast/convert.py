@@ -7,6 +7,7 @@ shared per (tensor, target type, graph), and onnx-ir's linked-list graph makes e
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -64,6 +65,8 @@ class ConvertPrecisionPass(ir.passes.InPlacePass):
         low: FLOAT16 or BFLOAT16.
         keep_io_types: Keep FP32 graph inputs and outputs (casts at the boundary) instead of retyping them.
         init_conversion_max_bytes: Initializers larger than this stay FP32 and are cast at run time.
+        io_types: With ``keep_io_types``, the type a graph input or output (by name) keeps instead of FP32: the
+            original FP16/BF16 interface of a model that was widened to FP32 to be classified.
     """
 
     def __init__(
@@ -73,12 +76,14 @@ class ConvertPrecisionPass(ir.passes.InPlacePass):
         *,
         keep_io_types: bool = False,
         init_conversion_max_bytes: int | None = None,
+        io_types: Mapping[str, ir.DataType] | None = None,
     ) -> None:
         super().__init__()
         self.decisions = decisions
         self.low = low
         self.keep_io_types = keep_io_types
         self.init_conversion_max_bytes = init_conversion_max_bytes
+        self.io_types = dict(io_types or {})
 
     def call(self, model: ir.Model) -> ConvertPrecisionResult:
         return _Conversion(self, model).run()
@@ -91,6 +96,7 @@ class _Conversion:
         self.decisions = settings.decisions
         self.low = settings.low
         self.keep_io_types = settings.keep_io_types
+        self.io_types = settings.io_types if settings.keep_io_types else {}
         self.limit = settings.init_conversion_max_bytes
         self.model = model
         self.graphs = list(all_graphs(model.graph))
@@ -154,10 +160,11 @@ class _Conversion:
                         out.dtype = self.low
                         self.retyped += 1
                 self.retyped += retarget_type_attributes(node, _F, self.low)
-        if not self.keep_io_types:
-            for value in self.model.graph.inputs:
-                if value in self.fp32 and not value.is_initializer():
-                    value.dtype = self.low
+        for value in self.model.graph.inputs:
+            if value in self.fp32 and not value.is_initializer():
+                kept = self.io_types.get(str(value.name), _F)
+                if kept != _F or not self.keep_io_types:
+                    value.dtype = kept if self.keep_io_types else self.low
                     self.retyped += 1
 
     def _convert_initializers(self, graph: ir.Graph) -> None:
@@ -200,6 +207,7 @@ class _Conversion:
                     node.replace_input_with(index, self._cast(value, wanted, graph))
         io_type = _F if (self.keep_io_types or not is_main) else self.low
         for position, out in enumerate(graph.outputs):
-            if out not in self.fp32 or out.dtype == io_type or out.is_graph_input():
+            kept = self.io_types.get(str(out.name), io_type) if is_main else io_type
+            if out not in self.fp32 or out.dtype == kept or out.is_graph_input():
                 continue
-            self.result.casts.append(cast_graph_output(graph, position, io_type, self.names))
+            self.result.casts.append(cast_graph_output(graph, position, kept, self.names))

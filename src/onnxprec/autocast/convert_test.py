@@ -341,13 +341,74 @@ def test_repeated_calls_are_independent() -> None:
     assert first.SerializeToString() == again.SerializeToString()
 
 
-def test_already_fp16_model_is_rejected_clearly() -> None:
-    from onnxprec.errors import UnsupportedModelError
+def _fp16_model() -> onnx.ModelProto:
+    """An FP16 model with an FP32 island (Softmax between two Casts, as builders leave them) and an Add whose
+    input reaches ~1000 (past the default data_max 512)."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["a"], name="mm"),
+        helper.make_node("Add", ["a", "B"], ["b"], name="add"),
+        helper.make_node("Cast", ["b"], ["b32"], to=F, name="up"),
+        helper.make_node("Softmax", ["b32"], ["s32"], axis=-1, name="softmax"),
+        helper.make_node("Cast", ["s32"], ["s"], to=F16, name="down"),
+        helper.make_node("Mul", ["s", "X"], ["Y"], name="mul"),
+    ]
+    inits = {
+        "W": (rng.standard_normal((16, 16)) * 0.3).astype(np.float16),
+        "B": (rng.standard_normal(16) * 1000).astype(np.float16),
+    }
+    return make_model(nodes, [tensor_info("X", F16, [2, 16])], [tensor_info("Y", F16, [2, 16])], inits, opset=22)
 
-    nodes = [helper.make_node("Relu", ["X"], ["Y"], name="relu")]
-    model = make_model(nodes, [tensor_info("X", F16, [2])], [tensor_info("Y", F16, [2])])
-    with pytest.raises(UnsupportedModelError, match="no FP32 tensors"):
-        convert_to_mixed_precision(model, data_max=INF)
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    values = [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]
+    return {v.name: v.type.tensor_type.elem_type for v in values}
+
+
+def test_fp16_model_to_fp16_keeps_what_it_runs_in_fp16_and_classifies_its_fp32_island() -> None:
+    """An FP16 model is no error: nodes already FP16 stay so (the data-range rule does not apply to what the model
+    already runs in FP16), its FP32 island is classified like any FP32 node (Softmax of values ~1000 stays FP32),
+    the interface is unchanged and the output equals the input model's."""
+    model = _fp16_model()
+    x = RNG.standard_normal((2, 16)).astype(np.float16)
+    for keep_io in (True, False):
+        out = convert_to_mixed_precision(model, keep_io_types=keep_io, calibration_data={"X": x})
+        _check(out)
+        types = _types(out)
+        assert types["X"] == types["Y"] == F16 and types["a"] == types["b"] == F16
+        assert types["s32"] == F and _init(out, "W").data_type == _init(out, "B").data_type == F16
+        np.testing.assert_array_equal(run(out, {"X": x})[0], run(model, {"X": x})[0])
+    all_low = make_model([helper.make_node("Relu", ["X"], ["Y"], name="relu")], [tensor_info("X", F16, [2])],
+                         [tensor_info("Y", F16, [2])])  # fmt: skip
+    out = convert_to_mixed_precision(all_low, data_max=INF)
+    assert [n.op_type for n in out.graph.node] == ["Relu"] and _types(out)["Y"] == F16
+
+
+def test_fp16_model_to_bf16_keeping_what_must_stay_wide() -> None:
+    """FP16 -> BF16: the MatMul goes BF16, the Add whose input reaches ~1000 and the Softmax of it stay FP32 (data
+    range), FP16 weights of FP32 nodes are widened exactly; keep_io_types keeps the FP16 interface, otherwise it
+    becomes BF16. Judged against the FP16 model by onnx.reference (ORT's CPU has no BF16 MatMul)."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _fp16_model()
+    x = RNG.standard_normal((2, 16)).astype(np.float16)
+    want = run(model, {"X": x})[0].astype(np.float32)
+    for keep_io, io_type in ((True, F16), (False, TensorProto.BFLOAT16)):
+        out = convert_to_mixed_precision(
+            model, low_precision_type="bf16", keep_io_types=keep_io, calibration_data=[{"X": x}]
+        )
+        _check(out)
+        types = _types(out)
+        assert types["X"] == types["Y"] == io_type
+        assert types["a"] == TensorProto.BFLOAT16 and types["b"] == F and types["s32"] == F
+        assert _init(out, "W").data_type == TensorProto.BFLOAT16 and _init(out, "B").data_type == F
+        np.testing.assert_array_equal(
+            numpy_helper.to_array(_init(out, "B")), numpy_helper.to_array(_init(model, "B")).astype(np.float32)
+        )
+        feed = x if keep_io else x.astype(ml_dtypes.bfloat16)
+        got = np.asarray(ReferenceEvaluator(out).run(None, {"X": feed})[0], np.float32)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2**-6
 
 
 def test_opset_upgrade_and_requested_opset(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,6 +1,6 @@
 """Generic onnx-ir passes, one per module (``<Verb><Object>Pass``), shared by AutoCast and the other tools."""
 
-from onnxprec.passes.convert_fp64_to_fp32 import ConvertFp64ToFp32Pass
+from onnxprec.passes.convert_fp64_to_fp32 import ConvertFp64ToFp32Pass, WidenToFp32Pass
 from onnxprec.passes.infer_types import InferTypesPass
 from onnxprec.passes.lift_float_constants import LiftFloatConstantsPass
 from onnxprec.passes.name_nodes import NameNodesPass
@@ -16,4 +16,5 @@ __all__ = [
     "RemoveRedundantCastsPass",
     "RemoveRedundantCastsResult",
     "UpgradeOpsetPass",
+    "WidenToFp32Pass",
 ]
