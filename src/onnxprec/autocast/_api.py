@@ -443,7 +443,7 @@ def _convert(
     model: ir.Model,
     decisions: Mapping[ir.Node, Decision],
     options: AutoCastOptions,
-    io_types: Mapping[str, ir.DataType] | None = None,
+    io_types: Mapping[str, ir.DataType] | None,
 ) -> ConvertPrecisionResult:
     """Converts the classified model in place: precisions, casts, then the redundant casts and unused nodes go.
     ``io_types``: the FP16/BF16 inputs and outputs of a widened model (:func:`_widen`), kept with keep_io_types."""
