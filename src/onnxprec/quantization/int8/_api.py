@@ -22,6 +22,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxprec import _ort, calibration
+from onnxprec._graph import NameAllocator
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset
 from onnxprec.calibration_data import CalibrationData, run_on_data
@@ -37,6 +38,7 @@ from onnxprec.quantization.int8.decide import Decisions, Statistics, build, deci
 from onnxprec.quantization.int8.fallback import measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
 from onnxprec.quantization.int8.place import Plan
+from onnxprec.quantization.int8.rewrite import fold_casts_into_qdq
 from onnxprec.reference import run_reference
 from onnxprec.validate import check_structure
 
@@ -45,6 +47,7 @@ __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", 
 logger = logging.getLogger(__name__)
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
+LOW_QDQ_OPSET = 19  # QuantizeLinear/DequantizeLinear on FP16/BF16 values with FP16/BF16 scales
 _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "Cast")
 
 
@@ -52,20 +55,22 @@ _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
 # Steps
 
 
-def _sanitize(model: ir.Model) -> None:
-    """Names every node, lifts float constants, folds zero Pads into Convs, raises the opset to 13 and fills in the
-    element types the placement reads."""
+def _sanitize(model: ir.Model, options: Int8Options) -> None:
+    """Names every node, lifts float constants, folds zero Pads into Convs, raises the opset to 13 (19 where the
+    Q/DQ pairs of --runtime trt will read and write the FP16/BF16 remainder) and fills in the element types the
+    placement reads."""
+    needed = LOW_QDQ_OPSET if options.runtime == "trt" and options.float_type != "fp32" else MIN_OPSET
     with quiet_onnx_ir():
         NameNodesPass()(model)
         LiftFloatConstantsPass()(model)
         FoldPadIntoConvPass()(model)
-        if default_opset(model) < MIN_OPSET:
+        if default_opset(model) < needed:
             try:
-                UpgradeOpsetPass(MIN_OPSET)(model)
+                UpgradeOpsetPass(needed)(model)
             except Exception as e:
                 raise UnsupportedModelError(
-                    f"INT8 needs opset {MIN_OPSET} (per-channel DequantizeLinear) and the upgrade failed "
-                    f"({str(e).splitlines()[0]}): upgrade the model to opset {MIN_OPSET} or later yourself."
+                    f"INT8 needs opset {needed} (per-channel DequantizeLinear; FP16/BF16 Q/DQ from 19) and the upgrade "
+                    f"failed ({str(e).splitlines()[0]}): upgrade the model to opset {needed} or later yourself."
                 ) from None
         InferTypesPass()(model)
     model.ir_version = max(model.ir_version, 7)
@@ -162,7 +167,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
     model = load_model(source)
     check_float_model(model)
-    _sanitize(model)
+    _sanitize(model, options)
     plan = plan_for(model, options)
     report.excluded, report.skipped = plan.excluded, plan.skipped
     if not plan.layers:
@@ -242,6 +247,10 @@ def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.M
         keep_io_types=True,
     )
     converted, autocast_report, _ = convert_model(model, settings)
+    if options.runtime == "trt" and default_opset(converted) >= LOW_QDQ_OPSET:
+        # not on ort-cuda: ONNX Runtime 1.32's CPU fusions mis-run FP16 Q/DQ (EfficientNet-Lite0, ours and ModelOpt's
+        # alike: rel L2 0.19 with graph optimizations off, 3.0 with them on); its Casts keep them apart
+        fold_casts_into_qdq(converted.graph, NameAllocator(converted))
     report.autocast = autocast_report.summary
     report.seconds["autocast"] = time.perf_counter() - tick
     return converted

@@ -126,7 +126,8 @@ def test_tensorrt_placement_is_symmetric_qdq_on_layer_inputs(tmp_path: Path, mlp
     assert report.count("static") == 4
     graph = onnx.load(str(out)).graph
     quantize_nodes = [n for n in graph.node if n.op_type == "QuantizeLinear"]
-    assert len(quantize_nodes) == 3  # X (shared by q and k), r and o
+    # X (shared by q and k), r and o; q and kk too, the inputs of the Add (as ModelOpt 0.47 places them)
+    assert sorted(n.input[0] for n in quantize_nodes) == ["kk", "o", "q", "r", "xn"]
     inits = {i.name: i for i in graph.initializer}
     for node in quantize_nodes:
         assert onnx.numpy_helper.to_array(inits[node.input[2]]).dtype == np.int8
@@ -233,3 +234,58 @@ def test_a_layer_reading_the_model_input_stays_float(tmp_path: Path) -> None:
     named = quantize_file(source, tmp_path / "q2.onnx", calibration_data=data, target_accuracy=None,
                           nodes_to_quantize=["^/stem/Conv$"])  # fmt: skip
     assert [layer.name for layer in named.layers] == ["/stem/Conv"] and named.count("static") == 1
+
+
+def _producer(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
+    return next((n for n in graph.node if name in n.output), None)
+
+
+@pytest.mark.parametrize("channels", [16, 8])
+def test_tensorrt_placement_has_modelopts_shape(tmp_path: Path, channels: int) -> None:
+    """--runtime trt writes the Q/DQ graph ModelOpt 0.47's quantize(quantize_mode="int8") writes for the same model
+    (checked against it by hand, anchors venv): symmetric per-tensor INT8 activations and per-channel weights on the
+    Convs TensorRT's INT8 kernels suit (16+ channels, or ModelOpt's exceptions: a standard Conv with 8k channels
+    reading the input or with 16+ on one side, a depthwise 3x3 of 8k channels), the residual Add's other input
+    quantized, float biases, the GEMM with K or N < 16 float, an FP16 remainder that the Q/DQ nodes read and write
+    directly (no Cast between a DequantizeLinear and its layer, opset 19). With 8 channels ModelOpt leaves the stem
+    float too: its Pad hides that the stem reads the model input (we fold the Pad first)."""
+    source, out = tmp_path / "cnn.onnx", tmp_path / "trt.onnx"
+    onnx.save(tiny_cnn(channels=channels), source)
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    report = quantize_file(source, out, calibration_data=data, runtime="trt", target_accuracy=None)
+    quantized = {"/stem/Conv", "/dw/Conv", "/project/Conv"} if channels == 16 else {"/stem/Conv", "/dw/Conv"}
+    assert {layer.name for layer in report.layers} == quantized and report.count("static") == len(quantized)
+    skipped = dict(report.skipped)
+    assert skipped["/fc/Gemm"].startswith(f"TensorRT: a GEMM with K={channels}, N=10 (< 16) stays float")
+    if channels == 8:
+        assert skipped["/project/Conv"].startswith("TensorRT: a Conv of 8 input / 8 output channels per group")
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    graph = model.graph
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 19
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    io = {v.name for v in (*graph.input, *graph.output)}
+    assert all(n.input[0] in io or n.output[0] in io for n in graph.node if n.op_type == "Cast")  # I/O casts only
+    for node in graph.node:
+        dqs = [_producer(graph, v) for v in node.input]
+        dqs = [p for p in dqs if p is not None and p.op_type == "DequantizeLinear"]
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        if node.name not in quantized:
+            # only the residual Add reads a quantized tensor (the one its Conv branch does not write), as ModelOpt
+            assert len(dqs) == (1 if node.op_type == "Add" else 0), node.name
+            continue
+        x_dq, w_dq = _producer(graph, node.input[0]), _producer(graph, node.input[1])
+        assert x_dq is not None and w_dq is not None and x_dq.op_type == w_dq.op_type == "DequantizeLinear"
+        q = _producer(graph, x_dq.input[0])
+        assert q is not None and q.op_type == "QuantizeLinear"
+        assert inits[x_dq.input[1]].shape == () and inits[x_dq.input[1]].dtype == np.float16  # per tensor, FP16
+        assert inits[x_dq.input[2]].dtype == np.int8 and inits[x_dq.input[2]] == 0  # symmetric
+        weight, scales = inits[w_dq.input[0]], inits[w_dq.input[1]]
+        axis = next(a.i for a in w_dq.attribute if a.name == "axis")
+        assert weight.dtype == np.int8 and axis == 0 and scales.shape == (channels,) and scales.dtype == np.float16
+        assert node.input[2] in inits and inits[node.input[2]].dtype == np.float16  # a float bias
+    x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
+    (ref,), (got,) = run(source, x), run(out, x)
+    assert _rel(ref, got.astype(np.float32)) < 0.05

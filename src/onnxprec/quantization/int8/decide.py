@@ -40,6 +40,7 @@ from onnxprec.quantization.int8.rewrite import (
     insert_split,
     keep_float_readers_float,
     quantize_bias,
+    replace_bias,
     replace_weight,
     replace_with_matmul_integer,
 )
@@ -284,10 +285,12 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         decision = decisions.layers.get(layer.name)
         if decision is None:
             continue
-        # a static Conv/Gemm with a calibrated input gets an INT32 bias (QLinearConv, QGemm)
+        # on ort-cpu, a static Conv/Gemm with a calibrated input gets an INT32 bias (QLinearConv, QGemm); TensorRT
+        # takes float biases
         params = decisions.tensors.get(str(inputs[layer.name].name))
         int32_bias = (
-            layer.node.op_type in ("Conv", "Gemm")
+            options.runtime == "ort-cpu"
+            and layer.node.op_type in ("Conv", "Gemm")
             and not layer.dynamic
             and params is not None
             and decision.bias is not None
@@ -305,6 +308,8 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         if layer.node.op_type in ("Conv", "Gemm") and not layer.dynamic:
             if int32_bias:
                 quantize_bias(graph, product, decision.bias, params[0], recipe.scales, names)  # type: ignore[arg-type,index]
+            elif decision.bias is not None:
+                replace_bias(graph, product, decision.bias, names)
             continue
         if decision.bias is not None:  # first: merged into the bias Add when there is one
             add_bias(graph, product, decision.bias, names)

@@ -23,7 +23,12 @@ The placement depends on the runtime that will run the model:
   rel L2 0.044 -> 0.040 on its calibration images, 0.053 -> 0.049 on 29 unseen ones, 0.63x FP32 on the Xeon
   instead of 0.66x).
 - ``trt`` and ``ort-cuda`` (TensorRT-style): symmetric INT8 Q/DQ on the activation and weight inputs of Conv, MatMul
-  and Gemm only, as ModelOpt places them; TensorRT chooses its own fusions.
+  and Gemm only, as ModelOpt 0.47 places them: per-tensor activations, per-channel weights, float biases, the layers
+  TensorRT's INT8 kernels do not suit left float (fewer than 16 channels or K/N, with ModelOpt's exceptions; a GEMV
+  where the output's row count is known), the inputs of an Add fed by a quantized layer (a transformer's residual
+  Add; all but one Conv branch, which TensorRT fuses), and on ``trt`` Q/DQ reading and writing the FP16/BF16
+  remainder directly (opset 19), so that a DequantizeLinear feeds its layer with no Cast between; TensorRT chooses
+  its own fusions.
 """
 
 from __future__ import annotations
@@ -168,6 +173,45 @@ def _absorbed_activation(node: ir.Node) -> ir.Node | None:
     return user
 
 
+TRT_MIN_DIM = 16
+"""TensorRT's INT8 Tensor Core kernels want 16 or more channels (Conv) or K and N (MatMul/Gemm); ModelOpt 0.47 leaves
+smaller layers float (``find_nodes_from_convs_to_exclude``, ``find_nodes_from_matmul_to_exclude``), with the INT8
+exceptions :func:`_trt_unsupported` copies."""
+
+
+def _static_dim(value: ir.Value | None, axis: int) -> int | None:
+    if value is None or value.shape is None or len(value.shape) < abs(axis):
+        return None
+    dim = value.shape[axis]
+    return dim if isinstance(dim, int) else None
+
+
+def _trt_unsupported(node: ir.Node, weight: ir.Value, axis: int) -> str | None:
+    """Why TensorRT runs this layer better in float, as ModelOpt 0.47's INT8 placement decides it (None: INT8)."""
+    assert weight.const_value is not None
+    shape = [int(d) for d in weight.const_value.shape.numpy()]
+    if node.op_type == "Conv":
+        out_channels, in_channels, kernel = shape[0], shape[1], shape[2:]
+        if out_channels >= TRT_MIN_DIM and in_channels >= TRT_MIN_DIM:
+            return None
+        group = int(_attr(node, "group", 1))
+        first_or_wide = max(out_channels, in_channels) >= TRT_MIN_DIM or any(
+            v is not None and v.is_graph_input() for v in node.inputs
+        )
+        standard = group == 1 and (out_channels % 8 == 0 or in_channels % 8 == 0) and len(set(kernel)) == 1
+        if standard and first_or_wide:
+            return None
+        if group > 1 and out_channels % 8 == 0 and all(k >= 3 for k in kernel):
+            return None
+        return f"TensorRT: a Conv of {in_channels} input / {out_channels} output channels per group stays float"
+    k, n = (shape[1], shape[0]) if axis == 0 else (shape[0], shape[1])
+    if k < TRT_MIN_DIM or n < TRT_MIN_DIM:
+        return f"TensorRT: a GEMM with K={k}, N={n} (< {TRT_MIN_DIM}) stays float"
+    if _static_dim(node.outputs[0], -2) == 1:
+        return "TensorRT: a GEMV (one output row) stays float"
+    return None
+
+
 def _depthwise(node: ir.Node) -> bool:
     """A Conv with one input channel per group."""
     weight = node.inputs[1]
@@ -251,6 +295,10 @@ def place(
         if not allowed(node):
             continue
         dynamic = node.op_type in ("MatMul", "Gemm") and (activations == "dynamic" or (activations == "auto" and cpu))
+        unsupported = _trt_unsupported(node, weight, axis) if not cpu and not nodes_to_quantize else None
+        if unsupported is not None:
+            plan.skipped.append((str(node.name), f"{unsupported} (name it in nodes_to_quantize)"))
+            continue
         kept = _kept_float(node, float_outputs) if cpu and not dynamic and not nodes_to_quantize else None
         if kept is not None:
             plan.skipped.append((str(node.name), f"{kept}: kept float (name it in nodes_to_quantize)"))
@@ -265,7 +313,39 @@ def place(
             if layer.activation not in seen:
                 seen.add(layer.activation)
                 plan.static_tensors.append(layer.activation)
+        _residual_adds(model, plan, allowed)
     return plan
+
+
+def _residual_adds(model: ir.Model, plan: Plan, allowed: object) -> None:
+    """TensorRT-style: the inputs of an Add of two computed tensors, one of them written by a quantized layer (or its
+    bias Add), get Q/DQ too, as ModelOpt places them: both for a transformer's residual Add, all but one Conv branch
+    where a Conv writes one (TensorRT fuses the Add into that Conv)."""
+    layers = {layer.node for layer in plan.layers}
+    static = set(plan.static_tensors)
+
+    def writer(value: ir.Value) -> ir.Node | None:
+        producer = value.producer()
+        if producer is not None and producer.op_type == "Add" and len(producer.inputs) == 2:
+            computed = [v for v in producer.inputs if v is not None and v.const_value is None]
+            if len(computed) == 1:  # a bias Add
+                producer = computed[0].producer()
+        return producer if producer in layers else None
+
+    for node in model.graph:
+        if node.op_type != "Add" or not is_default_domain(node.domain) or not callable(allowed) or not allowed(node):
+            continue
+        inputs = [v for v in node.inputs if v is not None and v.const_value is None]
+        if len(inputs) != 2 or any(v.dtype not in _FLOAT for v in inputs):
+            continue
+        writers = [writer(v) for v in inputs]
+        if all(w is None for w in writers):
+            continue
+        fused = next((v for v, w in zip(inputs, writers) if w is not None and w.op_type == "Conv"), None)
+        for value in inputs:
+            if value is not fused and value not in static:
+                static.add(value)
+                plan.static_tensors.append(value)
 
 
 def _static_region(model: ir.Model, plan: Plan, allowed: object) -> None:

@@ -30,12 +30,14 @@ __all__ = [
     "WeightRecipe",
     "add_bias",
     "add_initializer",
+    "fold_casts_into_qdq",
     "gather_channels",
     "insert_dynamic",
     "insert_qdq",
     "insert_split",
     "keep_float_readers_float",
     "quantize_bias",
+    "replace_bias",
     "replace_weight",
     "replace_with_matmul_integer",
 ]
@@ -375,6 +377,17 @@ def insert_split(graph: ir.Graph, node: ir.Node, gathered: ir.Value, rows: np.nd
     _reroute(graph, node, out, add, total, names)
 
 
+def replace_bias(graph: ir.Graph, node: ir.Node, bias: np.ndarray, names: NameAllocator) -> None:
+    """Makes a Conv or Gemm read ``bias`` (float32, its corrected bias) as input 2; the old bias goes if unread."""
+    value = add_initializer(graph, names(f"{node.name}_bias"), bias.astype(np.float32))
+    old = node.inputs[2] if len(node.inputs) > 2 else None
+    if old is None:
+        node.resize_inputs(3)
+    node.replace_input_with(2, value)
+    if old is not None and not old.uses() and old.name in graph.initializers and not old.is_graph_output():
+        graph.initializers.pop(str(old.name))
+
+
 def quantize_bias(
     graph: ir.Graph, node: ir.Node, bias: np.ndarray, x_scale: float, w_scales: np.ndarray, names: NameAllocator
 ) -> None:
@@ -394,3 +407,69 @@ def quantize_bias(
     else:
         node.resize_inputs(3)
         node.replace_input_with(2, out)
+
+
+_LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _rescale(
+    graph: ir.Graph, node: ir.Node, dtype: ir.DataType, names: NameAllocator, made: dict[tuple[str, int], ir.Value]
+) -> None:
+    """Makes Q/DQ ``node`` read its constant scale as a ``dtype`` initializer (one per scale, shared by the nodes
+    that shared the FP32 one, which goes once unread)."""
+    scale = node.inputs[1]
+    assert scale is not None and scale.const_value is not None
+    key = (str(scale.name), int(dtype))
+    if key not in made:
+        array = np.asarray(scale.const_value.numpy(), dtype=np.float32)
+        tensor = ir.Tensor(array.astype(np.float16)) if dtype == ir.DataType.FLOAT16 else ir.tensor(array, dtype=dtype)
+        made[key] = add_initializer(graph, names(f"{scale.name}_{dtype.name.lower()}"), tensor)
+    node.replace_input_with(1, made[key])
+    if not scale.uses() and scale.name in graph.initializers:
+        graph.initializers.pop(str(scale.name))
+
+
+def fold_casts_into_qdq(graph: ir.Graph, names: NameAllocator) -> int:
+    """Makes Q/DQ pairs read and write the FP16/BF16 remainder directly (opset >= 19), as ModelOpt writes them.
+
+    AutoCast keeps the INT8 ops in FP32, so it leaves ``Cast(to FP32) -> QuantizeLinear`` and
+    ``DequantizeLinear -> Cast(to FP16)`` at their borders; TensorRT fuses a DequantizeLinear into the Conv or MatMul
+    it feeds, not across a Cast. Each such Cast goes, and the Q/DQ node takes an FP16/BF16 scale.
+
+    Returns:
+        The Casts removed.
+    """
+    removed = 0
+    made: dict[tuple[str, int], ir.Value] = {}
+    for node in list(graph):
+        if node.op_type == "QuantizeLinear" and len(node.inputs) > 1 and node.inputs[1] is not None:
+            source = node.inputs[0]
+            cast = source.producer() if source is not None else None
+            if cast is None or cast.op_type != "Cast" or node.inputs[1].const_value is None:
+                continue
+            low = cast.inputs[0]
+            if low is None or low.dtype not in _LOW:
+                continue
+            node.replace_input_with(0, low)
+            _rescale(graph, node, low.dtype, names, made)
+            if not cast.outputs[0].uses() and not cast.outputs[0].is_graph_output():
+                graph.remove(cast, safe=True)
+                removed += 1
+        elif node.op_type == "DequantizeLinear" and len(node.inputs) > 1 and node.inputs[1] is not None:
+            out = node.outputs[0]
+            users = list(out.uses())
+            casts = {use.node for use in users}
+            if not users or out.is_graph_output() or node.inputs[1].const_value is None:
+                continue
+            if any(c.op_type != "Cast" or c.outputs[0].is_graph_output() for c in casts):
+                continue
+            targets = {c.outputs[0].dtype for c in casts}
+            if len(targets) != 1 or (dtype := targets.pop()) not in _LOW:
+                continue
+            _rescale(graph, node, dtype, names, made)
+            out.dtype = dtype
+            for cast in casts:
+                ir.convenience.replace_all_uses_with(cast.outputs[0], out)
+                graph.remove(cast, safe=True)
+                removed += 1
+    return removed
