@@ -59,12 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         r.add_argument("--no-report", action="store_true", help="do not regenerate BENCHMARKS.md")
         if name == "run":
             r.add_argument("--heavy-repeats", type=int, default=1, help="rounds for chain_5000 and matmul >= 1 GB")
-            r.add_argument("--no-metrics", action="store_true", help="time and memory only")
-            r.add_argument("--keep-outputs", action="store_true", help="keep the converted models (folder logged)")
         if name == "int4":
             r.add_argument("--plan", default="all", choices=sorted(int4.PLANS), help="which models (default: all)")
-        if name == "utilities":
-            r.add_argument("--tokens", type=int, default=256, help="tokens of the causal LM's window (default 256)")
     rp = sub.add_parser("report", help="regenerate BENCHMARKS.md from the results")
     rp.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     rp.add_argument("--md", type=Path, default=report.MD_PATH)
@@ -75,11 +71,11 @@ def _parser() -> argparse.ArgumentParser:
 def _config(a: argparse.Namespace, argv: Sequence[str]) -> harness.RunConfig:
     models = _list(a.models)
     tools = _list(a.tools)
-    extra: dict[str, Any] = {"plan": getattr(a, "plan", "all"), "tokens": getattr(a, "tokens", 256)}
+    extra: dict[str, Any] = {"plan": getattr(a, "plan", "all")}
     if a.cmd == "run":
         models = expand_models(models or ["all"])
         tools = parse_tools(tools) if tools else None
-        extra.update(heavy_repeats=a.heavy_repeats, metrics=not a.no_metrics, keep_outputs=a.keep_outputs)
+        extra["heavy_repeats"] = a.heavy_repeats
     return harness.RunConfig(
         models=models or [],
         tools=tools,

@@ -31,9 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +56,15 @@ PERPLEXITY_MODELS = frozenset({"smollm2_135m"})
 EVAL_BATCH = {"smollm2_135m": 2}  # windows per ONNX Runtime call when measuring accuracy (bounds memory)
 METRICS_TIMEOUT_S = 3600.0
 MIB = 1 << 20
+ANCHOR_PACKAGES = ("nvidia-modelopt", "onnxconverter-common", "onnx", "onnxruntime", "torch")
 
 _MODELOPT_COUNTS = re.compile(r"Converted (\d+)/(\d+) nodes \([\d.]+%\) to \w+")
 
 
 @dataclass
 class RunConfig:
-    """What ``python -m benchmarks run|int4|utilities`` was asked to do (``plan``: the INT4 part's model plan,
-    ``tokens``: the utilities part's window length; ``models``/``tools`` empty: the part's defaults)."""
+    """What ``python -m benchmarks run|int4|utilities`` was asked to do (``plan``: the INT4 part's model plan;
+    ``models``/``tools`` empty: the part's defaults)."""
 
     models: list[str] = field(default_factory=list)
     tools: list[str] | None = None
@@ -76,14 +76,11 @@ class RunConfig:
     results_dir: Path = RESULTS_DIR
     work_dir: Path | None = None
     tag: str | None = None
-    metrics: bool = True
     latency: bool = True
     latency_runs: int = 20
-    keep_outputs: bool = False
     anchors_python: Path | None = None
     command: str = ""
     plan: str = "all"
-    tokens: int = 256
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -117,14 +114,22 @@ def _git(*args: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
+def package_versions(python: Path | str, packages: Sequence[str]) -> dict[str, Any]:
+    """The versions of ``packages`` in the venv of the interpreter ``python`` (None for those not installed)."""
+    code = (
+        "import json, sys, importlib.metadata as m\n"
+        "def version(p):\n"
+        "    try: return m.version(p)\n"
+        "    except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({p: version(p) for p in sys.argv[1:]}))"
+    )
+    res = subprocess.run([str(python), "-c", code, *packages], capture_output=True, text=True, check=True)
+    return dict(json.loads(res.stdout))
+
+
 def project_versions() -> dict[str, Any]:
     """onnxprec (version, git sha, whether src/ differs from it) and the libraries of this venv."""
-    out: dict[str, Any] = {}
-    for pkg in ("onnxprec", "onnx", "onnxruntime", "onnx-ir", "numpy"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = None
+    out = package_versions(sys.executable, ("onnxprec", "onnx", "onnxruntime", "onnx-ir", "numpy"))
     sha = _git("rev-parse", "--short=10", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=all", "--", "src")
     out["onnxprec_git"] = f"{sha}{'+local changes in src/' if dirty else ''}" if sha else None
@@ -144,20 +149,6 @@ def onnxprec_source_hash() -> str | None:
         h.update(p.relative_to(root).as_posix().encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
-
-
-def anchor_versions(python: Path) -> dict[str, str]:
-    """Versions of the anchors venv's tools."""
-    code = (
-        "import json, importlib.metadata as m\n"
-        "out = {}\n"
-        "for p in ('nvidia-modelopt', 'onnxconverter-common', 'onnx', 'onnxruntime', 'torch'):\n"
-        "    try: out[p] = m.version(p)\n"
-        "    except m.PackageNotFoundError: out[p] = None\n"
-        "print(json.dumps(out))"
-    )
-    res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
-    return dict(json.loads(res.stdout))
 
 
 def default_mem_limit_mb() -> float:
@@ -278,7 +269,7 @@ def new_results(kind: str, config: RunConfig, **settings: Any) -> dict[str, Any]
         "machine": machine_info(),
         "versions": {
             "project": project_versions(),
-            "anchors": anchor_versions(config.anchors_python) if config.anchors_python else {},
+            "anchors": package_versions(config.anchors_python, ANCHOR_PACKAGES) if config.anchors_python else {},
         },
         "settings": {"repeats": config.repeats, "timeout_s": config.timeout_s, **settings},
         "models": {},
@@ -319,46 +310,50 @@ def json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
+def run_models(config: RunConfig, kind: str, run_model: Callable[[str, Path], dict[str, Any]], **settings: Any) -> Path:
+    """Runs ``run_model(model, work folder)`` on every model of ``config`` into a new results file of ``kind`` (the
+    header of :func:`new_results` with ``settings``), written after every model so that an interrupted run keeps
+    what it measured; the work folders are removed at the end. Returns the file's path."""
+    path = results_path(config, kind)
+    data = {**new_results(kind, config, **settings), "run_id": path.stem}
+    write_results(path, data)
+    logger.info("results -> %s", path)
+    work = Path(tempfile.mkdtemp(prefix=f"onnxprec-{kind}-", dir=config.work_dir))
+    try:
+        for model in config.models:
+            t0 = time.perf_counter()
+            data["models"][model] = run_model(model, work / model)
+            data["finished"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            write_results(path, data)
+            logger.info("%s: done in %.0f s", model, time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    end_hash = onnxprec_source_hash()
+    if end_hash != data["versions"]["project"]["onnxprec_src_sha256"]:  # src/ was edited meanwhile: mixed numbers
+        logger.warning("onnxprec sources changed during the run (now %s)", end_hash)
+        data["onnxprec_sources_at_end"] = end_hash
+        write_results(path, data)
+    return path
+
+
 def run(config: RunConfig) -> Path:
-    """Runs the AutoCast part; returns the results JSON path (written after every model)."""
-    plan: list[tuple[str, list[Tool]]] = []
+    """Runs the AutoCast part; returns the results JSON path."""
+    plan: dict[str, list[Tool]] = {}
     for model in config.models:
         zoo._check_name(model)
-        names = config.tools if config.tools is not None else list(default_tools(model))
-        plan.append((model, [TOOLS[n] for n in names]))
-    ensure_anchors(config, {t.venv for _, ts in plan for t in ts})
-    mem_limit = config.mem_limit_mb if config.mem_limit_mb is not None else default_mem_limit_mb()
-    out_path = results_path(config, "autocast")
-    data = new_results(
-        "autocast",
+        plan[model] = [TOOLS[n] for n in (config.tools if config.tools is not None else default_tools(model))]
+    ensure_anchors(config, {t.venv for ts in plan.values() for t in ts})
+    mem_limit = config.mem_limit_mb or default_mem_limit_mb()
+    return run_models(
         config,
+        "autocast",
+        lambda model, work: _run_model(config, model, plan[model], work, mem_limit),
         heavy_repeats=config.heavy_repeats,
         heavy_models=sorted(HEAVY_MODELS),
         mem_limit_mb=round(mem_limit),
         latency_runs=config.latency_runs,
         page_cache="model files read once before every tool run (when they fit in half the free RAM)",
     )
-    data["run_id"] = out_path.stem
-    write_results(out_path, data)
-    logger.info("results -> %s", out_path)
-    work_root = Path(tempfile.mkdtemp(prefix="onnxprec-bench-", dir=config.work_dir))
-    try:
-        for model, tools in plan:
-            t0 = time.perf_counter()
-            data["models"][model] = _run_model(config, model, tools, work_root / _safe(model), mem_limit)
-            data["finished"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-            write_results(out_path, data)
-            logger.info("%s: done in %.0f s", model, time.perf_counter() - t0)
-    finally:
-        if config.keep_outputs:
-            logger.info("outputs kept in %s", work_root)
-        else:
-            shutil.rmtree(work_root, ignore_errors=True)
-    return out_path
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
 def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem_limit: float) -> dict[str, Any]:
@@ -394,7 +389,7 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
             if tool.id in stopped or (tool.max_repeats is not None and rep >= tool.max_repeats):
                 continue
             entry = block["tools"][tool.id]
-            rdir = work / f"{_safe(tool.id)}-r{rep}"
+            rdir = work / f"{tool.id.replace(':', '_')}-r{rep}"
             rdir.mkdir(parents=True, exist_ok=True)
             dst = rdir / "out.onnx"
             report_json = rdir / "report.json"
@@ -421,7 +416,7 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
             )
             if record["status"] == "ok" and tool.id not in kept:
                 kept[tool.id] = dst
-            elif tool.id not in kept or kept[tool.id].parent != rdir:
+            else:
                 shutil.rmtree(rdir, ignore_errors=True)
     for tool in active:
         _summarise(block["tools"][tool.id])
@@ -430,11 +425,10 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
         anchors = [a for a in RATIO_ANCHORS if a != tool.id and a in block["tools"]]
         vs = {a: paired_ratios(runs, block["tools"][a]["runs"]) for a in anchors}
         block["tools"][tool.id]["vs"] = {a: r for a, r in vs.items() if r}
-    if config.metrics and kept:
+    if kept:
         _metrics(config, model, src, work, kept, [t for t in active if t.evaluate], block)
-    if not config.keep_outputs:
-        for p in kept.values():
-            shutil.rmtree(p.parent, ignore_errors=True)
+    for p in kept.values():
+        shutil.rmtree(p.parent, ignore_errors=True)
     return block
 
 
@@ -517,13 +511,11 @@ def _metrics(
     spec_path.write_text(json.dumps(spec))
     logger.info("%s: metrics (structure, accuracy, CPU latency) for %s", model, ", ".join(kept))
     t0 = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    res = run_measured(
+    res = run_measured(  # from the repository root, where python -m finds the benchmarks package
         [sys.executable, "-m", "benchmarks.output_metrics", str(spec_path), str(out_path)],
         work / "metrics-log.txt",
         timeout_s=METRICS_TIMEOUT_S,
         cwd=REPO_ROOT,
-        env=env,
     )
     if res.status != "ok" or not out_path.exists():
         logger.error("%s: metrics worker %s:\n%s", model, res.status, "\n".join(res.log_tail))

@@ -58,7 +58,7 @@ def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
     assert acc["rel_l2"] < 1e-2 and acc["cosine"] > 0.999 and acc["nonfinite"] == 0
     assert entry["latency_cpu"]["median_ms"] > 0 and entry["latency_cpu"]["vs_fp32"] > 0
     assert block["fp32"]["latency_cpu"]["median_ms"] > 0
-    assert not list(tmp_path.glob("onnxprec-bench-*")), "converted models must be cleaned up"
+    assert not list(tmp_path.glob("onnxprec-autocast-*")), "converted models must be cleaned up"
 
     md = report.write_report(results, tmp_path / "BENCHMARKS.md")
     text = md.read_text()

@@ -155,11 +155,9 @@ def run_measured(
                 poll_peak = max(poll_peak, _tree_rss(ps, own=not use_gnu_time))
             if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
                 status = "timeout"
-                _kill_group(popen)
-                rc = popen.wait()
-                break
-            if mem_limit_mb is not None and poll_peak > mem_limit_mb * MIB:
+            elif mem_limit_mb is not None and poll_peak > mem_limit_mb * MIB:
                 status = "memory-limit"
+            if status != "ok":
                 _kill_group(popen)
                 rc = popen.wait()
                 break

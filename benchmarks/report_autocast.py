@@ -45,33 +45,6 @@ ERROR_TOLERANCE = 1.05  # "output error no worse": relative L2 at most 5 % above
 _MODELOPT_WALL = "ModelOpt here {anchor_wall_s} s"
 
 
-def _versus_modelopt(tool: str, anchor: str, flag: str) -> tuple[Target, ...]:
-    """The result-quality targets of ``tool`` against ModelOpt with the same data_max, on every model."""
-    return (
-        Target(
-            f"{{model}}{flag}: nodes in low precision ≥ ModelOpt's",
-            "low_nodes",
-            ">=",
-            1,
-            "≥",
-            tool=tool,
-            anchor=anchor,
-            context=("of {float_nodes} float nodes; left in FP32: {fp32_nodes}",),
-        ),
-        Target(f"{{model}}{flag}: Cast nodes ≤ ModelOpt's", "casts", "<=", 1, "≤", tool=tool, anchor=anchor),
-        Target(
-            f"{{model}}{flag}: output error no worse than ModelOpt's",
-            "rel_l2",
-            "<=",
-            ERROR_TOLERANCE,
-            f"≤ {ERROR_TOLERANCE:g}× ModelOpt's",
-            tool=tool,
-            anchor=anchor,
-            context=("max abs {max_abs}",),
-        ),
-    )
-
-
 # fmt: off
 TARGETS: tuple[Target, ...] = (
     Target("{model}: whole process ≥10× faster than ModelOpt", "speedup", ">=", 10, "≥ 10×", "smollm2_135m",
@@ -97,8 +70,18 @@ TARGETS: tuple[Target, ...] = (
            context=(_MODELOPT_WALL, " (issue: 68 s)")),
     Target("2000-node chain (data_max=inf): whole process < 2 s", "wall_s", "<", 2, "< 2 s", "chain_2000",
            "onnxprec:inf", "modelopt:inf", context=(_MODELOPT_WALL, " (issue: 68 s)")),
-    *_versus_modelopt("onnxprec", "modelopt", ""),
-    *_versus_modelopt("onnxprec:inf", "modelopt:inf", " (data_max=inf)"),
+    # the result's quality against ModelOpt's with the same data_max, on every model
+    *(
+        target
+        for tool, anchor, flag in (("onnxprec", "modelopt", ""), ("onnxprec:inf", "modelopt:inf", " (data_max=inf)"))
+        for target in (
+            Target(f"{{model}}{flag}: nodes in low precision ≥ ModelOpt's", "low_nodes", ">=", 1, "≥", tool=tool,
+                   anchor=anchor, context=("of {float_nodes} float nodes; left in FP32: {fp32_nodes}",)),
+            Target(f"{{model}}{flag}: Cast nodes ≤ ModelOpt's", "casts", "<=", 1, "≤", tool=tool, anchor=anchor),
+            Target(f"{{model}}{flag}: output error no worse than ModelOpt's", "rel_l2", "<=", ERROR_TOLERANCE,
+                   f"≤ {ERROR_TOLERANCE:g}× ModelOpt's", tool=tool, anchor=anchor, context=("max abs {max_abs}",)),
+        )
+    ),
     Target("{model} FP16 perplexity within 0.5 % of FP32", "perplexity_change", "<=", 0.005,
            "≤ 0.5 % from {fp32_perplexity}", "smollm2_135m", anchor=None,
            context=("FP32 measured {fp32_perplexity} (reference {reference})",), reference=SMOLLM2_FP32_PERPLEXITY),

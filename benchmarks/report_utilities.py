@@ -26,14 +26,11 @@ from .report_common import (
     short_error,
     size,
 )
+from .utilities import CANDIDATE, KIND, LLM, ORT_PREPROCESS, TOOL_IDS
 
-KIND = "utilities"
-LLM = "smollm2_135m"
-CANDIDATE = "autocast:fp16"
-ORT_PREPROCESS = "ort:quant_pre_process"
-TOOL_ORDER = ("preprocess", ORT_PREPROCESS, "evaluate", "dump", "compare")
 MIB = 1 << 20
 LABELS = {"matmul_4gb": "4 GiB MatMul stack (`matmul_4gb`)"}
+TOOL_LABELS = {CANDIDATE: "*AutoCast FP16 (the candidate)*", ORT_PREPROCESS: "ORT `quant_pre_process`"}
 
 
 @dataclass
@@ -61,14 +58,6 @@ def merge(runs: Sequence[dict[str, Any]]) -> UtilitiesMerged:
 
 def _model(name: str) -> str:
     return LABELS.get(name, model_label(name))
-
-
-def _label(tool: str) -> str:
-    if tool == CANDIDATE:
-        return "*AutoCast FP16 (the candidate)*"
-    if tool == ORT_PREPROCESS:
-        return "ORT `quant_pre_process`"
-    return f"onnxprec `{tool}`"
 
 
 def _rss(rec: dict[str, Any]) -> str:
@@ -120,7 +109,7 @@ def _tool_columns(model_bytes: int | None) -> tuple[Column, ...]:
     """The model table's columns over ``(tool, row)`` pairs."""
     per_size = lambda p: f"{num(p * MIB / model_bytes)}×" if p and model_bytes else "–"  # noqa: E731
     return (
-        ("Tool", lambda x: _label(x[0])),
+        ("Tool", lambda x: TOOL_LABELS.get(x[0], f"onnxprec `{x[0]}`")),
         ("command", lambda x: f"`{x[1].get('command', '')}`"),
         ("status", lambda x: _status(x[1])),
         ("time s", lambda x: num(x[1].get("wall_s"))),
@@ -134,7 +123,7 @@ def _tool_columns(model_bytes: int | None) -> tuple[Column, ...]:
 def model_table(m: UtilitiesMerged, model: str) -> list[str]:
     rows_in = m.rows.get(model, {})
     desc = m.models.get(model, {})
-    order = [CANDIDATE, *TOOL_ORDER, *sorted(t for t in rows_in if t not in TOOL_ORDER and t != CANDIDATE)]
+    order = [CANDIDATE, *TOOL_IDS, *sorted(t for t in rows_in if t not in TOOL_IDS and t != CANDIDATE)]
     weights = "weights in external data" if desc.get("external_data") else "weights inside the protobuf"
     data = ", ".join(f"`{k}` {v}" for k, v in (desc.get("data") or {}).items())
     rows = [(tool, rows_in[tool]) for tool in order if tool in rows_in]

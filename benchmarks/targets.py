@@ -158,24 +158,24 @@ def _pair(t: Target, model: str, merged: Merged) -> tuple[dict[str, Any], dict[s
     return ours, theirs
 
 
-def _low_nodes(t: Target, model: str, merged: Merged) -> Measure | None:
-    pair = _pair(t, model, merged)
-    if pair is None:
-        return None
-    so, st = pair[0]["structure"], pair[1]["structure"]
-    fields = {
-        "float_nodes": f"{so.get('float_nodes', so['nodes'])} / {st.get('float_nodes', st['nodes'])}",
-        "fp32_nodes": f"{so.get('fp32_nodes', '?')} vs {st.get('fp32_nodes', '?')}",
-    }
-    return Measure(so["low_nodes"], t.bound * st["low_nodes"], f"{so['low_nodes']} vs {st['low_nodes']}", fields)
+def _structure_metric(key: str) -> Metric:
+    """A structure count (``low_nodes``, ``casts``) of the tool's result against the anchor's."""
+
+    def measure(t: Target, model: str, merged: Merged) -> Measure | None:
+        pair = _pair(t, model, merged)
+        if pair is None:
+            return None
+        so, st = pair[0]["structure"], pair[1]["structure"]
+        fields = {
+            "float_nodes": f"{so.get('float_nodes', so['nodes'])} / {st.get('float_nodes', st['nodes'])}",
+            "fp32_nodes": f"{so.get('fp32_nodes', '?')} vs {st.get('fp32_nodes', '?')}",
+        }
+        return Measure(so[key], t.bound * st[key], f"{so[key]} vs {st[key]}", fields)
+
+    return measure
 
 
-def _casts(t: Target, model: str, merged: Merged) -> Measure | None:
-    pair = _pair(t, model, merged)
-    if pair is None:
-        return None
-    so, st = pair[0]["structure"], pair[1]["structure"]
-    return Measure(so["casts"], t.bound * st["casts"], f"{so['casts']} vs {st['casts']}", {})
+_low_nodes = _structure_metric("low_nodes")
 
 
 def _rel_l2(t: Target, model: str, merged: Merged) -> Measure | None:
@@ -231,7 +231,7 @@ METRICS: dict[str, Metric] = {
     "wall_s": _summary_metric("wall_s", " s"),
     "peak_rss_mb": _summary_metric("peak_rss_mb", " MiB"),
     "low_nodes": _low_nodes,
-    "casts": _casts,
+    "casts": _structure_metric("casts"),
     "rel_l2": _rel_l2,
     "perplexity_change": _perplexity_change,
     "own_rel_l2": _own_rel_l2,

@@ -15,7 +15,6 @@ import json
 import logging
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,12 @@ import numpy as np
 
 import zoo
 
-from .harness import (
-    RunConfig,
-    measure,
-    median,
-    model_files,
-    new_results,
-    onnxprec_source_hash,
-    results_path,
-    warm_page_cache,
-    write_results,
-)
+from .harness import RunConfig, measure, median, model_files, run_models, warm_page_cache
+from .output_metrics import file_size
 from .tools import parse_tools
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = 1
 KIND = "utilities"
 LLM = "smollm2_135m"
 SYNTHETIC = "matmul_4gb"
@@ -95,9 +84,7 @@ def files_bytes(path: Path) -> int:
     """Bytes of a model file and its external data files, or of everything under a folder."""
     if path.is_dir():
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    if not path.exists():
-        return 0
-    return sum(p.stat().st_size for p in model_files(path) if p.exists())
+    return file_size(path) if path.exists() else 0
 
 
 def _details(tool: str, out: Path) -> dict[str, Any]:
@@ -159,12 +146,12 @@ def _summary(rounds: list[dict[str, Any]], user_command: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def write_data(model: str, dst: Path, zoo_dir: Path | None, tokens: int = LLM_TOKENS) -> dict[str, list[int]]:
-    """The first sample of the zoo's inputs (for a causal LM its first window, cut to ``tokens``) as one
+def write_data(model: str, dst: Path, zoo_dir: Path | None) -> dict[str, list[int]]:
+    """The first sample of the zoo's inputs (for a causal LM its first window, cut to :data:`LLM_TOKENS`) as one
     ``.npz``; returns the shapes."""
     feeds = {k: v[:1] for k, v in zoo.inputs(model, zoo_dir).items()}
     if "input_ids" in feeds:
-        feeds = {k: v[:, :tokens] if v.ndim >= 2 else v for k, v in feeds.items()}
+        feeds = {k: v[:, :LLM_TOKENS] if v.ndim >= 2 else v for k, v in feeds.items()}
     np.savez(dst, **feeds)  # type: ignore[arg-type]
     return {k: list(v.shape) for k, v in feeds.items()}
 
@@ -174,20 +161,14 @@ def write_data(model: str, dst: Path, zoo_dir: Path | None, tokens: int = LLM_TO
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _run_model(model: str, work: Path, config: RunConfig) -> dict[str, Any]:
+def _run_model(config: RunConfig, model: str, mwork: Path) -> dict[str, Any]:
     src = zoo.model_path(model, config.zoo_dir)
-    mwork = work / model
     mwork.mkdir(parents=True, exist_ok=True)
-    external = len(model_files(src)) > 1  # the model file and its external data files
-    data = mwork / "data.npz"
-    shapes = write_data(model, data, config.zoo_dir, config.tokens)
-    entry: dict[str, Any] = {
-        "file_bytes": files_bytes(src),
-        "external_data": external,
-        "data": dict(shapes),
-        "tools": {},
-    }
-    entry["page_cache_warm_s"] = warm_page_cache(model_files(src))
+    files = model_files(src)
+    external = len(files) > 1  # the model file and its external data files
+    shapes = write_data(model, mwork / "data.npz", config.zoo_dir)
+    entry: dict[str, Any] = {"file_bytes": file_size(src), "external_data": external, "data": shapes, "tools": {}}
+    entry["page_cache_warm_s"] = warm_page_cache(files)
     candidate = None
     tools = config.tools or list(TOOL_IDS)
     if any(t in ("evaluate", "compare") for t in tools):
@@ -233,20 +214,5 @@ def _log(model: str, tool: str, rec: dict[str, Any]) -> None:
 def run(config: RunConfig) -> Path:
     """Runs every tool on every model; writes and returns the results file."""
     config.models = config.models or list(DEFAULT_MODELS)
-    config.tools = config.tools or list(TOOL_IDS)
-    parse_tools(config.tools, TOOL_IDS)
-    result = new_results(KIND, config, tokens=config.tokens)
-    work = Path(tempfile.mkdtemp(prefix="onnxprec-utilities-", dir=config.work_dir))
-    try:
-        for model in config.models:
-            result["models"][model] = _run_model(model, work, config)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    end_hash = onnxprec_source_hash()
-    if end_hash != result["versions"]["project"]["onnxprec_src_sha256"]:  # src/ was edited meanwhile: mixed numbers
-        logger.warning("onnxprec sources changed during the run (now %s)", end_hash)
-        result["onnxprec_sources_at_end"] = end_hash
-    path = results_path(config, KIND)
-    write_results(path, result)
-    logger.info("wrote %s", path)
-    return path
+    config.tools = parse_tools(config.tools or TOOL_IDS, TOOL_IDS)
+    return run_models(config, KIND, lambda model, work: _run_model(config, model, work))
