@@ -390,6 +390,7 @@ def convert_model(
     if options.report is not None:
         report.details = _details(model, report.decisions, options, ctx.stats, stats, reference, clone)
     converted = _convert(model, report.decisions, options, io_types)
+    _warn_cast_shared_kv(model)
     report.stats = converted.stats
     report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
     if report.details is not None:
@@ -474,6 +475,30 @@ def _converted_clone(
     nodes = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))
     _convert(clone, {nodes[node]: decision for node, decision in decisions.items()}, options, io_types)
     return clone
+
+
+def _warn_cast_shared_kv(model: ir.Model) -> None:
+    """Warns when a sliding-window GroupQueryAttention (``sliding_window_cache=1``, the builder's Gemma2 and GPT-OSS)
+    reads a KV cache cast at the model's interface (``keep_io_types`` with the cache in another type than the
+    attention): ORT's CUDA kernel needs past and present to share one buffer, which a Cast between them breaks, so
+    onnxruntime-genai cannot run the model on CUDA."""
+    for node in model.graph.all_nodes():
+        attr = node.attributes.get("sliding_window_cache")
+        if node.op_type != "GroupQueryAttention" or attr is None or not attr.as_int() or len(node.inputs) < 4:
+            continue
+        past = node.inputs[3]
+        producer = past.producer() if past is not None else None
+        source = producer.inputs[0] if producer is not None and producer.op_type == "Cast" else None
+        if source is not None and source.is_graph_input():
+            logger.warning(
+                "GroupQueryAttention '%s' keeps a sliding-window KV cache in place, but its cache input '%s' is "
+                "cast at the model's interface (--keep_io_types): ONNX Runtime's CUDA kernel needs past and "
+                "present in one shared buffer, so onnxruntime-genai cannot run it on CUDA; convert without "
+                "--keep_io_types to make the KV cache the low type.",
+                node.name,
+                source.name,
+            )
+            return
 
 
 def _keep_kernel_gaps(model: ir.Model, decisions: dict[ir.Node, Decision], options: AutoCastOptions) -> None:

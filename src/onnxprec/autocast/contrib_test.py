@@ -227,3 +227,29 @@ def test_bf16_on_cuda_keeps_ops_without_a_cuda_bf16_kernel_in_fp32_up_front() ->
                                      calibration_data={"X": x})  # fmt: skip
     sess = ort.InferenceSession(out.SerializeToString(), providers=["CUDAExecutionProvider"])
     assert np.isfinite(sess.run(None, {"X": x})[0]).all()
+
+
+def test_a_sliding_window_kv_cache_cast_at_the_interface_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """keep_io_types with a BF16 sliding-window GroupQueryAttention and an FP16 KV cache puts Casts between the
+    shared past/present buffers, which ORT's CUDA kernel needs (onnxruntime-genai on CUDA fails: measured on the
+    builder's Gemma2 and GPT-OSS): a WARNING says so and how to avoid it; without the Cast, no warning."""
+    from onnxprec.autocast._api import _warn_cast_shared_kv
+
+    def model(cast: bool) -> ir.Model:
+        past = ir.Value(name="past_key_values.0.key", type=ir.TensorType(ir.DataType.FLOAT16))
+        q = ir.Value(name="q", type=ir.TensorType(ir.DataType.BFLOAT16))
+        nodes = []
+        read = past
+        if cast:
+            nodes.append(ir.Node("", "Cast", [past], attributes=[ir.AttrInt64("to", 16)], name="c"))
+            read = nodes[-1].outputs[0]
+        gqa = ir.Node("com.microsoft", "GroupQueryAttention", [q, None, None, read, None],
+                      attributes=[ir.AttrInt64("sliding_window_cache", 1)], name="attn", num_outputs=3)  # fmt: skip
+        graph = ir.Graph([q, past], [gqa.outputs[0]], nodes=[*nodes, gqa], opset_imports={"": 22, "com.microsoft": 1})
+        return ir.Model(graph, ir_version=10)
+
+    with caplog.at_level("WARNING", logger="onnxprec.autocast._api"):
+        _warn_cast_shared_kv(model(cast=False))
+        assert not caplog.records
+        _warn_cast_shared_kv(model(cast=True))
+    assert "sliding-window KV cache" in caplog.text and "without --keep_io_types" in caplog.text
