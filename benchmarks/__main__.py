@@ -15,12 +15,12 @@ Tools: see ``python -m benchmarks tools``; without ``--tools`` each model gets i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from . import harness, int4, report, utilities
 from .tools import DEFAULT_TOOLS, MODEL_GROUPS, TOOLS, expand_models, parse_tools
@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         r.add_argument("--timeout", type=float, default=timeout, help=f"seconds per tool run (default {timeout:.0f})")
         r.add_argument("--mem-limit-gb", type=float, default=None, help="stop a tool above this RSS (default 75%% RAM)")
         r.add_argument("--tag", default=None, help="results file name suffix")
-        r.add_argument("--no-latency", action="store_true", help="skip the CPU latency measurement")
+        r.add_argument("--no-latency", dest="latency", action="store_false", help="skip the CPU latency measurement")
         r.add_argument("--latency-runs", type=int, default=20, help="timed CPU runs of each model (default 20)")
         r.add_argument("--zoo-dir", type=Path, default=None, help="zoo folder (default: zoo's)")
         r.add_argument("--work-dir", type=Path, default=None, help="where converted models go (default: system temp)")
@@ -69,28 +69,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(a: argparse.Namespace, argv: Sequence[str]) -> harness.RunConfig:
-    models = _list(a.models)
-    tools = _list(a.tools)
-    extra: dict[str, Any] = {"plan": getattr(a, "plan", "all")}
+    """The run's settings: the arguments named as :class:`harness.RunConfig`'s fields, then the others."""
+    fields = {f.name for f in dataclasses.fields(harness.RunConfig)} - {"models", "tools"}
+    config = harness.RunConfig(**{k: v for k, v in vars(a).items() if k in fields})
+    config.models, config.tools = _list(a.models) or [], _list(a.tools)
     if a.cmd == "run":
-        models = expand_models(models or ["all"])
-        tools = parse_tools(tools) if tools else None
-        extra["heavy_repeats"] = a.heavy_repeats
-    return harness.RunConfig(
-        models=models or [],
-        tools=tools,
-        repeats=a.repeats,
-        timeout_s=a.timeout,
-        mem_limit_mb=a.mem_limit_gb * 1024 if a.mem_limit_gb else None,
-        zoo_dir=a.zoo_dir,
-        results_dir=a.results_dir,
-        work_dir=a.work_dir,
-        tag=a.tag,
-        latency=not a.no_latency,
-        latency_runs=a.latency_runs,
-        command="python -m benchmarks " + shlex.join(argv),
-        **extra,
-    )
+        config.models = expand_models(config.models or ["all"])
+        config.tools = parse_tools(config.tools) if config.tools else None
+    config.timeout_s = a.timeout
+    config.mem_limit_mb = a.mem_limit_gb * 1024 if a.mem_limit_gb else None
+    config.command = "python -m benchmarks " + shlex.join(argv)
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

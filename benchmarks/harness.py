@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -233,20 +233,9 @@ def measure(
     load = os.getloadavg()[0]  # another job on the machine stretches the times (not the peak RSS)
     r = run_measured(argv, log, timeout_s=timeout_s, mem_limit_mb=limit, **popen)
     runner = r.runner or {}
-    rec: dict[str, Any] = {
-        "status": r.status,
-        "wall_s": r.wall_s,
-        "peak_rss_mb": r.peak_rss_mb,
-        "rss_source": r.rss_source,
-        "poll_peak_rss_mb": r.poll_peak_rss_mb,
-        "user_s": r.user_s,
-        "sys_s": r.sys_s,
-        "import_s": runner.get("import_s"),
-        "convert_s": runner.get("convert_s"),
-        "returncode": r.returncode,
-        "load_before": round(load, 2),
-        "load_after": round(os.getloadavg()[0], 2),
-    }
+    rec = {k: v for k, v in asdict(r).items() if k not in ("runner", "log_tail")}
+    rec.update(import_s=runner.get("import_s"), convert_s=runner.get("convert_s"), load_before=round(load, 2))
+    rec["load_after"] = round(os.getloadavg()[0], 2)
     if r.status == "memory-limit":
         rec["error"] = f"stopped above the memory limit ({limit:.0f} MiB) after {r.wall_s:.0f} s"
     elif r.status == "timeout":
@@ -360,8 +349,7 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
     src = zoo.model_path(model, config.zoo_dir)
     work.mkdir(parents=True, exist_ok=True)
     inputs_npz = work / "inputs.npz"
-    with open(inputs_npz, "wb") as f:
-        np.savez(f, **zoo.inputs(model, config.zoo_dir))  # type: ignore[arg-type]
+    np.savez(inputs_npz, **zoo.inputs(model, config.zoo_dir))  # type: ignore[arg-type]
     size = file_size(src)
     files = model_files(src)
     repeats = config.heavy_repeats if model in HEAVY_MODELS else config.repeats
@@ -383,12 +371,12 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
         else:
             active.append(tool)
     kept: dict[str, Path] = {}
-    stopped: set[str] = set()
     for rep in range(repeats):
         for tool in active:
-            if tool.id in stopped or (tool.max_repeats is not None and rep >= tool.max_repeats):
-                continue
             entry = block["tools"][tool.id]
+            failed = entry["runs"] and entry["runs"][-1]["status"] != "ok"  # not run again
+            if failed or (tool.max_repeats is not None and rep >= tool.max_repeats):
+                continue
             rdir = work / f"{tool.id.replace(':', '_')}-r{rep}"
             rdir.mkdir(parents=True, exist_ok=True)
             dst = rdir / "out.onnx"
@@ -404,24 +392,14 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
                     record["tool_reported"] = counts
             elif record["status"] == "ok":
                 record.update(status="failed", error="no output file")
-            if record["status"] != "ok":
-                stopped.add(tool.id)
             entry["runs"].append(record)
-            logger.info(
-                "%s",
-                f"{model} r{rep} {tool.id:18s} {record['status']:12s} wall {record['wall_s']:7.2f} s  "
-                f"rss {record['peak_rss_mb'] or 0:8.0f} MB"
-                + (f"  convert {record['convert_s']:.2f} s" if record.get("convert_s") is not None else "")
-                + (f"  ({record.get('error')})" if record["status"] != "ok" else ""),
-            )
+            log_run(f"{model} round {rep + 1} {tool.id}", record)
             if record["status"] == "ok" and tool.id not in kept:
                 kept[tool.id] = dst
             else:
                 shutil.rmtree(rdir, ignore_errors=True)
-    for tool in active:
-        _summarise(block["tools"][tool.id])
-    for tool in active:  # ratios round by round against every anchor measured on the model
-        runs = block["tools"][tool.id]["runs"]
+    for tool in active:  # the summary, and ratios round by round against every anchor measured on the model
+        runs = _summarise(block["tools"][tool.id])
         anchors = [a for a in RATIO_ANCHORS if a != tool.id and a in block["tools"]]
         vs = {a: paired_ratios(runs, block["tools"][a]["runs"]) for a in anchors}
         block["tools"][tool.id]["vs"] = {a: r for a, r in vs.items() if r}
@@ -453,6 +431,13 @@ def warm_page_cache(files: list[Path]) -> float:
     return time.perf_counter() - t0
 
 
+def log_run(what: str, rec: dict[str, Any]) -> None:
+    """One INFO line for a measured run: its status, wall time and peak RSS (and error)."""
+    wall, peak, error = rec.get("wall_s"), rec.get("peak_rss_mb"), rec.get("error")
+    shown = (f"{wall:.1f}" if wall is not None else "?", f"{peak:.0f}" if peak else "?", f" ({error})" if error else "")
+    logger.info("%s: %s, %s s, peak RSS %s MiB%s", what, rec["status"], *shown)
+
+
 def _last_error(tail: list[str]) -> str:
     """The failure's message in a log's tail: the last ``error:`` line, else the last unindented line."""
     for line in reversed(tail):
@@ -464,7 +449,8 @@ def _last_error(tail: list[str]) -> str:
     return "see log_tail"
 
 
-def _summarise(entry: dict[str, Any]) -> None:
+def _summarise(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Adds the tool's status, summary statistics, reported counts and error over its rounds; returns the rounds."""
     runs = entry["runs"]
     ok = [r for r in runs if r["status"] == "ok"]
     status = "ok" if len(ok) == len(runs) else "partial" if ok else runs[0]["status"]
@@ -482,6 +468,7 @@ def _summarise(entry: dict[str, Any]) -> None:
     entry["summary"] = summary
     if not ok and runs:
         entry["error"] = runs[0].get("error")
+    return runs
 
 
 def _metrics(
@@ -504,7 +491,6 @@ def _metrics(
         "batch": EVAL_BATCH.get(model),
         "latency": config.latency,
         "latency_runs": config.latency_runs,
-        "work": str(work / "metrics"),
     }
     spec_path = work / "metrics-spec.json"
     out_path = work / "metrics-out.json"
@@ -522,8 +508,6 @@ def _metrics(
         block["metrics_error"] = f"{res.status}: {_last_error(res.log_tail)}"
         return
     result = json.loads(out_path.read_text())
-    block.update(fp32=result.get("fp32", {}), metrics_s=time.perf_counter() - t0)
-    if "latency_mode" in result:
-        block["latency_mode"] = result["latency_mode"]
+    block.update(fp32=result["fp32"], latency_mode=result["latency_mode"], metrics_s=time.perf_counter() - t0)
     for key, metrics in result.get("tools", {}).items():
         block["tools"].setdefault(key, {}).update(metrics)

@@ -112,9 +112,11 @@ def session(path: Path, what: str = "the model") -> _ort.Session:
     return _ort.create_session(path, optimization="all", what=what)
 
 
-def versus_fp32(fp32: Path, candidate: Path, feeds: Mapping[str, np.ndarray], spec: Mapping[str, Any]) -> dict:
-    """The candidate's ``accuracy`` and ``latency_cpu`` against FP32's (:func:`onnxprec.evaluate.evaluate_models`),
-    and FP32's own perplexity and latency measured beside it (``fp32_perplexity``, ``fp32_latency_cpu``)."""
+def versus_fp32(
+    fp32: Path, candidate: Path, feeds: Mapping[str, np.ndarray], spec: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """FP32's own ``perplexity`` and ``latency_cpu`` (where measured), and the candidate's ``accuracy`` and
+    ``latency_cpu`` against FP32's, from one :func:`onnxprec.evaluate.evaluate_models` of the two."""
     from onnxprec.evaluate import evaluate_models
 
     runs = int(spec.get("latency_runs", 20)) if spec.get("latency", True) else 0
@@ -123,15 +125,15 @@ def versus_fp32(fp32: Path, candidate: Path, feeds: Mapping[str, np.ndarray], sp
                              latency_runs=runs)  # fmt: skip
     ref, res = report.models
     acc = {"output": res.main_output, **(res.main_agreement or {}), "outputs": res.agreement or {}}
-    out: dict[str, Any] = {"accuracy": acc, "fp32_perplexity": ref.perplexity}
+    base: dict[str, Any] = {} if ref.perplexity is None else {"perplexity": ref.perplexity}
+    out: dict[str, Any] = {"accuracy": acc}
     if res.perplexity is not None:
         acc["perplexity"] = res.perplexity
     if ref.latency_ms and res.latency_ms:
-        base = ref.latency_ms["median"]
-        for key, m in (("fp32_latency_cpu", ref.latency_ms), ("latency_cpu", res.latency_ms)):
-            out[key] = {**{f"{s}_ms": v for s, v in m.items() if s != "runs"}, "iters": runs}
-        out["latency_cpu"]["vs_fp32"] = res.latency_ms["median"] / base
-    return out
+        for got, m in ((base, ref.latency_ms), (out, res.latency_ms)):
+            got["latency_cpu"] = {**{f"{s}_ms": v for s, v in m.items() if s != "runs"}, "iters": runs}
+        out["latency_cpu"]["vs_fp32"] = res.latency_ms["median"] / ref.latency_ms["median"]
+    return base, out
 
 
 def latencies(paths: Mapping[str, Path], feeds: Mapping[str, np.ndarray], runs: int) -> dict[str, dict[str, Any]]:
@@ -141,11 +143,11 @@ def latencies(paths: Mapping[str, Path], feeds: Mapping[str, np.ndarray], runs: 
     out: dict[str, dict[str, Any]] = {}
     for key, path in others:
         try:
-            got = versus_fp32(fp32, path, feeds, {"latency_runs": runs, "perplexity": False})
+            base, got = versus_fp32(fp32, path, feeds, {"latency_runs": runs, "perplexity": False})
         except Exception as e:  # a result ONNX Runtime cannot run is a result too
             out[key] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        out.setdefault(ref, got["fp32_latency_cpu"])
+        out.setdefault(ref, base["latency_cpu"])
         out[key] = got["latency_cpu"]
     return dict(sorted(out.items(), key=lambda kv: kv[0] != ref))
 
@@ -159,10 +161,8 @@ def evaluate(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Everything for one model: structure of FP32 and each candidate, accuracy and CPU latency.
 
     ``spec``: model, fp32 (path), inputs (npz path), candidates {tool: path}, evaluate [tools to run],
-    perplexity, batch, latency (bool), latency_runs, work (scratch folder)."""
+    perplexity, batch, latency (bool), latency_runs."""
     fp32 = Path(spec["fp32"])
-    work = Path(spec["work"])
-    work.mkdir(parents=True, exist_ok=True)
     with np.load(spec["inputs"]) as z:
         feeds = {k: z[k] for k in z.files}
     cands = {k: Path(v) for k, v in spec["candidates"].items()}
@@ -175,17 +175,12 @@ def evaluate(spec: Mapping[str, Any]) -> dict[str, Any]:
     for key in to_run:
         t = time.perf_counter()
         try:
-            got = versus_fp32(fp32, cands[key], feeds, spec)
+            base, got = versus_fp32(fp32, cands[key], feeds, spec)
         except Exception as e:  # a result ONNX Runtime cannot load or run is a result too
             logger.warning("%s %s: evaluation failed: %s", spec["model"], key, e)
             result["tools"][key]["accuracy"] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        fp32_perplexity = got.pop("fp32_perplexity")
-        if fp32_perplexity is not None:
-            result["fp32"]["perplexity"] = fp32_perplexity
-        fp32_latency = got.pop("fp32_latency_cpu", None)
-        if fp32_latency:
-            result["fp32"].setdefault("latency_cpu", fp32_latency)
+        result["fp32"] = {**base, **result["fp32"]}  # FP32's first measurement beside a candidate
         result["tools"][key].update(got)
         logger.info("%s %s: accuracy and latency in %.1f s", spec["model"], key, time.perf_counter() - t)
     result["latency_mode"] = "FP32 and one candidate at a time (onnxprec.evaluate)"

@@ -15,9 +15,8 @@ import logging
 import os
 import signal
 import subprocess
-import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +114,6 @@ def run_measured(
     timeout_s: float | None = None,
     mem_limit_mb: float | None = None,
     cwd: Path | None = None,
-    env: Mapping[str, str] | None = None,
     use_gnu_time: bool | None = None,
 ) -> ProcResult:
     """Runs ``cmd`` (its stdout and stderr go to ``log_path``) and measures it; never raises for the
@@ -124,18 +122,14 @@ def run_measured(
         use_gnu_time = gnu_time_available()
     args = [str(c) for c in cmd]
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, time_name = tempfile.mkstemp(prefix="gnutime-", suffix=".txt", dir=log_path.parent)
-    os.close(fd)
-    time_file = Path(time_name)
+    time_file = log_path.with_name(log_path.name + ".gnutime")
     full = [str(GNU_TIME), "-v", "-o", str(time_file), *args] if use_gnu_time else args
     logger.debug("$ %s", " ".join(args))
     status = "ok"
     poll_peak = 0
     with open(log_path, "wb") as log:
         t0 = time.perf_counter()
-        popen = subprocess.Popen(
-            full, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=dict(env) if env else None, start_new_session=True
-        )
+        popen = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
         try:
             ps = psutil.Process(popen.pid)
         except psutil.Error:  # already gone

@@ -131,28 +131,24 @@ def model_table(m: UtilitiesMerged, model: str) -> list[str]:
     return blocks(heading, column_table(_tool_columns(desc.get("file_bytes")), rows) or "")
 
 
-def _side(key: str, text: Callable[[dict[str, Any]], str]) -> tuple[Column, Column, Column]:
-    """onnxprec's and ORT's ``key`` and ORT / onnxprec over ``(model, ours, ort)``, when both ran."""
-    ok = lambda x: x[1].get("status") == "ok" and x[2].get("status") == "ok" and x[1].get(key) and x[2].get(key)  # noqa: E731
-    return (
-        (f"onnxprec {'time s' if key == 'wall_s' else 'peak RSS'}", lambda x: text(x[1])),
-        (f"ORT {'time s' if key == 'wall_s' else 'peak RSS'}", lambda x: text(x[2])),
-        (
-            f"ORT / onnxprec {'time' if key == 'wall_s' else 'RSS'}",
-            lambda x: f"**{num(x[2][key] / x[1][key])}×**" if ok(x) else "–",
-        ),
-    )
-
-
 def preprocess_table(m: UtilitiesMerged) -> list[str]:
     pairs = [(model, m.rows[model].get("preprocess"), m.rows[model].get(ORT_PREPROCESS)) for model in m.rows]
     pairs = sorted((x for x in pairs if x[1] is not None and x[2] is not None), key=lambda x: model_sort_key(x[0]))
     time_cell = lambda r: num(r.get("wall_s")) if r.get("status") == "ok" else _status(r)  # noqa: E731
+
+    def ort_over_ours(key: str) -> Callable[[tuple[str, dict[str, Any], dict[str, Any]]], str]:
+        ran = lambda r: r.get("status") == "ok" and r.get(key)  # noqa: E731
+        return lambda x: f"**{num(x[2][key] / x[1][key])}×**" if ran(x[1]) and ran(x[2]) else "–"
+
     columns: tuple[Column, ...] = (
         ("Model", lambda x: _model(x[0])),
         ("size", lambda x: size(m.models.get(x[0], {}).get("file_bytes"))),
-        *_side("wall_s", time_cell),
-        *_side("peak_rss_mb", _rss),
+        ("onnxprec time s", lambda x: time_cell(x[1])),
+        ("ORT time s", lambda x: time_cell(x[2])),
+        ("ORT / onnxprec time", ort_over_ours("wall_s")),
+        ("onnxprec peak RSS", lambda x: _rss(x[1])),
+        ("ORT peak RSS", lambda x: _rss(x[2])),
+        ("ORT / onnxprec RSS", ort_over_ours("peak_rss_mb")),
     )
     made = column_table(columns, pairs)
     if not made:

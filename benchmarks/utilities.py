@@ -22,7 +22,7 @@ import numpy as np
 
 import zoo
 
-from .harness import RunConfig, measure, median, model_files, run_models, warm_page_cache
+from .harness import RunConfig, log_run, measure, median, model_files, run_models, warm_page_cache
 from .output_metrics import file_size
 from .tools import parse_tools
 
@@ -178,7 +178,7 @@ def _run_model(config: RunConfig, model: str, mwork: Path) -> dict[str, Any]:
         rec = measure(argv, mwork / "candidate.log", config.timeout_s, config.mem_limit_mb)
         rec["output_bytes"] = files_bytes(dst) if rec["status"] == "ok" else None
         entry["candidate"] = {"id": CANDIDATE, **_summary([rec], user)}
-        _log(model, CANDIDATE, entry["candidate"])
+        log_run(f"{model} {CANDIDATE}", entry["candidate"])
         if rec["status"] == "ok":
             candidate = dst
             warm_page_cache(model_files(dst))
@@ -199,16 +199,10 @@ def _run_model(config: RunConfig, model: str, mwork: Path) -> dict[str, Any]:
             rounds[tool].append(rec)
     for tool in tools:
         entry["tools"][tool] = _summary(rounds[tool], commands.get(tool, ""))
-        _log(model, tool, entry["tools"][tool])
+        log_run(f"{model} {tool}", entry["tools"][tool])
     if candidate is not None:
         _remove(candidate)
     return entry
-
-
-def _log(model: str, tool: str, rec: dict[str, Any]) -> None:
-    wall, peak, error = rec.get("wall_s"), rec.get("peak_rss_mb"), rec.get("error")
-    shown = (f"{wall:.1f}" if wall is not None else "?", f"{peak:.0f}" if peak else "?", f" ({error})" if error else "")
-    logger.info("%s %s: %s, %s s, peak RSS %s MiB%s", model, tool, rec["status"], *shown)
 
 
 def run(config: RunConfig) -> Path:
