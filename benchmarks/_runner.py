@@ -6,25 +6,9 @@ RSS; the script itself reports, as one line ``@@BENCH {json}`` on stdout, the ti
 the conversion-only time (load + convert + save, the tool's own entry point, without interpreter start-up and
 imports).
 
-Tools (each the entry point users call):
-  onnxprec           ``python -m onnxprec.autocast`` (its CLI main, ModelOpt's flags; ``--report-json P`` adds
-                     ``--report_json P``, whose counts the harness reads); with ``--inputs`` they are its
-                     calibration data (``-d``), and ``--target T`` adds ``--target_accuracy T``
-  modelopt           ``python -m modelopt.onnx.autocast`` (its CLI main)
-  occ_fp16           onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)
-  occ_amp            onnxconverter_common.auto_mixed_precision.auto_convert_mixed_precision on the real inputs
-  ort_fp16           onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)
-  baseline_loadsave  onnx.load + onnx.save (external data kept external)
-
-INT4 weight-only quantizers (``--method``, ``--block-size``, ``--zero-point``, ``--calib DIR`` of .npz feeds, one
-calibration batch a file, read in name order; ``--exclude`` regexes, ModelOpt's default ``/lm_head``):
-  onnxprec_int4      ``python -m onnxprec.quantization.int4`` (its CLI main; ``--format qdq|matmulnbits``)
-  modelopt_int4      ``modelopt.onnx.quantization.int4.quantize(...)`` with a CalibrationDataReader over the files,
-                     then ``onnx.save`` (external data above 2 GB); ModelOpt's CLI hides the method and block size
-  ort_int4           ``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer`` (RTN, QDQ format,
-                     accuracy_level 4); ORT takes exact node names, so the regexes are resolved to names first
-  genai_builder      ``python -m onnxruntime_genai.models.builder -i HF -o OUT_DIR -p int4 -e cpu`` (in the torch
-                     venv; ``--method`` default or an ``algo_config``, ``--input`` the Hugging Face folder)
+Tools: :data:`TOOLS`, each a function that imports the tool (timed as ``import_s``) and returns its conversion
+through the entry point users call (timed as ``convert_s``: the CLI ``main`` where the tool has one); the commands
+users type for the same conversions are :mod:`benchmarks.tools`' and :mod:`benchmarks.int4`'s tables.
 """
 
 from __future__ import annotations
@@ -157,6 +141,7 @@ def _onnxprec_int4(args: argparse.Namespace) -> Convert:
 
 
 def _modelopt_int4(args: argparse.Namespace) -> Convert:
+    # its Python API: ModelOpt's CLI hides the method and the block size
     import numpy as np
     from modelopt.onnx.quantization.int4 import quantize
     from onnxruntime.quantization import CalibrationDataReader
@@ -202,6 +187,7 @@ def _ort_int4(args: argparse.Namespace) -> Convert:
 
     def run() -> None:
         model, external = _load(args.input)
+        # ORT takes exact node names: the regexes resolved to the names they match
         excluded = [n.name for n in model.graph.node if any(re.search(p, n.name) for p in args.exclude)]
         config: Any
         if args.method == "hqq":  # MatMulNBits with float zero points only; no Gather
@@ -255,8 +241,6 @@ TOOLS: dict[str, Callable[[argparse.Namespace], Convert]] = {
 
 def run(args: argparse.Namespace) -> tuple[float, float, int]:
     """Imports and runs the tool; returns (import seconds, conversion seconds, exit code)."""
-    if args.tool not in TOOLS:
-        raise SystemExit(f"unknown tool {args.tool!r}")
     t = time.perf_counter()
     convert = TOOLS[args.tool](args)
     t_imp = time.perf_counter() - t
@@ -267,7 +251,7 @@ def run(args: argparse.Namespace) -> tuple[float, float, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("tool")
+    ap.add_argument("tool", choices=TOOLS)
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
     ap.add_argument("--data-max", default=None, help="AutoCast --data_max (e.g. inf); default: the tool's own")
@@ -281,7 +265,7 @@ def main() -> int:
     ap.add_argument("--zero-point", action="store_true", help="INT4: asymmetric (zero points)")
     ap.add_argument("--format", default="qdq", help="onnxprec_int4, ort_int4: qdq or matmulnbits")
     ap.add_argument("--size-budget-mb", type=float, default=None, help="onnxprec_int4: --size_budget_mb")
-    ap.add_argument("--calib", default=None, help="INT4: folder of .npz calibration feeds (default: random)")
+    ap.add_argument("--calib", default=None, help="INT4: folder of .npz feeds, read in name order (default: random)")
     ap.add_argument("--exclude", nargs="*", default=["/lm_head"], help="INT4: regexes of layers kept in float")
     args = ap.parse_args()
     record: dict[str, Any] = {"tool": args.tool, "pid": os.getpid()}

@@ -1,18 +1,14 @@
-"""The one harness: a process runner (:func:`measure`), one results schema (:func:`new_results`), and the AutoCast
-part's run; the INT4 and utilities parts (:mod:`benchmarks.int4`, :mod:`benchmarks.utilities`) run their tool
-tables through the same pieces, and :mod:`benchmarks.report` renders every part's results into BENCHMARKS.md.
+"""The one harness: a process runner (:func:`measure`), one results schema (:func:`new_results`), one run loop
+(:func:`run_models`: the results file is written after every model, so that an interrupted run keeps what it
+measured), and the AutoCast part's run; the INT4 and utilities parts (:mod:`benchmarks.int4`,
+:mod:`benchmarks.utilities`) run their tool tables through the same pieces, and :mod:`benchmarks.report` renders
+every part's results into BENCHMARKS.md.
 
-AutoCast: every tool on every model, alternating (A B A B), then the metrics, into one JSON file.
-
-For each model, ``repeats`` rounds each run every tool once, in the same order (so a slow spell on the shared
-machine hits all tools alike); every run is a fresh process measured by :mod:`benchmarks.proc`. A tool that
-times out, passes the memory limit or fails on its first round is not run again on that model. Then the kept
-output of each tool (its first successful round) goes to the metrics worker (:mod:`benchmarks.output_metrics`), and
-the model's block is written to the results file before the next model starts, so an interrupted run keeps
-what it measured.
-
-Ratios against an anchor are computed per round (a tool's round r against the anchor's round r, measured
-seconds apart) and then summarised (median, min, max).
+AutoCast (the method as BENCHMARKS.md states it: ``report_text.md``'s ``autocast.method``): for each model,
+``repeats`` rounds each run every tool once, in the same order, every run a fresh process; a tool that times out,
+passes the memory limit or fails is not run again on that model. Then the kept output of each tool (its first
+successful round) goes to the metrics worker (:mod:`benchmarks.output_metrics`). Ratios against an anchor are
+taken round by round (measured seconds apart), then summarised (median, min, max).
 """
 
 from __future__ import annotations
@@ -181,17 +177,12 @@ def paired_ratios(tool_runs: list[dict[str, Any]], anchor_runs: list[dict[str, A
     speedup = anchor wall / tool wall (higher is better); time_ratio its inverse; rss_ratio = tool peak RSS /
     anchor peak RSS (lower is better)."""
     by_round = {r["repeat"]: r for r in anchor_runs if r["status"] == "ok"}
-    speed, tratio, rss = [], [], []
-    for r in tool_runs:
-        a = by_round.get(r["repeat"])
-        if r["status"] != "ok" or a is None:
-            continue
-        speed.append(a["wall_s"] / r["wall_s"])
-        tratio.append(r["wall_s"] / a["wall_s"])
-        if r.get("peak_rss_mb") and a.get("peak_rss_mb"):
-            rss.append(r["peak_rss_mb"] / a["peak_rss_mb"])
-    if not speed:
+    pairs = [(r, by_round[r["repeat"]]) for r in tool_runs if r["status"] == "ok" and r["repeat"] in by_round]
+    if not pairs:
         return None
+    speed = [a["wall_s"] / r["wall_s"] for r, a in pairs]
+    tratio = [r["wall_s"] / a["wall_s"] for r, a in pairs]
+    rss = [r["peak_rss_mb"] / a["peak_rss_mb"] for r, a in pairs if r.get("peak_rss_mb") and a.get("peak_rss_mb")]
     return {"speedup": stats(speed), "time_ratio": stats(tratio), "rss_ratio": stats(rss), "paired": True}
 
 
@@ -215,12 +206,8 @@ def _tool_counts(tool: Tool, log: str, report_json: Path) -> dict[str, Any] | No
         except (OSError, ValueError, KeyError, TypeError) as e:
             logger.warning("%s: no counts from its report JSON %s (%s)", tool.id, report_json, e)
             return None
-    if tool.runner == "modelopt":
-        m = list(_MODELOPT_COUNTS.finditer(log))
-        if m:
-            low, total = (int(x) for x in m[-1].groups())
-            return {"low_nodes": low, "nodes": total}
-    return None
+    logged = _MODELOPT_COUNTS.findall(log) if tool.runner == "modelopt" else []
+    return {"low_nodes": int(logged[-1][0]), "nodes": int(logged[-1][1])} if logged else None
 
 
 def measure(

@@ -198,25 +198,23 @@ def num(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if ax >= 0.01 or ax == 0 else f"{x:.{digits + 2}f}"
 
 
+def _spread(s: dict[str, Any], digits: int) -> tuple[str, str]:
+    """The median of a summary statistic and its `` [min–max]`` ("" for one value)."""
+    med, lo, hi = (num(s[k], digits) for k in ("median", "min", "max"))
+    return med, "" if s.get("n", 1) <= 1 or lo == hi else f" [{lo}–{hi}]"
+
+
 def stat(s: dict[str, Any] | None, digits: int = 2) -> str:
     """``median [min–max]`` of a summary statistic (just the median for one value)."""
-    if not s:
-        return "–"
-    med, lo, hi = (num(s[k], digits) for k in ("median", "min", "max"))
-    if s.get("n", 1) <= 1 or lo == hi:
-        return med
-    return f"{med} [{lo}–{hi}]"
+    return "".join(_spread(s, digits)) if s else "–"
 
 
 def ratio(s: dict[str, Any] | None, paired: bool = True, digits: int = 2) -> str:
     """``**median×** [min–max]`` of a ratio statistic; † when it is a ratio of medians from different runs."""
     if not s:
         return "–"
-    text = f"**{num(s['median'], digits)}×**"
-    lo, hi = num(s["min"], digits), num(s["max"], digits)
-    if s.get("n", 1) > 1 and lo != hi:
-        text += f" [{lo}–{hi}]"
-    return text + ("" if paired else " †")
+    med, spread = _spread(s, digits)
+    return f"**{med}×**{spread}" + ("" if paired else " †")
 
 
 def blocks(*parts: str) -> list[str]:

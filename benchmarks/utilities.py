@@ -100,14 +100,9 @@ def _details(tool: str, out: Path) -> dict[str, Any]:
             info.update({k: data.get(k) for k in ("counts", "first_divergence", "chunks", "outputs")})
         elif tool == "evaluate":
             data = json.loads(out.read_text())
+            keys = ("name", "reference", "perplexity", "agreement")
             info["evaluated"] = [
-                {
-                    "name": m.get("name"),
-                    "reference": m.get("reference"),
-                    "perplexity": m.get("perplexity"),
-                    "agreement": m.get("agreement"),
-                    "latency_ms": (m.get("latency_ms") or {}).get("median"),
-                }
+                {**{k: m.get(k) for k in keys}, "latency_ms": (m.get("latency_ms") or {}).get("median")}
                 for m in data.get("models", [])
             ]
     except (OSError, ValueError, AttributeError) as e:
@@ -129,15 +124,11 @@ def _summary(rounds: list[dict[str, Any]], user_command: str) -> dict[str, Any]:
         "command": user_command,
         "status": rounds[-1]["status"],
         "wall_s": median([x["wall_s"] for x in ok]) if ok else rounds[-1]["wall_s"],
-        "peak_rss_mb": median([x["peak_rss_mb"] for x in ok]) if ok else None,
+        "peak_rss_mb": median([x["peak_rss_mb"] for x in ok]),
         "rounds": rounds,
     }
-    for key in ("error", "log_tail"):
-        if key in rounds[-1]:
-            rec[key] = rounds[-1][key]
-    for key in _DETAILS:
-        if key in rounds[-1]:
-            rec[key] = rounds[-1].pop(key)
+    rec.update({key: rounds[-1][key] for key in ("error", "log_tail") if key in rounds[-1]})
+    rec.update({key: rounds[-1].pop(key) for key in _DETAILS if key in rounds[-1]})
     return rec
 
 
