@@ -142,12 +142,9 @@ def merge(runs: Sequence[dict[str, Any]]) -> Merged:
                 if anchor == tool or other is None:
                     continue
                 same_run = other["_run"] == entry["_run"]
-                if same_run and anchor in entry.get("vs", {}):
-                    entry["_vs"][anchor] = entry["vs"][anchor]
-                elif not same_run:
-                    cross = _cross_ratio(entry, other)
-                    if cross:
-                        entry["_vs"][anchor] = cross
+                ratios = entry.get("vs", {}).get(anchor) if same_run else _cross_ratio(entry, other)
+                if ratios:
+                    entry["_vs"][anchor] = ratios
     return merged
 
 
@@ -330,12 +327,9 @@ def model_groups(merged: Merged) -> list[tuple[str, list[str]]]:
 
 def runs_of(merged: Merged, models: Iterable[str]) -> str:
     """``runs [1] date, [4] date`` of the runs the models' rows come from."""
-    ids = sorted(
-        {e["_run"] for name in models for e in merged.models[name]["tools"].values()},
-        key=merged.run_number,
-    )
-    parts = [f"[{merged.run_number(i)}] {_run_date(merged, i)}" for i in ids]
-    return "run " + ", ".join(parts) if len(parts) == 1 else "runs " + ", ".join(parts)
+    numbers = sorted({merged.run_number(e["_run"]) for name in models for e in merged.models[name]["tools"].values()})
+    parts = [f"[{n}] {str(merged.runs[n - 1].get('date', '?'))[:16].replace('T', ' ')}" for n in numbers]
+    return ("run " if len(parts) == 1 else "runs ") + ", ".join(parts)
 
 
 def grouped_tables(
@@ -344,15 +338,9 @@ def grouped_tables(
     """For each ``(title, models)`` group that ``make`` gives a table: ``### title — runs ...`` and the table."""
     out: list[str] = []
     for title, models in groups:
-        made = make(merged, models)
-        if made:
+        if made := make(merged, models):
             out += [f"### {title} — {runs_of(merged, models)}", "", made, ""]
     return out
-
-
-def _run_date(merged: Merged, run_id: str) -> str:
-    run = next(r for r in merged.runs if r["run_id"] == run_id)
-    return str(run.get("date", "?"))[:16].replace("T", " ")
 
 
 def run_lines(r: dict[str, Any], ref: str, settings: str) -> list[str]:

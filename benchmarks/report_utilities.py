@@ -187,14 +187,14 @@ def llm_sentence(m: UtilitiesMerged) -> list[str]:
 def max_load(run: dict[str, Any]) -> float | None:
     """The highest 1-minute load average seen around the run's tool processes (None for older files)."""
     loads = [
-        x.get(k)
+        x[k]
         for entry in run.get("models", {}).values()
         for rec in [entry.get("candidate") or {}, *entry.get("tools", {}).values()]
         for x in rec.get("rounds", [])
         for k in ("load_before", "load_after")
+        if x.get(k) is not None
     ]
-    values = [v for v in loads if v is not None]
-    return max(values) if values else None
+    return max(loads, default=None)
 
 
 def runs_list(m: UtilitiesMerged) -> list[str]:
