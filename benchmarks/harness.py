@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import psutil
 
+import onnxprec
 import zoo
 from onnxprec._io import write_atomically
 
-from .output_metrics import external_files, file_size
+from .output_metrics import file_size, model_files
 from .proc import gnu_time_available, run_measured
 from .tools import HEAVY_MODELS, RATIO_ANCHORS, TOOLS, Tool, default_tools, family, python_for, tool_command
 
@@ -133,12 +133,8 @@ def project_versions() -> dict[str, Any]:
     return out
 
 
-def onnxprec_source_hash() -> str | None:
+def onnxprec_source_hash() -> str:
     """Short SHA-256 of the onnxprec sources in use (tells apart runs made while src/ was being edited)."""
-    try:
-        import onnxprec
-    except ImportError:
-        return None
     root = Path(onnxprec.__file__).resolve().parent
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
@@ -395,11 +391,6 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
     for p in kept.values():
         shutil.rmtree(p.parent, ignore_errors=True)
     return block
-
-
-def model_files(path: Path) -> list[Path]:
-    """The model file and its external data files."""
-    return [path, *external_files(onnx.load(str(path), load_external_data=False), path.parent)]
 
 
 def warm_page_cache(files: list[Path]) -> float:

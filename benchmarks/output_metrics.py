@@ -52,10 +52,15 @@ def external_files(model: onnx.ModelProto, folder: Path) -> list[Path]:
     return [p for p in found.values() if p.exists()]
 
 
-def file_size(path: Path, model: onnx.ModelProto | None = None) -> int:
-    """Bytes of ``path`` plus its external data files (``model``: the file, already loaded without its data)."""
+def model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]:
+    """The model file and its external data files (``model``: the file, already loaded without its data)."""
     model = model or onnx.load(str(path), load_external_data=False)
-    return path.stat().st_size + sum(p.stat().st_size for p in external_files(model, path.parent))
+    return [path, *external_files(model, path.parent)]
+
+
+def file_size(path: Path, model: onnx.ModelProto | None = None) -> int:
+    """Bytes of ``path`` plus its external data files (``model``: as :func:`model_files`)."""
+    return sum(p.stat().st_size for p in model_files(path, model))
 
 
 def structure(path: Path) -> dict[str, Any]:

@@ -83,10 +83,8 @@ def _parse_gnu_time(path: Path) -> dict[str, Any]:
         if line.startswith("Command terminated by signal "):  # GNU time then says "Exit status: 0"
             out["signal"] = int(line.rsplit(" ", 1)[1])
         key, _, value = line.strip().rpartition(": ")
-        name = _TIME_FIELDS.get(key)
-        if name is None:
-            continue
-        out[name] = int(value) if name in ("maxrss_kb", "exit_status") else float(value)
+        if name := _TIME_FIELDS.get(key):
+            out[name] = int(value) if name in ("maxrss_kb", "exit_status") else float(value)
     return out
 
 
@@ -95,10 +93,8 @@ def parse_runner_line(text: str) -> dict[str, Any] | None:
     found = None
     for line in text.splitlines():
         if line.startswith(MARKER):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 found = json.loads(line[len(MARKER) :])
-            except json.JSONDecodeError:
-                continue
     return found
 
 

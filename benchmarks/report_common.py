@@ -58,7 +58,11 @@ def load_results(results_dir: Path = RESULTS_DIR, kind: str = "autocast") -> lis
     ``number`` (1, 2, ...)."""
     runs = []
     for p in sorted(results_dir.glob("*.json")):
-        data = _read_json(p)
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            logger.warning("skipping %s: %s", p, e)
+            continue
         if not isinstance(data, dict) or data.get("kind", "autocast") != kind:
             continue
         data.setdefault("run_id", p.stem)
@@ -88,15 +92,6 @@ def measured_tables(results_dir: Path, kind: str) -> list[str]:
             for note in t.get("notes", []):
                 out += [*note, ""]
     return out
-
-
-def _read_json(path: Path) -> Any:
-    """The parsed file, or None (logged) when it cannot be read."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        logger.warning("skipping %s: %s", path, e)
-        return None
 
 
 @dataclass
@@ -164,14 +159,6 @@ def _cross_ratio(entry: dict[str, Any], anchor: dict[str, Any]) -> dict[str, Any
     if tr and ar:
         out["rss_ratio"] = one(tr / ar)
     return out
-
-
-def vs(m: dict[str, Any] | None, tool: str, anchor: str) -> dict[str, Any] | None:
-    """The ratios of ``tool`` against ``anchor`` on one merged model (``speedup``, ``time_ratio``, ``rss_ratio``,
-    ``paired``), or None."""
-    if not m or tool not in m["tools"]:
-        return None
-    return m["tools"][tool].get("_vs", {}).get(anchor)
 
 
 # ------------------------------------------------------------------------------------------------------------

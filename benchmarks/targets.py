@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .report_common import Merged, median, model_label, model_sort_key, num, ratio, stat, status_text, table, vs
+from .report_common import Merged, median, model_label, model_sort_key, num, ratio, stat, status_text, table
 
 Compare = Literal[">=", "<=", "<", ">"]
 _COMPARE: dict[str, Callable[[float, float], bool]] = {
@@ -129,7 +129,8 @@ def _ratio_metric(key: str) -> Metric:
     """``speedup``, ``time_ratio`` or ``rss_ratio`` of the tool against the anchor."""
 
     def measure(t: Target, model: str, merged: Merged) -> Measure:
-        v = vs(merged.models.get(model), t.tool, t.anchor or "")
+        e = _entry(merged, model, t.tool)
+        v = e.get("_vs", {}).get(t.anchor) if e else None
         s = v.get(key) if v else None
         shown = ratio(s, v.get("paired", True), t.digits) if v and s else "not measured"
         return Measure(s["median"] if s else None, t.bound, shown, _anchor_fields(merged, model, t.anchor))

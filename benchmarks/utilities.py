@@ -22,8 +22,8 @@ import numpy as np
 
 import zoo
 
-from .harness import RunConfig, log_run, measure, median, model_files, run_models, warm_page_cache
-from .output_metrics import file_size
+from .harness import RunConfig, log_run, measure, median, run_models, warm_page_cache
+from .output_metrics import file_size, model_files
 from .tools import parse_tools
 
 logger = logging.getLogger(__name__)
