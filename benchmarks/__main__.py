@@ -42,8 +42,11 @@ def _list(values: Sequence[str] | None) -> list[str] | None:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=(__doc__ or "").splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    files = argparse.ArgumentParser(add_help=False)  # the results and the document, for every part and report
+    files.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
+    files.add_argument("--md", type=Path, default=report.MD_PATH, help="the markdown file to regenerate")
     for name, (text, _, repeats, timeout) in PARTS.items():
-        r = sub.add_parser(name, help=text)
+        r = sub.add_parser(name, help=text, parents=[files])
         r.add_argument("--models", nargs="*", help="models or groups, comma or space separated (default: the part's)")
         r.add_argument("--tools", nargs="*", help="tool ids, comma or space separated (default: per model)")
         r.add_argument("--repeats", type=int, default=repeats, help=f"rounds of every tool (default {repeats})")
@@ -54,16 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         r.add_argument("--latency-runs", type=int, default=20, help="timed CPU runs of each model (default 20)")
         r.add_argument("--zoo-dir", type=Path, default=None, help="zoo folder (default: zoo's)")
         r.add_argument("--work-dir", type=Path, default=None, help="where converted models go (default: system temp)")
-        r.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
-        r.add_argument("--md", type=Path, default=report.MD_PATH, help="the markdown file to regenerate")
         r.add_argument("--no-report", action="store_true", help="do not regenerate BENCHMARKS.md")
         if name == "run":
             r.add_argument("--heavy-repeats", type=int, default=1, help="rounds for chain_5000 and matmul >= 1 GB")
         if name == "int4":
             r.add_argument("--plan", default="all", choices=sorted(int4.PLANS), help="which models (default: all)")
-    rp = sub.add_parser("report", help="regenerate BENCHMARKS.md from the results")
-    rp.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
-    rp.add_argument("--md", type=Path, default=report.MD_PATH)
+    sub.add_parser("report", help="regenerate BENCHMARKS.md from the results", parents=[files])
     sub.add_parser("tools", help="list the tools and the default plan")
     return ap
 

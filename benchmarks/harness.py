@@ -190,7 +190,7 @@ def paired_ratios(tool_runs: list[dict[str, Any]], anchor_runs: list[dict[str, A
 def _tool_counts(tool: Tool, log: str, report_json: Path) -> dict[str, Any] | None:
     """The tool's own node counts: onnxprec's from its report JSON (``counts``, and ``target`` for the accuracy
     target runs), ModelOpt's from its log line ("Converted X/Y nodes"); None when the tool reports none."""
-    if tool.report_json:
+    if tool.runner == "onnxprec":
         try:
             report = json.loads(report_json.read_text())
             counts = report["counts"]

@@ -105,11 +105,6 @@ class Merged:
         """The run's number in the document (``[n]``), counting from 1."""
         return next(i for i, r in enumerate(self.runs, 1) if r["run_id"] == run_id)
 
-    def run_of(self, model: str, tool: str) -> str:
-        """``[n]`` of the run the newest (model, tool) measurement comes from ("" when there is none)."""
-        e = self.models.get(model, {}).get("tools", {}).get(tool)
-        return f"[{self.run_number(e['_run'])}]" if e else ""
-
 
 def merge(runs: Sequence[dict[str, Any]]) -> Merged:
     """Newest wins per (model, tool); a skipped or unrun tool never hides an older measurement."""
@@ -117,9 +112,6 @@ def merge(runs: Sequence[dict[str, Any]]) -> Merged:
     for run in runs:
         for name, block in run.get("models", {}).items():
             m = models.setdefault(name, {"tools": {}, "fp32": {}})
-            for key in ("family", "file_bytes"):
-                if key in block:
-                    m[key] = block[key]
             if block.get("fp32"):
                 m["fp32"] = {**block["fp32"], "_run": run["run_id"]}
             for tool, entry in block.get("tools", {}).items():

@@ -261,13 +261,14 @@ def _row(t: Target, model: str, merged: Merged) -> TargetRow | None:
         reached = False if m.failed else None
     else:
         reached = _COMPARE[t.compare](m.value, m.limit) and m.also
+    e = _entry(merged, model, t.tool)
     return TargetRow(
         t.description.format(model=model_label(model)),
         m.measured,
         _fill((t.goal,), m.fields) or t.goal,
         reached,
         _fill(t.context, m.fields),
-        merged.run_of(model, t.tool),
+        f"[{merged.run_number(e['_run'])}]" if e else "",
     )
 
 

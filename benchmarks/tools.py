@@ -36,8 +36,6 @@ class Tool:
         max_model_mb: Skip models larger than this (occ_amp is quadratic-ish in model size).
         timeout_s: Its own timeout when shorter than the run's.
         max_repeats: At most this many rounds (occ_amp: minutes per run, and its time is not in question).
-        report_json: Whether the tool writes onnxprec's report JSON (``--report_json``): its own counts
-            (``{"counts": {"nodes", "low_nodes", "casts", ...}}``) are read from there.
         target: onnxprec's ``--target_accuracy`` (with the real inputs as calibration data).
     """
 
@@ -53,7 +51,6 @@ class Tool:
     max_model_mb: float | None = None
     timeout_s: float | None = None
     max_repeats: int | None = None
-    report_json: bool = False
     target: str | None = None
 
 
@@ -62,17 +59,17 @@ TARGET = "rel_l2<=1e-3"  # the accuracy target of the onnxprec:target runs (Auto
 _OCC = "onnxconverter_common"
 # fmt: off
 TOOLS: dict[str, Tool] = {t.id: t for t in (
-    Tool("onnxprec", "onnxprec", "project", "onnxprec", f"python -m onnxprec.autocast {_AUTOCAST}", report_json=True),
+    Tool("onnxprec", "onnxprec", "project", "onnxprec", f"python -m onnxprec.autocast {_AUTOCAST}"),
     Tool("modelopt", "modelopt", "anchors", "ModelOpt", f"python -m modelopt.onnx.autocast {_AUTOCAST}", anchor=None),
     Tool("onnxprec:inf", "onnxprec", "project", "onnxprec data_max=inf",
-         f"python -m onnxprec.autocast {_AUTOCAST} --data_max inf", "inf", "modelopt:inf", report_json=True),
+         f"python -m onnxprec.autocast {_AUTOCAST} --data_max inf", "inf", "modelopt:inf"),
     Tool("modelopt:inf", "modelopt", "anchors", "ModelOpt data_max=inf",
          f"python -m modelopt.onnx.autocast {_AUTOCAST} --data_max inf", "inf", None),
     Tool("onnxprec:data", "onnxprec", "project", "onnxprec, real inputs as calibration data",
-         f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz", anchor=None, needs_inputs=True, report_json=True),
+         f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz", anchor=None, needs_inputs=True),
     Tool("onnxprec:target", "onnxprec", "project", f"onnxprec --target_accuracy {TARGET}",
          f"python -m onnxprec.autocast {_AUTOCAST} -d inputs.npz --target_accuracy '{TARGET}'",
-         anchor="onnxprec:data", needs_inputs=True, report_json=True, target=TARGET, timeout_s=3600, max_repeats=1),
+         anchor="onnxprec:data", needs_inputs=True, target=TARGET, timeout_s=3600, max_repeats=1),
     Tool("occ_fp16", "occ_fp16", "anchors", "onnxconverter-common float16",
          f"{_OCC}.float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)"),
     Tool("occ_amp", "occ_amp", "anchors", "onnxconverter-common auto_mixed_precision",
@@ -149,11 +146,12 @@ def tool_command(
     inputs_npz: Path | None = None,
     report_json: Path | None = None,
 ) -> list[str]:
-    """The argv that runs ``tool`` on ``src`` writing ``dst`` (and its report JSON, for tools that write one)."""
+    """The argv that runs ``tool`` on ``src`` writing ``dst`` (and onnxprec's report JSON, whose counts the harness
+    reads)."""
     cmd = [str(python), str(RUNNER), tool.runner, "--input", str(src), "--output", str(dst)]
     if tool.data_max is not None:
         cmd += ["--data-max", tool.data_max]
-    if tool.report_json and report_json is not None:
+    if tool.runner == "onnxprec" and report_json is not None:
         cmd += ["--report-json", str(report_json)]
     if tool.needs_inputs:
         if inputs_npz is None:
