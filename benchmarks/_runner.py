@@ -37,9 +37,7 @@ Convert = Callable[[], Any]  # the tool's conversion (load + convert + save); re
 
 def _autocast_argv(args: argparse.Namespace) -> list[str]:
     argv = ["--onnx_path", args.input, "--output_path", args.output, "--keep_io_types"]
-    if args.data_max is not None:
-        argv += ["--data_max", args.data_max]
-    return argv
+    return argv + (["--data_max", args.data_max] if args.data_max is not None else [])
 
 
 def _load(path: str) -> tuple[Any, bool]:
@@ -239,16 +237,6 @@ TOOLS: dict[str, Callable[[argparse.Namespace], Convert]] = {
 }
 
 
-def run(args: argparse.Namespace) -> tuple[float, float, int]:
-    """Imports and runs the tool; returns (import seconds, conversion seconds, exit code)."""
-    t = time.perf_counter()
-    convert = TOOLS[args.tool](args)
-    t_imp = time.perf_counter() - t
-    t = time.perf_counter()
-    rc = convert()
-    return t_imp, time.perf_counter() - t, int(rc or 0)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tool", choices=TOOLS)
@@ -269,9 +257,13 @@ def main() -> int:
     ap.add_argument("--exclude", nargs="*", default=["/lm_head"], help="INT4: regexes of layers kept in float")
     args = ap.parse_args()
     record: dict[str, Any] = {"tool": args.tool, "pid": os.getpid()}
-    try:
-        t_imp, t_conv, rc = run(args)
-        record.update(import_s=t_imp, convert_s=t_conv, rc=rc)
+    try:  # the tool's imports, then its conversion
+        t = time.perf_counter()
+        convert = TOOLS[args.tool](args)
+        record["import_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rc = int(convert() or 0)
+        record.update(convert_s=time.perf_counter() - t, rc=rc)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 2
         record.update(rc=rc, error=str(e.code))

@@ -440,8 +440,7 @@ def _summarise(entry: dict[str, Any]) -> list[dict[str, Any]]:
         summary["out_bytes"] = sizes[0]
         if len(sizes) > 1:
             summary["out_bytes_differ"] = sizes
-    counts = [r["tool_reported"] for r in ok if "tool_reported" in r]
-    if counts:
+    if counts := [r["tool_reported"] for r in ok if "tool_reported" in r]:
         entry["tool_reported"] = counts[0]
     entry["summary"] = summary
     if not ok and runs:
