@@ -370,8 +370,7 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
             record = {"repeat": rep, **measure(cmd, rdir / "log.txt", timeout, mem_limit, cwd=rdir)}
             if record["status"] == "ok" and dst.exists():
                 record["out_bytes"] = file_size(dst)
-                counts = _tool_counts(tool, (rdir / "log.txt").read_text(errors="replace"), report_json)
-                if counts:
+                if counts := _tool_counts(tool, (rdir / "log.txt").read_text(errors="replace"), report_json):
                     record["tool_reported"] = counts
             elif record["status"] == "ok":
                 record.update(status="failed", error="no output file")
@@ -469,13 +468,11 @@ def _metrics(
         "latency": config.latency,
         "latency_runs": config.latency_runs,
     }
-    spec_path = work / "metrics-spec.json"
     out_path = work / "metrics-out.json"
-    spec_path.write_text(json.dumps(spec))
     logger.info("%s: metrics (structure, accuracy, CPU latency) for %s", model, ", ".join(kept))
     t0 = time.perf_counter()
     res = run_measured(  # from the repository root, where python -m finds the benchmarks package
-        [sys.executable, "-m", "benchmarks.output_metrics", str(spec_path), str(out_path)],
+        [sys.executable, "-m", "benchmarks.output_metrics", json.dumps(spec), str(out_path)],
         work / "metrics-log.txt",
         timeout_s=METRICS_TIMEOUT_S,
         cwd=REPO_ROOT,

@@ -6,7 +6,7 @@ the size with external data; :func:`versus_fp32` runs :func:`onnxprec.evaluate.e
 and one candidate at a time (a result ONNX Runtime cannot load fails alone): agreement of every output
 (:class:`onnxprec.metrics.ErrorStats`), perplexity and ONNX Runtime CPU latency of batch 1. BENCHMARKS.md states
 the same definitions (``report_text.md``'s ``autocast.quality``). Run as a worker (``python -m
-benchmarks.output_metrics SPEC.json OUT.json``) so that ONNX Runtime's memory is given back after each model.
+benchmarks.output_metrics SPEC OUT.json``, :func:`main`) so that ONNX Runtime's memory is given back after each model.
 """
 
 from __future__ import annotations
@@ -193,14 +193,11 @@ def evaluate(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m benchmarks.output_metrics SPEC.json OUT.json", file=sys.stderr)
-        return 2
+    """The worker: ``python -m benchmarks.output_metrics SPEC OUT.json``, SPEC the JSON text of :func:`evaluate`'s
+    ``spec``."""
+    spec, out = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    spec = json.loads(Path(args[0]).read_text())
-    result = evaluate(spec)
-    write_atomically(args[1], json.dumps(result, indent=1, default=float))
+    write_atomically(out, json.dumps(evaluate(json.loads(spec)), indent=1, default=float))
     return 0
 
 
