@@ -1,11 +1,12 @@
 """Generic onnx-ir passes, one per module (``<Verb><Object>Pass``), shared by AutoCast and the other tools."""
 
-from onnxprec.passes.convert_fp64_to_fp32 import ConvertFp64ToFp32Pass, WidenToFp32Pass
+from onnxprec.passes.convert_fp64_to_fp32 import ConvertFp64ToFp32Pass
 from onnxprec.passes.infer_types import InferTypesPass
 from onnxprec.passes.lift_float_constants import LiftFloatConstantsPass
 from onnxprec.passes.name_nodes import NameNodesPass
 from onnxprec.passes.remove_redundant_casts import RemoveRedundantCastsPass, RemoveRedundantCastsResult
 from onnxprec.passes.upgrade_opset import OpsetUpgradeError, UpgradeOpsetPass
+from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 
 __all__ = [
     "ConvertFp64ToFp32Pass",

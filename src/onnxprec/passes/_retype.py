@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxprec._graph import tensor_attribute
+from onnxprec._graph import NameAllocator, all_graphs, cast_graph_output, insert_cast, tensor_attribute
 from onnxprec._ops import TYPE_ATTRIBUTES, VALUE_ATTRIBUTE_OPS, is_default_domain
 from onnxprec._tensors import cast_array, converted_tensor
 
-__all__ = ["retarget_type_attributes", "retype_initializer"]
+__all__ = ["retarget_type_attributes", "retype_floats_to_fp32", "retype_initializer"]
 
 
 def retype_initializer(value: ir.Value, to: ir.DataType) -> None:
@@ -72,3 +72,66 @@ def retarget_type_attributes(node: ir.Node, source: ir.DataType, target: ir.Data
     del attrs[scalar]
     attrs["value"] = ir.AttrTensor("value", ir.Tensor(cast_array(array, target), dtype=target))
     return True
+
+
+_F = ir.DataType.FLOAT
+
+
+def _is_cast(node: ir.Node) -> bool:
+    return node.op_type == "Cast" and is_default_domain(node.domain)
+
+
+def _output_casts(graph: ir.Graph, sources: frozenset[ir.DataType]) -> set[ir.Node]:
+    """The Casts FLOAT -> a source type that produce outputs of ``graph``: boundaries already in place."""
+    casts = set()
+    for out in graph.outputs:
+        producer = out.producer()
+        if out.dtype in sources and producer is not None and _is_cast(producer):
+            source = producer.inputs[0]
+            if source is not None and source.dtype == _F:
+                casts.add(producer)
+    return casts
+
+
+def retype_floats_to_fp32(model: ir.Model, sources: frozenset[ir.DataType], *, keep_io: bool) -> int:
+    """Retypes the ``sources`` values, initializers, Cast targets and dtype attributes to FLOAT, subgraphs included;
+    with ``keep_io`` the main graph's inputs and outputs keep their type behind boundary casts. Returns the count."""
+    names = NameAllocator(model)
+    main = model.graph
+    io_values = {*main.inputs, *main.outputs} if keep_io else set()
+    boundaries = _output_casts(main, sources) if keep_io else set()
+    count = 0
+    for graph in all_graphs(main):
+        inputs = graph.inputs if graph is not main or not keep_io else ()  # Loop/Scan state and scan slices
+        for value in inputs:
+            if value.dtype in sources and not value.is_initializer():
+                value.dtype = _F
+                count += 1
+        for init in list(graph.initializers.values()):
+            if init.dtype in sources and init.const_value is not None and init not in io_values:
+                retype_initializer(init, _F)
+                count += 1
+        for node in graph:
+            if node not in boundaries:
+                count += sum(retarget_type_attributes(node, source, _F) for source in sources)
+            for out in node.outputs:
+                if out.dtype in sources and out not in io_values:
+                    out.dtype = _F
+                    count += 1
+    if not keep_io:
+        return count
+    for value in main.inputs:
+        uses = [use for use in value.uses() if not _is_cast(use.node)]
+        if value.dtype in sources and uses:
+            cast = insert_cast(main, value, _F, names)
+            for use in uses:
+                use.node.replace_input_with(use.idx, cast.outputs[0])
+            count += 1
+    for position, out in enumerate(main.outputs):
+        producer = out.producer()
+        dtype = out.dtype
+        if dtype in sources and not out.is_graph_input() and producer is not None and producer not in boundaries:
+            out.dtype = _F
+            cast_graph_output(main, position, dtype, names)
+            count += 1
+    return count

@@ -1,0 +1,29 @@
+"""FP16/BF16 -> FP32 everywhere, the model's inputs and outputs included: an exact widening for classification."""
+
+from __future__ import annotations
+
+import logging
+
+import onnx_ir as ir
+
+from onnxprec.passes._retype import retype_floats_to_fp32
+
+__all__ = ["WidenToFp32Pass"]
+
+logger = logging.getLogger(__name__)
+
+_LOW_FLOATS = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+class WidenToFp32Pass(ir.passes.InPlacePass):
+    """Retypes FP16 and BF16 values, initializers, Cast targets and dtype attributes to FLOAT, subgraphs and the
+    model's inputs and outputs included, so that a low-precision or mixed model can be classified and converted
+    like an FP32 one (AutoCast). Widening is exact: values, names and graph structure are unchanged, only types;
+    weights are converted lazily (when read). Callers that must keep the model's interface record its types first.
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        count = retype_floats_to_fp32(model, _LOW_FLOATS, keep_io=False)
+        if count:
+            logger.info("Widened %d FP16/BF16 tensors/attributes to FP32", count)
+        return ir.passes.PassResult(model, modified=bool(count))
