@@ -87,9 +87,8 @@ def _produced(tool: str, rec: dict[str, Any]) -> str:
         node = first.get("node") if isinstance(first, dict) else first
         out = [f"{counts.get('compared', '?')}/{counts.get('tensors', '?')} tensors compared"]
         out.append(f"{counts.get('diverged', '?')} diverged (first `{node}`)" if first else "no divergence")
-        for name, o in (rec.get("outputs") or {}).items():
-            out.append(f"`{name}` rel L2 {num(o.get('rel_l2'), 2)}")
-            break
+        first_output = list((rec.get("outputs") or {}).items())[:1]
+        out += [f"`{name}` rel L2 {num(o.get('rel_l2'), 2)}" for name, o in first_output]
         return ", ".join(out)
     if tool == "evaluate":
         parts = []
