@@ -22,13 +22,18 @@ def _identity(elem_type: int, opset: int = 22) -> onnx.ModelProto:
     return make_model([node], [tensor_info("x", elem_type, [3])], [tensor_info("y", elem_type, [3])], opset=opset)
 
 
-def test_providers_map_modelopt_names_and_append_cpu() -> None:
+def test_providers_map_modelopt_names_and_append_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _ort.resolve_providers(["cpu"]) == ["CPUExecutionProvider"]
     assert _ort.resolve_providers(None) == ["CPUExecutionProvider"]
     with pytest.raises(InvalidArgumentError, match="Unknown provider 'gpu'"):
         _ort.resolve_providers(["gpu"])
+    # A CPU build has no CUDA provider; pretend to be one so the test also holds on a GPU machine.
+    ort = _ort.import_onnxruntime()
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     with pytest.raises(InvalidArgumentError, match="not available in this onnxruntime build"):
-        _ort.resolve_providers(["cuda:0"])  # the CPU build has no CUDA provider
+        _ort.resolve_providers(["cuda:0"])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert _ort.resolve_providers(["cuda:0"]) == [("CUDAExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"]
 
 
 def test_trt_plugins_reach_the_tensorrt_provider(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
