@@ -30,6 +30,7 @@ from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
 from onnxprec.passes import InferTypesPass, LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
+from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8._options import Int8Options
@@ -56,13 +57,15 @@ _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
 
 
 def _sanitize(model: ir.Model, options: Int8Options) -> None:
-    """Names every node, lifts float constants, folds zero Pads into Convs, raises the opset to 13 (19 where the
-    Q/DQ pairs of --runtime trt will read and write the FP16/BF16 remainder) and fills in the element types the
-    placement reads."""
+    """Names every node, lifts float constants, widens FP16/BF16 to FP32 (the model's inputs and outputs keep their
+    type behind Casts; the float remainder is FP32 on ort-cpu, AutoCast's elsewhere), folds zero Pads into Convs,
+    raises the opset to 13 (19 where the Q/DQ pairs of --runtime trt will read and write the FP16/BF16 remainder) and
+    fills in the element types the placement reads."""
     needed = LOW_QDQ_OPSET if options.runtime == "trt" and options.float_type != "fp32" else MIN_OPSET
     with quiet_onnx_ir():
         NameNodesPass()(model)
         LiftFloatConstantsPass()(model)
+        WidenToFp32Pass(keep_io=True)(model)  # an FP16/BF16 model computed in FP32, its inputs and outputs kept
         FoldPadIntoConvPass()(model)
         if default_opset(model) < needed:
             try:

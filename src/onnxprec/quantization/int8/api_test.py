@@ -289,3 +289,25 @@ def test_tensorrt_placement_has_modelopts_shape(tmp_path: Path, channels: int) -
     x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
     (ref,), (got,) = run(source, x), run(out, x)
     assert _rel(ref, got.astype(np.float32)) < 0.05
+
+
+def test_an_fp16_model_is_quantized_in_fp32_and_keeps_its_interface(tmp_path: Path) -> None:
+    """An FP16 base (the builder's FP16 LLMs): widened to FP32 first (ONNX Runtime's dynamic INT8 kernels read FP32;
+    the remainder is FP32 on ort-cpu), its FP16 inputs and outputs kept behind Casts."""
+    model = mlp()
+    for init in model.graph.initializer:
+        init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init).astype(np.float16), init.name))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    source, out = tmp_path / "fp16.onnx", tmp_path / "q.onnx"
+    onnx.save(model, source)
+    data = [{"X": x["X"].astype(np.float16)} for x in _tokens(0)]
+    report = quantize_file(source, out, calibration_data=data, target_accuracy=None)
+    assert report.count("dynamic") == 4
+    quantized = onnx.load(str(out))
+    assert [v.type.tensor_type.elem_type for v in (*quantized.graph.input, *quantized.graph.output)] == [
+        onnx.TensorProto.FLOAT16
+    ] * 2
+    x = {"X": _tokens(100, 1)[0]["X"].astype(np.float16)}
+    (ref,), (got,) = run(source, x), run(out, x)
+    assert got.dtype == np.float16 and _rel(ref.astype(np.float32), got.astype(np.float32)) < 0.05
