@@ -215,6 +215,11 @@ _GENAI_ONLY = (
         )
         for m in ("kquant", "awq_lite")
     ),
+    *(
+        Int4Tool(f"onnxprec:{m}:nodata", "onnxprec_int4", "project", m, calibrated=False)
+        for m in ("kquant", "awq_lite")
+    ),
+    replace(_ours("awq_gptq"), id="onnxprec:awq_gptq:nodata", calibrated=False),
 )
 _SMOLLM2_TOOLS = [t for t in TOOLS if not t.endswith(":random")]
 TOOLS.update({t.id: t for t in _GENAI_ONLY})

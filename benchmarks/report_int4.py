@@ -403,6 +403,47 @@ def _same_size_goals(m: Int4Merged) -> list[list[str]]:
     return out
 
 
+def nodata_section(m: Int4Merged) -> list[str]:
+    """The default method without calibration data: each no-data row against kquant's (the previous default) at the
+    same budget, with the runs they come from."""
+    rows_in = {t: r for t, r in m.rows.get(GENAI, {}).items() if t.endswith(":nodata") and r.get("status") == "ok"}
+    if not rows_in:
+        return []
+
+    def budget(tool: str) -> str:
+        return next((p[len("budget") :] for p in tool.split(":") if p.startswith("budget")), "")
+
+    def base(tool: str) -> dict[str, Any]:
+        b = budget(tool)
+        return rows_in.get(f"onnxprec:kquant:budget{b}:nodata" if b else "onnxprec:kquant:nodata", {})
+
+    def versus(x: tuple[str, dict[str, Any]], key: str, fmt: Callable[[float, float], str]) -> str:
+        ref = base(x[0])
+        a, b = x[1].get(key), ref.get(key)
+        return "–" if a is None or b is None or ref is x[1] else fmt(a, b)
+
+    columns: tuple[Column, ...] = (
+        ("method", lambda x: f"`{x[0].split(':')[1]}`"),
+        ("size budget", lambda x: f"{budget(x[0])} MB" if budget(x[0]) else "none (lm_head in float)"),
+        ("ppl (8-15)", lambda x: _ppl(x[1])),
+        ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–"),
+        _TIME,
+        ("peak RSS MiB", _rss("")),
+        ("ppl vs kquant", lambda x: versus(x, "perplexity", lambda a, b: f"{a - b:+.2f}")),
+        ("time vs kquant", lambda x: versus(x, "wall_s", lambda a, b: f"{a / b:.2f}×")),
+        _RUN,
+    )
+    ordered = sorted(rows_in.items(), key=lambda x: (budget(x[0]) == "", budget(x[0]), x[1].get("wall_s") or 0))
+    return [
+        "### The default INT4 method without calibration data",
+        "",
+        TEXT["int4.nodata"],
+        "",
+        column_table(columns, ordered) or "",
+        "",
+    ]
+
+
 def fp16_section(m: Int4Merged) -> list[str]:
     """The size/perplexity frontier on the builder's FP16 SmolLM2, beside the builder's INT4 outputs."""
     rows_in = m.rows.get(GENAI_FP16, {})
@@ -543,6 +584,7 @@ def sections(results_dir: Path) -> list[str]:
         *latency_table(m),
         *synthetic_table(m),
         *genai_section(m),
+        *nodata_section(m),
         *fp16_section(m),
     ]
     return out

@@ -40,8 +40,8 @@ from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
-from onnxprec.quantization.int4._budget import choose_precisions, written_text
-from onnxprec.quantization.int4._options import Int4Options
+from onnxprec.quantization.int4._budget import choose_precisions, writes_text, written_text
+from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD, Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
@@ -310,11 +310,16 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
     report.seconds["load+select"] = time.perf_counter() - tick
     written = None  # without data, an LLM calibrates on text it writes itself
+    if options.default_method and options.calibration_data_reader is None and writes_text(model):
+        options.use_method(NO_DATA_LLM_METHOD)
     needs_data = options.spec.needs_data and any(t.bits == 4 for t in selection.targets)
     if options.calibration_data_reader is None and (options.size_budget_mb is not None or needs_data):
         tick = time.perf_counter()
         written = written_text(model, options)
         report.seconds["written text"] = time.perf_counter() - tick
+        if written is None and options.default_method:  # it could not write: the no-data default
+            options.use_method("kquant")
+    report.method = options.method
     if options.size_budget_mb is not None:
         report.budget = choose_precisions(model, selection, options, written)
         report.seconds["size budget"] = report.budget.seconds
@@ -419,7 +424,8 @@ def quantize(
             (llama.cpp's least-squares scale search, no data), hqq (half-quadratic lp fit, no data), awq_lite (AWQ
             scale search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with
             error propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt
-            are ModelOpt aliases; None: awq_lite with calibration data (as ModelOpt), kquant without.
+            are ModelOpt aliases; None: awq_lite with calibration data (as ModelOpt); without data, awq_gptq on
+            text an LLM writes itself (:data:`NO_DATA_LLM_METHOD`), kquant for other models.
         calibration_data_reader: Calibration inputs: a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
             ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
             ``CalibrationDataReader``; None: text an LLM writes itself (AWQ, GPTQ, size budget), else realistic

@@ -43,7 +43,7 @@ from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hes
 
 __all__ = [
     "BLOCK_CHOICES", "TINY_ELEMENTS", "WRITTEN_LENGTH", "WRITTEN_WINDOWS", "BudgetReport", "choose_precisions",
-    "written_text",
+    "writes_text", "written_text",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -302,6 +302,13 @@ def _calibrate_gains(
             probe.measured, probe.estimated,
         )  # fmt: skip
     report.probes = {"sets": probes}
+
+
+def writes_text(model: ir.Model) -> bool:
+    """Whether ``model`` is an LLM that can write its own calibration text (:func:`written_text`)."""
+    from onnxprec.llm_inputs import LLMInputs
+
+    return LLMInputs.of(model) is not None and _has_logits(model)
 
 
 def written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray] | None:

@@ -117,3 +117,15 @@ def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) ->
     for name, array in weights[0].items():
         np.testing.assert_array_equal(array, weights[1][name], err_msg=name)
     assert given.calibration["written"] is False
+
+
+def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Path) -> None:
+    from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD
+
+    source, _ = _lm(tmp_path)
+    default = quantize_file(source, tmp_path / "default.onnx", block_size=16)
+    assert default.method == NO_DATA_LLM_METHOD and default.calibration["written"]
+    assert {layer.method for layer in default.layers} == {NO_DATA_LLM_METHOD}
+    same = quantize_file(source, tmp_path / "same.onnx", block_size=16, calibration_method=NO_DATA_LLM_METHOD)
+    assert (tmp_path / "default.onnx").read_bytes() == (tmp_path / "same.onnx").read_bytes()
+    assert same.method == NO_DATA_LLM_METHOD
