@@ -76,7 +76,7 @@ def quantize(
         quantize_mode: ``int8`` (static/dynamic INT8, :mod:`onnxprec.quantization.int8`) or ``int4``
             (weight-only, :mod:`onnxprec.quantization.int4`).
         calibration_data: Calibration inputs (a path, a dict of arrays, a list of feed dicts or a reader).
-        calibration_method: INT8: max, entropy (default), percentile, mse; INT4: rtn, awq_lite, awq_clip, gptq...
+        calibration_method: INT8: max, entropy, percentile, mse (default); INT4: rtn, awq_lite, awq_clip, gptq...
         calibration_data_reader: An ONNX Runtime ``CalibrationDataReader``; give it or ``calibration_data``.
         calibration_eps: ONNX Runtime providers for calibration: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
         op_types_to_quantize: INT8 only: only these op types.

@@ -55,9 +55,11 @@ class Int8Options(_tool.QuantizationOptions):
         choices=CALIBRATION_METHODS,
         help="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
         "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error) (default: mse "
-        "on --runtime ort-cpu: on EfficientNet-Lite0 rel L2 0.039 / 0.046 on calibration / held-out images, max "
-        "0.040 / 0.049, and entropy clipped its ReLU6 and residual tensors (0.17 held out); entropy elsewhere, as "
-        "ModelOpt; dynamic activations need none).",
+        "on every runtime. ModelOpt's default is entropy, but the 128-bin ONNX Runtime calibrator it runs lands at "
+        "the max of most tensors, while a real KL threshold clips transformers' and ReLU6 tensors: --runtime trt, "
+        "MiniLM cosine 0.81 mse, 0.78 max, 0.61 entropy (ModelOpt 0.79); EfficientNet-Lite0 rel L2 0.064 / 0.117 "
+        "on calibration / held-out images mse, 0.062 / 0.121 max, 0.195 / 0.194 entropy (ModelOpt 0.126 / 0.155); "
+        "ort-cpu: 0.039 / 0.046 mse, 0.040 / 0.049 max; dynamic activations need none).",
     )
     calibration_data_reader: Any = option(
         None,
@@ -199,8 +201,8 @@ class Int8Options(_tool.QuantizationOptions):
 
     @property
     def method(self) -> str:
-        """The calibration method in effect: mse on ort-cpu, else ModelOpt's default, entropy."""
-        return self._by_runtime(self.calibration_method, "mse", "entropy")
+        """The calibration method in effect: mse unless given (see the option's help for why not ModelOpt's entropy)."""
+        return self.calibration_method or "mse"
 
     @property
     def source(self) -> Any:
