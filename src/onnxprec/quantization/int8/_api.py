@@ -33,10 +33,11 @@ from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
 from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
+from onnxprec.quantization.int8 import fallback
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.decide import Decisions, Statistics, build, decide, plan_for
-from onnxprec.quantization.int8.fallback import measure, search, worst_errors
+from onnxprec.quantization.int8.fallback import estimated_sensitivity, measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
 from onnxprec.quantization.int8.place import Plan
 from onnxprec.quantization.int8.rewrite import fold_casts_into_qdq
@@ -148,6 +149,14 @@ def _costs(plan: Plan, stats: Statistics) -> dict[str, float]:
     return costs
 
 
+def _sample_errors(decisions: Decisions) -> dict[str, float | None]:
+    """The output error each layer's channel decisions measured on the calibration sample (None: not measured)."""
+    return {
+        name: d.entry.info.get("sample_error_final") if d.entry is not None else None
+        for name, d in decisions.layers.items()
+    }
+
+
 def _copy(model: ir.Model) -> ir.Model:
     return pruned_copy(model, [])
 
@@ -193,16 +202,15 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         tick = time.perf_counter()
         decisions = decide(model, plan, stats, options)
         cost = _costs(plan, stats)
+        proxy: dict[str, float] = {}
+        if target is not None and len(plan.layers) > fallback.MAX_ISOLATED:
+            proxy = estimated_sensitivity(plan.layers, _sample_errors(decisions), stats.hessians.hessians)
         del stats
         report.seconds["decisions"] = time.perf_counter() - tick
         float_layers: list[str] = []
         if target is not None and keep is not None:
             tick = time.perf_counter()
             names = [layer.name for layer in plan.layers if layer.name in decisions.layers]
-            proxy = {
-                name: float(d.entry.info.get("sample_error_final", 0.0)) if d.entry is not None else 0.0
-                for name, d in decisions.layers.items()
-            }
 
             def check(floats: Collection[str]) -> Any:
                 candidate, _ = _apply(model, options, decisions, floats)

@@ -9,7 +9,9 @@ fusions, as the user will: what is measured is what is saved.
 2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers,
    how much the output error drops when that layer alone goes back to float (:func:`~onnxprec.sensitivity.
    isolated_gains`: one check per layer; it sees the interactions that the error of a layer quantized alone
-   misses); with more, the layer's own output error on the calibration sample (a local proxy). With
+   misses); with more, an estimate (:func:`estimated_sensitivity`): the layer's own output error on the
+   calibration sample where the channel decisions measured it, else the Hessian-weighted error of its INT8 weight
+   (:func:`~onnxprec.sensitivity.hessian_loss` with the ``XᵀX`` the observers collected, unweighted without it). With
    ``max_float_compute``, only the most sensitive layers that fit in that share of the multiply-adds
    (:func:`~onnxprec.sensitivity.within`).
 3. How many of the most sensitive layers go back to float (:func:`~onnxprec.sensitivity.fewest`): 1, 2, 4...
@@ -22,19 +24,22 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxprec import _ort
+from onnxprec._tensors import float32_copy
 from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget
 from onnxprec.autocast.target import Measurement, ReferenceOutputs
 from onnxprec.metrics import ErrorStats
-from onnxprec.sensitivity import fewest, isolated_gains, rank, within
+from onnxprec.quantization.algorithms.int8 import dequantize_weight, quantize_weight
+from onnxprec.quantization.int8.place import Layer
+from onnxprec.sensitivity import fewest, hessian_energy, isolated_gains, rank, within
 
-__all__ = ["MAX_ISOLATED", "measure", "search"]
+__all__ = ["MAX_ISOLATED", "estimated_sensitivity", "measure", "search"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,42 @@ def measure(
         e["nonfinite"] == 0 and all(b.holds(e.get(b.metric)) for b in target.bounds) for e in errors.values()
     )
     return Measurement(errors, ok, time.perf_counter() - tick, callback_ok)
+
+
+def estimated_sensitivity(
+    layers: Sequence[Layer], measured: Mapping[str, float | None], hessians: Mapping[str, np.ndarray]
+) -> dict[str, float]:
+    """Each layer's relative squared output error from INT8, estimated without a run (the proxy above
+    :data:`MAX_ISOLATED` layers): ``measured`` (the output error on the calibration sample) where given, else
+    ``tr(ΔWᵀ H ΔW) / tr(Wᵀ H W)`` of its per-channel INT8 weight with ``H`` the ``XᵀX`` of its input (per group for a
+    Conv: its patches') from ``hessians``, or the identity where none was collected."""
+    result = {}
+    for layer in layers:
+        value = measured.get(layer.name)
+        if value is not None:
+            result[layer.name] = float(value)
+            continue
+        tensor = layer.weight.const_value
+        if tensor is None:
+            continue
+        conv = layer.node.op_type == "Conv"
+        w = float32_copy(tensor, transposed=layer.transposed)  # [K, N]; a Conv's [M, C/g, kh, kw]
+        matrix = w.reshape(w.shape[0], -1).T if conv else w  # [K', M] or [K, N]: output channels last
+        q, scales = quantize_weight(matrix, axis=1)
+        delta = matrix - dequantize_weight(q, scales, axis=1)
+        gram = hessians.get(str(layer.activation.name))
+        if gram is None or gram.shape[1:] != (matrix.shape[0],) * 2 or matrix.shape[1] % gram.shape[0]:
+            gram = None
+        groups = 1 if gram is None else gram.shape[0]
+        width = matrix.shape[1] // groups
+        num = den = 0.0
+        for g in range(groups):  # a grouped Conv's output channels g*width.. read the patches of group g
+            cols = slice(g * width, (g + 1) * width)
+            h = None if gram is None else gram[g]
+            num += hessian_energy(delta[:, cols], h)
+            den += hessian_energy(matrix[:, cols], h)
+        result[layer.name] = max(num, 0.0) / den if den > 0 else 0.0
+    return result
 
 
 def _badness(measurement: Measurement, metric: str) -> float:
