@@ -77,6 +77,8 @@ class RunConfig:
     anchors_python: Path | None = None
     command: str = ""
     plan: str = "all"
+    decode_from: Path | None = None
+    providers: str = "cpu"
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -456,6 +457,8 @@ def plan(config: RunConfig) -> dict[str, list[str]]:
 def run(config: RunConfig) -> Path:
     """Runs the plan, every round over every model's tools in turn; writes and returns the results file."""
     todo = plan(config)
+    if config.decode_from:
+        return decode_only(todo, config, config.decode_from)
     ensure_anchors(config, {TOOLS[t].venv for ts in todo.values() for t in ts})
     pythons = {
         "project": Path(sys.executable),
@@ -578,11 +581,29 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
     return entry
 
 
-def genai_decode(paths: dict[str, Path], rounds: int, prompts: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
-    """onnxruntime-genai greedy decode tokens/s on the CPU (three short prompts, :data:`DECODE_TOKENS` new tokens)
-    and, with ``prompts`` (token ids ``[N, S]``), the prefill time of one ``S``-token prompt in ms (the prompt's
-    forward pass and the first new token, averaged over the ``N`` prompts); the models alternate round by round;
-    the median and every round."""
+def decode_only(todo: dict[str, list[str]], config: RunConfig, folder: Path) -> Path:
+    """``--decode-from folder``: no quantization; the planned tools' outputs, made earlier into ``folder/<model>/`` by
+    :func:`_output`'s names, timed by :func:`genai_decode` on ``config.providers`` (a GPU machine that lacks the
+    quantizers' venvs); the entry names its provider, the settings the card."""
+    smi = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    gpu = subprocess.run(smi, capture_output=True, text=True).stdout if shutil.which(smi[0]) else ""
+    result = new_results(KIND, config, providers=config.providers, card=gpu.partition("\n")[0] or None)
+    prompts = zoo.inputs(LLM, config.zoo_dir)["input_ids"][PREFILL_WINDOWS.start : PREFILL_WINDOWS.stop]
+    for model, tools in todo.items():
+        paths = {t: _output(_Model(model, Path(), [], folder / model), TOOLS[t]) for t in tools}
+        speeds = genai_decode(paths, max(config.repeats, 5), prompts, [config.providers])
+        result["models"][model] = {"providers": config.providers, "genai_decode": speeds}
+    write_results(path := results_path(config, KIND), result)
+    return path
+
+
+def genai_decode(
+    paths: dict[str, Path], rounds: int, prompts: np.ndarray | None = None, providers: Sequence[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """onnxruntime-genai greedy decode tokens/s on ``providers`` (default the CPU; three short prompts,
+    :data:`DECODE_TOKENS` new tokens) and, with ``prompts`` (token ids ``[N, S]``), the prefill time of one
+    ``S``-token prompt in ms (the prompt's forward pass and the first new token, averaged over the ``N`` prompts);
+    the models alternate round by round; the median and every round."""
     from onnxprec.evaluate import generate_models
 
     speeds: dict[str, list[float]] = {k: [] for k in paths}
@@ -593,9 +614,9 @@ def genai_decode(paths: dict[str, Path], rounds: int, prompts: np.ndarray | None
             if key in errors:
                 continue
             try:
-                res = generate_models([path], max_new_tokens=DECODE_TOKENS).models[0]
+                res = generate_models([path], providers=providers, max_new_tokens=DECODE_TOKENS).models[0]
                 if prompts is not None:
-                    pre = generate_models([path], data=prompts, max_new_tokens=1).models[0]
+                    pre = generate_models([path], data=prompts, providers=providers, max_new_tokens=1).models[0]
                     prefill[key].append(1000 * pre.prefill_seconds / len(prompts))
             except Exception as e:  # a model onnxruntime-genai cannot load is a result too
                 errors[key] = f"{type(e).__name__}: {e}"[:300]

@@ -229,3 +229,43 @@ def test_report_fp16_frontier_and_the_decode_goal_at_the_same_size(tmp_path: Pat
     assert "builder `-p int4` `default`" in lines[2]  # the builder's outputs from the FP32 run, beside the frontier
     assert lines[3].startswith("| onnxprec `awq_gptq:budget86.5` | --size_budget_mb 86.5, sym | 22.00 |")  # by size
     assert lines[4].startswith("| onnxprec `awq_gptq:budget113.6` |")
+
+
+def test_report_gpu_decode_columns_from_a_decode_only_run(tmp_path: Path) -> None:
+    budget = "onnxprec:awq_gptq:budget86.5:matmulnbits"
+    cpu = {"decode_tokens_per_s": 50.0, "rounds": [50.0], "prefill_ms": 700.0, "prefill_rounds": [700.0]}
+    cpu_run = _result({})
+    cpu_run["models"] = {
+        report_int4.GENAI: {
+            "fp32": {"perplexity": 19.76, "file_bytes": 540_300_000},
+            "tools": {budget: {**_row(22.0, 200.0), "file_bytes": 86_300_000}, "builder:default": _row(29.0, 10.0)},
+            "genai_decode": {budget: cpu, "builder:default": cpu},
+        }
+    }
+    gpu_run = _result({})  # what `int4 --decode-from DIR --providers cuda` writes: no rows, no FP32
+    gpu_run["date"] = "2026-11-27T00:30:00"
+    gpu_run["settings"].update(providers="cuda", card="NVIDIA H100 80GB HBM3")
+    speeds = {"rounds": [400.0, 300.0, 500.0], "prefill_ms": 5.0, "prefill_rounds": [5.0, 6.0, 4.0]}
+    gpu_run["models"] = {
+        report_int4.GENAI: {
+            "providers": "cuda",
+            "genai_decode": {
+                budget: {**speeds, "decode_tokens_per_s": 400.0},
+                "builder:default": {**speeds, "decode_tokens_per_s": 400.0, "rounds": [200.0, 300.0, 400.0]},
+            },
+        }
+    }
+    (tmp_path / "int4-2026-11-26-a.json").write_text(json.dumps(cpu_run))
+    (tmp_path / "int4-2026-11-27-gpu.json").write_text(json.dumps(gpu_run))
+    merged = report_int4.merge(load_results(tmp_path, "int4"))
+    assert merged.fp32[report_int4.GENAI]["perplexity"] == 19.76  # the GPU run replaces neither FP32 nor CPU speeds
+    text = "\n".join(report_int4.genai_section(merged))
+    assert "| decode tok/s | H100 prefill 256 tok ms | H100 decode tok/s | run |" in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| onnxprec `{budget.partition(':')[2]}`"))
+    assert "| 700 (700) [I1] | 50 (50; 1.00× builder default in that run) [I1] | 5.0 (5.0, 6.0, 4.0) [I2] |" in row
+    assert "| 400 (400, 300, 500; 1.00× builder default in that run) [I2] | [I1] |" in row
+    # per-round ratios 400/200, 300/300, 500/400 -> median 1.25
+    assert "(same size and format; H100, CUDA) | **1.25×** (median of the per-round ratios 1.00, 1.25, 2.00;" in text
+    assert "onnxruntime-genai decode and prefill only, on cuda: NVIDIA H100 80GB HBM3" in "\n".join(
+        report_int4.runs_list(merged)
+    )

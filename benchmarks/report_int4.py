@@ -62,6 +62,8 @@ def merge(runs: Sequence[dict[str, Any]]) -> Int4Merged:
     for run in runs:
         genai = GENAI in run.get("models", {})
         for model, entry in run.get("models", {}).items():
+            if entry.get("providers", "cpu") != "cpu":  # a decode-only run on a GPU (int4 --decode-from): apart
+                model = f"{model}@{entry['providers']}"
             if genai and model == LLM:
                 compare.update({t: {**rec, "run": run["number"]} for t, rec in entry.get("tools", {}).items()})
                 continue
@@ -334,6 +336,8 @@ def runs_list(m: Int4Merged) -> list[str]:
     for r in m.runs:
         data = r["settings"]
         settings = f"data: {data.get('calibration', '')}; perplexity on {data.get('evaluation', '')}"
+        if data.get("card"):
+            settings = f"onnxruntime-genai decode and prefill only, on {data['providers']}: {data['card']}"
         out += [*run_lines(r, f"I{r['number']}", settings), ""]
     return out
 
@@ -370,17 +374,24 @@ def _prefill_cell(m: Int4Merged, model: str) -> Callable[[str], str]:
         d = speeds.get(key, {})
         if d.get("prefill_ms") is None:
             return "–"
-        rounds = ", ".join(num(x, 0) for x in d.get("prefill_rounds", []))
-        return f"{num(d['prefill_ms'], 0)} ({rounds}) [I{d['run']}]"
+        rounds = ", ".join(num(x, 1) for x in d.get("prefill_rounds", []))  # 1 decimal under 10 ms (a GPU's)
+        return f"{num(d['prefill_ms'], 1)} ({rounds}) [I{d['run']}]"
 
     return cell
 
 
-def _same_size_goals(m: Int4Merged) -> list[list[str]]:
+def _card(m: Int4Merged, key: str) -> str | None:
+    """The GPU (``H100``) of the newest decode-only run behind ``m.decode[key]``, None for CPU runs."""
+    runs = {d.get("run") for d in m.decode.get(key, {}).values()}
+    cards = [r["settings"].get("card") for r in m.runs if r["number"] in runs and r["settings"].get("card")]
+    return cards[-1].removeprefix("NVIDIA ").split()[0] if cards else None
+
+
+def _same_size_goals(m: Int4Merged, key: str = GENAI) -> list[list[str]]:
     """Decode speed of onnxprec's budget outputs in MatMulNBits against the builder output of the same size, in
-    the same run: the median of the per-round ratios."""
+    the same run: the median of the per-round ratios (``key``: the CPU runs, or ``GENAI@cuda``'s on a GPU)."""
     out = []
-    speeds, runs = m.decode.get(GENAI, {}), m.decode_runs.get(GENAI, {})
+    speeds, runs, card = m.decode.get(key, {}), m.decode_runs.get(key, {}), _card(m, key)
     for ours_id, builder_id in SAME_SIZE.items():
         ours = speeds.get(ours_id, {})
         builder = runs.get(ours.get("run", -1), {}).get(builder_id, {})
@@ -390,7 +401,8 @@ def _same_size_goals(m: Int4Merged) -> list[list[str]]:
         size_builder = m.rows.get(GENAI, {}).get(builder_id, {}).get("file_bytes")
         out.append(
             [
-                f"onnxprec `{ours_id.partition(':')[2]}` decode tok/s vs {_label(builder_id)} (same size and format)",
+                f"onnxprec `{ours_id.partition(':')[2]}` decode tok/s vs {_label(builder_id)} (same size and format"
+                + (f"; {card}, CUDA)" if card else ")"),
                 f"**{num(ratio)}×** (median of the per-round ratios {', '.join(num(x) for x in paired)}; "
                 f"{num(ours.get('decode_tokens_per_s'), 1)} vs {num(builder.get('decode_tokens_per_s'), 1)} tok/s; "
                 f"{(size_ours or 0) / 1e6:.1f} vs {(size_builder or 0) / 1e6:.1f} MB)"
@@ -486,8 +498,10 @@ def genai_section(m: Int4Merged) -> list[str]:
     fp = m.fp32.get(GENAI, {})
 
     dec, pre = _decode_cell(m, GENAI), _prefill_cell(m, GENAI)
+    card, gpu = _card(m, f"{GENAI}@cuda"), (_prefill_cell(m, f"{GENAI}@cuda"), _decode_cell(m, f"{GENAI}@cuda"))
     fp32 = ["FP32 (builder `-p fp32 -e cpu`)", "–", f"**{num(fp.get('perplexity'), 3)}**"]
-    fp32 += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", pre("fp32"), dec("fp32"), _run_ref(fp)]
+    fp32 += [f"{(fp.get('file_bytes') or 0) / 1e6:.1f}", "–", "–", pre("fp32"), dec("fp32")]
+    fp32 += [*(f("fp32") for f in gpu if card), _run_ref(fp)]
     autocast = lambda x: x[0] == "onnxprec:autocast"  # noqa: E731
     ok = lambda x: x[1].get("status") == "ok"  # noqa: E731
     columns: tuple[Column, ...] = (
@@ -499,6 +513,8 @@ def genai_section(m: Int4Merged) -> list[str]:
         ("peak RSS MiB", _rss("")),
         (f"prefill {PREFILL_TOKENS} tok ms", lambda x: pre(x[0])),
         ("decode tok/s", lambda x: dec(x[0])),
+        *(((f"{card} prefill {PREFILL_TOKENS} tok ms", lambda x: gpu[0](x[0])),) if card else ()),
+        *(((f"{card} decode tok/s", lambda x: gpu[1](x[0])),) if card else ()),
         _RUN,
     )
     gptq = rows_in.get("onnxprec:awq_gptq:zp", {}).get("perplexity")
@@ -524,6 +540,7 @@ def genai_section(m: Int4Merged) -> list[str]:
             _mark(None if speed is None else speed >= 1.0 and (paired_median or 1.0) >= 1.0),
         ],
         *_same_size_goals(m),
+        *(_same_size_goals(m, f"{GENAI}@cuda") if card else []),
     ]
     pairs = [(t, rows_in.get(t, {}), m.compare.get(t, {})) for t in GENAI_COMPARED]
     ratio = lambda x, key: _ratio(x[1].get(key), x[2].get(key))  # noqa: E731
