@@ -184,7 +184,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     report.excluded, report.skipped = plan.excluded, plan.skipped
     if not plan.layers:
         excluded_by = "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
-        layers = "Conv, MatMul or Gemm whose weight is a float32 initializer and whose input is computed"
+        layers = "Conv, MatMul or Gemm whose weight is a float (FP32, FP16, BF16) initializer and input computed"
         raise nothing_to_quantize(layers, f"{len(plan.skipped)} skipped", excluded_by)
     report.seconds["load+place"] = time.perf_counter() - tick
     logger.info(
