@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+import onnxprec
 import zoo
 
 from .harness import RunConfig, ensure_anchors, measure, median, new_results, results_path, write_results
@@ -586,8 +587,15 @@ def decode_only(todo: dict[str, list[str]], config: RunConfig, folder: Path) -> 
     :func:`_output`'s names, timed by :func:`genai_decode` on ``config.providers`` (a GPU machine that lacks the
     quantizers' venvs); the entry names its provider, the settings the card."""
     smi = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    import onnxruntime
+
+    from onnxprec.evaluate._generate import import_genai
+
     gpu = subprocess.run(smi, capture_output=True, text=True).stdout if shutil.which(smi[0]) else ""
-    result = new_results(KIND, config, providers=config.providers, card=gpu.partition("\n")[0] or None)
+    genai = import_genai().__version__
+    result = new_results(KIND, config, providers=config.providers, card=gpu.partition("\n")[0] or None, genai=genai)
+    # the modules in use (onnxruntime-gpu's build; onnxprec from a source tree)
+    result["versions"]["project"].update(onnxruntime=onnxruntime.__version__, onnxprec=onnxprec.__version__)
     prompts = zoo.inputs(LLM, config.zoo_dir)["input_ids"][PREFILL_WINDOWS.start : PREFILL_WINDOWS.stop]
     for model, tools in todo.items():
         paths = {t: _output(_Model(model, Path(), [], folder / model), TOOLS[t]) for t in tools}

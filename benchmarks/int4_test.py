@@ -244,7 +244,7 @@ def test_report_gpu_decode_columns_from_a_decode_only_run(tmp_path: Path) -> Non
     }
     gpu_run = _result({})  # what `int4 --decode-from DIR --providers cuda` writes: no rows, no FP32
     gpu_run["date"] = "2026-11-27T00:30:00"
-    gpu_run["settings"].update(providers="cuda", card="NVIDIA H100 80GB HBM3")
+    gpu_run["settings"].update(providers="cuda", card="NVIDIA H100 80GB HBM3", genai="0.18.0")
     speeds = {"rounds": [400.0, 300.0, 500.0], "prefill_ms": 5.0, "prefill_rounds": [5.0, 6.0, 4.0]}
     gpu_run["models"] = {
         report_int4.GENAI: {
@@ -266,6 +266,6 @@ def test_report_gpu_decode_columns_from_a_decode_only_run(tmp_path: Path) -> Non
     assert "| 400 (400, 300, 500; 1.00× builder default in that run) [I2] | [I1] |" in row
     # per-round ratios 400/200, 300/300, 500/400 -> median 1.25
     assert "(same size and format; H100, CUDA) | **1.25×** (median of the per-round ratios 1.00, 1.25, 2.00;" in text
-    assert "onnxruntime-genai decode and prefill only, on cuda: NVIDIA H100 80GB HBM3" in "\n".join(
+    assert "onnxruntime-genai 0.18.0 decode and prefill only, cuda: NVIDIA H100 80GB HBM3" in "\n".join(
         report_int4.runs_list(merged)
     )

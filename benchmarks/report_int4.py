@@ -337,7 +337,8 @@ def runs_list(m: Int4Merged) -> list[str]:
         data = r["settings"]
         settings = f"data: {data.get('calibration', '')}; perplexity on {data.get('evaluation', '')}"
         if data.get("card"):
-            settings = f"onnxruntime-genai decode and prefill only, on {data['providers']}: {data['card']}"
+            settings = f"onnxruntime-genai {data.get('genai')} decode and prefill only, {data['providers']}: "
+            settings += data["card"]
         out += [*run_lines(r, f"I{r['number']}", settings), ""]
     return out
 
