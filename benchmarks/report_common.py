@@ -326,12 +326,13 @@ def run_lines(r: dict[str, Any], ref: str, settings: str) -> list[str]:
     """One run as the document cites it (``[ref]``): its command and file, machine and versions (the one results
     header), then the part's ``settings`` line."""
     mach, pv, av = r.get("machine", {}), r["versions"].get("project", {}), r["versions"].get("anchors", {})
+    git = pv.get("onnxprec_git") or f"none: sources {pv.get('onnxprec_src_sha256')}"  # a tree copied without .git
     return [
         f"**[{ref}]** {str(r.get('date', '?'))[:19].replace('T', ' ')} — `{r.get('command', '?')}` "
         f"(`{r.get('file', r.get('run_id'))}`)  ",
         f"machine: {mach.get('cpu', '?')}, {mach.get('cores', '?')} cores, {mach.get('ram_gib', '?')} GiB RAM, "
         f"{mach.get('os', '?')}, Python {mach.get('python', '?')}; shared with other jobs  ",
-        f"onnxprec {pv.get('onnxprec', '?')} (git {pv.get('onnxprec_git', '?')}), onnx {pv.get('onnx', '?')}, "
+        f"onnxprec {pv.get('onnxprec', '?')} (git {git}), onnx {pv.get('onnx', '?')}, "
         f"onnxruntime {pv.get('onnxruntime', '?')}, onnx-ir {pv.get('onnx-ir', '?')}; anchors venv: "
         + (", ".join(f"{k} {v}" for k, v in av.items() if v) or "not used")
         + "  ",
