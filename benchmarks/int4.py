@@ -584,13 +584,14 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
 
 def decode_only(todo: dict[str, list[str]], config: RunConfig, folder: Path) -> Path:
     """``--decode-from folder``: no quantization; the planned tools' outputs, made earlier into ``folder/<model>/`` by
-    :func:`_output`'s names, timed by :func:`genai_decode` on ``config.providers`` (a GPU machine that lacks the
-    quantizers' venvs); the entry names its provider, the settings the card."""
-    smi = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    :func:`_output`'s names (the base model as ``fp32/model.onnx``, optional), timed by :func:`genai_decode` on
+    ``config.providers`` (a GPU machine that lacks the quantizers' venvs); the entry names its provider, the
+    settings the card."""
     import onnxruntime
 
     from onnxprec.evaluate._generate import import_genai
 
+    smi = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
     gpu = subprocess.run(smi, capture_output=True, text=True).stdout if shutil.which(smi[0]) else ""
     genai = import_genai().__version__
     result = new_results(KIND, config, providers=config.providers, card=gpu.partition("\n")[0] or None, genai=genai)
@@ -599,6 +600,8 @@ def decode_only(todo: dict[str, list[str]], config: RunConfig, folder: Path) -> 
     prompts = zoo.inputs(LLM, config.zoo_dir)["input_ids"][PREFILL_WINDOWS.start : PREFILL_WINDOWS.stop]
     for model, tools in todo.items():
         paths = {t: _output(_Model(model, Path(), [], folder / model), TOOLS[t]) for t in tools}
+        if (base := folder / model / "fp32" / "model.onnx").exists():  # the base model, where it was copied too
+            paths = {"fp32": base, **paths}
         speeds = genai_decode(paths, max(config.repeats, 5), prompts, [config.providers])
         result["models"][model] = {"providers": config.providers, "genai_decode": speeds}
     write_results(path := results_path(config, KIND), result)
