@@ -6,11 +6,15 @@ camera, coins, moon, page, cell, color, logo; grey ones as RGB) and two off-cent
 bottom-right) of each of the 7 calibration photos, preprocessed as ``../shared/zoo/effnet_lite0.py`` does.
 ``eval`` prints, for each candidate, the rel L2 of the logits against FP32 (all images together and the worst
 image) and the top-1 agreement on the 7 calibration images and on the held-out set, one image per run.
+``decompose`` prints, for each candidate, the same errors with some of its activation Q/DQ pairs bypassed (the
+DequantizeLinear's readers read the QuantizeLinear's input): all of them (the INT8 weights alone), or those of the
+ReLU6 outputs, the project-Conv outputs or the residual Adds.
 ``latency`` runs FP32 and the candidates in one process, 2 threads, batch 1, alternating rounds, and prints the
 median of the per-round ratios.
 
     ~/.cache/onnxprec/torch-venv/bin/python experiments/int8_effnet.py images heldout.npy
     python experiments/int8_effnet.py eval --heldout heldout.npy INT8.onnx [...]
+    python experiments/int8_effnet.py decompose --heldout heldout.npy INT8.onnx [...]
     python experiments/int8_effnet.py latency INT8.onnx [...]
 """
 
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,6 +92,51 @@ def evaluate(candidates: list[str], heldout: str) -> None:
         print(f"{path}: " + " | ".join(parts), flush=True)
 
 
+DECOMPOSITION = {
+    "weights alone": "",
+    "ReLU6 outputs float": "Clip",
+    "project outputs float": "project_conv",
+    "residual Adds float": "/Add",
+    "project outputs and residual Adds float": "project_conv|/Add",
+}
+
+
+def bypassed(path: str, pattern: str, out: str) -> None:
+    """Writes ``path`` with the activation Q/DQ pairs whose float input matches ``pattern`` (re.search) removed."""
+    import onnx
+
+    model = onnx.load(path)
+    graph = model.graph
+    constants = {i.name for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    renamed, dropped = {}, []
+    for node in graph.node:
+        q = producer.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if (
+            q is not None
+            and q.op_type == "QuantizeLinear"
+            and node.input[0] not in constants
+            and re.search(pattern, q.input[0])
+        ):
+            renamed[node.output[0]] = q.input[0]
+            dropped += [id(node), id(q)]
+    kept = [n for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    for node in graph.node:
+        node.input[:] = [renamed.get(x, x) for x in node.input]
+    onnx.save(model, out)
+
+
+def decompose(candidates: list[str], heldout: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in candidates:
+            for label, pattern in DECOMPOSITION.items():
+                out = os.path.join(tmp, f"{Path(path).stem}, {label}.onnx")
+                bypassed(path, pattern, out)
+                evaluate([out], heldout)
+
+
 def latency(candidates: list[str], rounds: int = 25, runs: int = 20) -> None:
     x = np.load(CALIBRATION)[:1]
     paths = [str(FP32), *candidates]
@@ -114,12 +165,17 @@ def main() -> None:
     ev = sub.add_parser("eval")
     ev.add_argument("--heldout", required=True)
     ev.add_argument("candidates", nargs="+")
+    de = sub.add_parser("decompose")
+    de.add_argument("--heldout", required=True)
+    de.add_argument("candidates", nargs="+")
     sub.add_parser("latency").add_argument("candidates", nargs="+")
     args = parser.parse_args()
     if args.command == "images":
         images(args.out)
     elif args.command == "eval":
         evaluate(args.candidates, args.heldout)
+    elif args.command == "decompose":
+        decompose(args.candidates, args.heldout)
     else:
         latency(args.candidates)
 
