@@ -7,6 +7,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -22,6 +23,7 @@ from onnxprec.errors import InvalidArgumentError, ModelLoadError
 __all__ = [
     "PROTOBUF_LIMIT",
     "ModelSource",
+    "WrittenModel",
     "atomic_path",
     "check_output_path",
     "exceeds_protobuf_limit",
@@ -37,6 +39,19 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ModelSource = str | os.PathLike | onnx.ModelProto | ir.Model
+
+
+@dataclass(frozen=True)
+class WrittenModel:
+    """What :func:`save_model` hands its ``check``: the complete temporary file, before it is renamed."""
+
+    path: Path
+    """The file (its external data beside it, under its final name)."""
+    message: onnx.ModelProto | None = None
+    """The file as :func:`onnxprec._protobuf.load_mapped` reads it (weights of 1 KiB or more are references to their
+    bytes in it), known from writing it: for ONNX Runtime to run without reading it again. None when the weights
+    went to an external data file."""
+
 
 # Files at least this large are memory-mapped instead of parsed into memory.
 _MAP_FILE_BYTES = 32 * 1024 * 1024
@@ -338,7 +353,7 @@ def save_model(
     *,
     external_data: bool | None = None,
     protected: set[Path] | None = None,
-    check: Callable[[Path], None] | None = None,
+    check: Callable[[WrittenModel], None] | None = None,
     data_location: str | None = None,
     size_threshold: int = 1024,
 ) -> Path:
@@ -352,9 +367,8 @@ def save_model(
         external_data: ``True`` writes weights above ``size_threshold`` bytes to ``data_location`` beside the
             model; ``False`` embeds them; ``None`` (default) embeds them unless the model exceeds 2 GB.
         protected: Files that must not be overwritten (the input model and its data files).
-        check: Called with the complete temporary file (its external data beside it, under its final name) before
-            the rename: if it raises, nothing is left behind and ``path`` is untouched (e.g. a check that loads the
-            output in ONNX Runtime).
+        check: Called with the complete temporary file (:class:`WrittenModel`) before the rename: if it raises,
+            nothing is left behind and ``path`` is untouched (e.g. a check that loads the output in ONNX Runtime).
         data_location: The external data file's name, relative to the model's folder (default:
             ``<name>.data``).
         size_threshold: With external data, tensors of more bytes than this go to the data file.
@@ -373,6 +387,7 @@ def save_model(
     data_existed = data_path.exists()
     try:
         with atomic_path(out) as tmp_name:
+            message = None
             if external_data:
                 with _progress(model) as callback:
                     ir.save(
@@ -382,9 +397,10 @@ def save_model(
             else:
                 _inline_subgraph_external_tensors(model)
                 with open(tmp_name, "wb") as stream:
-                    write_streaming(model, stream)
+                    message = write_streaming(model, stream, location=tmp_name.name if check is not None else None)
             if check is not None:
-                check(tmp_name)
+                check(WrittenModel(tmp_name, message))
+            del message
     except BaseException:
         if external_data and not data_existed:
             with contextlib.suppress(OSError):

@@ -63,14 +63,16 @@ def test_ops_no_runtime_knows_are_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("external_data", [False, True])
 def test_a_failed_check_leaves_no_output(tmp_path: Path, external_data: bool) -> None:
     """save_model's check sees the complete file (weights beside it) before the rename; if it raises, nothing stays."""
-    from onnxprec._io import save_model
+    from onnxprec._io import WrittenModel, save_model
 
     model = load_model(_model(helper.make_node("Mul", ["X", "scale"], ["Y"]), 22, (_SCALE,)))
     seen: list[int] = []
 
-    def check(path: Path) -> None:
-        loaded = onnx.load(path)  # external data resolves beside it, under the final name
+    def check(written: WrittenModel) -> None:
+        loaded = onnx.load(written.path)  # external data resolves beside it, under the final name
         seen.append(len(loaded.graph.initializer[0].float_data or loaded.graph.initializer[0].raw_data))
+        # in one file, the check is also told what was written (as load_mapped reads it)
+        assert (written.message is None) == external_data and written.message in (None, loaded)
         raise ValueError("rejected")
 
     with pytest.raises(ValueError, match="rejected"):

@@ -93,7 +93,11 @@ def first_line(error: BaseException, limit: int = 300) -> str:
 
 
 def import_onnxruntime() -> Any:
-    """Imports onnxruntime, with a clear message when it is missing or when two builds share its folder."""
+    """Imports onnxruntime, with a clear message when it is missing or when two builds share its folder (checked
+    once per process: the look-up of the installed builds costs tens of milliseconds, and every session asks)."""
+    checked = getattr(import_onnxruntime, "checked", None)
+    if checked is not None:
+        return checked
     installed = []
     for dist in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -117,6 +121,7 @@ def import_onnxruntime() -> Any:
             ", ".join(installed),
         )
     ort.set_default_logger_severity(4)  # errors reach the user as exceptions, not as log lines
+    import_onnxruntime.checked = ort  # type: ignore[attr-defined]
     return ort
 
 

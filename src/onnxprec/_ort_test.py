@@ -134,6 +134,7 @@ def test_two_runtime_builds_are_named_with_the_fix(monkeypatch: pytest.MonkeyPat
         return versions[dist]
 
     monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.delattr(_ort.import_onnxruntime, "checked", raising=False)  # checked once per process: again
     broken = types.ModuleType("onnxruntime")  # what remains when one wheel overwrote the other's files
     monkeypatch.setattr(importlib, "import_module", lambda name: broken)
     with pytest.raises(UnsupportedModelError, match=r"onnxruntime==1\.32\.0, onnxruntime-gpu==1\.31\.1.*exactly one"):

@@ -152,11 +152,11 @@ def load_mapped(path: Path) -> onnx.ModelProto:
     return model
 
 
-def _tensor_header(value: ir.Value, tensor: ir.TensorProtocol) -> bytes:
+def _tensor_header(value: ir.Value, tensor: ir.TensorProtocol) -> onnx.TensorProto:
     """A TensorProto without its data: name, dims, data type."""
     proto = onnx.TensorProto(name=value.name, data_type=int(tensor.dtype))
     proto.dims.extend(int(d) for d in tensor.shape.numpy())
-    return proto.SerializeToString()
+    return proto
 
 
 def _streamable(value: ir.Value) -> bool:
@@ -179,11 +179,21 @@ def _serialized_without(model: ir.Model, left_out: list[ir.Value]) -> onnx.Model
             graph.initializers.add(value)
 
 
-def write_streaming(model: ir.Model, stream: BinaryIO) -> None:
+def write_streaming(model: ir.Model, stream: BinaryIO, location: str | None = None) -> onnx.ModelProto | None:
     """Writes ``model`` as one protobuf file, encoding and writing one main-graph initializer at a time.
 
     Every tensor's bytes are embedded (external references of the source model are read and inlined),
     so the result is self-contained. The caller keeps the model below the 2 GB protobuf limit.
+
+    Args:
+        model: The model.
+        stream: Where to write, from its start.
+        location: The file's name, relative to the folder ONNX Runtime is told the weights are in.
+
+    Returns:
+        With ``location``: the written model as a message, as :func:`load_mapped` reads the file: initializers of
+        1 KiB or more are external references to their bytes in it (``location``, offset, length); for ONNX Runtime
+        to run without reading the file into onnx-ir again. Else None.
     """
     streamed = [v for v in model.graph.initializers.values() if _streamable(v)]
     proto = _serialized_without(model, streamed)
@@ -198,35 +208,52 @@ def write_streaming(model: ir.Model, stream: BinaryIO) -> None:
     proto.ClearField("graph")
 
     headers = []
+    tensors = []
     total = len(graph_bytes)
     for value in streamed:
         tensor = value.const_value
         assert tensor is not None
-        header = _tensor_header(value, tensor)
+        tensors.append(_tensor_header(value, tensor))
         raw_field = b"\x4a" + _encode_varint(tensor.nbytes)  # field 9 (raw_data), length-delimited
-        body = len(header) + len(raw_field) + tensor.nbytes
-        headers.append((header + raw_field, body))
+        header = tensors[-1].SerializeToString() + raw_field
+        body = len(header) + tensor.nbytes
+        headers.append((header, body))
         total += 1 + len(_encode_varint(body)) + body
 
-    stream.write(proto.SerializeToString())
-    stream.write(b"\x3a" + _encode_varint(total))  # field 7 (graph), length-delimited
+    head = proto.SerializeToString() + b"\x3a" + _encode_varint(total)  # field 7 (graph), length-delimited
+    stream.write(head)
     stream.write(graph_bytes)
+    position = len(head) + len(graph_bytes)
     from tqdm.auto import tqdm
 
-    for value, (header, body) in tqdm(
-        list(zip(streamed, headers)), desc="Writing weights", unit="tensor", disable=None, leave=False
+    for value, tensor_proto, (header, body) in tqdm(
+        list(zip(streamed, tensors, headers)), desc="Writing weights", unit="tensor", disable=None, leave=False
     ):
         tensor = value.const_value
         assert tensor is not None
         data = tensor.tobytes()
         if len(data) != tensor.nbytes:
             raise RuntimeError(f"tensor '{value.name}' produced {len(data)} bytes, expected {tensor.nbytes}")
-        stream.write(b"\x2a" + _encode_varint(body))  # field 5 (initializer), length-delimited
+        field = b"\x2a" + _encode_varint(body)  # field 5 (initializer), length-delimited
+        stream.write(field)
         stream.write(header)
         stream.write(data)
+        position += len(field) + len(header)
+        if location is not None and len(data) < _MAP_THRESHOLD:
+            tensor_proto.raw_data = data  # as load_mapped reads it: small tensors (shapes...) in the message
+        elif location is not None:
+            tensor_proto.data_location = onnx.TensorProto.EXTERNAL
+            for key, entry in (("location", location), ("offset", position), ("length", len(data))):
+                tensor_proto.external_data.add(key=key, value=str(entry))
+        position += len(data)
         del data
         release(tensor)
     stream.flush()
+    if location is None:
+        return None
+    proto.graph.ParseFromString(graph_bytes)
+    proto.graph.initializer.extend(tensors)
+    return proto
 
 
 def structure_proto(model: ir.Model, threshold: int = 1024) -> onnx.ModelProto:

@@ -11,6 +11,7 @@ import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
 
+from onnxprec import _ort
 from onnxprec._io import load_model, save_model
 from onnxprec._protobuf import load_mapped, write_streaming
 from onnxprec._testing import F, make_model, run, tensor_info
@@ -59,6 +60,33 @@ def test_streaming_writer_round_trips(tmp_path: Path) -> None:
     assert all(t.data_location == onnx.TensorProto.DEFAULT for t in again.graph.initializer)
     x = np.ones((1, 64), np.float32)
     np.testing.assert_array_equal(run(again, {"X": x})[0], run(_model(), {"X": x})[0])
+
+
+def test_streaming_writer_describes_what_it_wrote(tmp_path: Path) -> None:
+    model = ir.serde.deserialize_model(_model())
+    path = tmp_path / "out.onnx"
+    with open(path, "wb") as stream:
+        message = write_streaming(model, stream, location=path.name)
+    assert message is not None
+    written = onnx.load(path)
+    assert message.graph.node == written.graph.node and message.graph.output == written.graph.output
+    data = path.read_bytes()
+    assert message == load_mapped(path)  # what reading the file back gives, but for the location
+    for ref, tensor in zip(message.graph.initializer, written.graph.initializer, strict=True):
+        assert ref.name == tensor.name
+        if len(tensor.raw_data) < 1024:  # small ones in the message: ONNX Runtime's shape inference reads them
+            assert ref.raw_data == tensor.raw_data and ref.data_location == onnx.TensorProto.DEFAULT
+            continue
+        entries = {e.key: e.value for e in ref.external_data}
+        assert ref.data_location == onnx.TensorProto.EXTERNAL and not ref.raw_data
+        assert entries["location"] == "out.onnx"
+        offset, length = int(entries["offset"]), int(entries["length"])
+        assert data[offset : offset + length] == tensor.raw_data
+    x = np.ones((1, 64), np.float32)
+    session = _ort.create_session(message.SerializeToString(), external_data_folder=tmp_path)
+    np.testing.assert_array_equal(session.run({"X": x})[0], run(_model(), {"X": x})[0])
+    buffer = io.BytesIO()
+    assert write_streaming(model, buffer) is None and buffer.getvalue() == data
 
 
 def test_truncated_big_file_is_a_clean_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,14 +41,15 @@ def cast_array(array: np.ndarray, to: ir.DataType) -> np.ndarray:
     needs_clamp = np.dtype(source.dtype).itemsize > target.itemsize or source.dtype == np.float16
     for start in range(0, flat_in.size, _CHUNK_ELEMENTS):
         part = flat_in[start : start + _CHUNK_ELEMENTS]
+        converted = flat_out[start : start + _CHUNK_ELEMENTS]
         with np.errstate(over="ignore"):
-            converted = part.astype(target)
-        if needs_clamp:
-            # Out-of-range values (and infinities) became +-inf: redo only those with a clamp; NaN stays NaN.
+            converted[...] = part  # the same cast as astype, written in place
+        # Out-of-range values (and infinities) became +-inf: redo only those with a clamp; NaN stays NaN. Two
+        # reductions of the source say when there are none (NaN fails both tests), cheaper than isinf of the result.
+        if needs_clamp and part.size and not (float(part.min()) >= -limit and float(part.max()) <= limit):
             overflow = np.isinf(converted)
             if overflow.any():
                 converted[overflow] = np.clip(part[overflow], -limit, limit).astype(target)
-        flat_out[start : start + _CHUNK_ELEMENTS] = converted
     return out
 
 

@@ -31,6 +31,13 @@ def test_cast_of_large_arrays_goes_chunk_by_chunk_with_the_same_result() -> None
     assert np.array_equal(cast_array(x, ir.DataType.FLOAT16), np.clip(x, -65504, 65504).astype(np.float16))
 
 
+def test_cast_of_chunks_without_overflow_equals_astype() -> None:
+    x = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)
+    x[:8] = [65504.0, -65504.0, 65519.0, 6e-8, -3e-8, 2.9e-8, 1e-45, -0.0]  # the extremes and ties that stay in range
+    y = cast_array(x, ir.DataType.FLOAT16)
+    assert y.tobytes() == x.astype(np.float16).tobytes()
+
+
 def test_converted_tensor_converts_only_when_read() -> None:
     reads = []
     source = ir.Tensor(np.array([[1.5, 1e9]], np.float32), name="w")

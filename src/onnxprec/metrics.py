@@ -72,24 +72,25 @@ class ErrorStats:
         for r, c in zip(np.array_split(ref, parts), np.array_split(cand, parts)):
             r64 = r.astype(np.float64)
             c64 = c.astype(np.float64)
-            finite = np.isfinite(c64)
-            ref_finite = np.isfinite(r64)
-            self.nonfinite += int(finite.size - finite.sum())
-            if not (finite.all() and ref_finite.all()):
-                with np.errstate(invalid="ignore"):
-                    same = (c64 == r64) | (np.isnan(c64) & np.isnan(r64))
-                self.mismatched += int(((finite != ref_finite) | (~finite & ~ref_finite & ~same)).sum())
-            c64 = np.where(finite, c64, 0.0)
-            r64 = np.where(ref_finite, r64, 0.0)
-            d = c64 - r64
-            if d.size:
-                self.max_abs = max(self.max_abs, float(np.abs(d).max()))
-            if self.mismatched:
-                self.max_abs = math.inf
-            self._d2 += float((d * d).sum())
-            self._r2 += float((r64 * r64).sum())
-            self._c2 += float((c64 * c64).sum())
-            self._rc += float((r64 * c64).sum())
+            if not self._add_finite(r64, c64):
+                finite = np.isfinite(c64)
+                ref_finite = np.isfinite(r64)
+                self.nonfinite += int(finite.size - finite.sum())
+                if not (finite.all() and ref_finite.all()):
+                    with np.errstate(invalid="ignore"):
+                        same = (c64 == r64) | (np.isnan(c64) & np.isnan(r64))
+                    self.mismatched += int(((finite != ref_finite) | (~finite & ~ref_finite & ~same)).sum())
+                c64 = np.where(finite, c64, 0.0)
+                r64 = np.where(ref_finite, r64, 0.0)
+                d = c64 - r64
+                if d.size:
+                    self.max_abs = max(self.max_abs, float(np.abs(d).max()))
+                if self.mismatched:
+                    self.max_abs = math.inf
+                self._d2 += float((d * d).sum())
+                self._r2 += float((r64 * r64).sum())
+                self._c2 += float((c64 * c64).sum())
+                self._rc += float((r64 * c64).sum())
             if self.track_top1 and r.shape[0]:
                 self._agree += int((r64.argmax(-1) == c64.argmax(-1)).sum())
                 self._rows += r.shape[0]
@@ -98,6 +99,29 @@ class ErrorStats:
                 self._kl += float((np.exp(log_p) * (log_p - log_q)).sum())
                 self._kl_rows += r.shape[0]
         self.count += ref.size
+
+    def _add_finite(self, r64: np.ndarray, c64: np.ndarray) -> bool:
+        """The sums of one part when both sides are finite (False, nothing added, otherwise): the same float64
+        products and sums as the general case, in one scratch array (float32-range squares cannot overflow float64,
+        so a finite sum of squares proves every value finite)."""
+        with np.errstate(over="ignore"):  # an overflow goes the general way, which warns as before
+            scratch = np.multiply(r64, r64)
+            r2 = float(scratch.sum())
+            np.multiply(c64, c64, out=scratch)
+            c2 = float(scratch.sum())
+        if not (math.isfinite(r2) and math.isfinite(c2)):
+            return False
+        np.multiply(r64, c64, out=scratch)
+        rc = float(scratch.sum())
+        np.subtract(c64, r64, out=scratch)
+        if scratch.size:
+            self.max_abs = max(self.max_abs, float(scratch.max()), -float(scratch.min()))
+        np.multiply(scratch, scratch, out=scratch)
+        self._d2 += float(scratch.sum())
+        self._r2 += r2
+        self._c2 += c2
+        self._rc += rc
+        return True
 
     @property
     def rel_l2(self) -> float:

@@ -88,3 +88,26 @@ def test_kl_divergence_matches_numpy_and_streams() -> None:
         stream.update(ref[i : i + 1], cand[i : i + 1])
     assert stream.kl == pytest.approx(expected, rel=1e-9) and stream.as_dict()["kl"] == stream.kl
     assert "kl" not in metrics.compare(ref, cand)
+
+
+@pytest.mark.parametrize("bad", [None, np.inf, np.nan])
+def test_finite_and_nonfinite_parts_give_the_same_sums(bad: float | None) -> None:
+    # A part with only finite values is summed in one scratch array, others the general way: the same float64 sums.
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((4, 9)).astype(np.float32)
+    cand = ref + rng.standard_normal(ref.shape).astype(np.float32)
+    if bad is not None:
+        cand[2, 3] = bad
+    r, c = ref.astype(np.float64), cand.astype(np.float64)
+    finite = np.isfinite(c)
+    c = np.where(finite, c, 0.0)
+    stats = metrics.ErrorStats()
+    stats.update(ref, cand)
+    assert stats.nonfinite == int((~finite).sum())
+    assert stats.max_abs == (float(np.abs(c - r).max()) if bad is None else math.inf)  # inf: a mismatch
+    assert (stats._d2, stats._r2, stats._c2, stats._rc) == (
+        float(((c - r) * (c - r)).sum()),
+        float((r * r).sum()),
+        float((c * c).sum()),
+        float((r * c).sum()),
+    )

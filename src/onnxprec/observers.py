@@ -19,6 +19,7 @@ Every observer's memory is independent of the number of batches.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -114,7 +115,13 @@ class TensorStats:
 
     @property
     def is_float(self) -> bool:
-        return bool(np.issubdtype(self.dtype, np.floating))
+        return _is_floating(self.dtype)
+
+
+@functools.cache
+def _is_floating(dtype: np.dtype) -> bool:
+    """``np.issubdtype(dtype, np.floating)``, once per dtype (the rules ask it of every tensor of every node)."""
+    return bool(np.issubdtype(dtype, np.floating))
 
 
 def _min_max(array: np.ndarray) -> tuple[float, float]:

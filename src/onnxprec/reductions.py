@@ -1,9 +1,10 @@
 """Range reductions inside the runtime: a tensor that only range observers want is reduced to a few scalars in the
 graph (min, max, sum, shape) instead of being fetched, so a reference run never copies it out of ONNX Runtime.
 
-:class:`AddRangeReductionsPass` is an onnx-ir pass: the reference run applies it to a clone of the graph it runs
-(:func:`onnxprec.reference.run_reference`) and hands the scalars to
-:meth:`onnxprec.observers.RangeObserver.update_range`.
+:class:`AddRangeReductionsPass` is an onnx-ir pass: the reference run (:func:`onnxprec.reference.run_reference`)
+applies it to the model for as long as it takes to serialize it for ONNX Runtime, then takes it out again
+(:func:`remove_range_reductions`; cheaper than a clone, which costs as much as deserializing the whole graph), and
+hands the scalars to :meth:`onnxprec.observers.RangeObserver.update_range`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
 
-__all__ = ["AddRangeReductionsPass", "RangeReductionsResult"]
+__all__ = ["AddRangeReductionsPass", "RangeReductionsResult", "remove_range_reductions"]
 
 _F = ir.DataType.FLOAT
 _REDUCTIONS = (("ReduceMin", "min"), ("ReduceMax", "max"), ("ReduceSum", "sum"))
@@ -29,9 +30,13 @@ class RangeReductionsResult(ir.passes.PassResult):
     Attributes:
         reductions: Per reduced tensor, the names of the graph outputs that hold its min, max, sum and shape, and,
             for a tensor with a sentinel threshold, a fifth: its largest magnitude above the threshold.
+        nodes: The nodes the pass added (what :func:`remove_range_reductions` takes out).
+        outputs: How many graph outputs the pass appended.
     """
 
     reductions: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    nodes: list[ir.Node] = dataclasses.field(default_factory=list)
+    outputs: int = 0
 
 
 class AddRangeReductionsPass(ir.passes.InPlacePass):
@@ -74,7 +79,18 @@ class AddRangeReductionsPass(ir.passes.InPlacePass):
             graph.insert_after(producer, new.nodes)
             graph.outputs.extend(outs)
             result.reductions[name] = tuple(str(out.name) for out in outs)
+            result.nodes += new.nodes
+            result.outputs += len(outs)
         return result
+
+
+def remove_range_reductions(result: RangeReductionsResult) -> None:
+    """Takes what :class:`AddRangeReductionsPass` added out of the model it changed (``result.model``): its graph
+    outputs (the last ``result.outputs``) and its nodes; the graph is then as before the pass."""
+    graph = result.model.graph
+    if result.outputs:
+        graph.outputs[len(graph.outputs) - result.outputs :] = []
+    graph.remove(result.nodes, safe=True)
 
 
 class _NewNodes:

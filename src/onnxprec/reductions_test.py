@@ -7,7 +7,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort
-from onnxprec.reductions import AddRangeReductionsPass, RangeReductionsResult
+from onnxprec.reductions import AddRangeReductionsPass, RangeReductionsResult, remove_range_reductions
 
 _MODEL = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -56,3 +56,14 @@ def test_a_nan_shows_in_the_sum() -> None:
     x[1, 3] = np.nan
     total = result.reductions["a"][2]
     assert np.isnan(_run(model, {"x": x}, [total])[total])
+
+
+def test_removing_the_reductions_restores_the_model() -> None:
+    model = ir.from_onnx_text(_MODEL)
+    before = ir.serde.serialize_model(model).SerializeToString()
+    result = AddRangeReductionsPass(["a", "b"], sentinels={"a": 0.0})(model)
+    assert isinstance(result, RangeReductionsResult)
+    assert len(model.graph) == 3 + (4 + 6) + 4 and len(model.graph.outputs) == 1 + 5 + 4
+    remove_range_reductions(result)
+    assert ir.serde.serialize_model(model).SerializeToString() == before
+    assert [len(v.uses()) for v in (model.graph.node(0).outputs[0], model.graph.node(1).outputs[0])] == [1, 1]

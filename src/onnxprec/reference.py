@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
-from onnxprec.reductions import AddRangeReductionsPass, RangeReductionsResult
+from onnxprec.reductions import AddRangeReductionsPass, RangeReductionsResult, remove_range_reductions
 
 __all__ = [
     "DEFAULT_BUDGET_BYTES",
@@ -197,7 +197,6 @@ def run_reference(
     if segment_bytes is None:
         segment_bytes = DEFAULT_SEGMENT_BYTES
     data = CalibrationData.of(batches)
-    first = data.first
     marked = _selected(model, select)
     # Ranges need no tensor out of the runtime: it reduces each FP32 tensor to min/max/sum/shape itself. Only the
     # tensors another observer wants are fetched.
@@ -205,66 +204,149 @@ def run_reference(
     ranges = next((o for o in observers if isinstance(o, RangeObserver)), None)
     sentinels = ranges.sentinels if ranges else {}
     fetched = [v for v in marked if v not in set(in_graph)]
-    chunks = chunk_values(fetched, estimated_sizes(model, first), budget_bytes) if fetched else [[]]
-    graph_outputs = [str(v.name) for v in model.graph.outputs]
-    first_outputs: dict[str, np.ndarray] = {}
-    count = 0
-    from tqdm.auto import tqdm
-
+    chunks = chunk_values(fetched, estimated_sizes(model, data.first), budget_bytes) if fetched else [[]]
+    values = {str(v.name): v for v in model.graph.inputs}
+    values.update({str(out.name): out for node in model.graph for out in node.outputs})
+    run = _Run(data, observers, providers, observe_inputs, what, len(model.graph.outputs))
     with contextlib.ExitStack() as stack:
         if data is not batches:
             stack.callback(data.close)
-        replay = data
-        payload, folder = stack.enter_context(_ort.ort_model(model))
+        payload, folder, reductions = stack.enter_context(_ort_model_with_reductions(model, in_graph, sentinels))
+        path = payload if isinstance(payload, str) else None
         base = _ort.model_proto(payload)
-        segments = _segments(base, segment_bytes)
-        done = None
-        if segments is not None:
-            data_folder = folder if folder is not None or isinstance(payload, bytes) else Path(payload).parent
-            done = _run_segmented(
-                base, segments, data_folder, model, marked, replay, observers, providers, observe_inputs,
-                in_graph, sentinels, what,
-            )  # fmt: skip
-        if segments is not None and done is not None:
-            first_outputs, count = done
-            logger.log(
-                logging.INFO if marked else logging.DEBUG,
-                "Reference run: %d tensors over %d batch(es) in %d segments of <= %.4g MiB of weights",
-                len(marked), count, len(segments), segment_bytes / (1 << 20),
-            )  # fmt: skip
-            return ReferenceResult(first, first_outputs, count, 1, ranges.stats if ranges else None, len(segments))
-        n_outputs = len(base.graph.output)
-        progress = stack.enter_context(tqdm(desc="Reference run", unit="run", disable=None, leave=False))
-        for chunk_index, chunk in enumerate(chunks):
-            names = [str(v.name) for v in chunk]
-            reduced, reductions = _with_reductions(base, in_graph, sentinels) if chunk_index == 0 else (base, {})
-            session = _chunk_session(reduced, payload, folder, chunk, providers, what)
-            del base.graph.output[n_outputs:], reduced
-            fetch = graph_outputs + names if chunk_index == 0 else names
-            fetch += [out for outs in reductions.values() for out in outs]
-            count = 0
-            for i, batch in enumerate(replay):
-                if chunk_index == 0 and observe_inputs:
-                    for name, array in batch.items():
-                        _observe(observers, name, array)
-                results = _run_batch(session, batch, fetch, i)
-                by_name = dict(zip(fetch, results))
-                del results
-                _update_ranges(observers, reductions, by_name)
-                for name, array in by_name.items():
-                    if chunk_index == 0 and i == 0 and name in graph_outputs:
-                        # A copy: ORT's arrays can pin the session's buffers and weight mappings.
-                        first_outputs[name] = _copy(array)
-                    _observe(observers, name, array)
-                del by_name
-                count += 1
-                progress.update()
-            del session
+        data_folder = folder if folder is not None or path is None else Path(path).parent
+        info_of = lambda name: _value_info(values, name)  # noqa: E731
+        result = run.segmented(base, segment_bytes, data_folder, marked, in_graph, reductions, info_of)
+        if result is None:
+            result = run.whole(base, path, folder, chunks, reductions)
+    result.stats = ranges.stats if ranges else None
+    _log_run(result, len(marked), segment_bytes)
+    return result
+
+
+def _log_run(result: ReferenceResult, marked: int, segment_bytes: int) -> None:
     logger.log(
         logging.INFO if marked else logging.DEBUG,  # a plain run of a model (e.g. a numeric check) is no step
-        "Reference run: %d tensors over %d batch(es) in %d chunk(s)", len(marked), count, len(chunks),
+        "Reference run: %d tensors over %d batch(es) in %s", marked, result.num_batches,
+        f"{result.segments} segments of <= {segment_bytes / (1 << 20):.4g} MiB of weights" if result.segments > 1
+        else f"{result.chunks} chunk(s)",
     )  # fmt: skip
-    return ReferenceResult(first, first_outputs, count, len(chunks), ranges.stats if ranges else None)
+
+
+def run_message(
+    message: onnx.ModelProto,
+    folder: Path | None,
+    batches: Iterable[Feeds],
+    *,
+    providers: Sequence[str] | None = None,
+    segment_bytes: int | None = None,
+    what: str | None = None,
+) -> ReferenceResult:
+    """Runs a model given as a message (its weights references to files in ``folder``) on every batch and keeps the
+    first batch's graph outputs, as :func:`run_reference` with nothing selected (segment by segment when its weights
+    are large), without a round trip through onnx-ir. ``message`` is unchanged.
+
+    Raises:
+        UnsupportedModelError: ONNX Runtime cannot load the model.
+        CalibrationDataError: ONNX Runtime fails on the given inputs.
+    """
+    data = CalibrationData.of(batches)
+    segment_bytes = DEFAULT_SEGMENT_BYTES if segment_bytes is None else segment_bytes
+    base = onnx.ModelProto()
+    base.CopyFrom(message)
+    graph = base.graph
+    infos = {i.name: i for i in (*graph.input, *graph.value_info, *graph.output)}
+    run = _Run(data, (), providers, False, what, len(graph.output))
+    with contextlib.ExitStack() as stack:
+        if data is not batches:
+            stack.callback(data.close)
+        result = run.segmented(base, segment_bytes, folder, [], [], {}, infos.get)
+        if result is None:
+            result = run.whole(base, None, folder, [[]], {})
+    _log_run(result, 0, segment_bytes)
+    return result
+
+
+@dataclass
+class _Run:
+    """One run's settings, shared by its segmented and whole-graph forms (``n_outputs``: the model's own graph
+    outputs, first in every message it runs)."""
+
+    data: CalibrationData
+    observers: Sequence[Observer]
+    providers: Sequence[str] | None
+    observe_inputs: bool
+    what: str | None
+    n_outputs: int
+
+    def segmented(
+        self,
+        base: onnx.ModelProto,
+        segment_bytes: int,
+        folder: Path | None,
+        marked: list[ir.Value],
+        in_graph: Sequence[ir.Value],
+        reductions: Mapping[str, tuple[str, ...]],
+        info_of: Callable[[str], onnx.ValueInfoProto | None],
+    ) -> ReferenceResult | None:
+        """The run segment by segment (see the module docstring), or None when the model runs whole."""
+        segments = _segments(base, segment_bytes, {out for outs in reductions.values() for out in outs})
+        if segments is None:
+            return None
+        done = _run_segmented(
+            base, segments, folder, info_of, marked, self.data, self.observers, self.providers, self.observe_inputs,
+            in_graph, reductions, self.n_outputs, self.what,
+        )  # fmt: skip
+        if done is None:
+            return None
+        first_outputs, count = done
+        return ReferenceResult(self.data.first, first_outputs, count, 1, None, len(segments))
+
+    def whole(
+        self,
+        base: onnx.ModelProto,
+        path: str | None,
+        folder: Path | None,
+        chunks: list[list[ir.Value]],
+        reductions: Mapping[str, tuple[str, ...]],
+    ) -> ReferenceResult:
+        """The run of the whole graph, once per chunk of fetched tensors (the reductions with the first)."""
+        from tqdm.auto import tqdm
+
+        observers = self.observers
+        graph_outputs = [o.name for o in base.graph.output[: self.n_outputs]]
+        riding = {out for outs in reductions.values() for out in outs}
+        first_outputs: dict[str, np.ndarray] = {}
+        count = 0
+        with tqdm(desc="Reference run", unit="run", disable=None, leave=False) as progress:
+            for chunk_index, chunk in enumerate(chunks):
+                names = [str(v.name) for v in chunk]
+                if chunk_index == 1 and reductions:  # the reductions ran with the first chunk
+                    base, reductions = _without(base, riding, self.n_outputs), {}
+                n_outputs = len(base.graph.output)
+                session = _chunk_session(base, path, folder, chunk, self.providers, self.what)
+                del base.graph.output[n_outputs:]
+                fetch = graph_outputs + names if chunk_index == 0 else names
+                fetch += [out for outs in reductions.values() for out in outs]
+                count = 0
+                for i, batch in enumerate(self.data):
+                    if chunk_index == 0 and self.observe_inputs:
+                        for name, array in batch.items():
+                            _observe(observers, name, array)
+                    results = _run_batch(session, batch, fetch, i)
+                    by_name = dict(zip(fetch, results))
+                    del results
+                    _update_ranges(observers, reductions, by_name)
+                    for name, array in by_name.items():
+                        if chunk_index == 0 and i == 0 and name in graph_outputs:
+                            # A copy: ORT's arrays can pin the session's buffers and weight mappings.
+                            first_outputs[name] = _copy(array)
+                        _observe(observers, name, array)
+                    del by_name
+                    count += 1
+                    progress.update()
+                del session
+        return ReferenceResult(self.data.first, first_outputs, count, len(chunks))
 
 
 def _weight_bytes(proto: onnx.ModelProto) -> dict[str, int]:
@@ -279,9 +361,11 @@ def _weight_bytes(proto: onnx.ModelProto) -> dict[str, int]:
     return sizes
 
 
-def _segments(proto: onnx.ModelProto, segment_bytes: int) -> list[list[int]] | None:
+def _segments(proto: onnx.ModelProto, segment_bytes: int, riding: Collection[str] = ()) -> list[list[int]] | None:
     """Node indices cut, in graph order, into pieces of at most ``segment_bytes`` of weights (a node whose own
-    weights exceed it is a piece alone); None when the model is small enough to run at once or has subgraphs."""
+    weights exceed it is a piece alone); None when the model is small enough to run at once or has subgraphs.
+    Nodes whose first output is in ``riding`` (range reductions, which follow their tensor's producer) never start
+    a piece: they stay in the piece of the node before them."""
     sizes = _weight_bytes(proto)
     if sum(sizes.values()) <= segment_bytes:
         return None
@@ -294,6 +378,9 @@ def _segments(proto: onnx.ModelProto, segment_bytes: int) -> list[list[int]] | N
     held: set[str] = set()
     used = 0
     for index, node in enumerate(proto.graph.node):
+        if current and node.output and node.output[0] in riding:
+            current.append(index)
+            continue
         new = [name for name in dict.fromkeys(node.input) if name in sizes and name not in held]
         need = sum(sizes[name] for name in new)
         if current and used + need > segment_bytes:
@@ -313,27 +400,32 @@ def _run_segmented(
     base: onnx.ModelProto,
     segments: list[list[int]],
     folder: Path | None,
-    model: ir.Model,
+    info_of: Callable[[str], onnx.ValueInfoProto | None],
     marked: list[ir.Value],
     replay: Iterable[dict[str, np.ndarray]],
     observers: Sequence[Observer],
     providers: Sequence[str] | None,
     observe_inputs: bool,
     in_graph: Sequence[ir.Value] = (),
-    sentinels: Mapping[str, float] | None = None,
+    reductions: Mapping[str, tuple[str, ...]] | None = None,
+    n_outputs: int | None = None,
     what: str | None = None,
 ) -> tuple[dict[str, np.ndarray], int] | None:
     """Runs the graph piece by piece over every batch (see the module docstring); returns the first batch's graph
-    outputs and the number of batches, or None (nothing run) when a tensor crossing pieces has no known type."""
+    outputs and the number of batches, or None (nothing run) when a tensor crossing pieces has no known type.
+
+    ``base`` holds the range reductions of ``in_graph`` (``reductions``: tensor -> outputs), its first ``n_outputs``
+    graph outputs are the model's own (default: all); each piece computes the reductions of the tensors it produces.
+    """
     from tqdm.auto import tqdm
 
     nodes = list(base.graph.node)
     initializers = {t.name: t for t in base.graph.initializer}
-    graph_outputs = [o.name for o in base.graph.output]
+    graph_outputs = [o.name for o in base.graph.output[:n_outputs]]
+    reduction_infos = {o.name: o for o in base.graph.output[len(graph_outputs) :]}
+    reductions = reductions or {}
     reduced = {str(v.name) for v in in_graph}  # reduced to min/max/sum/shape inside the piece, never fetched
     fetch = {str(v.name) for v in marked} - reduced
-    values = {str(v.name): v for v in model.graph.inputs}
-    values.update({str(out.name): out for node in model.graph for out in node.outputs})
     piece_of = {index: s for s, piece in enumerate(segments) for index in piece}
     last_use: dict[str, int] = {name: len(segments) for name in graph_outputs}  # kept to the end
     for index, node in enumerate(nodes):
@@ -348,7 +440,7 @@ def _run_segmented(
         read = [name for node in piece_nodes for name in dict.fromkeys(node.input) if name]
         inputs = [name for name in dict.fromkeys(read) if name not in produced_set and name not in initializers]
         outputs = [name for name in produced if name in fetch or name in graph_outputs or last_use.get(name, -1) > s]
-        maybe = [_value_info(values, name) for name in inputs + outputs]
+        maybe = [info_of(name) for name in inputs + outputs]
         infos = [info for info in maybe if info is not None]
         if len(infos) != len(maybe):
             return None  # a crossing tensor of unknown type cannot be a piece's input or output: run whole
@@ -364,15 +456,15 @@ def _run_segmented(
             ir_version=base.ir_version,
         )
         proto.functions.extend(base.functions)
-        here = [v for v in in_graph if str(v.name) in produced_set]
-        proto, reductions = _with_reductions(proto, here, sentinels)
-        pieces.append((proto.SerializeToString(), inputs, outputs, reductions))
+        here = {name: outs for name, outs in reductions.items() if name in produced_set}
+        proto.graph.output.extend(reduction_infos[out] for outs in here.values() for out in outs)
+        pieces.append((proto.SerializeToString(), inputs, outputs, here))
         del proto
     carried: list[dict[str, np.ndarray]] = []
     first_outputs: dict[str, np.ndarray] = {}
     count = 0
     with tqdm(total=len(segments), desc="Reference run (segments)", unit="segment", disable=None, leave=False) as bar:
-        for s, (payload, inputs, outputs, reductions) in enumerate(pieces):
+        for s, (payload, inputs, outputs, here) in enumerate(pieces):
             session = _ort.create_session(
                 payload,
                 providers=providers,
@@ -389,10 +481,10 @@ def _run_segmented(
                         for name, array in batch.items():
                             _observe(observers, name, array)
                 feeds = {name: batch[name] if name in batch else carried[i][name] for name in inputs}
-                names = outputs + [out for outs in reductions.values() for out in outs]
+                names = outputs + [out for outs in here.values() for out in outs]
                 results = _run_batch(session, feeds, names, i)
                 by_name = dict(zip(names, results))
-                _update_ranges(observers, reductions, by_name)
+                _update_ranges(observers, here, by_name)
                 for name, array in zip(outputs, results):
                     if name in fetch or name in graph_outputs:  # as the whole-graph run: outputs are observed too
                         _observe(observers, name, array)
@@ -453,18 +545,36 @@ def _reduced_in_graph(marked: list[ir.Value], observers: Sequence[Observer]) -> 
     return [v for v in marked if v.dtype == ir.DataType.FLOAT and not fetched(str(v.name))]
 
 
-def _with_reductions(
-    proto: onnx.ModelProto, values: Sequence[ir.Value], sentinels: Mapping[str, float] | None
-) -> tuple[onnx.ModelProto, dict[str, tuple[str, ...]]]:
-    """The model to run with the range reductions of ``values`` (:class:`AddRangeReductionsPass` on an onnx-ir clone
-    of ``proto``, whose weights stay references to their files) and the names of their outputs; ``proto`` unchanged.
-    """
+@contextlib.contextmanager
+def _ort_model_with_reductions(
+    model: ir.Model, values: Sequence[ir.Value], sentinels: Mapping[str, float] | None
+) -> Iterator[tuple[bytes | str, Path | None, dict[str, tuple[str, ...]]]]:
+    """:func:`onnxprec._ort.ort_model` of ``model`` with the range reductions of ``values``, and the names of their
+    outputs (tensor -> outputs). :class:`AddRangeReductionsPass` changes the model only while it is serialized:
+    the model is as before when this yields (a clone or a round trip through onnx-ir would cost a deserialization
+    of the whole graph)."""
     if not values:
-        return proto, {}
-    clone = ir.serde.deserialize_model(proto)
-    result = AddRangeReductionsPass([str(v.name) for v in values], sentinels)(clone)
+        with _ort.ort_model(model) as (payload, folder):
+            yield payload, folder, {}
+        return
+    result = AddRangeReductionsPass([str(v.name) for v in values], sentinels)(model)
     assert isinstance(result, RangeReductionsResult)
-    return ir.serde.serialize_model(clone), result.reductions
+    with contextlib.ExitStack() as stack:
+        try:
+            payload, folder = stack.enter_context(_ort.ort_model(model))
+        finally:
+            remove_range_reductions(result)
+        yield payload, folder, result.reductions
+
+
+def _without(base: onnx.ModelProto, riding: Collection[str], n_outputs: int) -> onnx.ModelProto:
+    """A copy of ``base`` without its range reductions (the nodes whose first output is in ``riding``) and without
+    graph outputs past the first ``n_outputs``."""
+    plain = onnx.ModelProto()
+    plain.CopyFrom(base)
+    del plain.graph.node[:], plain.graph.output[n_outputs:]
+    plain.graph.node.extend(n for n in base.graph.node if not (n.output and n.output[0] in riding))
+    return plain
 
 
 def _copy(value: Any) -> Any:
@@ -483,18 +593,18 @@ def _observe(observers: Sequence[Observer], name: str, array: np.ndarray) -> Non
 
 def _chunk_session(
     base: onnx.ModelProto,
-    payload: bytes | str,
+    path: str | None,
     folder: Path | None,
     chunk: list[ir.Value],
     providers: Sequence[str] | None,
     what: str | None = None,
 ) -> _ort.Session:
     base.graph.output.extend(ir.serde.serialize_value(v) for v in chunk)
-    if isinstance(payload, bytes):
+    if path is None:
         source: bytes | str = base.SerializeToString()
     else:  # a temporary model whose weights are in its external data file: rewrite only the small .onnx
-        onnx.save(base, payload)
-        source = payload
+        onnx.save(base, path)
+        source = path
     try:
         return _ort.create_session(
             source,

@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort, metrics
 from onnxprec._graph import dtype_name
-from onnxprec._io import load_model
+from onnxprec._io import WrittenModel, load_model
 from onnxprec._ops import (
     ORT_DOMAINS,
     default_opset,
@@ -25,7 +25,7 @@ from onnxprec._ops import (
 )
 from onnxprec._protobuf import proto_graphs, structure_proto
 from onnxprec.errors import ValidationError
-from onnxprec.reference import ReferenceResult, run_reference
+from onnxprec.reference import ReferenceResult, run_message, run_reference
 
 __all__ = [
     "IOContract",
@@ -315,7 +315,7 @@ _NODE_IN_ERROR = re.compile(r"node with name '([^']*)'|Name:'([^']*)'")
 
 
 def numeric_check(
-    model: str | onnx.ModelProto | ir.Model,
+    model: str | onnx.ModelProto | ir.Model | WrittenModel,
     reference: ReferenceResult,
     *,
     providers: list[str] | None = None,
@@ -325,7 +325,8 @@ def numeric_check(
     BF16 and FP8 inputs and outputs are fed and fetched like any other. Elements that are NaN or infinite in
     FP32 already are left out (a converted model is not blamed for them), as are empty and sequence outputs.
     Never raises for a model ONNX Runtime cannot run (e.g. a BF16 op without a CPU kernel): the report then says
-    why the check was skipped.
+    why the check was skipped. A file just written (:class:`onnxprec._io.WrittenModel`) is run from the message its
+    writer knows (its weights read from the file), without reading the file into onnx-ir again.
     """
     report = NumericReport()
     try:
@@ -333,11 +334,12 @@ def numeric_check(
         # without FP16 kernels ORT would fold the FP16->FP32 casts it inserts into FP32 copies of every weight),
         # weights mapped rather than copied, and a large model run segment by segment, so the check never holds
         # more weights at once than the reference run did.
-        source = load_model(model)
-        run = run_reference(
-            source, [reference.first_feeds], select=(), providers=providers, observe_inputs=False,
-            what="the converted model",
-        )  # fmt: skip
+        feeds, what = [reference.first_feeds], "the converted model"
+        if isinstance(model, WrittenModel) and model.message is not None:
+            run = run_message(model.message, model.path.parent, feeds, providers=providers, what=what)
+        else:
+            source = load_model(str(model.path) if isinstance(model, WrittenModel) else model)
+            run = run_reference(source, feeds, select=(), providers=providers, observe_inputs=False, what=what)
         outputs = run.first_outputs
     except Exception as e:  # any failure means "cannot check here", never a failed conversion
         report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"

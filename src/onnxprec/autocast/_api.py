@@ -38,6 +38,7 @@ from onnxprec._graph import FLOAT_TYPES, all_values, tensor_dtype
 from onnxprec._io import (
     PROTOBUF_LIMIT,
     ModelSource,
+    WrittenModel,
     check_output_path,
     external_data_paths,
     load_model,
@@ -606,19 +607,19 @@ def _output_check(
     options: AutoCastOptions,
     source: ModelSource,
     fp32_nodes: dict[str, str],
-) -> Callable[[Path], None] | None:
+) -> Callable[[WrittenModel], None] | None:
     """What checks the written output before it replaces ``output_path``: the numeric check's run, which also proves
     the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime)."""
     if not options.validate:
         return None
 
-    def check(path: Path) -> None:
+    def check(written: WrittenModel) -> None:
         if reference is None or report.numeric is not None:  # no reference run, or target mode ran it
             if report.numeric is None:
-                load_in_ort(str(path), report.ort_only, providers=list(options.providers))
+                load_in_ort(str(written.path), report.ort_only, providers=list(options.providers))
             return
         tick = time.perf_counter()
-        report.numeric = numeric_check(str(path), reference, providers=list(options.providers))
+        report.numeric = numeric_check(written, reference, providers=list(options.providers))
         report.seconds["numeric check"] = time.perf_counter() - tick
         if _kernel_gap(report.numeric, report, options, source, fp32_nodes):
             raise _ConvertAgain

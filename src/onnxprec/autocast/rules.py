@@ -59,12 +59,11 @@ class RuleContext:
             tensor = value.const_value
             assert tensor is not None
             array = tensor.numpy()
-            if array.size == 0:
-                result = 0.0
-            elif np.isnan(array).any():
+            hi, lo = (float(array.max()), float(array.min())) if array.size else (0.0, 0.0)
+            if math.isnan(hi) or math.isnan(lo):  # max and min propagate NaN: no separate pass looks for it
                 result = math.inf
             else:
-                result = max(abs(float(array.max())), abs(float(array.min())))
+                result = max(abs(hi), abs(lo))
                 if result >= SENTINEL:  # rare: look again, past the sentinels
                     magnitudes = np.abs(array)
                     kept = magnitudes[magnitudes < SENTINEL]

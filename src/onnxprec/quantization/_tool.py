@@ -303,7 +303,7 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
         """
         from onnxprec._genai import GenaiCarry
-        from onnxprec._io import check_output_path, external_data_paths, save_model
+        from onnxprec._io import WrittenModel, check_output_path, external_data_paths, save_model
         from onnxprec._options import log_level_during
         from onnxprec.validate import load_in_ort
 
@@ -323,8 +323,8 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             protected |= external_data_paths(model)
             tick = time.perf_counter()
 
-            def check(path: Path) -> None:
-                load_in_ort(str(path), report.ort_only, providers=list(settings.calibration_eps))
+            def check(written: WrittenModel) -> None:
+                load_in_ort(str(written.path), report.ort_only, providers=list(settings.calibration_eps))
 
             with self._progress(report):
                 report.output_path = save_model(
