@@ -42,6 +42,7 @@ __all__ = [
     "create_session",
     "first_line",
     "float_contract",
+    "float_to_fp16",
     "import_onnxruntime",
     "is_kernel_gap",
     "lacks_kernels",
@@ -296,6 +297,40 @@ def resolve_providers(names: Sequence[str] | None = None, *, trt_plugins: Sequen
     if "CPUExecutionProvider" not in [p if isinstance(p, str) else p[0] for p in result]:
         result.append("CPUExecutionProvider")
     return result
+
+
+def float_to_fp16(source: np.ndarray, out: np.ndarray) -> None:
+    """Converts the float32 values of ``source`` into the float16 array ``out`` (both C-contiguous, same size) with
+    ONNX Runtime's Cast kernel: round to nearest even like numpy's ``astype``, in hardware, tens of times faster.
+
+    Finite results equal numpy's bit for bit; where numpy's would be inf or NaN this one may differ (NaN payloads),
+    so callers redo those values (:func:`onnxprec._tensors.cast_array` does).
+    """
+    if source.dtype != np.float32 or out.dtype != np.float16 or source.size != out.size:
+        raise ValueError(f"float_to_fp16 takes float32 into float16 of one size, not {source.dtype} into {out.dtype}")
+    if not (source.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("float_to_fp16 takes C-contiguous arrays (and a writable output)")
+    if not source.size:
+        return
+    session = _cast_session()
+    binding = session.io_binding()
+    binding.bind_input("x", "cpu", 0, np.float32, [source.size], source.ctypes.data)
+    binding.bind_output("y", "cpu", 0, np.float16, [out.size], out.ctypes.data)
+    session.run_with_iobinding(binding)
+
+
+@functools.cache
+def _cast_session() -> Any:
+    """The one-node session of :func:`float_to_fp16` (a float32 vector cast to float16), made once."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.FLOAT16)],
+        "float_to_fp16",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16, ["n"])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 19)], ir_version=9)
+    ort = import_onnxruntime()
+    return ort.InferenceSession(model.SerializeToString(), session_options("none"), providers=["CPUExecutionProvider"])
 
 
 def session_options(

@@ -167,3 +167,16 @@ def test_lacks_kernels_probes_each_op_signature_once() -> None:
     kept = [(by_name["less"], frozenset({0, 1}), none)]
     assert not _ort.lacks_kernels(kept, opsets, ir.DataType.BFLOAT16, "cpu")
     assert "less" not in {n.name for n in _ort.lacks_kernels(entries, opsets, ir.DataType.FLOAT16, "cpu")}
+
+
+def test_float_to_fp16_is_numpys_rounding_for_finite_values() -> None:
+    rng = np.random.default_rng(0)
+    x = np.clip(
+        (rng.standard_normal(1 << 16) * np.exp(rng.uniform(-25, 11, 1 << 16))).astype(np.float32), -65504, 65504
+    )
+    x[:6] = [65519.0, 6e-8, -2.98e-8, 2.99e-8, -0.0, 1e-45]  # the largest that rounds down, ties, subnormals, zeros
+    out = np.empty(x.shape, np.float16)
+    _ort.float_to_fp16(x, out)
+    assert out.tobytes() == x.astype(np.float16).tobytes()
+    with pytest.raises(ValueError, match="float32 into float16"):
+        _ort.float_to_fp16(x.astype(np.float64), out)

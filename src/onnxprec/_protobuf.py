@@ -231,22 +231,27 @@ def write_streaming(model: ir.Model, stream: BinaryIO, location: str | None = No
     ):
         tensor = value.const_value
         assert tensor is not None
-        data = tensor.tobytes()
-        if len(data) != tensor.nbytes:
-            raise RuntimeError(f"tensor '{value.name}' produced {len(data)} bytes, expected {tensor.nbytes}")
         field = b"\x2a" + _encode_varint(body)  # field 5 (initializer), length-delimited
         stream.write(field)
         stream.write(header)
-        stream.write(data)
         position += len(field) + len(header)
-        if location is not None and len(data) < _MAP_THRESHOLD:
-            tensor_proto.raw_data = data  # as load_mapped reads it: small tensors (shapes...) in the message
-        elif location is not None:
-            tensor_proto.data_location = onnx.TensorProto.EXTERNAL
-            for key, entry in (("location", location), ("offset", position), ("length", len(data))):
-                tensor_proto.external_data.add(key=key, value=str(entry))
-        position += len(data)
-        del data
+        if tensor.nbytes < _MAP_THRESHOLD:
+            data = tensor.tobytes()
+            stream.write(data)
+            written = len(data)
+            if location is not None:  # as load_mapped reads it: small tensors (shapes...) in the message
+                tensor_proto.raw_data = data
+        else:
+            start = stream.tell()
+            tensor.tofile(stream)  # from the array itself, no bytes copy
+            written = stream.tell() - start
+            if location is not None:
+                tensor_proto.data_location = onnx.TensorProto.EXTERNAL
+                for key, entry in (("location", location), ("offset", position), ("length", written)):
+                    tensor_proto.external_data.add(key=key, value=str(entry))
+        if written != tensor.nbytes:
+            raise RuntimeError(f"tensor '{value.name}' produced {written} bytes, expected {tensor.nbytes}")
+        position += written
         release(tensor)
     stream.flush()
     if location is None:

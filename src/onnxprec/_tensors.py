@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -12,6 +13,12 @@ __all__ = ["cast_array", "converted_tensor", "finite_max", "float32_copy", "rele
 
 # Convert big tensors in slices so the temporary float32 copy made by clipping stays small.
 _CHUNK_ELEMENTS = 1 << 22
+# Slices smaller than this are cast by numpy even when a faster kernel is given (a kernel call costs more).
+_KERNEL_MIN_ELEMENTS = 1 << 14
+_FP16_EXPONENT = np.uint16(0x7C00)
+
+Fp16Kernel = Callable[[np.ndarray, np.ndarray], None]
+"""An exact float32 -> float16 conversion into a given array (:func:`onnxprec._ort.float_to_fp16`)."""
 
 _NUMPY = {
     ir.DataType.FLOAT: np.dtype(np.float32),
@@ -26,11 +33,14 @@ def finite_max(dtype: ir.DataType) -> float:
     return float(ml_dtypes.finfo(_NUMPY[dtype]).max)
 
 
-def cast_array(array: np.ndarray, to: ir.DataType) -> np.ndarray:
+def cast_array(array: np.ndarray, to: ir.DataType, kernel: Fp16Kernel | None = None) -> np.ndarray:
     """Casts to ``to`` with round-to-nearest-even, clamping out-of-range values to the finite range.
 
     The sign is always kept: huge values become ``+-max`` (never inf), tiny values round to the nearest
     representable value of the same sign, or to a zero of the same sign. NaN stays NaN; +-inf become +-max.
+
+    ``kernel`` (float32 to FP16 only) converts in its place where its result holds no inf or NaN, which is then
+    numpy's bit for bit; a slice where it does is converted again as without it. The result never depends on it.
     """
     target = _NUMPY[to]
     limit = finite_max(to)
@@ -39,9 +49,15 @@ def cast_array(array: np.ndarray, to: ir.DataType) -> np.ndarray:
     flat_in = source.reshape(-1)
     flat_out = out.reshape(-1)
     needs_clamp = np.dtype(source.dtype).itemsize > target.itemsize or source.dtype == np.float16
+    if source.dtype != np.float32 or target != np.float16:
+        kernel = None
     for start in range(0, flat_in.size, _CHUNK_ELEMENTS):
         part = flat_in[start : start + _CHUNK_ELEMENTS]
         converted = flat_out[start : start + _CHUNK_ELEMENTS]
+        if kernel is not None and part.size >= _KERNEL_MIN_ELEMENTS:
+            kernel(part, converted)
+            if not (np.bitwise_and(converted.view(np.uint16), _FP16_EXPONENT) == _FP16_EXPONENT).any():
+                continue  # no inf or NaN: exactly numpy's values
         with np.errstate(over="ignore"):
             converted[...] = part  # the same cast as astype, written in place
         # Out-of-range values (and infinities) became +-inf: redo only those with a clamp; NaN stays NaN. Two
@@ -74,11 +90,14 @@ def float32_copy(tensor: ir.TensorProtocol, *, transposed: bool = False) -> np.n
     return copy
 
 
-def converted_tensor(tensor: ir.TensorProtocol, to: ir.DataType, name: str | None = None) -> ir.LazyTensor:
-    """A tensor that converts ``tensor`` to ``to`` only when it is read (e.g. while saving)."""
+def converted_tensor(
+    tensor: ir.TensorProtocol, to: ir.DataType, name: str | None = None, kernel: Fp16Kernel | None = None
+) -> ir.LazyTensor:
+    """A tensor that converts ``tensor`` to ``to`` only when it is read (e.g. while saving); ``kernel``: see
+    :func:`cast_array`."""
 
     def load() -> ir.TensorProtocol:
-        result = cast_array(tensor.numpy(), to)
+        result = cast_array(tensor.numpy(), to, kernel)
         release(tensor)
         return ir.Tensor(result, dtype=to)
 

@@ -51,3 +51,27 @@ def test_converted_tensor_converts_only_when_read() -> None:
     assert reads == [] and lazy.dtype == ir.DataType.BFLOAT16 and lazy.shape == ir.Shape((1, 2)) and lazy.name == "w"
     values = lazy.numpy()
     assert reads == [1] and values.dtype == ml_dtypes.bfloat16 and np.all(np.isfinite(values.astype(np.float32)))
+
+
+def test_a_faster_fp16_kernel_never_changes_the_result() -> None:
+    # ONNX Runtime's hardware conversion is used where it gives no inf/NaN (then it is numpy's, bit for bit); slices
+    # with out-of-range values, infinities or NaN payloads are converted again the clamping way.
+    from onnxprec._ort import float_to_fp16
+
+    rng = np.random.default_rng(2)
+    n = 3 * (1 << 20) + 5
+    normal = (rng.standard_normal(n) * np.exp(rng.uniform(-20, 10, n))).astype(np.float32)
+    bits = np.frombuffer(rng.integers(0, 2**32, n, dtype=np.uint32).tobytes(), np.float32)  # NaN payloads, inf, huge
+    calls: list[int] = []
+
+    def kernel(source: np.ndarray, out: np.ndarray) -> None:
+        calls.append(source.size)
+        float_to_fp16(source, out)
+
+    for x in (np.clip(normal, -65504, 65504), normal, bits, bits[1:].reshape(-1, 2)):
+        calls.clear()
+        with np.errstate(invalid="ignore", over="ignore"):
+            expected = cast_array(x, ir.DataType.FLOAT16)
+            got = cast_array(x, ir.DataType.FLOAT16, kernel)
+        assert calls and got.shape == x.shape and got.tobytes() == expected.tobytes()
+    assert cast_array(np.ones(2, np.float64), ir.DataType.FLOAT16, kernel).dtype == np.float16  # not float32: numpy

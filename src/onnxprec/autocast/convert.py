@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator, all_graphs, cast_graph_output, dtype_name, insert_cast, tensor_dtype
+from onnxprec._ort import float_to_fp16
 from onnxprec._tensors import converted_tensor
 from onnxprec.autocast.classify import Decision
 from onnxprec.passes._retype import retarget_type_attributes, retype_initializer
@@ -182,14 +183,14 @@ class _Conversion:
                 stats.initializers_cast_at_runtime += 1
                 continue  # stays FP32: _insert_casts gives its low consumers one shared Cast
             if wants == {self.low}:
-                retype_initializer(init, self.low)
+                retype_initializer(init, self.low, kernel=float_to_fp16)
                 stats.initializers_converted += 1
                 continue
             copy = ir.Value(
                 name=self.names(f"{init.name}_{dtype_name(self.low)}"),
                 type=ir.TensorType(self.low),
                 shape=init.shape,
-                const_value=converted_tensor(init.const_value, self.low),
+                const_value=converted_tensor(init.const_value, self.low, kernel=float_to_fp16),
             )
             graph.register_initializer(copy)
             for use in uses:

@@ -7,20 +7,20 @@ import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator, all_graphs, cast_graph_output, insert_cast, tensor_attribute
 from onnxprec._ops import TYPE_ATTRIBUTES, VALUE_ATTRIBUTE_OPS, is_default_domain
-from onnxprec._tensors import cast_array, converted_tensor
+from onnxprec._tensors import Fp16Kernel, cast_array, converted_tensor
 
 __all__ = ["retarget_type_attributes", "retype_floats_to_fp32", "retype_initializer"]
 
 
-def retype_initializer(value: ir.Value, to: ir.DataType) -> None:
+def retype_initializer(value: ir.Value, to: ir.DataType, kernel: Fp16Kernel | None = None) -> None:
     """Converts an initializer to ``to`` in place, lazily (on save) and clamped to the finite range of ``to``.
 
     The value and its tensor keep their name; the sign of every element is kept (see
-    :func:`onnxprec._tensors.cast_array`).
+    :func:`onnxprec._tensors.cast_array`, which also says what ``kernel`` does).
     """
     if value.const_value is None:
         raise ValueError(f"'{value.name}' is not an initializer with a value")
-    value.const_value = converted_tensor(value.const_value, to)
+    value.const_value = converted_tensor(value.const_value, to, kernel=kernel)
     value.dtype = to
 
 
