@@ -233,7 +233,7 @@ def test_a_sliding_window_kv_cache_cast_at_the_interface_is_warned_about(caplog:
     """keep_io_types with a BF16 sliding-window GroupQueryAttention and an FP16 KV cache puts Casts between the
     shared past/present buffers, which ORT's CUDA kernel needs (onnxruntime-genai on CUDA fails: measured on the
     builder's Gemma2 and GPT-OSS): a WARNING says so and how to avoid it; without the Cast, no warning."""
-    from onnxprec.autocast._api import _warn_cast_shared_kv
+    from onnxprec.autocast.kernel_gaps import warn_cast_shared_kv
 
     def model(cast: bool) -> ir.Model:
         past = ir.Value(name="past_key_values.0.key", type=ir.TensorType(ir.DataType.FLOAT16))
@@ -248,8 +248,8 @@ def test_a_sliding_window_kv_cache_cast_at_the_interface_is_warned_about(caplog:
         graph = ir.Graph([q, past], [gqa.outputs[0]], nodes=[*nodes, gqa], opset_imports={"": 22, "com.microsoft": 1})
         return ir.Model(graph, ir_version=10)
 
-    with caplog.at_level("WARNING", logger="onnxprec.autocast._api"):
-        _warn_cast_shared_kv(model(cast=False))
+    with caplog.at_level("WARNING", logger="onnxprec.autocast.kernel_gaps"):
+        warn_cast_shared_kv(model(cast=False))
         assert not caplog.records
-        _warn_cast_shared_kv(model(cast=True))
+        warn_cast_shared_kv(model(cast=True))
     assert "sliding-window KV cache" in caplog.text and "without --keep_io_types" in caplog.text

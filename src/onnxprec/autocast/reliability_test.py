@@ -521,8 +521,8 @@ def test_a_kernel_gap_is_worked_around_where_the_check_ran(low: str, providers: 
     # ORT 1.31 on CUDA, for LFM2-MoE in BF16: no provider has a BF16 Reciprocal, which it says as "Provider type for
     # Reciprocal node with name 'N' is not set". BF16 gaps are worked around on GPU providers only (on the CPU
     # nearly every BF16 op has no kernel, and BF16 models are meant for GPUs).
-    from onnxprec.autocast._api import _kernel_gap
     from onnxprec.autocast.classify import Decision
+    from onnxprec.autocast.kernel_gaps import kernel_gap
     from onnxprec.validate import NumericReport, _no_kernel
 
     error = (
@@ -535,7 +535,7 @@ def test_a_kernel_gap_is_worked_around_where_the_check_ran(low: str, providers: 
     numeric = NumericReport(skipped=f"ONNX Runtime could not run the converted model: {error}", failed_node=node.name)
     options = AutoCastOptions(low_precision_type=low, providers=providers)
     fp32_nodes: dict[str, str] = {}
-    assert _kernel_gap(numeric, report, options, "model.onnx", fp32_nodes) is retried  # type: ignore[arg-type]
+    assert kernel_gap(numeric, report, options, "model.onnx", fp32_nodes) is retried  # type: ignore[arg-type]
     assert fp32_nodes == ({"/router/Reciprocal": f"ONNX Runtime cannot run Reciprocal in {low.upper()} here"}
                           if retried else {})  # fmt: skip
 
@@ -561,8 +561,8 @@ def test_the_node_orts_message_names_is_read_past_our_first_line() -> None:
 def test_an_unnamed_node_ort_cannot_run_is_kept_in_fp32_by_its_op_and_rank() -> None:
     # ORT names an unnamed node '' ("Provider type for Less node with name '' is not set", LFM2-MoE in BF16 on CUDA):
     # the only unnamed Less that went low is that node, and its key survives converting again from the file.
-    from onnxprec.autocast._api import _kernel_gap, _node_keys
     from onnxprec.autocast.classify import Decision
+    from onnxprec.autocast.kernel_gaps import kernel_gap, node_keys
     from onnxprec.validate import NumericReport
 
     less = ir.Node("", "Less", [ir.Value(name="a"), ir.Value(name="b")])
@@ -571,5 +571,5 @@ def test_an_unnamed_node_ort_cannot_run_is_kept_in_fp32_by_its_op_and_rank() -> 
     numeric = NumericReport(skipped="cannot load", failed_node="", failed_op="Less")
     fp32_nodes: dict[str, str] = {}
     options = AutoCastOptions(low_precision_type="bf16", providers=["cuda"])
-    assert _kernel_gap(numeric, report, options, "model.onnx", fp32_nodes)  # type: ignore[arg-type]
-    assert list(fp32_nodes) == ["<unnamed Less #1>"] == [_node_keys([named, less])[less]]
+    assert kernel_gap(numeric, report, options, "model.onnx", fp32_nodes)  # type: ignore[arg-type]
+    assert list(fp32_nodes) == ["<unnamed Less #1>"] == [node_keys([named, less])[less]]
