@@ -37,7 +37,7 @@ import numpy as np
 
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
-from onnxprec.quantization.algorithms.rtn import QuantizedWeight, level_range
+from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
 from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
 
@@ -123,6 +123,11 @@ class QuantConfig:
     clip_chunk_columns: int = 1024
     gptq_damp: float = 0.1
     gptq_act_order: bool = False
+
+    @property
+    def grid(self) -> QuantGrid:
+        """The INT4 grid of every weight of the run."""
+        return QuantGrid(4, self.symmetric, self.positive_scales)
 
 
 @dataclass
@@ -328,10 +333,7 @@ def decide_group(
     alpha: float | None = None
     if spec.awq_scales and awq_allowed:
         assert stats.absmean is not None and stats.sample is not None
-        result = awq_lite(
-            weights, stats.absmean, stats.sample, min(blocks), symmetric=config.symmetric,
-            alpha_grid=config.alpha_grid, positive_scales=config.positive_scales,
-        )  # fmt: skip
+        result = awq_lite(weights, stats.absmean, stats.sample, min(blocks), config.grid, alpha_grid=config.alpha_grid)
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
     gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None
@@ -345,8 +347,8 @@ def decide_group(
             assert stats.sample is not None
             x = stats.sample if scales is None else stats.sample / scales[None, :]
             recipe.clip_ratios = awq_clip(
-                scaled, x, blocks[index], symmetric=config.symmetric, ratios=config.clip_ratios,
-                chunk_columns=config.clip_chunk_columns, positive_scales=config.positive_scales,
+                scaled, x, blocks[index], config.grid, ratios=config.clip_ratios,
+                chunk_columns=config.clip_chunk_columns,
             )  # fmt: skip
             recipe.info["clip_ratio_mean"] = float(recipe.clip_ratios.mean())
         elif spec.clip == "mse":

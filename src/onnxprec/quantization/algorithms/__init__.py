@@ -14,6 +14,8 @@ from onnxprec.quantization.algorithms.awq import (
 from onnxprec.quantization.algorithms.gptq import gptq, hessian_from_tokens
 from onnxprec.quantization.algorithms.rtn import (
     DEFAULT_CLIP_RATIOS,
+    DEFAULT_GRID,
+    QuantGrid,
     QuantizedWeight,
     block_params,
     effective_block_size,
@@ -26,7 +28,9 @@ __all__ = [
     "DEFAULT_ALPHA_GRID",
     "DEFAULT_AWQ_CLIP_RATIOS",
     "DEFAULT_CLIP_RATIOS",
+    "DEFAULT_GRID",
     "AwqResult",
+    "QuantGrid",
     "QuantizedWeight",
     "awq_clip",
     "awq_lite",

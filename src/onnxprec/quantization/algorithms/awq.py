@@ -17,6 +17,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from onnxprec.quantization.algorithms.rtn import (
+    DEFAULT_GRID,
+    QuantGrid,
     as_float32_matrix,
     block_params,
     column_chunk,
@@ -133,11 +135,9 @@ def awq_lite(
     act_absmean: ArrayLike,
     x_sample: ArrayLike,
     block_size: int,
+    grid: QuantGrid = DEFAULT_GRID,
     *,
-    symmetric: bool = True,
     alpha_grid: Sequence[float] | np.ndarray = DEFAULT_ALPHA_GRID,
-    bits: int = 4,
-    positive_scales: bool = False,
 ) -> AwqResult:
     """AWQ-lite: one scale vector ``s`` ``[K]`` for all ``weights`` ``[K, N_j]`` that share the input ``x``.
 
@@ -155,10 +155,8 @@ def awq_lite(
         act_absmean: mean ``|x|`` per input channel over all calibration tokens, ``[K]``.
         x_sample: tokens ``[T, K]`` the loss is measured on.
         block_size: as in :func:`~onnxprec.quantization.algorithms.rtn.quantize_rtn`.
-        symmetric: quantizer of the search (use the one of the final quantization).
+        grid: the integer grid of the search's quantizer (use the one of the final quantization).
         alpha_grid: exponents to try.
-        bits: 4 or 8.
-        positive_scales: as in :func:`~onnxprec.quantization.algorithms.rtn.quantize_rtn`.
     """
     if not weights:
         raise ValueError("awq_lite needs at least one weight")
@@ -183,7 +181,7 @@ def awq_lite(
             chunk = w[:, start : start + step]
             scaled = chunk if scales is None else chunk * scales[:, None]
             dq = quantize_rtn(
-                scaled, block_size, symmetric=symmetric, bits=bits, positive_scales=positive_scales
+                scaled, block_size, symmetric=grid.symmetric, bits=grid.bits, positive_scales=grid.positive_scales
             ).dequantize()
             total += metric(chunk - (dq if scales is None else dq / scales[:, None]))
         return total
@@ -228,13 +226,11 @@ def awq_clip(
     w_scaled: ArrayLike,
     x_sample: ArrayLike,
     block_size: int,
+    grid: QuantGrid = DEFAULT_GRID,
     *,
-    symmetric: bool = True,
     ratios: Sequence[float] | np.ndarray = DEFAULT_AWQ_CLIP_RATIOS,
     chunk_columns: int = 256,
-    bits: int = 4,
     awq_scales: ArrayLike | None = None,
-    positive_scales: bool = False,
 ) -> np.ndarray:
     """Per-(block, output column) clip ratios ``[n_blocks, N]`` minimising the block-partial output error.
 
@@ -245,7 +241,8 @@ def awq_clip(
     ``quantize_rtn(w_scaled, block_size, clip_ratios=result)``.
 
     ``w_scaled`` is the weight after AWQ scaling (``diag(s) W``) and ``x_sample`` the matching inputs ``x / s``; or
-    pass the unscaled tokens and ``awq_scales=s`` to have them divided here.
+    pass the unscaled tokens and ``awq_scales=s`` to have them divided here. ``grid`` is the integer grid of the
+    final quantization.
     The sum over blocks of the partial errors is never above RTN's; the full output error (which adds cross-block
     terms) usually is lower as well.
 
@@ -262,7 +259,7 @@ def awq_clip(
     if x.shape[1] != k:
         raise ValueError(f"x_sample has K={x.shape[1]}, w_scaled has K={k}")
     gram = block_gram(x, block_size)
-    grid = ratio_grid(ratios)
+    candidates = ratio_grid(ratios)
     n_blocks = math.ceil(k / bs)
     result = np.empty((n_blocks, n), dtype=np.float32)
     step = column_chunk(k, n, chunk_columns)
@@ -270,11 +267,9 @@ def awq_clip(
         blocks = to_blocks(weight[:, start : start + step], bs)  # [nb, bs, c]
         best_err = np.full((n_blocks, blocks.shape[2]), np.inf, dtype=np.float32)
         best = np.ones_like(best_err)
-        for ratio in grid:
-            scales, zero_points = block_params(
-                blocks, bits=bits, symmetric=symmetric, ratios=ratio, positive_scales=positive_scales
-            )
-            levels = quantize_levels(blocks, scales, zero_points, bits=bits)
+        for ratio in candidates:
+            scales, zero_points = block_params(blocks, grid, ratios=ratio)
+            levels = quantize_levels(blocks, scales, zero_points, bits=grid.bits)
             diff = blocks - dequantize_levels(levels, scales, zero_points)
             err = np.einsum("bkn,bkn->bn", np.matmul(gram, diff), diff)
             better = err < best_err

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onnxprec.quantization.algorithms.awq import awq_clip, awq_lite, awq_weight_stat, block_gram
-from onnxprec.quantization.algorithms.rtn import quantize_rtn, reconstruction_error
+from onnxprec.quantization.algorithms.rtn import QuantGrid, quantize_rtn, reconstruction_error
 
 
 def _llm_like(t: int, k: int, seed: int) -> np.ndarray:
@@ -60,7 +60,7 @@ def test_awq_lite_joint_search_with_outlier_channels(t: int, symmetric: bool) ->
     x = _llm_like(t, k, seed=1)
     act = np.abs(_llm_like(2000, k, seed=1)).mean(axis=0)
     weights = _weights(k, [48, 48, 80], seed=2)  # e.g. q, k, v sharing one input
-    result = awq_lite(weights, act, x, 32, symmetric=symmetric)
+    result = awq_lite(weights, act, x, 32, QuantGrid(symmetric=symmetric))
     assert result.alpha is not None and 0 < result.alpha <= 1
     assert result.loss < 0.6 * result.loss_rtn  # measured: about 0.3x
     assert result.scales.shape == (k,) and result.scales.dtype == np.float32
@@ -111,7 +111,7 @@ def test_awq_clip_beats_rtn_on_the_sample(symmetric: bool) -> None:
     k, n, bs = 200, 40, 32  # K not a multiple of the block size
     x = _llm_like(256, k, seed=6)
     (w,) = _weights(k, [n], seed=7)
-    ratios = awq_clip(w, x, bs, symmetric=symmetric, chunk_columns=16)
+    ratios = awq_clip(w, x, bs, QuantGrid(symmetric=symmetric), chunk_columns=16)
     assert ratios.shape == (math.ceil(k / bs), n) and ratios.min() >= 0.5 and ratios.max() == 1.0
     plain = quantize_rtn(w, bs, symmetric=symmetric)
     clipped = quantize_rtn(w, bs, symmetric=symmetric, clip_ratios=ratios)

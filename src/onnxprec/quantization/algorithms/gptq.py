@@ -20,11 +20,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from onnxprec.quantization.algorithms.rtn import (
+    QuantGrid,
     QuantizedWeight,
     as_float32_matrix,
     block_params,
     effective_block_size,
-    level_range,
     to_blocks,
 )
 
@@ -115,7 +115,8 @@ def gptq(
         raise ValueError(f"lazy_batch must be positive, got {lazy_batch}")
     bs = effective_block_size(k, block_size)
     n_blocks = math.ceil(k / bs)
-    qmin, qmax = level_range(bits, symmetric)
+    grid = QuantGrid(bits, symmetric, positive_scales)
+    qmin, qmax = grid.levels
 
     h *= 2.0 / n_tokens
     dead = np.diag(h) == 0
@@ -128,9 +129,7 @@ def gptq(
     zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.float32)
     perm: np.ndarray | None = None
     if act_order:
-        s_all, z_all = block_params(
-            to_blocks(weight, bs), bits=bits, symmetric=symmetric, positive_scales=positive_scales
-        )
+        s_all, z_all = block_params(to_blocks(weight, bs), grid)
         scales[:] = s_all
         if zero_points is not None and z_all is not None:
             zero_points[:] = z_all
@@ -157,7 +156,7 @@ def gptq(
                     if end > i2:  # rows after this lazy batch still miss the batch's updates so far
                         current = current.copy()
                         current[i2 - row :] -= upper[i1:row, i2:end].T @ errors[:i]
-                    s, z = block_params(current[None], bits=bits, symmetric=symmetric, positive_scales=positive_scales)
+                    s, z = block_params(current[None], grid)
                     scales[block] = s[0]
                     if zero_points is not None and z is not None:
                         zero_points[block] = z[0]

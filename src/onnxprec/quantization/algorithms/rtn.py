@@ -26,7 +26,9 @@ from onnxprec.errors import InvalidArgumentError
 
 __all__ = [
     "DEFAULT_CLIP_RATIOS",
+    "DEFAULT_GRID",
     "BlockSearch",
+    "QuantGrid",
     "QuantizedWeight",
     "as_float32_matrix",
     "block_params",
@@ -46,7 +48,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BlockSearch = Callable[..., tuple[np.ndarray, "np.ndarray | None"]]
-"""``search(blocks [n_blocks, bs, N], *, bits, symmetric, positive_scales, valid) -> (scales, zero points)``."""
+"""``search(blocks [n_blocks, bs, N], grid: QuantGrid, *, valid) -> (scales, zero points)``."""
 
 # Shrink ratios of the block range tried by ``quantize_rtn(clip_search=True)``: 1.0 down to 0.7 in steps of 0.025.
 # With 16 levels the MSE-optimal clip of a Gaussian block of 32-128 values lies around 0.8-0.95; 0.7 leaves margin for
@@ -64,6 +66,28 @@ def level_range(bits: int, symmetric: bool) -> tuple[int, int]:
     if symmetric:
         return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     return 0, (1 << bits) - 1
+
+
+@dataclass(frozen=True)
+class QuantGrid:
+    """The integer grid a block is quantized to: the three settings every block-parameter function takes together."""
+
+    bits: int = 4
+    """4 or 8."""
+    symmetric: bool = True
+    """Signed levels without zero points; else unsigned levels with integer zero points."""
+    positive_scales: bool = False
+    """Symmetric scales always positive (for runtimes that reject negative scales); by default a block may get a
+    signed scale (see :func:`block_params`)."""
+
+    @property
+    def levels(self) -> tuple[int, int]:
+        """``(qmin, qmax)``: see :func:`level_range`."""
+        return level_range(self.bits, self.symmetric)
+
+
+DEFAULT_GRID = QuantGrid()
+"""Signed 4-bit levels ``[-8, 7]`` without zero points; a block may get a signed scale."""
 
 
 @dataclass
@@ -145,12 +169,7 @@ def to_blocks(w: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def block_params(
-    blocks: np.ndarray,
-    *,
-    bits: int = 4,
-    symmetric: bool = True,
-    ratios: float | np.ndarray = 1.0,
-    positive_scales: bool = False,
+    blocks: np.ndarray, grid: QuantGrid = DEFAULT_GRID, *, ratios: float | np.ndarray = 1.0
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Scales and zero points of ``blocks`` ``[..., bs, N]`` (reduced over axis -2), each ``[..., N]`` float32.
 
@@ -168,18 +187,18 @@ def block_params(
 
     A block of zeros gets ``s = 1`` (and ``z = 0``), so it quantizes to 0 and reconstructs exactly.
     """
-    qmin, qmax = level_range(bits, symmetric)
+    qmin, qmax = grid.levels
     lo = blocks.min(axis=-2)
     hi = blocks.max(axis=-2)
     ratios = np.asarray(ratios, dtype=np.float32)
-    if symmetric:
+    if grid.symmetric:
         scales = nonzero_scales(np.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios)
-        if positive_scales:
+        if grid.positive_scales:
             return scales, None
         signed = nonzero_scales(np.where(-lo >= hi, lo, hi) / np.float32(qmin) * ratios)
         if not (signed != scales).any():
             return scales, None
-        better = _block_sq_error(blocks, signed, bits) < _block_sq_error(blocks, scales, bits)
+        better = _block_sq_error(blocks, signed, grid.bits) < _block_sq_error(blocks, scales, grid.bits)
         return np.where(better, signed, scales).astype(np.float32), None
     lo = np.minimum(lo, np.float32(0.0)) * ratios
     hi = np.maximum(hi, np.float32(0.0)) * ratios
@@ -247,17 +266,14 @@ def ratio_grid(ratios: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.asarray([1.0, *rest], dtype=np.float32)
 
 
-def _mse_ratio_search(
-    blocks: np.ndarray, grid: np.ndarray, *, bits: int, symmetric: bool, positive_scales: bool = False
-) -> np.ndarray:
-    """Per-(block, column) ratio of ``grid`` minimising the block's weight MSE; ``blocks`` ``[nb, bs, c]``."""
+def _mse_ratio_search(blocks: np.ndarray, ratios: np.ndarray, grid: QuantGrid) -> np.ndarray:
+    """Per-(block, column) ratio of ``ratios`` minimising the block's weight MSE; ``blocks`` ``[nb, bs, c]``."""
     best_err = np.full(blocks.shape[::2], np.inf, dtype=np.float32)
     best_ratio = np.ones(blocks.shape[::2], dtype=np.float32)
-    for ratio in grid:
-        scales, zero_points = block_params(
-            blocks, bits=bits, symmetric=symmetric, ratios=ratio, positive_scales=positive_scales
-        )
-        diff = blocks - dequantize_levels(quantize_levels(blocks, scales, zero_points, bits=bits), scales, zero_points)
+    for ratio in ratios:
+        scales, zero_points = block_params(blocks, grid, ratios=ratio)
+        levels = quantize_levels(blocks, scales, zero_points, bits=grid.bits)
+        diff = blocks - dequantize_levels(levels, scales, zero_points)
         err = np.einsum("bkn,bkn->bn", diff, diff)
         better = err < best_err
         best_err = np.where(better, err, best_err)
@@ -296,8 +312,8 @@ def quantize_rtn(
         positive_scales: symmetric scales always positive (for runtimes that reject negative scales); by default
             a block may get a signed scale (see :func:`block_params`).
         search: a function giving the block parameters instead of the block range, called as ``search(blocks,
-            bits=, symmetric=, positive_scales=, valid=K)`` (:data:`~onnxprec.quantization.algorithms.search.SEARCHES`:
-            k-quant, HQQ). Excludes the clip options.
+            QuantGrid(bits, symmetric, positive_scales), valid=K)``
+            (:data:`~onnxprec.quantization.algorithms.search.SEARCHES`: k-quant, HQQ). Excludes the clip options.
     """
     if clip_search and clip_ratios is not None:
         raise ValueError("Pass either clip_search=True or clip_ratios, not both")
@@ -312,8 +328,9 @@ def quantize_rtn(
         ratios = np.broadcast_to(np.asarray(clip_ratios, dtype=np.float32), (n_blocks, n))
         if not (ratios > 0).all():
             raise ValueError("clip_ratios must be positive")
-    grid = ratio_grid(search_ratios) if clip_search else None
-    qmin, _ = level_range(bits, symmetric)
+    ratio_candidates = ratio_grid(search_ratios) if clip_search else None
+    grid = QuantGrid(bits, symmetric, positive_scales)
+    qmin, _ = grid.levels
     q = np.empty((k, n), dtype=np.int8 if qmin < 0 else np.uint8)
     scales = np.empty((n_blocks, n), dtype=np.float32)
     zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.uint8)
@@ -322,17 +339,13 @@ def quantize_rtn(
         cols = slice(start, min(start + step, n))
         blocks = to_blocks(weight[:, cols], bs)
         if search is not None:
-            s, z = search(blocks, bits=bits, symmetric=symmetric, positive_scales=positive_scales, valid=k)
+            s, z = search(blocks, grid, valid=k)
         else:
-            if grid is not None:
-                chunk_ratios: float | np.ndarray = _mse_ratio_search(
-                    blocks, grid, bits=bits, symmetric=symmetric, positive_scales=positive_scales
-                )
+            if ratio_candidates is not None:
+                chunk_ratios: float | np.ndarray = _mse_ratio_search(blocks, ratio_candidates, grid)
             else:
                 chunk_ratios = 1.0 if ratios is None else ratios[:, cols]
-            s, z = block_params(
-                blocks, bits=bits, symmetric=symmetric, ratios=chunk_ratios, positive_scales=positive_scales
-            )
+            s, z = block_params(blocks, grid, ratios=chunk_ratios)
         levels = quantize_levels(blocks, s, z, bits=bits)
         q[:, cols] = levels.reshape(-1, levels.shape[-1])[:k]
         scales[:, cols] = s

@@ -21,7 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxprec.quantization.algorithms.rtn import BlockSearch, block_params, level_range, nonzero_scales, quantize_levels
+from onnxprec.quantization.algorithms.rtn import (
+    DEFAULT_GRID,
+    BlockSearch,
+    QuantGrid,
+    block_params,
+    level_range,
+    nonzero_scales,
+    quantize_levels,
+)
 
 __all__ = ["SEARCHES", "hqq_params", "kquant_params"]
 
@@ -100,14 +108,7 @@ def _fit_asymmetric(blocks: np.ndarray, weights: np.ndarray, levels: np.ndarray,
 
 
 def kquant_params(
-    blocks: np.ndarray,
-    *,
-    bits: int = 4,
-    symmetric: bool = True,
-    positive_scales: bool = False,
-    valid: int | None = None,
-    steps: int = 20,
-    delta: float = 0.1,
+    blocks: np.ndarray, grid: QuantGrid = DEFAULT_GRID, *, valid: int | None = None, steps: int = 20, delta: float = 0.1
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """k-quant scales (and integer zero points) of ``blocks`` ``[n_blocks, bs, N]``, each ``[n_blocks, N]``.
 
@@ -118,12 +119,13 @@ def kquant_params(
     error after requantizing with its fitted parameters; RTN's parameters are the first candidate, so the result
     is never worse than RTN on that weighted error.
     """
+    bits, positive_scales = grid.bits, grid.positive_scales
     mask = _row_mask(blocks, valid)
     weights = _importance(blocks, mask)
-    best_s, best_z = block_params(blocks, bits=bits, symmetric=symmetric, positive_scales=positive_scales)
+    best_s, best_z = block_params(blocks, grid)
     best_err = _weighted_error(blocks, weights, best_s, best_z, bits)
-    qmin, qmax = level_range(bits, symmetric)
-    if symmetric:
+    qmin, qmax = grid.levels
+    if grid.symmetric:
         lo, hi = blocks.min(axis=1), blocks.max(axis=1)
         extreme = np.where(-lo >= hi, lo, hi)
         # No step below RTN's: the block's largest magnitude stays representable (clipping it cost SmolLM2 dearly).
@@ -174,10 +176,8 @@ def _shrink_lp(x: np.ndarray, beta: float, p: float) -> np.ndarray:
 
 def hqq_params(
     blocks: np.ndarray,
+    grid: QuantGrid = DEFAULT_GRID,
     *,
-    bits: int = 4,
-    symmetric: bool = True,
-    positive_scales: bool = False,
     valid: int | None = None,
     iterations: int = 20,
     p: float = 0.7,
@@ -193,7 +193,8 @@ def hqq_params(
     """
     mask = _row_mask(blocks, valid)
     ones = np.ones_like(blocks) if mask is None else np.broadcast_to(mask, blocks.shape).astype(np.float32)
-    scale, zero = block_params(blocks, bits=bits, symmetric=symmetric, positive_scales=positive_scales)
+    bits = grid.bits
+    scale, zero = block_params(blocks, grid)
 
     def mean_abs_error(s: np.ndarray, z: np.ndarray | None) -> np.ndarray:
         levels = quantize_levels(blocks, s, z, bits=bits)
@@ -208,9 +209,9 @@ def hqq_params(
         shifted = levels if zero is None else levels - zero[:, None, :]
         error = _shrink_lp(blocks - shifted * scale[:, None, :], beta, p)
         target = blocks - error
-        if symmetric:
+        if grid.symmetric:
             fitted = nonzero_scales(_fit_symmetric(target, ones, levels, scale))
-            scale = np.where(fitted > 0, fitted, scale).astype(np.float32) if positive_scales else fitted
+            scale = np.where(fitted > 0, fitted, scale).astype(np.float32) if grid.positive_scales else fitted
         else:
             assert zero is not None
             scale, zero = _fit_asymmetric(target, ones, levels, bits, (scale, zero))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxprec.quantization.algorithms.rtn import block_params, quantize_levels, quantize_rtn, to_blocks
+from onnxprec.quantization.algorithms.rtn import QuantGrid, block_params, quantize_levels, quantize_rtn, to_blocks
 from onnxprec.quantization.algorithms.search import SEARCHES, hqq_params, kquant_params
 
 
@@ -29,8 +29,9 @@ def _errors(blocks: np.ndarray, s: np.ndarray, z: np.ndarray | None, bits: int =
 @pytest.mark.parametrize(("symmetric", "positive"), [(True, False), (True, True), (False, False)])
 def test_kquant_never_worse_than_rtn_and_better_overall(symmetric: bool, positive: bool) -> None:
     blocks = to_blocks(_weight(), 32)
-    rtn = _errors(blocks, *block_params(blocks, symmetric=symmetric, positive_scales=positive))[0]
-    s, z = kquant_params(blocks, symmetric=symmetric, positive_scales=positive)
+    grid = QuantGrid(symmetric=symmetric, positive_scales=positive)
+    rtn = _errors(blocks, *block_params(blocks, grid))[0]
+    s, z = kquant_params(blocks, grid)
     found = _errors(blocks, s, z)[0]
     assert (found <= rtn * (1 + 1e-6)).all()
     assert found.sum() < rtn.sum()
@@ -50,8 +51,9 @@ def test_kquant_never_worse_than_rtn_and_better_overall(symmetric: bool, positiv
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_hqq_keeps_the_lowest_mean_absolute_error(symmetric: bool) -> None:
     blocks = to_blocks(_weight(seed=1), 32)
-    rtn = _errors(blocks, *block_params(blocks, symmetric=symmetric))[1]
-    s, z = hqq_params(blocks, symmetric=symmetric)
+    grid = QuantGrid(symmetric=symmetric)
+    rtn = _errors(blocks, *block_params(blocks, grid))[1]
+    s, z = hqq_params(blocks, grid)
     found = _errors(blocks, s, z)[1]
     assert (found <= rtn * (1 + 1e-6)).all() and found.sum() < 0.99 * rtn.sum()
     assert (z is None) == symmetric
