@@ -67,9 +67,34 @@ def dtype_name(dtype: ir.DataType) -> str:
 
 
 def all_graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
-    """The graph and every subgraph below it (If/Loop/Scan bodies, recursively), parents first."""
+    """The graph and every subgraph below it (If/Loop/Scan bodies, recursively), parents first.
+
+    The order of ``ir.Graph.subgraphs`` (depth first, in node and attribute order, each graph once), found in one
+    plain walk over the nodes' attributes instead of onnx-ir's recursive node iterator (a generator step per node:
+    a third of the time on a 7k-node graph, and every pass walks it). The subgraphs are listed when the second
+    item is asked for, as ``subgraphs`` lists them, so a caller may change the graphs while it iterates.
+    """
     yield graph
-    yield from graph.subgraphs()
+    found: dict[ir.Graph, None] = {}
+    _collect_subgraphs(graph, graph, found)
+    yield from list(found)
+
+
+def _collect_subgraphs(graph: ir.Graph, top: ir.Graph, found: dict[ir.Graph, None]) -> None:
+    for node in graph:
+        for attr in node.attributes.values():
+            if not isinstance(attr, ir.Attr):
+                continue  # a reference attribute (in a function body)
+            if attr.type == ir.AttributeType.GRAPH:
+                bodies: Iterable[ir.Graph] = (attr.value,)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                bodies = attr.value
+            else:
+                continue
+            for body in bodies:
+                if body is not top:
+                    found.setdefault(body, None)
+                _collect_subgraphs(body, top, found)
 
 
 def all_values(graph: ir.Graph) -> Iterator[ir.Value]:

@@ -43,6 +43,27 @@ def test_all_graphs_and_values_reach_into_if_branches() -> None:
     assert {v.name for v in all_values(model.graph)} >= {"c", "x", "w", "m", "y", "t", "e"}
 
 
+# If bodies two deep in the first If's then branch, then a second If: the walk order is depth first.
+_NESTED = """
+<ir_version: 8, opset_import: ["" : 17]>
+main (bool c, bool d, float[2] x) => (float[2] y, float[2] z) {
+    y = If <then_branch = outer_then () => (float[2] t) {
+        t = If <then_branch = inner_then () => (float[2] a) { a = Neg (x) },
+                else_branch = inner_else () => (float[2] b) { b = Abs (x) }> (d)
+    }, else_branch = outer_else () => (float[2] e) { e = Relu (x) }> (c)
+    z = If <then_branch = second_then () => (float[2] f) { f = Sigmoid (x) },
+            else_branch = second_else () => (float[2] g) { g = Tanh (x) }> (d)
+}
+"""
+
+
+def test_all_graphs_lists_nested_bodies_in_onnx_irs_subgraphs_order() -> None:
+    graph = ir.serde.deserialize_model(onnx.parser.parse_model(_NESTED)).graph
+    expected = ["main", "outer_then", "inner_then", "inner_else", "outer_else", "second_then", "second_else"]
+    assert [g.name for g in all_graphs(graph)] == expected
+    assert list(all_graphs(graph)) == [graph, *graph.subgraphs()]
+
+
 def test_unique_names_never_collide_and_fold_case_for_files() -> None:
     used = {"a", "a_1"}
     assert [unique_name("a", used), unique_name("b", used), unique_name("a", used)] == ["a_2", "b", "a_3"]

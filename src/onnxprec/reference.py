@@ -203,7 +203,8 @@ def run_reference(
     in_graph = _reduced_in_graph(marked, observers)
     ranges = next((o for o in observers if isinstance(o, RangeObserver)), None)
     sentinels = ranges.sentinels if ranges else {}
-    fetched = [v for v in marked if v not in set(in_graph)]
+    reduced = set(in_graph)
+    fetched = [v for v in marked if v not in reduced]
     chunks = chunk_values(fetched, estimated_sizes(model, data.first), budget_bytes) if fetched else [[]]
     values = {str(v.name): v for v in model.graph.inputs}
     values.update({str(out.name): out for node in model.graph for out in node.outputs})
