@@ -324,22 +324,25 @@ def decide_group(
     """
     spec = METHODS[method]
     blocks = list(block_sizes) if block_sizes is not None else [config.block_size] * len(weights)
-    base = {
-        "bits": 4,
-        "symmetric": config.symmetric,
-        "positive_scales": config.positive_scales,
-    }
+    grid = config.grid
     scales: np.ndarray | None = None
     alpha: float | None = None
     if spec.awq_scales and awq_allowed:
         assert stats.absmean is not None and stats.sample is not None
-        result = awq_lite(weights, stats.absmean, stats.sample, min(blocks), config.grid, alpha_grid=config.alpha_grid)
+        result = awq_lite(weights, stats.absmean, stats.sample, min(blocks), grid, alpha_grid=config.alpha_grid)
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
     gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None
     recipes = []
     for index, w in enumerate(weights):
-        recipe = Recipe(method, awq_scales=scales, block_size=blocks[index], **base)  # type: ignore[arg-type]
+        recipe = Recipe(
+            method,
+            bits=grid.bits,
+            block_size=blocks[index],
+            symmetric=grid.symmetric,
+            positive_scales=grid.positive_scales,
+            awq_scales=scales,
+        )
         scaled = w if scales is None else w * scales[:, None]
         if gptq_results is not None:
             recipe.result = CompactWeight.of(gptq_results[index])
@@ -347,7 +350,7 @@ def decide_group(
             assert stats.sample is not None
             x = stats.sample if scales is None else stats.sample / scales[None, :]
             recipe.clip_ratios = awq_clip(
-                scaled, x, blocks[index], config.grid, ratios=config.clip_ratios,
+                scaled, x, blocks[index], grid, ratios=config.clip_ratios,
                 chunk_columns=config.clip_chunk_columns,
             )  # fmt: skip
             recipe.info["clip_ratio_mean"] = float(recipe.clip_ratios.mean())
