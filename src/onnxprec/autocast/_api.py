@@ -46,7 +46,7 @@ from onnxprec._io import (
     to_model_proto,
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
-from onnxprec._options import fields_in
+from onnxprec._options import fields_in, options_from_call
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
@@ -638,7 +638,7 @@ def convert_file(
         OnnxprecError: A bad argument, model or output path; the message says how to fix it.
     """
     if options is None:
-        options = AutoCastOptions(**kwargs)
+        options = options_from_call(AutoCastOptions, {}, kwargs, "AutoCast")
     elif kwargs:
         raise InvalidArgumentError(
             f"convert_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "

@@ -8,6 +8,8 @@ that the result is valid, runs, and stays close to FP32, or that the refusal is 
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -573,3 +575,15 @@ def test_an_unnamed_node_ort_cannot_run_is_kept_in_fp32_by_its_op_and_rank() -> 
     options = AutoCastOptions(low_precision_type="bf16", providers=["cuda"])
     assert kernel_gap(numeric, report, options, "model.onnx", fp32_nodes)  # type: ignore[arg-type]
     assert list(fp32_nodes) == ["<unnamed Less #1>"] == [node_keys([named, less])[less]]
+
+
+def test_convert_file_refuses_an_unknown_keyword_in_one_line(tmp_path: Path) -> None:
+    # As the quantizers do: an unknown keyword names the tool and the closest option instead of a raw TypeError,
+    # and nothing is written.
+    from onnxprec.autocast import convert_file
+    from onnxprec.errors import InvalidArgumentError
+
+    message = "Unknown AutoCast option 'keep_io_type'. Did you mean 'keep_io_types'?"
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        convert_file(tmp_path / "m.onnx", tmp_path / "out.onnx", keep_io_type=True)
+    assert not (tmp_path / "out.onnx").exists()
