@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxprec._genai import GENAI_PROVIDERS, set_provider
+
 
 def genai_logits(folder: Path, ids: np.ndarray, provider: str) -> np.ndarray:
     """``[windows, tokens, vocab]`` float32 logits of ``folder`` (a copy with its provider set) on ``ids``."""
@@ -30,8 +32,7 @@ def genai_logits(folder: Path, ids: np.ndarray, provider: str) -> np.ndarray:
         shutil.copytree(folder, copy)
         config_path = copy / "genai_config.json"
         config = json.loads(config_path.read_text())
-        options = [] if provider == "cpu" else [{provider: {}}]
-        config["model"]["decoder"].setdefault("session_options", {})["provider_options"] = options
+        set_provider(config, provider)
         config_path.write_text(json.dumps(config))
         model = og.Model(str(copy))
         out = []
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path)
     ap.add_argument("ids", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--provider", default="cuda")
+    ap.add_argument("--provider", default="cuda", choices=GENAI_PROVIDERS)
     a = ap.parse_args(argv)
     np.save(a.out, genai_logits(a.folder, np.load(a.ids), a.provider))
     return 0
