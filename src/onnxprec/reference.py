@@ -212,14 +212,14 @@ def run_reference(
     with contextlib.ExitStack() as stack:
         if data is not batches:
             stack.callback(data.close)
-        payload, folder, reductions = stack.enter_context(_ort_model_with_reductions(model, in_graph, sentinels))
+        payload, folder, reductions, added = stack.enter_context(_ort_model_with_reductions(model, in_graph, sentinels))
         path = payload if isinstance(payload, str) else None
         base = _ort.model_proto(payload)
         data_folder = folder if folder is not None or path is None else Path(path).parent
         info_of = lambda name: _value_info(values, name)  # noqa: E731
-        result = run.segmented(base, segment_bytes, data_folder, marked, in_graph, reductions, info_of)
+        result = run.segmented(base, segment_bytes, data_folder, marked, in_graph, reductions, added, info_of)
         if result is None:
-            result = run.whole(base, path, folder, chunks, reductions)
+            result = run.whole(base, path, folder, chunks, reductions, added)
     result.stats = ranges.stats if ranges else None
     _log_run(result, len(marked), segment_bytes)
     return result
@@ -261,9 +261,9 @@ def run_message(
     with contextlib.ExitStack() as stack:
         if data is not batches:
             stack.callback(data.close)
-        result = run.segmented(base, segment_bytes, folder, [], [], {}, infos.get)
+        result = run.segmented(base, segment_bytes, folder, [], [], {}, frozenset(), infos.get)
         if result is None:
-            result = run.whole(base, None, folder, [[]], {})
+            result = run.whole(base, None, folder, [[]], {}, frozenset())
     _log_run(result, 0, segment_bytes)
     return result
 
@@ -288,10 +288,12 @@ class _Run:
         marked: list[ir.Value],
         in_graph: Sequence[ir.Value],
         reductions: Mapping[str, tuple[str, ...]],
+        added: Collection[str],
         info_of: Callable[[str], onnx.ValueInfoProto | None],
     ) -> ReferenceResult | None:
-        """The run segment by segment (see the module docstring), or None when the model runs whole."""
-        segments = _segments(base, segment_bytes, {out for outs in reductions.values() for out in outs})
+        """The run segment by segment (see the module docstring), or None when the model runs whole (``added``:
+        the outputs of every node of the range reductions, :func:`_ort_model_with_reductions`)."""
+        segments = _segments(base, segment_bytes, added)
         if segments is None:
             return None
         done = _run_segmented(
@@ -310,20 +312,21 @@ class _Run:
         folder: Path | None,
         chunks: list[list[ir.Value]],
         reductions: Mapping[str, tuple[str, ...]],
+        added: Collection[str],
     ) -> ReferenceResult:
-        """The run of the whole graph, once per chunk of fetched tensors (the reductions with the first)."""
+        """The run of the whole graph, once per chunk of fetched tensors (the reductions, whose nodes' outputs are
+        ``added``, with the first)."""
         from tqdm.auto import tqdm
 
         observers = self.observers
         graph_outputs = [o.name for o in base.graph.output[: self.n_outputs]]
-        riding = {out for outs in reductions.values() for out in outs}
         first_outputs: dict[str, np.ndarray] = {}
         count = 0
         with tqdm(desc="Reference run", unit="run", disable=None, leave=False) as progress:
             for chunk_index, chunk in enumerate(chunks):
                 names = [str(v.name) for v in chunk]
                 if chunk_index == 1 and reductions:  # the reductions ran with the first chunk
-                    base, reductions = _without(base, riding, self.n_outputs), {}
+                    base, reductions = _without(base, added, self.n_outputs), {}
                 n_outputs = len(base.graph.output)
                 session = _chunk_session(base, path, folder, chunk, self.providers, self.what)
                 del base.graph.output[n_outputs:]
@@ -549,14 +552,15 @@ def _reduced_in_graph(marked: list[ir.Value], observers: Sequence[Observer]) -> 
 @contextlib.contextmanager
 def _ort_model_with_reductions(
     model: ir.Model, values: Sequence[ir.Value], sentinels: Mapping[str, float] | None
-) -> Iterator[tuple[bytes | str, Path | None, dict[str, tuple[str, ...]]]]:
-    """:func:`onnxprec._ort.ort_model` of ``model`` with the range reductions of ``values``, and the names of their
-    outputs (tensor -> outputs). :class:`AddRangeReductionsPass` changes the model only while it is serialized:
-    the model is as before when this yields (a clone or a round trip through onnx-ir would cost a deserialization
-    of the whole graph)."""
+) -> Iterator[tuple[bytes | str, Path | None, dict[str, tuple[str, ...]], frozenset[str]]]:
+    """:func:`onnxprec._ort.ort_model` of ``model`` with the range reductions of ``values``, the names of their
+    graph outputs (tensor -> outputs), and the outputs of every node they add (the sentinel ones' Constant, Where...
+    included, which :func:`_segments` and :func:`_without` must treat as the reductions they feed).
+    :class:`AddRangeReductionsPass` changes the model only while it is serialized: the model is as before when this
+    yields (a clone or a round trip through onnx-ir would cost a deserialization of the whole graph)."""
     if not values:
         with _ort.ort_model(model) as (payload, folder):
-            yield payload, folder, {}
+            yield payload, folder, {}, frozenset()
         return
     result = AddRangeReductionsPass([str(v.name) for v in values], sentinels)(model)
     assert isinstance(result, RangeReductionsResult)
@@ -565,12 +569,17 @@ def _ort_model_with_reductions(
             payload, folder = stack.enter_context(_ort.ort_model(model))
         finally:
             remove_range_reductions(result)
-        yield payload, folder, result.reductions
+        yield (
+            payload,
+            folder,
+            result.reductions,
+            frozenset(str(out.name) for node in result.nodes for out in node.outputs),
+        )
 
 
 def _without(base: onnx.ModelProto, riding: Collection[str], n_outputs: int) -> onnx.ModelProto:
-    """A copy of ``base`` without its range reductions (the nodes whose first output is in ``riding``) and without
-    graph outputs past the first ``n_outputs``."""
+    """A copy of ``base`` without its range reductions (the nodes whose first output is in ``riding``: every output
+    of the nodes they added) and without graph outputs past the first ``n_outputs``."""
     plain = onnx.ModelProto()
     plain.CopyFrom(base)
     del plain.graph.node[:], plain.graph.output[n_outputs:]

@@ -207,3 +207,22 @@ def test_outputs_nothing_reads_are_not_observed() -> None:
         run_reference(model, _batches(), observers=[ranges] if chunked else [ranges, FirstBatchObserver()])
         assert ranges.stats is not None and "n" in ranges.stats
         assert not {"mean", "inv"} & set(ranges.stats)
+
+
+def test_later_chunks_drop_every_node_of_the_sentinel_reductions() -> None:
+    """The chunks after the first run without the range reductions: the sentinel ones' Constant, LessOrEqual, Abs
+    and Where go too (they would otherwise run over the tensor for nothing on every batch)."""
+    from onnxprec.reference import _ort_model_with_reductions, _without
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([4]))
+    relu = ir.Node("", "Relu", [x], outputs=[ir.Value(name="m", type=ir.TensorType(ir.DataType.FLOAT))])
+    neg = ir.Node("", "Neg", [relu.outputs[0]], outputs=[ir.Value(name="y", type=ir.TensorType(ir.DataType.FLOAT))])
+    model = ir.Model(ir.Graph([x], [neg.outputs[0]], nodes=[relu, neg], opset_imports={"": 18}), ir_version=9)
+    with _ort_model_with_reductions(model, [relu.outputs[0]], {"m": 0.5}) as (payload, _, reductions, added):
+        base = _ort.model_proto(payload)
+        assert len(reductions["m"]) == 5  # min, max, sum, shape and the magnitude above the sentinel
+        assert len(base.graph.node) == 2 + 4 + 6
+        plain = _without(base, added, 1)
+    assert [node.op_type for node in plain.graph.node] == ["Relu", "Neg"]
+    assert [out.name for out in plain.graph.output] == ["y"]
+    assert [node.op_type for node in model.graph] == ["Relu", "Neg"]  # the model as before
