@@ -156,14 +156,13 @@ class Int4Options(_tool.QuantizationOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         from onnxprec.quantization.algorithms.rtn import effective_block_size
-        from onnxprec.quantization.methods import method_spec
 
         # Without data: kquant (AWQ on random data is worse than RTN), unless the pipeline finds an LLM that writes
         # its own calibration text: then NO_DATA_LLM_METHOD on that text (quantize_model calls use_method).
         self.default_method = self.calibration_method is None
         if self.calibration_method is None:
             self.calibration_method = "awq_lite" if self.calibration_data_reader is not None else "kquant"
-        self.method, self.spec = method_spec(self.calibration_method)
+        self.use_method(self.calibration_method)
         if self.block_size is None:
             self.block_size = DEFAULT_BLOCK_SIZE
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool):

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -142,12 +142,13 @@ def _matches(node: ir.Node, patterns: Sequence[re.Pattern[str]]) -> str | None:
     return next((p.pattern for p in patterns if any(p.search(n) for n in names)), None)
 
 
-def _model_input(value: ir.Value | None) -> ir.Value | None:
-    """The graph input that ``value`` is, or re-lays out (through Pad, Transpose, Reshape...); else None."""
+def _through_layout(value: ir.Value | None, found: Callable[[ir.Value], bool]) -> ir.Value | None:
+    """The first of ``value`` and the values it re-lays out (through Pad, Transpose, Reshape..., at most 8 values)
+    for which ``found`` holds; else None."""
     for _ in range(8):
         if value is None:
             return None
-        if value.is_graph_input():
+        if found(value):
             return value
         producer = value.producer()
         if producer is None or producer.op_type not in _LAYOUT_OPS or not is_default_domain(producer.domain):
@@ -228,20 +229,13 @@ def _kept_float(node: ir.Node, float_outputs: set[ir.Value]) -> str | None:
     """Why a static layer stays float on ort-cpu (None: it is quantized): it reads the model input, or it is a
     depthwise Conv that reads the output of a layer kept float (its INT8 kernel, with no sum over channels, is no
     faster than the float one, and its input would need a QuantizeLinear of its own)."""
-    source = _model_input(node.inputs[0])
+    source = _through_layout(node.inputs[0], ir.Value.is_graph_input)
     if source is not None:
         return f"reads the model input '{source.name}'"
     if not _depthwise(node):
         return None
-    value = node.inputs[0]
-    for _ in range(8):  # through Pad, Transpose, Reshape...
-        if value is None or value in float_outputs:
-            break
-        producer = value.producer()
-        if producer is None or producer.op_type not in _LAYOUT_OPS or not is_default_domain(producer.domain):
-            return None
-        value = producer.inputs[0] if producer.inputs else None
-    if value is None or value not in float_outputs:
+    value = _through_layout(node.inputs[0], float_outputs.__contains__)
+    if value is None:
         return None
     return f"a depthwise Conv reading the float '{value.name}'"
 
@@ -317,7 +311,7 @@ def place(
     return plan
 
 
-def _residual_adds(model: ir.Model, plan: Plan, allowed: object) -> None:
+def _residual_adds(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
     """TensorRT-style: the inputs of an Add of two computed tensors, one of them written by a quantized layer (or its
     bias Add), get Q/DQ too, as ModelOpt places them: both for a transformer's residual Add, all but one Conv branch
     where a Conv writes one (TensorRT fuses the Add into that Conv)."""
@@ -333,7 +327,7 @@ def _residual_adds(model: ir.Model, plan: Plan, allowed: object) -> None:
         return producer if producer in layers else None
 
     for node in model.graph:
-        if node.op_type != "Add" or not is_default_domain(node.domain) or not callable(allowed) or not allowed(node):
+        if node.op_type != "Add" or not is_default_domain(node.domain) or not allowed(node):
             continue
         inputs = [v for v in node.inputs if v is not None and v.const_value is None]
         if len(inputs) != 2 or any(v.dtype not in _FLOAT for v in inputs):
@@ -348,7 +342,7 @@ def _residual_adds(model: ir.Model, plan: Plan, allowed: object) -> None:
                 plan.static_tensors.append(value)
 
 
-def _static_region(model: ir.Model, plan: Plan, allowed: object) -> None:
+def _static_region(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
     """ort-cpu: the static tensors of the static layers, the passthrough ops joined to them, absorbed activations."""
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic}
     outputs_of: dict[ir.Node, ir.Value | None] = {}
@@ -365,7 +359,7 @@ def _static_region(model: ir.Model, plan: Plan, allowed: object) -> None:
             if node in static_nodes or node.op_type not in STATIC_PASSTHROUGH_OPS or not is_default_domain(node.domain):
                 continue
             inputs = [v for v in node.inputs if v is not None and v.const_value is None]
-            if not inputs or any(v not in produced for v in inputs) or not callable(allowed) or not allowed(node):
+            if not inputs or any(v not in produced for v in inputs) or not allowed(node):
                 continue
             if any(v.dtype not in _FLOAT for v in (*inputs, *node.outputs)):
                 continue
