@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 __all__ = [
     "FLOAT_TYPES",
+    "LOW_FLOAT_TYPES",
     "ORIGINAL_NAME",
     "FileNames",
     "NameAllocator",
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+# The 16-bit floats AutoCast converts to (and widens back from).
+LOW_FLOAT_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 # Key of ``Value.metadata_props`` holding a renamed tensor's name in the source model. onnx-ir writes it into the
 # ValueInfoProto's metadata_props, so a saved model keeps it (compare and dump match tensors through it).

@@ -33,7 +33,7 @@ from onnx_ir.passes.common import (
 )
 
 from onnxprec._genai import GenaiCarry
-from onnxprec._graph import FLOAT_TYPES, all_values, tensor_dtype
+from onnxprec._graph import FLOAT_TYPES, LOW_FLOAT_TYPES, all_values, tensor_dtype
 from onnxprec._io import (
     PROTOBUF_LIMIT,
     ModelSource,
@@ -241,9 +241,6 @@ def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:
                     out.dtype = observed
 
 
-_LOW_FLOATS = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
-
-
 def _widen(model: ir.Model, low: ir.DataType) -> tuple[dict[str, ir.DataType], frozenset[ir.Node]]:
     """Makes an FP16, BF16 or mixed model an FP32 one to classify and convert like any other (ModelOpt classifies
     every float node too, whatever its type). Widening is exact and keeps every name, so the reference run's
@@ -256,13 +253,13 @@ def _widen(model: ir.Model, low: ir.DataType) -> tuple[dict[str, ir.DataType], f
     """
     graph = model.graph
     io_types = {
-        str(v.name): dtype for v in (*graph.inputs, *graph.outputs) if (dtype := tensor_dtype(v)) in _LOW_FLOATS
+        str(v.name): dtype for v in (*graph.inputs, *graph.outputs) if (dtype := tensor_dtype(v)) in LOW_FLOAT_TYPES
     }
     already_low = set()
-    widen = bool(io_types) or any(v.dtype in _LOW_FLOATS for v in graph.initializers.values())
+    widen = bool(io_types) or any(v.dtype in LOW_FLOAT_TYPES for v in graph.initializers.values())
     for node in graph.all_nodes():
         floats = {tensor_dtype(v) for v in (*node.inputs, *node.outputs) if v is not None} & FLOAT_TYPES
-        widen = widen or bool(floats & _LOW_FLOATS)
+        widen = widen or bool(floats & LOW_FLOAT_TYPES)
         if floats == {low}:
             already_low.add(node)
     if not widen:

@@ -53,6 +53,11 @@ def warn_cast_shared_kv(model: ir.Model) -> None:
             return
 
 
+def _gpu_provider(options: AutoCastOptions) -> str | None:
+    """The first provider of ``options`` that is not the CPU (``cuda:0``, ``trt``, ``dml``), if any."""
+    return next((str(p) for p in options.providers if not str(p).lower().startswith("cpu")), None)
+
+
 def keep_kernel_gaps(model: ir.Model, decisions: dict[ir.Node, Decision], options: AutoCastOptions) -> None:
     """Keeps in FP32 the BF16 nodes ONNX Runtime has no BF16 kernel for on the GPU provider the model is meant for
     (nor on the CPU it falls back to), found up front by probing each op signature once
@@ -60,7 +65,7 @@ def keep_kernel_gaps(model: ir.Model, decisions: dict[ir.Node, Decision], option
     of one failed run of the whole model per node (:func:`kernel_gap`, still the fallback). Only BF16 (ORT runs an
     FP16 node without a kernel in FP32 behind casts it inserts itself) and only for GPU providers: ORT's CPU provider
     has almost no BF16 kernels, and BF16 models are meant for GPUs."""
-    gpu = next((str(p) for p in options.providers if not str(p).lower().startswith("cpu")), None)
+    gpu = _gpu_provider(options)
     if gpu is None or options.low != ir.DataType.BFLOAT16:
         return
     low = [
@@ -123,7 +128,7 @@ def kernel_gap(
         node = unnamed[0] if len(unnamed) == 1 else None
     if node is None:
         return False
-    on_gpu = any(not str(p).lower().startswith("cpu") for p in options.providers)
+    on_gpu = _gpu_provider(options) is not None
     retried = options.low == ir.DataType.FLOAT16 or on_gpu
     if not retried or isinstance(source, ir.Model) or len(fp32_nodes) >= MAX_KERNEL_FALLBACKS:
         logger.log(

@@ -6,13 +6,12 @@ import logging
 
 import onnx_ir as ir
 
+from onnxprec._graph import LOW_FLOAT_TYPES
 from onnxprec.passes._retype import retype_floats_to_fp32
 
 __all__ = ["WidenToFp32Pass"]
 
 logger = logging.getLogger(__name__)
-
-_LOW_FLOATS = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 
 class WidenToFp32Pass(ir.passes.InPlacePass):
@@ -29,7 +28,7 @@ class WidenToFp32Pass(ir.passes.InPlacePass):
         self.keep_io = keep_io
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        count = retype_floats_to_fp32(model, _LOW_FLOATS, keep_io=self.keep_io)
+        count = retype_floats_to_fp32(model, LOW_FLOAT_TYPES, keep_io=self.keep_io)
         if count:
             logger.info("Widened %d FP16/BF16 tensors/attributes to FP32", count)
         return ir.passes.PassResult(model, modified=bool(count))
