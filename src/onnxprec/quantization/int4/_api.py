@@ -12,6 +12,7 @@ streams path to path (memory-mapped weights in, each weight quantized as it is w
 
 from __future__ import annotations
 
+import copy
 import logging
 import tempfile
 import time
@@ -166,7 +167,8 @@ def _calibrate_and_decide(
                         scales[group] = group_scales
                     if stand_ins is not None:  # the next chunks see this group's weights quantized
                         for target in owned[group]:
-                            floats[target] = _set_dequantized(target, recipes[target], Path(stand_ins.name))
+                            file = Path(stand_ins.name) / f"w{len(floats)}.bin"
+                            floats[target] = _set_dequantized(target, recipes[target], file)
                     bar.update()
         finally:
             for target, tensor in floats.items():
@@ -191,25 +193,24 @@ def _calibrate_and_decide(
 SEQUENTIAL_GROUPS = 4
 
 
-def _set_dequantized(target: Target, recipe: Recipe, folder: Path) -> ir.TensorProtocol:
-    """Puts ``target``'s quantized-then-dequantized weight (AWQ scales undone) in place of its initializer, as a
-    file in ``folder`` (mapped like the model's own weights, not copied by each pass); returns the tensor it
+def _set_dequantized(target: Target, recipe: Recipe, file: Path) -> ir.TensorProtocol:
+    """Puts ``target``'s quantized-then-dequantized weight (AWQ scales undone) in place of its initializer, as
+    ``file`` (a new file, mapped like the model's own weights, not copied by each pass); returns the tensor it
     replaced."""
     original = target.weight.const_value
     assert original is not None
     w = target.read()
     dq = recipe.dequantized(recipe.quantize(w)).astype(target.dtype.numpy())
     del w
-    location = f"w{len(list(folder.iterdir()))}.bin"
-    np.ascontiguousarray(dq.T if target.transposed else dq).tofile(folder / location)
+    np.ascontiguousarray(dq.T if target.transposed else dq).tofile(file)
     target.weight.const_value = ir.ExternalTensor(
-        location,
+        file.name,
         0,
         dq.nbytes,
         original.dtype,
         shape=ir.Shape(dq.T.shape if target.transposed else dq.shape),
         name=str(target.weight.name),
-        base_dir=folder,
+        base_dir=file.parent,
     )
     return original
 
@@ -288,7 +289,9 @@ def _sizes(target: Target, recipe: Recipe, output_format: str) -> tuple[int, int
 
 
 def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model, Int4Report]:
-    """Runs the pipeline up to (not including) saving; the returned model's quantized weights are lazy tensors."""
+    """Runs the pipeline up to (not including) saving; the returned model's quantized weights are lazy tensors.
+    ``options`` is left as given: the default method's choice for this model goes into a copy."""
+    options = copy.copy(options)
     config = options.quant_config()
     report = Int4Report(options.method, config.block_size, options.use_zero_point, options.output_format)
     tick = time.perf_counter()

@@ -129,3 +129,15 @@ def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Pa
     same = quantize_file(source, tmp_path / "same.onnx", block_size=16, calibration_method=NO_DATA_LLM_METHOD)
     assert (tmp_path / "default.onnx").read_bytes() == (tmp_path / "same.onnx").read_bytes()
     assert same.method == NO_DATA_LLM_METHOD
+
+
+def test_the_default_method_choice_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
+    from onnxprec.quantization.int4._api import quantize_model
+    from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD, Int4Options
+
+    source, _ = _lm(tmp_path)
+    options = Int4Options(block_size=16)
+    given = (options.calibration_method, options.method, options.default_method)
+    _, report = quantize_model(source, options)
+    assert report.method == NO_DATA_LLM_METHOD != given[0]
+    assert (options.calibration_method, options.method, options.default_method) == given
