@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from onnxprec import _ort, metrics
 from onnxprec._options import signature_mismatches
-from onnxprec._testing import F16, F, make_model, run_cli, shared_path, tensor_info
+from onnxprec._testing import F16, F, make_model, qdq_conv, run_cli, shared_path, tensor_info
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError
 from onnxprec.evaluate import EvaluateOptions, evaluate_models
 
@@ -240,6 +240,41 @@ def test_latency_fields(tmp_path: Path) -> None:
     assert "median ms" in report.table() and "p90 ms" in report.table()
 
 
+def test_kernel_profile_counts_the_integer_kernels_onnxruntime_ran(tmp_path: Path) -> None:
+    weight = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    quantized = tmp_path / "conv_int8.onnx"
+    onnx.save(qdq_conv(weight), quantized)
+    plain = make_model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+        [tensor_info("x", F, [1, 3, 8, 8])],
+        [tensor_info("y", F, [1, 4, 8, 8])],
+        {"w": weight},
+    )
+    onnx.save(plain, tmp_path / "conv.onnx")
+    data = {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    report = evaluate_models([tmp_path / "conv.onnx", quantized], data, latency_runs=0, profile_runs=2)
+    fp32, int8 = report["conv"].kernels, report["conv_int8"].kernels
+    assert fp32 is not None and int8 is not None and fp32.runs == int8.runs == 2
+    assert fp32.integer_nodes == 0 and fp32.qdq_nodes == 0 and fp32.integer_share == 0.0
+    # The QDQ Conv ran as one QLinearConv; the input's Q and the output's DQ ran unfused (maybe with NHWC Transposes).
+    assert int8.integer_nodes == 1 and int8.qdq_nodes == 2 and int8.nodes in (3, 5)
+    assert [k.op_type for k in int8.kernels if k.integer] == ["QLinearConv"]
+    assert int8.integer_share is not None and 0 < int8.integer_share < 1
+    table = report.table()
+    header = table.splitlines()[0]
+    assert "int kernels" in header and "int time" in header and "Q/DQ" in header
+    row = next(line for line in table.splitlines() if line.startswith("conv_int8"))
+    assert f"1/{int8.nodes}" in row.split()
+    json_kernels = report.to_json()["models"][1]["kernels"]
+    assert (json_kernels["integer_nodes"], json_kernels["qdq_nodes"], json_kernels["nodes"]) == (1, 2, int8.nodes)
+    assert json_kernels["op_types"][0]["ms"] >= json_kernels["op_types"][-1]["ms"]  # slowest first
+    off = evaluate_models([quantized], data, latency_runs=0, profile_runs=0)
+    assert off["conv_int8"].kernels is None and "int kernels" not in off.table()
+    assert off.to_json()["models"][0]["kernels"] is None
+    with pytest.raises(InvalidArgumentError, match="profile_runs must be an integer >= 0"):
+        evaluate_models([quantized], data, profile_runs=-1)
+
+
 def test_random_data_and_clear_errors(tmp_path: Path) -> None:
     model = _lm(tmp_path / "lm.onnx", mask=True)
     result = evaluate_models([model], None, latency_runs=0)["lm"]
@@ -316,13 +351,21 @@ def test_command_line_table_and_json_schema(tmp_path: Path, capsys: pytest.Captu
     assert data["summary"].startswith("Evaluated 2 model(s) on 6 samples in 1 batch(es): ref top-1 ")
     keys = {
         "name", "path", "reference", "batches", "samples", "perplexity", "tokens", "accuracy", "main_output",
-        "agreement", "latency_ms", "seconds",
+        "agreement", "latency_ms", "kernels", "seconds",
     }  # fmt: skip
     assert all(set(m) == keys for m in data["models"])
     cand_json = data["models"][1]
     assert set(cand_json["accuracy"]) == {"top1", "top5", "samples"}
     assert set(cand_json["agreement"]["logits"]) == {"max_abs", "rel_l2", "cosine", "nonfinite", "top1"}
     assert set(cand_json["latency_ms"]) == {"median", "p90", "mean", "min", "runs"}
+    kernels = cand_json["kernels"]
+    assert set(kernels) == {
+        "runs", "nodes", "integer_nodes", "integer_time_share", "qdq_nodes", "qdq_time_share", "kernel_ms", "op_types",
+    }  # fmt: skip
+    assert kernels["runs"] == 3 and kernels["integer_nodes"] == 0 and kernels["integer_time_share"] == 0.0
+    assert kernels["nodes"] == sum(op["nodes"] for op in kernels["op_types"]) >= 1
+    assert all(set(op) == {"op_type", "provider", "nodes", "ms", "integer", "qdq"} for op in kernels["op_types"])
+    assert "int kernels" in table and "--profile_runs" in parser.format_help()
     assert "--custom_op_lib" in parser.format_help() and "--perplexity" in parser.format_help()
     assert "--json" not in parser.format_help()  # the old spelling of --report_json: a hidden alias
     assert parser.parse_args([str(ref), "--json", str(out)]).report_json == str(out)

@@ -500,6 +500,7 @@ def create_session(
     what: str = "the model",
     external_data_folder: str | os.PathLike | None = None,
     optimized_model_path: str | os.PathLike | None = None,
+    profile_prefix: str | os.PathLike | None = None,
 ) -> Session:
     """Creates a session on ``providers`` (ModelOpt-style names, default cpu).
 
@@ -514,6 +515,8 @@ def create_session(
         external_data_folder: Folder of external data for a model given as bytes.
         optimized_model_path: Write the graph ONNX Runtime optimized (at ``optimization``) there, every
             initializer of 1 KiB or more in one external data file ``<name>.data`` beside it (so any size works).
+        profile_prefix: Turn ONNX Runtime's profiler on; ``session.inner.end_profiling()`` writes its JSON to a file
+            whose path starts with this prefix (:func:`onnxprec._ort_profile.profile_kernels` reads it).
 
     Raises:
         UnsupportedModelError: ONNX Runtime cannot load the model (the message has ORT's first line).
@@ -528,6 +531,9 @@ def create_session(
             "session.optimized_model_external_initializers_file_name", optimized.name + ".data"
         )
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
     with contextlib.ExitStack() as stack:
         if isinstance(source, ir.Model):
             payload, folder = stack.enter_context(ort_model(source))

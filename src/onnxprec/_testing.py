@@ -94,6 +94,54 @@ def make_model(
     return model
 
 
+def qdq_conv(weight: np.ndarray) -> onnx.ModelProto:
+    """A QDQ Conv of ``weight`` ``[out, in, 3, 3]`` on x ``[1, in, 8, 8]``: quantize x (uint8), a per-channel INT8
+    weight, Conv, quantize the output, dequantize; the QDQ group ONNX Runtime's CPU provider fuses into one
+    QLinearConv (the input's QuantizeLinear and the output's DequantizeLinear stay: the interface is float)."""
+    out, channels = weight.shape[:2]
+    scale = (np.abs(weight).reshape(out, -1).max(1) / 127).astype(np.float32)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q_x"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq_x"),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0, name="dq_w"),
+        helper.make_node("Conv", ["xd", "wd"], ["y0"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("QuantizeLinear", ["y0", "ys", "yz"], ["yq"], name="q_y"),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"], name="dq_y"),
+    ]
+    weights = {
+        "wq": np.round(weight / scale[:, None, None, None]).astype(np.int8),
+        "ws": scale,
+        "wz": np.zeros(out, np.int8),
+        "xs": np.float32(0.02),
+        "xz": np.uint8(128),
+        "ys": np.float32(0.1),
+        "yz": np.uint8(128),
+    }
+    inputs, outputs = [tensor_info("x", F, [1, channels, 8, 8])], [tensor_info("y", F, [1, out, 8, 8])]
+    return make_model(nodes, inputs, outputs, weights)
+
+
+def dynamic_int8_matmuls(count: int, seed: int = 0) -> onnx.ModelProto:
+    """ONNX Runtime's dynamic INT8 MatMul pattern (``quantize_dynamic``'s), ``count`` MatMuls of x ``[2, 16]``
+    sharing one DynamicQuantizeLinear: MatMulInteger with a per-column INT8 weight, Cast, times both scales."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="quantize_x")]
+    weights: dict[str, np.ndarray] = {}
+    outputs = []
+    for i in range(count):
+        w = rng.standard_normal((16, 8)).astype(np.float32)
+        scale = (np.abs(w).max(0) / 127).astype(np.float32)
+        weights |= {f"wq{i}": np.round(w / scale).astype(np.int8), f"ws{i}": scale, f"wz{i}": np.zeros(8, np.int8)}
+        nodes += [
+            helper.make_node("MatMulInteger", ["xq", f"wq{i}", "xz", f"wz{i}"], [f"acc{i}"], name=f"matmul{i}"),
+            helper.make_node("Cast", [f"acc{i}"], [f"accf{i}"], to=F, name=f"cast{i}"),
+            helper.make_node("Mul", ["xs", f"ws{i}"], [f"scale{i}"], name=f"scale{i}"),
+            helper.make_node("Mul", [f"accf{i}", f"scale{i}"], [f"y{i}"], name=f"rescale{i}"),
+        ]
+        outputs.append(tensor_info(f"y{i}", F, [2, 8]))
+    return make_model(nodes, [tensor_info("x", F, [2, 16])], outputs, weights)
+
+
 def run(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Runs a model on ONNX Runtime CPU (default optimizations); float inputs are cast to the model's input
     types, and BF16/FP8 outputs come back as ml_dtypes arrays (see :class:`onnxprec._ort.Session`)."""

@@ -1,8 +1,9 @@
 """Evaluation: run one or several models side by side on the same data and report task metrics.
 
 Perplexity for causal LMs (with or without KV-cache inputs), top-1/top-5 accuracy against labels, agreement
-with a reference model's outputs (top-1 agreement, max abs, relative L2, cosine) and latency per batch on the
-chosen execution provider, batch by batch in bounded memory; and greedy generation through onnxruntime-genai
+with a reference model's outputs (top-1 agreement, max abs, relative L2, cosine), latency per batch on the
+chosen execution provider and the kernels ONNX Runtime ran (nodes in integer kernels, unfused Q/DQ; from its
+profiler), batch by batch in bounded memory; and greedy generation through onnxruntime-genai
 (``generate_models``, ``evaluate --generate``). The implementation lives in ``_api`` and is
 imported on first use.
 """

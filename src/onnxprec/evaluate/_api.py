@@ -7,7 +7,10 @@ The loop, for each batch of the data (split to ``batch_size``)::
 
 so at most two models' outputs for one batch are in memory. Latency is measured afterwards on the first batch:
 warm-up runs, then ``latency_runs`` rounds in which every model runs once (the order rotates each round), so
-that all models see the same machine state.
+that all models see the same machine state. Last, each model runs ``profile_runs`` times on the first batch in a
+session of its own with ONNX Runtime's profiler on (:func:`onnxprec._ort_profile.profile_kernels`), so that the
+report says which kernels ran (nodes in integer kernels, Q/DQ left unfused) while the timed sessions stay
+unprofiled.
 
 Causal LMs are recognised by an ``input_ids`` input and ``[batch, seq, vocab]`` logits. The data is read, checked
 and split by :class:`onnxprec.calibration_data.CalibrationData`; inputs the data does not hold are built for each
@@ -34,6 +37,7 @@ import onnx_ir as ir
 from onnxprec import _ort, calibration, metrics
 from onnxprec._io import load_model
 from onnxprec._options import fields_in
+from onnxprec._ort_profile import KernelProfile, profile_kernels
 from onnxprec._report import header
 from onnxprec.calibration import InputSpec
 from onnxprec.calibration_data import CalibrationData
@@ -77,6 +81,7 @@ class ModelResult:
     agreement: dict[str, dict[str, Any]] | None = None
     main_output: str | None = None
     latency_ms: dict[str, float] | None = None
+    kernels: KernelProfile | None = None
     seconds: float = 0.0
 
     @property
@@ -109,8 +114,37 @@ class ModelResult:
             "latency_ms": None
             if self.latency_ms is None
             else {k: (round(v, 4) if k != "runs" else int(v)) for k, v in self.latency_ms.items()},
+            "kernels": None if self.kernels is None else _kernels_json(self.kernels),
             "seconds": round(self.seconds, 4),
         }
+
+
+def _kernels_json(profile: KernelProfile) -> dict[str, Any]:
+    """A kernel profile for the report: totals, then one entry per op type and provider (slowest first)."""
+    return {
+        "runs": profile.runs,
+        "nodes": profile.nodes,
+        "integer_nodes": profile.integer_nodes,
+        "integer_time_share": _round(profile.integer_share),
+        "qdq_nodes": profile.qdq_nodes,
+        "qdq_time_share": _round(profile.qdq_share),
+        "kernel_ms": round(profile.microseconds / 1000.0, 4),
+        "op_types": [
+            {
+                "op_type": k.op_type,
+                "provider": k.provider,
+                "nodes": k.nodes,
+                "ms": round(k.microseconds / 1000.0, 4),
+                "integer": k.integer,
+                "qdq": k.qdq,
+            }
+            for k in profile.kernels
+        ],
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 class _Result(Protocol):
@@ -169,7 +203,12 @@ class EvaluationReport(ModelsReport[ModelResult]):
         ``samples``; None without labels), ``main_output``, ``agreement`` (None for the reference; per output
         ``max_abs``, ``rel_l2``, ``cosine``, ``nonfinite``, for scores ``top1`` and for a causal LM's logits
         ``kl``, the mean KL divergence of its next-token distributions from the reference's in nats), ``latency_ms``
-        (``median``, ``p90``, ``mean``, ``min``, ``runs``; None without latency runs) and ``seconds``.
+        (``median``, ``p90``, ``mean``, ``min``, ``runs``; None without latency runs), ``kernels`` (ONNX Runtime's
+        profile of the first batch; None with ``profile_runs=0``: ``runs``, ``nodes`` (kernel nodes that ran),
+        ``integer_nodes`` and ``integer_time_share`` (nodes in integer kernels such as QLinearConv and their share
+        of the kernel time), ``qdq_nodes`` and ``qdq_time_share`` (QuantizeLinear, DequantizeLinear and
+        DynamicQuantizeLinear nodes that ran unfused), ``kernel_ms`` (kernel time per run) and ``op_types``: per
+        op type and provider ``nodes``, ``ms`` per run, ``integer``, ``qdq``, slowest first) and ``seconds``.
         Non-finite numbers are None."""
         return {
             **header(self),
@@ -199,6 +238,11 @@ class EvaluationReport(ModelsReport[ModelResult]):
         if any(m.latency_ms for m in self.models):
             columns.append(("median ms", lambda m: _fmt((m.latency_ms or {}).get("median"), "{:.2f}")))
             columns.append(("p90 ms", lambda m: _fmt((m.latency_ms or {}).get("p90"), "{:.2f}")))
+        profiles = [m.kernels for m in self.models if m.kernels is not None]
+        if profiles:
+            columns.append(("int kernels", lambda m: "-" if m.kernels is None else _integer_nodes(m.kernels)))
+            columns.append(("int time", lambda m: _fmt(m.kernels and m.kernels.integer_share, "{:.1%}")))
+            columns.append(("Q/DQ", lambda m: "-" if m.kernels is None else str(m.kernels.qdq_nodes)))
         lines = text_table(columns, self.models)
         main = self.reference.main_output
         notes = []
@@ -207,6 +251,11 @@ class EvaluationReport(ModelsReport[ModelResult]):
         if self.latency_batch:
             shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in self.latency_batch.items())
             notes.append(f"latency per batch ({shapes}) on {', '.join(self.providers)}")
+        if profiles:
+            notes.append(
+                f"ONNX Runtime profile, {profiles[0].runs} run(s): nodes in integer kernels / all kernel nodes, their "
+                "share of kernel time, Q/DQ nodes run unfused"
+            )
         return "\n".join(lines + ([f"({'; '.join(notes)})"] if notes else []))
 
 
@@ -221,6 +270,10 @@ def text_table(columns: Sequence[tuple[str, Callable[[Any], Any]]], items: Seque
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
+
+
+def _integer_nodes(profile: KernelProfile) -> str:
+    return f"{profile.integer_nodes}/{profile.nodes}"
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -493,6 +546,7 @@ def evaluate_models(
     batch_size: int | None = None,
     perplexity: bool | None = None,
     latency_runs: int = 10,
+    profile_runs: int = 3,
     custom_op_libs: Sequence[str] = (),
     optimization: str = "all",
 ) -> EvaluationReport:
@@ -514,12 +568,16 @@ def evaluate_models(
         perplexity: Report perplexity: True requires causal LMs, False never, None (default) for every model with
             ``input_ids`` and ``[batch, seq, vocab]`` logits (an output whose name contains ``logits``).
         latency_runs: Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency).
+        profile_runs: Runs of each model on the first batch in a session of its own with ONNX Runtime's profiler
+            on, after one warm-up: per kernel op type the nodes and kernel time, the nodes that ran in integer
+            kernels (QLinearConv, MatMulIntegerToFloat...) with their share of kernel time, and the Q/DQ nodes
+            left unfused (0: no profile).
         custom_op_libs: Custom op libraries (.so/.dll) registered on every session.
         optimization: ONNX Runtime graph optimization level of the sessions (all: as deployed).
 
     Returns:
-        The report: per model perplexity, accuracy, agreement with the reference and latency; ``table()`` for a
-        terminal and ``to_json()`` for scripts.
+        The report: per model perplexity, accuracy, agreement with the reference, latency and the kernels ONNX
+        Runtime ran; ``table()`` for a terminal and ``to_json()`` for scripts.
 
     Raises:
         OnnxprecError: A bad model, data, labels or argument; the message says how to fix it.
@@ -593,9 +651,34 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
         _latency(order, int(options.latency_runs))
         assert ref.first_feeds is not None
         report.latency_batch = {k: list(v.shape) for k, v in ref.first_feeds.items()}
+    if options.profile_runs:
+        for source, model in zip(sources, loaded):
+            _profile(source, model, options)
     for model in loaded:
         logger.info("%s", _summary(model.result))
     return report
+
+
+def _profile(source: ModelLike, model: _Model, options: EvaluateOptions) -> None:
+    """The kernels ONNX Runtime runs for the model on its first batch, from a profiled session of the evaluation's
+    settings (a session of its own, so that the timed sessions run unprofiled)."""
+    assert model.first_feeds is not None
+    profile = profile_kernels(
+        source,
+        model.first_feeds,
+        fetches=model.fetch,
+        runs=int(options.profile_runs),
+        providers=list(options.providers),
+        optimization=options.optimization,  # type: ignore[arg-type]
+        custom_op_libraries=list(options.custom_op_libs),
+        what=f"model '{model.result.name}'",
+    )
+    model.result.kernels = profile
+    logger.debug(
+        "Kernels of %s per run: %s",
+        model.result.name,
+        ", ".join(f"{k.op_type} x{k.nodes} {k.microseconds:.0f} us ({k.provider})" for k in profile.kernels),
+    )
 
 
 def _evaluate_batch(
@@ -641,4 +724,10 @@ def _summary(result: ModelResult) -> str:
         parts.append(f"{agree}max abs {main['max_abs']:.3g}, rel L2 {main['rel_l2']:.3g}, cosine {main['cosine']:.6f}")
     if result.latency_ms:
         parts.append(f"latency median {result.latency_ms['median']:.2f} ms, p90 {result.latency_ms['p90']:.2f} ms")
+    profile = result.kernels
+    if profile is not None:
+        parts.append(
+            f"{_integer_nodes(profile)} kernel nodes integer ({_fmt(profile.integer_share, '{:.1%}')} of kernel "
+            f"time), {profile.qdq_nodes} Q/DQ unfused"
+        )
     return "; ".join(parts)

@@ -18,7 +18,8 @@ from onnxprec.evaluate._options import EvaluateOptions
 DESCRIPTION = (
     "Run one or several models side by side on the same data (e.g. an FP32 model and its FP16/BF16/INT4 "
     "versions) and report perplexity (causal LMs), top-1/top-5 accuracy (with --labels), agreement with the "
-    "reference model's outputs (top-1 agreement, max abs, relative L2, cosine) and latency per batch; or, with "
+    "reference model's outputs (top-1 agreement, max abs, relative L2, cosine), latency per batch and the kernels "
+    "ONNX Runtime ran (nodes in integer kernels such as QLinearConv, unfused Q/DQ; --profile_runs); or, with "
     "--generate, greedy generation through onnxruntime-genai (tokens/s, greedy agreement)."
 )
 EPILOG = """\

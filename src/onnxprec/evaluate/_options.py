@@ -65,6 +65,14 @@ class EvaluateOptions(ToolOptions):
     latency_runs: int = option(
         10, metavar="N", help="Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency)."
     )
+    profile_runs: int = option(
+        3,
+        metavar="N",
+        help="Runs of each model on the first batch in a session of its own with ONNX Runtime's profiler on, after "
+        "one warm-up: per kernel op type the nodes and kernel time, the nodes that ran in integer kernels "
+        "(QLinearConv, MatMulIntegerToFloat...) with their share of kernel time, and the Q/DQ nodes left unfused "
+        "(0: no profile).",
+    )
     custom_op_libs: Sequence[str] = option(
         (),
         flags=("--custom_op_lib",),
@@ -119,8 +127,10 @@ class EvaluateOptions(ToolOptions):
         super().__post_init__()
         if self.batch_size is not None and int(self.batch_size) <= 0:
             raise InvalidArgumentError(f"batch_size must be a positive integer, got {self.batch_size}.")
-        if int(self.latency_runs) < 0:
-            raise InvalidArgumentError(f"latency_runs must be >= 0, got {self.latency_runs}.")
+        for name in ("latency_runs", "profile_runs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) < 0:
+                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value}.")
         for name in ("max_new_tokens", "prompt_tokens", "num_prompts"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or int(value) <= 0):
