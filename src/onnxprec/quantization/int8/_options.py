@@ -137,6 +137,15 @@ class Int8Options(_tool.QuantizationOptions):
         help="Turn bias correction off (default: on: each layer's bias cancels the mean output shift of its "
         "quantized weight on the calibration data).",
     )
+    float_linear_outputs: bool = option(
+        True,
+        group=EXTRAS,
+        help="Turn off float outputs of pointwise Convs that no activation clips (default: on with --runtime "
+        "ort-cpu: such a Conv, a MobileNet's project Conv, runs as MatMulIntegerToFloat, INT8 inputs and a float "
+        "output, so the residual stream and its Adds stay float and only the Convs that read it quantize it; "
+        "EfficientNet-Lite0 rel L2 0.039 / 0.046 -> 0.033 / 0.042 on calibration / held-out images at about the "
+        "same latency).",
+    )
     weight_rounding: str = option(
         "auto",
         choices=WEIGHT_ROUNDINGS,

@@ -55,24 +55,77 @@ def test_transformer_layers_are_dynamic_and_fuse(tmp_path: Path, mlp_file: Path)
     assert all(layer["bias_corrected"] for layer in data["layers"])
 
 
-def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path) -> None:
+@pytest.mark.parametrize("float_linear_outputs", [True, False])
+def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path, float_linear_outputs: bool) -> None:
     """Convs static (QLinearConv), the classifier Gemm dynamic (its own range each run: a pooled feature of an unseen
-    input may exceed the calibrated range) and fused with its bias."""
+    input may exceed the calibrated range) and fused with its bias. By default the project Conv (pointwise, no
+    activation after it) is MatMulIntegerToFloat and the residual Add float; without that, QLinearConv and
+    QLinearAdd."""
     source, out = tmp_path / "cnn.onnx", tmp_path / "q.onnx"
     onnx.save(tiny_cnn(), source)
     rng = np.random.default_rng(0)
     data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
     # nodes_to_quantize ('.*') also quantizes the first Conv, which reads the model input (float by default)
     report = quantize_file(source, out, calibration_data=data, calibration_method="max", target_accuracy=None,
-                           nodes_to_quantize=[".*"])  # fmt: skip
+                           nodes_to_quantize=[".*"], float_linear_outputs=float_linear_outputs)  # fmt: skip
     assert report.count("static") == 3 and report.count("dynamic") == 1
     ops = _optimized_ops(out, tmp_path)
-    assert ops.count("QLinearConv") == 3 and "Conv" not in ops and "FusedConv" not in ops
+    assert "Conv" not in ops and "FusedConv" not in ops
     assert "Pad" not in ops and "Clip" not in ops and "Relu" not in ops  # folded and absorbed
-    assert "QLinearAdd" in ops and ops.count("DynamicQuantizeMatMul") == 1 and "Gemm" not in ops and "Add" not in ops
+    assert ops.count("DynamicQuantizeMatMul") == 1 and "Gemm" not in ops
+    if float_linear_outputs:
+        assert ops.count("QLinearConv") == 2 and ops.count("MatMulIntegerToFloat") == 1
+        assert ops.count("Add") == 1 and "QLinearAdd" not in ops
+        # the MatMulIntegerToFloat's Transposes cancel against those of the channels-last QLinearConvs
+        assert ops.count("Transpose") == 1
+    else:
+        assert ops.count("QLinearConv") == 3 and "QLinearAdd" in ops and "Add" not in ops
     x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
     (ref,), (got,) = run(source, x), run(out, x)
     assert _rel(ref, got) < 0.05
+
+
+def test_the_residual_stream_stays_float_between_pointwise_convs(tmp_path: Path) -> None:
+    """Two inverted-residual blocks: each project Conv (pointwise, unclipped) writes float, both residual Adds are float
+    and read float values (no DequantizeLinear), and only the expand Conv quantizes the stream it reads."""
+    from onnx import helper
+
+    from onnxprec._testing import F, make_model, tensor_info
+
+    rng = np.random.default_rng(3)
+    inits = {"lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32),
+             "w0": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)}  # fmt: skip
+    for name, shape in (("p1", (8, 8)), ("e", (16, 8)), ("p2", (8, 16))):
+        inits[name] = (rng.standard_normal((*shape, 1, 1)) * 0.4).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="/stem/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c0", "lo", "hi"], ["a0"], name="/stem/Clip"),
+        helper.make_node("Conv", ["a0", "p1"], ["y1"], name="/b1/project/Conv", kernel_shape=[1, 1]),
+        helper.make_node("Add", ["y1", "a0"], ["r1"], name="/b1/Add"),
+        helper.make_node("Conv", ["r1", "e"], ["ce"], name="/b2/expand/Conv", kernel_shape=[1, 1]),
+        helper.make_node("Clip", ["ce", "lo", "hi"], ["ae"], name="/b2/Clip"),
+        helper.make_node("Conv", ["ae", "p2"], ["y2"], name="/b2/project/Conv", kernel_shape=[1, 1]),
+        helper.make_node("Add", ["y2", "r1"], ["out"], name="/b2/Add"),
+    ]
+    source, out = tmp_path / "blocks.onnx", tmp_path / "q.onnx"
+    onnx.save(make_model(nodes, [tensor_info("x", F, ["N", 8, 6, 6])], [tensor_info("out", F, ["N", 8, 6, 6])], inits),
+              source)  # fmt: skip
+    data = [{"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)} for _ in range(4)]
+    report = quantize_file(source, out, calibration_data=data, target_accuracy=None, nodes_to_quantize=[".*"])
+    assert report.count("static") == 4
+    graph = onnx.load(out).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 2 and ops.count("Conv") == 2
+    second = next(n for n in graph.node if n.name == "/b2/Add")
+    assert [producer[i].op_type for i in second.input] == ["Transpose", "Add"]  # float y2, float r1
+    expand = next(n for n in graph.node if n.name == "/b2/expand/Conv")
+    assert producer[expand.input[0]].op_type == "DequantizeLinear"
+    optimized = _optimized_ops(out, tmp_path)
+    assert optimized.count("QLinearConv") == 2 and optimized.count("MatMulIntegerToFloat") == 2
+    x = {"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)}
+    (ref,), (got,) = run(source, x), run(out, x)
+    assert _rel(ref, got) < 0.02
 
 
 def test_a_layer_kept_in_float_stays_float_in_onnx_runtime(tmp_path: Path) -> None:
@@ -92,7 +145,9 @@ def test_a_layer_kept_in_float_stays_float_in_onnx_runtime(tmp_path: Path) -> No
     )  # fmt: skip  (the first Conv quantized too)
     assert report.count("static") == 2 and report.excluded == [("/dw/Conv", "^/dw/Conv$")]
     ops = _optimized_ops(out, tmp_path)
-    assert ops.count("QLinearConv") == 2 and ops.count("FusedConv") + ops.count("Conv") == 1
+    # the stem Conv QLinearConv, the project Conv MatMulIntegerToFloat (its output is not clipped)
+    assert ops.count("QLinearConv") == 1 and ops.count("MatMulIntegerToFloat") == 1
+    assert ops.count("FusedConv") + ops.count("Conv") == 1
 
 
 def test_the_target_sends_the_most_sensitive_layers_back_to_float(tmp_path: Path, mlp_file: Path) -> None:

@@ -32,6 +32,7 @@ from onnxprec.quantization.int8._report import LayerEntry
 from onnxprec.quantization.int8.grams import HessianObserver
 from onnxprec.quantization.int8.place import Layer, Plan, place
 from onnxprec.quantization.int8.rewrite import (
+    MS_DOMAIN,
     WeightRecipe,
     add_bias,
     gather_channels,
@@ -43,6 +44,7 @@ from onnxprec.quantization.int8.rewrite import (
     replace_bias,
     replace_weight,
     replace_with_matmul_integer,
+    replace_with_matmul_integer_to_float,
 )
 
 __all__ = ["Decisions", "LayerDecision", "Statistics", "build", "decide", "plan_for"]
@@ -95,6 +97,7 @@ def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[s
         op_types_to_exclude=options.op_types_to_exclude or (),
         nodes_to_quantize=options.include_patterns,
         nodes_to_exclude=patterns,
+        float_linear_outputs=options.float_linear_outputs,
     )
 
 
@@ -263,12 +266,15 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
     names = NameAllocator(model)
     symmetric = options.symmetric
     inputs = {layer.name: layer.activation for layer in plan.layers}  # before the rewrites rewire them
+    static_nodes = {layer.node for layer in plan.layers if not layer.dynamic} | set(plan.passthrough)
     for value in list(plan.static_tensors):
         params = decisions.tensors.get(str(value.name))
         if params is None:
             plan.static_tensors.remove(value)
             continue
-        insert_qdq(graph, value, params[0], params[1], symmetric=symmetric, names=names)
+        # a float op reads a tensor a float op wrote as it is (a residual stream kept float by MatMulIntegerToFloat)
+        readers = static_nodes.__contains__ if value in plan.float_sourced else None
+        insert_qdq(graph, value, params[0], params[1], symmetric=symmetric, names=names, readers=readers)
     gathered: dict[str, ir.Value] = {}
     dynamic: dict[str, tuple[ir.Value, ir.Value, ir.Value]] = {}
     for activation, layers in plan.dynamic_groups.items():
@@ -296,6 +302,10 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
             and decision.bias is not None
             and decision.bias.ndim == 1
         )
+        if layer.float_output and params is not None:
+            replace_with_matmul_integer_to_float(graph, layer.node, decision.recipe, decision.bias, names)
+            model.opset_imports.setdefault(MS_DOMAIN, 1)
+            continue
         if layer.dynamic:
             product = replace_with_matmul_integer(
                 graph, layer.node, decision.recipe, dynamic[str(inputs[layer.name].name)], names

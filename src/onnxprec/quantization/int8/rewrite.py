@@ -17,6 +17,7 @@ Every rewrite inserts standard ONNX ops (opset >= 13: per-axis DequantizeLinear)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -27,6 +28,7 @@ from onnxprec._tensors import release
 from onnxprec.quantization.algorithms.int8 import QMAX
 
 __all__ = [
+    "MS_DOMAIN",
     "WeightRecipe",
     "add_bias",
     "add_initializer",
@@ -40,7 +42,10 @@ __all__ = [
     "replace_bias",
     "replace_weight",
     "replace_with_matmul_integer",
+    "replace_with_matmul_integer_to_float",
 ]
+
+MS_DOMAIN = "com.microsoft"
 
 
 @dataclass
@@ -135,9 +140,17 @@ def _scalar(graph: ir.Graph, names: NameAllocator, base: str, value: float | int
 
 
 def insert_qdq(
-    graph: ir.Graph, value: ir.Value, scale: float, zero_point: int, *, symmetric: bool, names: NameAllocator
+    graph: ir.Graph,
+    value: ir.Value,
+    scale: float,
+    zero_point: int,
+    *,
+    symmetric: bool,
+    names: NameAllocator,
+    readers: Callable[[ir.Node], bool] | None = None,
 ) -> ir.Value:
-    """``QuantizeLinear -> DequantizeLinear`` on ``value``; every node that read ``value`` reads the result."""
+    """``QuantizeLinear -> DequantizeLinear`` on ``value``; every node that read ``value`` (``readers``: those for
+    which it holds) reads the result."""
     base = str(value.name)
     scale_value = _scalar(graph, names, f"{base}_scale", scale, np.float32)
     zero = _scalar(graph, names, f"{base}_zero_point", zero_point, np.int8 if symmetric else np.uint8)
@@ -146,7 +159,7 @@ def insert_qdq(
     q = ir.Node("", "QuantizeLinear", [value, scale_value, zero], outputs=[quantized], name=names.node(f"{base}_Q"))
     dq = ir.Node("", "DequantizeLinear", [quantized, scale_value, zero], outputs=[dequantized],
                  name=names.node(f"{base}_DQ"))  # fmt: skip
-    users = [(node, index) for node, index in value.uses() if node is not q]
+    users = [(node, index) for node, index in value.uses() if node is not q and (readers is None or readers(node))]
     insert_after_producer(graph, value, [q, dq])
     for node, index in users:
         node.replace_input_with(index, dequantized)
@@ -276,6 +289,60 @@ def replace_with_matmul_integer(
         new_nodes.append(ir.Node("", "Add", [product, bias], outputs=[result], name=names.node(f"{node.name}_bias")))
     ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [out], [result])
     return new_nodes[3]
+
+
+def replace_with_matmul_integer_to_float(
+    graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, bias: np.ndarray | None, names: NameAllocator
+) -> ir.Node:
+    """Replaces a pointwise Conv ``node`` that reads a per-tensor ``DequantizeLinear`` by
+    ``Transpose(x_q, channels last) -> com.microsoft::MatMulIntegerToFloat(x_q, q [C_in, C_out], x_scale, scales,
+    x_zp, -, bias) -> Transpose(channels first)``: INT8 inputs and INT32 sums (VNNI's u8*s8), a float output.
+
+    ONNX Runtime's CPU provider runs its QLinearConvs channels last and cancels these Transposes against its own.
+    The caller adds the ``com.microsoft`` opset import.
+
+    Returns:
+        The MatMulIntegerToFloat node.
+    """
+    dq = node.inputs[0].producer() if node.inputs[0] is not None else None
+    assert dq is not None and dq.op_type == "DequantizeLinear" and len(dq.inputs) == 3
+    quantized, scale, zero = dq.inputs
+    weight = node.inputs[1]
+    assert weight is not None and quantized is not None and scale is not None and zero is not None
+    base = str(weight.name)
+    out_channels, in_channels = recipe.shape()[:2]
+    q_name = names(f"{base}_int8")
+
+    def matrix() -> ir.Tensor:
+        return ir.Tensor(np.ascontiguousarray(recipe.quantized().reshape(out_channels, in_channels).T), name=q_name)
+
+    lazy = ir.LazyTensor(matrix, dtype=ir.DataType.INT8, shape=ir.Shape((in_channels, out_channels)), name=q_name)
+    q = add_initializer(graph, q_name, lazy)
+    scales = add_initializer(graph, names(f"{base}_scales"), recipe.scales.astype(np.float32))
+    full_bias = np.zeros(out_channels) if bias is None else bias
+    bias_value = add_initializer(graph, names(f"{node.name}_bias"), full_bias.astype(np.float32))
+    rank = len(recipe.shape())
+    out = node.outputs[0]
+    last = ir.Value(name=names(f"{quantized.name}_channels_last"), type=ir.TensorType(ir.DataType.UINT8))
+    product = ir.Value(name=names(f"{node.name}_channels_last"), type=ir.TensorType(ir.DataType.FLOAT))
+    result = _value_like(out, names(f"{node.name}_output"))
+    matmul = ir.Node(MS_DOMAIN, "MatMulIntegerToFloat", [last, q, scale, scales, zero, None, bias_value],
+                     outputs=[product], name=names.node(f"{node.name}_MatMulIntegerToFloat"))  # fmt: skip
+    new_nodes = [
+        ir.Node("", "Transpose", [quantized], attributes=[ir.AttrInt64s("perm", [0, *range(2, rank), 1])],
+                outputs=[last], name=names.node(f"{node.name}_channels_last")),
+        matmul,
+        ir.Node("", "Transpose", [product], attributes=[ir.AttrInt64s("perm", [0, rank - 1, *range(1, rank - 1)])],
+                outputs=[result], name=names.node(f"{node.name}_channels_first")),
+    ]  # fmt: skip
+    old_bias = node.inputs[2] if len(node.inputs) > 2 else None
+    ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [out], [result])
+    if not dq.outputs[0].uses() and not dq.outputs[0].is_graph_output():
+        graph.remove(dq, safe=True)
+    for value in (weight, old_bias):
+        if value is not None and not value.uses() and value.name in graph.initializers and not value.is_graph_output():
+            graph.initializers.pop(str(value.name))
+    return matmul
 
 
 def replace_weight(graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, names: NameAllocator) -> ir.Node:

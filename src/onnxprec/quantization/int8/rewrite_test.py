@@ -31,3 +31,35 @@ def test_bias_correction_and_outlier_split_on_a_graph_output() -> None:
     x = rng.standard_normal((3, 8)).astype(np.float32)
     (got,) = run(out, {"x": x})
     assert np.allclose(got, x @ w + bias + x[:, [1, 6]] @ rows, atol=1e-5)
+
+
+def test_a_pointwise_conv_as_matmul_integer_to_float_computes_the_dequantized_conv() -> None:
+    """INT32 sums of the UINT8 input and INT8 weight, rescaled to float: the float Conv of the dequantized values."""
+    from onnxprec.quantization.int8.rewrite import WeightRecipe, insert_qdq, replace_with_matmul_integer_to_float
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((6, 5, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="pw", kernel_shape=[1, 1])
+    io = [tensor_info("x", F, [2, 5, 4, 3])], [tensor_info("y", F, [2, 6, 4, 3])]
+    proto = make_model([conv], *io, {"w": w, "b": b})
+    model = ir.serde.deserialize_model(proto)
+    names = NameAllocator(model)
+    node = next(iter(model.graph))
+    x_scale, x_zero = 0.02, 100
+    insert_qdq(model.graph, model.graph.inputs[0], x_scale, x_zero, symmetric=False, names=names)
+    scales = np.abs(w).reshape(6, -1).max(1) / 127
+    recipe = WeightRecipe(node.inputs[1].const_value, 0, scales.astype(np.float32))  # type: ignore[union-attr,arg-type]
+    replace_with_matmul_integer_to_float(model.graph, node, recipe, b.astype(np.float64), names)
+    model.opset_imports.setdefault("com.microsoft", 1)
+    out = ir.serde.serialize_model(model)
+    assert [n.op_type for n in out.graph.node] == [
+        "QuantizeLinear", "Transpose", "MatMulIntegerToFloat", "Transpose"
+    ]  # fmt: skip
+    assert [o.name for o in out.graph.output] == ["y"] and "w" not in {i.name for i in out.graph.initializer}
+    x = (rng.random((2, 5, 4, 3)) * 4 - 1.5).astype(np.float32)
+    (got,) = run(out, {"x": x})
+    xq = (np.clip(np.rint(x / x_scale) + x_zero, 0, 255) - x_zero) * x_scale
+    wq = np.clip(np.rint(w.reshape(6, 5) / scales[:, None]), -127, 127) * scales[:, None]
+    expected = np.einsum("oc,nchw->nohw", wq, xq) + b[None, :, None, None]
+    assert got.shape == (2, 6, 4, 3) and np.allclose(got, expected, atol=1e-4)
