@@ -290,6 +290,9 @@ def test_python_m_onnxprec_is_the_onnxprec_command() -> None:
     [
         ["onnxprec.autocast"],
         ["onnxprec.quantization.int4"],
+        ["onnxprec.quantization.int8"],
+        ["onnxprec.quantization"],
+        ["onnxprec.quantization", "--quantize_mode", "int4"],
         ["onnxprec.preprocess"],
         ["onnxprec.evaluate"],
         ["onnxprec.debug", "dump"],

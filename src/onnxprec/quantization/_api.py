@@ -18,6 +18,7 @@ __all__ = ["MODES", "quantize", "split_mode"]
 
 MODES = ("int8", "int4")
 _INT4_UNSUPPORTED = ("op_types_to_quantize", "op_types_to_exclude", "nodes_to_quantize", "high_precision_dtype")
+_MODELOPT_ALIASES = {"calibration_shapes": "input_shapes"}  # ModelOpt's keyword: the tools' option
 
 
 def _check_mode(mode: object) -> str:
@@ -88,7 +89,9 @@ def quantize(
         log_level: DEBUG, INFO, WARNING or ERROR.
         high_precision_dtype: INT8 only: fp32, fp16 or bf16 for what stays in float (default: fp32 on ort-cpu).
         **kwargs: Any other option of the chosen tool (:class:`~onnxprec.quantization.int8.Int8Options` or
-            :class:`~onnxprec.quantization.int4.Int4Options`, e.g. ``runtime``, ``block_size``).
+            :class:`~onnxprec.quantization.int4.Int4Options`, e.g. ``runtime``, ``block_size``); ModelOpt's
+            ``calibration_shapes`` is the tools' ``input_shapes``. ModelOpt's ``calibration_cache_path`` is refused
+            (no calibration cache here).
 
     Returns:
         The tool's report (``report.to_json()``).
@@ -98,6 +101,17 @@ def quantize(
     """
     mode = _check_mode(quantize_mode)
     named = {k: v for k, v in locals().items() if k not in ("onnx_path", "quantize_mode", "kwargs", "mode")}
+    if kwargs.get("calibration_cache_path") is not None:
+        raise InvalidArgumentError(
+            "calibration_cache_path is not supported (onnxprec keeps no calibration cache): drop it and pass "
+            "calibration_data."
+        )
+    kwargs.pop("calibration_cache_path", None)
+    for modelopt, ours in _MODELOPT_ALIASES.items():
+        if modelopt in kwargs:
+            if ours in kwargs:
+                raise InvalidArgumentError(f"Give {modelopt} or {ours}, not both.")
+            kwargs[ours] = kwargs.pop(modelopt)
     if mode == "int8":
         from onnxprec.quantization import int8
 

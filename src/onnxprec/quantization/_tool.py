@@ -112,13 +112,14 @@ def calibration_batch_size_option(default: int | None, note: str) -> Any:
         default,
         flags=("--calibration_batch_size",),
         group=EXTRAS,
+        metavar="N",
         help=f"Split calibration batches along a dynamic batch axis into runs of this many samples ({note}).",
     )
 
 
 def sample_tokens_option(what: str) -> Any:
     """Token rows sampled per layer input for the tool's decisions (``what``: which inputs, for what)."""
-    return option(512, flags=("--sample_tokens",), group=EXTRAS, help=f"Tokens sampled per {what}.")
+    return option(512, flags=("--sample_tokens",), group=EXTRAS, metavar="N", help=f"Tokens sampled per {what}.")
 
 
 class QuantizationOptions(ToolOptions):

@@ -17,9 +17,9 @@ EPILOG = """\
 examples:
   {prog} --onnx_path model.onnx --calibration_data inputs.npz
       writes model.quant.onnx (FP32 remainder, placement for ONNX Runtime's CPU provider)
-  {prog} --onnx_path cnn.onnx -d images.npz --calibration_method mse --target_accuracy "top1>=0.99" \\
+  {prog} --onnx_path cnn.onnx -d images.npz --target_accuracy "top1>=0.99" \\
       --report_json report.json
-      static ranges by MSE; layers go back to float until 99 % of the calibration images keep their top-1
+      the most sensitive layers go back to float until 99 % of the calibration images keep their top-1
   {prog} --onnx_path model.onnx -d inputs.npz --runtime trt
       TensorRT-style symmetric Q/DQ, FP16 remainder (ModelOpt's defaults)
 """

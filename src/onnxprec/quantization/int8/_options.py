@@ -54,12 +54,17 @@ class Int8Options(_tool.QuantizationOptions):
         None,
         choices=CALIBRATION_METHODS,
         help="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
-        "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error) (default: mse "
-        "on every runtime. ModelOpt's default is entropy, but the 128-bin ONNX Runtime calibrator it runs lands at "
-        "the max of most tensors, while a real KL threshold clips transformers' and ReLU6 tensors: --runtime trt, "
-        "MiniLM cosine 0.81 mse, 0.78 max, 0.61 entropy (ModelOpt 0.79); EfficientNet-Lite0 rel L2 0.064 / 0.117 "
-        "on calibration / held-out images mse, 0.062 / 0.121 max, 0.195 / 0.194 entropy (ModelOpt 0.126 / 0.155); "
-        "ort-cpu: 0.039 / 0.046 mse, 0.040 / 0.049 max; dynamic activations need none).",
+        "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error); dynamic "
+        "activations need none (default: mse on every runtime. ModelOpt's default is entropy, which its 128-bin "
+        "calibrator brings near the max; a real KL threshold clips transformer and ReLU6 tensors and costs accuracy "
+        "here: BENCHMARKS.md compares the methods).",
+        doc="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
+        "threshold), percentile (of |x|, ``percentile``), mse (the clip with the least squared error); dynamic "
+        "activations need none. Default: mse on every runtime (ModelOpt's default is entropy, but the 128-bin ONNX "
+        "Runtime calibrator it runs lands at the max of most tensors, while a real KL threshold clips transformers' "
+        "and ReLU6 tensors: with ``runtime='trt'``, MiniLM cosine 0.81 mse, 0.78 max, 0.61 entropy (ModelOpt 0.79); "
+        "EfficientNet-Lite0 rel L2 0.064 / 0.117 on calibration / held-out images mse, 0.062 / 0.121 max, "
+        "0.195 / 0.194 entropy (ModelOpt 0.126 / 0.155); ort-cpu: 0.039 / 0.046 mse, 0.040 / 0.049 max).",
     )
     calibration_data_reader: Any = option(
         None,
@@ -104,6 +109,7 @@ class Int8Options(_tool.QuantizationOptions):
     target_accuracy: str | Callable[..., Any] | None = option(
         None,
         group=EXTRAS,
+        metavar="SPEC",
         help="What the outputs must keep on the calibration data, AutoCast's syntax (rel_l2<=0.03, cosine>=0.999, "
         "top1>=0.99, max_abs<=0.1, joined by commas); the most sensitive layers go back to float until it holds, "
         "within --max_float_compute (default: none, as ModelOpt: every selected layer stays INT8; a float layer "
@@ -116,6 +122,7 @@ class Int8Options(_tool.QuantizationOptions):
     max_float_compute: float = option(
         0.25,
         group=EXTRAS,
+        metavar="FRACTION",
         help="The accuracy target sends at most this fraction of the quantized layers' multiply-adds back to float "
         "(speed first; a target it cannot meet within it is reported with what was reached); 1: no limit.",
     )
@@ -128,6 +135,7 @@ class Int8Options(_tool.QuantizationOptions):
     outlier_channels: int = option(
         32,
         group=EXTRAS,
+        metavar="N",
         help="At most this many input channels per dynamic layer input computed in float (LLM.int8()-style outlier "
         "split, chosen on calibration data, kept only where it helps); 0: none.",
     )
@@ -155,7 +163,7 @@ class Int8Options(_tool.QuantizationOptions):
         "auto (gptq for Conv layers, rtn for MatMul/Gemm).",
     )
     percentile: float = option(
-        99.999, group=EXTRAS, help="The percentile of |x| kept by --calibration_method percentile."
+        99.999, group=EXTRAS, metavar="P", help="The percentile of |x| kept by --calibration_method percentile."
     )
     calibration_batch_size: int | None = _tool.calibration_batch_size_option(
         None, "bounds memory; dynamic ranges are per run; default: as given"

@@ -226,6 +226,109 @@ def test_quantize_static_takes_onnx_runtime_arguments(tmp_path: Path, mlp_file: 
     assert "QuantizeLinear" in [n.op_type for n in onnx.load(str(out)).graph.node]
 
 
+def test_quantize_static_has_onnx_runtimes_signature() -> None:
+    """Every argument of ONNX Runtime's ``quantize_static``, in its order, with its default (enums by name)."""
+    import inspect
+
+    ort_quantization = pytest.importorskip("onnxruntime.quantization")
+
+    def parameters(function: object) -> list[tuple[str, str]]:
+        found = []
+        for name, parameter in inspect.signature(function).parameters.items():  # type: ignore[arg-type]
+            default = parameter.default
+            found.append(
+                (name, "required" if default is inspect.Parameter.empty else str(getattr(default, "name", default)))
+            )
+        return found
+
+    assert parameters(quantize_static) == parameters(ort_quantization.quantize_static)
+
+
+def test_quantize_static_refusals_and_extra_options(tmp_path: Path, mlp_file: Path) -> None:
+    from onnxprec.errors import InvalidArgumentError
+    from onnxprec.quantization import QuantFormat, QuantType
+
+    out = tmp_path / "static.onnx"
+    refused = {
+        "quant_format QOperator is not written": {"quant_format": QuantFormat.QOperator},
+        "weight_type QUInt8 is not supported": {"weight_type": QuantType.QUInt8},
+        "reduce_range=True": {"reduce_range": True},
+        "calibrate_method Distribution is not supported": {"calibrate_method": CalibrationMethod.Distribution},
+        "calibration_cache_path is not supported": {"calibration_cache_path": tmp_path / "cache.json"},
+    }
+    for message, arguments in refused.items():
+        with pytest.raises(InvalidArgumentError, match=message):
+            quantize_static(mlp_file, out, _tokens(0), **arguments)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="needs calibration_data"):
+        quantize_static(mlp_file, out)
+    assert not out.exists()
+    report = quantize_static(
+        onnx.load(str(mlp_file)),  # a ModelProto, as ONNX Runtime takes it
+        out,
+        _tokens(0),
+        calibrate_method=CalibrationMethod.Percentile,
+        extra_options={"CalibPercentile": 99.9, "SmoothQuant": False, "BiasCorrection": False, "Unknown": 1},
+    )
+    data = report.to_json()
+    assert data["calibration_method"] == "percentile" and data["counts"]["static"] == 4
+    assert not any(layer["bias_corrected"] or layer["smoothquant_alpha"] for layer in data["layers"])
+    x = _tokens(100, 1)[0]
+    (ref,), (got,) = run(mlp_file, x), run(out, x)
+    assert _rel(ref, got) < 0.1
+
+
+def test_ort_cuda_placement_is_tensorrt_style_with_an_fp16_remainder(tmp_path: Path, mlp_file: Path) -> None:
+    """--runtime ort-cuda: the TensorRT-style symmetric Q/DQ on layer inputs, the remainder FP16 by AutoCast (as
+    ModelOpt), but the Q/DQ nodes themselves in FP32 (ONNX Runtime 1.32 mis-runs FP16 Q/DQ); the interface FP32."""
+    out = tmp_path / "cuda.onnx"
+    report = quantize_file(mlp_file, out, calibration_data=_tokens(0), runtime="ort-cuda", target_accuracy=None)
+    data = report.to_json()
+    assert data["runtime"] == "ort-cuda" and data["high_precision_dtype"] == "fp16" and report.autocast is not None
+    assert report.count("static") == 4 and report.count("dynamic") == 0
+    model = onnx.load(str(out))
+    graph = model.graph
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    quantize_nodes = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert quantize_nodes and all(
+        inits[n.input[2]].dtype == np.int8 and not inits[n.input[2]].any() for n in quantize_nodes
+    )
+    assert all(
+        inits[n.input[1]].dtype == np.float32 for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+    )
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in graph.initializer)
+    assert (
+        graph.input[0].type.tensor_type.elem_type
+        == graph.output[0].type.tensor_type.elem_type
+        == onnx.TensorProto.FLOAT
+    )
+    x = _tokens(100, 1)[0]
+    (ref,), (got,) = run(mlp_file, x), run(out, x)
+    assert _rel(ref, got.astype(np.float32)) < 0.1
+
+
+@pytest.mark.parametrize("attention", ["gqa", "concat"])
+def test_a_decoder_with_a_kv_cache_is_w8a8_in_integer_kernels(tmp_path: Path, attention: str) -> None:
+    """An LLM laid out as onnxruntime-genai's builder writes it (GroupQueryAttention, KV cache inputs), calibrated
+    on token ids: every MatMul dynamic INT8, and ONNX Runtime runs each as an integer kernel with no Q/DQ left."""
+    from onnxprec._testing import tiny_decoder
+    from onnxprec.evaluate import evaluate_models
+
+    source, out = tmp_path / "decoder.onnx", tmp_path / "decoder_int8.onnx"
+    onnx.save(tiny_decoder(attention, vocab=64, symbolic_head=attention == "gqa"), source)
+    matmuls = sum(n.op_type == "MatMul" for n in onnx.load(str(source)).graph.node)
+    ids = np.random.default_rng(0).integers(0, 64, (8, 12)).astype(np.int64)
+    np.save(tmp_path / "calibration.npy", ids[:4])
+    np.save(tmp_path / "evaluation.npy", ids[4:])
+    report = quantize_file(source, out, calibration_data=tmp_path / "calibration.npy")
+    assert report.count("dynamic") == matmuls and report.count("float") == 0
+    result = evaluate_models([source, out], tmp_path / "evaluation.npy", latency_runs=0, profile_runs=1)
+    kernels = result["decoder_int8"].kernels
+    assert kernels is not None and kernels.integer_nodes == matmuls and kernels.qdq_nodes == 0
+    assert not any(k.op_type == "MatMul" for k in kernels.kernels)
+    agreement = result["decoder_int8"].main_agreement
+    assert agreement is not None and agreement["cosine"] > 0.99 and agreement["top1"] >= 0.9
+
+
 def test_command_line(tmp_path: Path, mlp_file: Path) -> None:
     data = tmp_path / "data.npz"
     np.savez(data, X=correlated(32, 64).reshape(2, 16, 64))
@@ -238,6 +341,13 @@ def test_command_line(tmp_path: Path, mlp_file: Path) -> None:
     bad = subprocess.run([*command[:4], "fp8", *command[5:]], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert "Unknown quantize_mode 'fp8'" in bad.stderr
+    # onnxprec quantize int8 is the same command
+    from onnxprec.cli import main
+
+    same = tmp_path / "same.onnx"
+    assert main(["quantize", "int8", "--onnx_path", str(mlp_file), "--calibration_data", str(data),
+                 "--output_path", str(same), "--log_level", "WARNING"]) == 0  # fmt: skip
+    assert [n.op_type for n in onnx.load(str(same)).graph.node] == [n.op_type for n in onnx.load(str(out)).graph.node]
 
 
 def test_a_dead_channel_keeps_its_bias(tmp_path: Path) -> None:

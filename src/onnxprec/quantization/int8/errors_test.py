@@ -38,6 +38,23 @@ def test_unknown_mode_and_options(tmp_path: Path, model_path: Path) -> None:
     assert not (tmp_path / "out.onnx").exists()
 
 
+def test_modelopt_keywords_of_other_names(tmp_path: Path, model_path: Path) -> None:
+    """ModelOpt's calibration_shapes is the input_shapes of random calibration data; its calibration_cache_path is
+    refused in one line, as is giving both spellings."""
+    out = tmp_path / "shapes.onnx"
+    report = quantize(str(model_path), output_path=out, calibration_shapes="X:3x5x64", log_level="WARNING")
+    assert report.count("dynamic") == 4 and report.calibration["samples"] == 3 and report.calibration["random"]
+    with pytest.raises(CalibrationDataError, match="size 65 on axis 2"):  # the shapes reach the random data
+        quantize(str(model_path), output_path=tmp_path / "no.onnx", calibration_shapes="X:3x5x65")
+    for arguments, message in (
+        ({"calibration_cache_path": tmp_path / "cache.json"}, "calibration_cache_path is not supported"),
+        ({"calibration_shapes": "X:3x5x64", "input_shapes": "X:1x5x64"}, "Give calibration_shapes or input_shapes"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=message):
+            quantize(str(model_path), output_path=tmp_path / "no.onnx", **arguments)  # type: ignore[arg-type]
+    assert not (tmp_path / "no.onnx").exists()
+
+
 def test_empty_calibration_set(tmp_path: Path, model_path: Path) -> None:
     _fails(tmp_path, CalibrationDataError, "holds no batch", model_path, calibration_data=[])
 

@@ -20,14 +20,20 @@ differs, on purpose:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxprec.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["CalibrationMethod", "QuantFormat", "QuantType", "quantize_static"]
 
@@ -70,9 +76,9 @@ def _name(value: Any) -> str:
 
 
 def quantize_static(
-    model_input: str | Path,
+    model_input: str | Path | onnx.ModelProto,
     model_output: str | Path,
-    calibration_data_reader: Any,
+    calibration_data_reader: Any = None,
     quant_format: Any = QuantFormat.QDQ,
     op_types_to_quantize: Sequence[str] | None = None,
     per_channel: bool = False,
@@ -85,13 +91,14 @@ def quantize_static(
     calibrate_method: Any = CalibrationMethod.MinMax,
     calibration_providers: Sequence[str] | None = None,
     extra_options: Mapping[str, Any] | None = None,
+    calibration_cache_path: str | Path | None = None,
 ) -> Any:
     """Static INT8 quantization with ONNX Runtime's ``quantize_static`` arguments (see the module docstring).
 
     Args:
-        model_input: The float model.
+        model_input: The float model (a path or a ``ModelProto``).
         model_output: Where to write the quantized model.
-        calibration_data_reader: A ``CalibrationDataReader`` (or any source onnxprec reads).
+        calibration_data_reader: A ``CalibrationDataReader`` (or any source onnxprec reads); required.
         quant_format: ``QuantFormat.QDQ`` (``QOperator`` is refused).
         op_types_to_quantize: Only these op types (default: all supported).
         per_channel: Accepted; weights are always per channel.
@@ -104,6 +111,8 @@ def quantize_static(
         calibrate_method: ``MinMax``, ``Entropy`` or ``Percentile``.
         calibration_providers: ONNX Runtime provider names for calibration (``CPUExecutionProvider``...).
         extra_options: See the module docstring.
+        calibration_cache_path: Refused: onnxprec keeps no calibration cache (its calibration takes seconds on
+            small models); pass the reader.
 
     Returns:
         The :class:`~onnxprec.quantization.int8.Int8Report`.
@@ -111,6 +120,13 @@ def quantize_static(
     Raises:
         OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
     """
+    if calibration_cache_path is not None:
+        raise InvalidArgumentError(
+            "calibration_cache_path is not supported (onnxprec keeps no calibration cache): drop it and pass "
+            "calibration_data_reader."
+        )
+    if calibration_data_reader is None:
+        raise InvalidArgumentError("quantize_static needs calibration_data: pass a calibration_data_reader.")
     if _name(quant_format) != "QDQ":
         raise InvalidArgumentError(
             "quant_format QOperator is not written: use QuantFormat.QDQ (ONNX Runtime fuses it into the same QLinear "
@@ -143,13 +159,21 @@ def quantize_static(
         options["calibration_eps"] = tuple(names.get(p, p) for p in calibration_providers)
     from onnxprec.quantization.int8._api import quantize_file
 
-    return quantize_file(
-        model_input,
-        model_output,
-        calibration_data_reader=calibration_data_reader,
-        op_types_to_quantize=op_types_to_quantize,
-        nodes_to_quantize=[f"^{re.escape(n)}$" for n in nodes_to_quantize] if nodes_to_quantize else None,
-        nodes_to_exclude=[f"^{re.escape(n)}$" for n in nodes_to_exclude] if nodes_to_exclude else None,
-        use_external_data_format=use_external_data_format,
-        **options,
-    )
+    with contextlib.ExitStack() as stack:
+        if not isinstance(model_input, (str, os.PathLike)):  # a ModelProto: written to a temporary file, as ORT does
+            import onnx_ir as ir
+
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-quantize-static-")))
+            path = folder / "model_input.onnx"
+            ir.save(ir.from_proto(model_input), path, external_data="model_input.onnx.data", size_threshold_bytes=1024)
+            model_input = path
+        return quantize_file(
+            model_input,
+            model_output,
+            calibration_data_reader=calibration_data_reader,
+            op_types_to_quantize=op_types_to_quantize,
+            nodes_to_quantize=[f"^{re.escape(n)}$" for n in nodes_to_quantize] if nodes_to_quantize else None,
+            nodes_to_exclude=[f"^{re.escape(n)}$" for n in nodes_to_exclude] if nodes_to_exclude else None,
+            use_external_data_format=use_external_data_format,
+            **options,
+        )
