@@ -3,6 +3,7 @@
     python -m benchmarks run [--models M,...] [--tools T,...] [--repeats 3] [--heavy-repeats 1] [--timeout 600]
     python -m benchmarks int4 [--plan smollm2|synthetic|genai|all] [--tools ...]   (INT4: benchmarks/int4.py)
     python -m benchmarks utilities [--models ...] [--tools ...]   (issue 10's tools: benchmarks/utilities.py)
+    python -m benchmarks int8 [--models ...] [--tools ...]   (INT8 with the anchors: benchmarks/int8.py)
     python -m benchmarks report
     python -m benchmarks tools
 
@@ -22,13 +23,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import harness, int4, report, utilities
+from . import harness, int4, int8, report, utilities
 from .tools import DEFAULT_TOOLS, MODEL_GROUPS, TOOLS, expand_models, parse_tools
 
 # part: (help, run, default repeats, default timeout s)
 PARTS: dict[str, tuple[str, Callable[[harness.RunConfig], Path], int, float]] = {
     "run": ("AutoCast: every tool on every model, then BENCHMARKS.md", harness.run, 3, 600.0),
     "int4": ("INT4 weight-only quantizers side by side (benchmarks/int4.py)", int4.run, 1, 3600.0),
+    "int8": ("INT8 quantizers with the anchors, accuracy and CPU latency (benchmarks/int8.py)", int8.run, 1, 600.0),
     "utilities": ("preprocess, evaluate, dump and compare (benchmarks/utilities.py)", utilities.run, 1, 1800.0),
 }
 
@@ -95,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k, v in DEFAULT_TOOLS.items():
                 print(f"  {k:20s} {', '.join(v)}")
             print("\nmodel groups:", ", ".join(f"{k}={'+'.join(v)}" for k, v in MODEL_GROUPS.items()))
-            print("\nINT4 tools:", ", ".join(int4.TOOLS), "\nutilities tools:", ", ".join(utilities.TOOL_IDS))
+            print("\nINT4 tools:", ", ".join(int4.TOOLS), "\nINT8 tools:", ", ".join(int8.TOOLS))
+            print("utilities tools:", ", ".join(utilities.TOOL_IDS))
             return 0
         if a.cmd != "report":
             print(PARTS[a.cmd][1](_config(a, argv)))

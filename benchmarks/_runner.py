@@ -138,15 +138,18 @@ def _onnxprec_int4(args: argparse.Namespace) -> Convert:
     return lambda: int4_run(ap.parse_args(argv))
 
 
-def _modelopt_int4(args: argparse.Namespace) -> Convert:
-    # its Python API: ModelOpt's CLI hides the method and the block size
+def _reader(folder: str | None) -> Any:
+    """An ONNX Runtime ``CalibrationDataReader`` of the ``.npz`` feeds of ``folder``, in name order (None: None)."""
+    if not folder:
+        return None
     import numpy as np
-    from modelopt.onnx.quantization.int4 import quantize
     from onnxruntime.quantization import CalibrationDataReader
+
+    files = sorted(Path(folder).glob("*.npz"))
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.it = iter(sorted(Path(args.calib).glob("*.npz")))
+            self.it = iter(files)
 
         def get_next(self) -> dict[str, Any] | None:
             name = next(self.it, None)
@@ -155,11 +158,18 @@ def _modelopt_int4(args: argparse.Namespace) -> Convert:
             with np.load(name) as z:
                 return {k: z[k] for k in z.files}
 
+    return Reader()
+
+
+def _modelopt_int4(args: argparse.Namespace) -> Convert:
+    # its Python API: ModelOpt's CLI hides the method and the block size
+    from modelopt.onnx.quantization.int4 import quantize
+
     def run() -> None:
         model = quantize(
             args.input,
             calibration_method=args.method,
-            calibration_data_reader=Reader() if args.calib else None,
+            calibration_data_reader=_reader(args.calib),
             calibration_eps=["cpu"],
             use_zero_point=args.zero_point,
             block_size=args.block_size,
@@ -206,6 +216,18 @@ def _ort_int4(args: argparse.Namespace) -> Convert:
     return run
 
 
+def _ort_int8(args: argparse.Namespace) -> Convert:
+    # --method: a CalibrationMethod (QDQ per channel), SmoothQuant (MinMax with it) or dynamic (quantize_dynamic)
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_dynamic, quantize_static
+
+    if args.method == "dynamic":
+        return lambda: quantize_dynamic(args.input, args.output, per_channel=True)
+    sq = {"SmoothQuant": True} if args.method == "SmoothQuant" else None
+    method = CalibrationMethod["MinMax" if sq else args.method]
+    kw = {"quant_format": QuantFormat.QDQ, "per_channel": True, "calibrate_method": method, "extra_options": sq}
+    return lambda: quantize_static(args.input, args.output, _reader(args.calib), **kw)
+
+
 def _genai_builder(args: argparse.Namespace) -> Convert:
     import runpy
     import shutil
@@ -233,6 +255,7 @@ TOOLS: dict[str, Callable[[argparse.Namespace], Convert]] = {
     "onnxprec_int4": _onnxprec_int4,
     "modelopt_int4": _modelopt_int4,
     "ort_int4": _ort_int4,
+    "ort_int8": _ort_int8,
     "genai_builder": _genai_builder,
 }
 

@@ -40,7 +40,7 @@ import zoo
 from onnxprec._io import write_atomically
 
 from .output_metrics import file_size, model_files
-from .proc import gnu_time_available, run_measured
+from .proc import MIB, gnu_time_available, run_measured
 from .tools import HEAVY_MODELS, RATIO_ANCHORS, TOOLS, Tool, default_tools, family, python_for, tool_command
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,7 @@ SCHEMA = 2  # 2: every part writes the same header (versions.project/anchors, se
 PERPLEXITY_MODELS = frozenset({"smollm2_135m"})
 EVAL_BATCH = {"smollm2_135m": 2}  # windows per ONNX Runtime call when measuring accuracy (bounds memory)
 METRICS_TIMEOUT_S = 3600.0
-MIB = 1 << 20
-ANCHOR_PACKAGES = ("nvidia-modelopt", "onnxconverter-common", "onnx", "onnxruntime", "torch")
+ANCHOR_PACKAGES = ("nvidia-modelopt", "onnxconverter-common", "onnx", "onnxruntime", "torch", "neural-compressor")
 
 _MODELOPT_COUNTS = re.compile(r"Converted (\d+)/(\d+) nodes \([\d.]+%\) to \w+")
 
@@ -92,14 +91,9 @@ def machine_info() -> dict[str, Any]:
     with contextlib.suppress(OSError):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu)
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "ram_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "gnu_time": gnu_time_available(),
-    }
+    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
+            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
+            "gnu_time": gnu_time_available()}  # fmt: skip
 
 
 def _git(*args: str) -> str | None:
@@ -114,13 +108,8 @@ def _git(*args: str) -> str | None:
 
 def package_versions(python: Path | str, packages: Sequence[str]) -> dict[str, Any]:
     """The versions of ``packages`` in the venv of the interpreter ``python`` (None for those not installed)."""
-    code = (
-        "import json, sys, importlib.metadata as m\n"
-        "def version(p):\n"
-        "    try: return m.version(p)\n"
-        "    except m.PackageNotFoundError: return None\n"
-        "print(json.dumps({p: version(p) for p in sys.argv[1:]}))"
-    )
+    code = "import json, sys, importlib.metadata as m\n"
+    code += "print(json.dumps({p: next((d.version for d in m.distributions(name=p)), None) for p in sys.argv[1:]}))"
     res = subprocess.run([str(python), "-c", code, *packages], capture_output=True, text=True, check=True)
     return dict(json.loads(res.stdout))
 
@@ -235,19 +224,11 @@ def measure(
 def new_results(kind: str, config: RunConfig, **settings: Any) -> dict[str, Any]:
     """The results file's header (the one schema of every part): what ran, where, with which versions and
     settings; the part adds its ``models``."""
-    return {
-        "schema": SCHEMA,
-        "kind": kind,
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": config.command,
-        "machine": machine_info(),
-        "versions": {
-            "project": project_versions(),
-            "anchors": package_versions(config.anchors_python, ANCHOR_PACKAGES) if config.anchors_python else {},
-        },
-        "settings": {"repeats": config.repeats, "timeout_s": config.timeout_s, **settings},
-        "models": {},
-    }
+    anchors = package_versions(config.anchors_python, ANCHOR_PACKAGES) if config.anchors_python else {}
+    return {"schema": SCHEMA, "kind": kind, "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": config.command, "machine": machine_info(),
+            "versions": {"project": project_versions(), "anchors": anchors}, "models": {},
+            "settings": {"repeats": config.repeats, "timeout_s": config.timeout_s, **settings}}  # fmt: skip
 
 
 def results_path(config: RunConfig, kind: str) -> Path:
@@ -338,14 +319,8 @@ def _run_model(config: RunConfig, model: str, tools: list[Tool], work: Path, mem
     size = file_size(src)
     files = model_files(src)
     repeats = config.heavy_repeats if model in HEAVY_MODELS else config.repeats
-    block: dict[str, Any] = {
-        "onnxprec_src_sha256": onnxprec_source_hash(),
-        "family": family(model),
-        "file_bytes": size,
-        "repeats": repeats,
-        "order": [t.id for t in tools],
-        "tools": {},
-    }
+    block: dict[str, Any] = {"onnxprec_src_sha256": onnxprec_source_hash(), "family": family(model), "tools": {},
+                             "file_bytes": size, "repeats": repeats, "order": [t.id for t in tools]}  # fmt: skip
     active: list[Tool] = []
     for tool in tools:
         command = tool.user_command.format(src=f"{model}.onnx", dst="out.onnx")
@@ -449,27 +424,13 @@ def _summarise(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return runs
 
 
-def _metrics(
-    config: RunConfig,
-    model: str,
-    src: Path,
-    work: Path,
-    kept: dict[str, Path],
-    evaluate: list[Tool],
-    block: dict[str, Any],
-) -> None:
+def _metrics(config: RunConfig, model: str, src: Path, work: Path, kept: dict[str, Path], evaluate: list[Tool],
+             block: dict[str, Any]) -> None:  # fmt: skip
     """Runs the metrics worker on the kept outputs; adds its numbers to the model's block and each tool's entry."""
-    spec = {
-        "model": model,
-        "fp32": str(src),
-        "inputs": str(work / "inputs.npz"),
-        "candidates": {k: str(v) for k, v in kept.items()},
-        "evaluate": [t.id for t in evaluate if t.id in kept],
-        "perplexity": model in PERPLEXITY_MODELS,
-        "batch": EVAL_BATCH.get(model),
-        "latency": config.latency,
-        "latency_runs": config.latency_runs,
-    }
+    spec = {"model": model, "fp32": str(src), "inputs": str(work / "inputs.npz"),
+            "candidates": {k: str(v) for k, v in kept.items()}, "evaluate": [t.id for t in evaluate if t.id in kept],
+            "perplexity": model in PERPLEXITY_MODELS, "batch": EVAL_BATCH.get(model), "latency": config.latency,
+            "latency_runs": config.latency_runs}  # fmt: skip
     out_path = work / "metrics-out.json"
     logger.info("%s: metrics (structure, accuracy, CPU latency) for %s", model, ", ".join(kept))
     t0 = time.perf_counter()

@@ -87,10 +87,6 @@ class Int4Tool:
     exclude: str = EXCLUDE
     budget_mb: float | None = None
 
-    @property
-    def family(self) -> str:
-        return self.id.split(":")[0]
-
     def user_command(self) -> str:
         """What a user would type (or call) for the same quantization."""
         zp = " --use_zero_point" if self.zero_point else ""
@@ -128,10 +124,17 @@ class Int4Tool:
 
 def _ours(method: str, block: int = 128, zp: bool = False, fmt: str = "qdq", lat: bool = False) -> Int4Tool:
     suffix = ("" if block == 128 else f":b{block}" if block > 0 else ":per-channel") + (":zp" if zp else "")
-    suffix += ":matmulnbits" if fmt == "matmulnbits" else ""
-    return Int4Tool(
-        f"onnxprec:{method}{suffix}", "onnxprec_int4", "project", method, block, zp, fmt, method != "rtn", lat
-    )
+    tool_id = f"onnxprec:{method}{suffix}" + (":matmulnbits" if fmt == "matmulnbits" else "")
+    return Int4Tool(tool_id, "onnxprec_int4", "project", method, block, zp, fmt, method != "rtn", lat)
+
+
+def _budget(method: str, mb: float, data: str = "", fmt: str = "qdq") -> Int4Tool:
+    """onnxprec under ``--size_budget_mb mb``, every layer a candidate (``data``: ``:nodata`` or ``:random``, no
+    calibration windows)."""
+    tool = _ours(method, fmt=fmt)
+    kind = tool.id.removeprefix(f"onnxprec:{method}")
+    return replace(tool, id=f"onnxprec:{method}:budget{mb:g}{kind}{data}", calibrated=tool.calibrated and not data,
+                   budget_mb=mb, exclude="")  # fmt: skip
 
 
 TOOLS: dict[str, Int4Tool] = {
@@ -158,15 +161,7 @@ TOOLS: dict[str, Int4Tool] = {
         # the synthetic stack: random calibration (no windows)
         Int4Tool("onnxprec:rtn:random", "onnxprec_int4", "project", "rtn", calibrated=False),
         Int4Tool("onnxprec:awq_lite:random", "onnxprec_int4", "project", "awq_lite", calibrated=False),
-        Int4Tool(
-            "onnxprec:kquant:budget800:random",
-            "onnxprec_int4",
-            "project",
-            "kquant",
-            calibrated=False,
-            exclude="",
-            budget_mb=800,
-        ),
+        _budget("kquant", 800, ":random"),
     )
 }
 _GENAI_ONLY = (
@@ -184,39 +179,12 @@ _GENAI_ONLY = (
         for m in ("rtn", "hqq")
         for b in (32, 128)
     ),
-    *(
-        replace(_ours("awq_gptq"), id=f"onnxprec:awq_gptq:budget{mb:g}", budget_mb=mb, exclude="")
-        for mb in (80, 86.5, 100, 113.6, 150)
-    ),
+    *(_budget("awq_gptq", mb) for mb in (80, 86.5, 100, 113.6, 150)),
     # the builder's format (MatMulNBits) at the builder outputs' sizes, for the decode-speed goal
-    *(
-        replace(
-            _ours("awq_gptq", fmt="matmulnbits"),
-            id=f"onnxprec:awq_gptq:budget{mb:g}:matmulnbits",
-            budget_mb=mb,
-            exclude="",
-        )
-        for mb in (86.5, 113.6)
-    ),
-    *(
-        replace(
-            _ours("awq_gptq"), id=f"onnxprec:awq_gptq:budget{mb:g}:nodata", calibrated=False, budget_mb=mb, exclude=""
-        )
-        for mb in (86.5,)
-    ),
-    # the default method without data (kquant) and a cheaper calibrated one, on the text the model writes itself
-    *(
-        Int4Tool(
-            f"onnxprec:{m}:budget86.5:nodata",
-            "onnxprec_int4",
-            "project",
-            m,
-            calibrated=False,
-            exclude="",
-            budget_mb=86.5,
-        )
-        for m in ("kquant", "awq_lite")
-    ),
+    *(_budget("awq_gptq", mb, fmt="matmulnbits") for mb in (86.5, 113.6)),
+    # without data: the default method, the previous one (kquant) and a cheaper calibrated one, on the text the
+    # model writes itself
+    *(_budget(m, 86.5, ":nodata") for m in ("awq_gptq", "kquant", "awq_lite")),
     *(
         Int4Tool(f"onnxprec:{m}:nodata", "onnxprec_int4", "project", m, calibrated=False)
         for m in ("kquant", "awq_lite")
@@ -461,17 +429,11 @@ def run(config: RunConfig) -> Path:
     if config.decode_from:
         return decode_only(todo, config, config.decode_from)
     ensure_anchors(config, {TOOLS[t].venv for ts in todo.values() for t in ts})
-    pythons = {
-        "project": Path(sys.executable),
-        "anchors": config.anchors_python,
-        "torch": zoo.TORCH_VENV / "bin" / "python",
-    }
-    result = new_results(
-        KIND,
-        config,
-        calibration=f"{LLM}: windows {CALIBRATION_WINDOWS.start}-{CALIBRATION_WINDOWS.stop - 1} of 256 tokens",
-        evaluation=f"{LLM}: windows {EVALUATION_WINDOWS.start}-{EVALUATION_WINDOWS.stop - 1} (held out)",
-    )
+    torch = zoo.TORCH_VENV / "bin" / "python"
+    pythons = {"project": Path(sys.executable), "anchors": config.anchors_python, "torch": torch}
+    calibration = f"{LLM}: windows {CALIBRATION_WINDOWS.start}-{CALIBRATION_WINDOWS.stop - 1} of 256 tokens"
+    evaluation = f"{LLM}: windows {EVALUATION_WINDOWS.start}-{EVALUATION_WINDOWS.stop - 1} (held out)"
+    result = new_results(KIND, config, calibration=calibration, evaluation=evaluation)
     work = Path(tempfile.mkdtemp(prefix="onnxprec-int4-", dir=config.work_dir))
     try:
         models = [_prepare(m, [TOOLS[t] for t in ts], work / m, config) for m, ts in todo.items()]
@@ -539,17 +501,10 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
     for tool in m.tools:
         runs = rounds[tool.id]
         ok = [x for x in runs if x["status"] == "ok"]
-        rec: dict[str, Any] = {
-            "tool": asdict(tool),
-            "user_command": tool.user_command(),
-            "rounds": runs,
-            "status": runs[-1]["status"],
-            "wall_s": median([x["wall_s"] for x in ok]),
-            "peak_rss_mb": median([x["peak_rss_mb"] for x in ok]),
-            "convert_s": median([x["convert_s"] for x in ok]),
-        }
-        if "error" in runs[-1]:
-            rec["error"] = runs[-1]["error"]
+        rec: dict[str, Any] = {"tool": asdict(tool), "user_command": tool.user_command(), "rounds": runs}
+        rec["status"] = runs[-1]["status"]
+        rec.update({k: median([x[k] for x in ok]) for k in ("wall_s", "peak_rss_mb", "convert_s")})
+        rec.update({"error": runs[-1]["error"]} if "error" in runs[-1] else {})
         if runs[-1]["status"] == "ok":
             outputs[tool.id] = dst = _output(m, tool)
             for f in GENAI_FILES:  # a tool that does not carry the genai files (ModelOpt) gets them for decoding

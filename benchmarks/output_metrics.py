@@ -84,16 +84,9 @@ def structure(path: Path) -> dict[str, Any]:
         floats += bool(io & FLOAT_TYPES)
         if io & FLOAT_TYPES and not io & LOW_TYPES:
             fp32_ops[node.op_type] += 1
-    return {
-        "nodes": nodes,
-        "float_nodes": floats,
-        "low_nodes": low,
-        "fp32_nodes": floats - low,
-        "low_pct": 100.0 * low / floats if floats else 0.0,
-        "casts": casts,
-        "file_bytes": file_size(path, model),
-        "fp32_ops": dict(fp32_ops.most_common()),
-    }
+    return {"nodes": nodes, "float_nodes": floats, "low_nodes": low, "fp32_nodes": floats - low,
+            "low_pct": 100.0 * low / floats if floats else 0.0, "casts": casts, "file_bytes": file_size(path, model),
+            "fp32_ops": dict(fp32_ops.most_common())}  # fmt: skip
 
 
 def _tensor_types(graph: onnx.GraphProto) -> dict[str, int]:

@@ -165,15 +165,6 @@ def run_measured(
     else:
         peak, source = (poll_peak / MIB if poll_peak else None), f"psutil tree poll every {POLL_S} s"
     tail = [line for line in text.splitlines() if not line.startswith(MARKER)][-25:]
-    return ProcResult(
-        status=status,
-        returncode=rc,
-        wall_s=wall,
-        peak_rss_mb=peak,
-        rss_source=source,
-        poll_peak_rss_mb=poll_peak / MIB if poll_peak else None,
-        user_s=gt.get("user_s"),
-        sys_s=gt.get("sys_s"),
-        runner=runner,
-        log_tail=tail if status != "ok" else [],
-    )
+    return ProcResult(status=status, returncode=rc, wall_s=wall, peak_rss_mb=peak, rss_source=source,
+                      poll_peak_rss_mb=poll_peak / MIB if poll_peak else None, user_s=gt.get("user_s"),
+                      sys_s=gt.get("sys_s"), runner=runner, log_tail=tail if status != "ok" else [])  # fmt: skip

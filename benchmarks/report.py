@@ -3,8 +3,9 @@
 The document is the title, the AutoCast introduction, the runs its numbers come from, AutoCast's sections
 (:mod:`benchmarks.report_autocast`, with the CUDA tables measured outside the harness), then the INT4 part
 (:mod:`benchmarks.report_int4`), the utilities part (:mod:`benchmarks.report_utilities`) and the INT8 tables
-measured by hand. Loading, merging (newest measurement per model and tool), formatting and the prose
-(``report_text.md``) are :mod:`benchmarks.report_common`'s; targets are data evaluated by :mod:`benchmarks.targets`.
+(by hand, or finished by :mod:`benchmarks.int8`). Loading, merging (newest measurement per model and tool),
+formatting and the prose (``report_text.md``) are :mod:`benchmarks.report_common`'s; targets are data evaluated by
+:mod:`benchmarks.targets`.
 """
 
 from __future__ import annotations

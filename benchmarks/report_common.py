@@ -84,6 +84,8 @@ def measured_tables(results_dir: Path, kind: str) -> list[str]:
     ``notes`` itself."""
     out: list[str] = []
     for run in load_results(results_dir, kind):
+        if "title" not in run:  # a run still going, or interrupted before its table
+            continue
         out += [f"## {run['title']}", "", *run["intro"], ""]
         for t in run.get("tables") or [{k: run[k] for k in ("columns", "rows", "notes")}]:
             out += [f"### {t['heading']}", ""] if t.get("heading") else []

@@ -12,21 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report_common import TEXT, Column, column_table, load_results, model_label, num, run_lines, size, table
+from .int4 import GENAI, GENAI_COMPARED, GENAI_FP16, LLM, SYNTHETIC
+from .report_common import TEXT, Column, blocks, column_table, load_results, model_label, num, run_lines, size, table
 
-LLM = "smollm2_135m"
-GENAI = "smollm2_genai"  # the genai plan (benchmarks.int4): the builder's SmolLM2, and the same runs on LLM
-GENAI_FP16 = "smollm2_genai_fp16"  # the builder's FP16 SmolLM2: the size/perplexity frontier on an FP16 base
 DECODE_RATIO_GOAL = 0.9  # decode tok/s within 10 % of the builder's output of the same size and format
 # onnxprec's rows in the builder's format at the builder outputs' sizes, and the builder output each is held to
 SAME_SIZE = {
     "onnxprec:awq_gptq:budget86.5:matmulnbits": "builder:default",
     "onnxprec:awq_gptq:budget113.6:matmulnbits": "builder:k_quant_mixed",
 }
-GENAI_COMPARED = ("onnxprec:autocast", "onnxprec:rtn:zp", "onnxprec:awq_lite:zp")
 GENAI_PPL_GOAL = 22.8
 GENAI_RATIO_GOAL = 1.2
-SYNTHETIC = "matmul_4gb"
 ANCHOR = "modelopt:awq_clip"  # the best anchor (the issue's yardstick)
 PERPLEXITY_RATIO_GOAL = 0.6
 TIME_RATIO_GOAL = 0.1
@@ -111,89 +107,61 @@ def _run_ref(rec: dict[str, Any] | None) -> str:
 
 def targets(m: Int4Merged) -> list[list[str]]:
     rows: list[list[str]] = []
+
+    def goal(what: str, measured: str | None, limit: str, ok: bool | None, rec: dict[str, Any] | None) -> None:
+        rows.append([what, "–" if measured is None else measured, limit, _mark(ok), _run_ref(rec)])
+
     llm = m.rows.get(LLM, {})
     best = best_ours(m)
-    anchor = llm.get(ANCHOR)
+    anchor, ours_best = llm.get(ANCHOR), llm.get(best) if best else None
     d_best, d_anchor = (_delta(m, best) if best else None), _delta(m, ANCHOR)
     r = d_best / d_anchor if d_best is not None and d_anchor else None
-    rows.append(
-        [
-            "SmolLM2: best method's perplexity increase over FP32 ≤ 0.6× ModelOpt awq_clip's",
-            f"**{num(r)}×** ({best}: +{num(d_best, 3)} vs +{num(d_anchor, 3)})" if r is not None else "–",
-            f"≤ {PERPLEXITY_RATIO_GOAL}×",
-            _mark(None if r is None else r <= PERPLEXITY_RATIO_GOAL),
-            _run_ref(llm.get(best) if best else None),
-        ]
+    goal(
+        "SmolLM2: best method's perplexity increase over FP32 ≤ 0.6× ModelOpt awq_clip's",
+        None if r is None else f"**{num(r)}×** ({best}: +{num(d_best, 3)} vs +{num(d_anchor, 3)})",
+        f"≤ {PERPLEXITY_RATIO_GOAL}×",
+        None if r is None else r <= PERPLEXITY_RATIO_GOAL,
+        ours_best,
     )
-    t_best = llm.get(best, {}).get("wall_s") if best else None
-    t_anchor = anchor.get("wall_s") if anchor else None
+    t_best, t_anchor = (ours_best or {}).get("wall_s"), (anchor or {}).get("wall_s")
     tr = t_best / t_anchor if t_best and t_anchor else None
-    rows.append(
-        [
-            "SmolLM2: best method's whole-process time < 1/10 of ModelOpt awq_clip's",
-            f"**{num(tr, 3)}×** ({num(t_best)} s vs {num(t_anchor)} s)" if tr is not None else "–",
-            f"< {TIME_RATIO_GOAL}×",
-            _mark(None if tr is None else tr < TIME_RATIO_GOAL),
-            _run_ref(llm.get(best) if best else None),
-        ]
+    goal(
+        "SmolLM2: best method's whole-process time < 1/10 of ModelOpt awq_clip's",
+        None if tr is None else f"**{num(tr, 3)}×** ({num(t_best)} s vs {num(t_anchor)} s)",
+        f"< {TIME_RATIO_GOAL}×",
+        None if tr is None else tr < TIME_RATIO_GOAL,
+        ours_best,
     )
     rtn = llm.get("onnxprec:rtn")
     conv = rtn.get("convert_s") if rtn else None
-    rows.append(
-        [
-            "SmolLM2: RTN in seconds (load, quantize, save)",
-            f"**{num(conv)} s** (whole process {num(rtn.get('wall_s'))} s)" if rtn and conv is not None else "–",
-            f"≤ {num(RTN_SECONDS_GOAL)} s",
-            _mark(None if conv is None else conv <= RTN_SECONDS_GOAL),
-            _run_ref(rtn),
-        ]
+    goal(
+        "SmolLM2: RTN in seconds (load, quantize, save)",
+        f"**{num(conv)} s** (whole process {num(rtn.get('wall_s'))} s)" if rtn and conv is not None else None,
+        f"≤ {num(RTN_SECONDS_GOAL)} s",
+        None if conv is None else conv <= RTN_SECONDS_GOAL,
+        rtn,
     )
     ours = {t: r for t, r in llm.items() if _ours(t) and r.get("peak_rss_mb")}
     if ours:
         worst = max(ours, key=lambda t: ours[t]["peak_rss_mb"])
         peak = ours[worst]["peak_rss_mb"]
-        rows.append(
-            [
-                f"SmolLM2: peak RSS of every onnxprec method < 1.5 GB ({len(ours)} configurations)",
-                f"**{num(peak, 0)} MiB** at most ({worst})",
-                "< 1536 MiB",
-                _mark(peak < RSS_GOAL_MB),
-                _run_ref(ours[worst]),
-            ]
-        )
-    sized = {
-        t: r
-        for t, r in llm.items()
-        if _ours(t) and r.get("ideal_bytes") and r.get("layer_bytes") and r["tool"].get("output_format") == "qdq"
-    }
-    if sized:
-        excess = {t: r["layer_bytes"] / r["ideal_bytes"] - 1 for t, r in sized.items()}
+        goal(f"SmolLM2: peak RSS of every onnxprec method < 1.5 GB ({len(ours)} configurations)",
+             f"**{num(peak, 0)} MiB** at most ({worst})", "< 1536 MiB", peak < RSS_GOAL_MB, ours[worst])  # fmt: skip
+    qdq = lambda r: r["tool"].get("output_format") == "qdq"  # noqa: E731
+    excess = {t: e for t, r in llm.items() if _ours(t) and (e := _excess(r)) is not None and qdq(r)}
+    if excess:
         worst = max(excess, key=lambda t: excess[t])
-        rows.append(
-            [
-                "SmolLM2: quantized layers' size within 2 % of the ideal (4 bits a weight + scales + zero points), "
-                "QDQ output",
-                f"**{excess[worst] * 100:+.2f} %** at most ({worst})",
-                "≤ +2 %",
-                _mark(excess[worst] <= SIZE_GOAL),
-                _run_ref(sized[worst]),
-            ]
-        )
+        goal("SmolLM2: quantized layers' size within 2 % of the ideal (4 bits a weight + scales + zero points), "
+             "QDQ output", f"**{excess[worst] * 100:+.2f} %** at most ({worst})", "≤ +2 %",
+             excess[worst] <= SIZE_GOAL, llm[worst])  # fmt: skip
     for tool in ("onnxprec:rtn:random", "onnxprec:awq_lite:random", "onnxprec:kquant:budget800:random"):
-        rec = m.rows.get(SYNTHETIC, {}).get(tool)
-        if rec is None:
+        if (rec := m.rows.get(SYNTHETIC, {}).get(tool)) is None:
             continue
         peak = rec.get("peak_rss_mb")
         how = tool.split(":")[1] + (" under --size_budget_mb 800" if "budget" in tool else "")
-        rows.append(
-            [
-                f"4 GB MatMul stack (external data), {how} with random calibration: peak RSS < 1 GB",
-                f"**{num(peak, 0)} MiB**" if peak else f"**{rec.get('status')}**",
-                "< 1024 MiB",
-                _mark(None if peak is None else peak < SYNTHETIC_RSS_GOAL_MB and rec.get("status") == "ok"),
-                _run_ref(rec),
-            ]
-        )
+        goal(f"4 GB MatMul stack (external data), {how} with random calibration: peak RSS < 1 GB",
+             f"**{num(peak, 0)} MiB**" if peak else f"**{rec.get('status')}**", "< 1024 MiB",
+             None if peak is None else peak < SYNTHETIC_RSS_GOAL_MB and rec.get("status") == "ok", rec)  # fmt: skip
     return rows
 
 
@@ -234,6 +202,7 @@ _TOOL: Column = ("Tool, method", lambda x: _label(x[0]))
 _CONFIG: Column = ("block, scale", lambda x: _config(x[1]))
 _TIME: Column = ("time s", lambda x: num(x[1].get("wall_s")))
 _RUN: Column = ("run", lambda x: _run_ref(x[1]))
+_FILES: Column = ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–")
 
 
 def _rss(unit: str = " MiB") -> Callable[[tuple[str, dict[str, Any]]], str]:
@@ -292,12 +261,10 @@ def latency_table(m: Int4Merged) -> list[str]:
         )
 
     failed = lambda k: ms("prefill", k) is None and ms("decode", k) is None  # noqa: E731
+    prefill = lambda k: lat["prefill"][k].get("error", "failed")[:80] if failed(k) else num(ms("prefill", k), 3)  # noqa: E731
     columns: tuple[Column, ...] = (
         ("Model", lambda k: "FP32" if k == "fp32" else _label(k)),
-        (
-            "prefill [1,256] ms",
-            lambda k: lat["prefill"][k].get("error", "failed")[:80] if failed(k) else num(ms("prefill", k), 3),
-        ),
+        ("prefill [1,256] ms", prefill),
         speedup("prefill", "fp32"),
         speedup("prefill", ANCHOR),
         ("1-token forward ms", lambda k: num(ms("decode", k), 3)),
@@ -317,7 +284,7 @@ def synthetic_table(m: Int4Merged) -> list[str]:
         (
             "status",
             lambda x: (
-                x[1].get("status", "?") + (f": {x[1].get('error', '')[:100]}" if x[1].get("status") != "ok" else "")
+                x[1].get("status", "?") + ("" if x[1].get("status") == "ok" else f": {x[1].get('error', '')[:100]}")
             ),
         ),
         _TIME,
@@ -409,15 +376,13 @@ def _budget_goals(rows: dict[str, dict[str, Any]]) -> list[list[str]]:
         out.append([what, measured, f"≤ {goal}", _mark(None if ppl is None else ppl <= goal)])
     rec = rows.get("onnxprec:awq_gptq:budget113.6", {})
     wall, rss = rec.get("wall_s"), rec.get("peak_rss_mb")
-    out.append(
-        [
-            "the 113.6 MB run (sensitivity included): whole-process time and peak RSS",
-            f"**{num(wall)} s, {num(rss, 0)} MiB** {_run_ref(rec)}" if wall and rss else "–",
-            f"< {BUDGET_SECONDS_GOAL:.0f} s, < {BUDGET_RSS_GOAL_MB:.0f} MiB",
-            _mark(None if not wall or not rss else wall < BUDGET_SECONDS_GOAL and rss < BUDGET_RSS_GOAL_MB),
-        ]
-    )
-    return out
+    ok = None if not wall or not rss else wall < BUDGET_SECONDS_GOAL and rss < BUDGET_RSS_GOAL_MB
+    measured = f"**{num(wall)} s, {num(rss, 0)} MiB** {_run_ref(rec)}" if ok is not None else "–"
+    limit = f"< {BUDGET_SECONDS_GOAL:.0f} s, < {BUDGET_RSS_GOAL_MB:.0f} MiB"
+    return [
+        *out,
+        ["the 113.6 MB run (sensitivity included): whole-process time and peak RSS", measured, limit, _mark(ok)],
+    ]
 
 
 def _same_size_goals(m: Int4Merged, key: str = GENAI) -> list[list[str]]:
@@ -430,21 +395,16 @@ def _same_size_goals(m: Int4Merged, key: str = GENAI) -> list[list[str]]:
         builder = runs.get(ours.get("run", -1), {}).get(builder_id, {})
         paired = sorted(a / b for a, b in zip(ours.get("rounds", []), builder.get("rounds", [])) if b)
         ratio = paired[len(paired) // 2] if paired else None
-        size_ours = m.rows.get(GENAI, {}).get(ours_id, {}).get("file_bytes")
-        size_builder = m.rows.get(GENAI, {}).get(builder_id, {}).get("file_bytes")
-        out.append(
-            [
-                f"onnxprec `{ours_id.partition(':')[2]}` decode tok/s vs {_label(builder_id)} (same size and format"
-                + (f"; {card}, CUDA)" if card else ")"),
-                f"**{num(ratio)}×** (median of the per-round ratios {', '.join(num(x) for x in paired)}; "
-                f"{num(ours.get('decode_tokens_per_s'), 1)} vs {num(builder.get('decode_tokens_per_s'), 1)} tok/s; "
-                f"{(size_ours or 0) / 1e6:.1f} vs {(size_builder or 0) / 1e6:.1f} MB)"
-                if ratio is not None
-                else "–",
-                f"≥ {DECODE_RATIO_GOAL}×",
-                _mark(None if ratio is None else ratio >= DECODE_RATIO_GOAL),
-            ]
+        mb = [(m.rows.get(GENAI, {}).get(t, {}).get("file_bytes") or 0) / 1e6 for t in (ours_id, builder_id)]
+        what = f"onnxprec `{ours_id.partition(':')[2]}` decode tok/s vs {_label(builder_id)} (same size and format"
+        what += f"; {card}, CUDA)" if card else ")"
+        measured = (
+            f"**{num(ratio)}×** (median of the per-round ratios {', '.join(num(x) for x in paired)}; "
+            f"{num(ours.get('decode_tokens_per_s'), 1)} vs {num(builder.get('decode_tokens_per_s'), 1)} tok/s; "
+            f"{mb[0]:.1f} vs {mb[1]:.1f} MB)"
         )
+        ok = None if ratio is None else ratio >= DECODE_RATIO_GOAL
+        out.append([what, measured if ok is not None else "–", f"≥ {DECODE_RATIO_GOAL}×", _mark(ok)])
     return out
 
 
@@ -471,7 +431,7 @@ def nodata_section(m: Int4Merged) -> list[str]:
         ("method", lambda x: f"`{x[0].split(':')[1]}`"),
         ("size budget", lambda x: f"{budget(x[0])} MB" if budget(x[0]) else "none (lm_head in float)"),
         ("ppl (8-15)", lambda x: _ppl(x[1])),
-        ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–"),
+        _FILES,
         _TIME,
         ("peak RSS MiB", _rss("")),
         ("ppl vs kquant", lambda x: versus(x, "perplexity", lambda a, b: f"{a - b:+.2f}")),
@@ -486,14 +446,8 @@ def nodata_section(m: Int4Merged) -> list[str]:
         _RUN,
     )
     ordered = sorted(rows_in.items(), key=lambda x: (budget(x[0]) == "", budget(x[0]), x[1].get("wall_s") or 0))
-    return [
-        "### The default INT4 method without calibration data",
-        "",
-        TEXT["int4.nodata"],
-        "",
-        column_table(columns, ordered) or "",
-        "",
-    ]
+    return blocks("### The default INT4 method without calibration data", TEXT["int4.nodata"],
+                  column_table(columns, ordered) or "")  # fmt: skip
 
 
 def fp16_section(m: Int4Merged) -> list[str]:
@@ -511,7 +465,7 @@ def fp16_section(m: Int4Merged) -> list[str]:
         ("Tool, method", lambda x: _label(x[0])),
         ("block, scale", lambda x: _config(x[1]) if not x[0].endswith(":zp") else "128, asym (no budget)"),
         ("ppl (8-15)", lambda x: _ppl(x[1]) if ok(x) else _failed(x[1])),
-        ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–"),
+        _FILES,
         _TIME,
         ("peak RSS MiB", _rss("")),
         (f"prefill {PREFILL_TOKENS} tok ms", lambda x: pre(x[0]) if x[0] in rows_in else "–"),
@@ -519,14 +473,11 @@ def fp16_section(m: Int4Merged) -> list[str]:
         _RUN,
     )
     ordered = sorted(rows_in.items(), key=lambda x: x[1].get("file_bytes") or 0)
-    return [
+    return blocks(
         "### SmolLM2-135M FP16 base (builder `-p fp16`): the size/perplexity frontier",
-        "",
         TEXT["int4.genai_fp16"],
-        "",
         column_table(columns, [*builder.items(), *ordered], [base]) or "",
-        "",
-    ]
+    )
 
 
 def genai_section(m: Int4Merged) -> list[str]:
@@ -548,7 +499,7 @@ def genai_section(m: Int4Merged) -> list[str]:
         ("Tool, method", lambda x: "onnxprec AutoCast FP16 (default flags)" if autocast(x) else _label(x[0])),
         ("block, scale", lambda x: "FP16" if autocast(x) and ok(x) else _config(x[1])),
         ("ppl (8-15)", lambda x: _ppl(x[1]) if ok(x) else _failed(x[1])),
-        ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.1f}" if x[1].get("file_bytes") else "–"),
+        _FILES,
         _TIME,
         ("peak RSS MiB", _rss("")),
         (f"prefill {PREFILL_TOKENS} tok ms", lambda x: pre(x[0])),
@@ -566,13 +517,9 @@ def genai_section(m: Int4Merged) -> list[str]:
     speed = _ratio(ours.get("decode_tokens_per_s"), builder.get("decode_tokens_per_s"))
     paired = sorted(a / b for a, b in zip(ours.get("rounds", []), builder.get("rounds", [])) if b)
     paired_median = paired[len(paired) // 2] if paired and ours.get("run") == builder.get("run") else None
+    ppl_goal = ["awq_gptq (block 128, zero points, QDQ, lm_head excluded) perplexity", f"**{num(gptq, 3)}**"]
     goals = [
-        [
-            "awq_gptq (block 128, zero points, QDQ, lm_head excluded) perplexity",
-            f"**{num(gptq, 3)}**",
-            f"≤ {GENAI_PPL_GOAL}",
-            _mark(None if gptq is None else gptq <= GENAI_PPL_GOAL),
-        ],
+        [*ppl_goal, f"≤ {GENAI_PPL_GOAL}", _mark(None if gptq is None else gptq <= GENAI_PPL_GOAL)],
         [
             "onnxprec rtn MatMulNBits block 32 sym, every layer (`:all`, the builder's format) decode tok/s vs "
             "builder default INT4",
@@ -603,21 +550,15 @@ def genai_section(m: Int4Merged) -> list[str]:
         ("", within),
         ("time per round, builder / own", lambda x: f"{rounds(x[1])} / {rounds(x[2])}"),
     )
-    return [
+    return blocks(
         "### SmolLM2-135M built by onnxruntime-genai's builder (KV cache, GroupQueryAttention, contrib ops)",
-        "",
         TEXT["int4.genai"],
-        "",
         column_table(columns, rows_in.items(), [fp32]) or "",
-        "",
         table(["Target (KV-cache issue)", "Measured", "Goal", ""], goals),
-        "",
         "Same onnxprec runs on the builder model and on our own export (`smollm2_135m.onnx`, no KV cache), "
         "alternating round by round in one run: builder / own export (target ≤ 1.2× for both time and peak RSS).",
-        "",
         column_table(compare, pairs) or "",
-        "",
-    ]
+    )
 
 
 def sections(results_dir: Path) -> list[str]:
@@ -626,26 +567,7 @@ def sections(results_dir: Path) -> list[str]:
     if not runs:
         return []
     m = merge(runs)
-    out = [
-        "## INT4 weight-only quantization (INT4 issue)",
-        "",
-        TEXT["int4.intro"],
-        "",
-        *runs_list(m),
-        "### Targets (INT4 issue)",
-        "",
-        table(["Target", "Measured", "Goal", "", "run"], targets(m)),
-        "",
-        f"### {model_label(LLM)}: accuracy, time, memory, size",
-        "",
-        llm_table(m),
-        "",
-        TEXT["int4.llm.notes"],
-        "",
-        *latency_table(m),
-        *synthetic_table(m),
-        *genai_section(m),
-        *nodata_section(m),
-        *fp16_section(m),
-    ]
-    return out
+    out = blocks("## INT4 weight-only quantization (INT4 issue)", TEXT["int4.intro"]) + runs_list(m)
+    out += blocks("### Targets (INT4 issue)", table(["Target", "Measured", "Goal", "", "run"], targets(m)))
+    out += blocks(f"### {model_label(LLM)}: accuracy, time, memory, size", llm_table(m), TEXT["int4.llm.notes"])
+    return out + latency_table(m) + synthetic_table(m) + genai_section(m) + nodata_section(m) + fp16_section(m)

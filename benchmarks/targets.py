@@ -28,6 +28,7 @@ import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from string import Formatter
 from typing import Any, Literal
 
 from .report_common import Merged, median, model_label, model_sort_key, num, ratio, stat, status_text, table
@@ -242,13 +243,8 @@ METRICS: dict[str, Metric] = {
 
 def _fill(fragments: Sequence[str], fields: dict[str, str]) -> str:
     """The fragments whose fields are all known, filled in and joined."""
-    out = []
-    for fragment in fragments:
-        try:
-            out.append(fragment.format(**fields))
-        except KeyError:
-            continue
-    return "".join(out)
+    known = lambda f: {name for _, name, _, _ in Formatter().parse(f) if name} <= fields.keys()  # noqa: E731
+    return "".join(f.format(**fields) for f in fragments if known(f))
 
 
 def _row(t: Target, model: str, merged: Merged) -> TargetRow | None:
