@@ -329,6 +329,40 @@ def test_a_decoder_with_a_kv_cache_is_w8a8_in_integer_kernels(tmp_path: Path, at
     assert agreement is not None and agreement["cosine"] > 0.99 and agreement["top1"] >= 0.9
 
 
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_dump_and_compare_work_on_the_results(tmp_path: Path, model: str) -> None:
+    """dump writes the quantized nodes of an INT8 result (dynamic or static), compare matches its tensors to the float
+    model's and names the first divergent node, and that pattern in nodes_to_exclude keeps the node float."""
+    from onnxprec.debug import compare_models, dump_model
+
+    source, out = tmp_path / f"{model}.onnx", tmp_path / "int8.onnx"
+    rng = np.random.default_rng(0)
+    if model == "mlp":
+        onnx.save(mlp(), source)
+        data: list[dict[str, np.ndarray]] = _tokens(0)
+    else:
+        onnx.save(tiny_cnn(), source)
+        data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    selected: dict[str, object] = {} if model == "mlp" else {"nodes_to_quantize": [".*"]}  # the stem Conv too
+    quantize_file(source, out, calibration_data=data, target_accuracy=None, **selected)  # type: ignore[arg-type]
+    dumped = dump_model(out, data[:1], output_dir=str(tmp_path / "dump"))
+    ops = {t["op_type"] for t in dumped.tensors}
+    expected = {"DynamicQuantizeLinear", "MatMulInteger"} if model == "mlp" else {"QuantizeLinear", "DequantizeLinear"}
+    assert expected <= ops, ops
+    for tensor in dumped.tensors:  # each written as raw values of its shape
+        raw = (tmp_path / "dump" / tensor["files"]["bin"]).read_bytes()
+        assert len(raw) == int(np.prod(tensor["shape"])) * np.dtype(tensor["dtype"]).itemsize, tensor
+    report = compare_models(source, out, data[:1], rtol=1e-3)
+    (output,) = report.outputs.values()
+    (ref,), (got,) = run(source, data[0]), run(out, data[0])
+    assert output.rel_l2 == pytest.approx(_rel(ref, got), rel=1e-4)
+    pattern, node = report.exclude_pattern, report.first_divergence
+    assert pattern is not None and node is not None
+    again = quantize_file(source, tmp_path / "again.onnx", calibration_data=data, target_accuracy=None,
+                          nodes_to_exclude=[pattern], **selected)  # type: ignore[arg-type]  # fmt: skip
+    assert [n for n, _ in again.excluded] == [node]
+
+
 def test_command_line(tmp_path: Path, mlp_file: Path) -> None:
     data = tmp_path / "data.npz"
     np.savez(data, X=correlated(32, 64).reshape(2, 16, 64))
