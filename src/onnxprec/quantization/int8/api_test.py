@@ -44,9 +44,9 @@ def test_transformer_layers_are_dynamic_and_fuse(tmp_path: Path, mlp_file: Path)
     report = quantize_file(mlp_file, out, calibration_data=_tokens(0), target_accuracy=None)
     assert report.count("dynamic") == 4 and report.static_tensors == 0
     ops = _optimized_ops(out, tmp_path)
-    # one input quantized once for the layers that share it (q and k): DynamicQuantizeLinear + MatMulIntegerToFloat
-    assert ops.count("DynamicQuantizeMatMul") + ops.count("MatMulIntegerToFloat") == 4
-    assert "DequantizeLinear" not in ops and "MatMulInteger" not in ops
+    # the layers that share an input (q and k) are one layer with their weights side by side, and a Split
+    assert ops.count("DynamicQuantizeMatMul") == 3 and ops.count("Split") == 1
+    assert "DequantizeLinear" not in ops and "MatMulInteger" not in ops and "MatMulIntegerToFloat" not in ops
     x = _tokens(100, 1)[0]
     (ref,), (got,) = run(mlp_file, x), run(out, x)
     assert _rel(ref, got) < 0.05
@@ -531,3 +531,36 @@ def test_output_declares_only_the_shapes_the_input_declared(tmp_path: Path, mlp_
     written = onnx.load(out)
     assert _shaped(written) == {"s"}
     onnx.checker.check_model(written, full_check=True)
+
+
+def test_layers_sharing_an_input_merge_into_one_with_the_same_values(
+    tmp_path: Path, mlp_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q and k (one quantized input, outlier channels split off) become one MatMulInteger with [Wq Wk], one bias and
+    one outlier product, then a Split: each output is what its own layer computed, and keeps its name."""
+    import functools
+
+    from onnxprec.quantization.int8 import _api
+    from onnxprec.quantization.int8.decide import build
+
+    def tokens(seed: int, batches: int) -> list[dict[str, np.ndarray]]:
+        runs = _tokens(seed, batches)
+        for run_ in runs:
+            run_["X"][..., [3, 17]] *= 60  # two channels far beyond the others: split off to float
+        return runs
+
+    merged, separate = tmp_path / "merged.onnx", tmp_path / "separate.onnx"
+    report = quantize_file(mlp_file, merged, calibration_data=tokens(0, 4), outlier_channels=4)
+    assert any(layer.outlier_channels for layer in report.layers if "q_proj" in layer.name)
+    monkeypatch.setattr(_api, "build", functools.partial(build, merge_groups=False))
+    quantize_file(mlp_file, separate, calibration_data=tokens(0, 4), outlier_channels=4)
+    graph = onnx.load(merged).graph
+    split = next(n for n in graph.node if n.op_type == "Split")
+    assert list(split.output) == ["q", "kk"]
+    assert [n.op_type for n in graph.node].count("MatMulInteger") == 3  # [q k], o_proj, lm_head
+    assert [n.op_type for n in onnx.load(separate).graph.node].count("MatMulInteger") == 4
+    outlier_matmuls = [n for n in graph.node if n.op_type == "MatMul"]
+    assert len(outlier_matmuls) == len([layer for layer in report.layers if layer.outlier_channels]) - 1
+    x = tokens(100, 1)[0]
+    (a,), (b,) = run(merged, x), run(separate, x)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -33,8 +33,10 @@ from onnxprec.quantization.int8.grams import HessianObserver
 from onnxprec.quantization.int8.place import Layer, Plan, place
 from onnxprec.quantization.int8.rewrite import (
     MS_DOMAIN,
+    MergedLayer,
     WeightRecipe,
     add_bias,
+    bias_add_of,
     gather_channels,
     insert_dynamic,
     insert_qdq,
@@ -42,6 +44,7 @@ from onnxprec.quantization.int8.rewrite import (
     keep_float_readers_float,
     quantize_bias,
     replace_bias,
+    replace_group_with_matmul_integer,
     replace_weight,
     replace_with_matmul_integer,
     replace_with_matmul_integer_to_float,
@@ -255,8 +258,36 @@ def _groups(node: ir.Node) -> int:
     return int(attr.value) if attr is not None else 1
 
 
-def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_layers: Collection[str] = ()) -> Plan:
+def _mergeable(layers: list[Layer], decisions: Decisions) -> list[MergedLayer]:
+    """The group's MatMuls as :class:`MergedLayer` (with the constant ``[N]`` bias Add that alone reads a product, if
+    any), if there are two or more and all are MatMuls with ``[K, N]`` weights; else ``[]``."""
+    merged = []
+    for layer in layers:
+        decision = decisions.layers[layer.name]
+        if layer.node.op_type != "MatMul" or len(decision.recipe.shape()) != 2:
+            return []
+        add = bias_add_of(layer.node)
+        n = decision.recipe.shape()[1]
+        if add is not None and add.inputs[0] is not None and add.inputs[1] is not None:
+            bias = add.inputs[1] if add.inputs[0] is layer.node.outputs[0] else add.inputs[0]
+            if bias.const_value is None or tuple(bias.const_value.shape) != (n,):
+                add = None
+        merged.append(MergedLayer(layer.node, decision.recipe, add, decision.bias, decision.split_rows))
+    return merged if len(merged) > 1 else []
+
+
+def build(
+    model: ir.Model,
+    options: Int8Options,
+    decisions: Decisions,
+    float_layers: Collection[str] = (),
+    *,
+    merge_groups: bool = True,
+) -> Plan:
     """Applies the decisions to ``model`` (a copy of the sanitized float model), ``float_layers`` left in float.
+
+    The MatMuls of a dynamic group become one layer (:func:`replace_group_with_matmul_integer`) unless
+    ``merge_groups`` is False (the same values, layer by layer).
 
     Returns:
         The placement that was applied.
@@ -267,6 +298,7 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
     symmetric = options.symmetric
     inputs = {layer.name: layer.activation for layer in plan.layers}  # before the rewrites rewire them
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic} | set(plan.passthrough)
+    read = [name for name, value in graph.initializers.items() if value.uses()]
     for value in list(plan.static_tensors):
         params = decisions.tensors.get(str(value.name))
         if params is None:
@@ -277,6 +309,7 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         insert_qdq(graph, value, params[0], params[1], symmetric=symmetric, names=names, readers=readers)
     gathered: dict[str, ir.Value] = {}
     dynamic: dict[str, tuple[ir.Value, ir.Value, ir.Value]] = {}
+    merged: set[str] = set()
     for activation, layers in plan.dynamic_groups.items():
         layers = [layer for layer in layers if layer.name in decisions.layers]
         if not layers:
@@ -287,9 +320,15 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         dynamic[str(activation.name)] = insert_dynamic(graph, activation, names, factors)
         if channel.split.size:
             gathered[str(activation.name)] = gather_channels(graph, activation, channel.split, names)
+        group = _mergeable(layers, decisions) if merge_groups else []
+        if group:
+            replace_group_with_matmul_integer(
+                graph, group, dynamic[str(activation.name)], gathered.get(str(activation.name)), names
+            )
+            merged.update(layer.name for layer in layers)
     for layer in plan.layers:
         decision = decisions.layers.get(layer.name)
-        if decision is None:
+        if decision is None or layer.name in merged:
             continue
         # on ort-cpu, a static Conv/Gemm with a calibrated input gets an INT32 bias (QLinearConv, QGemm); TensorRT
         # takes float biases
@@ -326,7 +365,8 @@ def build(model: ir.Model, options: Int8Options, decisions: Decisions, float_lay
         if decision.split_rows is not None:
             insert_split(graph, product, gathered[str(inputs[layer.name].name)], decision.split_rows, names)
     keep_float_readers_float(graph, names)
-    for layer in plan.layers:  # weights no layer reads any more
-        if not layer.weight.uses() and layer.weight.name in graph.initializers:
-            graph.initializers.pop(str(layer.weight.name))
+    for name in read:  # weights and biases that nothing reads any more (replaced by their INT8 or merged forms)
+        initializer = graph.initializers.get(name)
+        if initializer is not None and not initializer.uses() and not initializer.is_graph_output():
+            graph.initializers.pop(name)
     return plan
