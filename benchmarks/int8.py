@@ -92,12 +92,15 @@ def latency_ratios(paths: Mapping[str, Path], feeds: dict[str, np.ndarray], runs
     """Latency against the first of ``paths`` on ``feeds``, 2 threads: :data:`ROUNDS` rounds, each timing ``runs``
     runs of every model in turn (the order rotating), after 3 warm-up runs each."""
     sessions = {k: _session(p) for k, p in paths.items()}
-    [s.run(None, feeds) for s in sessions.values() for _ in range(3)]
+    for s in sessions.values():
+        for _ in range(3):  # warm-up
+            s.run(None, feeds)
     times: dict[str, list[float]] = {k: [] for k in sessions}
     for r in range(ROUNDS):
         for key in [*sessions][r % len(sessions) :] + [*sessions][: r % len(sessions)]:
             tick = time.perf_counter()
-            [sessions[key].run(None, feeds) for _ in range(runs)]
+            for _ in range(runs):
+                sessions[key].run(None, feeds)
             times[key].append((time.perf_counter() - tick) / runs)
     first = next(iter(paths))
     return {first: 1000 * statistics.median(times[first])} | round_ratios(times, first)
