@@ -293,7 +293,7 @@ class _Model:
     """A model under evaluation: its session, what is fed and fetched, and its running metrics."""
 
     result: ModelResult
-    session: _ort.Session
+    session: _ort.Session | None  # None once the timed runs are done and the profile needs the memory
     graph: ir.Model
     inputs: dict[str, InputSpec]
     fetch: list[str]
@@ -394,6 +394,7 @@ def _feeds(model: _Model, batch: Mapping[str, np.ndarray], built: frozenset[str]
 def _run(model: _Model, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
     tick = time.perf_counter()
     try:
+        assert model.session is not None
         outputs = model.session.run(feeds, model.fetch)
     except Exception as e:  # ONNX Runtime's own exception types
         shapes = {k: list(v.shape) for k, v in feeds.items()}
@@ -652,6 +653,8 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
         assert ref.first_feeds is not None
         report.latency_batch = {k: list(v.shape) for k, v in ref.first_feeds.items()}
     if options.profile_runs:
+        for model in loaded:
+            model.session = None  # the profiled sessions do not sit beside the timed ones (an LLM's weights twice)
         for source, model in zip(sources, loaded):
             _profile(source, model, options)
     for model in loaded:
