@@ -140,8 +140,8 @@ def read_profile(events: Sequence[Mapping[str, Any]], warmup: int = 0) -> Kernel
     """The kernel profile of ONNX Runtime profiler events (the JSON list ``end_profiling`` writes).
 
     Args:
-        events: The profile's events; ``Node`` events (one per kernel run) are counted, ``Session`` events named
-            ``model_run`` delimit the runs.
+        events: The profile's events; ``Node`` events named ``<node>_kernel_time`` (one per kernel run) are
+            counted, ``Session`` events named ``model_run`` delimit the runs.
         warmup: Runs at the start whose node events are dropped (the first run pays one-time costs).
     """
     runs = sorted(
@@ -156,14 +156,15 @@ def read_profile(events: Sequence[Mapping[str, Any]], warmup: int = 0) -> Kernel
     nodes: dict[tuple[str, str], set[str]] = {}
     times: dict[tuple[str, str], float] = {}
     for event in events:
-        if event.get("cat") != "Node":
-            continue
+        name = str(event.get("name", ""))
+        if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue  # older ORT builds also write <node>_fence_before/_after events
         if start is not None and int(event.get("ts", 0)) < start:
             continue  # a warm-up run's
         args = event.get("args") or {}
         op_type = str(args.get("op_name", "?"))
         key = (op_type, str(args.get("provider", "?")))
-        nodes.setdefault(key, set()).add(str(event.get("name", "")).removesuffix("_kernel_time"))
+        nodes.setdefault(key, set()).add(name.removesuffix("_kernel_time"))
         times[key] = times.get(key, 0.0) + float(event.get("dur", 0))
     count = len(kept) if runs else 1
     kernels = [
