@@ -87,3 +87,29 @@ def test_the_input_is_never_overwritten(tmp_path: Path, model_path: Path) -> Non
     with pytest.raises(InvalidArgumentError):
         quantize_file(model_path, model_path)
     assert model_path.read_bytes() == before
+
+
+def test_the_command_line_gives_one_line_and_exit_code_2(
+    tmp_path: Path, model_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's bad inputs through ``onnxprec quantize int8``: one ``error:`` line, exit code 2, no output."""
+    from onnxprec.cli import main
+
+    relu = tmp_path / "relu.onnx"
+    onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_info("x", F, [2, 3])],
+                         [tensor_info("y", F, [2, 3])]), relu)  # fmt: skip
+    (tmp_path / "empty").mkdir()
+    np.savez(tmp_path / "int64.npz", X=np.zeros((1, 4, 64), np.int64))
+    np.savez(tmp_path / "shape.npz", X=np.zeros((1, 4, 65), np.float32))
+    cases = {
+        "empty": (model_path, ["--calibration_data", str(tmp_path / "empty")]),
+        "int64": (model_path, ["--calibration_data", str(tmp_path / "int64.npz")]),
+        "shape": (model_path, ["--calibration_data", str(tmp_path / "shape.npz")]),
+        "relu": (relu, []),
+    }
+    for name, (source, extra) in cases.items():
+        out = tmp_path / f"{name}.quant.onnx"
+        code = main(["quantize", "int8", "--onnx_path", str(source), "--output_path", str(out), *extra])
+        err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[onnxprec] INFO")]
+        assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (name, err)
+        assert not out.exists() and not list(tmp_path.glob(f"*{name}.quant*")), name
