@@ -65,11 +65,17 @@ def images(out: str) -> None:
     np.save(out, np.stack(batch).astype(np.float32))
 
 
+OPTIMIZE = True
+"""ONNX Runtime's graph optimizations (eval --no_optimizations: Q/DQ computed as written, for emulations)."""
+
+
 def _session(path: str | Path, threads: int = 1):  # type: ignore[no-untyped-def]
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
+    if not OPTIMIZE:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
@@ -164,6 +170,7 @@ def main() -> None:
     sub.add_parser("images").add_argument("out")
     ev = sub.add_parser("eval")
     ev.add_argument("--heldout", required=True)
+    ev.add_argument("--no_optimizations", action="store_true", help="ONNX Runtime's graph optimizations off")
     ev.add_argument("candidates", nargs="+")
     de = sub.add_parser("decompose")
     de.add_argument("--heldout", required=True)
@@ -173,6 +180,8 @@ def main() -> None:
     if args.command == "images":
         images(args.out)
     elif args.command == "eval":
+        global OPTIMIZE
+        OPTIMIZE = not args.no_optimizations
         evaluate(args.candidates, args.heldout)
     elif args.command == "decompose":
         decompose(args.candidates, args.heldout)

@@ -85,9 +85,9 @@ def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path, float_line
     assert _rel(ref, got) < 0.05
 
 
-def test_the_residual_stream_stays_float_between_pointwise_convs(tmp_path: Path) -> None:
-    """Two inverted-residual blocks: each project Conv (pointwise, unclipped) writes float, both residual Adds are float
-    and read float values (no DequantizeLinear), and only the expand Conv quantizes the stream it reads."""
+def _two_blocks(path: Path) -> None:
+    """Two inverted-residual blocks: stem Conv 3x3 + Clip, project Conv 1x1, Add; expand Conv 1x1 + Clip, project
+    Conv 1x1, Add (the first block's output is the second's residual)."""
     from onnx import helper
 
     from onnxprec._testing import F, make_model, tensor_info
@@ -107,9 +107,16 @@ def test_the_residual_stream_stays_float_between_pointwise_convs(tmp_path: Path)
         helper.make_node("Conv", ["ae", "p2"], ["y2"], name="/b2/project/Conv", kernel_shape=[1, 1]),
         helper.make_node("Add", ["y2", "r1"], ["out"], name="/b2/Add"),
     ]
+    shape = ["N", 8, "H", "W"]
+    onnx.save(make_model(nodes, [tensor_info("x", F, shape)], [tensor_info("out", F, shape)], inits), path)
+
+
+def test_the_residual_stream_stays_float_between_pointwise_convs(tmp_path: Path) -> None:
+    """Each project Conv (pointwise, unclipped) writes float, both residual Adds are float and read float values (no
+    DequantizeLinear), and only the expand Conv quantizes the stream it reads."""
     source, out = tmp_path / "blocks.onnx", tmp_path / "q.onnx"
-    onnx.save(make_model(nodes, [tensor_info("x", F, ["N", 8, 6, 6])], [tensor_info("out", F, ["N", 8, 6, 6])], inits),
-              source)  # fmt: skip
+    _two_blocks(source)
+    rng = np.random.default_rng(4)
     data = [{"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)} for _ in range(4)]
     report = quantize_file(source, out, calibration_data=data, target_accuracy=None, nodes_to_quantize=[".*"])
     assert report.count("static") == 4
@@ -125,7 +132,41 @@ def test_the_residual_stream_stays_float_between_pointwise_convs(tmp_path: Path)
     assert optimized.count("QLinearConv") == 2 and optimized.count("MatMulIntegerToFloat") == 2
     x = {"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)}
     (ref,), (got,) = run(source, x), run(out, x)
-    assert _rel(ref, got) < 0.02
+    assert _rel(ref, got) < 0.03
+
+
+def test_two_int8_parts_for_pointwise_convs_too_few_rows_for_gptq(tmp_path: Path) -> None:
+    """Calibrated on one 2x2 image (4 rows, fewer than the project Convs' 8 and 16 inputs): their weights are rounded
+    to nearest, and with two_part_weights the rounding error gets a second INT8 part: the weight the two
+    MatMulIntegerToFloat compute together is 100 times closer to the float weight, and the bias is the float one (no
+    bias correction left to make)."""
+    from onnx import numpy_helper
+
+    source = tmp_path / "blocks.onnx"
+    _two_blocks(source)
+    float_inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(source).graph.initializer}
+    rng = np.random.default_rng(5)
+    data = [{"x": rng.standard_normal((1, 8, 2, 2)).astype(np.float32)}]
+    for two in (False, True):
+        out = tmp_path / f"q{int(two)}.onnx"
+        report = quantize_file(source, out, calibration_data=data, target_accuracy=None,
+                               nodes_to_quantize=["project"], two_part_weights=two)  # fmt: skip
+        rounding = {e.name: e.info["rounding"] for e in report.layers}
+        expected = "rtn, two INT8 parts" if two else "rtn"
+        assert rounding == {"/b1/project/Conv": expected, "/b2/project/Conv": expected}
+        model = onnx.load(out)
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        matmuls = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"]
+        assert len(matmuls) == (4 if two else 2)
+        for weight in ("p1", "p2"):
+            parts = [n for n in matmuls if n.input[1].startswith(f"{weight}_")]
+            computed = sum(inits[n.input[1]].astype(np.float64) * inits[n.input[3]] for n in parts)
+            reference = float_inits[weight][:, :, 0, 0].T
+            error = np.abs(computed - reference).max() / np.abs(reference).max()
+            assert (error < 1e-4) if two else (1e-3 < error < 1e-2), (weight, error)
+            # the model has no biases: one INT8 part gets a bias correction, two need none
+            bias = inits[next(n for n in parts if len(n.input) > 6).input[6]]
+            assert np.all(bias == 0) == two, bias
 
 
 def test_a_layer_kept_in_float_stays_float_in_onnx_runtime(tmp_path: Path) -> None:

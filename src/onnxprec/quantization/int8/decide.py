@@ -75,6 +75,9 @@ class LayerDecision:
     """The layer's new float bias (Conv: original + correction) or, for MatMul/Gemm, the correction to add."""
     split_rows: np.ndarray | None = None
     """``[J, N]`` float rows of the split channels (MatMul/Gemm)."""
+    residual: tuple[np.ndarray, np.ndarray] | None = None
+    """A pointwise Conv's second INT8 part: levels ``[C_out, C_in]`` and per-channel scales of the float weight minus
+    its rounded INT8 weight (``w = s q + s_r q_r``)."""
     entry: LayerEntry | None = None
 
 
@@ -233,6 +236,15 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     recipe = WeightRecipe(source, layer.axis if gemm else axis, scales, transpose=layer.transposed and not gemm,
                           levels=levels)  # fmt: skip
     decision = LayerDecision(recipe, False, entry=entry)
+    if layer.float_output and options.two_part_weights and entry.info["rounding"] == "rtn":
+        # too few calibration rows for GPTQ: the rounding error goes into a second INT8 part, and the float bias needs
+        # no correction
+        residual = (weight - dequantize_weight(q, scales, axis=0)).reshape(weight.shape[0], -1)
+        residual_q, residual_scales = quantize_weight(residual, axis=0)
+        decision.residual = (residual_q, residual_scales)
+        decision.bias = _bias(layer.node)
+        entry.info["rounding"] = "rtn, two INT8 parts"
+        return _store(decisions, layer, decision)
     mean_x = stats.channels.mean(name) if name in stats.channels.counts else None
     bias = _bias(layer.node)
     if options.bias_correction and mean_x is not None:
@@ -250,6 +262,10 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
             entry.bias_corrected = True
     if conv or gemm:
         decision.bias = bias
+    _store(decisions, layer, decision)
+
+
+def _store(decisions: Decisions, layer: Layer, decision: LayerDecision) -> None:
     decisions.layers[layer.name] = decision
 
 
@@ -342,7 +358,9 @@ def build(
             and decision.bias.ndim == 1
         )
         if layer.float_output and params is not None:
-            replace_with_matmul_integer_to_float(graph, layer.node, decision.recipe, decision.bias, names)
+            replace_with_matmul_integer_to_float(
+                graph, layer.node, decision.recipe, decision.bias, names, residual=decision.residual
+            )
             model.opset_imports.setdefault(MS_DOMAIN, 1)
             continue
         if layer.dynamic:

@@ -310,11 +310,19 @@ def replace_with_matmul_integer(
 
 
 def replace_with_matmul_integer_to_float(
-    graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, bias: np.ndarray | None, names: NameAllocator
+    graph: ir.Graph,
+    node: ir.Node,
+    recipe: WeightRecipe,
+    bias: np.ndarray | None,
+    names: NameAllocator,
+    *,
+    residual: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> ir.Node:
     """Replaces a pointwise Conv ``node`` that reads a per-tensor ``DequantizeLinear`` by
     ``Transpose(x_q, channels last) -> com.microsoft::MatMulIntegerToFloat(x_q, q [C_in, C_out], x_scale, scales,
     x_zp, -, bias) -> Transpose(channels first)``: INT8 inputs and INT32 sums (VNNI's u8*s8), a float output.
+    ``residual`` (levels ``[C_out, C_in]``, scales): a second INT8 part of the weight, computed by a second
+    MatMulIntegerToFloat on the same input and added.
 
     ONNX Runtime's CPU provider runs its QLinearConvs channels last and cancels these Transposes against its own.
     The caller adds the ``com.microsoft`` opset import.
@@ -350,9 +358,23 @@ def replace_with_matmul_integer_to_float(
         ir.Node("", "Transpose", [quantized], attributes=[ir.AttrInt64s("perm", [0, *range(2, rank), 1])],
                 outputs=[last], name=names.node(f"{node.name}_channels_last")),
         matmul,
-        ir.Node("", "Transpose", [product], attributes=[ir.AttrInt64s("perm", [0, rank - 1, *range(1, rank - 1)])],
-                outputs=[result], name=names.node(f"{node.name}_channels_first")),
     ]  # fmt: skip
+    if residual is not None:
+        levels, residual_scales = residual
+        q_r = add_initializer(graph, names(f"{base}_residual_int8"), np.ascontiguousarray(levels.T))
+        s_r = add_initializer(graph, names(f"{base}_residual_scales"), residual_scales.astype(np.float32))
+        part = ir.Value(name=names(f"{node.name}_residual"), type=ir.TensorType(ir.DataType.FLOAT))
+        total = ir.Value(name=names(f"{node.name}_two_parts"), type=ir.TensorType(ir.DataType.FLOAT))
+        new_nodes += [
+            ir.Node(MS_DOMAIN, "MatMulIntegerToFloat", [last, q_r, scale, s_r, zero], outputs=[part],
+                    name=names.node(f"{node.name}_residual_MatMulIntegerToFloat")),
+            ir.Node("", "Add", [product, part], outputs=[total], name=names.node(f"{node.name}_two_parts")),
+        ]  # fmt: skip
+        product = total
+    new_nodes.append(
+        ir.Node("", "Transpose", [product], attributes=[ir.AttrInt64s("perm", [0, rank - 1, *range(1, rank - 1)])],
+                outputs=[result], name=names.node(f"{node.name}_channels_first"))
+    )  # fmt: skip
     old_bias = node.inputs[2] if len(node.inputs) > 2 else None
     ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [out], [result])
     if not dq.outputs[0].uses() and not dq.outputs[0].is_graph_output():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from onnx import helper
 
 from onnxprec._graph import NameAllocator
@@ -33,8 +34,10 @@ def test_bias_correction_and_outlier_split_on_a_graph_output() -> None:
     assert np.allclose(got, x @ w + bias + x[:, [1, 6]] @ rows, atol=1e-5)
 
 
-def test_a_pointwise_conv_as_matmul_integer_to_float_computes_the_dequantized_conv() -> None:
-    """INT32 sums of the UINT8 input and INT8 weight, rescaled to float: the float Conv of the dequantized values."""
+@pytest.mark.parametrize("two_parts", [False, True])
+def test_a_pointwise_conv_as_matmul_integer_to_float_computes_the_dequantized_conv(two_parts: bool) -> None:
+    """INT32 sums of the UINT8 input and INT8 weight, rescaled to float: the float Conv of the dequantized values;
+    with a second INT8 part (the first's rounding error, rounded), the weight is 100 times finer."""
     from onnxprec.quantization.int8.rewrite import WeightRecipe, insert_qdq, replace_with_matmul_integer_to_float
 
     rng = np.random.default_rng(1)
@@ -50,16 +53,24 @@ def test_a_pointwise_conv_as_matmul_integer_to_float_computes_the_dequantized_co
     insert_qdq(model.graph, model.graph.inputs[0], x_scale, x_zero, symmetric=False, names=names)
     scales = np.abs(w).reshape(6, -1).max(1) / 127
     recipe = WeightRecipe(node.inputs[1].const_value, 0, scales.astype(np.float32))  # type: ignore[union-attr,arg-type]
-    replace_with_matmul_integer_to_float(model.graph, node, recipe, b.astype(np.float64), names)
+    wq = np.clip(np.rint(w.reshape(6, 5) / scales[:, None]), -127, 127) * scales[:, None]
+    residual = None
+    if two_parts:
+        error = w.reshape(6, 5) - wq
+        r_scales = np.abs(error).max(1) / 127
+        residual = (np.clip(np.rint(error / r_scales[:, None]), -127, 127).astype(np.int8), r_scales)
+        wq = wq + residual[0] * r_scales[:, None]
+        assert np.abs(wq - w.reshape(6, 5)).max() < 0.01 * np.abs(error).max()
+    replace_with_matmul_integer_to_float(model.graph, node, recipe, b.astype(np.float64), names, residual=residual)
     model.opset_imports.setdefault("com.microsoft", 1)
     out = ir.serde.serialize_model(model)
-    assert [n.op_type for n in out.graph.node] == [
-        "QuantizeLinear", "Transpose", "MatMulIntegerToFloat", "Transpose"
-    ]  # fmt: skip
+    ops = ["QuantizeLinear", "Transpose", "MatMulIntegerToFloat", "Transpose"]
+    if two_parts:
+        ops[3:3] = ["MatMulIntegerToFloat", "Add"]
+    assert [n.op_type for n in out.graph.node] == ops
     assert [o.name for o in out.graph.output] == ["y"] and "w" not in {i.name for i in out.graph.initializer}
     x = (rng.random((2, 5, 4, 3)) * 4 - 1.5).astype(np.float32)
     (got,) = run(out, {"x": x})
     xq = (np.clip(np.rint(x / x_scale) + x_zero, 0, 255) - x_zero) * x_scale
-    wq = np.clip(np.rint(w.reshape(6, 5) / scales[:, None]), -127, 127) * scales[:, None]
     expected = np.einsum("oc,nchw->nohw", wq, xq) + b[None, :, None, None]
     assert got.shape == (2, 6, 4, 3) and np.allclose(got, expected, atol=1e-4)
