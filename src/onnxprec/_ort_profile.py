@@ -9,7 +9,8 @@ the kernel time per run. :func:`read_profile` does the reading, for a profile wr
 
 ORT names the kernel it ran, not the node the model had: fused nodes appear under the fused op type (the Conv of a
 QDQ group as ``QLinearConv``), nodes its optimizer removed do not appear, and layout changes it inserted
-(``Transpose`` into NHWC around a quantized Conv on the CPU) do.
+(``Transpose`` into NHWC around a quantized Conv on the CPU) do. A provider that compiles subgraphs (TensorRT) shows
+each compiled subgraph as one node: the precision it runs inside is not visible in the profile.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ examples:
       perplexity of each model on token windows, agreement with model.onnx, latency; eval.json for scripts
   {prog} resnet.onnx resnet.fp16.onnx --data images.npz --labels labels.npy --providers cuda:0
       top-1/top-5 accuracy against the labels, top-1 agreement with the FP32 model, latency on CUDA
+  {prog} model.onnx model.quant.onnx --data inputs.npz
+      an INT8 model beside its float one: agreement, latency, and which kernels ONNX Runtime ran (int kernels:
+      nodes in integer kernels / all, int time: their share of kernel time, Q/DQ: nodes left unfused)
   {prog} fp32/model.onnx int4/model.onnx --generate --max_new_tokens 64
       onnxruntime-genai folders: greedy generation, prefill and decode tokens/s, greedy agreement with fp32
 """
