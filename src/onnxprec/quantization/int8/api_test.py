@@ -318,6 +318,21 @@ def test_quantize_static_refusals_and_extra_options(tmp_path: Path, mlp_file: Pa
     assert _rel(ref, got) < 0.1
 
 
+def test_quantize_static_writes_qdq_only(tmp_path: Path) -> None:
+    """ONNX Runtime's QuantFormat.QDQ: the project Conv stays a QDQ Conv (QLinearConv), no contrib op, where the
+    quantizer's default writes MatMulIntegerToFloat (the report says which)."""
+    source = tmp_path / "cnn.onnx"
+    onnx.save(tiny_cnn(), source)
+    rng = np.random.default_rng(2)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
+    report = quantize_static(source, tmp_path / "s.onnx", data, nodes_to_quantize=["/project/Conv"])
+    graph = onnx.load(tmp_path / "s.onnx").graph
+    assert all(n.domain in ("", "ai.onnx") for n in graph.node) and "output" not in report.layers[0].info
+    default = quantize_file(source, tmp_path / "d.onnx", calibration_data=data, nodes_to_quantize=["/project/Conv"])
+    assert [n.op_type for n in onnx.load(tmp_path / "d.onnx").graph.node].count("MatMulIntegerToFloat") == 1
+    assert default.layers[0].info["output"] == "float (MatMulIntegerToFloat)"
+
+
 def test_ort_cuda_placement_is_tensorrt_style_with_an_fp16_remainder(tmp_path: Path, mlp_file: Path) -> None:
     """--runtime ort-cuda: the TensorRT-style symmetric Q/DQ on layer inputs, the remainder FP16 by AutoCast (as
     ModelOpt), but the Q/DQ nodes themselves in FP32 (ONNX Runtime 1.32 mis-runs FP16 Q/DQ); the interface FP32."""

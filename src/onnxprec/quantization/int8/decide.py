@@ -236,6 +236,8 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     recipe = WeightRecipe(source, layer.axis if gemm else axis, scales, transpose=layer.transposed and not gemm,
                           levels=levels)  # fmt: skip
     decision = LayerDecision(recipe, False, entry=entry)
+    if layer.float_output:
+        entry.info["output"] = "float (MatMulIntegerToFloat)"
     if layer.float_output and options.two_part_weights and entry.info["rounding"] == "rtn":
         # too few calibration rows for GPTQ: the rounding error goes into a second INT8 part, and the float bias needs
         # no correction

@@ -8,7 +8,9 @@ differs, on purpose:
   weights only lose accuracy);
 - activations are UINT8 with zero points, the fast form of ONNX Runtime's x86 kernels (``activation_type`` is
   accepted and ignored);
-- ``QuantFormat.QDQ`` only: ONNX Runtime fuses it into the same QLinear kernels as ``QOperator``;
+- ``QuantFormat.QDQ`` only: ONNX Runtime fuses it into the same QLinear kernels as ``QOperator``; and QDQ it is:
+  no contrib op (the quantizer's float-output pointwise Convs, ``com.microsoft::MatMulIntegerToFloat``, stay
+  QLinearConv here, ``float_linear_outputs=False``), so other execution providers take the model as ORT's own;
 - ``Entropy`` leaves the bin of exact zeros out and never fails on a wide range ("Too many bins for data range");
 - the placement is onnxprec's for ONNX Runtime's CPU provider (static activations everywhere, as the name says:
   Pad folded into Conv, ReLU/Clip absorbed, no DequantizeLinear in front of an op that cannot fuse), with bias
@@ -141,7 +143,8 @@ def quantize_static(
         raise InvalidArgumentError(
             f"calibrate_method {_name(calibrate_method)} is not supported: use MinMax, Entropy or Percentile."
         )
-    options: dict[str, Any] = {"activations": "static", "target_accuracy": None, "calibration_method": method}
+    options: dict[str, Any] = {"activations": "static", "target_accuracy": None, "calibration_method": method,
+                               "float_linear_outputs": False}  # fmt: skip
     extras = dict(extra_options or {})
     if "CalibPercentile" in extras:
         options["percentile"] = float(extras.pop("CalibPercentile"))
