@@ -573,20 +573,23 @@ def _shaped(proto: onnx.ModelProto) -> set[str]:
     return {info.name for info in proto.graph.value_info if info.type.tensor_type.HasField("shape")}
 
 
-def test_output_declares_only_the_shapes_the_input_declared(tmp_path: Path, mlp_file: Path) -> None:
+def test_output_declares_no_intermediate_shapes_on_ort_cpu(tmp_path: Path, mlp_file: Path) -> None:
     """Shape inference's ``unk__N`` names, written out, steer ONNX Runtime's fusions (MiniLM: every residual Add +
-    LayerNormalization became a SkipLayerNormalization 4x slower on CPU); the output keeps the input's own."""
-    out = tmp_path / "q.onnx"
-    quantize_file(mlp_file, out, calibration_data=_tokens(0))
-    assert _shaped(onnx.load(out)) == set()
+    LayerNormalization became a SkipLayerNormalization 4x slower on CPU): on ort-cpu the output declares no shape
+    between its inputs and outputs, even where the input did; on trt it keeps the input's own."""
     declared = onnx.load(mlp_file)
     declared.graph.value_info.append(onnx.helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, ["B", "T", 96]))
     source = tmp_path / "declared.onnx"
     onnx.save(declared, source)
-    quantize_file(source, out, calibration_data=_tokens(0))
-    written = onnx.load(out)
-    assert _shaped(written) == {"s"}
-    onnx.checker.check_model(written, full_check=True)
+    out = tmp_path / "q.onnx"
+    for model in (mlp_file, source):
+        quantize_file(model, out, calibration_data=_tokens(0))
+        written = onnx.load(out)
+        assert _shaped(written) == set()
+        assert all(info.type.tensor_type.HasField("shape") for info in written.graph.output)
+        onnx.checker.check_model(written, full_check=True)
+    quantize_file(source, out, calibration_data=_tokens(0), runtime="trt", high_precision_dtype="fp32")
+    assert "s" in _shaped(onnx.load(out))
 
 
 def test_layers_sharing_an_input_merge_into_one_with_the_same_values(
@@ -620,3 +623,33 @@ def test_layers_sharing_an_input_merge_into_one_with_the_same_values(
     x = tokens(100, 1)[0]
     (a,), (b,) = run(merged, x), run(separate, x)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_smoothing_folds_into_the_norm_weight_that_only_the_group_reads(
+    tmp_path: Path, mlp_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q and k read ``xn = Mul(X, gamma)`` alone: SmoothQuant's ``1/s`` goes into gamma (no Mul before the
+    DynamicQuantizeLinear), the same values as the explicit Mul; ``xn`` holds the smoothed values under a new name."""
+    from onnxprec.quantization.int8 import decide
+
+    def tokens(seed: int, batches: int) -> list[dict[str, np.ndarray]]:
+        runs = [{"X": correlated(32, 64, seed=seed + i, outliers=False).reshape(2, 16, 64)} for i in range(batches)]
+        for run_ in runs:
+            run_["X"][..., [3, 17]] *= 8
+        return runs
+
+    folded, explicit = tmp_path / "folded.onnx", tmp_path / "explicit.onnx"
+    report = quantize_file(mlp_file, folded, calibration_data=tokens(0, 4), outlier_channels=0)
+    assert any(layer.alpha is not None for layer in report.layers if "q_proj" in layer.name)
+    monkeypatch.setattr(decide, "fold_smoothing", lambda *args: False)
+    quantize_file(mlp_file, explicit, calibration_data=tokens(0, 4), outlier_channels=0)
+    graph, other = onnx.load(folded).graph, onnx.load(explicit).graph
+    norm = next(n for n in graph.node if n.name == "/model/norm/Mul")
+    assert list(norm.output) != ["xn"] and "xn" not in {i for n in graph.node for i in n.input}
+    quantizer = next(n for n in graph.node if n.op_type == "DynamicQuantizeLinear" and n.input[0] == norm.output[0])
+    assert quantizer is not None
+    muls = [n.op_type for n in graph.node].count("Mul")
+    assert [n.op_type for n in other.node].count("Mul") == muls + 1
+    x = tokens(100, 1)[0]
+    (a,), (b,) = run(folded, x), run(explicit, x)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -37,6 +37,7 @@ from onnxprec.quantization.int8.rewrite import (
     WeightRecipe,
     add_bias,
     bias_add_of,
+    fold_smoothing,
     gather_channels,
     insert_dynamic,
     insert_qdq,
@@ -314,7 +315,7 @@ def build(
     graph = model.graph
     names = NameAllocator(model)
     symmetric = options.symmetric
-    inputs = {layer.name: layer.activation for layer in plan.layers}  # before the rewrites rewire them
+    inputs = {layer.name: str(layer.activation.name) for layer in plan.layers}  # before the rewrites rewire them
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic} | set(plan.passthrough)
     read = [name for name, value in graph.initializers.items() if value.uses()]
     for value in list(plan.static_tensors):
@@ -335,14 +336,16 @@ def build(
         channel = decisions.groups.get(str(activation.name), ChannelDecision())
         k = decisions.layers[layers[0].name].recipe.shape()[0]
         factors = channel.factors(k) if channel.split.size or channel.scales is not None else None
-        dynamic[str(activation.name)] = insert_dynamic(graph, activation, names, factors)
+        key = str(activation.name)  # before a fold renames the activation
+        nodes = {layer.node for layer in layers}
+        if factors is not None and not channel.split.size and fold_smoothing(graph, activation, factors, nodes, names):
+            factors = None
+        dynamic[key] = insert_dynamic(graph, activation, names, factors)
         if channel.split.size:
-            gathered[str(activation.name)] = gather_channels(graph, activation, channel.split, names)
+            gathered[key] = gather_channels(graph, activation, channel.split, names)
         group = _mergeable(layers, decisions) if merge_groups else []
         if group:
-            replace_group_with_matmul_integer(
-                graph, group, dynamic[str(activation.name)], gathered.get(str(activation.name)), names
-            )
+            replace_group_with_matmul_integer(graph, group, dynamic[key], gathered.get(key), names)
             merged.update(layer.name for layer in layers)
     for layer in plan.layers:
         decision = decisions.layers.get(layer.name)
@@ -350,7 +353,7 @@ def build(
             continue
         # on ort-cpu, a static Conv/Gemm with a calibrated input gets an INT32 bias (QLinearConv, QGemm); TensorRT
         # takes float biases
-        params = decisions.tensors.get(str(inputs[layer.name].name))
+        params = decisions.tensors.get(inputs[layer.name])
         int32_bias = (
             options.runtime == "ort-cpu"
             and layer.node.op_type in ("Conv", "Gemm")
@@ -367,7 +370,7 @@ def build(
             continue
         if layer.dynamic:
             product = replace_with_matmul_integer(
-                graph, layer.node, decision.recipe, dynamic[str(inputs[layer.name].name)], names
+                graph, layer.node, decision.recipe, dynamic[inputs[layer.name]], names
             )
         else:
             recipe = decision.recipe
@@ -383,7 +386,7 @@ def build(
         if decision.bias is not None:  # first: merged into the bias Add when there is one
             add_bias(graph, product, decision.bias, names)
         if decision.split_rows is not None:
-            insert_split(graph, product, gathered[str(inputs[layer.name].name)], decision.split_rows, names)
+            insert_split(graph, product, gathered[inputs[layer.name]], decision.split_rows, names)
     keep_float_readers_float(graph, names)
     for name in read:  # weights and biases that nothing reads any more (replaced by their INT8 or merged forms)
         initializer = graph.initializers.get(name)

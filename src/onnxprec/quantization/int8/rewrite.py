@@ -19,13 +19,14 @@ Every rewrite inserts standard ONNX ops (opset >= 13: per-axis DequantizeLinear)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator, insert_after_producer
+from onnxprec._ops import normalized_domain
 from onnxprec._tensors import release
 from onnxprec.quantization.algorithms.int8 import QMAX
 
@@ -37,6 +38,7 @@ __all__ = [
     "add_initializer",
     "bias_add_of",
     "fold_casts_into_qdq",
+    "fold_smoothing",
     "gather_channels",
     "insert_dynamic",
     "insert_qdq",
@@ -226,6 +228,61 @@ def keep_float_readers_float(graph: ir.Graph, names: NameAllocator) -> int:
         node.replace_input_with(0, out)
         count += 1
     return count
+
+
+_NORM_SCALES: dict[tuple[str, str], tuple[int, ...]] = {
+    ("", "LayerNormalization"): (1, 2),
+    ("", "RMSNormalization"): (1,),
+    ("", "SimplifiedLayerNormalization"): (1,),
+    (MS_DOMAIN, "SkipLayerNormalization"): (2, 3),
+    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (2,),
+}
+"""The per-channel inputs (scale, then bias) of the normalizations whose first output is ``normed * scale + bias``
+along the last axis."""
+
+
+def fold_smoothing(
+    graph: ir.Graph, value: ir.Value, factors: np.ndarray, readers: Collection[ir.Node], names: NameAllocator
+) -> bool:
+    """Folds the per-channel ``factors`` of a dynamic input into the op that writes it, where that is exact: a
+    LayerNormalization/RMSNorm-style node's scale and bias (``value`` its first output), or the constant ``[K]`` of a
+    Mul (a decomposed norm's weight), and nothing but ``readers`` reads ``value``.
+
+    The folded constants are new initializers (the old ones may be shared). ``value`` then holds the smoothed
+    quantity, so it takes a new name (``compare`` matches tensors by name).
+
+    Returns:
+        Whether the factors were folded (no Mul needed).
+    """
+    node = value.producer()
+    k = factors.shape[0]
+    if node is None or value.is_graph_output() or any(use.node not in readers for use in value.uses()):
+        return False
+    if node.outputs[0] is not value:
+        return False
+    if node.op_type == "Mul":
+        indices: tuple[int, ...] = tuple(
+            i for i, v in enumerate(node.inputs) if v is not None and v.const_value is not None
+        )
+    else:
+        indices = _NORM_SCALES.get((normalized_domain(node.domain), node.op_type), ())
+        axis = node.attributes.get("axis")
+        if axis is not None and int(axis.value) != -1:
+            return False
+    constants = [node.inputs[i] if i < len(node.inputs) else None for i in indices]
+    if not indices or (node.op_type == "Mul" and len(indices) != 1):
+        return False
+    for constant in constants:
+        if constant is not None and (constant.const_value is None or tuple(constant.const_value.shape) != (k,)):
+            return False
+    for index, constant in zip(indices, constants):
+        if constant is None:
+            continue
+        assert constant.const_value is not None
+        folded = np.asarray(constant.const_value.numpy(), dtype=np.float32) * factors.astype(np.float32)
+        node.replace_input_with(index, add_initializer(graph, names(f"{constant.name}_smoothed"), folded))
+    value.name = names(f"{value.name}_smoothed")
+    return True
 
 
 def insert_dynamic(
