@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,8 +82,10 @@ def _quantize(model: str, work: Path) -> tuple[Path, dict[str, Path], Path, int]
     candidates = {"onnxprec (defaults)": ours, **_ort_quantize(fp32, calib, per_batch, work)}
     modelopt = work / "modelopt.onnx"
     if ANCHORS.exists() and not modelopt.exists():
+        source = work / "modelopt_input.onnx"  # ModelOpt rewrites its input file in place (adds value_info)
+        shutil.copy(fp32, source)
         subprocess.run([str(ANCHORS), "-m", "modelopt.onnx.quantization", "--quantize_mode", "int8", "--onnx_path",
-                        str(fp32), "--calibration_data_path", str(work / "calib.npz"), "--calibration_eps", "cpu",
+                        str(source), "--calibration_data_path", str(work / "calib.npz"), "--calibration_eps", "cpu",
                         "--output_path", str(modelopt)], check=False, env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
     if modelopt.exists():
         candidates["ModelOpt 0.47 int8"] = modelopt
