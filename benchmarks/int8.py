@@ -10,6 +10,7 @@ stores its finished table in ``int8-<date>-<tag>.json``, which the report render
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -154,6 +155,7 @@ def run(config: RunConfig) -> Path:
 def _run_model(config: RunConfig, model: str, tools: list[str], work: Path) -> dict[str, Any]:
     src, data, sets = _data(model, work)
     block: dict[str, Any] = {"sets": {k: len(next(iter(x.values()))) for k, x in sets.items()}, "tools": {}}
+    block["fp32_sha256"] = hashlib.sha256(src.read_bytes()).hexdigest()  # ../shared is writable: say which file
     outputs = {"fp32": src}
     for tool in tools:
         venv, template, user = TOOLS[tool]
@@ -222,6 +224,6 @@ def table(model: str, block: dict[str, Any]) -> dict[str, Any]:
         rows.append([f"`{tool}`", *(_accuracy(e.get("accuracy", {}), s) for s in block["sets"]),
                      " / ".join(f"{num(v)}x" if isinstance(v, float) else "–" for v in vs), _kernels(e), wall,
                      f"{num(e['peak_rss_mb'], 0)} MiB"])  # fmt: skip
-    fp32 = f"FP32 batch 1: {num(lat.get('batch 1', {}).get('fp32'))} ms"
+    fp32 = f"FP32 `{block.get('fp32_sha256', '?')[:8]}…`, batch 1: {num(lat.get('batch 1', {}).get('fp32'))} ms"
     notes = [[f"- `{t}`: `{e['command']}`" for t, e in block["tools"].items()]]
     return {"heading": f"{model_label(model)} ({fp32})", "columns": columns, "rows": rows, "notes": notes}

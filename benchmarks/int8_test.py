@@ -66,7 +66,7 @@ def test_table_rows_and_failures() -> None:
         "latency": {"batch 1": {"rows": 1, "fp32": 10.2, "onnxprec": 0.49}, "usual": {"rows": 4, "fp32": 30.0}},
     }
     t = int8.table("minilm_l6_v2", block)
-    assert t["heading"] == "MiniLM-L6-v2 (FP32 batch 1: 10.2 ms)"
+    assert t["heading"] == "MiniLM-L6-v2 (FP32 `?…`, batch 1: 10.2 ms)"
     assert len(t["columns"]) == 6 and "batch 1 / 4" in t["columns"][2]
     rows = {r[0]: r for r in t["rows"]}
     assert rows["`onnxprec`"][1:] == ["0.99912 / 0.042 (0.043)", "0.49x / –", "36/275 (74%), 6", "4.4 s", "145 MiB"]
