@@ -653,3 +653,65 @@ def test_smoothing_folds_into_the_norm_weight_that_only_the_group_reads(
     x = tokens(100, 1)[0]
     (a,), (b,) = run(folded, x), run(explicit, x)
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _attention(seed: int = 0, heads: int = 4, head_size: int = 16) -> onnx.ModelProto:
+    """``X -> Q, K, V MatMuls (+ biases) -> heads -> softmax(Q K^T) V -> merged context -> O MatMul``, V with a few
+    large output channels (the context's outliers)."""
+    k = heads * head_size
+    rng = np.random.default_rng(seed)
+    inits = {f"W{n}": (rng.standard_normal((k, k)) / np.sqrt(k)).astype(np.float32) for n in "qkvo"}
+    inits["Wv"][:, [5, 40]] *= 12
+    inits.update({f"b{n}": rng.standard_normal(k).astype(np.float32) * 0.1 for n in "qkv"})
+    inits["split"] = np.array([0, 0, heads, head_size], np.int64)
+    inits["merge"] = np.array([0, 0, k], np.int64)
+    node = onnx.helper.make_node
+    nodes = []
+    for n in "qkv":
+        nodes += [
+            node("MatMul", ["X", f"W{n}"], [f"{n}m"], name=f"/attn/{n}/MatMul"),
+            node("Add", [f"b{n}", f"{n}m"], [f"{n}a"], name=f"/attn/{n}/Add"),
+            node("Reshape", [f"{n}a", "split"], [f"{n}r"], name=f"/attn/{n}/Reshape"),
+            node("Transpose", [f"{n}r"], [f"{n}t"], name=f"/attn/{n}/Transpose",
+                 perm=[0, 2, 3, 1] if n == "k" else [0, 2, 1, 3]),
+        ]  # fmt: skip
+    nodes += [
+        node("MatMul", ["qt", "kt"], ["scores"], name="/attn/scores"),
+        node("Softmax", ["scores"], ["probs"], name="/attn/Softmax", axis=-1),
+        node("MatMul", ["probs", "vt"], ["mixed"], name="/attn/mix"),
+        node("Transpose", ["mixed"], ["back"], name="/attn/back", perm=[0, 2, 1, 3]),
+        node("Reshape", ["back", "merge"], ["context"], name="/attn/merge"),
+        node("MatMul", ["context", "Wo"], ["Y"], name="/attn/o/MatMul"),
+    ]
+    f = onnx.TensorProto.FLOAT
+    return onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "attention", [onnx.helper.make_tensor_value_info("X", f, ["B", "S", k])],
+                               [onnx.helper.make_tensor_value_info("Y", f, ["B", "S", k])],
+                               [onnx.numpy_helper.from_array(v, n) for n, v in inits.items()]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8,
+    )  # fmt: skip
+
+
+def test_context_smoothing_folds_into_the_value_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attention context's SmoothQuant ``1/s`` goes into V's weight columns and bias (the heads mix tokens, not
+    channels): no Mul before the output layer's quantizer, the same outputs as the explicit Mul, the tensors on the
+    way renamed."""
+    from onnxprec.quantization.int8 import decide
+
+    source = tmp_path / "attention.onnx"
+    onnx.save(_attention(), source)
+    runs = [{"X": correlated(32, 64, seed=i, outliers=False).reshape(2, 16, 64)} for i in range(4)]
+    folded, explicit = tmp_path / "folded.onnx", tmp_path / "explicit.onnx"
+    report = quantize_file(source, folded, calibration_data=runs, outlier_channels=0)
+    assert next(layer.alpha for layer in report.layers if layer.name == "/attn/o/MatMul") is not None
+    monkeypatch.setattr(decide, "_attention_values", lambda *args: None)
+    quantize_file(source, explicit, calibration_data=runs, outlier_channels=0)
+    graph, other = onnx.load(folded).graph, onnx.load(explicit).graph
+    producers = {out: n for n in graph.node for out in n.output}
+    quantizer = next(n for n in graph.node if n.op_type == "DynamicQuantizeLinear" and "context" in n.input[0])
+    assert producers[quantizer.input[0]].op_type == "Reshape"  # no Mul between the context and its quantizer
+    assert "context" not in producers and "vt" not in producers  # renamed: they hold V / s
+    assert [n.op_type for n in other.node].count("Mul") == [n.op_type for n in graph.node].count("Mul") + 1
+    x = {"X": correlated(32, 64, seed=50, outliers=False).reshape(2, 16, 64)}
+    (a,), (b,) = run(folded, x), run(explicit, x)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
+from onnxprec._ops import normalized_domain
 from onnxprec._tensors import float32_copy
 from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
 from onnxprec.quantization.algorithms.int8 import (
@@ -36,6 +37,7 @@ from onnxprec.quantization.int8.rewrite import (
     MergedLayer,
     WeightRecipe,
     add_bias,
+    add_initializer,
     bias_add_of,
     fold_smoothing,
     gather_channels,
@@ -295,6 +297,111 @@ def _mergeable(layers: list[Layer], decisions: Decisions) -> list[MergedLayer]:
     return merged if len(merged) > 1 else []
 
 
+def _single_producer(value: ir.Value | None, op_type: str, perm: list[int] | None = None) -> ir.Node | None:
+    """``value``'s producer if it is an ``op_type`` node (a Transpose with ``perm``) that only ``value``'s one reader
+    reads from."""
+    if value is None or len(value.uses()) != 1 or value.is_graph_output():
+        return None
+    node = value.producer()
+    if node is None or node.op_type != op_type or normalized_domain(node.domain) != "":
+        return None
+    if perm is not None:
+        attr = node.attributes.get("perm")
+        if attr is None or list(attr.value) != perm:
+            return None
+    return node
+
+
+def _attention_values(activation: ir.Value, k: int) -> ir.Value | None:
+    """The attention's V (``[B, S, K]``, before its heads are split) whose channels are ``activation``'s, if
+    ``activation`` is the merged context ``Reshape(Transpose(MatMul(P, Transpose(Reshape(V, [B, S, H, D])))))``;
+    else None. Channel ``h * D + d`` of the context is channel ``h * D + d`` of V: per-channel factors on V's
+    columns reach the context unchanged (the attention mixes tokens, not channels)."""
+    merge = activation.producer()  # its last axis is K, the reading layers' (a valid model): [B, S, H, D] merged
+    if merge is None or merge.op_type != "Reshape":
+        return None
+    back = _single_producer(merge.inputs[0], "Transpose", [0, 2, 1, 3])
+    mix = _single_producer(back.inputs[0], "MatMul") if back is not None else None
+    heads = _single_producer(mix.inputs[1], "Transpose", [0, 2, 1, 3]) if mix is not None else None
+    split = _single_producer(heads.inputs[0], "Reshape") if heads is not None else None
+    if split is None or split.inputs[0] is None or len(split.inputs[0].uses()) != 1:
+        return None
+    before, after = split.inputs[0].shape, split.outputs[0].shape
+    if before is None or after is None or len(before) != 3 or len(after) != 4:
+        return None
+    leading = all(isinstance(d, int) or d.value is not None for d in (*before[:2], *after[:2]))
+    head_size = after[3]
+    if not leading or list(before[:2]) != list(after[:2]) or not isinstance(head_size, int) or k % head_size:
+        return None  # the last axis split into heads x head size (the leading axes proven the same), nothing else
+    return split.inputs[0]
+
+
+def _path_values(activation: ir.Value, values: ir.Value) -> list[ir.Value]:
+    """The values from ``values`` (V) to ``activation`` (the context) along :func:`_attention_values`' path."""
+    path = [activation]
+    node = activation.producer()
+    while node is not None and path[-1] is not values:
+        source = node.inputs[1] if node.op_type == "MatMul" else node.inputs[0]
+        assert source is not None
+        path.append(source)
+        node = source.producer()
+    return path
+
+
+def _fold_into_values(
+    plan: Plan, decisions: Decisions, names: NameAllocator, graph: ir.Graph
+) -> tuple[Decisions, set[str]]:
+    """Folds the smoothing of each attention context into the V layer that feeds it (:func:`_attention_values`):
+    V's weight columns, bias, bias correction and outlier rows times ``1/s``, its INT8 levels unchanged.
+
+    Only where the context has no split channels and V is a dynamic layer of this build whose product reaches V
+    through its bias Add alone. The decisions are not changed: a copy with new V decisions is returned, with the
+    names of the contexts whose Mul is no longer needed.
+    """
+    layers = {layer.node: layer for layer in plan.layers if layer.dynamic and layer.name in decisions.layers}
+    changed: dict[str, LayerDecision] = {}
+    folded: set[str] = set()
+    for activation, group in plan.dynamic_groups.items():
+        channel = decisions.groups.get(str(activation.name))
+        group = [layer for layer in group if layer.name in decisions.layers]
+        if channel is None or channel.scales is None or channel.split.size or not group:
+            continue
+        k = decisions.layers[group[0].name].recipe.shape()[0]
+        values = _attention_values(activation, k)
+        add = values.producer() if values is not None else None
+        if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+            continue
+        product, bias = add.inputs
+        if product is None or bias is None or product.const_value is not None:
+            product, bias = bias, product
+        v = layers.get(product.producer()) if product is not None else None  # type: ignore[arg-type]
+        if v is None or bias is None or bias.const_value is None or len(product.uses()) != 1:  # type: ignore[union-attr]
+            continue
+        decision = changed.get(v.name, decisions.layers[v.name])
+        if decision.recipe.shape() != (decision.recipe.shape()[0], k) or tuple(bias.const_value.shape) != (k,):
+            continue
+        factors = channel.factors(k).astype(np.float32)
+        columns = factors if decision.recipe.columns is None else decision.recipe.columns * factors
+        recipe = replace(decision.recipe, scales=(decision.recipe.scales * factors).astype(np.float32),
+                         columns=columns)  # fmt: skip
+        changed[v.name] = replace(
+            decision,
+            recipe=recipe,
+            bias=None if decision.bias is None else decision.bias * factors,
+            split_rows=None if decision.split_rows is None else decision.split_rows * factors[None, :],
+        )
+        scaled = np.asarray(bias.const_value.numpy(), dtype=np.float32) * factors
+        new_bias = add_initializer(graph, names(f"{bias.name}_smoothed"), scaled)
+        add.replace_input_with(list(add.inputs).index(bias), new_bias)
+        folded.add(str(activation.name))
+        for value in _path_values(activation, values):  # type: ignore[arg-type]
+            value.name = names(f"{value.name}_smoothed")  # they hold V / s now (compare matches tensors by name)
+        logger.debug("SmoothQuant scales of '%s' folded into '%s'", activation.name, v.name)
+    if not changed:
+        return decisions, folded
+    return replace(decisions, layers={**decisions.layers, **changed}), folded
+
+
 def build(
     model: ir.Model,
     options: Int8Options,
@@ -316,6 +423,8 @@ def build(
     names = NameAllocator(model)
     symmetric = options.symmetric
     inputs = {layer.name: str(layer.activation.name) for layer in plan.layers}  # before the rewrites rewire them
+    group_names = {id(activation): str(activation.name) for activation in plan.dynamic_groups}  # before any rename
+    decisions, folded = _fold_into_values(plan, decisions, names, graph)
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic} | set(plan.passthrough)
     read = [name for name, value in graph.initializers.items() if value.uses()]
     for value in list(plan.static_tensors):
@@ -333,10 +442,12 @@ def build(
         layers = [layer for layer in layers if layer.name in decisions.layers]
         if not layers:
             continue
-        channel = decisions.groups.get(str(activation.name), ChannelDecision())
+        key = group_names[id(activation)]  # the name before a fold renamed the activation
+        channel = decisions.groups.get(key, ChannelDecision())
         k = decisions.layers[layers[0].name].recipe.shape()[0]
         factors = channel.factors(k) if channel.split.size or channel.scales is not None else None
-        key = str(activation.name)  # before a fold renames the activation
+        if key in folded:
+            factors = None
         nodes = {layer.node for layer in layers}
         if factors is not None and not channel.split.size and fold_smoothing(graph, activation, factors, nodes, names):
             factors = None

@@ -72,6 +72,9 @@ class WeightRecipe:
     """``[K]`` factors on the input channels (axis 0 of ``[K, N]``), applied before quantization."""
     levels: np.ndarray | None = None
     """INT8 levels decided already (GPTQ rounding); None: rounded to nearest when written."""
+    columns: np.ndarray | None = None
+    """``[N]`` positive factors on the output channels of a ``[K, N]`` weight (a smoothing folded into the layer's
+    output; :attr:`scales` carry them too, so the levels are those of the unscaled weight)."""
 
     def matrix(self) -> np.ndarray:
         """The float32 weight to quantize (the source's mapping released)."""
@@ -81,6 +84,8 @@ class WeightRecipe:
         release(self.source)
         if self.rows is not None:
             weight = weight * self.rows.astype(np.float32)[:, None]
+        if self.columns is not None:
+            weight = weight * self.columns.astype(np.float32)[None, :]
         return weight
 
     def quantized(self, weight: np.ndarray | None = None) -> np.ndarray:
