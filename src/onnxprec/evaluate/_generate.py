@@ -37,8 +37,8 @@ from onnxprec._genai import GENAI_CONFIG, has_tokenizer, read_config
 from onnxprec._options import fields_in
 from onnxprec._report import header
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
-from onnxprec.evaluate._api import ModelsReport, text_table
 from onnxprec.evaluate._options import EvaluateOptions
+from onnxprec.evaluate._report import ModelsReport, text_table
 
 __all__ = ["DEFAULT_PROMPTS", "GenerationReport", "GenerationResult", "generate_models", "run_generation"]
 
