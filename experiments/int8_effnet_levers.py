@@ -17,6 +17,8 @@ every other reader of the linear stream reads it float.
 consumers' INT32 biases follow), and prints the calibration and held-out errors after the sweep.
 ``bias`` corrects each Conv's bias, in order, by the mean shift of its output against FP32 on the data.
 ``channels`` gives the Convs' inputs on the float stream per-channel UINT8 Q/DQ (the data's ranges times headroom).
+``weights`` gives the Convs whose name matches a regex the FP32 model's weight and bias (their input Q/DQ kept);
+``bypass`` drops the activation Q/DQ pairs whose float input matches a regex (``int8_effnet.bypassed``).
 ``rows`` emulates finer project weights on a fraction of input rows: GPTQ (the Hessian of the data) on the other rows,
 their error pushed onto the kept rows, which stay exact (what a second INT8 part on those rows would give).
 
@@ -330,6 +332,22 @@ def channels(source: str, out: str, headroom: float) -> None:
     onnx.save(model, out)
 
 
+def weights(source: str, out: str, pattern: str) -> None:
+    onnx = _onnx()
+    fp_convs, fp_inits = _fp32_convs()
+    model = onnx.load(source)
+    have = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Conv" and node.name in fp_convs and re.search(pattern, node.name):
+            for i in (1, 2):
+                name = fp_convs[node.name].input[i]
+                if name not in have:
+                    model.graph.initializer.append(fp_inits[name])
+                    have.add(name)
+                node.input[i] = name
+    onnx.save(model, out)
+
+
 def rows(source: str, out: str, fraction: float, data: str) -> None:
     onnx = _onnx()
     fp_convs, fp_inits = _fp32_convs()
@@ -378,7 +396,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("views").add_argument("out")
-    for name in ("linear", "scales", "bias", "channels", "rows"):
+    for name in ("linear", "scales", "bias", "channels", "rows", "weights", "bypass"):
         p = sub.add_parser(name)
         p.add_argument("source")
         p.add_argument("out")
@@ -394,6 +412,8 @@ def main() -> None:
             p.add_argument("--headroom", type=float, default=1.0)
         if name == "rows":
             p.add_argument("--fraction", type=float, default=0.125)
+        if name in ("weights", "bypass"):
+            p.add_argument("--pattern", required=True, help="regex (re.search) of the Conv names / tensor names")
     args = parser.parse_args()
     if args.command == "views":
         views(args.out)
@@ -405,6 +425,10 @@ def main() -> None:
         bias(args.source, args.out, args.data)
     elif args.command == "channels":
         channels(args.source, args.out, args.headroom)
+    elif args.command == "weights":
+        weights(args.source, args.out, args.pattern)
+    elif args.command == "bypass":
+        base.bypassed(args.source, args.pattern, args.out)
     else:
         rows(args.source, args.out, args.fraction, args.data)
 
