@@ -18,7 +18,7 @@ The reference run keeps the FP32 outputs of every batch (:class:`ReferenceOutput
    candidate can make low goes through the low type (``Cast`` to low and back) behind a boolean input, exactly where
    the converter rounds (a low node's outputs, and the inputs a low node reads; weights clamped as converted). A
    configuration is a set of feeds: trying one is one ``session.run`` per batch, never a build or a session. Its
-   verdicts are scaled to the real error of the default (:class:`_Scale`): the emulation rounds every low tensor as
+   verdicts are scaled to the real error of the default (:class:`ErrorScale`): the emulation rounds every low tensor as
    FP16/BF16 hardware does, while ONNX Runtime's CPU computes many FP16 ops in FP32.
 5. **Sensitivity** (the sensitivity engine, :mod:`onnxprec.sensitivity`): a validated structural proxy
    (:func:`~onnxprec.sensitivity.structural`), the number of readers of the node's outputs over its distance to
@@ -71,9 +71,11 @@ __all__ = [
     "AccuracyTarget",
     "Bound",
     "Emulator",
+    "ErrorScale",
     "Measurement",
     "ReferenceOutputs",
     "TargetReport",
+    "measure_outputs",
     "search",
 ]
 
@@ -111,7 +113,7 @@ class Measurement:
         return ", ".join(f"{m} {self.worst(m):.4g}" for m in METRICS if self.worst(m) is not None)
 
 
-def _measure(
+def measure_outputs(
     target: AccuracyTarget,
     kept: ReferenceOutputs,
     run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
@@ -334,7 +336,7 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     decides the direction. Upward (the default meets the target), converting every candidate it keeps in FP32
     is tried for real first; if that misses, the emulation bisects. Downward, the emulation bisects on the
     number of nodes to keep in FP32. The emulation's verdicts are scaled to the measured error of the default
-    (:class:`_Scale`); the final choice is checked for real (:func:`_check`).
+    (:class:`ErrorScale`); the final choice is checked for real (:func:`_check`).
     """
     tick = time.perf_counter()
     report = TargetReport(str(problem.target))
@@ -406,7 +408,7 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     return chosen, report, numeric
 
 
-class _Scale:
+class ErrorScale:
     """Scales emulated errors to measured ones: each output's and metric's distance from perfect (rel_l2,
     max_abs, 1 - cosine, 1 - top1) times the ratio the default classification shows, measured over emulated.
 
@@ -477,15 +479,15 @@ def _bisect(
     n = len(ranked)
     base = sum(d.low for d in problem.decisions.values())
     sign = 1 if upward else -1
-    default = _measure(problem.target, problem.reference, emulator.run(_low_indices(ranked, 0, upward)))
+    default = measure_outputs(problem.target, problem.reference, emulator.run(_low_indices(ranked, 0, upward)))
     assert report.default is not None
-    scale = _Scale(default, report.default)
+    scale = ErrorScale(default, report.default)
     report.steps.append(Step("emulated", "default classification", base, default, report.default.ok))
     _log("emulated", "default classification", base, default, report.default.ok)
 
     def holds(moved: set[int], what: str) -> bool:
         low = moved if upward else set(range(n)) - moved
-        measurement = _measure(problem.target, problem.reference, emulator.run(low))
+        measurement = measure_outputs(problem.target, problem.reference, emulator.run(low))
         ok = scale.holds(problem.target, measurement)
         report.steps.append(Step("emulated", what, base + sign * len(moved), measurement, ok))
         _log("emulated", what, base + sign * len(moved), measurement, ok)
@@ -574,7 +576,7 @@ def _measure_real(problem: Problem, converted: ir.Model) -> Measurement:
         session = _ort.create_session(
             converted, providers=problem.providers, optimization="none", low_memory=True, what="the converted model"
         )
-        return _measure(
+        return measure_outputs(
             problem.target, problem.reference, lambda batch: dict(zip(session.output_names, session.run(batch)))
         )
     except Exception as e:

@@ -14,6 +14,7 @@ The pipeline, one step each::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Collection
@@ -37,6 +38,7 @@ from onnxprec.quantization.int8 import fallback
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.decide import Decisions, Statistics, build, decide, plan_for
+from onnxprec.quantization.int8.emulation import Int8Emulator
 from onnxprec.quantization.int8.fallback import estimated_sensitivity, measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
 from onnxprec.quantization.int8.place import Plan
@@ -255,9 +257,22 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
                 candidate, _ = _apply(model, options, decisions, floats)
                 return measure(candidate, target, keep, list(options.calibration_eps))
 
-            float_layers, final = search(
-                names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute
-            )
+            with contextlib.ExitStack() as stack:
+                emulators: list[Int8Emulator] = []
+
+                def emulate(floats: Collection[str]) -> Any:  # one session, built once the all-INT8 model missed
+                    if not emulators:
+                        emulators.append(stack.enter_context(
+                            Int8Emulator(model, plan, decisions, options, names, list(options.calibration_eps))
+                        ))  # fmt: skip
+                    return emulators[0].measure(floats, target, keep)
+
+                # the emulation where the INT8 kernels compute what Q/DQ does (dynamic layers; fallback.py says why)
+                dynamic = all(layer.dynamic for layer in plan.layers if layer.name in decisions.layers)
+                float_layers, final = search(
+                    names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute,
+                    emulate if dynamic else None,
+                )  # fmt: skip
             report.accuracy = worst_errors(final)
             report.seconds["target search"] = time.perf_counter() - tick
     finally:
