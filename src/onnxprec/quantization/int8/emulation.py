@@ -13,8 +13,8 @@
 A configuration (the layers kept in float) sets the switches as the real build places it (:func:`~onnxprec.
 quantization.int8.decide.plan_for` with those layers excluded, milliseconds); trying it is one ``session.run`` per
 calibration batch, never a build or a session. With every switch off the outputs are the float model's, bit for
-bit; with the all-INT8 configuration they are the Q/DQ model's up to float rounding. Not emulated: the integer
-kernels' own arithmetic (an INT32 bias's rounding, requantization); the search
+bit; with the all-INT8 configuration they are the Q/DQ model's up to float rounding. Not emulated: the fused
+integer kernels' own arithmetic (requantization); the search
 (:func:`onnxprec.quantization.int8.fallback.search`) scales its verdicts to the real error of the all-INT8 model
 (:class:`~onnxprec.autocast.target.ErrorScale`) and checks its choice for real.
 """
@@ -39,32 +39,43 @@ from onnxprec.quantization.int8.decide import Decisions, LayerDecision, plan_for
 from onnxprec.quantization.int8.place import Layer, Plan
 from onnxprec.quantization.int8.rewrite import add_initializer
 
-__all__ = ["Int8Emulator", "emulated_weight"]
+__all__ = ["Int8Emulator", "emulated_layer"]
 
 logger = logging.getLogger(__name__)
 
 _F = ir.DataType.FLOAT
 
 
-def emulated_weight(layer: Layer, decision: LayerDecision, decisions: Decisions, options: Int8Options) -> np.ndarray:
-    """The layer's INT8 weight dequantized, in the layout the float node reads (a Gemm's stored layout)."""
+def emulated_layer(
+    layer: Layer, decision: LayerDecision, decisions: Decisions, options: Int8Options
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The layer's INT8 weight dequantized, in the layout the float node reads (a Gemm's stored layout), and the bias
+    a static Conv/Gemm reads (its INT32 levels dequantized on ort-cpu, as QLinearConv and QGemm take it; None for
+    the others, whose bias correction is added to the product)."""
     recipe = decision.recipe
     params = decisions.tensors.get(str(layer.activation.name))
     node = layer.node
-    if (
-        options.runtime == "ort-cpu" and node.op_type in ("Conv", "Gemm") and not layer.dynamic and not
-        layer.float_output and params is not None and decision.bias is not None and decision.bias.ndim == 1
-    ):  # fmt: skip
+    static_bias = node.op_type in ("Conv", "Gemm") and not layer.dynamic and decision.bias is not None
+    int32_bias = (
+        static_bias and options.runtime == "ort-cpu" and not layer.float_output and params is not None
+        and decision.bias is not None and decision.bias.ndim == 1
+    )  # fmt: skip
+    bias = decision.bias.astype(np.float32) if static_bias and decision.bias is not None else None
+    if int32_bias:
+        assert params is not None and decision.bias is not None
         recipe = recipe.fitting_bias(decision.bias, params[0])  # as the build does before its INT32 bias
-    levels = recipe.quantized().astype(np.float32)
-    shape = [1] * levels.ndim
+        scales = (np.float32(params[0]) * recipe.scales.astype(np.float32)).astype(np.float32)
+        levels = np.clip(np.rint(decision.bias.astype(np.float64) / scales), -(2**31), 2**31 - 1)
+        bias = (levels * scales).astype(np.float32)
+    quantized = recipe.quantized().astype(np.float32)
+    shape = [1] * quantized.ndim
     shape[recipe.axis] = -1
-    weight = levels * recipe.scales.astype(np.float32).reshape(shape)
+    weight = quantized * recipe.scales.astype(np.float32).reshape(shape)
     if decision.residual is not None:
         residual_q, residual_scales = decision.residual
         second = residual_q.astype(np.float32) * residual_scales.astype(np.float32)[:, None]
         weight = weight + second.reshape(weight.shape)
-    return np.ascontiguousarray(weight.T if recipe.transpose else weight, dtype=np.float32)
+    return np.ascontiguousarray(weight.T if recipe.transpose else weight, dtype=np.float32), bias
 
 
 class Int8Emulator:
@@ -249,17 +260,14 @@ class Int8Emulator:
     ) -> None:
         """The layer's INT8 twin reading ``x``, and ``Where(switch, twin, float)`` in place of its output."""
         base = str(node.name)
-        weight = add_initializer(
-            graph, names(f"{base}__emu_weight"), emulated_weight(layer, decision, decisions, options)
-        )
+        array, bias_array = emulated_layer(layer, decision, decisions, options)
+        weight = add_initializer(graph, names(f"{base}__emu_weight"), array)
         inputs: list[ir.Value | None] = [x, weight, *node.inputs[2:]]
         add: np.ndarray | None = None
-        if decision.bias is not None:
-            if node.op_type in ("Conv", "Gemm") and not layer.dynamic:  # the layer's new bias
-                bias = add_initializer(graph, names(f"{base}__emu_bias"), decision.bias.astype(np.float32))
-                inputs = [x, weight, bias]
-            else:  # a correction added to the product
-                add = decision.bias.astype(np.float32)
+        if bias_array is not None:  # a static Conv/Gemm's new bias
+            inputs = [x, weight, add_initializer(graph, names(f"{base}__emu_bias"), bias_array)]
+        elif decision.bias is not None:  # a correction added to the product
+            add = decision.bias.astype(np.float32)
         product = ir.Value(name=names(f"{base}__emu_product"), type=ir.TensorType(_F))
         new = [ir.Node(node.domain, node.op_type, inputs, attributes=list(node.attributes.values()),
                        outputs=[product])]  # fmt: skip

@@ -27,10 +27,10 @@ back with real checks (at most :data:`~onnxprec.autocast.target.MAX_REAL_CHECKS`
 1 - cosine 6.2e-4 emulated vs 6.5e-4 real, the gains of each layer alone in float rank alike (Spearman 0.68), one
 emulated check 0.02 s vs 0.2 s real; the fallback to ``cosine>=0.9995`` 8.2-9.1 s -> 3.5 s, the same 2 layers.
 Static layers keep real checks: ONNX Runtime's fused kernels (QLinearConv's requantization) differ from the Q/DQ
-arithmetic by as much as one layer's gain (EfficientNet-Lite0, 7 images: all-INT8 rel L2 0.0339 fused vs 0.0324
-Q/DQ, which the emulation matches, 0.0324; the gains of each layer alone in float: Spearman 0.03 between emulated
-and real), and there the emulated check (0.39 s: both paths of every layer in float) is slower than a real one
-(0.19 s).
+arithmetic by as much as one layer's gain, and so does float rounding that moves values across rounding boundaries
+(EfficientNet-Lite0, 7 images: all-INT8 rel L2 0.0339 fused, 0.0324 Q/DQ unfused, 0.0330 emulated; the gains of each
+layer alone in float rank unlike the real ones, Spearman 0.15), and there an emulated check (0.4 s: both paths of
+every layer in float) is slower than a real one (0.1-0.2 s).
 """
 
 from __future__ import annotations
@@ -230,15 +230,15 @@ def search(
 def _confirm(
     order: Sequence[str], count: int, real: Callable[[Collection[str], str], Measurement]
 ) -> tuple[int, Measurement]:
-    """Checks the emulation's choice (the ``count`` most sensitive layers in float) for real; if it misses, more
-    layers go back (doubling, then a bisection) with real checks, at most :data:`MAX_REAL_CHECKS` in all.
+    """Checks the emulation's choice (the ``count`` most sensitive layers in float) for real and keeps it if it holds;
+    if it misses, more layers go back (doubling, then a bisection) with real checks, at most :data:`MAX_REAL_CHECKS`.
 
     Returns:
         How many of ``order`` go back to float and the real measurement (the last one tried if none met it).
     """
     n = len(order)
     good: tuple[int, Measurement] | None = None
-    bad = -1
+    bad: int | None = None
     k = count
     last: tuple[int, Measurement] | None = None
     for _ in range(MAX_REAL_CHECKS):
@@ -248,13 +248,14 @@ def _confirm(
             good = last
         else:
             bad = k
-        if good is not None and good[0] - bad <= 1:
-            break
+        if good is not None and (bad is None or good[0] - bad <= 1):
+            break  # the emulation's choice holds (or the fewest between a miss and a hold is found)
         if good is None:
             if k >= n:
                 break
             k = min(n, max(2 * k, k + 1))
         else:
+            assert bad is not None
             k = (bad + good[0]) // 2
     assert last is not None
     return good or last

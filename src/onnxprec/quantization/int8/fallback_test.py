@@ -1,14 +1,18 @@
-"""The float fallback above MAX_ISOLATED layers: the sensitivity engine's estimate ranks the layers (static ones
-included: their sensitivity is the Hessian-weighted error of their INT8 weight)."""
+"""The float fallback: above MAX_ISOLATED layers the sensitivity engine's estimate ranks the layers (static ones
+included: their sensitivity is the Hessian-weighted error of their INT8 weight); with an emulation, its choice is
+checked for real and more layers go back while a real check misses."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 
+from onnxprec.autocast.target import MAX_REAL_CHECKS
 from onnxprec.quantization._testing import tiny_cnn
 from onnxprec.quantization.int8 import fallback, quantize_file
 
@@ -30,3 +34,46 @@ def test_the_estimate_finds_the_layers_to_keep_in_float_without_a_check_per_laye
     assert 0 < report.count("float") < len(report.layers)
     assert report.accuracy["rel_l2"] <= float(f"{strict:.4g}")
     assert not any(step["what"].startswith("gain of each layer") for step in report.fallback_steps)
+
+
+def _measured(errors: dict[str, float], target: str) -> tuple[fallback.AccuracyTarget, Any]:
+    bound = fallback.AccuracyTarget.parse(target)
+
+    def measure(floats: Collection[str]) -> fallback.Measurement:
+        value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
+        return fallback.Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, bound.bounds[0].holds(value))
+
+    return bound, measure
+
+
+def test_the_emulated_choice_that_holds_for_real_costs_one_real_check() -> None:
+    errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}  # l7 matters most
+    target, real = _measured(errors, "rel_l2<=0.08")
+    calls: list[int] = []
+
+    def check(floats: Collection[str]) -> fallback.Measurement:
+        calls.append(len(floats))
+        return real(floats)
+
+    steps: list[dict[str, Any]] = []
+    floats, final = fallback.search(list(errors), check, target, {}, steps, emulate=real)
+    assert final.ok and floats == ["l7", "l6", "l5"]  # sqrt(sum of l0..l4 squared) = 0.0742
+    assert calls == [0, 3]  # the all-INT8 model, then the emulation's choice
+    assert [s["kind"] for s in steps if "kind" in s].count("emulated") > len(errors)
+
+
+def test_an_emulated_choice_that_misses_for_real_sends_more_layers_back() -> None:
+    errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}
+    target, real = _measured(errors, "rel_l2<=0.08")
+    # the emulation sees l7's error four times larger, the rest half as large: after scaling to the real all-INT8
+    # error it expects l7 alone to be enough
+    _, emulated = _measured({**{k: v / 2 for k, v in errors.items()}, "l7": 0.32}, "rel_l2<=1")
+    calls: list[int] = []
+
+    def check(floats: Collection[str]) -> fallback.Measurement:
+        calls.append(len(floats))
+        return real(floats)
+
+    floats, final = fallback.search(list(errors), check, target, {}, [], emulate=emulated)
+    assert calls == [0, 1, 2, 4][: 1 + MAX_REAL_CHECKS]  # all-INT8, the emulation's choice, then doubling
+    assert final.ok == (MAX_REAL_CHECKS >= 3) and floats[0] == "l7"  # 3 are needed: 4 hold, 2 do not
