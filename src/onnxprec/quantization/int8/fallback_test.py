@@ -56,9 +56,10 @@ def test_the_emulated_choice_that_holds_for_real_costs_one_real_check() -> None:
         return real(floats)
 
     steps: list[dict[str, Any]] = []
-    floats, final = fallback.search(list(errors), check, target, {}, steps, emulate=real)
+    release = lambda: calls.append(-1)  # noqa: E731
+    floats, final = fallback.search(list(errors), check, target, {}, steps, emulate=real, release=release)
     assert final.ok and floats == ["l7", "l6", "l5"]  # sqrt(sum of l0..l4 squared) = 0.0742
-    assert calls == [0, 3]  # the all-INT8 model, then the emulation's choice
+    assert calls == [0, -1, 3]  # the all-INT8 model, the emulation released, then its choice checked
     assert [s["kind"] for s in steps if "kind" in s].count("emulated") > len(errors)
 
 
