@@ -271,11 +271,11 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
                     stack.close()
                     emulators.clear()
 
-                # the emulation where the INT8 kernels compute what Q/DQ does (dynamic layers; fallback.py says why)
-                dynamic = all(layer.dynamic for layer in plan.layers if layer.name in decisions.layers)
+                # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
+                emulated = fallback.emulates([layer for layer in plan.layers if layer.name in decisions.layers])
                 float_layers, final = search(
                     names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute,
-                    emulate if dynamic else None, release,
+                    emulate if emulated else None, release,
                 )  # fmt: skip
             report.accuracy = worst_errors(final)
             report.seconds["target search"] = time.perf_counter() - tick

@@ -148,6 +148,24 @@ def test_static_layers_keep_real_checks(tmp_path: Path) -> None:
     assert kinds == {"real"} and len(report.fallback_steps) > 2
 
 
+def test_layers_over_the_emulation_memory_limit_keep_real_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnxprec.quantization.int8 import fallback
+
+    source = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), source)
+    common: dict[str, Any] = {"calibration_data": _tokens(0, 4), "max_float_compute": 1.0}
+    plain = quantize_file(source, tmp_path / "p.onnx", target_accuracy="rel_l2<=1", **common)
+    strict = float(f"{plain.accuracy['rel_l2'] / 2:.4g}")
+    emulated = quantize_file(source, tmp_path / "e.onnx", target_accuracy=f"rel_l2<={strict}", **common)
+    assert "emulated" in {step.get("kind") for step in emulated.fallback_steps}
+    monkeypatch.setattr(fallback, "EMULATION_MAX_BYTES", 0)  # the MLP's weights are now "too large" to emulate
+    real = quantize_file(source, tmp_path / "r.onnx", target_accuracy=f"rel_l2<={strict}", **common)
+    assert {step["kind"] for step in real.fallback_steps if "kind" in step} == {"real"}
+    assert real.accuracy["rel_l2"] <= strict
+
+
 def test_a_failing_emulation_leaves_every_check_real(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

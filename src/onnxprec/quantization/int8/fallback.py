@@ -28,7 +28,10 @@ back with real checks (at most :data:`~onnxprec.autocast.target.MAX_REAL_CHECKS`
 emulated check 0.02 s vs 0.2 s real; the target search to ``cosine>=0.9995`` 6.8-7.6 s -> 1.8-2.0 s (2 real checks),
 the same 2 layers. SmolLM2-135M (our export, 211 layers ranked by the estimate, 2 x 256 calibration tokens) to
 ``cosine>=0.9995``: 48 s -> 32-38 s, the same 26 layers, but peak RSS 1.24 -> 2.75 GB (the emulation session holds
-the float model and the emulated weights in float; it is released before the real checks of its choice).
+the float model and the emulated weights in float; it is released before the real checks of its choice). So a
+model whose quantized layers hold more than :data:`EMULATION_MAX_BYTES` of float weights keeps real checks: their
+INT8 sessions hold a quarter of the weights, and the emulation's gain there is small (SmolLM2: 1.3x faster for 2.2x
+the memory).
 Static layers keep real checks: ONNX Runtime's fused kernels (QLinearConv's requantization) differ from the Q/DQ
 arithmetic by as much as one layer's gain, and so does float rounding that moves values across rounding boundaries
 (EfficientNet-Lite0, 7 images: all-INT8 rel L2 0.0339 fused, 0.0324 Q/DQ unfused, 0.0330 emulated; the gains of each
@@ -56,11 +59,22 @@ from onnxprec.quantization.algorithms.int8 import dequantize_weight, quantize_we
 from onnxprec.quantization.int8.place import Layer
 from onnxprec.sensitivity import fewest, hessian_energy, isolated_gains, rank, within
 
-__all__ = ["MAX_ISOLATED", "estimated_sensitivity", "measure", "search"]
+__all__ = ["EMULATION_MAX_BYTES", "MAX_ISOLATED", "emulates", "estimated_sensitivity", "measure", "search"]
 
 logger = logging.getLogger(__name__)
 
 MAX_ISOLATED = 64
+EMULATION_MAX_BYTES = 256 * 1024 * 1024
+"""The float weight bytes of the quantized layers up to which the target search emulates (MiniLM: 87 MiB)."""
+
+
+def emulates(layers: Sequence[Layer]) -> bool:
+    """Whether the target search over ``layers`` runs in the emulation session: every layer dynamic (ONNX Runtime's
+    integer kernels compute what Q/DQ does) and their float weights within :data:`EMULATION_MAX_BYTES`."""
+    if not all(layer.dynamic for layer in layers):
+        return False
+    weights = sum(layer.weight.const_value.size * 4 for layer in layers if layer.weight.const_value is not None)
+    return weights <= EMULATION_MAX_BYTES
 
 
 def measure(
