@@ -31,26 +31,28 @@ from onnxprec.quantization.algorithms.smoothquant import ChannelDecision, RunSam
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import LayerEntry
 from onnxprec.quantization.int8.grams import HessianObserver
+from onnxprec.quantization.int8.integer_ops import (
+    MergedLayer,
+    bias_add_of,
+    insert_dynamic,
+    replace_group_with_matmul_integer,
+    replace_with_matmul_integer,
+    replace_with_matmul_integer_to_float,
+)
 from onnxprec.quantization.int8.place import Layer, Plan, place
 from onnxprec.quantization.int8.rewrite import (
     MS_DOMAIN,
-    MergedLayer,
     WeightRecipe,
     add_bias,
     add_initializer,
-    bias_add_of,
     fold_smoothing,
     gather_channels,
-    insert_dynamic,
     insert_qdq,
     insert_split,
     keep_float_readers_float,
     quantize_bias,
     replace_bias,
-    replace_group_with_matmul_integer,
     replace_weight,
-    replace_with_matmul_integer,
-    replace_with_matmul_integer_to_float,
 )
 
 __all__ = ["Decisions", "LayerDecision", "Statistics", "build", "decide", "plan_for"]

@@ -38,7 +38,8 @@ def test_bias_correction_and_outlier_split_on_a_graph_output() -> None:
 def test_a_pointwise_conv_as_matmul_integer_to_float_computes_the_dequantized_conv(two_parts: bool) -> None:
     """INT32 sums of the UINT8 input and INT8 weight, rescaled to float: the float Conv of the dequantized values;
     with a second INT8 part (the first's rounding error, rounded), the weight is 100 times finer."""
-    from onnxprec.quantization.int8.rewrite import WeightRecipe, insert_qdq, replace_with_matmul_integer_to_float
+    from onnxprec.quantization.int8.integer_ops import replace_with_matmul_integer_to_float
+    from onnxprec.quantization.int8.rewrite import WeightRecipe, insert_qdq
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((6, 5, 1, 1)).astype(np.float32)
