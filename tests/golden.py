@@ -73,7 +73,10 @@ def _clean(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items() if not _VOLATILE_KEYS.search(str(k))}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        items = [_clean(v) for v in value]
+        if items and all(isinstance(v, dict) and "op_type" in v for v in items):  # a kernel profile: slowest first
+            items.sort(key=lambda v: (str(v["op_type"]), str(v.get("provider"))))
+        return items
     if isinstance(value, str):
         return re.sub(r"/tmp/[^\s'\"]*/", "<tmp>/", value)
     if isinstance(value, float):
@@ -85,6 +88,7 @@ def _mask(text: str) -> str:
     text = re.sub(r"/tmp/[^\s'\"]*/", "<tmp>/", text)
     text = re.sub(r"\b\d+(\.\d+)? ?(s|ms|MiB|MB|GiB|µs)\b", "<t>", text)
     text = re.sub(r"(latency|ms/batch)[^\n]*", r"\1 <masked>", text)
+    text = re.sub(r"\b\d+\.\d%", "<share>", text)  # a kernel profile's time shares (one decimal)
     return text
 
 
