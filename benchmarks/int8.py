@@ -127,7 +127,7 @@ def _data(model: str, work: Path) -> tuple[Path, dict[str, np.ndarray], dict[str
     for i in range(calib.start, calib.stop):
         np.savez(work / "calib" / f"{i:03d}.npz", **{k: v[i : i + 1] for k, v in data.items()})
     evaluation = {k: {n: v[rows] for n, v in data.items()} for k, rows in sets.items() if rows is not None}
-    if None in sets.values():  # EfficientNet-Lite0's 29 held-out images, made in the zoo's torch venv (created if missing)
+    if None in sets.values():  # EfficientNet-Lite0's 29 held-out images, made in the torch venv
         cmd = [str(zoo.ensure_torch_venv()), "experiments/int8_effnet.py", "images", str(work / "h.npy")]
         subprocess.run(cmd, cwd=REPO_ROOT, check=True, capture_output=True)
         evaluation.update({k: {"input": np.load(work / "h.npy")} for k, rows in sets.items() if rows is None})
