@@ -151,8 +151,8 @@ class Int8Options(_tool.QuantizationOptions):
         help="Turn off float outputs of pointwise Convs that no activation clips (default: on with --runtime "
         "ort-cpu: such a Conv, a MobileNet's project Conv, runs as MatMulIntegerToFloat, INT8 inputs and a float "
         "output, so the residual stream and its Adds stay float and only the Convs that read it quantize it; "
-        "EfficientNet-Lite0 rel L2 0.039 / 0.046 -> 0.034 / 0.041 on calibration / held-out images; latency "
-        "0.64-0.70x FP32 instead of 0.62-0.66x on a Xeon, 2 cores).",
+        "EfficientNet-Lite0 rel L2 0.039 / 0.046 -> 0.035 / 0.041 on calibration / held-out images; latency "
+        "0.66-0.68x FP32 instead of 0.63-0.65x on a Xeon, 2 cores).",
     )
     two_part_weights: bool = option(
         False,
@@ -161,7 +161,8 @@ class Int8Options(_tool.QuantizationOptions):
         "the calibration has fewer rows than such a Conv has inputs, too few for GPTQ, the rounding error of its INT8 "
         "weights is itself rounded to INT8 and computed by a second MatMulIntegerToFloat, w = s q + s_r q_r "
         "(EfficientNet-Lite0, its last five project Convs: rel L2 0.034 / 0.041 -> 0.031 / 0.040 on calibration / "
-        "held-out images, but 0.67-0.75x FP32 on a Xeon, 2 cores, instead of 0.64-0.70x).",
+        "held-out images, but 0.67-0.75x FP32 on a Xeon, 2 cores, instead of 0.64-0.70x; both before the project "
+        "Convs read only by an INT8 Conv kept QLinearConv).",
     )
     weight_rounding: str = option(
         "auto",

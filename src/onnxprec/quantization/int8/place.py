@@ -22,13 +22,14 @@ The placement depends on the runtime that will run the model:
   QuantizeLinear of its own, and an early layer's error is the one the network amplifies most (EfficientNet-Lite0:
   rel L2 0.044 -> 0.040 on its calibration images, 0.053 -> 0.049 on 29 unseen ones, 0.63x FP32 on the Xeon
   instead of 0.66x). A static pointwise Conv (1x1, one group, stride 1, no padding) whose output no activation
-  clips (a MobileNet's project Conv, the last of a residual branch) writes a float output:
+  clips and a float op reads (a MobileNet's project Conv, the last of a residual branch) writes a float output:
   ``com.microsoft::MatMulIntegerToFloat`` on its UINT8 input and INT8 weights, channels last between Transposes
   that ONNX Runtime cancels against those of its channels-last QLinearConvs. The residual Adds it feeds are float,
   and a tensor written by a float op is read through its Q/DQ only by the static ops (the next expand Conv), the
   float ops read it as it is, so the per-tensor UINT8 rounding of the residual stream does not accumulate from block
-  to block (EfficientNet-Lite0: rel L2 0.039 -> 0.034 on its 7 calibration images, 0.046 -> 0.041 on 29 unseen
-  ones; latency 0.64-0.70x FP32 instead of 0.62-0.66x on a Xeon, 2 cores).
+  to block (EfficientNet-Lite0: rel L2 0.039 -> 0.035 on its 7 calibration images, 0.046 -> 0.041 on 29 unseen
+  ones; latency 0.66-0.68x FP32 instead of 0.63-0.65x on a Xeon, 2 cores). A project Conv read only by INT8
+  Convs (a single-block stage's) stays QLinearConv: they quantize its output either way (0.64-0.70x before).
 - ``trt`` and ``ort-cuda`` (TensorRT-style): symmetric INT8 Q/DQ on the activation and weight inputs of Conv, MatMul
   and Gemm only, as ModelOpt 0.47 places them: per-tensor activations, per-channel weights, float biases, the layers
   TensorRT's INT8 kernels do not suit left float (fewer than 16 channels or K/N, with ModelOpt's exceptions; a GEMV
@@ -258,6 +259,16 @@ def pointwise(node: ir.Node) -> bool:
     )
 
 
+def _read_only_by_layers(value: ir.Value) -> bool:
+    """Whether only Conv/MatMul/Gemm nodes read ``value`` (not a graph output): an INT8 reader quantizes it once
+    either way, so a float output gains nothing there and costs a QuantizeLinear (EfficientNet-Lite0's blocks 0
+    and 15, the single-block stages: block 0's project Conv also needed a Transpose of its 112x112 input, 93 us of
+    3.8 ms a run here)."""
+    uses = list(value.uses())
+    layers = all(use.node.op_type in ("Conv", "MatMul", "Gemm") for use in uses)
+    return bool(uses) and layers and not value.is_graph_output()
+
+
 def _kept_float(node: ir.Node, float_outputs: set[ir.Value]) -> str | None:
     """Why a static layer stays float on ort-cpu (None: it is quantized): it reads the model input, or it is a
     depthwise Conv that reads the output of a layer kept float (its INT8 kernel, with no sum over channels, is no
@@ -294,8 +305,9 @@ def place(
         op_types_to_exclude: Never these op types.
         nodes_to_quantize: Only nodes whose name or output name matches one of these (empty: all).
         nodes_to_exclude: Never nodes whose name or output name matches one of these.
-        float_linear_outputs: ort-cpu: a static pointwise Conv whose output no activation clips (a MobileNet's
-            project Conv) writes a float output by ``MatMulIntegerToFloat``, so the residual stream stays float.
+        float_linear_outputs: ort-cpu: a static pointwise Conv whose output no activation clips and a float op
+            reads (a MobileNet's project Conv before a residual Add) writes a float output by
+            ``MatMulIntegerToFloat``, so the residual stream stays float.
     """
     plan = Plan()
     wanted_types = set(op_types_to_quantize) if op_types_to_quantize else None
@@ -334,7 +346,8 @@ def place(
             plan.skipped.append((str(node.name), f"{kept}: kept float (name it in nodes_to_quantize)"))
             float_outputs.add((_absorbed_activation(node) or node).outputs[0])
             continue
-        linear = cpu and float_linear_outputs and not dynamic and pointwise(node) and _absorbed_activation(node) is None
+        linear = (cpu and float_linear_outputs and not dynamic and pointwise(node)
+                  and _absorbed_activation(node) is None and not _read_only_by_layers(node.outputs[0]))  # fmt: skip
         plan.layers.append(Layer(node, weight, axis, dynamic, float_output=linear))
     if cpu:
         _static_region(model, plan, allowed)
