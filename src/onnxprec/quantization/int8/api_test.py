@@ -124,28 +124,30 @@ def test_a_pointwise_conv_that_only_an_int8_conv_reads_keeps_a_quantized_output(
              "w0": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)}  # fmt: skip
     for name in ("p1", "e", "p2"):
         inits[name] = (rng.standard_normal((8, 8, 1, 1)) * 0.4).astype(np.float32)
-    nodes = [
-        helper.make_node("Conv", ["x", "w0"], ["c0"], name="/stem/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-        helper.make_node("Clip", ["c0", "lo", "hi"], ["a0"], name="/stem/Clip"),
-        helper.make_node("Conv", ["a0", "p1"], ["y1"], name="/b1/project/Conv", kernel_shape=[1, 1]),
-        helper.make_node("Conv", ["y1", "e"], ["ce"], name="/b2/expand/Conv", kernel_shape=[1, 1]),
-        helper.make_node("Clip", ["ce", "lo", "hi"], ["ae"], name="/b2/Clip"),
-        helper.make_node("Conv", ["ae", "p2"], ["y2"], name="/b2/project/Conv", kernel_shape=[1, 1]),
-        helper.make_node("Add", ["y2", "y1"], ["out"], name="/b2/Add"),
-    ]
     shape = ["N", 8, "H", "W"]
     source, out = tmp_path / "stage.onnx", tmp_path / "q.onnx"
-    onnx.save(make_model(nodes, [tensor_info("x", F, shape)], [tensor_info("out", F, shape)], inits), source)
     data = [{"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)} for _ in range(4)]
-    report = quantize_file(source, out, calibration_data=data, target_accuracy=None, nodes_to_quantize=[".*"])
-    outputs = {layer.name: layer.info.get("output") for layer in report.layers}
-    assert outputs["/b2/project/Conv"] == "float (MatMulIntegerToFloat)"
+
+    def float_outputs(residual: str) -> dict[str, object]:
+        """Quantizes the stage whose last Add reads ``residual``; each layer's output kind."""
+        nodes = [
+            helper.make_node("Conv", ["x", "w0"], ["c0"], name="/stem/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+            helper.make_node("Clip", ["c0", "lo", "hi"], ["a0"], name="/stem/Clip"),
+            helper.make_node("Conv", ["a0", "p1"], ["y1"], name="/b1/project/Conv", kernel_shape=[1, 1]),
+            helper.make_node("Conv", ["y1", "e"], ["ce"], name="/b2/expand/Conv", kernel_shape=[1, 1]),
+            helper.make_node("Clip", ["ce", "lo", "hi"], ["ae"], name="/b2/Clip"),
+            helper.make_node("Conv", ["ae", "p2"], ["y2"], name="/b2/project/Conv", kernel_shape=[1, 1]),
+            helper.make_node("Add", ["y2", residual], ["out"], name="/b2/Add"),
+        ]
+        onnx.save(make_model(nodes, [tensor_info("x", F, shape)], [tensor_info("out", F, shape)], inits), source)
+        report = quantize_file(source, out, calibration_data=data, target_accuracy=None, nodes_to_quantize=[".*"])
+        return {layer.name: layer.info.get("output") for layer in report.layers}
+
     # y1 is read by the expand Conv and by the Add: a float op reads it, so it is float too
+    outputs = float_outputs("y1")
+    assert outputs["/b2/project/Conv"] == "float (MatMulIntegerToFloat)"
     assert outputs["/b1/project/Conv"] == "float (MatMulIntegerToFloat)"
-    nodes[6] = helper.make_node("Add", ["y2", "ae"], ["out"], name="/b2/Add")  # now only the expand Conv reads y1
-    onnx.save(make_model(nodes, [tensor_info("x", F, shape)], [tensor_info("out", F, shape)], inits), source)
-    report = quantize_file(source, out, calibration_data=data, target_accuracy=None, nodes_to_quantize=[".*"])
-    outputs = {layer.name: layer.info.get("output") for layer in report.layers}
+    outputs = float_outputs("ae")  # now only the expand Conv reads y1
     assert outputs["/b1/project/Conv"] != "float (MatMulIntegerToFloat)"
     assert outputs["/b2/project/Conv"] == "float (MatMulIntegerToFloat)"
     optimized = _optimized_ops(out, tmp_path)
