@@ -55,7 +55,7 @@ from onnxprec.quantization.int8.rewrite import (
     replace_weight,
 )
 
-__all__ = ["Decisions", "LayerDecision", "Statistics", "build", "decide", "plan_for"]
+__all__ = ["Decisions", "LayerDecision", "Statistics", "build", "decide", "plan_for", "takes_int32_bias"]
 
 logger = logging.getLogger(__name__)
 
@@ -289,12 +289,7 @@ def _mergeable(layers: list[Layer], decisions: Decisions) -> list[MergedLayer]:
         decision = decisions.layers[layer.name]
         if layer.node.op_type != "MatMul" or len(decision.recipe.shape()) != 2:
             return []
-        add = bias_add_of(layer.node)
-        n = decision.recipe.shape()[1]
-        if add is not None and add.inputs[0] is not None and add.inputs[1] is not None:
-            bias = add.inputs[1] if add.inputs[0] is layer.node.outputs[0] else add.inputs[0]
-            if bias.const_value is None or tuple(bias.const_value.shape) != (n,):
-                add = None
+        add = bias_add_of(layer.node, decision.recipe.shape()[1])
         merged.append(MergedLayer(layer.node, decision.recipe, add, decision.bias, decision.split_rows))
     return merged if len(merged) > 1 else []
 
@@ -404,6 +399,22 @@ def _fold_into_values(
     return replace(decisions, layers={**decisions.layers, **changed}), folded
 
 
+def takes_int32_bias(
+    layer: Layer, decision: LayerDecision, params: tuple[float, int] | None, options: Int8Options
+) -> bool:
+    """Whether the build gives ``layer`` an INT32 bias: on ort-cpu, a static Conv/Gemm with a calibrated input that
+    keeps a quantized output (QLinearConv, QGemm); TensorRT takes float biases, MatMulIntegerToFloat a float one."""
+    return (
+        options.runtime == "ort-cpu"
+        and layer.node.op_type in ("Conv", "Gemm")
+        and not layer.dynamic
+        and not layer.float_output
+        and params is not None
+        and decision.bias is not None
+        and decision.bias.ndim == 1
+    )
+
+
 def build(
     model: ir.Model,
     options: Int8Options,
@@ -464,17 +475,8 @@ def build(
         decision = decisions.layers.get(layer.name)
         if decision is None or layer.name in merged:
             continue
-        # on ort-cpu, a static Conv/Gemm with a calibrated input gets an INT32 bias (QLinearConv, QGemm); TensorRT
-        # takes float biases
         params = decisions.tensors.get(inputs[layer.name])
-        int32_bias = (
-            options.runtime == "ort-cpu"
-            and layer.node.op_type in ("Conv", "Gemm")
-            and not layer.dynamic
-            and params is not None
-            and decision.bias is not None
-            and decision.bias.ndim == 1
-        )
+        int32_bias = takes_int32_bias(layer, decision, params, options)
         if layer.float_output and params is not None:
             replace_with_matmul_integer_to_float(
                 graph, layer.node, decision.recipe, decision.bias, names, residual=decision.residual

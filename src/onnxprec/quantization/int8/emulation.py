@@ -35,9 +35,9 @@ from onnxprec.autocast.accuracy_target import AccuracyTarget
 from onnxprec.autocast.target import Measurement, ReferenceOutputs, measure_outputs
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision
 from onnxprec.quantization.int8._options import Int8Options
-from onnxprec.quantization.int8.decide import Decisions, LayerDecision, plan_for
+from onnxprec.quantization.int8.decide import Decisions, LayerDecision, plan_for, takes_int32_bias
 from onnxprec.quantization.int8.place import Layer, Plan
-from onnxprec.quantization.int8.rewrite import add_initializer
+from onnxprec.quantization.int8.rewrite import add_initializer, int32_bias
 
 __all__ = ["Int8Emulator", "emulated_layer"]
 
@@ -56,16 +56,11 @@ def emulated_layer(
     params = decisions.tensors.get(str(layer.activation.name))
     node = layer.node
     static_bias = node.op_type in ("Conv", "Gemm") and not layer.dynamic and decision.bias is not None
-    int32_bias = (
-        static_bias and options.runtime == "ort-cpu" and not layer.float_output and params is not None
-        and decision.bias is not None and decision.bias.ndim == 1
-    )  # fmt: skip
     bias = decision.bias.astype(np.float32) if static_bias and decision.bias is not None else None
-    if int32_bias:
+    if takes_int32_bias(layer, decision, params, options):
         assert params is not None and decision.bias is not None
         recipe = recipe.fitting_bias(decision.bias, params[0])  # as the build does before its INT32 bias
-        scales = (np.float32(params[0]) * recipe.scales.astype(np.float32)).astype(np.float32)
-        levels = np.clip(np.rint(decision.bias.astype(np.float64) / scales), -(2**31), 2**31 - 1)
+        levels, scales = int32_bias(decision.bias, params[0], recipe.scales)
         bias = (levels * scales).astype(np.float32)
     quantized = recipe.quantized().astype(np.float32)
     shape = [1] * quantized.ndim

@@ -197,8 +197,8 @@ class MergedLayer:
     """``[J, N]`` float rows of the group's split channels."""
 
 
-def bias_add_of(node: ir.Node) -> ir.Node | None:
-    """The Add that alone reads MatMul ``node``'s output and adds a constant FLOAT ``[N]`` bias, or None."""
+def bias_add_of(node: ir.Node, n: int) -> ir.Node | None:
+    """The Add that alone reads MatMul ``node``'s output and adds a constant FLOAT ``[n]`` bias, or None."""
     out = node.outputs[0]
     users = list(out.uses())
     if len(users) != 1 or out.is_graph_output() or users[0].node.op_type != "Add":
@@ -207,7 +207,7 @@ def bias_add_of(node: ir.Node) -> ir.Node | None:
     other = add.inputs[1 - index] if len(add.inputs) == 2 else None
     if other is None or other.const_value is None or other.dtype != ir.DataType.FLOAT or other.is_graph_input():
         return None
-    return add if len(other.const_value.shape) == 1 else None
+    return add if tuple(other.const_value.shape) == (n,) else None
 
 
 def _bias_of(add: ir.Node, product: ir.Value) -> np.ndarray:

@@ -37,6 +37,7 @@ __all__ = [
     "insert_qdq",
     "insert_split",
     "int8_weight",
+    "int32_bias",
     "keep_float_readers_float",
     "quantize_bias",
     "replace_bias",
@@ -398,13 +399,18 @@ def replace_bias(graph: ir.Graph, node: ir.Node, bias: np.ndarray, names: NameAl
         graph.initializers.pop(str(old.name))
 
 
+def int32_bias(bias: np.ndarray, x_scale: float, w_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A float bias as ``QLinearConv`` and ``QGemm`` take it: INT32 levels and their scales ``x_scale * w_scales``."""
+    scales = (np.float32(x_scale) * w_scales.astype(np.float32)).astype(np.float32)
+    return np.clip(np.rint(bias.astype(np.float64) / scales), -(2**31), 2**31 - 1).astype(np.int32), scales
+
+
 def quantize_bias(
     graph: ir.Graph, node: ir.Node, bias: np.ndarray, x_scale: float, w_scales: np.ndarray, names: NameAllocator
 ) -> None:
     """Makes a Conv or Gemm read ``DequantizeLinear(int32 bias, x_scale * w_scales, axis=0)`` as its bias (input 2),
     what ``QLinearConv`` and ``QGemm`` take."""
-    scales = (np.float32(x_scale) * w_scales.astype(np.float32)).astype(np.float32)
-    levels = np.clip(np.rint(bias.astype(np.float64) / scales), -(2**31), 2**31 - 1).astype(np.int32)
+    levels, scales = int32_bias(bias, x_scale, w_scales)
     base = f"{node.name}_bias"
     q = add_initializer(graph, names(f"{base}_int32"), levels)
     s = add_initializer(graph, names(f"{base}_scales"), scales)
