@@ -119,8 +119,9 @@ def versus_fp32(
 
     runs = int(spec.get("latency_runs", 20)) if spec.get("latency", True) else 0
     ppl = None if spec.get("perplexity") else False
+    # no kernel profile: none of these tables shows one, and it would add a profiled session per model
     report = evaluate_models([fp32, candidate], dict(feeds), batch_size=spec.get("batch"), perplexity=ppl,
-                             latency_runs=runs)  # fmt: skip
+                             latency_runs=runs, profile_runs=0)  # fmt: skip
     ref, res = report.models
     acc = {"output": res.main_output, **(res.main_agreement or {}), "outputs": res.agreement or {}}
     base: dict[str, Any] = {} if ref.perplexity is None else {"perplexity": ref.perplexity}
