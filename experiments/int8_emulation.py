@@ -31,8 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from onnxprec._io import load_model
-    from onnxprec.autocast.accuracy_target import AccuracyTarget
-    from onnxprec.autocast.target import ReferenceOutputs
+    from onnxprec.accuracy import AccuracyTarget, ReferenceOutputs
     from onnxprec.quantization.int8 import _api, fallback
     from onnxprec.quantization.int8._options import Int8Options
     from onnxprec.quantization.int8._report import Int8Report

@@ -1,6 +1,6 @@
 """The layers of docs/architecture.md, enforced: every module imports only from its own layer or the layers below,
-no import cycle (imports inside functions and under ``TYPE_CHECKING`` included), and no private name of another
-module.
+no import cycle (imports inside functions and under ``TYPE_CHECKING`` included), no private name of another
+module, and a tool imports another tool only through the names its package's ``__all__`` exports.
 
 The modules are read as source (``ast``), not imported, so this test is fast and sees every import.
 """
@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("onnxprec._ort", "onnxprec._ort_profile")),
     ("measure", ("onnxprec.calibration", "onnxprec.calibration_data", "onnxprec.llm_inputs",
                  "onnxprec._input_contracts", "onnxprec.reference", "onnxprec.reductions", "onnxprec.observers",
-                 "onnxprec.metrics", "onnxprec.validate", "onnxprec.sensitivity")),
+                 "onnxprec.metrics", "onnxprec.validate", "onnxprec.sensitivity", "onnxprec.accuracy")),
     ("passes", ("onnxprec.passes",)),
     ("tools", ("onnxprec.autocast", "onnxprec.quantization", "onnxprec.debug", "onnxprec.evaluate",
                "onnxprec.preprocess", "onnxprec.export")),
@@ -224,11 +224,61 @@ def test_no_private_names_of_other_modules() -> None:
     assert not problems, "\n".join(sorted(set(problems)))
 
 
+TOOLS = dict(LAYERS)["tools"]
+
+
+def tool_of(module: str) -> str | None:
+    """The tool package (``onnxprec.autocast``...) a module belongs to, or None outside every tool."""
+    return next((tool for tool in TOOLS if module == tool or module.startswith(tool + ".")), None)
+
+
+@functools.cache
+def exported(module: str) -> frozenset[str]:
+    """The names in a module's ``__all__`` (a package's: its ``__init__``), read from the source."""
+    for node in _tree(module).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return frozenset(ast.literal_eval(node.value))
+    return frozenset()
+
+
+def outside_all(imp: Import) -> str | None:
+    """Why ``imp``, made by a module of one tool, reaches into another tool's internals (None if it does not): it
+    must import the other tool's package (or module, for a one-module tool) and only names of its ``__all__``."""
+    own, theirs = tool_of(imp.source), tool_of(imp.target)
+    if theirs is None or theirs == own:
+        return None
+    if imp.target != theirs:
+        return f"imports {imp.target}, inside the tool {theirs}: import what {theirs}'s __all__ exports"
+    hidden = sorted(set(imp.names) - exported(theirs))
+    return f"imports {', '.join(hidden)} from {theirs}, not in its __all__" if hidden else None
+
+
+def test_tools_import_each_other_only_through_all() -> None:
+    """A tool's modules are its own: another tool uses what its package exports (``from onnxprec.autocast import
+    convert_model``), never ``onnxprec.autocast.target``; what several tools share belongs to a lower layer."""
+    problems = [
+        f"{MODULES[module].relative_to(SRC)}:{imp.line}: {why}"
+        for module in MODULES
+        if LAYERS[layer_of(module)][0] == "tools"
+        for imp in imports_of(module)
+        if (why := outside_all(imp))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_all_rule_sees_internals_and_hidden_names() -> None:
+    source = "onnxprec.quantization.int8._api"
+    assert outside_all(Import(source, "onnxprec.autocast", 1, ("convert_model",))) is None
+    assert outside_all(Import(source, "onnxprec.quantization.int4", 1, ("anything",))) is None  # its own tool
+    assert "inside the tool onnxprec.autocast" in (outside_all(Import(source, "onnxprec.autocast.target", 1, ())) or "")
+    assert "not in its __all__" in (outside_all(Import(source, "onnxprec.autocast", 1, ("masks_of",))) or "")
+
+
 @pytest.mark.parametrize(
     ("module", "layer"),
     [("onnxprec._options", "base"), ("onnxprec.autocast._cli", "CLI"), ("onnxprec.autocast._api", "tools"),
      ("onnxprec.passes.name_nodes", "passes"), ("onnxprec.debug.__main__", "CLI"), ("onnxprec._report", "I/O"),
-     ("onnxprec", "base"), ("onnxprec.__main__", "CLI")],
+     ("onnxprec", "base"), ("onnxprec.__main__", "CLI"), ("onnxprec.accuracy", "measure")],
 )  # fmt: skip
 def test_layer_map(module: str, layer: str) -> None:
     assert LAYERS[layer_of(module)][0] == layer

@@ -9,7 +9,13 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["cast_array", "converted_tensor", "finite_max", "float32_copy", "release"]
+__all__ = ["SENTINEL", "SENTINEL_MIN", "cast_array", "converted_tensor", "finite_max", "float32_copy", "release"]
+
+SENTINEL = 1e30
+"""Magnitudes from here up are masking sentinels (``finfo(float32).min`` fills, infinities), not data."""
+SENTINEL_MIN = 1e4
+"""A negative fill of at least this magnitude, flowing only into Softmax, is a masking sentinel (AutoCast writes
+-16384 for FP16 and -2^126 for BF16)."""
 
 # Convert big tensors in slices so the temporary float32 copy made by clipping stays small.
 _CHUNK_ELEMENTS = 1 << 22

@@ -47,6 +47,7 @@ from onnxprec._io import (
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in, options_from_call
+from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
@@ -206,7 +207,7 @@ def _reference_run(
     model: ir.Model,
     options: AutoCastOptions,
     sentinels: Mapping[str, float] | None = None,
-    keep: target.ReferenceOutputs | None = None,
+    keep: ReferenceOutputs | None = None,
 ) -> ReferenceResult:
     """Range statistics of every float tensor on the calibration data (or realistic random data); tensors of
     attention masks (``sentinels``: name -> threshold) are also measured past their sentinels. ``keep`` holds
@@ -339,7 +340,7 @@ def convert_model(
     tick = time.perf_counter()
     mask_regions = masks.find_mask_regions(model)
     sentinels = masks.sentinel_thresholds(mask_regions)
-    keep = target.ReferenceOutputs() if options.target is not None else None
+    keep = ReferenceOutputs() if options.target is not None else None
     needed = keep is not None or _needs_reference(model, options)
     reference = _reference_run(model, options, sentinels, keep) if needed else None
     if reference is not None:

@@ -29,7 +29,7 @@ from onnxprec.errors import InvalidArgumentError
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from onnxprec.autocast.accuracy_target import AccuracyTarget
+    from onnxprec.accuracy import AccuracyTarget
     from onnxprec.autocast.classify import PluginPrecision
 
 __all__ = ["LOW_PRECISION_TYPES", "AutoCastOptions"]
@@ -172,7 +172,7 @@ def _parse_input_shapes(shapes: str | Mapping[str, Sequence[int]] | None) -> dic
 def _parse_target(spec: Any) -> AccuracyTarget | None:
     if spec is None:
         return None
-    from onnxprec.autocast.accuracy_target import AccuracyTarget
+    from onnxprec.accuracy import AccuracyTarget
 
     return AccuracyTarget.parse(spec)
 

@@ -33,15 +33,13 @@ import onnx_ir as ir
 
 from onnxprec._graph import FLOAT_TYPES, tensor_attribute
 from onnxprec._ops import is_default_domain
-from onnxprec._tensors import finite_max, release
+from onnxprec._tensors import SENTINEL_MIN, finite_max, release
 from onnxprec.observers import TensorStats
 
 __all__ = ["SENTINEL_MIN", "MaskRegion", "find_mask_regions", "low_fill", "stats_past_sentinels"]
 
 logger = logging.getLogger(__name__)
 
-# A negative fill of at least this magnitude, flowing only into Softmax, is a masking sentinel.
-SENTINEL_MIN = 1e4
 # Other values in a mask constant must be small (0, the kept positions; sometimes a small bias).
 _DATA_MAX_IN_MASK = 1e3
 # Initializers larger than this are weights, never read here.

@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from onnxprec._graph import FLOAT_TYPES, tensor_dtype
 from onnxprec._ops import contrib_float_contract, normalized_domain
-from onnxprec._tensors import finite_max, release
+from onnxprec._tensors import SENTINEL, finite_max, release
 from onnxprec.observers import TensorStats
 
 __all__ = [
@@ -84,9 +84,6 @@ class RuleContext:
             return self.stats[value.name].shape
         return None
 
-
-# Magnitudes from here up are masking sentinels (finfo.min fills, infinities), not data.
-SENTINEL = 1e30
 
 Rule = Callable[[ir.Node, RuleContext], "str | None"]
 

@@ -18,8 +18,8 @@ The reference run keeps the FP32 outputs of every batch (:class:`ReferenceOutput
    candidate can make low goes through the low type (``Cast`` to low and back) behind a boolean input, exactly where
    the converter rounds (a low node's outputs, and the inputs a low node reads; weights clamped as converted). A
    configuration is a set of feeds: trying one is one ``session.run`` per batch, never a build or a session. Its
-   verdicts are scaled to the real error of the default (:class:`ErrorScale`): the emulation rounds every low tensor as
-   FP16/BF16 hardware does, while ONNX Runtime's CPU computes many FP16 ops in FP32.
+   verdicts are scaled to the real error of the default (:class:`~onnxprec.accuracy.ErrorScale`): the emulation
+   rounds every low tensor as FP16/BF16 hardware does, while ONNX Runtime's CPU computes many FP16 ops in FP32.
 5. **Sensitivity** (the sensitivity engine, :mod:`onnxprec.sensitivity`): a validated structural proxy
    (:func:`~onnxprec.sensitivity.structural`), the number of readers of the node's outputs over its distance to
    the graph outputs. Validated against each node's exact output error (one emulated
@@ -29,7 +29,7 @@ The reference run keeps the FP32 outputs of every batch (:class:`ReferenceOutput
    (:func:`~onnxprec.sensitivity.bisect_count`, ``log2(candidates)`` runs), then greedy steps on chunks
    of the rest while runs are cheap (:data:`REFINE_RUNS`).
 6. **Check**: the choice is converted in memory and run for real on every batch; if it misses, the bisection goes
-   on with real checks (at most :data:`MAX_REAL_CHECKS`).
+   on with real checks (at most :data:`~onnxprec.accuracy.MAX_REAL_CHECKS`, :func:`onnxprec.accuracy.confirm`).
 
 Sessions: one for the default, one per real check, and at most one emulation session. ``TargetReport.steps``
 lists every configuration tried, with its errors, verdict and time.
@@ -41,7 +41,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,13 +52,11 @@ from onnxprec import _ort
 from onnxprec._ops import CONTROL_FLOW_OPS
 from onnxprec._report import fields_of
 from onnxprec._tensors import finite_max
-from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget, Bound
+from onnxprec.accuracy import AccuracyTarget, ErrorScale, Measurement, ReferenceOutputs, confirm, measure_outputs
 from onnxprec.autocast.classify import Decision, classify
 from onnxprec.autocast.emulator import Emulator, float_values
 from onnxprec.autocast.rules import DataRangeRule, DepthOfReductionRule, Rule, RuleContext
-from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import UnsupportedModelError
-from onnxprec.metrics import ErrorStats
 from onnxprec.observers import TensorStats
 from onnxprec.sensitivity import bisect_count, rank, structural
 from onnxprec.validate import NumericReport
@@ -66,119 +64,14 @@ from onnxprec.validate import NumericReport
 if TYPE_CHECKING:
     from onnxprec.autocast._options import AutoCastOptions
 
-__all__ = [
-    "MAX_REAL_CHECKS",
-    "AccuracyTarget",
-    "Bound",
-    "Emulator",
-    "ErrorScale",
-    "Measurement",
-    "ReferenceOutputs",
-    "TargetReport",
-    "measure_outputs",
-    "search",
-]
+__all__ = ["Problem", "TargetReport", "search"]
 
 logger = logging.getLogger(__name__)
 
 _F = ir.DataType.FLOAT
-MAX_REAL_CHECKS = 3
 # Greedy steps after the bisection: at most this many emulated runs, and no more once they took this long.
 REFINE_RUNS = 6
 REFINE_SECONDS = 6.0
-
-
-@dataclass
-class Measurement:
-    """The outputs of one configuration against FP32 on every calibration batch.
-
-    Attributes:
-        errors: Output name -> max_abs, rel_l2, cosine, nonfinite (and top1).
-        ok: Whether the target holds.
-        seconds: Time of the run(s).
-    """
-
-    errors: dict[str, dict[str, float]]
-    ok: bool
-    seconds: float = 0.0
-    callback_ok: bool = True
-
-    def worst(self, metric: str) -> float | None:
-        values = [e[metric] for e in self.errors.values() if e.get(metric) is not None]
-        if not values:
-            return None
-        return min(values) if metric in ("cosine", "top1") else max(values)
-
-    def summary(self) -> str:
-        return ", ".join(f"{m} {self.worst(m):.4g}" for m in METRICS if self.worst(m) is not None)
-
-
-def measure_outputs(
-    target: AccuracyTarget,
-    kept: ReferenceOutputs,
-    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-) -> Measurement:
-    """Runs every batch and compares the float outputs with the cached FP32 ones."""
-    tick = time.perf_counter()
-    stats: dict[str, ErrorStats] = {}
-    callback_ok = True
-    for batch, reference in zip(kept.batches, kept.outputs):
-        outputs = run(batch)
-        for name, expected in reference.items():
-            if not np.issubdtype(expected.dtype, np.floating):
-                continue
-            stats.setdefault(name, ErrorStats(track_top1=target.needs_top1)).update(
-                expected, np.asarray(outputs[name], dtype=np.float32)
-            )
-        if target.callback is not None and callback_ok:
-            callback_ok = bool(target.callback(reference, {k: np.asarray(v) for k, v in outputs.items()}))
-        del outputs
-    errors = {name: s.as_dict() for name, s in stats.items()}
-    ok = callback_ok and all(
-        e["nonfinite"] == 0 and all(b.holds(e.get(b.metric)) for b in target.bounds) for e in errors.values()
-    )
-    return Measurement(errors, ok, time.perf_counter() - tick, callback_ok)
-
-
-# --------------------------------------------------------------------------------------------------
-# Calibration batches and FP32 outputs, kept from the reference run
-
-
-class ReferenceOutputs:
-    """The calibration batches and the FP32 outputs of each, kept from the reference run.
-
-    :meth:`observer` keeps the run's :class:`~onnxprec.calibration_data.CalibrationData` (read again for each
-    trial; a one-shot source is spooled to disk, never held in memory) and is given to the reference run, which
-    hands it the graph outputs of every batch in order; :meth:`close` removes the spooled batches.
-    """
-
-    def __init__(self) -> None:
-        self.batches: Iterable[dict[str, np.ndarray]] = []
-        self.outputs: list[dict[str, np.ndarray]] = []
-        self._names: frozenset[str] = frozenset()
-        self._count: dict[str, int] = {}
-
-    def close(self) -> None:
-        if isinstance(self.batches, CalibrationData):
-            self.batches.close()
-
-    def observer(self, model: ir.Model, batches: CalibrationData) -> ReferenceOutputs:
-        self.batches = batches
-        self._names = frozenset(str(v.name) for v in model.graph.outputs)
-        return self
-
-    # the observer interface of the reference runner
-    def wants(self, name: str) -> bool:
-        return name in self._names
-
-    def update(self, name: str, array: np.ndarray) -> None:
-        if name not in self._names:
-            return
-        index = self._count.get(name, 0)
-        self._count[name] = index + 1
-        while len(self.outputs) <= index:
-            self.outputs.append({})
-        self.outputs[index][name] = np.array(array, copy=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,7 +229,7 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     decides the direction. Upward (the default meets the target), converting every candidate it keeps in FP32
     is tried for real first; if that misses, the emulation bisects. Downward, the emulation bisects on the
     number of nodes to keep in FP32. The emulation's verdicts are scaled to the measured error of the default
-    (:class:`ErrorScale`); the final choice is checked for real (:func:`_check`).
+    (:class:`~onnxprec.accuracy.ErrorScale`); the final choice is checked for real (:func:`_confirm_for_real`).
     """
     tick = time.perf_counter()
     report = TargetReport(str(problem.target))
@@ -379,11 +272,11 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
         )
         report.sessions += 1
         try:
-            ranked, k, known = _bisect(problem, emulator, upward, report)
+            ranked, k, emulated_ok = _bisect(problem, emulator, upward, report)
         finally:
             report.runs += emulator.runs
             emulator.close()
-        chosen = _confirm_for_real(problem, ranked, k, known, upward, report)
+        chosen = _confirm_for_real(problem, ranked, k, emulated_ok, upward, report)
     report.reached = report.final.ok
     report.seconds = time.perf_counter() - tick
     logger.log(
@@ -406,44 +299,6 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
         }
     )
     return chosen, report, numeric
-
-
-class ErrorScale:
-    """Scales emulated errors to measured ones: each output's and metric's distance from perfect (rel_l2,
-    max_abs, 1 - cosine, 1 - top1) times the ratio the default classification shows, measured over emulated.
-
-    The emulation rounds every low tensor, as hardware with FP16/BF16 kernels does; ONNX Runtime's CPU computes
-    many FP16 ops in FP32 and drops the roundings between them, so the measured error can be lower.
-    """
-
-    def __init__(self, emulated: Measurement, real: Measurement) -> None:
-        self.factors: dict[tuple[str, str], float] = {}
-        for name, errors in emulated.errors.items():
-            for metric in METRICS:
-                e, r = _badness(metric, errors.get(metric)), _badness(metric, real.errors.get(name, {}).get(metric))
-                if e is not None and r is not None and e > 0 and r > 0:
-                    self.factors[name, metric] = min(16.0, max(1 / 16, r / e))
-
-    def holds(self, target: AccuracyTarget, measurement: Measurement) -> bool:
-        if not measurement.callback_ok:
-            return False
-        for name, errors in measurement.errors.items():
-            if errors["nonfinite"]:
-                return False
-            for bound in target.bounds:
-                bad = _badness(bound.metric, errors.get(bound.metric))
-                if bad is None:
-                    return False
-                scaled = bad * self.factors.get((name, bound.metric), 1.0)
-                if not bound.holds(1 - scaled if bound.metric in ("cosine", "top1") else scaled):
-                    return False
-        return True
-
-
-def _badness(metric: str, value: float | None) -> float | None:
-    if value is None or math.isnan(value):
-        return None
-    return 1 - value if metric in ("cosine", "top1") else value
 
 
 def _run_for_real(problem: Problem, decisions: dict[ir.Node, Decision], what: str, report: TargetReport) -> Measurement:
@@ -513,57 +368,41 @@ def _bisect(
                 moved = trial
             runs, spent = runs + 1, spent + time.perf_counter() - tick
     first = sorted(moved)
-    known = upward or good < n  # downward: some k < n held in the emulation (n itself is not run)
-    return [ranked[i] for i in first] + [ranked[i] for i in range(n) if i not in moved], len(first), known
+    emulated_ok = upward or good < n  # downward: some k < n held in the emulation (n itself is not run)
+    return [ranked[i] for i in first] + [ranked[i] for i in range(n) if i not in moved], len(first), emulated_ok
 
 
 def _confirm_for_real(
-    problem: Problem, ranked: list[ir.Node], k: int, known: bool, upward: bool, report: TargetReport
+    problem: Problem, ranked: list[ir.Node], k: int, emulated_ok: bool, upward: bool, report: TargetReport
 ) -> dict[ir.Node, Decision]:
-    """Checks the emulation's choice for real; if it misses, bisects on with real checks (at most
-    :data:`MAX_REAL_CHECKS` in all) towards the default (upward) or towards FP32 (downward)."""
+    """Checks the emulation's choice (``k`` of ``ranked`` moved) for real, and moves back towards the default
+    (upward) or towards FP32 (downward) while it misses (:func:`onnxprec.accuracy.confirm`: at most
+    :data:`~onnxprec.accuracy.MAX_REAL_CHECKS` real checks). ``emulated_ok``: whether the choice met the target in
+    the emulation."""
     n = len(ranked)
     verb = "convert" if upward else "keep FP32"
 
-    def decisions(k: int) -> dict[ir.Node, Decision]:
-        low = _low_indices(ranked, k, upward)
+    def moved(safe: int) -> int:  # ``safe`` of the ranked candidates on the safe side: unconverted, or kept FP32
+        return n - safe if upward else safe
+
+    def decisions(safe: int) -> dict[ir.Node, Decision]:
+        if upward and safe == n:
+            return problem.decisions
+        low = _low_indices(ranked, moved(safe), upward)
         return _decisions(problem, set(ranked), {ranked[i] for i in low})
 
-    best: tuple[int, dict[ir.Node, Decision], Measurement] | None = None
-    if upward:
-        assert report.default is not None
-        best = (0, problem.decisions, report.default)
-    good: int | None = 0 if upward else None
-    bad: int | None = None
-    for _ in range(MAX_REAL_CHECKS):
-        chosen = decisions(k)
-        measurement = _run_for_real(problem, chosen, f"{verb} {k} of {n}", report)
-        if measurement.ok:
-            good, best = k, (k, chosen, measurement)
-        else:
-            bad = k
-        if upward:
-            assert good is not None
-            if bad is None or bad - good <= 1:
-                break
-            k = (good + bad) // 2
-        else:
-            if good is not None and (bad is None or good - bad <= 1):
-                break
-            top = n if good is None else good
-            if bad is None or top - bad <= 1:
-                if good is None and k != n:
-                    k = n  # nothing real met it yet: every candidate in FP32 is the last resort
-                    continue
-                break
-            k = (bad + top + 1) // 2
-    if best is None:
-        report.note = "the real model misses the target even with every candidate in FP32"
-        best = (k, decisions(k), report.steps[-1].measurement)
-    elif not known:
+    def check(safe: int) -> Measurement:
+        return _run_for_real(problem, decisions(safe), f"{verb} {moved(safe)} of {n}", report)
+
+    known = report.default if upward else None  # upward, the default (nothing moved) was measured: it holds
+    safe, report.final = confirm(n - k if upward else k, n, check, strategy="bisect", known=known)
+    report.moved = moved(safe)
+    if not report.final.ok:
+        kept = "every candidate" if safe == n else f"{safe} of {n} candidates"
+        report.note = f"the real model misses the target even with {kept} in FP32"
+    elif not emulated_ok:
         report.note = "the emulation found no configuration that meets the target"
-    report.moved, chosen, report.final = best
-    return chosen
+    return decisions(safe)
 
 
 def _measure_real(problem: Problem, converted: ir.Model) -> Measurement:

@@ -37,6 +37,7 @@ from onnxprec._graph import FLOAT_TYPES
 from onnxprec._io import ModelSource
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
+from onnxprec._tensors import SENTINEL, SENTINEL_MIN
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.debug._common import depths, model_path, prepare
 from onnxprec.debug._options import DEFAULT_ATOL, DEFAULT_RTOL, CompareOptions
@@ -104,9 +105,6 @@ def _mask_fills_agree(reference: np.ndarray, candidate: np.ndarray) -> tuple[np.
     (-inf, or ``finfo(float32).min``-like, <= -1e30) and the candidate a fill of its own (<= -1e4: AutoCast writes
     -16384 for FP16 and -2^126 for BF16, :mod:`onnxprec.autocast.masks`). Both mean "masked"; their difference is
     no error (it made compare flag Phi-3's mask as the first divergence, rel L2 1e6)."""
-    from onnxprec.autocast.masks import SENTINEL_MIN
-    from onnxprec.autocast.rules import SENTINEL
-
     with np.errstate(invalid="ignore"):
         both = (reference <= -SENTINEL) & (candidate <= -SENTINEL_MIN)
     if not both.any():

@@ -26,6 +26,7 @@ from onnxprec import _ort, calibration
 from onnxprec._graph import NameAllocator, all_graphs
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset
+from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
@@ -234,8 +235,6 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     )  # fmt: skip
 
     tick = time.perf_counter()
-    from onnxprec.autocast.target import ReferenceOutputs
-
     keep = ReferenceOutputs() if target is not None else None
     stats, data = _calibrate(model, plan, options, report, keep)
     report.seconds["calibration"] = time.perf_counter() - tick

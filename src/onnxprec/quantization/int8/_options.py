@@ -216,7 +216,7 @@ class Int8Options(_tool.QuantizationOptions):
         self.include_patterns = compile_patterns(self.nodes_to_quantize, "nodes_to_quantize")
         self.target = None
         if self.target_accuracy is not None:
-            from onnxprec.autocast.accuracy_target import AccuracyTarget
+            from onnxprec.accuracy import AccuracyTarget
 
             self.target = AccuracyTarget.parse(self.target_accuracy)
 

@@ -16,7 +16,7 @@ calibration batch, never a build or a session. With every switch off the outputs
 bit; with the all-INT8 configuration they are the Q/DQ model's up to float rounding. Not emulated: the fused
 integer kernels' own arithmetic (requantization); the search
 (:func:`onnxprec.quantization.int8.fallback.search`) scales its verdicts to the real error of the all-INT8 model
-(:class:`~onnxprec.autocast.target.ErrorScale`) and checks its choice for real.
+(:class:`~onnxprec.accuracy.ErrorScale`) and checks its choice for real.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import NameAllocator
-from onnxprec.autocast.accuracy_target import AccuracyTarget
-from onnxprec.autocast.target import Measurement, ReferenceOutputs, measure_outputs
+from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, measure_outputs
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8.decide import Decisions, LayerDecision, plan_for, takes_int32_bias

@@ -13,7 +13,7 @@ import pytest
 
 from onnxprec._io import load_model
 from onnxprec._ort import create_session
-from onnxprec.autocast.target import MAX_REAL_CHECKS
+from onnxprec.accuracy import MAX_REAL_CHECKS
 from onnxprec.quantization._testing import correlated, mlp, tiny_cnn
 from onnxprec.quantization.int8 import _api, quantize_file
 from onnxprec.quantization.int8._options import Int8Options

@@ -18,20 +18,19 @@ fusions, as the user will: what is measured is what is saved.
    until the target holds, then a bisection in between (about ``2 log2(count)`` checks) finds the fewest that
    meet it.
 
-When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation
-session (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs,
-trying one is a ``session.run`` per batch), their verdicts scaled to the real error of the all-INT8 model
-(:class:`~onnxprec.autocast.target.ErrorScale`), and the choice is checked for real; if it misses, more layers go
-back with real checks (at most :data:`~onnxprec.autocast.target.MAX_REAL_CHECKS`). Measured with
-``python -m experiments.int8_emulation`` (ORT 1.32, 2 cores): MiniLM (36 dynamic layers, 4 x 14 tokens) all-INT8
-1 - cosine 6.2e-4 emulated vs 6.5e-4 real, the gains of each layer alone in float rank alike (Spearman 0.68), one
-emulated check 0.02 s vs 0.2 s real; the target search to ``cosine>=0.9995`` 6.8-7.6 s -> 1.8-2.0 s (2 real checks),
-the same 2 layers. SmolLM2-135M (our export, 211 layers ranked by the estimate, 2 x 256 calibration tokens) to
-``cosine>=0.9995``: 48 s -> 32-38 s, the same 26 layers, but peak RSS 1.24 -> 2.75 GB (the emulation session holds
-the float model and the emulated weights in float; it is released before the real checks of its choice). So a
-model whose quantized layers hold more than :data:`EMULATION_MAX_BYTES` of float weights keeps real checks: their
-INT8 sessions hold a quarter of the weights, and the emulation's gain there is small (SmolLM2: 1.3x faster for 2.2x
-the memory).
+When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation session
+(:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
+a ``session.run`` per batch), their verdicts scaled to the real error of the all-INT8 model
+(:class:`~onnxprec.accuracy.ErrorScale`), and the choice is checked for real; if it misses, more layers go back with
+real checks (:func:`~onnxprec.accuracy.confirm`, at most :data:`~onnxprec.accuracy.MAX_REAL_CHECKS`). Measured with
+``python -m experiments.int8_emulation`` (ORT 1.32, 2 cores): MiniLM (36 dynamic layers, 4 x 14 tokens) all-INT8 1 -
+cosine 6.2e-4 emulated vs 6.5e-4 real, the gains of each layer alone in float rank alike (Spearman 0.68), one emulated
+check 0.02 s vs 0.2 s real; the target search to ``cosine>=0.9995`` 6.8-7.6 s -> 1.8-2.0 s (2 real checks), the same 2
+layers. SmolLM2-135M (our export, 211 layers ranked by the estimate, 2 x 256 calibration tokens) to ``cosine>=0.9995``:
+48 s -> 32-38 s, the same 26 layers, but peak RSS 1.24 -> 2.75 GB (the emulation session holds the float model and the
+emulated weights in float; it is released before the real checks of its choice). So a model whose quantized layers hold
+more than :data:`EMULATION_MAX_BYTES` of float weights keeps real checks: their INT8 sessions hold a quarter of the
+weights, and the emulation's gain there is small (SmolLM2: 1.3x faster for 2.2x the memory).
 Static layers keep real checks: ONNX Runtime's fused kernels (QLinearConv's requantization) differ from the Q/DQ
 arithmetic by as much as one layer's gain, and so does float rounding that moves values across rounding boundaries
 (EfficientNet-Lite0, 7 images: all-INT8 rel L2 0.0339 fused, 0.0324 Q/DQ unfused, 0.0330 emulated; the gains of each
@@ -53,8 +52,15 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._tensors import float32_copy
-from onnxprec.autocast.accuracy_target import METRICS, AccuracyTarget
-from onnxprec.autocast.target import MAX_REAL_CHECKS, ErrorScale, Measurement, ReferenceOutputs, measure_outputs
+from onnxprec.accuracy import (
+    METRICS,
+    AccuracyTarget,
+    ErrorScale,
+    Measurement,
+    ReferenceOutputs,
+    confirm,
+    measure_outputs,
+)
 from onnxprec.quantization.algorithms.int8 import dequantize_weight, quantize_weight
 from onnxprec.quantization.int8.place import Layer
 from onnxprec.sensitivity import fewest, hessian_energy, isolated_gains, rank, within
@@ -126,10 +132,7 @@ def estimated_sensitivity(
 
 
 def _badness(measurement: Measurement, metric: str) -> float:
-    value = measurement.worst(metric)
-    if value is None:
-        return 0.0
-    return 1.0 - value if metric in ("cosine", "top1") else value
+    return measurement.badness(metric) or 0.0
 
 
 def search(
@@ -157,7 +160,7 @@ def search(
         emulate: Measures a configuration in the emulation session (:class:`~onnxprec.quantization.int8.emulation.
             Int8Emulator`), called only once the all-INT8 model missed: the isolated gains and the bisection run
             there, their verdicts scaled to the real error of the all-INT8 model, and the choice is checked for real
-            (if it misses, the search goes on with real checks, at most :data:`MAX_REAL_CHECKS`). None: every check
+            (if it misses, the search goes on with real checks, :func:`~onnxprec.accuracy.confirm`). None: every check
             is real.
         release: Called once the emulation is no longer needed (before the real checks of its choice): frees its
             session, so that it and the real model's are never held together.
@@ -238,7 +241,9 @@ def search(
     if emulate is not None:
         if release is not None:
             release()
-        high, best = _confirm(order, high, real)
+        high, best = confirm(
+            high, len(order), lambda k: real(order[:k], f"{k} most sensitive in float"), strategy="gallop"
+        )
     else:
         best = checked.get(high) or real(order[:high], f"{high} most sensitive in float")
     if not best.ok:
@@ -247,40 +252,6 @@ def search(
             "--max_float_compute %g allows", target, best.summary(), high, max_float_compute,
         )  # fmt: skip
     return order[:high], best
-
-
-def _confirm(
-    order: Sequence[str], count: int, real: Callable[[Collection[str], str], Measurement]
-) -> tuple[int, Measurement]:
-    """Checks the emulation's choice (the ``count`` most sensitive layers in float) for real and keeps it if it holds;
-    if it misses, more layers go back (doubling, then a bisection) with real checks, at most :data:`MAX_REAL_CHECKS`.
-
-    Returns:
-        How many of ``order`` go back to float and the real measurement (the last one tried if none met it).
-    """
-    n = len(order)
-    good: tuple[int, Measurement] | None = None
-    bad: int | None = None
-    k = count
-    last: tuple[int, Measurement] | None = None
-    for _ in range(MAX_REAL_CHECKS):
-        measurement = real(order[:k], f"{k} most sensitive in float")
-        last = (k, measurement)
-        if measurement.ok:
-            good = last
-        else:
-            bad = k
-        if good is not None and (bad is None or good[0] - bad <= 1):
-            break  # the emulation's choice holds (or the fewest between a miss and a hold is found)
-        if good is None:
-            if k >= n:
-                break
-            k = min(n, max(2 * k, k + 1))
-        else:
-            assert bad is not None
-            k = (bad + good[0]) // 2
-    assert last is not None
-    return good or last
 
 
 def worst_errors(measurement: Measurement) -> dict[str, float]:

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxprec.autocast.target import MAX_REAL_CHECKS
+from onnxprec.accuracy import MAX_REAL_CHECKS, AccuracyTarget, Measurement
 from onnxprec.quantization._testing import tiny_cnn
 from onnxprec.quantization.int8 import fallback, quantize_file
 
@@ -36,12 +36,12 @@ def test_the_estimate_finds_the_layers_to_keep_in_float_without_a_check_per_laye
     assert not any(step["what"].startswith("gain of each layer") for step in report.fallback_steps)
 
 
-def _measured(errors: dict[str, float], target: str) -> tuple[fallback.AccuracyTarget, Any]:
-    bound = fallback.AccuracyTarget.parse(target)
+def _measured(errors: dict[str, float], target: str) -> tuple[AccuracyTarget, Any]:
+    bound = AccuracyTarget.parse(target)
 
-    def measure(floats: Collection[str]) -> fallback.Measurement:
+    def measure(floats: Collection[str]) -> Measurement:
         value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
-        return fallback.Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, bound.bounds[0].holds(value))
+        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, bound.bounds[0].holds(value))
 
     return bound, measure
 
@@ -51,7 +51,7 @@ def test_the_emulated_choice_that_holds_for_real_costs_one_real_check() -> None:
     target, real = _measured(errors, "rel_l2<=0.08")
     calls: list[int] = []
 
-    def check(floats: Collection[str]) -> fallback.Measurement:
+    def check(floats: Collection[str]) -> Measurement:
         calls.append(len(floats))
         return real(floats)
 
@@ -71,7 +71,7 @@ def test_an_emulated_choice_that_misses_for_real_sends_more_layers_back() -> Non
     _, emulated = _measured({**{k: v / 2 for k, v in errors.items()}, "l7": 0.32}, "rel_l2<=1")
     calls: list[int] = []
 
-    def check(floats: Collection[str]) -> fallback.Measurement:
+    def check(floats: Collection[str]) -> Measurement:
         calls.append(len(floats))
         return real(floats)
 
