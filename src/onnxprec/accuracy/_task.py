@@ -1,0 +1,371 @@
+"""Task metrics that follow each output: what a model's user would check, picked from the float model's graph and
+the output's shape, measured on a candidate's outputs against the float model's.
+
+The rules, per output (``C``: the size of the class axis; the producer is the op that writes the output, looked
+through ``Identity``, ``Cast`` and the ops that only reshape: ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``):
+
+============  ======================  ==========================================================================
+kind          metric                  when
+============  ======================  ==========================================================================
+labels        ``label_agreement``     an integer, bool or string output (ArgMax, TopK indices, a classifier's
+                                      label): the share of elements equal.
+classes       ``top1``                ``[N, C]`` (``[C]`` too), ``C >= 2``, from Softmax/LogSoftmax over ``C``; or
+                                      ``[N, C]`` logits: from Gemm/MatMul (+Add), or named like scores (``logit``,
+                                      ``prob``, ``score``, ``class``...), unless named like an embedding
+                                      (``emb``, ``feat``, ``hidden``, ``pool``...) or a regression (``box``...).
+                                      The share of rows whose argmax agrees.
+sequence      ``step_agreement``      ``[N, T, C]``, ``C >= 2``, from Softmax/LogSoftmax over ``C`` (a CTC
+                                      recognizer), or named like logits (an LM): the share of steps whose argmax
+                                      agrees. A ``[N, T, 384]`` hidden state from MatMul is not one: values.
+positions     ``position_agreement``  Softmax/LogSoftmax over another axis (``[N, C, H, W]`` segmentation): the
+                                      share of positions whose argmax along that axis agrees.
+binary        ``decision_agreement``  from Sigmoid, rank <= 2 (``[N]``, ``[N, 1]``, ``[N, K]`` multi-label): the
+                                      share of ``p >= 0.5`` decisions that agree.
+mask          ``mask_iou``            from Sigmoid, rank >= 3 (``[N, 1, H, W]``: text detection, matting;
+                                      ``[N, A, K]``: a detector's confidences): IoU of the ``p >= 0.5``
+                                      entries (1 when both are empty).
+values        ``cosine``              everything else: hidden states, embeddings, ``[N, 1]`` scores or
+                                      regressions, boxes, images, audio.
+============  ======================  ==========================================================================
+
+A ``[N, 1]`` output is never called top-1 (an argmax over one value always agrees): from Sigmoid it is binary,
+otherwise values. A sequence of maps (ZipMap's probabilities) is skipped. Every float output also gets its relative
+L2 error and cosine, and the summary the worst of each. The kind is decided on the first batch's float output: the
+graph gives the producer, the array its shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from onnxprec.metrics import ErrorStats
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+__all__ = [
+    "Kind",
+    "OutputKind",
+    "OutputMetric",
+    "Producer",
+    "TaskMetrics",
+    "TaskSummary",
+    "kind_of",
+    "output_producers",
+    "task_metrics",
+]
+
+Kind = Literal["labels", "classes", "sequence", "positions", "binary", "mask", "values"]
+
+_PASS_THROUGH = frozenset({"Identity", "Cast"})
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+_DISTRIBUTIONS = frozenset({"Softmax", "LogSoftmax"})
+_LINEAR = frozenset({"Gemm", "MatMul", "FusedMatMul"})
+_SCORES = re.compile(r"logit|prob|score|class|pred", re.IGNORECASE)
+_NOT_SCORES = re.compile(r"emb|feat|hidden|pool|vec|encod|latent|repr|proj|box|coord|landmark|offset|regress", re.I)
+_LABELS = {
+    "top1": ("top-1 agreement", "rows"),
+    "step_agreement": ("per-step agreement", "steps"),
+    "position_agreement": ("per-position agreement", "positions"),
+    "decision_agreement": ("decision agreement", "decisions"),
+    "mask_iou": ("mask IoU", "pixels"),
+    "label_agreement": ("label agreement", "labels"),
+    "cosine": ("cosine", "values"),
+}
+
+
+@dataclass(frozen=True)
+class Producer:
+    """The op that gives an output its meaning, found in the float model's graph.
+
+    Attributes:
+        op: Its type (``Softmax``, ``Sigmoid``, ``Gemm``...; ``MatMul`` for a MatMul followed by a bias ``Add``).
+        axis: Softmax/LogSoftmax: the class axis in the output (from the front, or negative from the end when
+            reshapes came between); None when it is not one axis of the output (or for other ops).
+    """
+
+    op: str
+    axis: int | None = None
+
+
+def _through(value: ir.Value) -> tuple[ir.Node | None, bool]:
+    """The producer of ``value`` past Identity/Cast and reshapes, and whether a reshape came between."""
+    reshaped = False
+    node = value.producer()
+    while node is not None and (node.op_type in _PASS_THROUGH or node.op_type in _RESHAPES) and node.inputs:
+        reshaped |= node.op_type in _RESHAPES
+        source = node.inputs[0]
+        if source is None:
+            break
+        node = source.producer()
+    return node, reshaped
+
+
+def _softmax_axis(node: ir.Node, opset: int, reshaped: bool) -> int | None:
+    """The class axis of a Softmax/LogSoftmax's output as seen past the reshapes after it (see :class:`Producer`)."""
+    source = node.inputs[0] if node.inputs else None
+    shape = None if source is None or source.shape is None else list(source.shape)
+    rank = None if shape is None else len(shape)
+    axis = node.attributes.get_int("axis", -1 if opset >= 13 else 1)
+    if axis < 0:
+        if rank is None:  # the last axis stays the last past reshapes (a CTC head's [N*T, C] -> [N, T, C])
+            return -1 if axis == -1 or not reshaped else None
+        axis += rank
+    if rank is None:
+        return None if reshaped or opset < 13 else axis
+    trailing = shape[axis + 1 :] if shape is not None else []
+    last = all(d == 1 for d in trailing)  # the axis is the last one that is not 1
+    if opset < 13 and not last:
+        return None  # before opset 13, Softmax normalizes over every axis from ``axis`` on, flattened
+    if reshaped:
+        return -1 if last else None
+    return axis
+
+
+def _producer(value: ir.Value, opset: int) -> Producer | None:
+    node, reshaped = _through(value)
+    if node is None:
+        return None
+    if node.op_type in _DISTRIBUTIONS:
+        return Producer(node.op_type, _softmax_axis(node, opset, reshaped))
+    if node.op_type == "Add":  # a bias after a MatMul
+        for source in node.inputs:
+            feeder = None if source is None else source.producer()
+            if feeder is not None and feeder.op_type in _LINEAR:
+                return Producer(feeder.op_type)
+    return Producer(node.op_type)
+
+
+def output_producers(model: ir.Model) -> dict[str, Producer | None]:
+    """Each graph output's :class:`Producer` (None for an output that is a graph input or an initializer)."""
+    opset = model.opset_imports.get("", 0)
+    return {str(value.name): _producer(value, opset) for value in model.graph.outputs}
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What an output is and the metric it is judged by (the table in the module docstring)."""
+
+    kind: Kind
+    metric: str
+    axis: int | None = None
+    """The axis of the argmax (classes, sequence, positions)."""
+    why: str = ""
+
+
+def kind_of(name: str, shape: Sequence[int], floating: bool, producer: Producer | None) -> OutputKind:
+    """The kind of an output from its name, its (runtime) shape, dtype and producer, by the rules above."""
+    if not floating:
+        return OutputKind("labels", "label_agreement", why="not a float output")
+    rank = len(shape)
+    op = producer.op if producer is not None else "none"
+    if producer is not None and op in _DISTRIBUTIONS and producer.axis is not None and rank:
+        axis = producer.axis % rank if -rank <= producer.axis < rank else None
+        if axis is not None and shape[axis] >= 2:
+            why = f"{op} over axis {axis} of {list(shape)}"
+            if axis == rank - 1 and rank <= 2:
+                return OutputKind("classes", "top1", axis, why)
+            if axis == rank - 1 and rank == 3:
+                return OutputKind("sequence", "step_agreement", axis, why)
+            return OutputKind("positions", "position_agreement", axis, why)
+    if op == "Sigmoid":
+        if rank <= 2:
+            return OutputKind("binary", "decision_agreement", why=f"Sigmoid, {list(shape)}")
+        return OutputKind("mask", "mask_iou", why=f"Sigmoid map, {list(shape)}")
+    scores, not_scores = bool(_SCORES.search(name)), bool(_NOT_SCORES.search(name))
+    if rank == 2 and shape[1] >= 2 and (op in _LINEAR or scores) and not not_scores:
+        return OutputKind("classes", "top1", 1, f"logits from {op}" if op in _LINEAR else "named like scores")
+    if rank == 3 and shape[2] >= 2 and scores and not not_scores:
+        return OutputKind("sequence", "step_agreement", 2, "named like logits")
+    return OutputKind("values", "cosine", why=f"{op}, {list(shape)}")
+
+
+@dataclass(frozen=True)
+class OutputMetric:
+    """One output's task metric and errors against the float model.
+
+    Attributes:
+        value: The metric (a share in [0, 1], or the cosine); None when nothing was compared.
+        count: How many rows, steps, positions, decisions, pixels, labels or values were compared.
+        rel_l2: Relative L2 error (None for integer outputs).
+        cosine: Cosine similarity (None for integer outputs).
+    """
+
+    name: str
+    kind: Kind
+    metric: str
+    value: float | None
+    count: int
+    rel_l2: float | None
+    cosine: float | None
+    why: str = ""
+
+    def describe(self) -> str:
+        label, unit = _LABELS[self.metric]
+        if self.value is None:
+            return f"{self.name} {label} n/a"
+        if self.metric == "cosine":
+            shown = _cosine_text(self.value)
+        else:
+            shown = f"{self.value:.4f}" if self.metric == "mask_iou" else f"{100 * self.value:.1f}%"
+        return f"{self.name} {label} {shown} of {self.count} {unit}"
+
+
+def _cosine_text(value: float) -> str:
+    """A cosine near 1 as ``1 - 3.2e-07`` (``0.999999`` would read as 1)."""
+    if value >= 1:
+        return "1"
+    return f"1 - {1 - value:.2g}" if value >= 0.9999 else f"{value:.5f}"
+
+
+def _number(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """The task metric of every output, and the worst relative L2 and cosine over the float outputs."""
+
+    outputs: tuple[OutputMetric, ...]
+
+    @property
+    def worst_rel_l2(self) -> float | None:
+        values = [o.rel_l2 for o in self.outputs if o.rel_l2 is not None]
+        return max(values) if values else None
+
+    @property
+    def worst_cosine(self) -> float | None:
+        values = [o.cosine for o in self.outputs if o.cosine is not None]
+        return min(values) if values else None
+
+    def describe(self, limit: int = 3) -> str:
+        """One line: the task metrics (worst first, at most ``limit``), then the float outputs' worst errors."""
+        tasks = sorted(
+            (o for o in self.outputs if o.kind != "values"),
+            key=lambda o: (o.value is not None, 0.0 if o.value is None else o.value),
+        )
+        parts = [o.describe() for o in tasks[:limit]]
+        if len(tasks) > limit:
+            parts.append(f"{len(tasks) - limit} more")
+        if self.worst_rel_l2 is not None and self.worst_cosine is not None:
+            parts.append(
+                f"float outputs rel L2 <= {self.worst_rel_l2:.4g}, cosine >= {_cosine_text(self.worst_cosine)}"
+            )
+        return "; ".join(parts) or "no output compared"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outputs": {
+                o.name: {
+                    "kind": o.kind,
+                    "metric": o.metric,
+                    "value": _number(o.value),
+                    "count": o.count,
+                    "rel_l2": _number(o.rel_l2),
+                    "cosine": _number(o.cosine),
+                    "why": o.why,
+                }
+                for o in self.outputs
+            },
+            "worst_rel_l2": _number(self.worst_rel_l2),
+            "worst_cosine": _number(self.worst_cosine),
+        }
+
+
+class TaskMetrics:
+    """Streams batches of float and candidate outputs into each output's task metric (:func:`kind_of`, decided on
+    the first batch's float output) and errors.
+
+    Args:
+        producers: Each output's producer in the float model (:func:`output_producers`); outputs not named here
+            are judged by their name and shape alone.
+    """
+
+    def __init__(self, producers: Mapping[str, Producer | None]) -> None:
+        self.producers = dict(producers)
+        self.kinds: dict[str, OutputKind] = {}
+        self._errors: dict[str, ErrorStats] = {}
+        self._hits: dict[str, float] = {}  # agreeing positions (IoU: intersection)
+        self._counts: dict[str, int] = {}  # positions compared (IoU: union)
+        self._seen: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, model: ir.Model) -> TaskMetrics:
+        return cls(output_producers(model))
+
+    def update(self, reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> None:
+        """Adds one batch: output name -> array, for the float model and the candidate (missing ones skipped)."""
+        for name, ref in reference.items():
+            if name not in candidate:
+                continue
+            ref, cand = np.asarray(ref), np.asarray(candidate[name])
+            if ref.dtype == object and ref.size and not isinstance(ref.flat[0], (str, bytes)):
+                continue  # a sequence of maps (ZipMap's probabilities): no array to compare
+            floating = np.issubdtype(ref.dtype, np.floating)
+            kind = self.kinds.setdefault(name, kind_of(name, ref.shape, floating, self.producers.get(name)))
+            if floating:
+                self._errors.setdefault(name, ErrorStats()).update(ref, cand.astype(np.float32))
+            hits, count = _agreement(kind, ref, cand)
+            self._hits[name] = self._hits.get(name, 0) + hits
+            self._counts[name] = self._counts.get(name, 0) + count
+            self._seen[name] = self._seen.get(name, 0) + _positions(kind, ref)
+
+    def summary(self) -> TaskSummary:
+        outputs = []
+        for name, kind in self.kinds.items():
+            errors = self._errors.get(name)
+            rel_l2 = cosine = None
+            if errors is not None:
+                rel_l2, cosine = errors.rel_l2, errors.cosine
+            if kind.kind == "values":
+                value: float | None = cosine
+            elif kind.kind == "mask":
+                value = self._hits[name] / self._counts[name] if self._counts[name] else 1.0
+            else:
+                value = self._hits[name] / self._counts[name] if self._counts[name] else None
+            outputs.append(
+                OutputMetric(name, kind.kind, kind.metric, value, self._seen[name], rel_l2, cosine, kind.why)
+            )
+        return TaskSummary(tuple(outputs))
+
+
+def _positions(kind: OutputKind, ref: np.ndarray) -> int:
+    """What a batch adds to an output's count: rows, steps or positions for an argmax, else elements."""
+    if kind.axis is not None and ref.ndim:
+        return ref.size // ref.shape[kind.axis]
+    return int(ref.size)
+
+
+def _agreement(kind: OutputKind, ref: np.ndarray, cand: np.ndarray) -> tuple[float, int]:
+    """(agreeing, compared) of one batch; for a mask, (intersection, union)."""
+    if kind.axis is not None and ref.ndim:
+        same = np.argmax(ref, axis=kind.axis) == np.argmax(cand, axis=kind.axis)
+        return float(same.sum()), int(same.size)
+    if kind.kind == "binary":
+        same = (ref >= 0.5) == (cand >= 0.5)
+        return float(same.sum()), int(same.size)
+    if kind.kind == "mask":
+        r, c = ref >= 0.5, cand >= 0.5
+        return float((r & c).sum()), int((r | c).sum())
+    if kind.kind == "labels":
+        same = ref == cand if ref.shape == cand.shape else np.zeros(ref.shape, bool)
+        return float(same.sum()), int(same.size)
+    return 0.0, 0
+
+
+def task_metrics(
+    model: ir.Model,
+    references: Iterable[Mapping[str, np.ndarray]],
+    candidates: Iterable[Mapping[str, np.ndarray]],
+) -> TaskSummary:
+    """The task metrics of a candidate's outputs against the float ``model``'s, batch by batch."""
+    metrics = TaskMetrics.of(model)
+    for reference, candidate in zip(references, candidates):
+        metrics.update(reference, candidate)
+    return metrics.summary()
