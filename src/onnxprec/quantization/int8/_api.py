@@ -2,7 +2,8 @@
 
 The pipeline, one step each::
 
-    load -> check -> sanitize (names, constants, Pad folded into Conv, opset >= 13) -> place (per runtime)
+    load -> check -> sanitize (names, constants, same-type Casts, layout Transposes and per-channel affine chains
+         folded, Pad folded into Conv, opset >= 13) -> place (per runtime)
          -> calibrate (one pass: histograms of static tensors, channel statistics, token samples of dynamic inputs,
             the float outputs) -> decide (ranges, outlier split, SmoothQuant, weight scales, bias correction)
          -> build -> [float fallback until the accuracy target holds] -> [AutoCast of the float remainder]
@@ -30,7 +31,16 @@ from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
-from onnxprec.passes import InferTypesPass, LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
+from onnxprec.passes import (
+    InferTypesPass,
+    LiftFloatConstantsPass,
+    NameNodesPass,
+    RemoveRedundantCastsPass,
+    RemoveRedundantCastsResult,
+    UpgradeOpsetPass,
+)
+from onnxprec.passes.cancel_transposes import CancelTransposesPass, CancelTransposesResult
+from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass, FoldAffineIntoWeightsResult
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
 from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
@@ -60,9 +70,10 @@ _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
 # Steps
 
 
-def _sanitize(model: ir.Model, options: Int8Options) -> None:
+def _sanitize(model: ir.Model, options: Int8Options) -> dict[str, int]:
     """Names every node, lifts float constants, widens FP16/BF16 to FP32 (the model's inputs and outputs keep their
-    type behind Casts; the float remainder is FP32 on ort-cpu, AutoCast's elsewhere), folds zero Pads into Convs,
+    type behind Casts; the float remainder is FP32 on ort-cpu, AutoCast's elsewhere), folds layout Transposes and
+    per-channel affine chains into the layers (:func:`_fold_structure`, whose counts it returns), zero Pads into Convs,
     raises the opset to 13 (19 where the Q/DQ pairs of --runtime trt will read and write the FP16/BF16 remainder) and
     fills in the element types the placement reads."""
     needed = LOW_QDQ_OPSET if options.runtime == "trt" and options.float_type != "fp32" else MIN_OPSET
@@ -70,6 +81,7 @@ def _sanitize(model: ir.Model, options: Int8Options) -> None:
         NameNodesPass()(model)
         LiftFloatConstantsPass()(model)
         WidenToFp32Pass(keep_io=True)(model)  # an FP16/BF16 model computed in FP32, its inputs and outputs kept
+        structure = _fold_structure(model)
         FoldPadIntoConvPass()(model)
         if default_opset(model) < needed:
             try:
@@ -81,6 +93,27 @@ def _sanitize(model: ir.Model, options: Int8Options) -> None:
                 ) from None
         InferTypesPass()(model)
     model.ir_version = max(model.ir_version, 7)
+    return structure
+
+
+def _fold_structure(model: ir.Model) -> dict[str, int]:
+    """Removes what keeps Convs apart once quantized (exact; a TensorFlow export's NHWC Transposes, same-type Casts
+    and BatchNorm written as Sub/Mul/Add): float-to-float Casts go, element-wise regions move across their layout
+    Transposes where that removes Transposes, and per-channel Add/Sub/Mul/Div fold into the Conv, Gemm or MatMul
+    before them. Returns what each step removed."""
+    counts = {"casts_removed": 0}
+    if any(node.op_type == "Cast" for node in model.graph):
+        InferTypesPass()(model)  # the Casts' input types
+        casts = RemoveRedundantCastsPass()(model)
+        assert isinstance(casts, RemoveRedundantCastsResult)
+        counts["casts_removed"] = casts.removed
+    transposes = CancelTransposesPass()(model)
+    assert isinstance(transposes, CancelTransposesResult)
+    counts["transposes_removed"] = transposes.removed - transposes.inserted
+    folded = FoldAffineIntoWeightsPass()(model)
+    assert isinstance(folded, FoldAffineIntoWeightsResult)
+    counts["affine_folded"] = folded.folded
+    return counts
 
 
 def _observers(
@@ -221,7 +254,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     # ONNX Runtime's CPU provider infers every shape itself: the output declares none in between (the fusions they
     # steer include the slow SkipLayerNormalization); on other runtimes it keeps the ones the input declared
     declared = _declared_shapes(model) if options.runtime != "ort-cpu" else set()
-    _sanitize(model, options)
+    report.structure = _sanitize(model, options)
     plan = plan_for(model, options)
     report.excluded, report.skipped = plan.excluded, plan.skipped
     if not plan.layers:

@@ -52,6 +52,8 @@ class Int8Report(QuantizationReportBase):
     accuracy: dict[str, Any] = field(default_factory=dict)
     """The outputs' errors against the float model on the calibration data (the final model)."""
     fallback_steps: list[dict[str, Any]] = field(default_factory=list)
+    structure: dict[str, int] = field(default_factory=dict)
+    """What sanitizing folded: same-type Casts, layout Transposes (net), per-channel Add/Sub/Mul/Div."""
     autocast: str | None = None
     """AutoCast's summary when the float remainder was converted (``high_precision_dtype`` fp16/bf16)."""
 
@@ -103,6 +105,7 @@ class Int8Report(QuantizationReportBase):
             "calibration": json_number(self.calibration),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "autocast": self.autocast,
+            "structure": dict(self.structure),
             "excluded": [{"node": node, "pattern": pattern} for node, pattern in self.excluded],
             "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],
             "ort_only_nodes": self.ort_only,

@@ -1,0 +1,98 @@
+"""CancelTransposesPass: NHWC Transposes around element-wise regions go where that is exact and pays."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import helper
+
+from onnxprec._ort import create_session
+from onnxprec._testing import F, make_model, run, tensor_info
+from onnxprec.passes.cancel_transposes import CancelTransposesPass
+from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass
+
+RNG = np.random.default_rng(0)
+TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+def _tf2onnx_resnet_block() -> onnx.ModelProto:
+    """tf2onnx's NHWC pattern: each Conv between Transposes, bias and BatchNorm as Add/Sub/Mul/Add on the last axis,
+    ReLU, a residual Add in NHWC, and a ReduceMean over H and W at the end."""
+    c = 6
+    inits: dict[str, np.ndarray] = {}
+    nodes = []
+
+    def conv(name: str, source: str, relu: bool) -> str:
+        inits[f"{name}_w"] = RNG.standard_normal((c, c, 3, 3)).astype(np.float32) * 0.3
+        for part in ("bias", "mean", "beta"):
+            inits[f"{name}_{part}"] = RNG.standard_normal(c).astype(np.float32)
+        inits[f"{name}_scale"] = (np.abs(RNG.standard_normal((1, 1, 1, c))) + 0.5).astype(np.float32)
+        nodes.extend([
+            helper.make_node("Transpose", [source], [f"{name}_nchw"], perm=TO_NCHW, name=f"{name}_t_in"),
+            helper.make_node("Conv", [f"{name}_nchw", f"{name}_w"], [f"{name}_y"], pads=[1, 1, 1, 1], name=name),
+            helper.make_node("Transpose", [f"{name}_y"], [f"{name}_nhwc"], perm=TO_NHWC, name=f"{name}_t_out"),
+            helper.make_node("Add", [f"{name}_nhwc", f"{name}_bias"], [f"{name}_b"], name=f"{name}_add"),
+            helper.make_node("Sub", [f"{name}_b", f"{name}_mean"], [f"{name}_m"], name=f"{name}_sub"),
+            helper.make_node("Mul", [f"{name}_m", f"{name}_scale"], [f"{name}_s"], name=f"{name}_mul"),
+            helper.make_node("Add", [f"{name}_s", f"{name}_beta"], [f"{name}_bn"], name=f"{name}_add2"),
+        ])  # fmt: skip
+        if not relu:
+            return f"{name}_bn"
+        nodes.append(helper.make_node("Relu", [f"{name}_bn"], [f"{name}_r"], name=f"{name}_relu"))
+        return f"{name}_r"
+
+    stem = conv("stem", "x", relu=True)
+    branch = conv("conv2", conv("conv1", stem, relu=True), relu=False)
+    nodes.append(helper.make_node("Add", [stem, branch], ["residual"], name="residual"))
+    nodes.append(helper.make_node("Relu", ["residual"], ["block"], name="block_relu"))
+    nodes.append(helper.make_node("ReduceMean", ["block"], ["pooled"], axes=[1, 2], keepdims=0, name="pool"))
+    return make_model(nodes, [tensor_info("x", F, [1, 8, 8, c])], [tensor_info("pooled", F, [1, c])], inits)
+
+
+def _plain(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Without ONNX Runtime's fusions (which round a Conv + Add differently from the two apart)."""
+    return create_session(proto, optimization="none").run(feeds)
+
+
+def _ops(model: ir.Model) -> collections.Counter[str]:
+    return collections.Counter(node.op_type for node in model.graph)
+
+
+def test_tf2onnx_block_becomes_conv_relu_chains_exactly() -> None:
+    proto = _tf2onnx_resnet_block()
+    x = RNG.standard_normal((1, 8, 8, 6)).astype(np.float32)
+    (expected,) = _plain(proto, {"x": x})
+    model = ir.serde.deserialize_model(proto)
+    assert CancelTransposesPass()(model).modified
+    # the stem's input Transpose stays (it reads the graph input), one is inserted before the ReduceMean
+    assert _ops(model)["Transpose"] == 2
+    (moved,) = _plain(ir.serde.serialize_model(model), {"x": x})
+    np.testing.assert_array_equal(moved, expected)  # element-wise ops in another layout: bit-exact
+    assert FoldAffineIntoWeightsPass()(model).modified
+    assert _ops(model) == {"Transpose": 2, "Conv": 3, "Relu": 3, "Add": 1, "ReduceMean": 1}
+    (folded,) = run(ir.serde.serialize_model(model), {"x": x})
+    np.testing.assert_allclose(folded, expected, rtol=1e-5, atol=1e-5)
+    assert not CancelTransposesPass()(model).modified
+
+
+def test_a_region_that_would_insert_as_many_transposes_as_it_removes_stays() -> None:
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=TO_NHWC, name="t"),
+        helper.make_node("Relu", ["t"], ["r"], name="relu"),
+        helper.make_node("Softmax", ["r"], ["y"], axis=-1, name="softmax"),  # reads the NHWC layout
+    ]
+    proto = make_model(nodes, [tensor_info("x", F, [1, 3, 4, 5])], [tensor_info("y", F, [1, 4, 5, 3])])
+    model = ir.serde.deserialize_model(proto)
+    assert not CancelTransposesPass()(model).modified
+
+
+def test_a_region_reaching_a_graph_output_stays() -> None:
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=TO_NHWC, name="t"),
+        helper.make_node("Relu", ["t"], ["y"], name="relu"),
+    ]
+    proto = make_model(nodes, [tensor_info("x", F, [1, 3, 4, 5])], [tensor_info("y", F, [1, 4, 5, 3])])
+    assert not CancelTransposesPass()(ir.serde.deserialize_model(proto)).modified
