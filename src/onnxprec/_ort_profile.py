@@ -11,6 +11,9 @@ ORT names the kernel it ran, not the node the model had: fused nodes appear unde
 QDQ group as ``QLinearConv``), nodes its optimizer removed do not appear, and layout changes it inserted
 (``Transpose`` into NHWC around a quantized Conv on the CPU) do. A provider that compiles subgraphs (TensorRT) shows
 each compiled subgraph as one node: the precision it runs inside is not visible in the profile.
+
+:func:`unfused_qdq` needs no run: it lets ONNX Runtime optimize a model as a session would (the QDQ fusions
+included) and counts the Q/DQ nodes left in the optimized graph, by the node each stands beside.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ __all__ = [
     "is_integer_kernel",
     "profile_kernels",
     "read_profile",
+    "unfused_qdq",
 ]
 
 logger = logging.getLogger(__name__)
@@ -226,3 +230,59 @@ def profile_kernels(
         profile.qdq_nodes,
     )
     return profile
+
+
+def unfused_qdq(
+    source: str | os.PathLike, *, providers: Sequence[str] | None = None, what: str = "the model"
+) -> dict[str, int]:
+    """The Q/DQ nodes ONNX Runtime leaves unfused in a model, counted by the op each stands beside.
+
+    A session with every graph optimization (the QDQ fusions into QLinearConv, QLinearMatMul, QLinearAdd,
+    MatMulIntegerToFloat, the Q/DQ pairs dropped around Transpose, Reshape, MaxPool...) writes its optimized graph
+    to a temporary folder; the QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear nodes left in it (every
+    graph, subgraphs included) are the ones that run on their own. A QuantizeLinear counts under the op that
+    produces its input (``input`` for a graph input), a DequantizeLinear under the ops that read its output
+    (``output`` for a graph output), e.g. ``{"Transpose": 12, "Add": 4}``; ONNX Runtime's own op names, so a Conv
+    it kept in float shows as ``FusedConv``.
+
+    Raises:
+        UnsupportedModelError: ONNX Runtime cannot load the model.
+    """
+    with tempfile.TemporaryDirectory(prefix="onnxprec-optimized-") as tmp:
+        optimized = Path(tmp) / "optimized.onnx"
+        session = create_session(
+            source, providers=providers, optimization="all", low_memory=True, what=what, optimized_model_path=optimized
+        )
+        del session
+        proto = onnx.load(str(optimized), load_external_data=False)
+    counts: dict[str, int] = {}
+    for graph in _graphs(proto.graph):
+        producers = {name: node for node in graph.node for name in node.output}
+        readers: dict[str, list[str]] = {}
+        for node in graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node.op_type)
+        outputs = {output.name for output in graph.output}
+        for node in graph.node:
+            if node.op_type not in QDQ_KERNELS:
+                continue
+            if node.op_type == "DequantizeLinear":
+                beside = sorted(
+                    set(readers.get(node.output[0], [])) | ({"output"} if node.output[0] in outputs else set())
+                )
+            else:
+                producer = producers.get(node.input[0])
+                beside = [producer.op_type if producer is not None else "input"]
+            key = "/".join(beside) or "nothing"
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attribute.g)
+            for sub in attribute.graphs:
+                yield from _graphs(sub)

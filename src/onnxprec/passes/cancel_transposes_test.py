@@ -10,46 +10,12 @@ import onnx_ir as ir
 from onnx import helper
 
 from onnxprec._ort import create_session
-from onnxprec._testing import F, make_model, run, tensor_info
+from onnxprec._testing import F, make_model, run, tensor_info, tf2onnx_block
 from onnxprec.passes.cancel_transposes import CancelTransposesPass
 from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass
 
 RNG = np.random.default_rng(0)
-TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
-
-
-def _tf2onnx_resnet_block() -> onnx.ModelProto:
-    """tf2onnx's NHWC pattern: each Conv between Transposes, bias and BatchNorm as Add/Sub/Mul/Add on the last axis,
-    ReLU, a residual Add in NHWC, and a ReduceMean over H and W at the end."""
-    c = 6
-    inits: dict[str, np.ndarray] = {}
-    nodes = []
-
-    def conv(name: str, source: str, relu: bool) -> str:
-        inits[f"{name}_w"] = RNG.standard_normal((c, c, 3, 3)).astype(np.float32) * 0.3
-        for part in ("bias", "mean", "beta"):
-            inits[f"{name}_{part}"] = RNG.standard_normal(c).astype(np.float32)
-        inits[f"{name}_scale"] = (np.abs(RNG.standard_normal((1, 1, 1, c))) + 0.5).astype(np.float32)
-        nodes.extend([
-            helper.make_node("Transpose", [source], [f"{name}_nchw"], perm=TO_NCHW, name=f"{name}_t_in"),
-            helper.make_node("Conv", [f"{name}_nchw", f"{name}_w"], [f"{name}_y"], pads=[1, 1, 1, 1], name=name),
-            helper.make_node("Transpose", [f"{name}_y"], [f"{name}_nhwc"], perm=TO_NHWC, name=f"{name}_t_out"),
-            helper.make_node("Add", [f"{name}_nhwc", f"{name}_bias"], [f"{name}_b"], name=f"{name}_add"),
-            helper.make_node("Sub", [f"{name}_b", f"{name}_mean"], [f"{name}_m"], name=f"{name}_sub"),
-            helper.make_node("Mul", [f"{name}_m", f"{name}_scale"], [f"{name}_s"], name=f"{name}_mul"),
-            helper.make_node("Add", [f"{name}_s", f"{name}_beta"], [f"{name}_bn"], name=f"{name}_add2"),
-        ])  # fmt: skip
-        if not relu:
-            return f"{name}_bn"
-        nodes.append(helper.make_node("Relu", [f"{name}_bn"], [f"{name}_r"], name=f"{name}_relu"))
-        return f"{name}_r"
-
-    stem = conv("stem", "x", relu=True)
-    branch = conv("conv2", conv("conv1", stem, relu=True), relu=False)
-    nodes.append(helper.make_node("Add", [stem, branch], ["residual"], name="residual"))
-    nodes.append(helper.make_node("Relu", ["residual"], ["block"], name="block_relu"))
-    nodes.append(helper.make_node("ReduceMean", ["block"], ["pooled"], axes=[1, 2], keepdims=0, name="pool"))
-    return make_model(nodes, [tensor_info("x", F, [1, 8, 8, c])], [tensor_info("pooled", F, [1, c])], inits)
+TO_NHWC = [0, 2, 3, 1]
 
 
 def _plain(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -62,7 +28,7 @@ def _ops(model: ir.Model) -> collections.Counter[str]:
 
 
 def test_tf2onnx_block_becomes_conv_relu_chains_exactly() -> None:
-    proto = _tf2onnx_resnet_block()
+    proto = tf2onnx_block()
     x = RNG.standard_normal((1, 8, 8, 6)).astype(np.float32)
     (expected,) = _plain(proto, {"x": x})
     model = ir.serde.deserialize_model(proto)

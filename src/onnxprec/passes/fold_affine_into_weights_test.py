@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -14,8 +16,12 @@ from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass
 RNG = np.random.default_rng(0)
 
 
-def _chain(first: str, chain: list[tuple[str, np.ndarray | float, bool]], bias: bool, extra: str = "") -> tuple:
-    nodes, inits = [], {}
+Chain = list[tuple[str, Any, bool]]  # (op, constant, constant first)
+
+
+def _chain(first: str, chain: Chain) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+    nodes: list[onnx.NodeProto] = []
+    inits: dict[str, np.ndarray] = {}
     current = first
     for i, (op, const, const_first) in enumerate(chain):
         inits[f"c{i}"] = np.asarray(const, np.float32)
@@ -26,13 +32,13 @@ def _chain(first: str, chain: list[tuple[str, np.ndarray | float, bool]], bias: 
     return nodes, inits
 
 
-def _conv_model(chain: list[tuple[str, np.ndarray | float, bool]], bias: bool = False, reader: bool = False):
+def _conv_model(chain: Chain, bias: bool = False, reader: bool = False) -> onnx.ModelProto:
     inits = {"w": RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)}
     conv_inputs = ["x", "w"] + (["b"] if bias else [])
     if bias:
         inits["b"] = RNG.standard_normal(8).astype(np.float32)
     nodes = [helper.make_node("Conv", conv_inputs, ["conv"], pads=[1, 1, 1, 1], name="conv")]
-    more, consts = _chain("conv", chain, bias)
+    more, consts = _chain("conv", chain)
     nodes += more
     outputs = [tensor_info("y", F, None)]
     if reader:  # another reader of the Conv output: nothing may fold
@@ -60,7 +66,7 @@ def _per_channel(shape: tuple[int, ...], positive: bool = False) -> np.ndarray:
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_batchnorm_as_sub_mul_add_folds_into_conv(bias: bool) -> None:
-    chain = [
+    chain: Chain = [
         ("Add", _per_channel((1, 8, 1, 1)), False),  # the Conv bias, written apart
         ("Sub", _per_channel((8, 1, 1)), False),  # mean
         ("Mul", _per_channel((1, 8, 1, 1), positive=True), False),  # gamma / sqrt(var + eps)
@@ -71,7 +77,7 @@ def test_batchnorm_as_sub_mul_add_folds_into_conv(bias: bool) -> None:
     x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
     model = _check(_conv_model(chain, bias), {"x": x}, ["Conv", "Relu"])
     assert next(iter(model.graph)).name == "conv"  # the layer keeps its name (exclusion patterns)
-    assert set(model.graph.initializers) == {str(v.name) for v in next(iter(model.graph)).inputs[1:]}
+    assert set(model.graph.initializers) == {str(v.name) for v in next(iter(model.graph)).inputs[1:] if v is not None}
 
 
 def test_nothing_folds_where_the_conv_output_has_another_reader_or_the_constant_is_not_per_channel() -> None:

@@ -266,11 +266,14 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             tensors, computed while the model is written.
         progress: A progress bar over the report's layers while the weights are written (the report's ``progress``
             is called once per weight).
+        inspect: Called with the written file (before it replaces the output path), the options and the report,
+            for what only the written model shows (INT8: the Q/DQ ONNX Runtime leaves unfused).
     """
 
     options: type[OptionsT]
     pipeline: Callable[[ModelSource, OptionsT], tuple[ir.Model, ReportT]]
     progress: bool = False
+    inspect: Callable[[Path, OptionsT, ReportT], None] | None = None
 
     def default_output_path(self, onnx_path: str | Path) -> Path:
         """``<name><OUTPUT_SUFFIX>.onnx`` beside the input."""
@@ -326,6 +329,8 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
 
             def check(written: WrittenModel) -> None:
                 load_in_ort(str(written.path), report.ort_only, providers=list(settings.calibration_eps))
+                if self.inspect is not None:
+                    self.inspect(written.path, settings, report)
 
             with self._progress(report):
                 report.output_path = save_model(

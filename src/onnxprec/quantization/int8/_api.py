@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
@@ -27,6 +28,7 @@ from onnxprec import _ort, calibration
 from onnxprec._graph import NameAllocator, all_graphs
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset
+from onnxprec._ort_profile import unfused_qdq
 from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import UnsupportedModelError
@@ -62,6 +64,7 @@ __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", 
 logger = logging.getLogger(__name__)
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
+MAX_UNFUSED_COUNT_BYTES = 1 << 30  # larger outputs: no optimizing session to count the unfused Q/DQ
 LOW_QDQ_OPSET = 19  # QuantizeLinear/DequantizeLinear on FP16/BF16 values with FP16/BF16 scales
 _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "Cast")
 
@@ -362,6 +365,20 @@ def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.M
 # Public functions
 
 
-TOOL: QuantizationTool[Int8Options, Int8Report] = QuantizationTool(Int8Options, quantize_model)
+def _count_unfused(path: Path, options: Int8Options, report: Int8Report) -> None:
+    """On ort-cpu, the Q/DQ ONNX Runtime leaves unfused in the written model (:func:`_ort_profile.unfused_qdq`)."""
+    if options.runtime != "ort-cpu":
+        return
+    size = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(f"{path.name}*.data"))
+    if size > MAX_UNFUSED_COUNT_BYTES:
+        logger.debug("Unfused Q/DQ not counted: the output has %d bytes (an optimizing session holds them)", size)
+        return
+    tick = time.perf_counter()
+    report.unfused = unfused_qdq(path, what="the output")
+    report.seconds["unfused count"] = time.perf_counter() - tick
+    logger.debug("Q/DQ left unfused by ONNX Runtime's CPU provider, by the op beside them: %s", report.unfused)
+
+
+TOOL: QuantizationTool[Int8Options, Int8Report] = QuantizationTool(Int8Options, quantize_model, inspect=_count_unfused)
 default_output_path = TOOL.default_output_path
 quantize_file = TOOL.quantize_file

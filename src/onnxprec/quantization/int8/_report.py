@@ -8,7 +8,28 @@ from typing import Any, ClassVar
 from onnxprec._report import fields_of, json_number
 from onnxprec.quantization._tool import QuantizationReportBase, json_start
 
-__all__ = ["Int8Report", "LayerEntry"]
+__all__ = ["Int8Report", "LayerEntry", "unfused_text"]
+
+# Ops around which ``onnxprec preprocess`` (shape inference, ONNX Runtime's basic optimizations: constant folding of
+# shape computations, Transpose and Cast elimination) can remove what keeps Q/DQ apart
+_PREPROCESS_HELPS = frozenset(
+    {"Cast", "Expand", "Identity", "Pad", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"}
+)
+
+
+def unfused_text(unfused: dict[str, int]) -> str:
+    """``16 Q/DQ left unfused on ort-cpu: 12 beside Transpose, 4 beside Add``, with the hint to preprocess where the
+    ops beside them are ones preprocess's optimizations can remove; ``every Q/DQ fused on ort-cpu`` for none."""
+    total = sum(unfused.values())
+    if not total:
+        return "every Q/DQ fused on ort-cpu"
+    shown = ", ".join(f"{count} beside {op}" for op, count in list(unfused.items())[:4])
+    more = len(unfused) - 4
+    text = f"{total} Q/DQ left unfused on ort-cpu: {shown}" + (f" and {more} more kinds" if more > 0 else "")
+    helped = sorted({op for key in unfused for op in key.split("/")} & _PREPROCESS_HELPS)
+    if helped:
+        text += f" (onnxprec preprocess first may fold the {'/'.join(helped)})"
+    return text
 
 
 @dataclass
@@ -54,6 +75,8 @@ class Int8Report(QuantizationReportBase):
     fallback_steps: list[dict[str, Any]] = field(default_factory=list)
     structure: dict[str, int] = field(default_factory=dict)
     """What sanitizing folded: same-type Casts, layout Transposes (net), per-channel Add/Sub/Mul/Div."""
+    unfused: dict[str, int] | None = None
+    """Q/DQ nodes ONNX Runtime's CPU provider leaves unfused in the output, by the op beside them (ort-cpu only)."""
     autocast: str | None = None
     """AutoCast's summary when the float remainder was converted (``high_precision_dtype`` fp16/bf16)."""
 
@@ -78,6 +101,8 @@ class Int8Report(QuantizationReportBase):
             text += f"; on calibration data {shown}"
         if self.autocast:
             text += f"; float remainder {self.float_type}"
+        if self.unfused is not None:
+            text += "; " + unfused_text(self.unfused)
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -106,6 +131,7 @@ class Int8Report(QuantizationReportBase):
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "autocast": self.autocast,
             "structure": dict(self.structure),
+            "unfused_qdq": None if self.unfused is None else {"total": sum(self.unfused.values()), **self.unfused},
             "excluded": [{"node": node, "pattern": pattern} for node, pattern in self.excluded],
             "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],
             "ort_only_nodes": self.ort_only,

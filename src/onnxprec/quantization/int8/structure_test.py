@@ -1,0 +1,46 @@
+"""INT8 on a TensorFlow-style NHWC CNN: Transposes and BatchNorm chains fold first, the unfused Q/DQ are counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprec._ort_profile import unfused_qdq
+from onnxprec._testing import qdq_conv, run, tf2onnx_block
+from onnxprec.quantization.int8 import _api, quantize_file
+
+
+def test_unfused_qdq_counts_what_onnx_runtime_leaves_by_the_op_beside_it(tmp_path: Path) -> None:
+    path = tmp_path / "qdq.onnx"
+    onnx.save(qdq_conv(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)), path)
+    # the QLinearConv group fuses; the float interface keeps its QuantizeLinear and DequantizeLinear
+    assert unfused_qdq(path) == {"input": 1, "output": 1}
+
+
+def test_an_nhwc_cnn_is_quantized_with_its_transposes_and_batchnorms_folded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "nhwc.onnx"
+    onnx.save(tf2onnx_block(), source)
+    rng = np.random.default_rng(1)
+    data = [{"x": rng.standard_normal((1, 8, 8, 6)).astype(np.float32)} for _ in range(4)]
+    settings: dict[str, Any] = {"calibration_data": data, "target_accuracy": None, "nodes_to_quantize": [".*"]}
+    report = quantize_file(source, tmp_path / "q.onnx", **settings)
+    assert report.structure == {"casts_removed": 0, "transposes_removed": 4, "affine_folded": 12}
+    assert report.count("static") == 3
+    assert report.unfused is not None and "Q/DQ left unfused on ort-cpu" in report.summary
+    assert report.to_json()["unfused_qdq"]["total"] == sum(report.unfused.values())
+    x = {"x": rng.standard_normal((1, 8, 8, 6)).astype(np.float32)}
+    (ref,), (got,) = run(source, x), run(tmp_path / "q.onnx", x)
+    assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 0.05
+
+    monkeypatch.setattr(_api, "_fold_structure", lambda model: {})
+    unfolded = quantize_file(source, tmp_path / "unfolded.onnx", **settings)
+    assert unfolded.unfused is not None
+    assert sum(report.unfused.values()) < sum(unfolded.unfused.values())
+    # ONNX Runtime cancels the Transposes itself, but Q/DQ stay around the BatchNorm Adds it cannot fold
+    assert "Add" in unfolded.unfused and "Add" not in report.unfused
