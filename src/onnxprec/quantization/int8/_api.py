@@ -260,10 +260,14 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     report.structure = _sanitize(model, options)
     plan = plan_for(model, options)
     report.excluded, report.skipped = plan.excluded, plan.skipped
+    report.in_subgraphs = dict(plan.in_subgraphs)
     if not plan.layers:
         excluded_by = "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
         layers = "Conv, MatMul or Gemm whose weight is a float (FP32, FP16, BF16) initializer and input computed"
-        raise nothing_to_quantize(layers, f"{len(plan.skipped)} skipped", excluded_by)
+        skipped = f"{len(plan.skipped)} skipped"
+        if plan.in_subgraphs:
+            skipped += f", of which {report.subgraph_text()}"
+        raise nothing_to_quantize(layers, skipped, excluded_by)
     report.seconds["load+place"] = time.perf_counter() - tick
     logger.info(
         "INT8 for %s: %d layers (%d dynamic), %d static tensors", options.runtime, len(plan.layers),

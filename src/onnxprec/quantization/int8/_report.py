@@ -75,6 +75,8 @@ class Int8Report(QuantizationReportBase):
     fallback_steps: list[dict[str, Any]] = field(default_factory=list)
     structure: dict[str, int] = field(default_factory=dict)
     """What sanitizing folded: same-type Casts, layout Transposes (net), per-channel Add/Sub/Mul/Div."""
+    in_subgraphs: dict[str, int] = field(default_factory=dict)
+    """Layers inside If/Loop/Scan bodies, kept float, by the op that owns the body."""
     unfused: dict[str, int] | None = None
     """Q/DQ nodes ONNX Runtime's CPU provider leaves unfused in the output, by the op beside them (ort-cpu only)."""
     autocast: str | None = None
@@ -101,9 +103,19 @@ class Int8Report(QuantizationReportBase):
             text += f"; on calibration data {shown}"
         if self.autocast:
             text += f"; float remainder {self.float_type}"
+        if self.in_subgraphs:
+            text += "; " + self.subgraph_text()
         if self.unfused is not None:
             text += "; " + unfused_text(self.unfused)
         return text
+
+    def subgraph_text(self) -> str:
+        """``6 layers inside If bodies kept float (calibration observes the main graph's tensors only)``."""
+        count = sum(self.in_subgraphs.values())
+        return (
+            f"{count} layer{'s' if count != 1 else ''} inside {'/'.join(sorted(self.in_subgraphs))} bodies kept float "
+            "(calibration observes the main graph's tensors only)"
+        )
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready data: settings, ``counts``, ``accuracy`` (worst output errors on the calibration data),
@@ -124,6 +136,7 @@ class Int8Report(QuantizationReportBase):
                 "static_ops": len(self.passthrough),
                 "excluded": len(self.excluded),
                 "skipped": len(self.skipped),
+                "in_subgraphs": sum(self.in_subgraphs.values()),
             },
             "accuracy": json_number(self.accuracy),
             "fallback_steps": [json_number(step) for step in self.fallback_steps],

@@ -106,6 +106,8 @@ class Plan:
     read the float value."""
     excluded: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    in_subgraphs: dict[str, int] = field(default_factory=dict)
+    """Layers inside If/Loop/Scan bodies (kept float, also in ``skipped``), by the op that owns the body."""
 
     @property
     def dynamic_groups(self) -> dict[ir.Value, list[Layer]]:
@@ -284,6 +286,12 @@ def _kept_float(node: ir.Node, float_outputs: set[ir.Value]) -> str | None:
     return f"a depthwise Conv reading the float '{value.name}'"
 
 
+_SUBGRAPH_REASON = (
+    "inside the {op} body of '{name}': kept float (calibration observes the main graph's tensors only; the "
+    "values inside If/Loop/Scan bodies have no ranges)"
+)
+
+
 def place(
     model: ir.Model,
     runtime: str,
@@ -349,6 +357,7 @@ def place(
         linear = (cpu and float_linear_outputs and not dynamic and pointwise(node)
                   and _absorbed_activation(node) is None and not _read_only_by_layers(node.outputs[0]))  # fmt: skip
         plan.layers.append(Layer(node, weight, axis, dynamic, float_output=linear))
+    _skip_subgraph_layers(model.graph, plan)
     if cpu:
         _static_region(model, plan, allowed)
     else:
@@ -359,6 +368,20 @@ def place(
                 plan.static_tensors.append(layer.activation)
         _residual_adds(model, plan, allowed)
     return plan
+
+
+def _skip_subgraph_layers(graph: ir.Graph, plan: Plan, owner: ir.Node | None = None) -> None:
+    """Adds the Conv/MatMul/Gemm layers with a constant weight inside If/Loop/Scan bodies to ``plan.skipped``."""
+    for node in graph:
+        if owner is not None and _weight_layer(node)[0] is not None:
+            reason = _SUBGRAPH_REASON.format(op=owner.op_type, name=owner.name)
+            plan.skipped.append((str(node.name), reason))
+            plan.in_subgraphs[owner.op_type] = plan.in_subgraphs.get(owner.op_type, 0) + 1
+        for attr in node.attributes.values():
+            bodies = [attr.value] if attr.type == ir.AttributeType.GRAPH else []
+            bodies += list(attr.value) if attr.type == ir.AttributeType.GRAPHS else []
+            for body in bodies:
+                _skip_subgraph_layers(body, plan, node)
 
 
 def _residual_adds(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:

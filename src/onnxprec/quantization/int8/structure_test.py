@@ -44,3 +44,48 @@ def test_an_nhwc_cnn_is_quantized_with_its_transposes_and_batchnorms_folded(
     assert sum(report.unfused.values()) < sum(unfolded.unfused.values())
     # ONNX Runtime cancels the Transposes itself, but Q/DQ stay around the BatchNorm Adds it cannot fold
     assert "Add" in unfolded.unfused and "Add" not in report.unfused
+
+
+def _if_model(main_conv: bool) -> onnx.ModelProto:
+    """A Conv in each branch of an If chosen by a boolean input (as silero-vad picks its 16 kHz or 8 kHz network),
+    after a main-graph Conv when ``main_conv``."""
+    from onnx import helper
+
+    from onnxprec._testing import F, make_model, tensor_info
+
+    rng = np.random.default_rng(2)
+
+    def branch(name: str) -> onnx.GraphProto:
+        weight = helper.make_tensor(f"{name}_w", F, [4, 4, 3, 3], rng.standard_normal(144).astype(np.float32))
+        conv = helper.make_node("Conv", ["h", f"{name}_w"], [f"{name}_y"], pads=[1, 1, 1, 1], name=f"{name}/Conv")
+        return helper.make_graph([conv], name, [], [tensor_info(f"{name}_y", F, None)], [weight])
+
+    nodes = [
+        helper.make_node("If", ["flag"], ["y"], then_branch=branch("then"), else_branch=branch("else"), name="If_0")
+    ]
+    inits = {}
+    if main_conv:
+        inits["w"] = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+        nodes.insert(0, helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1], name="main/Conv"))
+    else:
+        nodes.insert(0, helper.make_node("Relu", ["x"], ["h"], name="relu"))
+    inputs = [tensor_info("x", F, [1, 4, 8, 8]), tensor_info("flag", onnx.TensorProto.BOOL, [])]
+    return make_model(nodes, inputs, [tensor_info("y", F, None)], inits)
+
+
+def test_layers_inside_if_bodies_are_counted_and_said_to_stay_float(tmp_path: Path) -> None:
+    from onnxprec.errors import UnsupportedModelError
+
+    source = tmp_path / "if.onnx"
+    onnx.save(_if_model(main_conv=True), source)
+    rng = np.random.default_rng(3)
+    data = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32), "flag": np.array(True)} for _ in range(2)]
+    report = quantize_file(source, tmp_path / "q.onnx", calibration_data=data, nodes_to_quantize=[".*"])
+    assert report.count("static") == 1 and report.in_subgraphs == {"If": 2}
+    assert "2 layers inside If bodies kept float" in report.summary
+    assert {node for node, _ in report.skipped} == {"then/Conv", "else/Conv"}
+    assert report.to_json()["counts"]["in_subgraphs"] == 2
+
+    onnx.save(_if_model(main_conv=False), source)
+    with pytest.raises(UnsupportedModelError, match="2 skipped, of which 2 layers inside If bodies kept float"):
+        quantize_file(source, tmp_path / "q2.onnx", calibration_data=data)
