@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 
 MIN_OPSET = 13  # per-axis DequantizeLinear
 MAX_UNFUSED_COUNT_BYTES = 1 << 30  # larger outputs: no optimizing session to count the unfused Q/DQ
+PREPROCESSED_KEY = "onnx.quant.pre_process"  # the metadata ONNX Runtime's quant_pre_process (our preprocess) writes
 LOW_QDQ_OPSET = 19  # QuantizeLinear/DequantizeLinear on FP16/BF16 values with FP16/BF16 scales
 _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "Cast")
 
@@ -254,6 +255,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
     model = load_model(source)
     check_float_model(model)
+    report.preprocessed = PREPROCESSED_KEY in model.metadata_props
     # ONNX Runtime's CPU provider infers every shape itself: the output declares none in between (the fusions they
     # steer include the slow SkipLayerNormalization); on other runtimes it keeps the ones the input declared
     declared = _declared_shapes(model) if options.runtime != "ort-cpu" else set()

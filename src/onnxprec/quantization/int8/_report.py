@@ -10,16 +10,16 @@ from onnxprec.quantization._tool import QuantizationReportBase, json_start
 
 __all__ = ["Int8Report", "LayerEntry", "unfused_text"]
 
-# Ops around which ``onnxprec preprocess`` (shape inference, ONNX Runtime's basic optimizations: constant folding of
-# shape computations, Transpose and Cast elimination) can remove what keeps Q/DQ apart
-_PREPROCESS_HELPS = frozenset(
-    {"Cast", "Expand", "Identity", "Pad", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"}
-)
+# Ops that ``onnxprec preprocess`` (shape inference, ONNX Runtime's basic optimizations: constant folding of shape
+# computations, its Transpose optimizer, Cast and Identity elimination) can remove where they keep Q/DQ apart; a Pad
+# or an Add it leaves as they are
+_PREPROCESS_HELPS = frozenset({"Cast", "Expand", "Identity", "Reshape", "Slice", "Squeeze", "Transpose", "Unsqueeze"})
 
 
-def unfused_text(unfused: dict[str, int]) -> str:
-    """``16 Q/DQ left unfused on ort-cpu: 12 beside Transpose, 4 beside Add``, with the hint to preprocess where the
-    ops beside them are ones preprocess's optimizations can remove; ``every Q/DQ fused on ort-cpu`` for none."""
+def unfused_text(unfused: dict[str, int], preprocessed: bool = False) -> str:
+    """``16 Q/DQ left unfused on ort-cpu: 12 beside Transpose, 4 beside Add``; unless ``preprocessed``, with the hint
+    to run preprocess first where the ops beside them are ones its optimizations remove; ``every Q/DQ fused on
+    ort-cpu`` for none."""
     total = sum(unfused.values())
     if not total:
         return "every Q/DQ fused on ort-cpu"
@@ -27,8 +27,8 @@ def unfused_text(unfused: dict[str, int]) -> str:
     more = len(unfused) - 4
     text = f"{total} Q/DQ left unfused on ort-cpu: {shown}" + (f" and {more} more kinds" if more > 0 else "")
     helped = sorted({op for key in unfused for op in key.split("/")} & _PREPROCESS_HELPS)
-    if helped:
-        text += f" (onnxprec preprocess first may fold the {'/'.join(helped)})"
+    if helped and not preprocessed:
+        text += f" (onnxprec preprocess first may remove the {'/'.join(helped)})"
     return text
 
 
@@ -79,6 +79,8 @@ class Int8Report(QuantizationReportBase):
     """Layers inside If/Loop/Scan bodies, kept float, by the op that owns the body."""
     unfused: dict[str, int] | None = None
     """Q/DQ nodes ONNX Runtime's CPU provider leaves unfused in the output, by the op beside them (ort-cpu only)."""
+    preprocessed: bool = False
+    """Whether the input went through ``onnxprec preprocess`` (ONNX Runtime's ``quant_pre_process``) already."""
     autocast: str | None = None
     """AutoCast's summary when the float remainder was converted (``high_precision_dtype`` fp16/bf16)."""
 
@@ -106,7 +108,7 @@ class Int8Report(QuantizationReportBase):
         if self.in_subgraphs:
             text += "; " + self.subgraph_text()
         if self.unfused is not None:
-            text += "; " + unfused_text(self.unfused)
+            text += "; " + unfused_text(self.unfused, self.preprocessed)
         return text
 
     def subgraph_text(self) -> str:

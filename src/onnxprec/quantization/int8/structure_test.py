@@ -89,3 +89,16 @@ def test_layers_inside_if_bodies_are_counted_and_said_to_stay_float(tmp_path: Pa
     onnx.save(_if_model(main_conv=False), source)
     with pytest.raises(UnsupportedModelError, match="2 skipped, of which 2 layers inside If bodies kept float"):
         quantize_file(source, tmp_path / "q2.onnx", calibration_data=data)
+
+
+def test_the_unfused_summary_suggests_preprocess_only_where_it_removes_the_op_and_has_not_run() -> None:
+    from onnxprec.quantization.int8._report import unfused_text
+
+    counts = {"Transpose": 12, "Add": 4}
+    assert unfused_text(counts) == (
+        "16 Q/DQ left unfused on ort-cpu: 12 beside Transpose, 4 beside Add "
+        "(onnxprec preprocess first may remove the Transpose)"
+    )
+    assert "preprocess" not in unfused_text(counts, preprocessed=True)
+    assert "preprocess" not in unfused_text({"Add": 6, "Pad": 1})
+    assert unfused_text({}) == "every Q/DQ fused on ort-cpu"
