@@ -340,7 +340,10 @@ def decide_group(
     alpha: float | None = None
     if spec.awq_scales and awq_allowed:
         assert stats.absmean is not None and stats.sample is not None
-        result = awq_lite(weights, stats.absmean, stats.sample, min(blocks), grid, alpha_grid=config.alpha_grid)
+        result = awq_lite(
+            weights, stats.absmean, stats.sample, min(blocks), grid, alpha_grid=config.alpha_grid,
+            backend=config.backend,
+        )  # fmt: skip
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
     gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None

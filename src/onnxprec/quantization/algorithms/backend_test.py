@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from onnxprec import _array
+from onnxprec.quantization.algorithms.awq import awq_lite
 from onnxprec.quantization.algorithms.gptq import gptq, hessian_from_tokens
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, quantize_dequantize, quantize_rtn
 from onnxprec.quantization.algorithms.search import SEARCHES
@@ -219,6 +220,20 @@ def test_quantize_dequantize_is_rtn_and_back(grid: QuantGrid) -> None:
     np.testing.assert_array_equal(backend.to_host(quantize_dequantize(backend.from_host(w), 64, grid)), expected)
 
 
+@pytest.mark.parametrize("tokens", [48, 400])  # fewer tokens than K (tokens used directly), more (Gram)
+def test_awq_lite_on_a_fake_device_equals_numpy(tokens: int) -> None:
+    x = _tokens(tokens, 128, seed=11) * np.linspace(0.1, 4, 128, dtype=np.float32)
+    weights = [_weight(k=128, n=40, seed=12), _weight(k=128, n=24, seed=13)]
+    absmean = np.abs(x).mean(axis=0)
+    backend, device = _fake_backend(memory_limit=4 * 128 * 16 * 8)  # chunks of 16 columns on the device
+    result = awq_lite(weights, absmean, x, 32, backend=backend)
+    expected = awq_lite(weights, absmean, x, 32)
+    assert result.alpha == expected.alpha and result.alpha is not None
+    assert result.losses == expected.losses and result.loss_rtn == expected.loss_rtn
+    np.testing.assert_array_equal(result.scales, expected.scales)
+    assert type(result.scales) is np.ndarray and device.moved_in >= x.nbytes + sum(w.nbytes for w in weights)
+
+
 def test_the_fake_device_catches_host_arrays_and_numpy_calls() -> None:
     backend, _ = _fake_backend()
     on_device = backend.from_host(np.ones((2, 2), np.float32))
@@ -248,6 +263,18 @@ def test_rtn_and_searches_on_cupy_equal_numpy_to_rounding(case: str) -> None:
     np.testing.assert_allclose(result.dequantize(), reference.dequantize(), rtol=0, atol=0.5 * np.abs(w).max())
     err = np.linalg.norm(result.dequantize() - w) / np.linalg.norm(reference.dequantize() - w)
     assert abs(err - 1) < 1e-3
+
+
+def test_awq_lite_on_cupy_equals_numpy_to_rounding() -> None:
+    backend = _gpu_backend()
+    if backend is None:
+        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
+    x = _tokens(1024, 512, seed=14) * np.linspace(0.1, 4, 512, dtype=np.float32)
+    weights = [_weight(k=512, n=384, seed=15), _weight(k=512, n=128, seed=16)]
+    absmean = np.abs(x).mean(axis=0)
+    result, expected = awq_lite(weights, absmean, x, 128, backend=backend), awq_lite(weights, absmean, x, 128)
+    np.testing.assert_allclose(result.losses, expected.losses, rtol=1e-4)
+    assert result.alpha == expected.alpha
 
 
 @pytest.mark.parametrize(("symmetric", "act_order"), [(True, False), (False, False), (True, True)])
