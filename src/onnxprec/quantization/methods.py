@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from onnxprec._array import NUMPY, ArrayBackend
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
@@ -123,6 +124,8 @@ class QuantConfig:
     clip_chunk_columns: int = 1024
     gptq_damp: float = 0.1
     gptq_act_order: bool = False
+    backend: ArrayBackend = NUMPY
+    """Where RTN, its searches, GPTQ and the output errors compute (:func:`onnxprec._array.backend`)."""
 
     @property
     def grid(self) -> QuantGrid:
@@ -188,6 +191,8 @@ class Recipe:
     """A result computed during calibration (GPTQ)."""
     info: dict[str, object] = field(default_factory=dict)
     """Report entries decided with the recipe (alpha, errors on calibration data...)."""
+    backend: ArrayBackend = field(default=NUMPY, repr=False)
+    """Where :meth:`quantize` computes."""
 
     def quantize(self, w: np.ndarray) -> QuantizedWeight:
         """The quantized form of ``w`` (the weight in the AWQ-scaled basis when ``awq_scales`` is set)."""
@@ -203,6 +208,7 @@ class Recipe:
             bits=self.bits,
             positive_scales=self.positive_scales,
             search=None if self.search is None else SEARCHES[self.search],
+            backend=self.backend,
         )
 
     def dequantized(self, qw: QuantizedWeight) -> np.ndarray:
@@ -240,13 +246,18 @@ def _relative(num: float, den: float) -> float:
     return math.sqrt(max(num, 0.0) / den)
 
 
-def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats) -> float | None:
-    """``||X (W - Wq)|| / ||X W||`` on the calibration tokens (the Gram when there is one, else the sample)."""
+def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: ArrayBackend = NUMPY) -> float | None:
+    """``||X (W - Wq)|| / ||X W||`` on the calibration tokens (the Gram when there is one, on ``backend``, else the
+    sample)."""
     diff = w - dq
     if stats.gram is not None:
-        gram = stats.gram.astype(np.float32)
-        num = float(np.einsum("kn,kn->", gram @ diff, diff, dtype=np.float64))
-        den = float(np.einsum("kn,kn->", gram @ w, w, dtype=np.float64))
+        xp = backend.xp
+        gram = backend.from_host(stats.gram.astype(np.float32))
+        diff, w = backend.from_host(diff), backend.from_host(w)
+        num = float(xp.einsum("kn,kn->", gram @ diff, diff, dtype=np.float64))
+        den = float(xp.einsum("kn,kn->", gram @ w, w, dtype=np.float64))
+        del gram, diff, w
+        backend.release()
         return _relative(num, den)
     if stats.sample is not None and stats.sample.shape[0]:
         x = stats.sample
@@ -288,7 +299,7 @@ def _gptq_jointly(
     joint = gptq(
         np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
         symmetric=config.symmetric, damp=config.gptq_damp, act_order=config.gptq_act_order,
-        positive_scales=config.positive_scales,
+        positive_scales=config.positive_scales, backend=config.backend,
     )  # fmt: skip
     results = []
     start = 0
@@ -329,7 +340,10 @@ def decide_group(
     alpha: float | None = None
     if spec.awq_scales and awq_allowed:
         assert stats.absmean is not None and stats.sample is not None
-        result = awq_lite(weights, stats.absmean, stats.sample, min(blocks), grid, alpha_grid=config.alpha_grid)
+        result = awq_lite(
+            weights, stats.absmean, stats.sample, min(blocks), grid, alpha_grid=config.alpha_grid,
+            backend=config.backend,
+        )  # fmt: skip
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
     gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None
@@ -342,6 +356,7 @@ def decide_group(
             symmetric=grid.symmetric,
             positive_scales=grid.positive_scales,
             awq_scales=scales,
+            backend=config.backend,
         )
         scaled = w if scales is None else w * scales[:, None]
         if gptq_results is not None:
@@ -358,7 +373,7 @@ def decide_group(
             recipe.clip_search = True
         if alpha is not None:
             recipe.info["awq_alpha"] = alpha
-        error = _output_error(w, recipe.dequantized(recipe.quantize(w)), stats)
+        error = _output_error(w, recipe.dequantized(recipe.quantize(w)), stats, config.backend)
         if error is not None:
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from onnxprec._array import NUMPY, ArrayBackend, namespace
 from onnxprec.quantization.algorithms.rtn import (
     DEFAULT_GRID,
     QuantGrid,
@@ -24,8 +25,8 @@ from onnxprec.quantization.algorithms.rtn import (
     column_chunk,
     dequantize_levels,
     effective_block_size,
+    quantize_dequantize,
     quantize_levels,
-    quantize_rtn,
     ratio_grid,
     to_blocks,
 )
@@ -51,6 +52,8 @@ _SCALE_MIN = 1e-4
 _SCALE_MAX = 1e4
 # Temporaries hold at most about this many float32 elements per chunk of columns.
 _CHUNK_ELEMENTS = 1 << 22
+# float32 arrays of a chunk's size that awq_lite's loss holds at once (the scaled chunk, blocks, levels, error).
+_LOSS_TEMPORARIES = 8
 
 
 @dataclass(frozen=True)
@@ -119,15 +122,16 @@ class _OutputError:
 
     def __init__(self, x: np.ndarray) -> None:
         t, k = x.shape
+        self.xp = namespace(x)
         self.x: np.ndarray | None = x if t <= k else None
         self.gram: np.ndarray | None = None if t <= k else (x.T @ x).astype(np.float32)
 
     def __call__(self, e: np.ndarray) -> float:
         if self.x is not None:
             y = self.x @ e
-            return float(np.einsum("tn,tn->", y, y, dtype=np.float64))
+            return float(self.xp.einsum("tn,tn->", y, y, dtype=np.float64))
         assert self.gram is not None
-        return float(np.einsum("kn,kn->", self.gram @ e, e, dtype=np.float64))
+        return float(self.xp.einsum("kn,kn->", self.gram @ e, e, dtype=np.float64))
 
 
 def awq_lite(
@@ -138,6 +142,7 @@ def awq_lite(
     grid: QuantGrid = DEFAULT_GRID,
     *,
     alpha_grid: Sequence[float] | np.ndarray = DEFAULT_ALPHA_GRID,
+    backend: ArrayBackend = NUMPY,
 ) -> AwqResult:
     """AWQ-lite: one scale vector ``s`` ``[K]`` for all ``weights`` ``[K, N_j]`` that share the input ``x``.
 
@@ -157,6 +162,9 @@ def awq_lite(
         block_size: as in :func:`~onnxprec.quantization.algorithms.rtn.quantize_rtn`.
         grid: the integer grid of the search's quantizer (use the one of the final quantization).
         alpha_grid: exponents to try.
+        backend: where the losses are computed (:func:`onnxprec._array.backend`): the weights and the tokens go
+            there once, each alpha's scales then; on a device the chunks of columns are as large as its memory
+            limit allows.
     """
     if not weights:
         raise ValueError("awq_lite needs at least one weight")
@@ -171,8 +179,9 @@ def awq_lite(
     if x.shape[0] == 0:
         raise ValueError("x_sample has no tokens")
     w_stat = awq_weight_stat(mats, block_size)
-    metric = _OutputError(x)
-    step = max(1, _CHUNK_ELEMENTS // max(k, min(x.shape)))
+    metric = _OutputError(backend.from_host(x))
+    step = max(1, backend.chunk_elements(_CHUNK_ELEMENTS, _LOSS_TEMPORARIES) // max(k, min(x.shape)))
+    mats = [backend.from_host(m) for m in mats]
 
     def weight_loss(w: np.ndarray, scales: np.ndarray | None) -> float:
         """||x E||^2 with E = W - Q(diag(s) W) / s, the error in the original basis: x E = xW - (x/s) Q(diag(s)W)."""
@@ -180,9 +189,7 @@ def awq_lite(
         for start in range(0, w.shape[1], step):
             chunk = w[:, start : start + step]
             scaled = chunk if scales is None else chunk * scales[:, None]
-            dq = quantize_rtn(
-                scaled, block_size, symmetric=grid.symmetric, bits=grid.bits, positive_scales=grid.positive_scales
-            ).dequantize()
+            dq = quantize_dequantize(scaled, block_size, grid)
             total += metric(chunk - (dq if scales is None else dq / scales[:, None]))
         return total
 
@@ -199,7 +206,7 @@ def awq_lite(
     losses = []
     for alpha in np.asarray(alpha_grid, dtype=np.float64).reshape(-1):
         scales = _awq_scales(act, w_stat, float(alpha))
-        value = loss(scales)
+        value = loss(backend.from_host(scales))
         losses.append(value)
         if value < best_loss:
             best_loss, best_alpha, best_scales = value, float(alpha), scales

@@ -9,6 +9,10 @@ this walks **rows** ``i`` of ``W``. With ``H = 2 X^T X / n`` and the upper Chole
 
 ONNX Runtime's, onnx-neural-compressor's and Quark's ports read a column ``U[i+1:, i]`` instead, which is zero for an
 upper-triangular factor: they propagate nothing and return plain RTN.
+
+The damped factorisation and the row walk run on the ``backend`` given (:mod:`onnxprec._array`): the weight and the
+Hessian go there once, the levels come back as int8/uint8. A weight whose factorisation would not fit the backend's
+memory limit runs in numpy.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
+from onnxprec._array import NUMPY, ArrayBackend
 from onnxprec.quantization.algorithms.rtn import (
     QuantGrid,
     QuantizedWeight,
@@ -33,6 +38,10 @@ __all__ = ["gptq", "hessian_from_tokens"]
 logger = logging.getLogger(__name__)
 
 _MAX_DAMP_RETRIES = 6
+# K x K float64 matrices the factorisation holds at once (the Hessian, its factor, the inverse and its workspace).
+_FACTOR_MATRICES = 5
+# K x N float32 arrays the walk holds at once (the weight, its levels, the inverse factor counts as K x K above).
+_WALK_ARRAYS = 3
 
 
 def hessian_from_tokens(x: ArrayLike) -> tuple[np.ndarray, int]:
@@ -43,7 +52,7 @@ def hessian_from_tokens(x: ArrayLike) -> tuple[np.ndarray, int]:
     return tokens.T @ tokens, int(tokens.shape[0])
 
 
-def _inverse_cholesky_upper(h: np.ndarray, damp: float) -> np.ndarray:
+def _inverse_cholesky_upper(h: np.ndarray, damp: float, backend: ArrayBackend = NUMPY) -> np.ndarray:
     """Upper-triangular ``U`` with ``(H + damp * mean(diag H) * I)^-1 = U^T U``, in float64. Overwrites ``h``.
 
     Instead of inverting ``H`` and factorising the inverse (two ``K^3`` steps and a third ``K x K`` matrix), this
@@ -51,20 +60,23 @@ def _inverse_cholesky_upper(h: np.ndarray, damp: float) -> np.ndarray:
     ``R = J L J`` upper-triangular, so ``H^-1 = R^-T R^-1`` and ``U = R^-1`` (upper-triangular, positive diagonal; the
     Cholesky factor is unique). Peak memory: about three ``K x K`` float64 matrices.
     If the factorisation fails (H numerically indefinite), the damping is multiplied by 10 and retried.
+    ``h`` is a ``backend`` array and so is the result.
     """
-    diagonal = np.diag(h).copy()
+    xp = backend.xp
+    diagonal = xp.diag(h).copy()
     mean_diag = float(diagonal.mean())
-    index = np.arange(h.shape[0])
+    index = xp.arange(h.shape[0])
     for attempt in range(_MAX_DAMP_RETRIES):
         factor = damp * 10**attempt
         h[index, index] = diagonal + factor * mean_diag
         try:
-            reversed_lower = np.linalg.cholesky(h[::-1, ::-1])
+            reversed_lower = backend.cholesky(h[::-1, ::-1])
         except np.linalg.LinAlgError:
             logger.warning("GPTQ: Hessian not positive definite with damping %g; retrying with %g", factor, factor * 10)
             continue
-        upper = np.triu(np.linalg.inv(reversed_lower[::-1, ::-1]))
-        if np.isfinite(upper).all():
+        upper = xp.triu(xp.linalg.inv(reversed_lower[::-1, ::-1]))
+        del reversed_lower
+        if xp.isfinite(upper).all():
             return upper
     raise np.linalg.LinAlgError(f"GPTQ: Hessian not positive definite even with damping {damp * 10**_MAX_DAMP_RETRIES}")
 
@@ -81,6 +93,7 @@ def gptq(
     lazy_batch: int = 128,
     bits: int = 4,
     positive_scales: bool = False,
+    backend: ArrayBackend = NUMPY,
 ) -> QuantizedWeight:
     """Quantizes ``w`` ``[K, N]`` with GPTQ, given ``hessian = sum_t x_t x_t^T`` ``[K, K]`` over ``n_tokens`` tokens.
 
@@ -101,6 +114,9 @@ def gptq(
 
     With ``H`` diagonal nothing is propagated and the result equals :func:`~.rtn.quantize_rtn` (with the same
     ``symmetric`` and ``positive_scales``).
+
+    ``backend`` runs the factorisation and the walk (numpy when they would not fit its memory limit); the
+    statistics of dead channels and ``act_order``'s order are found on the host first.
     """
     weight = as_float32_matrix(w)
     if np.may_share_memory(weight, np.asarray(w)):
@@ -137,14 +153,22 @@ def gptq(
         weight = weight[perm]
         h = h[np.ix_(perm, perm)]
 
-    upper = _inverse_cholesky_upper(h, damp).astype(np.float32)
+    if not backend.fits(_FACTOR_MATRICES * k * k * 8 + _WALK_ARRAYS * k * n * 4):
+        logger.info("GPTQ: a [%d, %d] weight does not fit %r; it runs in numpy", k, n, backend)
+        backend = NUMPY
+    xp = backend.xp
+    upper = _inverse_cholesky_upper(backend.from_host(h), damp, backend).astype(np.float32)
     del h
-    levels = np.empty((k, n), dtype=np.float32)
+    weight = backend.from_host(weight)
+    scales = backend.from_host(scales)
+    if zero_points is not None:
+        zero_points = backend.from_host(zero_points)
+    levels = xp.empty((k, n), dtype=np.float32)
 
     for i1 in range(0, k, lazy_batch):
         i2 = min(i1 + lazy_batch, k)
         batch = weight[i1:i2]  # a view: updated in place
-        errors = np.empty((i2 - i1, n), dtype=np.float32)
+        errors = xp.empty((i2 - i1, n), dtype=np.float32)
         u_batch = upper[i1:i2, i1:i2]
         for i in range(i2 - i1):
             row = i1 + i
@@ -164,22 +188,26 @@ def gptq(
                 block = int(perm[row]) // bs
             s_row = scales[block]
             z_row = None if zero_points is None else zero_points[block]
-            q = np.rint(batch[i] / s_row)
+            q = xp.rint(batch[i] / s_row)
             if z_row is not None:
                 q += z_row
-            np.clip(q, qmin, qmax, out=q)
+            xp.clip(q, qmin, qmax, out=q)
             levels[row] = q
             dq = (q - z_row) * s_row if z_row is not None else q * s_row
             err = (batch[i] - dq) / u_batch[i, i]
-            batch[i + 1 :] -= np.outer(u_batch[i, i + 1 :], err)
+            batch[i + 1 :] -= xp.outer(u_batch[i, i + 1 :], err)
             errors[i] = err
         if i2 < k:
             weight[i2:] -= upper[i1:i2, i2:].T @ errors
 
+    del weight, upper
     if perm is not None:
-        unpermuted = np.empty_like(levels)
-        unpermuted[perm] = levels
+        unpermuted = xp.empty_like(levels)
+        unpermuted[backend.from_host(perm)] = levels
         levels = unpermuted
-    q_out = levels.astype(np.int8 if qmin < 0 else np.uint8)
-    zp_out = None if zero_points is None else zero_points.astype(np.uint8)
-    return QuantizedWeight(q=q_out, scales=scales, zero_points=zp_out, block_size=bs, bits=bits)
+    q_out = backend.to_host(levels.astype(np.int8 if qmin < 0 else np.uint8))
+    zp_out = None if zero_points is None else backend.to_host(zero_points.astype(np.uint8))
+    result = QuantizedWeight(q=q_out, scales=backend.to_host(scales), zero_points=zp_out, block_size=bs, bits=bits)
+    del levels, scales, zero_points
+    backend.release()
+    return result

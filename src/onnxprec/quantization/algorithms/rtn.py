@@ -10,6 +10,8 @@ Conventions shared by every algorithm of this package:
 * Every block has one float32 scale ``s > 0`` and, when asymmetric, one integer zero point ``z``; a quantized value
   ``q`` stands for ``(q - z) * s`` (``z = 0`` when symmetric).
 * Math is float32 whatever the input dtype (float16, bfloat16, float32, float64).
+* The block functions run on the arrays they are given, numpy or a device module's (:func:`onnxprec._array.namespace`);
+  :func:`quantize_rtn` moves each chunk of columns to its ``backend`` and the results back.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from onnxprec._array import NUMPY, ArrayBackend, namespace
 from onnxprec.errors import InvalidArgumentError
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "effective_block_size",
     "level_range",
     "nonzero_scales",
+    "quantize_dequantize",
     "quantize_int8_per_channel",
     "quantize_levels",
     "quantize_rtn",
@@ -57,6 +61,8 @@ DEFAULT_CLIP_RATIOS: tuple[float, ...] = tuple(round(1.0 - 0.025 * i, 3) for i i
 
 # Columns are processed in chunks of at most this many weight elements (K * columns) to bound temporaries.
 _CHUNK_ELEMENTS = 1 << 22
+# float32 arrays of a chunk's size that RTN and its searches hold at once (blocks, levels, error terms...).
+_CHUNK_TEMPORARIES = 12
 
 
 def level_range(bits: int, symmetric: bool) -> tuple[int, int]:
@@ -160,10 +166,11 @@ def to_blocks(w: np.ndarray, block_size: int) -> np.ndarray:
     """
     k, n = w.shape
     n_blocks = math.ceil(k / block_size)
-    w = np.asarray(w, dtype=np.float32)
+    xp = namespace(w)
+    w = xp.asarray(w, dtype=np.float32)
     if n_blocks * block_size == k:
         return w.reshape(n_blocks, block_size, n)
-    padded = np.zeros((n_blocks * block_size, n), dtype=np.float32)
+    padded = xp.zeros((n_blocks * block_size, n), dtype=np.float32)
     padded[:k] = w
     return padded.reshape(n_blocks, block_size, n)
 
@@ -188,34 +195,36 @@ def block_params(
     A block of zeros gets ``s = 1`` (and ``z = 0``), so it quantizes to 0 and reconstructs exactly.
     """
     qmin, qmax = grid.levels
+    xp = namespace(blocks)
     lo = blocks.min(axis=-2)
     hi = blocks.max(axis=-2)
-    ratios = np.asarray(ratios, dtype=np.float32)
+    ratios = xp.asarray(ratios, dtype=np.float32)
     if grid.symmetric:
-        scales = nonzero_scales(np.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios)
+        scales = nonzero_scales(xp.maximum(lo / np.float32(qmin), hi / np.float32(qmax)) * ratios)
         if grid.positive_scales:
             return scales, None
-        signed = nonzero_scales(np.where(-lo >= hi, lo, hi) / np.float32(qmin) * ratios)
+        signed = nonzero_scales(xp.where(-lo >= hi, lo, hi) / np.float32(qmin) * ratios)
         if not (signed != scales).any():
             return scales, None
         better = _block_sq_error(blocks, signed, grid.bits) < _block_sq_error(blocks, scales, grid.bits)
-        return np.where(better, signed, scales).astype(np.float32), None
-    lo = np.minimum(lo, np.float32(0.0)) * ratios
-    hi = np.maximum(hi, np.float32(0.0)) * ratios
+        return xp.where(better, signed, scales).astype(np.float32), None
+    lo = xp.minimum(lo, np.float32(0.0)) * ratios
+    hi = xp.maximum(hi, np.float32(0.0)) * ratios
     scales = nonzero_scales((hi - lo) / np.float32(qmax - qmin))
-    zero_points = np.clip(np.rint(-lo / scales), qmin, qmax).astype(np.float32)
+    zero_points = xp.clip(xp.rint(-lo / scales), qmin, qmax).astype(np.float32)
     return scales, zero_points
 
 
 def nonzero_scales(scales: np.ndarray) -> np.ndarray:
     """``scales`` as float32 with 1 where a block is all zeros (its scale would be 0)."""
-    return np.where(np.abs(scales) > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
+    xp = namespace(scales)
+    return xp.where(xp.abs(scales) > np.finfo(np.float32).tiny, scales, np.float32(1.0)).astype(np.float32)
 
 
 def _block_sq_error(blocks: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
     """Squared reconstruction error per block and column of symmetric quantization with ``scales``."""
     diff = blocks - quantize_levels(blocks, scales, None, bits=bits) * scales[..., None, :]
-    return np.einsum("...kn,...kn->...n", diff, diff)
+    return namespace(diff).einsum("...kn,...kn->...n", diff, diff)
 
 
 def quantize_levels(
@@ -226,10 +235,11 @@ def quantize_levels(
     ``scales``/``zero_points`` are ``[..., N]`` (one per block and column). Rounding is half-to-even (``np.rint``).
     """
     qmin, qmax = level_range(bits, zero_points is None)
-    levels = np.rint(blocks / scales[..., None, :])
+    xp = namespace(blocks, scales)
+    levels = xp.rint(blocks / scales[..., None, :])
     if zero_points is not None:
         levels += zero_points[..., None, :]
-    return np.clip(levels, qmin, qmax, out=levels)
+    return xp.clip(levels, qmin, qmax, out=levels)
 
 
 def dequantize_levels(levels: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None) -> np.ndarray:
@@ -237,6 +247,16 @@ def dequantize_levels(levels: np.ndarray, scales: np.ndarray, zero_points: np.nd
     if zero_points is not None:
         levels = levels - zero_points[..., None, :]
     return levels * scales[..., None, :]
+
+
+def quantize_dequantize(w: np.ndarray, block_size: int, grid: QuantGrid = DEFAULT_GRID) -> np.ndarray:
+    """``[K, N]`` float32 ``w`` after plain RTN and back, on the arrays given (numpy or a device's): the values of
+    ``quantize_rtn(w, block_size, ...).dequantize()`` bit for bit, without the integer levels leaving the device."""
+    k = w.shape[0]
+    blocks = to_blocks(w, effective_block_size(k, block_size))
+    s, z = block_params(blocks, grid)
+    dq = dequantize_levels(quantize_levels(blocks, s, z, bits=grid.bits), s, z)
+    return dq.reshape(-1, dq.shape[-1])[:k]
 
 
 def as_float32_matrix(w: ArrayLike, name: str = "w") -> np.ndarray:
@@ -249,12 +269,13 @@ def as_float32_matrix(w: ArrayLike, name: str = "w") -> np.ndarray:
     return array
 
 
-def column_chunk(k: int, n: int, chunk_columns: int | None) -> int:
+def column_chunk(k: int, n: int, chunk_columns: int | None, *, elements: int = _CHUNK_ELEMENTS) -> int:
+    """Columns per chunk: ``chunk_columns`` (at most ``n``), or as many as keep ``K * columns`` under ``elements``."""
     if chunk_columns is not None:
         if chunk_columns < 1:
             raise ValueError(f"chunk_columns must be positive, got {chunk_columns}")
         return min(chunk_columns, n)
-    return max(1, min(n, _CHUNK_ELEMENTS // max(k, 1)))
+    return max(1, min(n, elements // max(k, 1)))
 
 
 def ratio_grid(ratios: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -268,16 +289,17 @@ def ratio_grid(ratios: Sequence[float] | np.ndarray) -> np.ndarray:
 
 def _mse_ratio_search(blocks: np.ndarray, ratios: np.ndarray, grid: QuantGrid) -> np.ndarray:
     """Per-(block, column) ratio of ``ratios`` minimising the block's weight MSE; ``blocks`` ``[nb, bs, c]``."""
-    best_err = np.full(blocks.shape[::2], np.inf, dtype=np.float32)
-    best_ratio = np.ones(blocks.shape[::2], dtype=np.float32)
+    xp = namespace(blocks)
+    best_err = xp.full(blocks.shape[::2], np.inf, dtype=np.float32)
+    best_ratio = xp.ones(blocks.shape[::2], dtype=np.float32)
     for ratio in ratios:
         scales, zero_points = block_params(blocks, grid, ratios=ratio)
         levels = quantize_levels(blocks, scales, zero_points, bits=grid.bits)
         diff = blocks - dequantize_levels(levels, scales, zero_points)
-        err = np.einsum("bkn,bkn->bn", diff, diff)
+        err = xp.einsum("bkn,bkn->bn", diff, diff)
         better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best_ratio = np.where(better, ratio, best_ratio)
+        best_err = xp.where(better, err, best_err)
+        best_ratio = xp.where(better, ratio, best_ratio)
     return best_ratio
 
 
@@ -293,6 +315,7 @@ def quantize_rtn(
     chunk_columns: int | None = None,
     positive_scales: bool = False,
     search: BlockSearch | None = None,
+    backend: ArrayBackend = NUMPY,
 ) -> QuantizedWeight:
     """Round-to-nearest block-wise quantization of a ``[K, N]`` weight (see :func:`block_params` for the math).
 
@@ -314,6 +337,9 @@ def quantize_rtn(
         search: a function giving the block parameters instead of the block range, called as ``search(blocks,
             QuantGrid(bits, symmetric, positive_scales), valid=K)``
             (:data:`~onnxprec.quantization.algorithms.search.SEARCHES`: k-quant, HQQ). Excludes the clip options.
+        backend: where the arithmetic runs (:func:`onnxprec._array.backend`); each chunk of columns goes there as
+            float32 and its levels come back as int8/uint8. On a device, a chunk is as large as the backend's
+            memory limit allows (unless ``chunk_columns`` says otherwise).
     """
     if clip_search and clip_ratios is not None:
         raise ValueError("Pass either clip_search=True or clip_ratios, not both")
@@ -334,10 +360,10 @@ def quantize_rtn(
     q = np.empty((k, n), dtype=np.int8 if qmin < 0 else np.uint8)
     scales = np.empty((n_blocks, n), dtype=np.float32)
     zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.uint8)
-    step = column_chunk(k, n, chunk_columns)
+    step = column_chunk(k, n, chunk_columns, elements=backend.chunk_elements(_CHUNK_ELEMENTS, _CHUNK_TEMPORARIES))
     for start in range(0, n, step):
         cols = slice(start, min(start + step, n))
-        blocks = to_blocks(weight[:, cols], bs)
+        blocks = to_blocks(backend.from_host(weight[:, cols]), bs)
         if search is not None:
             s, z = search(blocks, grid, valid=k)
         else:
@@ -347,10 +373,12 @@ def quantize_rtn(
                 chunk_ratios = 1.0 if ratios is None else ratios[:, cols]
             s, z = block_params(blocks, grid, ratios=chunk_ratios)
         levels = quantize_levels(blocks, s, z, bits=bits)
-        q[:, cols] = levels.reshape(-1, levels.shape[-1])[:k]
-        scales[:, cols] = s
+        q[:, cols] = backend.to_host(levels.reshape(-1, levels.shape[-1])[:k].astype(q.dtype))
+        scales[:, cols] = backend.to_host(s)
         if zero_points is not None and z is not None:
-            zero_points[:, cols] = z
+            zero_points[:, cols] = backend.to_host(z.astype(np.uint8))
+        del blocks, levels, s, z
+    backend.release()
     return QuantizedWeight(q=q, scales=scales, zero_points=zero_points, block_size=bs, bits=bits)
 
 

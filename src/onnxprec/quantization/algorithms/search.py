@@ -14,13 +14,15 @@ zero points, so the result runs on ONNX Runtime's fast MatMulNBits path and as Q
   rest fit better. ONNX Runtime's HQQ keeps float zero points (a slow MatMulNBits path, and not expressible as
   QDQ); here each step refits the scale (and integer zero point) to the shrunk target by least squares.
 
-Padded rows of a partial last block (``valid`` rows) have no weight in either search.
+Padded rows of a partial last block (``valid`` rows) have no weight in either search. Both run on the arrays they
+are given, numpy or a device module's (:func:`onnxprec._array.namespace`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from onnxprec._array import namespace
 from onnxprec.quantization.algorithms.rtn import (
     DEFAULT_GRID,
     BlockSearch,
@@ -42,7 +44,7 @@ def _row_mask(blocks: np.ndarray, valid: int | None) -> np.ndarray | None:
     n_blocks, bs, _ = blocks.shape
     if valid is None or valid >= n_blocks * bs:
         return None
-    mask = np.ones((n_blocks * bs, 1), np.float32)
+    mask = namespace(blocks).ones((n_blocks * bs, 1), np.float32)
     mask[valid:] = 0
     return mask.reshape(n_blocks, bs, 1)
 
@@ -54,27 +56,30 @@ def _importance(blocks: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     held-out perplexity 27.23 against 28.04) but blocks of 64 and 128 much worse (40.8 against 33.0; 33.3 against
     28.2 with the lm_head in float): it shrinks the scales of blocks whose few large weights matter most.
     """
-    count = blocks.shape[1] if mask is None else np.maximum(mask.sum(axis=1, keepdims=True), 1)
-    rms = np.sqrt(np.einsum("bkn,bkn->bn", blocks, blocks)[:, None, :] / count)
-    weights = rms + np.abs(blocks)
+    xp = namespace(blocks)
+    count = blocks.shape[1] if mask is None else xp.maximum(mask.sum(axis=1, keepdims=True), 1)
+    rms = xp.sqrt(xp.einsum("bkn,bkn->bn", blocks, blocks)[:, None, :] / count)
+    weights = rms + xp.abs(blocks)
     return weights if mask is None else weights * mask
 
 
 def _weighted_error(blocks: np.ndarray, weights: np.ndarray, scales: np.ndarray, zero: np.ndarray | None,
                     bits: int) -> np.ndarray:  # fmt: skip
+    xp = namespace(blocks)
     levels = quantize_levels(blocks, scales, zero, bits=bits)
     if zero is not None:
         levels -= zero[:, None, :]
     diff = levels * scales[:, None, :] - blocks
-    return np.einsum("bkn,bkn->bn", weights * diff, diff)
+    return xp.einsum("bkn,bkn->bn", weights * diff, diff)
 
 
 def _fit_symmetric(blocks: np.ndarray, weights: np.ndarray, levels: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     """The scale minimising ``sum w (s l - x)^2`` for fixed levels: ``sum w x l / sum w l^2``."""
+    xp = namespace(blocks)
     wl = weights * levels
-    num = np.einsum("bkn,bkn->bn", wl, blocks)
-    den = np.einsum("bkn,bkn->bn", wl, levels)
-    return np.where(den > _TINY, num / np.maximum(den, _TINY), fallback).astype(np.float32)
+    num = xp.einsum("bkn,bkn->bn", wl, blocks)
+    den = xp.einsum("bkn,bkn->bn", wl, levels)
+    return xp.where(den > _TINY, num / xp.maximum(den, _TINY), fallback).astype(np.float32)
 
 
 def _fit_asymmetric(blocks: np.ndarray, weights: np.ndarray, levels: np.ndarray, bits: int,
@@ -82,28 +87,29 @@ def _fit_asymmetric(blocks: np.ndarray, weights: np.ndarray, levels: np.ndarray,
     """Scale and integer zero point for fixed levels: weighted least squares of ``x ~ s l + m`` (``m <= 0``), ``z =
     round(-m / s)``, then the scale refitted for that ``z``."""
     _, qmax = level_range(bits, False)
+    xp = namespace(blocks)
     sum_w = weights.sum(axis=1)
     wl = weights * levels
     sum_l = wl.sum(axis=1)
-    sum_l2 = np.einsum("bkn,bkn->bn", wl, levels)
-    sum_xl = np.einsum("bkn,bkn->bn", wl, blocks)
-    sum_x = np.einsum("bkn,bkn->bn", weights, blocks)
+    sum_l2 = xp.einsum("bkn,bkn->bn", wl, levels)
+    sum_xl = xp.einsum("bkn,bkn->bn", wl, blocks)
+    sum_x = xp.einsum("bkn,bkn->bn", weights, blocks)
     det = sum_w * sum_l2 - sum_l * sum_l
-    ok = det > _TINY * np.maximum(sum_w * sum_l2, _TINY)
-    safe = np.where(ok, det, 1)
+    ok = det > _TINY * xp.maximum(sum_w * sum_l2, _TINY)
+    safe = xp.where(ok, det, 1)
     scale = (sum_w * sum_xl - sum_x * sum_l) / safe
     minimum = (sum_l2 * sum_x - sum_l * sum_xl) / safe
     positive_min = minimum > 0  # 0 must stay representable: clamp the minimum, refit the scale alone
-    scale = np.where(positive_min, sum_xl / np.maximum(sum_l2, _TINY), scale)
-    minimum = np.where(positive_min, 0, minimum)
+    scale = xp.where(positive_min, sum_xl / xp.maximum(sum_l2, _TINY), scale)
+    minimum = xp.where(positive_min, 0, minimum)
     ok &= scale > _TINY
-    scale = np.where(ok, scale, fallback[0])
-    zero = np.where(ok, np.clip(np.rint(-minimum / np.where(ok, scale, 1)), 0, qmax), fallback[1])
+    scale = xp.where(ok, scale, fallback[0])
+    zero = xp.where(ok, xp.clip(xp.rint(-minimum / xp.where(ok, scale, 1)), 0, qmax), fallback[1])
     shifted = levels - zero[:, None, :]
     ws = weights * shifted
-    den = np.einsum("bkn,bkn->bn", ws, shifted)
-    refit = np.einsum("bkn,bkn->bn", ws, blocks) / np.maximum(den, _TINY)
-    scale = np.where(ok & (den > _TINY) & (refit > _TINY), refit, scale)
+    den = xp.einsum("bkn,bkn->bn", ws, shifted)
+    refit = xp.einsum("bkn,bkn->bn", ws, blocks) / xp.maximum(den, _TINY)
+    scale = xp.where(ok & (den > _TINY) & (refit > _TINY), refit, scale)
     return nonzero_scales(scale), zero.astype(np.float32)
 
 
@@ -120,6 +126,7 @@ def kquant_params(
     is never worse than RTN on that weighted error.
     """
     bits, positive_scales = grid.bits, grid.positive_scales
+    xp = namespace(blocks)
     mask = _row_mask(blocks, valid)
     weights = _importance(blocks, mask)
     best_s, best_z = block_params(blocks, grid)
@@ -127,51 +134,52 @@ def kquant_params(
     qmin, qmax = grid.levels
     if grid.symmetric:
         lo, hi = blocks.min(axis=1), blocks.max(axis=1)
-        extreme = np.where(-lo >= hi, lo, hi)
+        extreme = xp.where(-lo >= hi, lo, hi)
         # No step below RTN's: the block's largest magnitude stays representable (clipping it cost SmolLM2 dearly).
         if positive_scales:
-            floor = np.maximum(lo / np.float32(qmin), hi / np.float32(qmax))
+            floor = xp.maximum(lo / np.float32(qmin), hi / np.float32(qmax))
         else:
-            floor = np.abs(extreme) / np.float32(-qmin)
+            floor = xp.abs(extreme) / np.float32(-qmin)
         for i in range(-(steps // 2), steps // 2 + 1):
             if positive_scales:
-                step = nonzero_scales(np.maximum(-lo, hi) / np.float32(qmax + delta * i))
+                step = nonzero_scales(xp.maximum(-lo, hi) / np.float32(qmax + delta * i))
             else:
                 step = nonzero_scales(extreme / np.float32(qmin - delta * i))
             levels = quantize_levels(blocks, step, None, bits=bits)
             scale = nonzero_scales(_fit_symmetric(blocks, weights, levels, step))
             if positive_scales:
-                scale = np.where(scale > 0, scale, step).astype(np.float32)
-            scale = (np.sign(scale) * np.maximum(np.abs(scale), floor)).astype(np.float32)
+                scale = xp.where(scale > 0, scale, step).astype(np.float32)
+            scale = (xp.sign(scale) * xp.maximum(xp.abs(scale), floor)).astype(np.float32)
             err = _weighted_error(blocks, weights, scale, None, bits)
             better = err < best_err
-            best_err = np.where(better, err, best_err)
-            best_s = np.where(better, scale, best_s).astype(np.float32)
+            best_err = xp.where(better, err, best_err)
+            best_s = xp.where(better, scale, best_s).astype(np.float32)
         return best_s, None
     assert best_z is not None
-    lo = np.minimum(blocks.min(axis=1), 0)
-    hi = np.maximum(blocks.max(axis=1), 0)
+    lo = xp.minimum(blocks.min(axis=1), 0)
+    hi = xp.maximum(blocks.max(axis=1), 0)
     span = hi - lo
     for i in range(steps + 1):
-        inverse = np.float32(qmax - 1 + delta * i) / np.where(span > _TINY, span, 1)
-        levels = np.clip(np.rint(inverse[:, None, :] * (blocks - lo[:, None, :])), qmin, qmax)
+        inverse = np.float32(qmax - 1 + delta * i) / xp.where(span > _TINY, span, 1)
+        levels = xp.clip(xp.rint(inverse[:, None, :] * (blocks - lo[:, None, :])), qmin, qmax)
         scale, zero = _fit_asymmetric(blocks, weights, levels, bits, (best_s, best_z))
         err = _weighted_error(blocks, weights, scale, zero, bits)
         tolerance = np.float32(1e-6) * span
         covers = (scale * (qmax - zero) >= hi - tolerance) & (scale * zero >= -lo - tolerance)
         better = (err < best_err) & covers
-        best_err = np.where(better, err, best_err)
-        best_s = np.where(better, scale, best_s).astype(np.float32)
-        best_z = np.where(better, zero, best_z).astype(np.float32)
+        best_err = xp.where(better, err, best_err)
+        best_s = xp.where(better, scale, best_s).astype(np.float32)
+        best_z = xp.where(better, zero, best_z).astype(np.float32)
     return best_s, best_z
 
 
 def _shrink_lp(x: np.ndarray, beta: float, p: float) -> np.ndarray:
     """The proximal operator of ``|x|^p / beta`` (HQQ's generalized soft threshold)."""
-    magnitude = np.abs(x)
+    xp = namespace(x)
+    magnitude = xp.abs(x)
     with np.errstate(divide="ignore"):
-        threshold = np.where(magnitude > 0, magnitude ** np.float32(p - 1) / np.float32(beta), 0)
-    return np.sign(x) * np.maximum(magnitude - threshold, 0)
+        threshold = xp.where(magnitude > 0, magnitude ** np.float32(p - 1) / np.float32(beta), 0)
+    return xp.sign(x) * xp.maximum(magnitude - threshold, 0)
 
 
 def hqq_params(
@@ -191,8 +199,9 @@ def hqq_params(
     target ``x - e`` by least squares. The parameters with the lowest mean absolute error are kept (RTN's
     included), as HQQ does.
     """
+    xp = namespace(blocks)
     mask = _row_mask(blocks, valid)
-    ones = np.ones_like(blocks) if mask is None else np.broadcast_to(mask, blocks.shape).astype(np.float32)
+    ones = xp.ones_like(blocks) if mask is None else xp.broadcast_to(mask, blocks.shape).astype(np.float32)
     bits = grid.bits
     scale, zero = block_params(blocks, grid)
 
@@ -200,7 +209,7 @@ def hqq_params(
         levels = quantize_levels(blocks, s, z, bits=bits)
         if z is not None:
             levels -= z[:, None, :]
-        return np.einsum("bkn,bkn->bn", ones, np.abs(levels * s[:, None, :] - blocks))
+        return xp.einsum("bkn,bkn->bn", ones, xp.abs(levels * s[:, None, :] - blocks))
 
     best_s, best_z = scale, zero
     best_err = mean_abs_error(scale, zero)
@@ -211,17 +220,17 @@ def hqq_params(
         target = blocks - error
         if grid.symmetric:
             fitted = nonzero_scales(_fit_symmetric(target, ones, levels, scale))
-            scale = np.where(fitted > 0, fitted, scale).astype(np.float32) if grid.positive_scales else fitted
+            scale = xp.where(fitted > 0, fitted, scale).astype(np.float32) if grid.positive_scales else fitted
         else:
             assert zero is not None
             scale, zero = _fit_asymmetric(target, ones, levels, bits, (scale, zero))
         beta *= kappa
         err = mean_abs_error(scale, zero)
         better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best_s = np.where(better, scale, best_s).astype(np.float32)
+        best_err = xp.where(better, err, best_err)
+        best_s = xp.where(better, scale, best_s).astype(np.float32)
         if zero is not None and best_z is not None:
-            best_z = np.where(better, zero, best_z).astype(np.float32)
+            best_z = xp.where(better, zero, best_z).astype(np.float32)
     return best_s, best_z
 
 

@@ -351,6 +351,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
                     block_size=block_of(target, options),
                     symmetric=config.symmetric,
                     positive_scales=config.positive_scales,
+                    backend=config.backend,
                 )
             else:
                 clip = options.spec.clip == "mse"
@@ -361,6 +362,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
                     positive_scales=config.positive_scales,
                     clip_search=clip,
                     search=options.spec.search,
+                    backend=config.backend,
                 )
 
     tick = time.perf_counter()

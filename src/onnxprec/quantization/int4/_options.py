@@ -16,6 +16,7 @@ from onnxprec._arg_groups import (
     log_level_option,
     regexes_option,
 )
+from onnxprec._array import DEFAULT_GPU_MEMORY_MB
 from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
@@ -152,6 +153,13 @@ class Int4Options(_tool.QuantizationOptions):
         "several passes over the data; a model with more weights than this runs in segments of half as many.",
     )
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=EXTRAS)
+    gpu_memory_mb: int = option(
+        DEFAULT_GPU_MEMORY_MB,
+        group=EXTRAS,
+        help="With a GPU in --calibration_eps (cuda, trt) and CuPy installed (onnxprec[gpu-math]), RTN, k-quant, "
+        "HQQ, AWQ-lite and GPTQ compute on that GPU, holding at most this many MiB of its memory (a GPTQ weight that "
+        "would need more runs in numpy); 0 keeps the arithmetic in numpy.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -182,6 +190,8 @@ class Int4Options(_tool.QuantizationOptions):
                 raise InvalidArgumentError(f"{name} must be in (0, 1], got {step!r}.")
         if not 0 < self.awqclip_alpha_min <= 1:
             raise InvalidArgumentError(f"awqclip_alpha_min must be in (0, 1], got {self.awqclip_alpha_min!r}.")
+        if self.gpu_memory_mb < 0:
+            raise InvalidArgumentError(f"gpu_memory_mb must be 0 or positive, got {self.gpu_memory_mb!r}.")
         for name in ("awqclip_bsz_col", "stats_memory_mb"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
@@ -222,6 +232,7 @@ class Int4Options(_tool.QuantizationOptions):
 
     def quant_config(self) -> Any:
         """The :class:`~onnxprec.quantization.methods.QuantConfig` of these options."""
+        from onnxprec._array import backend
         from onnxprec.quantization.methods import QuantConfig
 
         alphas = _grid(0.0, 1.0, self.awqlite_alpha_step)
@@ -235,6 +246,7 @@ class Int4Options(_tool.QuantizationOptions):
             clip_chunk_columns=self.awqclip_bsz_col,
             gptq_damp=self.gptq_damp,
             gptq_act_order=self.gptq_act_order,
+            backend=backend(self.calibration_eps, memory_limit_mb=self.gpu_memory_mb),
         )
 
 
