@@ -200,13 +200,14 @@ def cell_key(mr: ModelRun, tool: CorpusTool, dep: str | None) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _classify(rc: int | None, status: str, judged: dict[str, Any] | None, writes_model: bool) -> str:
+def _classify(rc: int | None, status: str, judged: dict[str, Any] | None, writes_model: bool, log: str) -> str:
     """pass | destroyed (exit 0, bound missed) | unloadable (exit 0, ONNX Runtime cannot run the result) |
-    refused (non-zero exit) | timeout | ok (a tool that writes no model, exit 0)."""
-    if status == "timeout":
-        return "timeout"
+    refused (non-zero exit with the tool's message) | crashed (non-zero exit with a Python traceback) | timeout |
+    ok (a tool that writes no model, exit 0)."""
+    if status in ("timeout", "memory-limit"):
+        return status
     if rc:
-        return "refused"
+        return "crashed" if "Traceback (most recent call last)" in log else "refused"
     if not writes_model:
         return "ok"
     if judged is None:
@@ -226,7 +227,7 @@ def run_cell(mr: ModelRun, tool: CorpusTool, cells: dict[str, dict[str, Any]]) -
     cached = folder / "cell.json"
     if cached.exists():
         old = json.loads(cached.read_text())
-        if old.get("key") == key and (not tool.writes_model or old["outcome"] in ("refused", "timeout")
+        if old.get("key") == key and (not tool.writes_model or old["outcome"] in ("refused", "crashed", "timeout")
                                       or (folder / "out.onnx").exists()):  # fmt: skip
             logger.info("%s %s: cached (%s)", mr.name, tool.id, old["outcome"])
             return dict(old, cached=True)
@@ -259,7 +260,8 @@ def run_cell(mr: ModelRun, tool: CorpusTool, cells: dict[str, dict[str, Any]]) -
                 cell["metric"] = judged
             except Exception as e:  # a result ONNX Runtime cannot run is a result too
                 cell["message"] = f"ONNX Runtime cannot run the result: {type(e).__name__}: {e}".splitlines()[0][:300]
-    cell["outcome"] = _classify(rc if rec["status"] != "timeout" else None, rec["status"], judged, tool.writes_model)
+    log = (folder / "log.txt").read_text(errors="replace") if (folder / "log.txt").exists() else ""
+    cell["outcome"] = _classify(rc, rec["status"], judged, tool.writes_model, log)
     if tool.int8 and judged is not None:
         cell["latency"] = _latency(mr, files["O"])
     log_run(f"{mr.name} {tool.id} [{cell['outcome']}]", rec)
