@@ -59,7 +59,17 @@ def cell_text(cell: Mapping[str, Any]) -> str:
 def counts(models: Mapping[str, Any], tool: str) -> dict[str, int]:
     """Per tool: models meeting the bound with exit 0, refused, destroyed with exit 0 (bound missed, or a result
     ONNX Runtime cannot run), timeouts, and INT8 results faster than FP32."""
-    c = {"pass": 0, "refused": 0, "crashed": 0, "destroyed": 0, "timeout": 0, "memory-limit": 0, "faster": 0, "ran": 0}
+    c = {
+        "pass": 0,
+        "refused": 0,
+        "crashed": 0,
+        "destroyed": 0,
+        "timeout": 0,
+        "memory-limit": 0,
+        "faster": 0,
+        "timed": 0,
+        "ran": 0,
+    }
     for block in models.values():
         cell = block.get("cells", {}).get(tool)
         if not cell or cell.get("outcome") in ("n/a", "skipped"):
@@ -68,6 +78,7 @@ def counts(models: Mapping[str, Any], tool: str) -> dict[str, int]:
         out = cell["outcome"]
         c["pass" if out in ("pass", "ok") else "destroyed" if out in ("destroyed", "unloadable") else out] += 1
         ratio = cell.get("latency", {}).get("ratio")
+        c["timed"] += int(isinstance(ratio, float))
         c["faster"] += int(isinstance(ratio, float) and ratio < 1.0)
     return c
 
@@ -110,7 +121,9 @@ def section(data: Mapping[str, Any], file: str) -> list[str]:
             "faster than FP32": "faster"}  # fmt: skip
     for label, key in rows.items():
         vals = [counts(models, t) for t in tools]
-        out.append(f"| **{label}** | | | | | " + " | ".join(f"{v[key]}/{v['ran']}" for v in vals) + " |")
+        total = "timed" if key == "faster" else "ran"
+        shown = [f"{v[key]}/{v[total]}" if v[total] or key != "faster" else "–" for v in vals]
+        out.append(f"| **{label}** | | | | | " + " | ".join(shown) + " |")
     out += ["", "Non-zero exits and results ONNX Runtime could not run, with the tool's own line:", ""]
     for name, b in models.items():
         for t, c in b.get("cells", {}).items():
