@@ -4,6 +4,7 @@
     python -m benchmarks int4 [--plan smollm2|synthetic|genai|all] [--tools ...]   (INT4: benchmarks/int4.py)
     python -m benchmarks utilities [--models ...] [--tools ...]   (issue 10's tools: benchmarks/utilities.py)
     python -m benchmarks int8 [--models ...] [--tools ...]   (INT8 with the anchors: benchmarks/int8.py)
+    python -m benchmarks corpus [--models ...] [--tools ...] [--jobs 1] [--report-only]   (benchmarks/corpus.py)
     python -m benchmarks report
     python -m benchmarks tools
 
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import harness, int4, int8, report, utilities
+from . import corpus, harness, int4, int8, report, report_corpus, utilities
 from .tools import DEFAULT_TOOLS, MODEL_GROUPS, TOOLS, expand_models, parse_tools
 
 # part: (help, run, default repeats, default timeout s)
@@ -66,6 +67,14 @@ def _parser() -> argparse.ArgumentParser:
             r.add_argument("--plan", default="all", choices=sorted(int4.PLANS), help="which models (default: all)")
             r.add_argument("--decode-from", type=Path, help="only time genai decode of outputs in DIR/<model>/<tool>/")
             r.add_argument("--providers", default="cpu", help="the genai decode timing's provider: cpu or cuda")
+    c = sub.add_parser("corpus", help="every tool on every corpus model, then RELIABILITY.md (benchmarks/corpus.py)")
+    c.add_argument("--models", nargs="*", help="corpus models, comma or space separated (default: all with inputs)")
+    c.add_argument("--tools", nargs="*", help=f"tool ids (default: all): {', '.join(corpus.TOOLS)}")
+    c.add_argument("--jobs", type=int, default=1, help="models run in parallel (default 1; latency needs 1)")
+    c.add_argument("--timeout", type=float, default=600.0, help="seconds per tool run (default 600)")
+    c.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
+    c.add_argument("--report-only", action="store_true", help="only regenerate RELIABILITY.md's corpus section")
+    c.add_argument("--results", type=Path, default=None, help="--report-only: this file (default: the newest)")
     sub.add_parser("report", help="regenerate BENCHMARKS.md from the results", parents=[files])
     sub.add_parser("tools", help="list the tools and the default plan")
     return ap
@@ -99,6 +108,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\nmodel groups:", ", ".join(f"{k}={'+'.join(v)}" for k, v in MODEL_GROUPS.items()))
             print("\nINT4 tools:", ", ".join(int4.TOOLS), "\nINT8 tools:", ", ".join(int8.TOOLS))
             print("utilities tools:", ", ".join(utilities.TOOL_IDS))
+            return 0
+        if a.cmd == "corpus":
+            if a.report_only:
+                print(report_corpus.write(a.results))
+                return 0
+            config = harness.RunConfig(
+                models=_list(a.models) or [],
+                tools=_list(a.tools),
+                timeout_s=a.timeout,
+                results_dir=a.results_dir,
+                command="python -m benchmarks " + shlex.join(argv),
+            )
+            print(corpus.run(config, a.jobs))
             return 0
         if a.cmd != "report":
             print(PARTS[a.cmd][1](_config(a, argv)))

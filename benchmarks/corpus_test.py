@@ -1,0 +1,100 @@
+"""The corpus runner's pieces on synthetic models and results: splits as one file, INT4's applicability, how a
+cell is classified, the counts and the RELIABILITY.md section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from benchmarks import corpus, report_corpus
+
+
+def _model(path: Path, op: str) -> Path:
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    node = helper.make_node(op, ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])  # fmt: skip
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_has_weights_sees_matmul_weights_only(tmp_path: Path) -> None:
+    assert corpus.has_weights(_model(tmp_path / "mm.onnx", "MatMul"))
+    assert not corpus.has_weights(_model(tmp_path / "add.onnx", "Add"))
+
+
+def test_merged_npz_concatenates_batches_or_keeps_the_first(tmp_path: Path) -> None:
+    split = tmp_path / "calib"
+    split.mkdir()
+    for i in range(3):
+        np.savez(split / f"{i:03d}.npz", x=np.full((2, 4), i, np.float32))
+    with np.load(corpus.merged_npz(split, tmp_path / "calib.npz")) as z:
+        assert z["x"].shape == (6, 4)
+    vad = tmp_path / "vad"
+    vad.mkdir()
+    for i in range(2):  # a state whose batch is on axis 1 and a scalar: not joinable on axis 0
+        np.savez(vad / f"{i:03d}.npz", x=np.zeros((8, 4), np.float32), state=np.zeros((2, 8, 3)), sr=np.array(16000))
+    with np.load(corpus.merged_npz(vad, tmp_path / "vad.npz")) as z:
+        assert z["x"].shape == (8, 4) and z["sr"].shape == ()
+
+
+@pytest.mark.parametrize(
+    ("rc", "status", "judged", "writes", "log", "expected"),
+    [
+        (0, "ok", {"passed": True}, True, "", "pass"),
+        (0, "ok", {"passed": False}, True, "", "destroyed"),
+        (0, "ok", None, True, "", "unloadable"),
+        (3, "failed", None, True, "error: the accuracy guard failed", "refused"),
+        (1, "failed", None, True, "Traceback (most recent call last):\n  ...", "crashed"),
+        (None, "timeout", None, True, "", "timeout"),
+        (0, "ok", None, False, "", "ok"),
+    ],
+)
+def test_classify(rc: int | None, status: str, judged: dict | None, writes: bool, log: str, expected: str) -> None:
+    assert corpus._classify(rc, status, judged, writes, log) == expected
+
+
+def _results() -> dict:
+    def cell(outcome: str, value: float | None = None, ratio: float | None = None, **kw: object) -> dict:
+        c: dict = {"outcome": outcome, "command": "onnxprec quantize int8 ...", "rc": 0, **kw}
+        if value is not None:
+            c["metric"] = {"metric": "top1", "value": value}
+        if ratio is not None:
+            c["latency"] = {"ratio": ratio}
+        return c
+
+    models = {
+        "a": {"kind": "k1", "package": "p==1", "bytes": 2e6, "metric": "top1", "bound": 0.98,
+              "cells": {"int8": cell("pass", 1.0, 0.6), "int4": cell("n/a")}},
+        "b": {"kind": "k2", "package": "q==2", "bytes": 1e6, "metric": "top1", "bound": 0.98,
+              "cells": {"int8": cell("destroyed", 0.5, 1.2), "int4": cell("refused", rc=3, message="error: no")}},
+        "c": {"kind": "k2", "package": "q==2", "bytes": 1e6, "metric": "top1", "bound": 0.98,
+              "cells": {"int8": cell("crashed", rc=1, message="IndexError: x"), "int4": cell("pass", 0.99)}},
+    }  # fmt: skip
+    return {"models": models, "settings": {"timeout_s": 300}, "versions": {"project": {}, "anchors": {}},
+            "command": "python -m benchmarks corpus", "date": "2026-11-28T23:00:00"}  # fmt: skip
+
+
+def test_counts_per_tool() -> None:
+    c = report_corpus.counts(_results()["models"], "int8")
+    assert (c["ran"], c["pass"], c["destroyed"], c["crashed"], c["faster"], c["timed"]) == (3, 1, 1, 1, 1, 2)
+    c = report_corpus.counts(_results()["models"], "int4")
+    assert (c["ran"], c["pass"], c["refused"]) == (2, 1, 1)  # n/a is not a run
+
+
+def test_section_replaces_itself_and_keeps_the_rest() -> None:
+    lines = report_corpus.section(_results(), "benchmarks/results/corpus-x.json")
+    assert lines[0] == report_corpus.BEGIN and lines[-1] == report_corpus.END
+    text = "\n".join(lines)
+    assert "| a | k1 | p==1 | 2.0 | top1 ≥ 0.980 | ✓ 1.00, 0.60x | n/a |" in text
+    assert "| **destroyed, exit 0** | | | | | 1/3 | 0/2 |" in text
+    assert "| **faster than FP32** | | | | | 1/2 | – |" in text  # of the results that were timed
+    assert "- b `int4` (exit 3): error: no" in text
+    old = "# Title\n\nnode sweep\n"
+    once = report_corpus.render(old, lines)
+    assert once.endswith(old) and once.startswith(report_corpus.BEGIN)
+    assert report_corpus.render(once, lines) == once  # regenerating replaces the section, nothing else
