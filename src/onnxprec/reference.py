@@ -426,49 +426,53 @@ def _run_segmented(
     nodes = list(base.graph.node)
     initializers = {t.name: t for t in base.graph.initializer}
     graph_outputs = [o.name for o in base.graph.output[:n_outputs]]
+    model_io = {i.name for i in base.graph.input} | set(graph_outputs)
     reduction_infos = {o.name: o for o in base.graph.output[len(graph_outputs) :]}
     reductions = reductions or {}
     reduced = {str(v.name) for v in in_graph}  # reduced to min/max/sum/shape inside the piece, never fetched
     fetch = {str(v.name) for v in marked} - reduced
+    constant = _constant_producers(nodes, set(initializers))
     piece_of = {index: s for s, piece in enumerate(segments) for index in piece}
-    last_use: dict[str, int] = {name: len(segments) for name in graph_outputs}  # kept to the end
+    last_use: dict[str, int] = {}  # the last piece that reads a tensor (a graph output too: carried while read)
     for index, node in enumerate(nodes):
         for name in node.input:
-            if name:
+            if name and name not in constant:  # a piece computes the constants it reads itself
                 last_use[name] = max(last_use.get(name, -1), piece_of[index])
     pieces = []
     for s, piece in enumerate(segments):
-        piece_nodes = [nodes[i] for i in piece]
-        produced = [out for node in piece_nodes for out in node.output if out]
-        produced_set = set(produced)
+        own = [out for i in piece for out in nodes[i].output if out]
+        piece_nodes = [nodes[i] for i in sorted(_constants_read(piece, nodes, constant) - set(piece))]
+        piece_nodes += [nodes[i] for i in piece]
+        produced = {out for node in piece_nodes for out in node.output if out}
         read = [name for node in piece_nodes for name in dict.fromkeys(node.input) if name]
-        inputs = [name for name in dict.fromkeys(read) if name not in produced_set and name not in initializers]
-        outputs = [name for name in produced if name in fetch or name in graph_outputs or last_use.get(name, -1) > s]
+        inputs = [name for name in dict.fromkeys(read) if name not in produced and name not in initializers]
+        outputs = [name for name in own if name in fetch or name in graph_outputs or last_use.get(name, -1) > s]
         maybe = [info_of(name) for name in inputs + outputs]
-        infos = [info for info in maybe if info is not None]
-        if len(infos) != len(maybe):
+        infos = [info if info is None or info.name in model_io else _type_only(info) for info in maybe]
+        if any(info is None for info in infos):
             return None  # a crossing tensor of unknown type cannot be a piece's input or output: run whole
         proto = onnx.helper.make_model(
             onnx.helper.make_graph(
                 piece_nodes,
                 f"{base.graph.name}_segment{s}",
-                infos[: len(inputs)],
-                infos[len(inputs) :],
+                [info for info in infos[: len(inputs)] if info is not None],
+                [info for info in infos[len(inputs) :] if info is not None],
                 initializer=[initializers[name] for name in dict.fromkeys(read) if name in initializers],
             ),
             opset_imports=list(base.opset_import),
             ir_version=base.ir_version,
         )
         proto.functions.extend(base.functions)
-        here = {name: outs for name, outs in reductions.items() if name in produced_set}
+        here = {name: outs for name, outs in reductions.items() if name in own}
         proto.graph.output.extend(reduction_infos[out] for outs in here.values() for out in outs)
-        pieces.append((proto.SerializeToString(), inputs, outputs, here))
+        if outputs or here:  # a piece nothing later reads (only constants, or an unread branch) is not run
+            pieces.append((s, proto.SerializeToString(), inputs, outputs, here))
         del proto
     carried: list[dict[str, np.ndarray]] = []
     first_outputs: dict[str, np.ndarray] = {}
     count = 0
-    with tqdm(total=len(segments), desc="Reference run (segments)", unit="segment", disable=None, leave=False) as bar:
-        for s, (payload, inputs, outputs, here) in enumerate(pieces):
+    with tqdm(total=len(pieces), desc="Reference run (segments)", unit="segment", disable=None, leave=False) as bar:
+        for number, (s, payload, inputs, outputs, here) in enumerate(pieces):
             session = _ort.create_session(
                 payload,
                 providers=providers,
@@ -479,7 +483,7 @@ def _run_segmented(
             )
             count = 0
             for i, batch in enumerate(replay):
-                if s == 0:
+                if number == 0:
                     carried.append({})
                     if observe_inputs:
                         for name, array in batch.items():
@@ -494,7 +498,7 @@ def _run_segmented(
                         _observe(observers, name, array)
                     if i == 0 and name in graph_outputs:
                         first_outputs[name] = _copy(array)
-                    if last_use.get(name, -1) > s and name not in graph_outputs:
+                    if last_use.get(name, -1) > s:
                         carried[i][name] = _copy(array)
                 del results
                 for name in [n for n in carried[i] if last_use.get(n, -1) <= s]:
@@ -503,6 +507,51 @@ def _run_segmented(
             del session
             bar.update()
     return first_outputs, count
+
+
+def _constant_producers(nodes: Sequence[onnx.NodeProto], initializers: Collection[str]) -> dict[str, int]:
+    """The outputs of the nodes computed from constants alone (Constant nodes, and nodes whose every input is an
+    initializer or such an output), each with its node's index. A piece computes those it reads itself: the tensor
+    never crosses pieces, and the value info an exporter wrote for it is never trusted (onnxruntime-genai's builder
+    declares its shape constants as scalars)."""
+    constant: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        if node.op_type in _NOT_CONSTANT or any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+        ):
+            continue
+        if all(not name or name in initializers or name in constant for name in node.input):
+            constant.update((out, index) for out in node.output if out)
+    return constant
+
+
+# Ops whose outputs are not a function of their inputs alone.
+_NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"})
+
+
+def _constants_read(piece: Sequence[int], nodes: Sequence[onnx.NodeProto], constant: Mapping[str, int]) -> set[int]:
+    """Indices of the constant nodes (:func:`_constant_producers`) that ``piece``'s nodes read, directly or through
+    other constant nodes."""
+    found: set[int] = set()
+    stack = [name for index in piece for name in nodes[index].input if name in constant]
+    while stack:
+        index = constant[stack.pop()]
+        if index not in found:
+            found.add(index)
+            stack.extend(name for name in nodes[index].input if name in constant)
+    return found
+
+
+def _type_only(info: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """``info`` without its tensor shape: a tensor crossing pieces is declared by its element type alone, so that a
+    wrong shape in the exporter's value info cannot fail the piece that reads it (ONNX Runtime takes the shape from
+    the array it is fed)."""
+    if not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+        return info
+    plain = onnx.ValueInfoProto()
+    plain.CopyFrom(info)
+    plain.type.tensor_type.ClearField("shape")
+    return plain
 
 
 def _run_batch(session: _ort.Session, feeds: Mapping[str, np.ndarray], fetch: list[str], index: int) -> list[Any]:

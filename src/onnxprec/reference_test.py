@@ -226,3 +226,71 @@ def test_later_chunks_drop_every_node_of_the_sentinel_reductions() -> None:
     assert [node.op_type for node in plain.graph.node] == ["Relu", "Neg"]
     assert [out.name for out in plain.graph.output] == ["y"]
     assert [node.op_type for node in model.graph] == ["Relu", "Neg"]  # the model as before
+
+
+def _builder_like(layers: int = 3) -> ir.Model:
+    """The parts of onnxruntime-genai's builder graphs that cross segment boundaries: shape constants from Constant
+    nodes that every layer reads, declared in value_info as scalars (as the builder does: ``shape {}``), a length
+    computed from the attention mask at the start and read by every layer, and a tied embedding (the Gather reads a
+    Transpose of the lm_head weight that the last MatMul reads too)."""
+    rng = np.random.default_rng(0)
+    hidden, head = 32, 8
+    i64 = TensorProto.INT64
+    inits = {"lm_head": (rng.standard_normal((hidden, 64)) * 0.1).astype(np.float32)}
+    shape_const = helper.make_tensor("v", i64, [3], [0, -1, head])
+    nodes = [
+        helper.make_node("Constant", [], ["/constants/INT64/[0, -1, 8]"], value=shape_const, name="c_shape"),
+        helper.make_node("Constant", [], ["/constants/INT64/[1]"], value_ints=[1], name="c_one"),
+        helper.make_node("Constant", [], ["/constants/INT64/[0, -1, 32]"], value_ints=[0, -1, hidden], name="c_back"),
+        helper.make_node("ReduceSum", ["attention_mask", "/constants/INT64/[1]"], ["mask_sum"], keepdims=1, name="sum"),
+        helper.make_node("Cast", ["mask_sum"], ["length"], to=TensorProto.FLOAT, name="length"),
+        helper.make_node("Transpose", ["lm_head"], ["table"], perm=[1, 0], name="embed_t"),
+        helper.make_node("Gather", ["table", "input_ids"], ["h0"], name="embed"),
+    ]
+    prev = "h0"
+    for i in range(layers):
+        inits[f"w{i}"] = (rng.standard_normal((hidden, hidden)) * 0.2).astype(np.float32)
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Reshape", [f"m{i}", "/constants/INT64/[0, -1, 8]"], [f"heads{i}"], name=f"split{i}"),
+            helper.make_node("Softmax", [f"heads{i}"], [f"norm{i}"], axis=-1, name=f"norm{i}"),
+            helper.make_node("Reshape", [f"norm{i}", "/constants/INT64/[0, -1, 32]"], [f"back{i}"], name=f"join{i}"),
+            helper.make_node("Mul", [f"back{i}", "length"], [f"scaled{i}"], name=f"scale{i}"),
+            helper.make_node("Add", [prev, f"scaled{i}"], [f"h{i + 1}"], name=f"res{i}"),
+        ]
+        prev = f"h{i + 1}"
+    nodes.append(helper.make_node("MatMul", [prev, "lm_head"], ["logits"], name="lm_head"))
+    inputs = [tensor_info("input_ids", i64, ["batch", "seq"]), tensor_info("attention_mask", i64, ["batch", "seq"])]
+    proto = make_model(nodes, inputs, [tensor_info("logits", F, ["batch", "seq", 64])], inits)
+    # The builder's value info: every tensor typed, its shape constants as scalars.
+    proto.graph.value_info.extend(
+        tensor_info(out, i64, [])
+        if out.startswith("/constants/")
+        else tensor_info(out, F if out != "mask_sum" else i64)
+        for node in proto.graph.node
+        for out in node.output
+        if out != "logits"
+    )
+    return ir.serde.deserialize_model(proto)
+
+
+def test_segmented_run_of_a_builder_graph_equals_the_whole_graph() -> None:
+    # Pieces of one weight each: the shape constants are computed by every piece that reads them (their scalar value
+    # info is never a piece's input), the mask's length and the tied table cross pieces by element type.
+    model = _builder_like(3)
+    rng = np.random.default_rng(2)
+    batches = [
+        {"input_ids": rng.integers(0, 64, (1, 5)), "attention_mask": np.ones((1, 5), np.int64)} for _ in range(2)
+    ]
+    results = []
+    for segment_bytes in (1 << 30, 1):
+        first = FirstBatchObserver()
+        results.append((run_reference(model, batches, observers=[first], segment_bytes=segment_bytes), first))
+    (whole, first_w), (pieces, first_p) = results
+    # Each node with a weight alone, the nodes after it in the next piece; the Transpose of the tied table is computed
+    # by the piece of its Gather (its own piece, which nothing else reads, is not run).
+    assert (whole.segments, pieces.segments) == (1, 10)
+    np.testing.assert_array_equal(pieces.first_outputs["logits"], whole.first_outputs["logits"])
+    assert set(first_p.arrays) == set(first_w.arrays) and "back2" in first_w.arrays
+    for name, array in first_w.arrays.items():
+        np.testing.assert_array_equal(first_p.arrays[name], array, err_msg=name)
