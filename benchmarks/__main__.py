@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
             r.add_argument("--plan", default="all", choices=sorted(int4.PLANS), help="which models (default: all)")
             r.add_argument("--decode-from", type=Path, help="only time genai decode of outputs in DIR/<model>/<tool>/")
             r.add_argument("--providers", default="cpu", help="the genai decode timing's provider: cpu or cuda")
-    sub.add_parser("report", help="regenerate BENCHMARKS.md from the results", parents=[files])
+    sub.add_parser("report", help="regenerate BENCHMARKS.md and experiments/STUDIES.md", parents=[files])
     sub.add_parser("tools", help="list the tools and the default plan")
     return ap
 
