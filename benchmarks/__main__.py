@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     c.add_argument("--report-only", action="store_true", help="only regenerate RELIABILITY.md's corpus section")
     c.add_argument("--results", type=Path, default=None, help="--report-only: this file (default: the newest)")
-    sub.add_parser("report", help="regenerate BENCHMARKS.md from the results", parents=[files])
+    sub.add_parser("report", help="regenerate BENCHMARKS.md and experiments/STUDIES.md", parents=[files])
     sub.add_parser("tools", help="list the tools and the default plan")
     return ap
 

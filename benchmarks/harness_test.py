@@ -4,6 +4,7 @@ plus its pure parts: round-by-round ratios, merging runs, the GPU bundles and th
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def test_end_to_end_onnxprec_only(tiny_zoo: Path, tmp_path: Path) -> None:
     assert not list(tmp_path.glob("onnxprec-autocast-*")), "converted models must be cleaned up"
 
     md = report.write_report(results, tmp_path / "BENCHMARKS.md")
-    text = md.read_text()
+    text = md.read_text() + (tmp_path / "STUDIES.md").read_text()  # chains are a scaling study
     wall = report_common.stat(s["wall_s"])
     assert "| chain_24 | onnxprec |" in text
     assert wall in text
@@ -124,5 +125,23 @@ def test_merge_keeps_the_newest_and_marks_cross_run_ratios() -> None:
 
 
 def test_benchmarks_md_regenerates_from_the_stored_results() -> None:
-    """BENCHMARKS.md is exactly what `python -m benchmarks report` renders from benchmarks/results."""
-    assert report.document(harness.RESULTS_DIR) == report.MD_PATH.read_text()
+    """BENCHMARKS.md and experiments/STUDIES.md are exactly what `python -m benchmarks report` renders."""
+    results, studies = report.split(report.record(harness.RESULTS_DIR))
+    assert results == report.MD_PATH.read_text()
+    assert studies == report.STUDIES_PATH.read_text()
+    assert len(results.splitlines()) <= 250
+    assert not re.search(r"issue \d", results)
+
+
+def test_split_keeps_every_section_once() -> None:
+    """Every section of the record lands in exactly one of the two documents; each kept one names its runs."""
+    full = report.record(harness.RESULTS_DIR)
+    results, studies = report.split(full)
+    headings = [line for line in full.splitlines() if line.startswith(("## ", "### "))]
+    kept, moved = results.splitlines(), studies.splitlines()
+    for heading in set(headings):
+        shown = report._ISSUE.sub("", heading).replace(" — runs ", " — ")
+        assert kept.count(shown) + moved.count(heading) >= headings.count(heading), heading
+    for line in results.splitlines():
+        if line.startswith("- **["):
+            assert re.match(r"- \*\*\[\w+\]\*\* 20\d\d-\d\d-\d\d \d\d:\d\d: `python -m benchmarks ", line), line
