@@ -124,12 +124,14 @@ def _onnxprec_int4(args: argparse.Namespace) -> Convert:
     from onnxprec.quantization.int4._cli import add_arguments
     from onnxprec.quantization.int4._cli import run as int4_run
 
-    argv = ["--onnx_path", args.input, "--output_path", args.output, "--calibration_method", args.method]
-    argv += ["--block_size", str(args.block_size), "--output_format", args.format]
-    argv += ["--nodes_to_exclude", *args.exclude]
-    if not args.exclude:  # every layer, as the builder's -p int4: the embedding (and a tied head) too
-        argv.append("--quantize_embeddings")
-    argv += ["--use_zero_point"] if args.zero_point else []
+    argv = ["--onnx_path", args.input, "--output_path", args.output]
+    if args.method != "default":  # "default": the tool's defaults, only the data, budget and report flags
+        argv += ["--calibration_method", args.method]
+        argv += ["--block_size", str(args.block_size), "--output_format", args.format]
+        argv += ["--nodes_to_exclude", *args.exclude]
+        if not args.exclude:  # every layer, as the builder's -p int4: the embedding (and a tied head) too
+            argv.append("--quantize_embeddings")
+        argv += ["--use_zero_point"] if args.zero_point else []
     argv += ["--calibration_data", args.calib] if args.calib else []
     argv += ["--report_json", args.report_json] if args.report_json else []
     argv += ["--size_budget_mb", str(args.size_budget_mb)] if args.size_budget_mb else []
@@ -228,6 +230,18 @@ def _ort_int8(args: argparse.Namespace) -> Convert:
     return lambda: quantize_static(args.input, args.output, _reader(args.calib), **kw)
 
 
+def _onnxprec_int8(args: argparse.Namespace) -> Convert:
+    from onnxprec.quantization.int8._cli import add_arguments
+    from onnxprec.quantization.int8._cli import run as int8_run
+
+    argv = ["--onnx_path", args.input, "--output_path", args.output]
+    argv += ["--calibration_data", args.calib] if args.calib else []
+    argv += ["--report_json", args.report_json] if args.report_json else []
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    return lambda: int8_run(ap.parse_args(argv))
+
+
 def _genai_builder(args: argparse.Namespace) -> Convert:
     import runpy
     import shutil
@@ -256,6 +270,7 @@ TOOLS: dict[str, Callable[[argparse.Namespace], Convert]] = {
     "modelopt_int4": _modelopt_int4,
     "ort_int4": _ort_int4,
     "ort_int8": _ort_int8,
+    "onnxprec_int8": _onnxprec_int8,
     "genai_builder": _genai_builder,
 }
 
@@ -271,7 +286,7 @@ def main() -> int:
     ap.add_argument("--target", default=None, help="onnxprec: --target_accuracy (e.g. rel_l2<=1e-3)")
     ap.add_argument("--rtol", type=float, default=0.01, help="occ_amp rtol")
     ap.add_argument("--atol", type=float, default=0.001, help="occ_amp atol")
-    ap.add_argument("--method", default="rtn", help="INT4: calibration method")
+    ap.add_argument("--method", default="rtn", help="INT4: calibration method (onnxprec_int4: 'default', its defaults)")
     ap.add_argument("--block-size", type=int, default=128, help="INT4: block size (-1 per channel)")
     ap.add_argument("--zero-point", action="store_true", help="INT4: asymmetric (zero points)")
     ap.add_argument("--format", default="qdq", help="onnxprec_int4, ort_int4: qdq or matmulnbits")

@@ -49,6 +49,10 @@ GENAI = "smollm2_genai"  # the builder's FP32 SmolLM2 (<zoo>/genai/smollm2_fp32)
 GENAI_FP16 = "smollm2_genai_fp16"  # the builder's FP16 SmolLM2 (<zoo>/genai/smollm2_fp16), the same windows
 GENAI_BUILDS = {GENAI: "smollm2_fp32", GENAI_FP16: "smollm2_fp16"}
 GENAI_FILES = ("genai_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# Billion-parameter LLMs (zoo.bigllm): benchmark name -> zoo.bigllm key. Windows 0-7 of their token array are the
+# calibration windows (4 code, 4 prose), 8-15 the held-out ones (4 code, 4 prose), so the ranges above apply.
+BIGLLM = {"qwen_1.5b": "qwen-1.5b", "qwen_0.5b": "qwen-0.5b"}
+BIGLLM_WINDOWS = 4  # windows of each kind (code, prose) for calibration and for held-out perplexity
 DECODE_TOKENS = 64
 PREFILL_WINDOWS = range(8, 11)  # held-out windows of 256 tokens: the prompts of the prefill measurement
 # ModelOpt matches its patterns with re.match from the start of the name, so its default r"/lm_head" misses the
@@ -90,6 +94,14 @@ class Int4Tool:
     def user_command(self) -> str:
         """What a user would type (or call) for the same quantization."""
         zp = " --use_zero_point" if self.zero_point else ""
+        if self.runner == "prebuilt":
+            return f"python -m zoo.bigllm build MODEL --variants {self.method}"
+        if self.runner == "onnxprec_int8":
+            return "onnxprec quantize int8 --onnx_path M --calibration_data calib/"
+        if self.runner == "onnxprec_int4" and self.method == "default":
+            data = " --calibration_data calib/" if self.calibrated else ""
+            budget = f" --size_budget_mb {self.budget_mb:g}" if self.budget_mb else ""
+            return f"onnxprec quantize int4 --onnx_path M{budget}{data}"
         if self.runner == "onnxprec_int4":
             data = " --calibration_data calib/" if self.calibrated else ""
             fmt = f" --output_format {self.output_format}" if self.output_format != "qdq" else ""
@@ -191,7 +203,25 @@ _GENAI_ONLY = (
     ),
     replace(_ours("awq_gptq"), id="onnxprec:awq_gptq:nodata", calibrated=False),
 )
+_BIGLLM_ONLY = (
+    # the zoo's anchors (zoo.bigllm, built once; time and peak RSS from its build.json)
+    *(
+        Int4Tool(f"{tool}:zoo", "prebuilt", "project", variant, 32, False, "matmulnbits", False, exclude="")
+        for tool, variant in (
+            ("builder:default", "int4-default"),
+            ("builder:k_quant_mixed", "int4-k_quant_mixed"),
+            ("builder:k_quant_last", "int4-k_quant_last"),
+            ("ort:rtn:b32", "ort-rtn"),
+            ("ort:k_quant:b32", "ort-k_quant"),
+        )
+    ),
+    # onnxprec without options: with the calibration windows and without data
+    Int4Tool("onnxprec:default", "onnxprec_int4", "project", "default", exclude=""),
+    Int4Tool("onnxprec:default:nodata", "onnxprec_int4", "project", "default", calibrated=False, exclude=""),
+    Int4Tool("onnxprec:int8", "onnxprec_int8", "project", "int8", exclude=""),
+)
 _SMOLLM2_TOOLS = [t for t in TOOLS if not t.endswith(":random")]
+TOOLS.update({t.id: t for t in _BIGLLM_ONLY})
 TOOLS.update({t.id: t for t in _GENAI_ONLY})
 # the genai plan's rows whose time and peak RSS are compared with the same runs on the zoo export
 GENAI_COMPARED = ("onnxprec:autocast", "onnxprec:rtn:zp", "onnxprec:awq_lite:zp")
@@ -211,6 +241,14 @@ PLANS["genai"] = {
         "modelopt:awq_lite",
     ],
     LLM: list(GENAI_COMPARED),
+}
+PLANS["bigllm"] = {
+    model: [
+        *(t.id for t in _BIGLLM_ONLY if t.runner == "prebuilt"),
+        "onnxprec:default",
+        "onnxprec:default:nodata",
+    ]
+    for model in BIGLLM
 }
 PLANS["all"] = {**PLANS["smollm2"], **PLANS["synthetic"]}
 
@@ -387,6 +425,8 @@ def _command(tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | N
 def _measure(
     tool: Int4Tool, python: Path, src: Path, dst: Path, calib: Path | None, work: Path, config: RunConfig
 ) -> dict[str, Any]:
+    if tool.runner == "prebuilt":
+        return _prebuilt(tool, src, dst)
     report = work / f"{tool.id.replace(':', '_')}.report.json"
     cmd = _command(tool, python, src, dst, calib, report)
     rec = measure(cmd, work / f"{tool.id.replace(':', '_')}.log", config.timeout_s, config.mem_limit_mb)
@@ -396,6 +436,19 @@ def _measure(
     peak = f"{rec['peak_rss_mb']:.0f}" if rec["peak_rss_mb"] else "?"
     logger.info("%s: %s, %.1f s, peak RSS %s MiB %s", tool.id, rec["status"], rec["wall_s"], peak, rec.get("error", ""))
     return rec
+
+
+def _prebuilt(tool: Int4Tool, src: Path, dst: Path) -> dict[str, Any]:
+    """A zoo.bigllm anchor built earlier (beside the FP32 build ``src``): its files linked into ``dst``'s folder, its
+    build's wall time and peak RSS (zoo.bigllm's build.json) as the round's record."""
+    folder = src.parent.with_name(src.parent.name.removesuffix("-fp32") + f"-{tool.method}")
+    if not (folder / "model.onnx").exists():
+        return {"status": "missing", "wall_s": 0.0, "peak_rss_mb": None, "error": f"not built: {folder}"}
+    for f in folder.iterdir():
+        (dst.parent / f.name).symlink_to(f)
+    info = json.loads((folder / "build.json").read_text())
+    return {"status": "ok", "wall_s": info["wall_s"], "peak_rss_mb": info["peak_rss_mb"], "convert_s": None,
+            "command": info["command"]}  # fmt: skip
 
 
 @dataclass
@@ -469,6 +522,8 @@ def _output(m: _Model, tool: Int4Tool) -> Path:
 
 def _prepare(model: str, tools: list[Int4Tool], work: Path, config: RunConfig) -> _Model:
     work.mkdir(parents=True)
+    if model in BIGLLM:
+        return _prepare_bigllm(model, tools, work)
     src = (
         zoo.build_genai([GENAI_BUILDS[model]], config.zoo_dir)[0]
         if model in GENAI_BUILDS
@@ -483,6 +538,30 @@ def _prepare(model: str, tools: list[Int4Tool], work: Path, config: RunConfig) -
         m.eval_feeds = window_feeds(src, m.ids, EVALUATION_WINDOWS)
         if any(t.venv == "anchors" and t.calibrated for t in tools):
             m.calib_full = write_calibration(m.ids, work / "calib_full", window_feeds(src, m.ids, CALIBRATION_WINDOWS))
+    return m
+
+
+def bigllm_windows(key: str) -> np.ndarray:
+    """A zoo.bigllm model's token windows: :data:`BIGLLM_WINDOWS` each of calibration code and prose (rows 0-7),
+    then of held-out code and prose (rows 8-15)."""
+    from zoo import bigllm
+
+    with np.load(bigllm.text_path(key)) as z:
+        kinds = ("calib_code", "calib_prose", "heldout_code", "heldout_prose")
+        return np.concatenate([z[k][:BIGLLM_WINDOWS] for k in kinds])
+
+
+def _prepare_bigllm(model: str, tools: list[Int4Tool], work: Path) -> _Model:
+    from zoo import bigllm
+
+    key = BIGLLM[model]
+    src = bigllm.output_dir(key, "fp32") / "model.onnx"
+    if not src.exists():
+        raise RuntimeError(f"{model}: build it first (python -m zoo.bigllm build {key})")
+    m = _Model(model, src, tools, work, weights=quantizable_weights(src, exclude="^$"))
+    m.ids = bigllm_windows(key)
+    m.calib = write_calibration(m.ids, work / "calib")
+    m.eval_feeds = window_feeds(src, m.ids, EVALUATION_WINDOWS)
     return m
 
 
@@ -515,7 +594,8 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
             rec["ideal_bytes"] = ideal_bytes(m.weights or [], tool.block_size, tool.zero_point, storage["scale_bits"])
             if ids is not None:
                 try:
-                    rec.update(held_out_perplexity(dst, ids, m.eval_feeds or (), reference=src))
+                    reference = None if m.name in BIGLLM else src  # the FP32 1.5B once per model, not per tool
+                    rec.update(held_out_perplexity(dst, ids, m.eval_feeds or (), reference=reference))
                 except Exception as e:  # a result ONNX Runtime cannot run is a result too
                     rec["perplexity_error"] = f"{type(e).__name__}: {e}"[:400]
                 logger.info("%s: held-out perplexity %s", tool.id, rec.get("perplexity", rec.get("perplexity_error")))
@@ -526,10 +606,11 @@ def _finish(m: _Model, rounds: dict[str, list[dict[str, Any]]], config: RunConfi
         entry["latency"] = {k: latencies(lat_paths, {"input_ids": x}, config.latency_runs) for k, x in feeds.items()}
         medians = {k: {m: v.get("median_ms") for m, v in d.items()} for k, d in entry["latency"].items()}
         logger.info("latency: %s", json.dumps(medians))
-    if m.name in GENAI_BUILDS and config.latency:
+    if (m.name in GENAI_BUILDS or m.name in BIGLLM) and config.latency:
         quantized = {k: p for k, p in outputs.items() if TOOLS[k].runner != "onnxprec"}
         prompts = ids[PREFILL_WINDOWS.start : PREFILL_WINDOWS.stop] if ids is not None else None
-        entry["genai_decode"] = genai_decode({"fp32": src, **quantized}, max(config.repeats, 5), prompts)
+        decode_rounds = config.repeats + 1 if m.name in BIGLLM else max(config.repeats, 5)
+        entry["genai_decode"] = genai_decode({"fp32": src, **quantized}, decode_rounds, prompts)
     return entry
 
 

@@ -34,6 +34,7 @@ from onnxprec.quantization.algorithms.rtn import (
 __all__ = [
     "DEFAULT_ALPHA_GRID",
     "DEFAULT_AWQ_CLIP_RATIOS",
+    "SEARCH_COLUMNS",
     "AwqResult",
     "awq_clip",
     "awq_lite",
@@ -47,6 +48,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_ALPHA_GRID: tuple[float, ...] = tuple(i / 10 for i in range(11))
 # Clip ratios searched by awq_clip: 1.0 down to 0.5 in steps of 0.05 (ModelOpt's grid).
 DEFAULT_AWQ_CLIP_RATIOS: tuple[float, ...] = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))
+
+SEARCH_COLUMNS = 512
+"""Output columns per weight that :func:`awq_lite` scores its candidates on, by default."""
 
 _SCALE_MIN = 1e-4
 _SCALE_MAX = 1e4
@@ -134,6 +138,12 @@ class _OutputError:
         return float(self.xp.einsum("kn,kn->", self.gram @ e, e, dtype=np.float64))
 
 
+def _strided_columns(w: np.ndarray, count: int) -> np.ndarray:
+    """Every ``ceil(N / count)``-th column of ``w`` (all of them when ``N <= count``)."""
+    n = w.shape[1]
+    return w if n <= count else np.ascontiguousarray(w[:, :: -(-n // count)])
+
+
 def awq_lite(
     weights: Sequence[ArrayLike],
     act_absmean: ArrayLike,
@@ -143,6 +153,7 @@ def awq_lite(
     *,
     alpha_grid: Sequence[float] | np.ndarray = DEFAULT_ALPHA_GRID,
     backend: ArrayBackend = NUMPY,
+    search_columns: int | None = SEARCH_COLUMNS,
 ) -> AwqResult:
     """AWQ-lite: one scale vector ``s`` ``[K]`` for all ``weights`` ``[K, N_j]`` that share the input ``x``.
 
@@ -151,9 +162,13 @@ def awq_lite(
 
         ``sum_j ||x W_j - (x / s) Q(diag(s) W_j)||^2 / ||x W_j||^2``
 
-    with ``Q`` block-wise RTN and ``x = x_sample``. Plain RTN (``s = 1``) is scored too and wins ties, so the returned
-    loss is never above ``loss_rtn``. Temporaries are bounded: the weights are processed in chunks of columns
-    (``min(T, K) * chunk`` floats), never ``[alphas, T, N]`` at once.
+    with ``Q`` block-wise RTN and ``x = x_sample``, summed over at most ``search_columns`` output columns of each
+    weight (every ``ceil(N_j / search_columns)``-th; None: all of them). ``s`` scales input channels, so each column
+    scores every candidate alike: a strided subset ranks them as the whole weight does, at a fraction of the cost
+    (the search's cost grows with ``K * N``, and it is most of AWQ-lite's time on a billion-parameter model).
+    Plain RTN (``s = 1``) is scored too and wins ties, so the returned loss is never above ``loss_rtn``.
+    Temporaries are bounded: the weights are processed in chunks of columns (``min(T, K) * chunk`` floats), never
+    ``[alphas, T, N]`` at once.
 
     Args:
         weights: the weights that read the same input (q/k/v, gate/up), same K.
@@ -165,9 +180,13 @@ def awq_lite(
         backend: where the losses are computed (:func:`onnxprec._array.backend`): the weights and the tokens go
             there once, each alpha's scales then; on a device the chunks of columns are as large as its memory
             limit allows.
+        search_columns: output columns per weight the loss is measured on (None: all); the weight statistic
+            uses every column.
     """
     if not weights:
         raise ValueError("awq_lite needs at least one weight")
+    if search_columns is not None and search_columns < 1:
+        raise ValueError(f"search_columns must be positive, got {search_columns}")
     mats = [as_float32_matrix(w, "weight") for w in weights]
     k = mats[0].shape[0]
     act = np.asarray(act_absmean, dtype=np.float32).reshape(-1)
@@ -179,6 +198,8 @@ def awq_lite(
     if x.shape[0] == 0:
         raise ValueError("x_sample has no tokens")
     w_stat = awq_weight_stat(mats, block_size)
+    if search_columns is not None:
+        mats = [_strided_columns(m, search_columns) for m in mats]
     metric = _OutputError(backend.from_host(x))
     step = max(1, backend.chunk_elements(_CHUNK_ELEMENTS, _LOSS_TEMPORARIES) // max(k, min(x.shape)))
     mats = [backend.from_host(m) for m in mats]

@@ -74,6 +74,23 @@ def test_awq_lite_joint_search_with_outlier_channels(t: int, symmetric: bool) ->
     assert result.scales[outliers].min() > result.scales[~outliers].max()
 
 
+def test_awq_lite_scores_a_strided_subset_of_wide_weights() -> None:
+    """The loss of each candidate is the definition on every ``ceil(N / search_columns)``-th column of each weight
+    (narrower weights whole); on these weights the subset chooses the alpha the full search chooses."""
+    k = 128
+    x = _llm_like(96, k, seed=1)
+    act = np.abs(_llm_like(2000, k, seed=1)).mean(axis=0)
+    weights = _weights(k, [40, 700], seed=2)
+    full = awq_lite(weights, act, x, 32, search_columns=None)
+    part = awq_lite(weights, act, x, 32, search_columns=64)
+    assert part.alpha == full.alpha and np.array_equal(part.scales, full.scales)
+    subset = [weights[0], weights[1][:, ::11]]  # 700 columns -> every 11th (64 of them); 40 stay whole
+    assert part.loss == pytest.approx(_normalised_loss(subset, x, part.scales, 32, True), rel=1e-3)
+    assert part.loss_rtn == pytest.approx(_normalised_loss(subset, x, np.ones(k), 32, True), rel=1e-3)
+    with pytest.raises(ValueError, match="search_columns"):
+        awq_lite(weights, act, x, 32, search_columns=0)
+
+
 def test_awq_lite_never_worse_than_rtn_on_misleading_statistics() -> None:
     # Activation statistics that do not match the sample: every alpha > 0 hurts; RTN must be kept.
     k = 64

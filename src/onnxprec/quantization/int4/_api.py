@@ -41,7 +41,7 @@ from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
-from onnxprec.quantization.int4._budget import choose_precisions, writes_text, written_text
+from onnxprec.quantization.int4._budget import choose_precisions, logits_head, writes_text, written_text
 from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD, Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
@@ -69,9 +69,9 @@ def _sanitize(model: ir.Model, options: Int4Options) -> None:
     with quiet_onnx_ir():
         NameNodesPass()(model)
         LiftFloatConstantsPass()(model)
-        if options.output_format == "qdq" and default_opset(model) < MIN_OPSET:
+        if options.format == "qdq" and default_opset(model) < MIN_OPSET:
             _upgrade_opset(model)
-    if options.output_format == "qdq":
+    if options.format == "qdq":
         model.ir_version = max(model.ir_version, 10)
 
 
@@ -293,18 +293,31 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     ``options`` is left as given: the default method's choice for this model goes into a copy."""
     options = copy.copy(options)
     config = options.quant_config()
-    report = Int4Report(options.method, config.block_size, options.use_zero_point, options.output_format)
+    report = Int4Report(options.method, config.block_size, options.use_zero_point, options.format)
     tick = time.perf_counter()
     _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
     model = load_model(source)
     check_float_model(model)
+    llm = options.llm_defaults and writes_text(model)
+    if llm:
+        options.use_llm_defaults()
     _sanitize(model, options)
+    if llm:
+        head = logits_head(model)
+        if head is not None:
+            options.use_8bit_head(head)
+        logger.info(
+            "An LLM without layer options: the embedding and the head are quantized too (%s at 8 bits), as %s; "
+            "--nodes_to_exclude /lm_head keeps ModelOpt's default (head and embedding in float)",
+            f"'{head}'" if head else "no single head found, none", options.format,
+        )  # fmt: skip
+        report.output_format = options.format
     selection = select_layers(
         model,
         exclude=options.exclude_patterns,
         eight_bit=options.eight_bit_patterns,
         gathers=options.quantize_embeddings or options.size_budget_mb is not None,
-        gather_types=GATHER_TYPES[options.output_format],
+        gather_types=GATHER_TYPES[options.format],
     )
     report.excluded, report.skipped = selection.excluded, selection.skipped
     if not selection.targets:
@@ -386,19 +399,19 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
                 report.progress()
 
         lazy = LazyQuantizedWeight(tensor, recipe, transposed=target.transposed, on_done=done)
-        if options.output_format == "qdq":
+        if options.format == "qdq":
             rewrite_qdq(graph, target, lazy, names)
         else:
             rewrite_matmulnbits(graph, target, lazy, names, accuracy_level=options.accuracy_level)
         for value in (target.weight, *target.duplicates):
             if not value.uses() and value.name in graph.initializers:
                 graph.initializers.pop(str(value.name))
-        float_bytes, stored, ideal = _sizes(target, recipe, options.output_format)
+        float_bytes, stored, ideal = _sizes(target, recipe, options.format)
         report.float_bytes += float_bytes * (1 + len(target.duplicates))
         report.quantized_bytes += stored
         report.ideal_bytes += ideal
         report.layers.append(entry)
-    if options.output_format == "matmulnbits":
+    if options.format == "matmulnbits":
         model.opset_imports.setdefault(MS_DOMAIN, 1)
     report.seconds["rewrite"] = time.perf_counter() - tick
     report.ort_only = check_structure(model)

@@ -43,7 +43,7 @@ from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hes
 
 __all__ = [
     "BLOCK_CHOICES", "TINY_ELEMENTS", "WRITTEN_LENGTH", "WRITTEN_WINDOWS", "BudgetReport", "choose_precisions",
-    "writes_text", "written_text",
+    "logits_head", "writes_text", "written_text",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def _candidates(target: Target, gram: np.ndarray | None, options: Int4Options) -
     for precision in _precisions(target, options):
         size, _ = stored_bytes(
             target.k, target.n, int(target.dtype.itemsize), precision, symmetric=config.symmetric,
-            output_format=options.output_format,
+            output_format=options.format,
         )  # fmt: skip
         loss = 0.0
         if precision.bits:
@@ -302,6 +302,24 @@ def _calibrate_gains(
             probe.measured, probe.estimated,
         )  # fmt: skip
     report.probes = {"sets": probes}
+
+
+# Ops between an LLM's head MatMul and its logits output that keep the head's values as they are.
+_PASS_THROUGH = frozenset({"Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Add"})
+
+
+def logits_head(model: ir.Model) -> str | None:
+    """The name of the MatMul or Gemm that writes the ``logits`` output (through casts, reshapes or a bias Add);
+    None when there is no such single node."""
+    value = next((v for v in model.graph.outputs if v.name == "logits"), None)
+    while value is not None and (node := value.producer()) is not None:
+        if node.op_type in ("MatMul", "Gemm") and node.domain in ("", "ai.onnx"):
+            return node.name
+        if node.op_type not in _PASS_THROUGH or node.domain not in ("", "ai.onnx"):
+            return None
+        computed = [v for v in node.inputs if v is not None and v.const_value is None and not v.is_initializer()]
+        value = computed[0] if len(computed) == 1 else None
+    return None
 
 
 def writes_text(model: ir.Model) -> bool:

@@ -5,6 +5,7 @@ Imports nothing heavy, so the command line can print ``--help`` without loading 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ __all__ = [
 
 DEFAULT_BLOCK_SIZE = 128
 DEFAULT_EXCLUDE = ("/lm_head",)
+"""ModelOpt's default ``nodes_to_exclude``: ours for models that are not LLMs. An LLM's default quantizes its head
+(:meth:`Int4Options.use_llm_defaults`); ``--nodes_to_exclude /lm_head`` gives ModelOpt's behaviour back."""
 NO_DATA_LLM_METHOD = "awq_gptq"
 """The default method without calibration data for an LLM that writes its own calibration text (BENCHMARKS.md,
 "default INT4 method without calibration data": on the builder's SmolLM2 it beats kquant by 4.6 perplexity at 86.5 MB in
@@ -86,14 +89,16 @@ class Int4Options(_tool.QuantizationOptions):
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option(
         "the node name, its output name and its weight name",
-        "; give the flag with no pattern to quantize every layer (default: /lm_head, none under --size_budget_mb)",
+        "; give the flag with no pattern to quantize every layer (default: /lm_head, ModelOpt's; none under "
+        "--size_budget_mb; for an LLM without layer options none, the embedding quantized too and the head at 8 bits: "
+        "--nodes_to_exclude /lm_head restores ModelOpt's behaviour)",
         flags=("--nodes_to_exclude", "-ne"),
     )
     quantize_embeddings: bool = option(
         False,
         help="Also quantize embedding Gathers block-wise along the hidden axis (GatherBlockQuantized for "
         "matmulnbits, DequantizeLinear -> Gather for qdq), as onnxruntime-genai's builder does; a tied lm_head then "
-        "shares the quantized table. Implied by --size_budget_mb.",
+        "shares the quantized table. Implied by --size_budget_mb and by an LLM without layer options.",
     )
     size_budget_mb: float | None = option(
         None,
@@ -105,11 +110,12 @@ class Int4Options(_tool.QuantizationOptions):
         "scaled by a few real runs' KL divergence of the logits).",
     )
     log_level: str = log_level_option()
-    output_format: str = option(
-        "qdq",
+    output_format: str | None = option(
+        None,
         choices=OUTPUT_FORMATS,
         help="qdq: DequantizeLinear(INT4) -> MatMul at opset >= 21 (DirectML, TensorRT, QNN; ONNX Runtime fuses it "
-        "on CPU and CUDA); matmulnbits: com.microsoft::MatMulNBits (ONNX Runtime).",
+        "on CPU and CUDA); matmulnbits: com.microsoft::MatMulNBits (ONNX Runtime) (default: qdq; matmulnbits for an "
+        "LLM without layer options, as onnxruntime-genai's builder writes it).",
     )
     accuracy_level: int = option(
         4,
@@ -178,6 +184,9 @@ class Int4Options(_tool.QuantizationOptions):
         effective_block_size(1 << 30, self.block_size)  # raises for 48, 8, 0...
         if self.block_size_8bit is not None:
             effective_block_size(1 << 30, self.block_size_8bit)
+        self.format_given = self.output_format is not None
+        if self.output_format is None:
+            self.output_format = "qdq"
         if self.output_format not in OUTPUT_FORMATS:
             raise InvalidArgumentError(
                 f"Unknown output_format '{self.output_format}': use {' or '.join(OUTPUT_FORMATS)}."
@@ -199,9 +208,32 @@ class Int4Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(f"gptq_damp must be in [0, 10), got {self.gptq_damp!r}.")
         if self.size_budget_mb is not None and not self.size_budget_mb > 0:
             raise InvalidArgumentError(f"size_budget_mb must be a positive number, got {self.size_budget_mb!r}.")
+        # Nothing said about which layers and how: an LLM gets use_llm_defaults() once the pipeline has seen it
+        self.llm_defaults = (
+            self.nodes_to_exclude is None
+            and not self.quantize_embeddings
+            and self.size_budget_mb is None
+            and self.layers_8bit is None
+        )
         if self.nodes_to_exclude is None:  # under a budget the lm_head competes for bytes like any layer
             self.nodes_to_exclude = () if self.size_budget_mb is not None else DEFAULT_EXCLUDE
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
+        self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
+
+    def use_llm_defaults(self) -> None:
+        """The defaults for an LLM (a model with ``logits`` that writes its own text), which depart from ModelOpt's
+        ``nodes_to_exclude=[r"/lm_head"]``: every MatMul quantized, the embedding too (a tied head shares its
+        table), written as MatMulNBits and GatherBlockQuantized unless ``output_format`` was given (ONNX Runtime
+        dequantizes a QDQ embedding table at every step on CPU); :meth:`use_8bit_head` then names the head."""
+        self.nodes_to_exclude = ()
+        self.exclude_patterns = []
+        self.quantize_embeddings = True
+        if not self.format_given:
+            self.output_format = "matmulnbits"
+
+    def use_8bit_head(self, head: str) -> None:
+        """The ``head`` node (the MatMul that writes an LLM's logits) at 8 bits, where 4 bits cost the most."""
+        self.layers_8bit = (f"^{re.escape(head)}$",)
         self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
 
     def use_method(self, name: str) -> None:
@@ -217,6 +249,12 @@ class Int4Options(_tool.QuantizationOptions):
         statistics and one session's weights stay within about twice that (a model up to twice this size runs in
         one session; larger ones segment by segment)."""
         return self.stats_memory_mb * 1024 * 1024 // 2
+
+    @property
+    def format(self) -> str:
+        """The output format (resolved: ``output_format`` is None only before validation)."""
+        assert self.output_format is not None
+        return self.output_format
 
     @property
     def method_name(self) -> str:

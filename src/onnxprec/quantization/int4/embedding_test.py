@@ -151,3 +151,35 @@ def test_gather_of_columns_matches_gather_of_rows(known_rank: bool) -> None:
     ids_value = _ids("transpose")
     (y,) = run_fp32_compute(result, {"ids": ids_value})
     np.testing.assert_allclose(y, _reference(weights, ids_value, {}), rtol=1e-5, atol=1e-5)
+
+
+def _level_types(proto: onnx.ModelProto) -> dict[str, int]:
+    """The data type of each QDQ-quantized weight's levels, by the DequantizeLinear that reads them."""
+    inits = {init.name: init.data_type for init in proto.graph.initializer}
+    return {node.name: inits[node.input[0]] for node in proto.graph.node if node.op_type == "DequantizeLinear"
+            and node.input[0] in inits}  # fmt: skip
+
+
+def test_llm_default_quantizes_embedding_and_head_with_the_head_at_8_bits() -> None:
+    """An LLM without layer options: every MatMul and the embedding table quantized, as MatMulNBits and
+    GatherBlockQuantized, the logits' MatMul at 8 bits; --nodes_to_exclude gives ModelOpt's default back (QDQ, head
+    and embedding in float)."""
+    from onnxprec._testing import tiny_decoder
+
+    model = tiny_decoder(vocab=64, head_size=16)
+    result = quantize(model, calibration_method="rtn")
+    bits = {
+        node.name: next(a.i for a in node.attribute if a.name == "bits")
+        for node in result.graph.node
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized")
+    }
+    assert [b for name, b in bits.items() if "lm_head" in name] == [8]
+    assert len(bits) > 2 and all(b == 4 for name, b in bits.items() if "lm_head" not in name)
+    assert any(node.op_type == "GatherBlockQuantized" for node in result.graph.node)
+    assert not [node for node in result.graph.node if node.op_type in ("DequantizeLinear", "MatMul")]
+    modelopt = quantize(model, calibration_method="rtn", nodes_to_exclude=["lm_head"])  # builder: /lm_head/MatMul
+    kept = _level_types(modelopt)
+    assert not [name for name in kept if "lm_head" in name] and all(t == onnx.TensorProto.INT4 for t in kept.values())
+    gathers = [node for node in modelopt.graph.node if node.op_type == "Gather"]
+    inits = {i.name for i in modelopt.graph.initializer}
+    assert any(node.input[0] in inits for node in gathers)  # the float table is read directly
