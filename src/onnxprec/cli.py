@@ -73,8 +73,8 @@ def _guarded(tool: ModuleType, args: argparse.Namespace) -> int:
         from onnxprec._lazy_sympy import defer_sympy
 
         defer_sympy()  # before the tool imports onnx-ir
-        # A model's graph is hundreds of thousands of Python objects, which every full collection walks (50 ms each
-        # on SmolLM2, 0.3 s a conversion at the default thresholds): collect cyclic garbage 70 times less often.
+        # A model's graph is hundreds of thousands of Python objects, which every full collection walks: collect
+        # cyclic garbage 70 times less often than the default thresholds.
         thresholds = gc.get_threshold()
         gc.set_threshold(50_000, 10, 10)
         try:
