@@ -165,7 +165,8 @@ def _calibrate(
         )
         report.calibration.update({"batches": result.num_batches, "samples": data.samples, "random": data.random})
 
-    if options.source is None:
+    fitted = plan.static_tensors or options.smoothquant or options.outlier_channels or options.bias_correction
+    if options.source is None and (fitted or options.target_accuracy is not None):  # not for weights alone
         logger.warning(
             "No calibration data: INT8 ranges and decisions are fitted to realistic random inputs; pass "
             "representative inputs (--calibration_data, API: calibration_data=)."
