@@ -6,7 +6,8 @@ what the tool does with the value are parameters): :func:`calibration_data_optio
 :func:`regexes_option`, :func:`op_types_option`.
 Each factory returns an :func:`~onnxprec._options.option` field (defaulting to None unless it says otherwise); its
 ``flags`` are the spellings and its ``group`` the argparse group's title when not the options class's ``TITLE``.
-Command-line-only flags are classes of their own that each tool adds (:class:`FileArgs`, :class:`CommonArgs`),
+Command-line-only flags are classes of their own that each tool adds (:class:`FileArgs`, :class:`CommonArgs`,
+:class:`ModelOptCompat` for the quantizers),
 respelled per tool with :func:`onnxprec._options.customize` (:func:`file_args`).
 
 In the base layer, with :mod:`onnxprec._options`: it imports nothing heavy, so ``--help`` stays fast.
@@ -18,7 +19,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from onnxprec._options import ArgGroup, ToolOptions, customize, from_args, option
+from onnxprec._options import ArgGroup, ToolOptions, customize, from_args, option, option_fields
 
 if TYPE_CHECKING:
     import argparse
@@ -29,8 +30,10 @@ __all__ = [
     "LOG_LEVELS",
     "CommonArgs",
     "FileArgs",
+    "ModelOptCompat",
     "calibration_data_option",
     "check_log_level",
+    "compat_notes",
     "file_args",
     "genai_provider_option",
     "html_report_option",
@@ -242,6 +245,48 @@ class CommonArgs(ToolOptions):
         metavar="PATH",
         help="Also write a JSON report of the run (counts, per-node decisions with reasons, errors, timings).",
     )
+    log_file: str | None = option(None, metavar="PATH", help="Also write the log to this file (as ModelOpt's).")
+
+
+@dataclasses.dataclass
+class ModelOptCompat(ToolOptions):
+    """ModelOpt's everyday quantization flags that mean nothing here: each is accepted and noted in one line.
+
+    The fields are named ``modelopt_<flag>`` so that they never collide with a tool's own setting (AutoCast's
+    ``--trt_plugins`` is honoured); a field's help is the note (:func:`compat_notes`).
+    """
+
+    TITLE = "accepted for ModelOpt compatibility (no effect)"
+
+    modelopt_simplify: bool = option(
+        False,
+        flags=("--simplify",),
+        help="No effect: onnxprec does not run onnxsim; `onnxprec preprocess` runs ONNX Runtime's optimizations.",
+    )
+    modelopt_keep_intermediate_files: bool = option(
+        False, flags=("--keep_intermediate_files",), help="No effect: onnxprec writes no intermediate model files."
+    )
+    modelopt_dq_only: bool = option(
+        False,
+        flags=("--dq_only",),
+        help="No effect: weights are always stored quantized and read through a DequantizeLinear alone.",
+    )
+    modelopt_disable_mha_qdq: bool = option(
+        False,
+        flags=("--disable_mha_qdq",),
+        help="No effect: attention MatMuls (no constant weight) are never quantized by onnxprec.",
+    )
+    modelopt_trt_plugins: str | None = option(
+        None,
+        flags=("--trt_plugins",),
+        metavar="PATHS",
+        help="No effect: quantization needs no TensorRT plugins (onnxprec builds no engine).",
+    )
+
+
+def compat_notes(args: argparse.Namespace) -> list[str]:
+    """One line for each :class:`ModelOptCompat` flag given on the command line."""
+    return [f"{spec.flags[0]}: {spec.help}" for f, spec in option_fields(ModelOptCompat) if getattr(args, f.name, None)]
 
 
 def read_args(args: argparse.Namespace, options: type[T]) -> tuple[FileArgs, CommonArgs, T]:

@@ -53,8 +53,8 @@ def tensor_dtype(value: ir.Value) -> ir.DataType | None:
 def tensor_attribute(attr: ir.Attr) -> ir.TensorProtocol:
     """The tensor of a TENSOR attribute (a Constant's ``value``).
 
-    ``Attr.as_tensor()`` checks the value against onnx-ir's runtime-checkable ``TensorProtocol``, about 0.1 ms a
-    call: 0.8 s of a SmolLM2 conversion, whose thousands of Constant nodes are read several times.
+    ``Attr.as_tensor()`` checks the value against onnx-ir's runtime-checkable ``TensorProtocol``, which is slow for
+    an LLM's thousands of Constant nodes, each read several times; this reads the tensor directly.
 
     Raises:
         TypeError: The attribute is not a tensor.

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 __all__ = [
+    "DEPRECATED_KEY",
     "ArgGroup",
     "OptionSpec",
     "ToolOptions",
@@ -492,12 +493,34 @@ def compile_patterns(patterns: Iterable[str] | None, what: str) -> list[re.Patte
     return compiled
 
 
-def deprecated_alias(parser: argparse.ArgumentParser, flag: str, dest: str) -> None:
-    """Accepts ``flag`` as a hidden alias of the flag stored in ``dest`` (kept for one release).
+DEPRECATED_KEY = "_onnxprec_deprecated"
+"""The attribute of parsed arguments that lists ``(old, new)`` for each deprecated spelling given."""
+
+
+class _DeprecatedAlias(argparse.Action):
+    """Stores the value as the new flag would, and records the old spelling for a one-line warning."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        getattr(namespace, DEPRECATED_KEY, None) or setattr(namespace, DEPRECATED_KEY, [])
+        getattr(namespace, DEPRECATED_KEY).append((option_string, self.new))
+
+
+def deprecated_alias(parser: argparse.ArgumentParser, flag: str, dest: str, new: str) -> None:
+    """Accepts ``flag`` as a hidden alias of ``new`` (stored in ``dest``), kept for one release.
+
+    The command line warns once, in one line, for each old spelling given (:data:`DEPRECATED_KEY`).
 
     Args:
         parser: The tool's parser, after :func:`add_arguments`.
         flag: The old spelling, e.g. ``--json``.
         dest: The field it sets, e.g. ``report_json``.
+        new: The spelling to use instead, e.g. ``--report_json``.
     """
-    parser.add_argument(flag, dest=dest, default=None, metavar="PATH", help=argparse.SUPPRESS)
+    parser.add_argument(
+        flag, dest=dest, default=None, metavar="PATH", help=argparse.SUPPRESS, action=_DeprecatedAlias, new=new
+    )

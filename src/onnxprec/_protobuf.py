@@ -1,6 +1,6 @@
 """Streaming ONNX protobuf I/O: weights are memory-mapped on load and written one tensor at a time on save.
 
-``onnx.load`` of a single-file 650 MB model holds the file bytes and the parsed message (1.3 GB) and
+``onnx.load`` of a single-file model holds the file bytes and the parsed message (twice the model's size) and
 ``onnx.save`` builds the whole message again. Here the file is scanned at the protobuf wire level: large
 ``raw_data`` fields of main-graph initializers become external references into the model file itself
 (memory-mapped by onnx-ir, read only when needed), and on save each initializer is encoded and written on

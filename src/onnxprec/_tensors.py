@@ -87,7 +87,7 @@ def float32_copy(tensor: ir.TensorProtocol, *, transposed: bool = False) -> np.n
     """A float32 copy of a weight (transposed: ``[K, N]`` from a Gemm's ``[N, K]``); an external one is unmapped.
 
     The view of the mapping is dropped before :func:`release`: while it lives the mapping cannot be closed, and the
-    tensor would keep the whole file mapped with every page read so far resident (3.7 GB of RSS on a 4 GB model).
+    tensor would keep the whole file mapped with every page read so far resident.
     """
     array = np.asarray(tensor.numpy())
     copy = (array.T if transposed else array).astype(np.float32)

@@ -37,6 +37,7 @@ __all__ = [
     "input_specs",
     "parse_input_shapes",
     "random_feeds",
+    "read_npy",
     "read_polygraphy_json",
     "split_batch",
     "static_batch",
@@ -156,9 +157,20 @@ def _batch_files(path: Path) -> tuple[list[Path], bool]:
     if path.suffix.lower() not in (".npz", ".json"):
         raise CalibrationDataError(
             f"Unsupported calibration file '{path.name}': supported input types are .npz, a folder of .npz, "
-            "Polygraphy .json, and for a causal LM (an input_ids input) an .npy of token windows."
+            "Polygraphy .json, an .npy for a model with one input, and for a causal LM (an input_ids input) an .npy "
+            "of token windows."
         )
     return [path], True
+
+
+def read_npy(path: Path) -> np.ndarray:
+    """The batch of a single-input model's input from an ``.npy`` file (batch on axis 0)."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as e:
+        raise CalibrationDataError(
+            f"Invalid input file '{path}': not a readable .npy ({type(e).__name__}); write it with numpy.save."
+        ) from e
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:

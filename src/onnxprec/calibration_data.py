@@ -42,6 +42,16 @@ logger = logging.getLogger(__name__)
 Feeds = dict[str, Any]
 
 
+def _single_input(specs: Sequence[InputSpec], path: Path) -> str:
+    """The name of a model's only input, for an ``.npy`` file that holds that input's batch."""
+    if len(specs) != 1:
+        raise CalibrationDataError(
+            f"'{path.name}' is an .npy, which holds one input, and the model has {len(specs)}: "
+            f"{', '.join(s.name for s in specs)}; save an .npz with one key per input name (numpy.savez)."
+        )
+    return specs[0].name
+
+
 class CalibrationData:
     """Validated feed dicts from a calibration source, re-iterable, split and completed (see the module docstring).
 
@@ -105,6 +115,8 @@ class CalibrationData:
             source = [self._random(model, input_shapes, attempt, seed, unnamed)]
         elif isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npy" and self._llm:
             source = {self._llm.ids.name: read_token_ids(Path(source))}  # token windows [N, seq]
+        elif isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npy" and self._specs:
+            source = {_single_input(self._specs, Path(source)): calibration.read_npy(Path(source))}
         static = calibration.static_batch(self._specs) if self._specs else None
         self._source = calibration.Source(source, static)
         self.one_shot = self._source.one_shot

@@ -145,3 +145,19 @@ def test_a_sliding_window_ring_buffer_and_a_fixed_size_state(tmp_path: Path) -> 
     assert tail["past_key_values.1.key"].shape == (1, 1, 5, 16)
     assert tail["attention_mask"].shape == (1, 12)
     np.testing.assert_allclose(run(proto, tail)[0], full[:, 5:], rtol=1e-5, atol=1e-5)
+
+
+def test_npy_of_a_single_input_model(tmp_path: Path) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.save(tmp_path / "x.npy", x)
+    data = CalibrationData(str(tmp_path / "x.npy"), _relu(), batch_size=2)
+    batches = list(data)
+    assert [sorted(b) for b in batches] == [["X"], ["X"]]
+    np.testing.assert_array_equal(np.concatenate([b["X"] for b in batches]), x)
+    two_inputs = make_model(
+        [helper.make_node("Add", ["A", "B"], ["Y"])],
+        [tensor_info("A", F, ["n", 3]), tensor_info("B", F, ["n", 3])],
+        [tensor_info("Y", F, None)],
+    )
+    with pytest.raises(CalibrationDataError, match=r"holds one input, and the model has 2: A, B; save an \.npz"):
+        CalibrationData(str(tmp_path / "x.npy"), ir.serde.deserialize_model(two_inputs))

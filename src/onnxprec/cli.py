@@ -55,26 +55,38 @@ TOOLS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _configure_logging(level: str) -> None:
+def _configure_logging(level: str, log_file: str | None = None) -> None:
     logging.basicConfig(
         level=getattr(logging, level), format="[onnxprec] %(levelname)s: %(message)s", stream=sys.stderr, force=True
     )
+    if log_file:
+        try:
+            handler = logging.FileHandler(log_file, encoding="utf-8")
+        except OSError as e:
+            raise OnnxprecError(f"Cannot write the log file '{log_file}' (--log_file): {e.strerror}.") from e
+        handler.setFormatter(logging.Formatter("%(asctime)s [onnxprec] %(levelname)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
     if level != "DEBUG":  # onnx-ir logs its own INFO lines with stacks (e.g. a contrib op without a schema)
         logging.getLogger("onnx_ir").setLevel(logging.WARNING)
 
 
 def _guarded(tool: ModuleType, args: argparse.Namespace) -> int:
     """Runs a tool: user errors become one line on stderr and exit code 2, never a traceback."""
-    from onnxprec._arg_groups import CommonArgs
-    from onnxprec._options import from_args
+    from onnxprec._arg_groups import CommonArgs, compat_notes
+    from onnxprec._options import DEPRECATED_KEY, from_args
 
     try:
-        _configure_logging(from_args(CommonArgs, args).log_level)
+        common = from_args(CommonArgs, args)
+        _configure_logging(common.log_level, common.log_file)
+        for old, new in getattr(args, DEPRECATED_KEY, None) or ():
+            logger.warning("%s is deprecated and will be removed: use %s", old, new)
+        for note in compat_notes(args):
+            logger.info("%s", note)
         from onnxprec._lazy_sympy import defer_sympy
 
         defer_sympy()  # before the tool imports onnx-ir
-        # A model's graph is hundreds of thousands of Python objects, which every full collection walks (50 ms each
-        # on SmolLM2, 0.3 s a conversion at the default thresholds): collect cyclic garbage 70 times less often.
+        # A model's graph is hundreds of thousands of Python objects, which every full collection walks: collect
+        # cyclic garbage 70 times less often than the default thresholds.
         thresholds = gc.get_threshold()
         gc.set_threshold(50_000, 10, 10)
         try:

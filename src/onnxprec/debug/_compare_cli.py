@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reference", metavar="REFERENCE", help="The source model (e.g. FP32).")
     parser.add_argument("candidate", metavar="CANDIDATE", help="Its conversion or quantization (same inputs).")
     _options.add_arguments(parser, CompareOptions, ReportArgs, CommonArgs)
-    _options.deprecated_alias(parser, "--json", "report_json")
+    _options.deprecated_alias(parser, "--json", "report_json", "--report_json")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -104,7 +104,7 @@ def _mask_fills_agree(reference: np.ndarray, candidate: np.ndarray) -> tuple[np.
     """Both arrays with the attention-mask fills they agree on set to 0: where the reference holds an FP32 fill
     (-inf, or ``finfo(float32).min``-like, <= -1e30) and the candidate a fill of its own (<= -1e4: AutoCast writes
     -16384 for FP16 and -2^126 for BF16, :mod:`onnxprec.autocast.masks`). Both mean "masked"; their difference is
-    no error (it made compare flag Phi-3's mask as the first divergence, rel L2 1e6)."""
+    no error (counted as one, a model's mask would be flagged as the first divergence)."""
     with np.errstate(invalid="ignore"):
         both = (reference <= -SENTINEL) & (candidate <= -SENTINEL_MIN)
     if not both.any():

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "models", nargs="+", metavar="MODEL", help="ONNX models to evaluate side by side (the first is the reference)."
     )
     _options.add_arguments(parser, EvaluateOptions, CommonArgs)
-    _options.deprecated_alias(parser, "--json", "report_json")
+    _options.deprecated_alias(parser, "--json", "report_json", "--report_json")
 
 
 def run(args: argparse.Namespace) -> int:

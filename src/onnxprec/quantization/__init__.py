@@ -2,8 +2,8 @@
 
 - :func:`quantize`: ModelOpt's entry point (``quantize_mode="int8"`` or ``"int4"``;
   ``python -m onnxprec.quantization``);
-- :mod:`onnxprec.quantization.int8`: the INT8 tool; :func:`quantize_static` and :class:`CalibrationMethod` for
-  ONNX Runtime's ``quantize_static`` users;
+- :mod:`onnxprec.quantization.int8`: the INT8 tool; :func:`quantize_static`, :func:`quantize_dynamic` and
+  :class:`CalibrationMethod` for ONNX Runtime's users;
 - :mod:`onnxprec.quantization.int4`: the INT4 tool (``quantize``, ``quantize_file``,
   ``python -m onnxprec.quantization.int4``);
 - :func:`llm_feeds`: calibration/evaluation feeds for causal LMs from token ids or text;
@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onnxprec.quantization._api import quantize
-    from onnxprec.quantization.int8.ort_compat import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxprec.quantization.int8.ort_compat import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
     from onnxprec.quantization.llm import llm_feeds, token_windows
 
 _HOMES = {
@@ -30,6 +36,7 @@ _HOMES = {
     "token_windows": "onnxprec.quantization.llm",
     "quantize": "onnxprec.quantization._api",
     "quantize_static": "onnxprec.quantization.int8.ort_compat",
+    "quantize_dynamic": "onnxprec.quantization.int8.ort_compat",
     "CalibrationMethod": "onnxprec.quantization.int8.ort_compat",
     "QuantFormat": "onnxprec.quantization.int8.ort_compat",
     "QuantType": "onnxprec.quantization.int8.ort_compat",
@@ -40,6 +47,7 @@ __all__ = [
     "QuantType",
     "llm_feeds",
     "quantize",
+    "quantize_dynamic",
     "quantize_static",
     "token_windows",
 ]

@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from onnxprec import _options, _report
-from onnxprec._arg_groups import CommonArgs, check_log_level, file_args, providers_option, read_args, regexes_option
+from onnxprec._arg_groups import (
+    CommonArgs,
+    ModelOptCompat,
+    check_log_level,
+    file_args,
+    providers_option,
+    read_args,
+    regexes_option,
+)
 from onnxprec._options import ToolOptions, option, options_from_call
 from onnxprec.errors import InvalidArgumentError
 
@@ -379,7 +387,7 @@ def command_line(
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         files = file_args(f"<name>{options.OUTPUT_SUFFIX}.onnx", input_help="Input float ONNX model.")
-        _options.add_arguments(parser, files, options, CommonArgs)
+        _options.add_arguments(parser, files, options, CommonArgs, ModelOptCompat)
 
     def run(args: argparse.Namespace) -> int:
         import importlib

@@ -1,7 +1,7 @@
 """Calibration text an LLM writes itself, for users without data (sampled token windows, KV cache reused).
 
 Random token ids are not text: a quantized model's error on them says little about its error on text (a size budget
-chosen on them was worse than a uniform choice on SmolLM2). The model's own samples are text in its distribution:
+chosen on them can be worse than a uniform choice). The model's own samples are text in its distribution:
 each window starts from a random token and continues with tokens sampled from the model at temperature 1, one
 decoding step per token through the model's past key/value inputs (or by re-running the prefix when it has none).
 """

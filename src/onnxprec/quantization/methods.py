@@ -21,9 +21,7 @@ method         what                                                           st
 ``awq_gptq``   ``awq_lite`` scales, then GPTQ on the scaled weights           all three
 =============  =============================================================  ====================
 
-On SmolLM2-135M (block 128, 2048 calibration tokens, perplexity on held-out windows) ``awq_gptq`` was the most
-accurate, then ``awq_full``; ``gptq`` alone fitted the calibration windows more than it generalized, and the
-weight-MSE clip search of ``rtn_clip`` made perplexity worse than plain RTN (it clips the large weights that matter).
+How the methods compare on a real LLM is measured in BENCHMARKS.md and experiments/design_notes.md ("INT4 methods").
 """
 
 from __future__ import annotations

@@ -52,9 +52,8 @@ def _row_mask(blocks: np.ndarray, valid: int | None) -> np.ndarray | None:
 def _importance(blocks: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     """llama.cpp's importance without an imatrix, ``rms(block) + |x|`` (0 on padded rows): large weights count more.
 
-    Plain squared error (uniform importance) fitted SmolLM2's blocks of 32 better (builder model, every layer INT4,
-    held-out perplexity 27.23 against 28.04) but blocks of 64 and 128 much worse (40.8 against 33.0; 33.3 against
-    28.2 with the lm_head in float): it shrinks the scales of blocks whose few large weights matter most.
+    Plain squared error (uniform importance) shrinks the scales of blocks whose few large weights matter most
+    (experiments/design_notes.md, "INT4 methods").
     """
     xp = namespace(blocks)
     count = blocks.shape[1] if mask is None else xp.maximum(mask.sum(axis=1, keepdims=True), 1)
@@ -135,7 +134,7 @@ def kquant_params(
     if grid.symmetric:
         lo, hi = blocks.min(axis=1), blocks.max(axis=1)
         extreme = xp.where(-lo >= hi, lo, hi)
-        # No step below RTN's: the block's largest magnitude stays representable (clipping it cost SmolLM2 dearly).
+        # No step below RTN's: the block's largest magnitude stays representable (clipping it costs accuracy).
         if positive_scales:
             floor = xp.maximum(lo / np.float32(qmin), hi / np.float32(qmax))
         else:

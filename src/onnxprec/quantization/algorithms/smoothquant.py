@@ -47,8 +47,7 @@ MIN_GAIN = 0.1
 """Smoothing is kept only when it lowers the held-out error by this fraction."""
 MIN_SPLIT_GAIN = 0.9
 """A larger split is kept only when it lowers the error tenfold: each split costs three small float ops per layer
-(Gather, MatMul, Add), which on two threads cost more than their multiply-adds (MiniLM: 10 layers split instead of
-33 at 0.3, cosine 0.9991 instead of 0.9993 on held-out sentences, with SmoothQuant doing the rest)."""
+(Gather, MatMul, Add), which on few threads cost more than their multiply-adds (experiments/design_notes.md)."""
 _SCALE_LIMIT = 1e4
 
 

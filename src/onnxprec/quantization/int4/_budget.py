@@ -55,7 +55,7 @@ TINY_ELEMENTS = 16384
 """Weights of at most this many values may also stay in float under a budget."""
 
 # Bytes kept free of the budget for what the estimate does not see: the new nodes, the names and external-data
-# entries of each quantized weight's initializers (about 540 bytes a weight on SmolLM2), and a margin of a few KB
+# entries of each quantized weight's initializers (a few hundred bytes a weight), and a margin of a few KB
 # and 0.05 % of the weights.
 _BYTES_PER_WEIGHT = 640
 _MARGIN_BYTES = 4096

@@ -165,7 +165,8 @@ def _calibrate(
         )
         report.calibration.update({"batches": result.num_batches, "samples": data.samples, "random": data.random})
 
-    if options.source is None:
+    fitted = plan.static_tensors or options.smoothquant or options.outlier_channels or options.bias_correction
+    if options.source is None and (fitted or options.target_accuracy is not None):  # not for weights alone
         logger.warning(
             "No calibration data: INT8 ranges and decisions are fitted to realistic random inputs; pass "
             "representative inputs (--calibration_data, API: calibration_data=)."
@@ -212,11 +213,10 @@ def _forget_inferred_shapes(model: ir.Model, declared: Collection[str]) -> int:
     """Drops the shapes of intermediate values, but those named in ``declared``.
 
     ONNX shape inference names unknown dimensions ``unk__N`` and shares a name wherever it follows a dimension
-    through the graph. Written into the output, those shared names steer ONNX Runtime's fusions: in MiniLM every
-    residual ``Add -> LayerNormalization`` became ``SkipLayerNormalization``, whose CPU kernel took 4x the time of the
-    pair (12 nodes: 1.9 ms of a 6.7 ms INT8 run on one thread of a Xeon; ORT 1.32). A float model whose own
-    value_info shares them (MiniLM after ``onnx.shape_inference``) gets the same slow kernels in FP32. Element types
-    stay; inputs and outputs keep their shapes.
+    through the graph. Written into the output, those shared names steer ONNX Runtime's fusions: a transformer's
+    residual ``Add -> LayerNormalization`` becomes ``SkipLayerNormalization``, whose CPU kernel is slower than the
+    pair (experiments/design_notes.md, "INT8 on the CPU"). A float model whose own value_info shares them gets the same
+    slow kernels in FP32. Element types stay; inputs and outputs keep their shapes.
 
     Returns:
         The values whose shape was dropped.
@@ -359,8 +359,8 @@ def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.M
     )
     converted, autocast_report, _ = convert_model(model, settings)
     if options.runtime == "trt" and default_opset(converted) >= LOW_QDQ_OPSET:
-        # not on ort-cuda: ONNX Runtime 1.32's CPU fusions mis-run FP16 Q/DQ (EfficientNet-Lite0, ours and ModelOpt's
-        # alike: rel L2 0.19 with graph optimizations off, 3.0 with them on); its Casts keep them apart
+        # not on ort-cuda: ONNX Runtime's CPU fusions mis-run FP16 Q/DQ (ours and ModelOpt's alike, only with graph
+        # optimizations on: experiments/design_notes.md); its Casts keep them apart
         fold_casts_into_qdq(converted.graph, NameAllocator(converted))
     report.autocast = autocast_report.summary
     report.seconds["autocast"] = time.perf_counter() - tick

@@ -56,15 +56,12 @@ class Int8Options(_tool.QuantizationOptions):
         help="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
         "threshold), percentile (of |x|, --percentile), mse (the clip with the least squared error); dynamic "
         "activations need none (default: mse on every runtime. ModelOpt's default is entropy, which its 128-bin "
-        "calibrator brings near the max; a real KL threshold clips transformer and ReLU6 tensors and costs accuracy "
-        "here: BENCHMARKS.md compares the methods).",
+        "calibrator brings near the max; a real KL threshold clips transformer and ReLU6 tensors).",
         doc="How the ranges of static activations are calibrated: max (the extremes seen), entropy (TensorRT's KL "
         "threshold), percentile (of |x|, ``percentile``), mse (the clip with the least squared error); dynamic "
         "activations need none. Default: mse on every runtime (ModelOpt's default is entropy, but the 128-bin ONNX "
         "Runtime calibrator it runs lands at the max of most tensors, while a real KL threshold clips transformers' "
-        "and ReLU6 tensors: with ``runtime='trt'``, MiniLM cosine 0.81 mse, 0.78 max, 0.61 entropy (ModelOpt 0.79); "
-        "EfficientNet-Lite0 rel L2 0.064 / 0.117 on calibration / held-out images mse, 0.062 / 0.121 max, "
-        "0.195 / 0.194 entropy (ModelOpt 0.126 / 0.155); ort-cpu: 0.039 / 0.046 mse, 0.040 / 0.049 max).",
+        "and ReLU6 tensors).",
     )
     calibration_data_reader: Any = option(
         None,
@@ -150,19 +147,15 @@ class Int8Options(_tool.QuantizationOptions):
         group=EXTRAS,
         help="Turn off float outputs of pointwise Convs that no activation clips (default: on with --runtime "
         "ort-cpu: such a Conv, a MobileNet's project Conv, runs as MatMulIntegerToFloat, INT8 inputs and a float "
-        "output, so the residual stream and its Adds stay float and only the Convs that read it quantize it; "
-        "EfficientNet-Lite0 rel L2 0.039 / 0.046 -> 0.035 / 0.041 on calibration / held-out images; latency "
-        "0.66-0.68x FP32 instead of 0.63-0.65x on a Xeon, 2 cores).",
+        "output, so the residual stream and its Adds stay float and only the Convs that read it quantize it).",
     )
     two_part_weights: bool = option(
         False,
         group=EXTRAS,
         help="A second INT8 weight part for the float-output pointwise Convs rounded to nearest (default: off): where "
         "the calibration has fewer rows than such a Conv has inputs, too few for GPTQ, the rounding error of its INT8 "
-        "weights is itself rounded to INT8 and computed by a second MatMulIntegerToFloat, w = s q + s_r q_r "
-        "(EfficientNet-Lite0, its last five project Convs: rel L2 0.034 / 0.041 -> 0.031 / 0.040 on calibration / "
-        "held-out images, but 0.67-0.75x FP32 on a Xeon, 2 cores, instead of 0.64-0.70x; both before the project "
-        "Convs read only by an INT8 Conv kept QLinearConv).",
+        "weights is itself rounded to INT8 and computed by a second MatMulIntegerToFloat, w = s q + s_r q_r; more "
+        "accurate, and slower on CPU).",
     )
     weight_rounding: str = option(
         "auto",

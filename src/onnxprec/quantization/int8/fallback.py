@@ -22,20 +22,13 @@ When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), step
 (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
 a ``session.run`` per batch), their verdicts scaled to the real error of the all-INT8 model
 (:class:`~onnxprec.accuracy.ErrorScale`), and the choice is checked for real; if it misses, more layers go back with
-real checks (:func:`~onnxprec.accuracy.confirm`, at most :data:`~onnxprec.accuracy.MAX_REAL_CHECKS`). Measured with
-``python -m experiments.int8_emulation`` (ORT 1.32, 2 cores): MiniLM (36 dynamic layers, 4 x 14 tokens) all-INT8 1 -
-cosine 6.2e-4 emulated vs 6.5e-4 real, the gains of each layer alone in float rank alike (Spearman 0.68), one emulated
-check 0.02 s vs 0.2 s real; the target search to ``cosine>=0.9995`` 6.8-7.6 s -> 1.8-2.0 s (2 real checks), the same 2
-layers. SmolLM2-135M (our export, 211 layers ranked by the estimate, 2 x 256 calibration tokens) to ``cosine>=0.9995``:
-48 s -> 32-38 s, the same 26 layers, but peak RSS 1.24 -> 2.75 GB (the emulation session holds the float model and the
-emulated weights in float; it is released before the real checks of its choice). So a model whose quantized layers hold
-more than :data:`EMULATION_MAX_BYTES` of float weights keeps real checks: their INT8 sessions hold a quarter of the
-weights, and the emulation's gain there is small (SmolLM2: 1.3x faster for 2.2x the memory).
-Static layers keep real checks: ONNX Runtime's fused kernels (QLinearConv's requantization) differ from the Q/DQ
-arithmetic by as much as one layer's gain, and so does float rounding that moves values across rounding boundaries
-(EfficientNet-Lite0, 7 images: all-INT8 rel L2 0.0339 fused, 0.0324 Q/DQ unfused, 0.0330 emulated; the gains of each
-layer alone in float rank unlike the real ones, Spearman 0.15), and there an emulated check (0.4 s: both paths of
-every layer in float) is slower than a real one (0.1-0.2 s).
+real checks (:func:`~onnxprec.accuracy.confirm`, at most :data:`~onnxprec.accuracy.MAX_REAL_CHECKS`). A model whose
+quantized layers hold more than :data:`EMULATION_MAX_BYTES` of float weights keeps real checks: the emulation session
+holds the float model and the emulated weights in float, where the INT8 sessions of real checks hold a quarter of the
+weights. Static layers keep real checks: ONNX Runtime's fused kernels (QLinearConv's requantization) differ from the
+Q/DQ arithmetic by as much as one layer's gain, and there an emulated check (both paths of every layer in float) is
+slower than a real one. How well the emulation matches, and what it saves: experiments/design_notes.md, "INT8 float
+fallback" (``python -m experiments.int8_emulation``).
 """
 
 from __future__ import annotations
@@ -71,7 +64,7 @@ logger = logging.getLogger(__name__)
 
 MAX_ISOLATED = 64
 EMULATION_MAX_BYTES = 256 * 1024 * 1024
-"""The float weight bytes of the quantized layers up to which the target search emulates (MiniLM: 87 MiB)."""
+"""The float weight bytes of the quantized layers up to which the target search emulates (a small transformer's fit)."""
 
 
 def emulates(layers: Sequence[Layer]) -> bool:

@@ -231,7 +231,7 @@ def replace_group_with_matmul_integer(
     bias). ONNX Runtime fuses the chain before the Split into one ``DynamicQuantizeMatMul`` (with the bias), one
     GEMM with N the sum of the layers' instead of a GEMM, a bias and an outlier product per layer: the attention's Q,
     K and V of a transformer, an MLP's gate and up projections. MLAS splits the work of a GEMM across threads by its
-    size, and a GEMM of 56 tokens x 384 x 384 ran on one of two (Xeon, ORT 1.32).
+    size, so a small GEMM runs on one thread where the merged one spreads over all of them.
 
     Returns:
         The Split.

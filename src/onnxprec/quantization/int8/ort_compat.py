@@ -1,4 +1,4 @@
-"""ONNX Runtime's ``quantize_static`` with the same arguments, on onnxprec's INT8 pipeline.
+"""ONNX Runtime's ``quantize_static`` and ``quantize_dynamic`` with the same arguments, on onnxprec's INT8 pipeline.
 
 ``from onnxprec.quantization import quantize_static, CalibrationMethod`` replaces ``from onnxruntime.quantization
 import ...``: the arguments keep their names and meanings, and ONNX Runtime's own enums are accepted too. What
@@ -18,6 +18,11 @@ differs, on purpose:
 
 ``extra_options`` understood: ``CalibPercentile``, ``SmoothQuant`` (bool), ``TargetAccuracy`` (AutoCast's syntax),
 ``BiasCorrection`` (bool); other keys are ignored with a warning.
+
+``quantize_dynamic`` quantizes MatMul and Gemm layers with a constant weight (per-channel INT8 weights, activations
+quantized at every run: ``DynamicQuantizeMatMul``/``MatMulIntegerToFloat`` once ONNX Runtime fuses them); it reads no
+data, so nothing is fitted to data (no SmoothQuant, outlier channels or bias correction). Other op types
+(Conv, Gather, Attention...) stay float, with a warning when ``op_types_to_quantize`` names them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from onnxprec.errors import InvalidArgumentError
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["CalibrationMethod", "QuantFormat", "QuantType", "quantize_static"]
+__all__ = ["CalibrationMethod", "QuantFormat", "QuantType", "quantize_dynamic", "quantize_static"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,23 +165,105 @@ def quantize_static(
         names = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "trt",
                  "DmlExecutionProvider": "dml"}  # fmt: skip
         options["calibration_eps"] = tuple(names.get(p, p) for p in calibration_providers)
+    return _quantize(
+        model_input,
+        model_output,
+        calibration_data_reader=calibration_data_reader,
+        op_types_to_quantize=op_types_to_quantize,
+        nodes_to_quantize=nodes_to_quantize,
+        nodes_to_exclude=nodes_to_exclude,
+        use_external_data_format=use_external_data_format,
+        **options,
+    )
+
+
+def _quantize(
+    model_input: str | Path | onnx.ModelProto,
+    model_output: str | Path,
+    nodes_to_quantize: Sequence[str] | None,
+    nodes_to_exclude: Sequence[str] | None,
+    **options: Any,
+) -> Any:
+    """The INT8 tool on ORT's arguments: a ``ModelProto`` is written to a temporary file (as ORT does), node names
+    are exact."""
     from onnxprec.quantization.int8._api import quantize_file
 
     with contextlib.ExitStack() as stack:
-        if not isinstance(model_input, (str, os.PathLike)):  # a ModelProto: written to a temporary file, as ORT does
+        if not isinstance(model_input, (str, os.PathLike)):
             import onnx_ir as ir
 
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-quantize-static-")))
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxprec-ort-quantize-")))
             path = folder / "model_input.onnx"
             ir.save(ir.from_proto(model_input), path, external_data="model_input.onnx.data", size_threshold_bytes=1024)
             model_input = path
         return quantize_file(
             model_input,
             model_output,
-            calibration_data_reader=calibration_data_reader,
-            op_types_to_quantize=op_types_to_quantize,
             nodes_to_quantize=[f"^{re.escape(n)}$" for n in nodes_to_quantize] if nodes_to_quantize else None,
             nodes_to_exclude=[f"^{re.escape(n)}$" for n in nodes_to_exclude] if nodes_to_exclude else None,
-            use_external_data_format=use_external_data_format,
             **options,
         )
+
+
+_DYNAMIC_OPS = ("MatMul", "Gemm")
+
+
+def quantize_dynamic(
+    model_input: str | Path | onnx.ModelProto,
+    model_output: str | Path,
+    op_types_to_quantize: Sequence[str] | None = None,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+    weight_type: Any = QuantType.QInt8,
+    nodes_to_quantize: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
+    use_external_data_format: bool = False,
+    extra_options: Mapping[str, Any] | None = None,
+) -> Any:
+    """Dynamic INT8 quantization with ONNX Runtime's ``quantize_dynamic`` arguments (see the module docstring).
+
+    Args:
+        model_input: The float model (a path or a ``ModelProto``).
+        model_output: Where to write the quantized model.
+        op_types_to_quantize: Op types to quantize: MatMul and Gemm (the default); others stay float.
+        per_channel: Accepted; weights are always per channel.
+        reduce_range: Must be False (7-bit weights are for pre-VNNI CPUs).
+        weight_type: ``QInt8``.
+        nodes_to_quantize: Exact node names to quantize (default: all).
+        nodes_to_exclude: Exact node names kept in float.
+        use_external_data_format: Save the weights in ``<output>.data``.
+        extra_options: Accepted; ignored with a warning.
+
+    Returns:
+        The :class:`~onnxprec.quantization.int8.Int8Report`.
+
+    Raises:
+        OnnxprecError: A bad argument or model; the message says how to fix it.
+    """
+    if _name(weight_type) != "QInt8":
+        raise InvalidArgumentError(f"weight_type {_name(weight_type)} is not supported: use QuantType.QInt8.")
+    if reduce_range:
+        raise InvalidArgumentError("reduce_range=True (7-bit weights) is not supported: drop it.")
+    if extra_options:
+        logger.warning("quantize_dynamic: extra_options %s are ignored by onnxprec", sorted(extra_options))
+    op_types = tuple(op_types_to_quantize or _DYNAMIC_OPS)
+    ignored = sorted(set(op_types) - set(_DYNAMIC_OPS))
+    if ignored:
+        logger.warning("quantize_dynamic: %s stay float (onnxprec quantizes MatMul and Gemm dynamically)", ignored)
+    kept = tuple(op for op in op_types if op in _DYNAMIC_OPS)
+    if not kept:
+        raise InvalidArgumentError(f"op_types_to_quantize {list(op_types)} has no MatMul or Gemm: nothing to quantize.")
+    return _quantize(
+        model_input,
+        model_output,
+        nodes_to_quantize=nodes_to_quantize,
+        nodes_to_exclude=nodes_to_exclude,
+        op_types_to_quantize=kept,
+        use_external_data_format=use_external_data_format,
+        activations="dynamic",
+        target_accuracy=None,
+        smoothquant=False,
+        outlier_channels=0,
+        bias_correction=False,
+        weight_rounding="rtn",
+    )

@@ -15,21 +15,18 @@ The placement depends on the runtime that will run the model:
   region ends. A static layer that reads the model's own float input (directly or through Pad, Transpose, Reshape...)
   stays float unless ``nodes_to_quantize`` names it: the input's own resolution (an 8-bit image's pixel step) is
   about as fine as a UINT8 grid over its range, so quantizing it adds noise of the size of one input step, which the
-  network may amplify (EfficientNet-Lite0 on 29 unseen images: rel L2 0.094 -> 0.057 with the first Conv float), and
-  a first Conv with a few input channels gains nothing from INT8 kernels (the same latency on a Xeon with AMX). So
+  network may amplify, and a first Conv with a few input channels gains nothing from INT8 kernels. So
   does a depthwise Conv that reads the output of a layer kept float (a MobileNet's first depthwise Conv after its
   stem): with no sum over channels its INT8 kernel is no faster than the float one, its input would need a
-  QuantizeLinear of its own, and an early layer's error is the one the network amplifies most (EfficientNet-Lite0:
-  rel L2 0.044 -> 0.040 on its calibration images, 0.053 -> 0.049 on 29 unseen ones, 0.63x FP32 on the Xeon
-  instead of 0.66x). A static pointwise Conv (1x1, one group, stride 1, no padding) whose output no activation
-  clips and a float op reads (a MobileNet's project Conv, the last of a residual branch) writes a float output:
+  QuantizeLinear of its own, and an early layer's error is the one the network amplifies most. A static pointwise
+  Conv (1x1, one group, stride 1, no padding) whose output no activation clips and a float op reads (a MobileNet's
+  project Conv, the last of a residual branch) writes a float output:
   ``com.microsoft::MatMulIntegerToFloat`` on its UINT8 input and INT8 weights, channels last between Transposes
   that ONNX Runtime cancels against those of its channels-last QLinearConvs. The residual Adds it feeds are float,
   and a tensor written by a float op is read through its Q/DQ only by the static ops (the next expand Conv), the
   float ops read it as it is, so the per-tensor UINT8 rounding of the residual stream does not accumulate from block
-  to block (EfficientNet-Lite0: rel L2 0.039 -> 0.035 on its 7 calibration images, 0.046 -> 0.041 on 29 unseen
-  ones; latency 0.66-0.68x FP32 instead of 0.63-0.65x on a Xeon, 2 cores). A project Conv read only by INT8
-  Convs (a single-block stage's) stays QLinearConv: they quantize its output either way (0.64-0.70x before).
+  to block. A project Conv read only by INT8 Convs (a single-block stage's) stays QLinearConv: they quantize its
+  output either way. The measurements behind each rule: experiments/design_notes.md, "INT8 placement".
 - ``trt`` and ``ort-cuda`` (TensorRT-style): symmetric INT8 Q/DQ on the activation and weight inputs of Conv, MatMul
   and Gemm only, as ModelOpt 0.47 places them: per-tensor activations, per-channel weights, float biases, the layers
   TensorRT's INT8 kernels do not suit left float (fewer than 16 channels or K/N, with ModelOpt's exceptions; a GEMV
@@ -263,9 +260,8 @@ def pointwise(node: ir.Node) -> bool:
 
 def _read_only_by_layers(value: ir.Value) -> bool:
     """Whether only Conv/MatMul/Gemm nodes read ``value`` (not a graph output): an INT8 reader quantizes it once
-    either way, so a float output gains nothing there and costs a QuantizeLinear (EfficientNet-Lite0's blocks 0
-    and 15, the single-block stages: block 0's project Conv also needed a Transpose of its 112x112 input, 93 us of
-    3.8 ms a run here)."""
+    either way, so a float output gains nothing there and costs a QuantizeLinear (and, after a channels-last
+    QLinearConv, a Transpose of its input)."""
     uses = list(value.uses())
     layers = all(use.node.op_type in ("Conv", "MatMul", "Gemm") for use in uses)
     return bool(uses) and layers and not value.is_graph_output()

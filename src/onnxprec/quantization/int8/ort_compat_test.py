@@ -1,0 +1,59 @@
+"""ONNX Runtime's ``quantize_dynamic``, as onnxprec takes it: ORT's signature, MatMul/Gemm quantized at every run."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprec._testing import run
+from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization import QuantType, quantize_dynamic
+from onnxprec.quantization._testing import correlated, mlp
+
+
+def _parameters(function: object) -> list[tuple[str, str]]:
+    found = []
+    for name, parameter in inspect.signature(function).parameters.items():  # type: ignore[arg-type]
+        default = parameter.default
+        found.append(
+            (name, "required" if default is inspect.Parameter.empty else str(getattr(default, "name", default)))
+        )
+    return found
+
+
+def test_quantize_dynamic_has_onnx_runtimes_signature() -> None:
+    ort_quantization = pytest.importorskip("onnxruntime.quantization")
+    assert _parameters(quantize_dynamic) == _parameters(ort_quantization.quantize_dynamic)
+
+
+def test_quantize_dynamic_matches_onnx_runtimes_own(tmp_path: Path) -> None:
+    """Both quantize the MLP's MatMuls at every run; ours is at least as close to FP32 as ONNX Runtime's."""
+    ort_quantization = pytest.importorskip("onnxruntime.quantization")
+    source = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), source)
+    ours, theirs = tmp_path / "ours.onnx", tmp_path / "ort.onnx"
+    report = quantize_dynamic(str(source), str(ours), per_channel=True, weight_type=QuantType.QInt8)
+    ort_quantization.quantize_dynamic(str(source), str(theirs), per_channel=True)
+    assert report.count("dynamic") == 4 and report.count("static") == 0
+    ops = [n.op_type for n in onnx.load(str(ours)).graph.node]
+    assert "DynamicQuantizeLinear" in ops and "MatMulInteger" in ops and "QuantizeLinear" not in ops
+    x = {"X": correlated(32, 64, seed=7).reshape(2, 16, 64)}
+    (ref,), (got,), (ort,) = run(source, x), run(ours, x), run(theirs, x)
+
+    def rel(a: np.ndarray) -> float:
+        return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+
+    assert rel(got) < 0.05 and rel(got) <= rel(ort) * 1.1
+
+
+def test_quantize_dynamic_refusals(tmp_path: Path) -> None:
+    source = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), source)
+    with pytest.raises(InvalidArgumentError, match="reduce_range"):
+        quantize_dynamic(source, tmp_path / "o.onnx", reduce_range=True)
+    with pytest.raises(InvalidArgumentError, match="no MatMul or Gemm"):
+        quantize_dynamic(source, tmp_path / "o.onnx", op_types_to_quantize=["Conv"])
