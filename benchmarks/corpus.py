@@ -215,8 +215,11 @@ def _classify(rc: int | None, status: str, judged: dict[str, Any] | None, writes
     return "pass" if judged["passed"] else "destroyed"
 
 
-def run_cell(mr: ModelRun, tool: CorpusTool, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Runs (or takes from the cache) one tool on one model; returns its cell."""
+def run_cell(
+    mr: ModelRun, tool: CorpusTool, cells: dict[str, dict[str, Any]], run: bool = True
+) -> dict[str, Any] | None:
+    """Runs (or takes from the cache) one tool on one model; returns its cell. ``run`` false: only the cached cell
+    (None when there is none for the current key), so that a run of some tools still reports the others."""
     dep = cells.get(tool.needs) if tool.needs else None
     if tool.needs and (not dep or dep.get("outcome") not in ("pass", "destroyed")):
         return {"outcome": "skipped", "reason": f"no {tool.needs} result to read"}
@@ -231,6 +234,8 @@ def run_cell(mr: ModelRun, tool: CorpusTool, cells: dict[str, dict[str, Any]]) -
                                       or (folder / "out.onnx").exists()):  # fmt: skip
             logger.info("%s %s: cached (%s)", mr.name, tool.id, old["outcome"])
             return dict(old, cached=True)
+    if not run:
+        return None
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     model = folder / "model.onnx"
@@ -313,11 +318,12 @@ def run_model(config: RunConfig, name: str, rec: dict[str, Any], tools: Sequence
     mr = ModelRun(name, rec, work, versions, config.timeout_s, config.anchors_python)
     mr.ref = run_outputs(mr.src, batches(mr.heldout))
     cells: dict[str, dict[str, Any]] = {}
-    for tid in TOOLS:
-        if tid in tools or any(TOOLS[t].needs == tid for t in tools):
-            cells[tid] = run_cell(mr, TOOLS[tid], cells)
+    for tid in TOOLS:  # the tools asked for (and what they read) run; the others' current cached cells are reported
+        asked = tid in tools or any(TOOLS[t].needs == tid for t in tools)
+        if (cell := run_cell(mr, TOOLS[tid], cells, run=asked)) is not None:
+            cells[tid] = cell
     block = {"kind": rec["kind"], "package": rec["package"], "bytes": rec["total_bytes"], "metric": rec["metric"],
-             "bound": rec["bound"], "cells": {t: c for t, c in cells.items() if t in tools},
+             "bound": rec["bound"], "cells": cells,
              "seconds": time.perf_counter() - t0}  # fmt: skip
     logger.info("%s: done in %.0f s", name, block["seconds"])
     return block

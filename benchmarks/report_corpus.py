@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zoo.corpus import BOUNDS
+
 from .report_common import REPO_ROOT, RESULTS_DIR, num, run_lines
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,13 @@ def section(data: Mapping[str, Any], file: str) -> list[str]:
         for t, c in b.get("cells", {}).items():
             if c.get("message"):
                 out.append(f"- {name} `{t}` (exit {c.get('rc')}): {c['message'][:220]}")
+    out += [
+        "",
+        "The task metrics and their bounds (`zoo/corpus.py` BOUNDS; the code is `benchmarks/corpus_metrics.py`):",
+        "",
+    ]
+    out += [f"- `{k}` ≥ {num(b, 3)}: {why}" for k, (b, why) in BOUNDS.items() if any(
+        m.get("metric") == k for m in models.values())]  # fmt: skip
     out += ["", "The commands (M.onnx: a copy of the model; calib/, heldout/: folders of .npz batches):", ""]
     first: Mapping[str, Any] = next(iter(models.values()), {})
     for t in tools:
