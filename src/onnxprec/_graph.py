@@ -23,6 +23,7 @@ __all__ = [
     "original_name",
     "record_original_name",
     "rename_value",
+    "subgraph_nodes",
     "tensor_attribute",
     "tensor_dtype",
     "unique_name",
@@ -81,6 +82,20 @@ def all_graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     found: dict[ir.Graph, None] = {}
     _collect_subgraphs(graph, graph, found)
     yield from list(found)
+
+
+def subgraph_nodes(graph: ir.Graph) -> Iterator[tuple[ir.Node, ir.Node]]:
+    """Every node inside the If/Loop/Scan bodies below ``graph`` (recursively), with the node that owns its body."""
+    for owner in graph:
+        for attr in owner.attributes.values():
+            if not isinstance(attr, ir.Attr):
+                continue
+            bodies = [attr.value] if attr.type == ir.AttributeType.GRAPH else []
+            bodies += list(attr.value) if attr.type == ir.AttributeType.GRAPHS else []
+            for body in bodies:
+                for node in body:
+                    yield node, owner
+                yield from subgraph_nodes(body)
 
 
 def _collect_subgraphs(graph: ir.Graph, top: ir.Graph, found: dict[ir.Graph, None]) -> None:

@@ -217,7 +217,8 @@ class FoldAffineIntoWeightsResult(ir.passes.PassResult):
 
 
 class FoldAffineIntoWeightsPass(ir.passes.InPlacePass):
-    """Folds per-channel affine chains after Conv, Gemm and MatMul layers of the main graph into their weights.
+    """Folds per-channel affine chains after Conv, Gemm and MatMul layers into their weights, in every graph (the
+    rewriter visits If/Loop/Scan bodies too).
 
     Applied until nothing changes (each application folds one operator of a chain); the initializers of the main
     graph that the folds left unread are removed.

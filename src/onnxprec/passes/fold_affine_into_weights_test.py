@@ -114,3 +114,11 @@ def test_gemm_and_matmul_chains_fold() -> None:
     x = RNG.standard_normal((3, 6)).astype(np.float32)
     model = _check(proto, {"x": x}, ["Gemm", "MatMul", "Add"])
     assert [node.name for node in model.graph] == ["gemm", "matmul", "bias"]
+
+
+def test_a_conv_output_that_is_also_a_graph_output_keeps_its_chain() -> None:
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv"), helper.make_node("Mul", ["y", "s"], ["z"])]
+    inits = {"w": np.ones((3, 2, 1, 1), np.float32), "s": np.full((1, 3, 1, 1), 2.0, np.float32)}
+    outputs = [tensor_info("y", F, None), tensor_info("z", F, None)]
+    model = ir.serde.deserialize_model(make_model(nodes, [tensor_info("x", F, [1, 2, 4, 4])], outputs, inits))
+    assert not FoldAffineIntoWeightsPass()(model).modified

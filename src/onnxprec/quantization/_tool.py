@@ -191,6 +191,16 @@ class QuantizationReportBase:
     """The onnxruntime-genai files carried beside the output (:class:`onnxprec._genai.GenaiCarry`), or None."""
     progress: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     """Called after each weight is quantized while the model is written, when the tool has a progress bar."""
+    in_subgraphs: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Candidate layers inside If/Loop/Scan bodies, kept float (also in ``skipped``), by the op owning the body."""
+
+    SUBGRAPH_WHY: ClassVar[str] = "the tool quantizes the main graph's layers only"
+
+    def subgraph_text(self) -> str:
+        """``12 layers inside If bodies kept float (<why>)``."""
+        count = sum(self.in_subgraphs.values())
+        kinds = "/".join(sorted(self.in_subgraphs))
+        return f"{count} layer{'s' if count != 1 else ''} inside {kinds} bodies kept float ({self.SUBGRAPH_WHY})"
 
 
 class QuantizationReport(_report.Report, Protocol):

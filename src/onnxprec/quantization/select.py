@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from onnxprec._graph import subgraph_nodes
 from onnxprec._tensors import float32_copy, release
 
 __all__ = ["FLOAT_WEIGHT_TYPES", "InputGroup", "Layer", "Selection", "Target", "select_layers"]
@@ -130,6 +131,8 @@ class Selection:
     """``(node name, pattern)`` of every layer excluded by ``nodes_to_exclude``."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """``(node name, reason)`` of MatMul/Gemm nodes that cannot be quantized."""
+    in_subgraphs: dict[str, int] = field(default_factory=dict)
+    """Layers inside If/Loop/Scan bodies (kept float, also in ``skipped``), by the op that owns the body."""
 
     @property
     def layers(self) -> list[Layer]:
@@ -276,6 +279,11 @@ def select_layers(
         selection.targets.append(Target(weight, layers, bits_of.get(weight, 4), k, n, transposed))
         if len(layers) > 1:
             logger.info("Weight '%s' is shared by %d layers: quantized once", weight.name, len(layers))
+    for node, owner in subgraph_nodes(model.graph):
+        if (node.op_type != "Gather" or gathers) and _candidate(node, gather_types)[0] is not None:
+            reason = f"inside the {owner.op_type} body of '{owner.name}': kept float (the main graph's layers only)"
+            selection.skipped.append((node.name or node.op_type, reason))
+            selection.in_subgraphs[owner.op_type] = selection.in_subgraphs.get(owner.op_type, 0) + 1
     _merge_tied_copies(selection)
     return selection
 

@@ -320,9 +320,12 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         gather_types=GATHER_TYPES[options.format],
     )
     report.excluded, report.skipped = selection.excluded, selection.skipped
+    report.in_subgraphs = dict(selection.in_subgraphs)
     if not selection.targets:
         layers = "MatMul or Gemm whose weight is a 2-D float initializer and whose other input is computed"
         skipped = f"{len(selection.skipped)} MatMul/Gemm skipped"
+        if selection.in_subgraphs:
+            skipped += f", of which {report.subgraph_text()}"
         raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
     report.seconds["load+select"] = time.perf_counter() - tick
     written = None  # without data, an LLM calibrates on text it writes itself

@@ -65,6 +65,7 @@ class Int4Report(QuantizationReportBase):
     """The outcome of a run: settings, per-layer entries, exclusions, sizes and timings."""
 
     TOOL: ClassVar[str] = "quantize int4"
+    SUBGRAPH_WHY: ClassVar[str] = "INT4 quantizes the main graph's layers only"
 
     method: str
     block_size: int
@@ -91,6 +92,8 @@ class Int4Report(QuantizationReportBase):
             text += f"; {eight} at 8 bits"
         if self.excluded:
             text += f"; {len(self.excluded)} excluded"
+        if self.in_subgraphs:
+            text += "; " + self.subgraph_text()
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -109,6 +112,7 @@ class Int4Report(QuantizationReportBase):
                 "layers": sum(len(entry.layers) for entry in self.layers),
                 "excluded": len(self.excluded),
                 "skipped": len(self.skipped),
+                "in_subgraphs": sum(self.in_subgraphs.values()),
             },
             "sizes": {
                 "float_bytes": self.float_bytes,

@@ -244,7 +244,7 @@ def test_report_is_json_and_describes_every_layer(tmp_path: Path) -> None:
     x = correlated(128, 64, seed=12)[None]
     report = quantize_file(src, dst, calibration_method="awq_lite", calibration_data_reader=[{"X": x}], block_size=16)
     data = json.loads(json.dumps(report.to_json(), allow_nan=False))
-    assert data["counts"] == {"weights": 3, "layers": 3, "excluded": 1, "skipped": 0}
+    assert data["counts"] == {"weights": 3, "layers": 3, "excluded": 1, "skipped": 0, "in_subgraphs": 0}
     assert data["excluded"] == [{"node": "/model/lm_head/MatMul", "pattern": "/lm_head"}]
     assert data["sizes"]["quantized_bytes"] == data["sizes"]["ideal_bytes"] < data["sizes"]["float_bytes"] / 5
     for layer in data["layers"]:

@@ -62,6 +62,7 @@ class Int8Report(QuantizationReportBase):
     """The outcome of a run: settings, per-layer entries, static tensors, fallback, accuracy and timings."""
 
     TOOL: ClassVar[str] = "quantize int8"
+    SUBGRAPH_WHY: ClassVar[str] = "calibration observes the main graph's tensors only"
 
     runtime: str
     calibration_method: str
@@ -75,8 +76,6 @@ class Int8Report(QuantizationReportBase):
     fallback_steps: list[dict[str, Any]] = field(default_factory=list)
     structure: dict[str, int] = field(default_factory=dict)
     """What sanitizing folded: same-type Casts, layout Transposes (net), per-channel Add/Sub/Mul/Div."""
-    in_subgraphs: dict[str, int] = field(default_factory=dict)
-    """Layers inside If/Loop/Scan bodies, kept float, by the op that owns the body."""
     unfused: dict[str, int] | None = None
     """Q/DQ nodes ONNX Runtime's CPU provider leaves unfused in the output, by the op beside them (ort-cpu only)."""
     preprocessed: bool = False

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
+from onnxprec._graph import subgraph_nodes
 from onnxprec._ops import is_default_domain
 from onnxprec.passes.fold_pad_into_conv import constant_value
 
@@ -366,18 +367,12 @@ def place(
     return plan
 
 
-def _skip_subgraph_layers(graph: ir.Graph, plan: Plan, owner: ir.Node | None = None) -> None:
+def _skip_subgraph_layers(graph: ir.Graph, plan: Plan) -> None:
     """Adds the Conv/MatMul/Gemm layers with a constant weight inside If/Loop/Scan bodies to ``plan.skipped``."""
-    for node in graph:
-        if owner is not None and _weight_layer(node)[0] is not None:
-            reason = _SUBGRAPH_REASON.format(op=owner.op_type, name=owner.name)
-            plan.skipped.append((str(node.name), reason))
+    for node, owner in subgraph_nodes(graph):
+        if _weight_layer(node)[0] is not None:
+            plan.skipped.append((str(node.name), _SUBGRAPH_REASON.format(op=owner.op_type, name=owner.name)))
             plan.in_subgraphs[owner.op_type] = plan.in_subgraphs.get(owner.op_type, 0) + 1
-        for attr in node.attributes.values():
-            bodies = [attr.value] if attr.type == ir.AttributeType.GRAPH else []
-            bodies += list(attr.value) if attr.type == ir.AttributeType.GRAPHS else []
-            for body in bodies:
-                _skip_subgraph_layers(body, plan, node)
 
 
 def _residual_adds(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:

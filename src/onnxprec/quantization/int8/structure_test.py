@@ -1,4 +1,5 @@
-"""INT8 on a TensorFlow-style NHWC CNN: Transposes and BatchNorm chains fold first, the unfused Q/DQ are counted."""
+"""Model structures the quantizers meet: a TensorFlow-style NHWC CNN (Transposes and BatchNorm chains folded first,
+the unfused Q/DQ counted) and layers inside If bodies (counted, kept float, said so) in INT8 and INT4."""
 
 from __future__ import annotations
 
@@ -102,3 +103,29 @@ def test_the_unfused_summary_suggests_preprocess_only_where_it_removes_the_op_an
     assert "preprocess" not in unfused_text(counts, preprocessed=True)
     assert "preprocess" not in unfused_text({"Add": 6, "Pad": 1})
     assert unfused_text({}) == "every Q/DQ fused on ort-cpu"
+
+
+def test_int4_counts_the_matmuls_inside_if_bodies_and_says_they_stay_float(tmp_path: Path) -> None:
+    from onnx import helper
+
+    from onnxprec._testing import F, make_model, tensor_info
+    from onnxprec.quantization.int4 import quantize_file as quantize_int4
+
+    rng = np.random.default_rng(4)
+
+    def branch(name: str) -> onnx.GraphProto:
+        weight = helper.make_tensor(f"{name}_w", F, [64, 64], rng.standard_normal(64 * 64).astype(np.float32))
+        matmul = helper.make_node("MatMul", ["h", f"{name}_w"], [f"{name}_y"], name=f"{name}/MatMul")
+        return helper.make_graph([matmul], name, [], [tensor_info(f"{name}_y", F, None)], [weight])
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="main/MatMul"),
+        helper.make_node("If", ["flag"], ["y"], then_branch=branch("then"), else_branch=branch("else"), name="If_0"),
+    ]
+    inputs = [tensor_info("x", F, [2, 64]), tensor_info("flag", onnx.TensorProto.BOOL, [])]
+    inits = {"w": rng.standard_normal((64, 64)).astype(np.float32)}
+    source = tmp_path / "if.onnx"
+    onnx.save(make_model(nodes, inputs, [tensor_info("y", F, [2, 64])], inits, opset=21, ir_version=10), source)
+    report = quantize_int4(source, tmp_path / "q.onnx", block_size=32, calibration_method="rtn")
+    assert report.in_subgraphs == {"If": 2} and len(report.layers) == 1
+    assert "2 layers inside If bodies kept float (INT4 quantizes the main graph's layers only)" in report.summary
