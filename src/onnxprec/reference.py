@@ -433,7 +433,7 @@ def _run_segmented(
     fetch = {str(v.name) for v in marked} - reduced
     constant = _constant_producers(nodes, set(initializers))
     piece_of = {index: s for s, piece in enumerate(segments) for index in piece}
-    last_use: dict[str, int] = {name: len(segments) for name in graph_outputs}  # kept to the end
+    last_use: dict[str, int] = {}  # the last piece that reads a tensor (a graph output too: carried while read)
     for index, node in enumerate(nodes):
         for name in node.input:
             if name and name not in constant:  # a piece computes the constants it reads itself
@@ -498,7 +498,7 @@ def _run_segmented(
                         _observe(observers, name, array)
                     if i == 0 and name in graph_outputs:
                         first_outputs[name] = _copy(array)
-                    if last_use.get(name, -1) > s and name not in graph_outputs:
+                    if last_use.get(name, -1) > s:
                         carried[i][name] = _copy(array)
                 del results
                 for name in [n for n in carried[i] if last_use.get(n, -1) <= s]:

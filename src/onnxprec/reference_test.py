@@ -264,7 +264,9 @@ def _builder_like(layers: int = 3) -> ir.Model:
     proto = make_model(nodes, inputs, [tensor_info("logits", F, ["batch", "seq", 64])], inits)
     # The builder's value info: every tensor typed, its shape constants as scalars.
     proto.graph.value_info.extend(
-        tensor_info(out, i64, []) if out.startswith("/constants/") else tensor_info(out, F if out != "mask_sum" else i64)
+        tensor_info(out, i64, [])
+        if out.startswith("/constants/")
+        else tensor_info(out, F if out != "mask_sum" else i64)
         for node in proto.graph.node
         for out in node.output
         if out != "logits"
@@ -277,7 +279,9 @@ def test_segmented_run_of_a_builder_graph_equals_the_whole_graph() -> None:
     # info is never a piece's input), the mask's length and the tied table cross pieces by element type.
     model = _builder_like(3)
     rng = np.random.default_rng(2)
-    batches = [{"input_ids": rng.integers(0, 64, (1, 5)), "attention_mask": np.ones((1, 5), np.int64)} for _ in range(2)]
+    batches = [
+        {"input_ids": rng.integers(0, 64, (1, 5)), "attention_mask": np.ones((1, 5), np.int64)} for _ in range(2)
+    ]
     results = []
     for segment_bytes in (1 << 30, 1):
         first = FirstBatchObserver()

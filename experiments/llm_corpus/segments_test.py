@@ -1,0 +1,58 @@
+"""The segmented reference run on the corpus: every graph cut into the smallest pieces (one weight each) gives the
+outputs of the whole graph. The builder's graphs carry shape constants, attention-mask subgraphs read by every layer,
+sliding-window ring buffers and tied heads across the cuts. The torch-built corpus models are used where the corpus
+is built (``python -m experiments.llm_corpus build``; skipped otherwise), the torch-free decoder always."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from experiments.llm_corpus import build
+from experiments.llm_corpus.synthetic import build_kv_decoder
+from onnxprec._io import load_model
+from onnxprec.calibration_data import CalibrationData
+from onnxprec.reference import run_reference
+
+TOKENS = 16
+
+
+def _check_pieces_equal_whole(path: Path) -> int:
+    """Runs ``path`` whole and in pieces of one weight each on one window; returns the number of pieces."""
+    model = load_model(path)
+    ids = np.random.default_rng(0).integers(3, 500, (1, TOKENS))
+    data = CalibrationData({"input_ids": ids}, model)
+    whole = run_reference(model, data, select=[], segment_bytes=1 << 40)
+    pieces = run_reference(model, data, select=[], segment_bytes=1)
+    assert whole.segments == 1 and set(pieces.first_outputs) == set(whole.first_outputs)
+    for name, expected in whole.first_outputs.items():
+        actual = pieces.first_outputs[name]
+        if name.startswith("present") and expected.ndim == 4:
+            # a sliding window's ring buffer holds this window's TOKENS positions; the rest is unwritten memory
+            expected, actual = expected[:, :, :TOKENS], actual[:, :, :TOKENS]
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6, err_msg=f"{path}: {name}")
+    return pieces.segments
+
+
+def test_the_torch_free_decoder_in_pieces_equals_the_whole(tmp_path: Path) -> None:
+    path = tmp_path / "model.onnx"
+    build_kv_decoder(path)
+    onnx.save(onnx.shape_inference.infer_shapes(onnx.load(path)), path)  # typed, as exporters write them
+    assert _check_pieces_equal_whole(path) > 6  # embedding, 3 projections and MLP per layer, lm_head
+
+
+CORPUS_MODELS = sorted(build.CORPUS_DIR.glob("*/*/model.onnx")) if build.CORPUS_DIR.is_dir() else []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not CORPUS_MODELS, reason=f"no LLM corpus in {build.CORPUS_DIR} (python -m experiments.llm_corpus build)"
+)
+@pytest.mark.parametrize("path", CORPUS_MODELS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_every_corpus_model_in_pieces_equals_the_whole(path: Path) -> None:
+    if path.parent.parent.name == "synthetic":
+        pytest.skip("the untyped torch-free decoder runs whole (its typed copy is tested above)")
+    assert _check_pieces_equal_whole(path) > 2
