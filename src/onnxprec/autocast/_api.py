@@ -313,12 +313,17 @@ def _rules(options: AutoCastOptions, already_low: frozenset[ir.Node] = frozenset
 
 
 def convert_model(
-    source: ModelSource, options: AutoCastOptions, *, fp32_nodes: Mapping[str, str] | None = None
+    source: ModelSource,
+    options: AutoCastOptions,
+    *,
+    fp32_nodes: Mapping[str, str] | None = None,
+    refuse_kernel_gaps: bool = False,
 ) -> tuple[ir.Model, AutoCastReport, ReferenceResult | None]:
     """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights.
 
     ``fp32_nodes`` (:func:`node_keys` key -> reason) stay FP32 whatever the rules say: nodes ONNX Runtime could
-    not run in the low type in an earlier attempt (see :func:`kernel_gap`).
+    not run in the low type in an earlier attempt (see :func:`kernel_gap`). ``refuse_kernel_gaps``: BF16 with only
+    the CPU provider is refused up front unless ``keep_unsupported_fp32`` (see :func:`keep_kernel_gaps`).
     """
     report = AutoCastReport(options.low_precision_type)
     tick = time.perf_counter()
@@ -369,7 +374,7 @@ def convert_model(
         for node in report.decisions:
             if keys[node] in fp32_nodes:
                 report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
-    keep_kernel_gaps(model, report.decisions, options)
+    report.no_kernel = keep_kernel_gaps(model, report.decisions, options, refuse=refuse_kernel_gaps)
     report.seconds["classify"] = time.perf_counter() - tick
     clone = functools.partial(_converted_clone, io_types=io_types)
     if keep is not None:
@@ -495,16 +500,43 @@ def _output_check(
         if reference is None or report.numeric is not None:  # no reference run, or target mode ran it
             if report.numeric is None:
                 load_in_ort(str(written.path), report.ort_only, providers=list(options.providers))
+            elif report.numeric.skipped:
+                _load_or_refuse(written, report.numeric, options)
             return
         tick = time.perf_counter()
         report.numeric = numeric_check(written, reference, providers=list(options.providers))
         report.seconds["numeric check"] = time.perf_counter() - tick
         if kernel_gap(report.numeric, report, options, source, fp32_nodes):
             raise _ConvertAgain
+        if report.numeric.skipped:
+            _load_or_refuse(written, report.numeric, options)
         _log_numeric(report.numeric)
         prove_by_run(report.numeric, report.ort_only)
 
     return check
+
+
+def _load_or_refuse(written: WrittenModel, numeric: NumericReport, options: AutoCastOptions) -> None:
+    """After a numeric check ONNX Runtime could not run: the output must at least load on the chosen providers, or
+    it is not written (a model the chosen provider cannot load never leaves with success).
+
+    Raises:
+        UnsupportedModelError: ONNX Runtime cannot load the output (a node without a low-type kernel, say).
+    """
+    from onnxprec._ort import create_session, first_line
+
+    providers = ", ".join(map(str, options.providers))
+    try:
+        create_session(str(written.path), providers=list(options.providers), optimization="none", low_memory=True)
+    except Exception as e:  # ORT raises its own exception types
+        node = f" (node '{numeric.failed_node}')" if numeric.failed_node else ""
+        raise UnsupportedModelError(
+            f"ONNX Runtime cannot load the converted model on {providers}{node}: {first_line(e, 200)}; keep the "
+            "node in FP32 with --nodes_to_exclude or --keep_unsupported_fp32, or convert for the provider the model "
+            "will run on (--providers cuda)."
+        ) from None
+    logger.warning("The converted model loads on %s, but its numeric check could not run: %s", providers,
+                   numeric.skipped)  # fmt: skip
 
 
 def _checker_rejects_original(source: ModelSource) -> bool:
@@ -520,7 +552,8 @@ def _checker_rejects_original(source: ModelSource) -> bool:
 
 def _log_numeric(report: NumericReport) -> None:
     if report.skipped:
-        logger.info("Numeric check skipped: %s", report.skipped)
+        # a WARNING where the provider lacks a kernel: ModelOpt's API returns such a model, as ModelOpt does
+        logger.log(logging.WARNING if report.no_kernel else logging.INFO, "Numeric check skipped: %s", report.skipped)
         return
     for name, err in report.errors.items():
         level = logging.WARNING if (not err["finite"] or err["rel_l2"] > 0.05) else logging.INFO
@@ -653,7 +686,7 @@ def convert_file(
     genai = GenaiCarry.plan(source, output, options.genai_provider)
     fp32_nodes: dict[str, str] = {}
     while True:
-        model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes)
+        model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes, refuse_kernel_gaps=True)
         report.input_path = source
         protected |= external_data_paths(model)
         tick = time.perf_counter()

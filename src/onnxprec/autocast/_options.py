@@ -116,6 +116,13 @@ class AutoCastOptions(ToolOptions):
         flags=("--report",),
         group=_EXTRAS,
     )
+    keep_unsupported_fp32: bool = option(
+        False,
+        group=_EXTRAS,
+        help="Keep in FP32 the nodes ONNX Runtime has no low-type kernel for on the chosen --providers instead of "
+        "refusing: BF16 with only the CPU provider, whose BF16 kernels are mostly data movement (Transpose, Reshape, "
+        "LayerNormalization); the summary gives the share converted. On a GPU provider such nodes stay FP32 always.",
+    )
     validate: bool = option(
         True,
         group=_EXTRAS,

@@ -356,15 +356,19 @@ class AutoCastReport:
     command: str = ""
     genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
     ort_only: dict[str, int] = field(default_factory=dict)  # nodes only ONNX Runtime can check, by op
+    no_kernel: dict[str, int] = field(default_factory=dict)  # op -> nodes kept FP32 without a low-type kernel
 
     @property
     def summary(self) -> str:
         s = self.stats
         pct = 100.0 * s.low_nodes / s.nodes if s.nodes else 0.0
-        return (
+        text = (
             f"Converted {s.low_nodes}/{s.nodes} nodes ({pct:.1f}%) to {self.low_precision_type}; "
             f"{s.casts} casts inserted"
         )
+        if self.no_kernel:
+            text += f"; {sum(self.no_kernel.values())} kept in FP32 without a {self.low_precision_type} kernel"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data (what ``--report_json`` writes).
@@ -397,6 +401,7 @@ class AutoCastReport:
             "output": None if self.output_path is None else str(self.output_path),
             "low_precision_type": self.low_precision_type,
             "counts": asdict(self.stats),
+            "no_kernel_fp32": dict(self.no_kernel),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "reference_batches": self.reference_batches,
             "numeric": numeric,
