@@ -46,7 +46,7 @@ from onnxprec._io import (
     to_model_proto,
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
-from onnxprec._options import fields_in, options_from_call
+from onnxprec._options import check_op_types, check_patterns, fields_in, options_from_call
 from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
@@ -136,6 +136,20 @@ def _check_op_types(model: ir.Model, options: AutoCastOptions) -> None:
                 raise InvalidArgumentError(
                     f"Unknown op type '{name}' in {what}: it is neither an ONNX op nor in the model.{hint}"
                 )
+
+
+def _check_selection(report: AutoCastReport, options: AutoCastOptions) -> None:
+    """Warns about each name pattern or op type of the options that selects no node (with the closest names)."""
+    names = {str(node.name): node.op_type for node in report.decisions if node.name}
+    for what, patterns in (
+        ("nodes_to_exclude", options.exclude_patterns),
+        ("nodes_to_include", options.include_patterns),
+    ):
+        check_patterns(patterns, what, names)
+    present = {node.op_type for node in report.decisions}
+    for what, types in (("op_types_to_exclude", options.op_types_to_exclude),
+                        ("op_types_to_include", options.op_types_to_include)):  # fmt: skip
+        check_op_types(types, what, present)
 
 
 def _target_opset(model: ir.Model, options: AutoCastOptions) -> int:
@@ -594,9 +608,13 @@ def convert_to_mixed_precision(
     Args:
         onnx_path: Path to the FP32 model, or an ``onnx.ModelProto``.
         low_precision_type: Low precision type: fp16 or bf16.
-        nodes_to_exclude: Regexes (re.match) of node names to keep in FP32.
+        nodes_to_exclude: Regexes of node names to keep in FP32; matched with re.match, from the start of a name, as
+            ModelOpt (write '.*x' to match inside a name); a pattern that matches nothing is warned about, with the
+            closest names.
         op_types_to_exclude: Op types to keep in FP32.
-        nodes_to_include: Regexes (re.match) of node names to convert even if a rule excludes them.
+        nodes_to_include: Regexes of node names to convert even if a rule excludes them; matched with re.match, from
+            the start of a name, as ModelOpt (write '.*x' to match inside a name); a pattern that matches nothing is
+            warned about, with the closest names.
         op_types_to_include: Op types to convert even if a rule excludes them.
         data_max: Keep nodes whose floating-point inputs or outputs exceed this magnitude in the reference run (inf: no
             reference run).
@@ -631,6 +649,8 @@ def convert_to_mixed_precision(
     fp32_nodes: dict[str, str] = {}
     while True:
         model, report, reference = convert_model(onnx_path, options, fp32_nodes=fp32_nodes)
+        if not fp32_nodes:  # the first conversion
+            _check_selection(report, options)
         proto = to_model_proto(model)
         if proto.ByteSize() >= PROTOBUF_LIMIT:
             return proto
@@ -687,6 +707,8 @@ def convert_file(
     fp32_nodes: dict[str, str] = {}
     while True:
         model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes, refuse_kernel_gaps=True)
+        if not fp32_nodes:  # the first conversion
+            _check_selection(report, options)
         report.input_path = source
         protected |= external_data_paths(model)
         tick = time.perf_counter()

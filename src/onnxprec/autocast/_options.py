@@ -55,13 +55,13 @@ class AutoCastOptions(ToolOptions):
         help="Low precision type: fp16 or bf16.",
     )
     nodes_to_exclude: Sequence[str] | None = regexes_option(
-        "Regexes (re.match) of node names to keep in FP32.", flags=("-ne", "--nodes_to_exclude")
+        "Regexes of node names to keep in FP32.", flags=("-ne", "--nodes_to_exclude")
     )
     op_types_to_exclude: Sequence[str] | None = op_types_option(
         "Op types to keep in FP32.", flags=("-ope", "--op_types_to_exclude")
     )
     nodes_to_include: Sequence[str] | None = regexes_option(
-        "Regexes (re.match) of node names to convert even if a rule excludes them.", flags=("-ni", "--nodes_to_include")
+        "Regexes of node names to convert even if a rule excludes them.", flags=("-ni", "--nodes_to_include")
     )
     op_types_to_include: Sequence[str] | None = op_types_option(
         "Op types to convert even if a rule excludes them.", flags=("-opi", "--op_types_to_include")

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -48,6 +49,7 @@ __all__ = [
     "calibration_batch_size_option",
     "calibration_eps_option",
     "check_float_model",
+    "check_selection",
     "command_line",
     "external_data_option",
     "json_start",
@@ -96,9 +98,7 @@ def nodes_to_exclude_option(matched: str, more: str = "", *, flags: Iterable[str
         more: The rest of the sentence (what no pattern does, the default), starting with "; ".
         flags: The spellings.
     """
-    return regexes_option(
-        f"Regexes (re.search) of the nodes kept in float, matched against {matched}{more}.", flags=flags
-    )
+    return regexes_option(f"Regexes of the nodes kept in float, matched against {matched}{more}.", flags=flags)
 
 
 def calibration_batch_size_option(default: int | None, note: str) -> Any:
@@ -228,6 +228,42 @@ def check_float_model(model: ir.Model) -> None:
         raise UnsupportedModelError(
             f"The model is already quantized (it has {', '.join(quantized)} nodes): pass the float model."
         )
+
+
+def check_selection(
+    model: ir.Model,
+    patterns: Mapping[str, Sequence[re.Pattern[str]]],
+    op_types: Mapping[str, Sequence[str] | None],
+    layer_ops: Collection[str],
+    names_of: Callable[[ir.Node], Iterable[str]],
+) -> None:
+    """Warns about each name pattern or op type of the options that selects nothing in ``model``'s main graph
+    (:func:`onnxprec._options.check_patterns`: with the closest names, and what a pattern matches instead).
+
+    Args:
+        model: The sanitized model (names given).
+        patterns: Option -> its compiled patterns, e.g. ``{"nodes_to_exclude": [...]}``.
+        op_types: Option -> its op types.
+        layer_ops: The op types of the layers the tool quantizes.
+        names_of: What a pattern matches of such a node (its name, output names...).
+    """
+    from onnxprec._options import check_op_types, check_patterns
+
+    names: set[str] = set()
+    nodes: set[str] = set()
+    others: dict[str, str] = {}
+    selected = f"layer this tool quantizes ({', '.join(layer_ops)})"
+    for node in model.graph:
+        if node.op_type in layer_ops and node.domain in ("", "ai.onnx"):
+            names.update(names_of(node))
+            nodes.add(str(node.name or ""))
+        elif node.name:
+            others[str(node.name)] = node.op_type
+    for what, compiled in patterns.items():
+        check_patterns(compiled, what, names, others, selected, nodes - {""})
+    present = {node.op_type for node in model.graph}
+    for what, types in op_types.items():
+        check_op_types(types, what, present)
 
 
 def nothing_to_quantize(layers: str, skipped: str, excluded_by: str | None) -> Exception:

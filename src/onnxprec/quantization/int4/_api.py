@@ -34,7 +34,7 @@ from onnxprec._options import fields_in, log_level_during
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
-from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
+from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
@@ -42,11 +42,18 @@ from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbi
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
 from onnxprec.quantization.int4._budget import choose_precisions, writes_text, written_text
-from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD, Int4Options
+from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
-from onnxprec.quantization.select import FLOAT_WEIGHT_TYPES, InputGroup, Selection, Target, select_layers
+from onnxprec.quantization.select import (
+    FLOAT_WEIGHT_TYPES,
+    InputGroup,
+    Selection,
+    Target,
+    pattern_names,
+    select_layers,
+)
 from onnxprec.validate import check_structure, load_in_ort
 
 __all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
@@ -306,6 +313,10 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         gathers=options.quantize_embeddings or options.size_budget_mb is not None,
         gather_types=GATHER_TYPES[options.output_format],
     )
+    default = tuple(options.nodes_to_exclude or ()) == DEFAULT_EXCLUDE  # a model without an lm_head is no mistake
+    excluded = [] if default else options.exclude_patterns
+    patterns = {"nodes_to_exclude": excluded, "layers_8bit": options.eight_bit_patterns}
+    check_selection(model, patterns, {}, ("MatMul", "Gemm", "Gather"), pattern_names)
     report.excluded, report.skipped = selection.excluded, selection.skipped
     if not selection.targets:
         layers = "MatMul or Gemm whose weight is a 2-D float initializer and whose other input is computed"

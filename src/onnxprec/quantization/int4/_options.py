@@ -27,7 +27,7 @@ __all__ = [
 ]  # fmt: skip
 
 DEFAULT_BLOCK_SIZE = 128
-DEFAULT_EXCLUDE = ("/lm_head",)
+DEFAULT_EXCLUDE = (".*/lm_head",)
 NO_DATA_LLM_METHOD = "awq_gptq"
 """The default method without calibration data for an LLM that writes its own calibration text (BENCHMARKS.md,
 "default INT4 method without calibration data": on the builder's SmolLM2 it beats kquant by 4.6 perplexity at 86.5 MB in
@@ -86,7 +86,7 @@ class Int4Options(_tool.QuantizationOptions):
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option(
         "the node name, its output name and its weight name",
-        "; give the flag with no pattern to quantize every layer (default: /lm_head, none under --size_budget_mb)",
+        "; give the flag with no pattern to quantize every layer (default: '.*/lm_head', none under --size_budget_mb)",
         flags=("--nodes_to_exclude", "-ne"),
     )
     quantize_embeddings: bool = option(
@@ -134,8 +134,8 @@ class Int4Options(_tool.QuantizationOptions):
         "the data per few inputs instead of per --stats_memory_mb).",
     )
     layers_8bit: Sequence[str] | None = regexes_option(
-        "Regexes (re.search, like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
-        "instead (they win over --nodes_to_exclude, e.g. --layers_8bit lm_head)."
+        "Regexes (like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
+        "instead (they win over --nodes_to_exclude, e.g. --layers_8bit '.*lm_head')."
     )
     block_size_8bit: int | None = option(
         None,

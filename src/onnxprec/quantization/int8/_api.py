@@ -45,7 +45,7 @@ from onnxprec.passes.cancel_transposes import CancelTransposesPass, CancelTransp
 from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass, FoldAffineIntoWeightsResult
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
 from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
-from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
+from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8 import fallback
 from onnxprec.quantization.int8._options import Int8Options
@@ -54,7 +54,7 @@ from onnxprec.quantization.int8.decide import Decisions, Statistics, build, deci
 from onnxprec.quantization.int8.emulation import Int8Emulator
 from onnxprec.quantization.int8.fallback import estimated_sensitivity, measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
-from onnxprec.quantization.int8.place import Plan
+from onnxprec.quantization.int8.place import WEIGHT_OPS, Plan, pattern_names
 from onnxprec.quantization.int8.rewrite import fold_casts_into_qdq
 from onnxprec.reference import run_reference
 from onnxprec.validate import check_structure
@@ -261,6 +261,13 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     declared = _declared_shapes(model) if options.runtime != "ort-cpu" else set()
     report.structure = _sanitize(model, options)
     plan = plan_for(model, options)
+    check_selection(
+        model,
+        {"nodes_to_exclude": options.exclude_patterns, "nodes_to_quantize": options.include_patterns},
+        {"op_types_to_quantize": options.op_types_to_quantize, "op_types_to_exclude": options.op_types_to_exclude},
+        WEIGHT_OPS,
+        pattern_names,
+    )
     report.excluded, report.skipped = plan.excluded, plan.skipped
     report.in_subgraphs = dict(plan.in_subgraphs)
     if not plan.layers:

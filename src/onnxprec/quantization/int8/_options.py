@@ -79,7 +79,7 @@ class Int8Options(_tool.QuantizationOptions):
     )
     op_types_to_exclude: Sequence[str] | None = op_types_option("Op types kept in float.")
     nodes_to_quantize: Sequence[str] | None = regexes_option(
-        "Only nodes whose name or output name matches one of these regexes (re.search) (default: all, except on "
+        "Only nodes whose name or output name matches one of these regexes (default: all, except on "
         "ort-cpu a layer that reads the model's float input, e.g. a CNN's first Conv, which stays float unless named "
         "here)."
     )
