@@ -50,6 +50,7 @@ __all__ = [
     "calibration_eps_option",
     "check_float_model",
     "check_selection",
+    "checked",
     "command_line",
     "external_data_option",
     "json_start",
@@ -183,6 +184,9 @@ class QuantizationReportBase:
     """The onnxruntime-genai files carried beside the output (:class:`onnxprec._genai.GenaiCarry`), or None."""
     progress: Callable[[], Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     """Called after each weight is quantized while the model is written, when the tool has a progress bar."""
+    guard_failure: str | None = None
+    """The accuracy guard's one line when the result misses its bound (the model is still written, then
+    :class:`~onnxprec.errors.AccuracyGuardError` is raised), else None."""
 
 
 class QuantizationReport(_report.Report, Protocol):
@@ -202,6 +206,8 @@ class QuantizationReport(_report.Report, Protocol):
     """The onnxruntime-genai files carried beside the output (:class:`onnxprec._genai.GenaiCarry`), or None."""
     progress: Callable[[], Any] | None
     """Called after each weight is quantized while the model is written, when the tool has a progress bar."""
+    guard_failure: str | None
+    """The accuracy guard's one line when the result misses its bound, else None."""
 
 
 def json_start(report: QuantizationReport) -> dict[str, Any]:
@@ -264,6 +270,25 @@ def check_selection(
     present = {node.op_type for node in model.graph}
     for what, types in op_types.items():
         check_op_types(types, what, present)
+
+
+def checked(check: Mapping[str, Any]) -> str:
+    """The summary phrase of how a result was checked (a report's ``check``, see :mod:`onnxprec.quantization.guard`):
+    where, on how many runs, what it kept; e.g. ``checked on calibration data (6 runs): top1 1, held out (2 runs):
+    top1 1``."""
+
+    def runs(part: Mapping[str, Any]) -> str:
+        count = int(part.get("runs", 0))
+        return f"{count} run{'' if count == 1 else 's'}"
+
+    where = "no calibration data: checked on random data" if check.get("random_data") else "checked on calibration data"
+    calibration, held = check.get("calibration") or {}, check.get("held_out")
+    text = f"{where} ({runs(calibration)}): {calibration.get('metric', '')}".rstrip()
+    if held:
+        text += f", held out ({runs(held)}): {held['metric']}"
+    if check.get("guard") == "on" and not check.get("passed"):
+        text += f"; misses the accuracy guard's {check.get('bound')}"
+    return text
 
 
 def nothing_to_quantize(layers: str, skipped: str, excluded_by: str | None) -> Exception:
@@ -340,6 +365,8 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             The report; ``report.to_json()`` is JSON-ready.
 
         Raises:
+            AccuracyGuardError: The result misses the accuracy guard's bound (it is written, for inspection; the
+                error carries the report).
             OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
         """
         from onnxprec._genai import GenaiCarry
@@ -377,6 +404,10 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             if genai is not None:
                 genai.write(model)
                 report.genai = genai
+        if report.guard_failure:
+            from onnxprec.errors import AccuracyGuardError
+
+            raise AccuracyGuardError(f"{report.guard_failure}; written for inspection to {output}", report)
         return report
 
     def _progress(self, report: ReportT) -> Any:
@@ -424,7 +455,13 @@ def command_line(
         settings = dataclasses.replace(parsed, log_level=common.log_level)  # type: ignore[type-var]
         outputs = [files.onnx_path, *filter(None, [files.output_path])]
         _report.check_paths({"--report_json": common.report_json}, outputs)
-        report = importlib.import_module(api).quantize_file(files.onnx_path, files.output_path, options=settings)
+        from onnxprec.errors import AccuracyGuardError
+
+        try:
+            report = importlib.import_module(api).quantize_file(files.onnx_path, files.output_path, options=settings)
+        except AccuracyGuardError as e:  # the model was written: so is its report
+            _report.write_json(common.report_json, e.report.to_json())  # type: ignore[attr-defined]
+            raise
         _report.write_json(common.report_json, report.to_json())
         print(f"{report.summary}; saved {report.output_path}")
         return 0
