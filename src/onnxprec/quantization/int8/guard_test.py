@@ -73,7 +73,7 @@ def test_without_the_guard_it_exits_0_with_the_accuracy_in_the_summary(tmp_path:
                      "--no_accuracy_guard", "--log_level", "ERROR")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert re.search(
-        r"checked on calibration data \(6 runs\): cosine [0-9.e-]+, held out \(2 runs\): cosine [0-9.e-]+; saved",
+        r"checked on calibration data \(6 runs\): cosine [0-9.e-]+, held out \(2 runs\): cosine [0-9.e-]+",
         result.stdout,
     ), result.stdout
 
