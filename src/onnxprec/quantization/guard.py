@@ -1,130 +1,134 @@
-"""The quantizers' default accuracy check and guard: what a result is measured by, and the bound it must keep.
+"""The quantizers' default accuracy check and guard: how a result is measured, and the bound it must keep.
 
 Every quantizer measures its result against the float model on the calibration inputs (and on the held-out runs,
-:meth:`onnxprec.calibration_data.CalibrationData.held_out`) and says it in its summary line and report. The metric
-follows each float output (:func:`output_kinds`):
+:meth:`onnxprec.calibration_data.CalibrationData.held_out`) and says it in its summary line and report, with the
+task metric that follows each output (:mod:`onnxprec.accuracy`'s :class:`~onnxprec.accuracy.TaskMetrics`: argmax
+agreement for class scores, per-step agreement for ``[N, T, C]`` sequences, decision agreement or mask IoU after a
+Sigmoid, cosine otherwise).
 
-- **class scores** (``[N, C]``, ``C >= 2``, not named as an embedding or hidden state): argmax agreement (``top1``);
-- **per-step scores** (``[N, T, C]`` written by a Softmax/LogSoftmax or named ``*prob*``/``*ctc*``, a CTC head's
-  output, say): per-step argmax agreement (``top1`` over the last axis);
-- **anything else** (boxes, maps, embeddings, ``[N, 1]``, and a language model's ``[N, T, vocab]`` logits from a
-  MatMul, whose near-tied argmaxes flip at a cosine of 0.9994 in a random-weight test model): cosine similarity (and
-  relative L2 in the report).
+INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS`):
 
-INT8's guard (:data:`DEFAULT_BOUNDS`) holds the result to argmax agreement >= 0.98 for class scores (the issue's
-classification bound: top-1 agreement >= 98 %), per-step agreement >= 0.95 for sequences (a CTC decoder's string
-changes with one step), cosine >= 0.99 otherwise (the bound of embeddings; a detector head at cosine 0.63, issue
-24's OCR detector, is destroyed, one at 0.999 is not). A model whose outputs are all of the first two kinds is held
-to the lower agreement of its kinds, any other to the cosine bound on every output.
+- classes and labels: agreement >= 0.98 (issue 24's classification bound: top-1 agreement >= 98 %);
+- sequences (a CTC recognizer's Softmax over ``[N, T, C]``), positions (segmentation) and binary decisions (a VAD's
+  speech probability): agreement >= 0.95 (one flipped step in 20 changes a decoded string; a decision near 0.5 flips
+  with any error);
+- masks (a text detector's Sigmoid map): IoU >= 0.9;
+- values (embeddings, boxes, hidden states, audio) and a language model's ``[N, T, vocab]`` logits (named like
+  logits, not a Softmax: its near-tied argmaxes flip at a cosine of 0.9994 in a random-weight test model): cosine
+  >= 0.99 (issue 24's embedding bound).
+
+A decoder's ``present.*`` KV cache outputs are measured but not judged (state for the next step, judged through the
+logits). Issue 24's OCR detector at cosine 0.63 (its map's IoU far below 0.9) is destroyed; MiniLM at cosine 0.9991 is
+not.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, TaskMetrics, measure_outputs
+
 if TYPE_CHECKING:
-    import numpy as np
     import onnx_ir as ir
 
-    from onnxprec.accuracy import AccuracyTarget, Measurement
+    from onnxprec.accuracy import OutputMetric, Producer, TaskSummary
 
-__all__ = ["DEFAULT_BOUNDS", "KINDS", "describe", "guard_target", "holds", "output_kinds", "to_json"]
+__all__ = ["DEFAULT_BOUNDS", "RANKING", "Checked", "bound_of", "describe_bounds", "holds", "measure_task"]
 
-KINDS = ("class scores", "per-step scores", "other")
-DEFAULT_BOUNDS: dict[str, tuple[str, float]] = {
-    "class scores": ("top1", 0.98),
-    "per-step scores": ("top1", 0.95),
-    "other": ("cosine", 0.99),
+DEFAULT_BOUNDS: dict[str, float] = {
+    "classes": 0.98,
+    "labels": 0.98,
+    "sequence": 0.95,
+    "positions": 0.95,
+    "binary": 0.95,
+    "mask": 0.90,
+    "values": 0.99,
 }
-"""Output kind -> (metric, lowest value) of INT8's default accuracy guard (see the module docstring for why)."""
+"""Output kind (:data:`onnxprec.accuracy.Kind`) -> the lowest task metric INT8's guard accepts (module docstring)."""
 
-_NOT_SCORES = re.compile(r"embed|hidden|state|feature|pool|token_embeddings|sentence", re.IGNORECASE)
-_STEP_SCORES = re.compile(r"prob|ctc", re.IGNORECASE)
-_SOFTMAX = ("Softmax", "LogSoftmax")
+RANKING = AccuracyTarget.parse("cosine>=-1")
+"""The target the float fallback searches with under the guard: it always holds (the guard's verdict replaces it),
+and ranks layers by the smooth cosine of the outputs."""
+
 _STATE = re.compile(r"present")
-"""A decoder's KV cache outputs (``present.N.key``...): state for the next step, judged through the logits."""
 
 
-def output_kinds(model: ir.Model, outputs: Mapping[str, np.ndarray]) -> dict[str, str]:
-    """The kind (:data:`KINDS`) of each float output that is judged (not a decoder's ``present.*`` KV cache), from
-    its observed array and the node that writes it."""
-    import numpy as np
+def bound_of(output: OutputMetric) -> tuple[str, float] | None:
+    """(metric, lowest value) the guard holds ``output`` to, or None for an output it does not judge."""
+    if _STATE.match(output.name):
+        return None
+    if output.kind == "sequence" and output.why == "named like logits":  # a language model's logits
+        return "cosine", DEFAULT_BOUNDS["values"]
+    return output.metric, DEFAULT_BOUNDS[output.kind]
 
-    producers = {str(v.name): v.producer() for v in model.graph.outputs}
-    kinds = {}
-    for name, array in outputs.items():
-        if not np.issubdtype(np.asarray(array).dtype, np.floating) or _STATE.match(name):
+
+def holds(summary: TaskSummary) -> bool:
+    """Whether every judged output keeps its bound (a non-finite error never does)."""
+    for output in summary.outputs:
+        bound = bound_of(output)
+        if bound is None:
             continue
-        producer = producers.get(name)
-        op = producer.op_type if producer is not None else ""
-        shape = np.shape(array)
-        if len(shape) == 2 and shape[-1] >= 2 and not _NOT_SCORES.search(name):
-            kinds[name] = "class scores"
-        elif len(shape) == 3 and shape[-1] >= 2 and (op in _SOFTMAX or _STEP_SCORES.search(name)):
-            kinds[name] = "per-step scores"
-        else:
-            kinds[name] = "other"
-    return kinds
-
-
-def guard_target(kinds: Mapping[str, str]) -> AccuracyTarget:
-    """The default bound for outputs of these kinds, as an accuracy target (see the module docstring).
-
-    Score-only models get ``cosine>=-1,top1>=B``: the always-true cosine bound comes first so that the fallback
-    search ranks layers by the smooth cosine, while the verdict is the agreement.
-    """
-    from onnxprec.accuracy import AccuracyTarget
-
-    scores = [DEFAULT_BOUNDS[k][1] for k in kinds.values() if k != "other"]
-    if kinds and len(scores) == len(kinds):
-        return AccuracyTarget.parse(f"cosine>=-1,top1>={min(scores):g}")
-    return AccuracyTarget.parse(f"cosine>={DEFAULT_BOUNDS['other'][1]:g}")
-
-
-def holds(measurement: Measurement, kinds: Mapping[str, str]) -> bool:
-    """Whether every output keeps its kind's bound (and has no new non-finite value)."""
-    for name, errors in measurement.errors.items():
-        if name not in kinds:
-            continue
-        metric, bound = DEFAULT_BOUNDS[kinds[name]]
-        value = errors.get(metric)
-        if errors.get("nonfinite") or value is None or math.isnan(value) or value < bound:
+        metric, lowest = bound
+        value = output.cosine if metric == "cosine" else output.value
+        if output.rel_l2 is not None and not output.rel_l2 < float("inf"):
+            return False
+        if value is not None and not value >= lowest:
             return False
     return True
 
 
-def _metrics(errors: Mapping[str, float], kind: str) -> dict[str, float]:
-    shown = ("top1", "cosine") if kind != "other" else ("cosine", "rel_l2")
-    return {m: float(errors[m]) for m in shown if errors.get(m) is not None}
-
-
-def describe(measurement: Measurement, kinds: Mapping[str, str]) -> str:
-    """One phrase: each kind's metric, worst over its outputs, e.g. ``top1 0.986 (class scores), cosine 0.9993``."""
+def describe_bounds(summary: TaskSummary) -> str:
+    """The bounds the guard holds the outputs to, e.g. ``logits top1 >= 0.98``."""
     parts = []
-    for kind in KINDS:
-        names = [n for n in measurement.errors if kinds.get(n) == kind]
-        if not names:
-            continue
-        metric = DEFAULT_BOUNDS[kind][0]
-        values = [measurement.errors[n].get(metric) for n in names]
-        worst = min((v for v in values if v is not None), default=None)
-        if worst is not None:
-            label = "top1" if kind == "class scores" else "per-step top1" if kind != "other" else "cosine"
-            parts.append(f"{label} {worst:.4g}")
-    return ", ".join(parts)
+    for output in summary.outputs:
+        bound = bound_of(output)
+        if bound is not None:
+            parts.append(f"{output.name} {bound[0]} >= {bound[1]:g}")
+    return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more" if len(parts) > 4 else "")
 
 
-def to_json(measurement: Measurement, kinds: Mapping[str, str], runs: int) -> dict[str, Any]:
-    """A measurement for the report: runs, the phrase of :func:`describe`, and per output its kind and metrics."""
-    return {
-        "runs": runs,
-        "metric": describe(measurement, kinds),
-        "outputs": {
-            name: {"kind": kinds[name], **_metrics(errors, kinds[name])}
-            for name, errors in measurement.errors.items()
-            if name in kinds
-        },
-    }
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A result measured on one set of runs: the errors (:class:`~onnxprec.accuracy.Measurement`), the task
+    metrics, and the number of runs."""
+
+    measurement: Measurement
+    summary: TaskSummary
+    runs: int
+
+    @property
+    def ok(self) -> bool:
+        return holds(self.summary)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": self.runs, "metric": self.summary.describe(), **self.summary.to_json()}
+
+
+def measure_task(
+    model: ir.Model,
+    kept: ReferenceOutputs,
+    producers: Mapping[str, Producer | None],
+    providers: Sequence[str] | None = None,
+    target: AccuracyTarget = RANKING,
+) -> Checked:
+    """Runs ``model`` (optimized as ONNX Runtime will run it) on every kept batch: its errors against ``target`` and
+    its task metrics against the float outputs, in one pass."""
+    from onnxprec import _ort
+
+    tick = time.perf_counter()
+    session = _ort.create_session(model, providers=providers, optimization="all", what="the quantized model")
+    metrics = TaskMetrics(producers)
+    references = iter(kept.outputs)
+
+    def run(batch: dict[str, Any]) -> dict[str, Any]:
+        outputs = dict(zip(session.output_names, session.run(batch)))
+        metrics.update(next(references), outputs)
+        return outputs
+
+    measurement = measure_outputs(target, kept, run)
+    measurement = dataclasses.replace(measurement, seconds=time.perf_counter() - tick)
+    return Checked(measurement, metrics.summary(), len(kept.outputs))

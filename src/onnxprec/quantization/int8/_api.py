@@ -30,7 +30,7 @@ from onnxprec._graph import NameAllocator, all_graphs
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset
 from onnxprec._ort_profile import unfused_qdq
-from onnxprec.accuracy import ReferenceOutputs
+from onnxprec.accuracy import ReferenceOutputs, output_producers
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
@@ -62,7 +62,7 @@ from onnxprec.reference import run_reference
 from onnxprec.validate import check_structure
 
 if TYPE_CHECKING:
-    from onnxprec.accuracy import AccuracyTarget, Measurement
+    from onnxprec.accuracy import AccuracyTarget, Measurement, Producer
 
 __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", "quantize_model"]
 
@@ -306,10 +306,9 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     keep = ReferenceOutputs()  # every result is measured against the float outputs (nothing silent)
     stats, data, held_out = _calibrate(model, plan, options, report, keep)
     report.seconds["calibration"] = time.perf_counter() - tick
-    kinds = guard.output_kinds(model, keep.outputs[0] if keep.outputs else {})
-    bound = guard.guard_target(kinds)
+    producers = output_producers(model)  # each output's task metric follows the op that writes it
     if target is None and options.accuracy_guard:
-        target = bound  # the float fallback runs to meet the guard's bound
+        target = guard.RANKING  # the float fallback runs until the guard's verdict holds
     try:
         tick = time.perf_counter()
         decisions = decide(model, plan, stats, options)
@@ -322,7 +321,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         float_layers: list[str] = []
         if target is not None and options.max_float_compute > 0:  # 0: no layer may go back to float
             tick = time.perf_counter()
-            float_layers = _search(model, options, plan, decisions, target, kinds, keep, proxy, cost, report)
+            float_layers = _search(model, options, plan, decisions, target, producers, keep, proxy, cost, report)
             report.seconds["target search"] = time.perf_counter() - tick
         result, applied = _apply(model, options, decisions, float_layers)
         report.static_tensors = len(applied.static_tensors)
@@ -334,14 +333,14 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
                 continue
             if layer.name in fallen:
                 entry.mode = "float"
-                entry.info["fallback"] = f"kept in float for {report.target or f'the accuracy guard ({bound})'}"
+                entry.info["fallback"] = f"kept in float for {report.target or 'the accuracy guard'}"
             report.layers.append(entry)
         if options.float_type != "fp32":
             result = _autocast(result, options, report)
         _forget_inferred_shapes(result, declared)
         report.ort_only = check_structure(result)
         tick = time.perf_counter()
-        _check(result, options, kinds, bound, keep, held_out, report)
+        _check(result, options, producers, keep, held_out, report)
         report.seconds["accuracy check"] = time.perf_counter() - tick
     finally:
         if data is not None:
@@ -349,12 +348,11 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     return result, report
 
 
-def _guard_line(report: Int8Report, kinds: Mapping[str, str], checked: list[Measurement]) -> str:
+def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
-    bounds = sorted({f"{m} >= {v:g} ({kind})" for kind in kinds.values() for m, v in [guard.DEFAULT_BOUNDS[kind]]})
     where = ["calibration data", "held-out runs"]
-    measured = "; ".join(f"{guard.describe(m, kinds)} on {w}" for m, w in zip(checked, where))
-    text = f"INT8 result misses the accuracy guard ({', '.join(bounds)}): {measured}"
+    measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
+    text = f"INT8 result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
     steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
     ranked: list[str] = steps[-1] if steps else []
     floats = report.count("float")
@@ -372,23 +370,23 @@ def _search(
     plan: Plan,
     decisions: Decisions,
     target: AccuracyTarget,
-    kinds: Mapping[str, str],
+    producers: Mapping[str, Producer | None],
     keep: ReferenceOutputs,
     proxy: dict[str, float],
     cost: dict[str, float],
     report: Int8Report,
 ) -> list[str]:
     """The float fallback: the fewest most sensitive layers in float for ``target`` (the user's, or the guard's,
-    whose verdict is per output kind: :func:`onnxprec.quantization.guard.holds`)."""
+    whose verdict is the task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
     names = [layer.name for layer in plan.layers if layer.name in decisions.layers]
     own = options.target is None  # the guard's target: its verdict is per output kind
 
-    def verdict(measurement: Measurement) -> Measurement:
-        return dataclasses.replace(measurement, ok=guard.holds(measurement, kinds)) if own else measurement
-
-    def check(floats: Collection[str]) -> Any:
+    def check(floats: Collection[str]) -> Measurement:
         candidate, _ = _apply(model, options, decisions, floats)
-        return verdict(measure(candidate, target, keep, list(options.calibration_eps)))
+        if not own:
+            return measure(candidate, target, keep, list(options.calibration_eps))
+        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target)
+        return dataclasses.replace(checked.measurement, ok=checked.ok)
 
     with contextlib.ExitStack() as stack:
         emulators: list[Int8Emulator] = []
@@ -416,8 +414,7 @@ def _search(
 def _check(
     result: ir.Model,
     options: Int8Options,
-    kinds: Mapping[str, str],
-    bound: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
     keep: ReferenceOutputs,
     held_out: ReferenceOutputs | None,
     report: Int8Report,
@@ -426,24 +423,22 @@ def _check(
     the guard on, records the guard's one line when the result misses the bound (:class:`AccuracyGuardError` is
     raised once the model is written); with it off, a WARNING says so."""
     providers = list(options.calibration_eps)
-    calibrated = measure(result, bound, keep, providers)
-    report.accuracy = worst_errors(calibrated)
-    checked = [calibrated]
+    checked = [guard.measure_task(result, keep, producers, providers)]
+    if held_out is not None:
+        checked.append(guard.measure_task(result, held_out, producers, providers))
+    report.accuracy = worst_errors(checked[0].measurement)
+    passed = all(c.ok for c in checked)
     report.check = {
         "random_data": bool(report.calibration.get("random")),
         "guard": "on" if options.accuracy_guard else "off",
-        "bound": {name: " ".join(map(str, guard.DEFAULT_BOUNDS[kind])) for name, kind in kinds.items()},
-        "calibration": guard.to_json(calibrated, kinds, len(keep.outputs)),
-        "held_out": None,
+        "bound": guard.describe_bounds(checked[0].summary),
+        "passed": passed,
+        "calibration": checked[0].to_json(),
+        "held_out": checked[1].to_json() if len(checked) > 1 else None,
     }
-    if held_out is not None:
-        checked.append(measure(result, bound, held_out, providers))
-        report.check["held_out"] = guard.to_json(checked[-1], kinds, len(held_out.outputs))
-    passed = all(guard.holds(m, kinds) for m in checked)
-    report.check["passed"] = passed
     if passed:
         return
-    line = _guard_line(report, kinds, checked)
+    line = _guard_line(report, checked)
     if options.accuracy_guard:
         report.guard_failure = line
     else:

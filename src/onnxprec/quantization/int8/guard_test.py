@@ -54,7 +54,7 @@ def test_a_destroyed_result_exits_3_with_one_line_and_is_written(tmp_path: Path)
                      "--report_json", str(report), "--log_level", "WARNING")  # fmt: skip
     assert result.returncode == ACCURACY_GUARD_EXIT == 3, result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
-    assert line.startswith("error: INT8 result misses the accuracy guard (cosine >= 0.99 (other)): cosine ")
+    assert line.startswith("error: INT8 result misses the accuracy guard (y cosine >= 0.99): float outputs rel L2 <= ")
     assert "on calibration data" in line and "on held-out runs" in line and "'/body/Conv'" in line, line
     assert line.endswith(f"written for inspection to {out}") and result.stdout == ""
     assert out.is_file()  # written for inspection
@@ -73,7 +73,8 @@ def test_without_the_guard_it_exits_0_with_the_accuracy_in_the_summary(tmp_path:
                      "--no_accuracy_guard", "--log_level", "ERROR")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert re.search(
-        r"checked on calibration data \(6 runs\): cosine [0-9.e-]+, held out \(2 runs\): cosine [0-9.e-]+",
+        r"checked on calibration data \(6 runs\): float outputs rel L2 <= [0-9.e-]+, cosine >= [0-9.e-]+, held out "
+        r"\(2 runs\): float outputs rel L2 <= [0-9.e-]+, cosine >= [0-9.e-]+",
         result.stdout,
     ), result.stdout
 
@@ -100,8 +101,8 @@ def test_a_result_that_meets_the_bound_is_not_refused_and_says_how_it_was_checke
     data = [{"x": np.random.default_rng(i).standard_normal((2, 3, 16, 16)).astype(np.float32)} for i in range(4)]
     report = quantize_file(source, tmp_path / "out.onnx", calibration_data=data)
     assert report.check["passed"] and report.count("float") == 0
-    assert report.check["calibration"]["outputs"]["logits"]["kind"] == "class scores"
-    assert "checked on calibration data (4 runs): top1 1" in report.summary
+    assert report.check["calibration"]["outputs"]["logits"]["kind"] == "classes"
+    assert "checked on calibration data (4 runs): logits top-1 agreement 100.0% of 8 rows" in report.summary
     assert report.to_json()["accuracy"]  # no longer {}
     # without data: random data, said so
     random = quantize_file(source, tmp_path / "random.onnx")
