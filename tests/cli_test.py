@@ -226,7 +226,7 @@ def test_report_without_numeric_check_and_with_a_non_finite_error() -> None:
     report = AutoCastReport("fp16")
     assert report.to_json()["numeric"] is None and report.to_json()["nodes"] == []
     errors = {"y": {"max_abs": float("inf"), "rel_l2": float("nan"), "finite": 0.0}}
-    report.numeric = SimpleNamespace(skipped="", errors=errors)  # a NumericReport's fields
+    report.numeric = SimpleNamespace(skipped="", errors=errors, task=None)  # a NumericReport's fields
     data = report.to_json()
     json.dumps(data, allow_nan=False)
     assert data["numeric"]["outputs"]["y"] == {"max_abs": None, "rel_l2": None, "finite": False}

@@ -47,7 +47,7 @@ from onnxprec._io import (
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import check_op_types, check_patterns, fields_in, options_from_call
-from onnxprec.accuracy import ReferenceOutputs
+from onnxprec.accuracy import Producer, ReferenceOutputs, TaskMetrics, output_producers
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
@@ -399,6 +399,7 @@ def convert_model(
         keep.close()  # the spooled batches (on an error, garbage collection removes them)
         report.seconds["target"] = time.perf_counter() - tick
     tick = time.perf_counter()
+    report.random_data = options.calibration_data is None
     report.settings = {
         "data_max": options.data_max,
         "init_max": options.init_max,
@@ -504,9 +505,11 @@ def _output_check(
     options: AutoCastOptions,
     source: ModelSource,
     fp32_nodes: dict[str, str],
+    producers: Mapping[str, Producer | None],
 ) -> Callable[[WrittenModel], None] | None:
     """What checks the written output before it replaces ``output_path``: the numeric check's run, which also proves
-    the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime)."""
+    the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime), with each
+    output's task metric (``producers``: the float model's, :func:`onnxprec.accuracy.output_producers`)."""
     if not options.validate:
         return None
 
@@ -518,7 +521,8 @@ def _output_check(
                 _load_or_refuse(written, report.numeric, options)
             return
         tick = time.perf_counter()
-        report.numeric = numeric_check(written, reference, providers=list(options.providers))
+        task = TaskMetrics(producers)
+        report.numeric = numeric_check(written, reference, providers=list(options.providers), task=task)
         report.seconds["numeric check"] = time.perf_counter() - tick
         if kernel_gap(report.numeric, report, options, source, fp32_nodes):
             raise _ConvertAgain
@@ -712,7 +716,7 @@ def convert_file(
         report.input_path = source
         protected |= external_data_paths(model)
         tick = time.perf_counter()
-        check = _output_check(report, reference, options, source, fp32_nodes)
+        check = _output_check(report, reference, options, source, fp32_nodes, output_producers(model))
         try:
             report.output_path = save_model(
                 model, output, external_data=external_data, protected=protected, check=check

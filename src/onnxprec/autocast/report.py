@@ -357,6 +357,7 @@ class AutoCastReport:
     genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
     ort_only: dict[str, int] = field(default_factory=dict)  # nodes only ONNX Runtime can check, by op
     no_kernel: dict[str, int] = field(default_factory=dict)  # op -> nodes kept FP32 without a low-type kernel
+    random_data: bool = False  # no calibration data was given: the reference run and the check ran on random data
 
     @property
     def summary(self) -> str:
@@ -368,6 +369,10 @@ class AutoCastReport:
         )
         if self.no_kernel:
             text += f"; {sum(self.no_kernel.values())} kept in FP32 without a {self.low_precision_type} kernel"
+        task = self.numeric.task if self.numeric is not None else None
+        if task is not None:
+            where = "no calibration data: checked on random data" if self.random_data else "checked on calibration data"
+            text += f"; {where} (first run): {task.describe()}"
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -390,6 +395,8 @@ class AutoCastReport:
         if self.numeric is not None:
             numeric = {
                 "skipped": self.numeric.skipped,
+                "random_data": self.random_data,
+                "task": None if self.numeric.task is None else self.numeric.task.to_json(),
                 "outputs": {
                     name: {k: bool(v) if k == "finite" else number(v) for k, v in errors.items()}
                     for name, errors in self.numeric.errors.items()

@@ -187,6 +187,10 @@ class QuantizationReportBase:
     guard_failure: str | None = None
     """The accuracy guard's one line when the result misses its bound (the model is still written, then
     :class:`~onnxprec.errors.AccuracyGuardError` is raised), else None."""
+    check: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """How the result was checked against the float model (:func:`checked` says it in the summary): ``random_data``,
+    ``guard`` (on, off or warn), ``bound``, ``passed``, ``calibration`` and ``held_out`` (runs, the one-line metric,
+    each output's task metric)."""
 
 
 class QuantizationReport(_report.Report, Protocol):
@@ -327,6 +331,7 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             tensors, computed while the model is written.
         progress: A progress bar over the report's layers while the weights are written (the report's ``progress``
             is called once per weight).
+        check_written: Measures the written output against the float model, when the pipeline does not.
         inspect: Called with the written file (before it replaces the output path), the options and the report,
             for what only the written model shows (INT8: the Q/DQ ONNX Runtime leaves unfused).
     """
@@ -334,6 +339,9 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
     options: type[OptionsT]
     pipeline: Callable[[ModelSource, OptionsT], tuple[ir.Model, ReportT]]
     progress: bool = False
+    check_written: Callable[[Path, Path, OptionsT, ReportT], None] | None = None
+    """Measures the written output against the float model (``source``, ``written``, options, report) for a tool
+    whose pipeline does not (INT8 measures in its pipeline)."""
     inspect: Callable[[Path, OptionsT, ReportT], None] | None = None
 
     def default_output_path(self, onnx_path: str | Path) -> Path:
@@ -392,6 +400,8 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
 
             def check(written: WrittenModel) -> None:
                 load_in_ort(str(written.path), report.ort_only, providers=list(settings.calibration_eps))
+                if self.check_written is not None:
+                    self.check_written(source, written.path, settings, report)
                 if self.inspect is not None:
                     self.inspect(written.path, settings, report)
 

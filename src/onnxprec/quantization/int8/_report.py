@@ -72,9 +72,6 @@ class Int8Report(QuantizationReportBase):
     target: str | None = None
     accuracy: dict[str, Any] = field(default_factory=dict)
     """The outputs' worst errors against the float model on the calibration data (the final model)."""
-    check: dict[str, Any] = field(default_factory=dict)
-    """How the result was checked: ``metric`` (one phrase per output kind), ``bound`` (the guard's), ``guard`` (on or
-    off), ``passed``, ``random_data``, and per output ``calibration`` and ``held_out`` (None without held-out runs)."""
     fallback_steps: list[dict[str, Any]] = field(default_factory=list)
     structure: dict[str, int] = field(default_factory=dict)
     """What sanitizing folded: same-type Casts, layout Transposes (net), per-channel Add/Sub/Mul/Div."""
