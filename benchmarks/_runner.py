@@ -292,7 +292,7 @@ def main() -> int:
     ap.add_argument("--format", default="qdq", help="onnxprec_int4, ort_int4: qdq or matmulnbits")
     ap.add_argument("--size-budget-mb", type=float, default=None, help="onnxprec_int4: --size_budget_mb")
     ap.add_argument("--calib", default=None, help="INT4: folder of .npz feeds, read in name order (default: random)")
-    ap.add_argument("--exclude", nargs="*", default=["/lm_head"], help="INT4: regexes of layers kept in float")
+    ap.add_argument("--exclude", nargs="*", default=[".*/lm_head"], help="INT4: regexes of layers kept in float")
     args = ap.parse_args()
     record: dict[str, Any] = {"tool": args.tool, "pid": os.getpid()}
     try:  # the tool's imports, then its conversion

@@ -543,6 +543,80 @@ CASES: dict[str, Case] = {
         lambda d: _good_with("--report_json", str(d / "model.onnx"))(d),
         "--report_json '{dir}/model.onnx' would overwrite the input '{dir}/model.onnx': choose another path.",
     ),
+    # --- issue 24: a model the chosen provider cannot load is never written with success
+    "BF16 with only the CPU provider": Case(
+        _good_with("-t", "bf16"),
+        "BF16 with only the CPU provider: ONNX Runtime has no CPU BF16 kernel for 2 of the 2 nodes (MatMul x1, "
+        "Relu x1), so it could not load the result: pass --providers cuda (the GPU the model is meant for), "
+        "--keep_unsupported_fp32 to keep those nodes in FP32 (0/2 would be converted), or --no_validate to write it "
+        "unchecked for another runtime.",
+    ),
+}
+
+
+def _cnn_named(prefix: str) -> onnx.ModelProto:
+    """A Transpose (NHWC input) before a Conv, a Relu and a Gemm head, their names under ``prefix``."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "w": (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32),
+        "wfc": (rng.standard_normal((10, 8 * 6 * 6)) * 0.1).astype(np.float32),
+        "shape": np.array([0, -1], np.int64),
+    }
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], name=f"{prefix}/Transpose_2", perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["t", "w"], ["c"], name=f"{prefix}/Conv_5", kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["c"], ["r"], name=f"{prefix}/Relu"),
+        helper.make_node("Reshape", ["r", "shape"], ["f"], name=f"{prefix}/Reshape"),
+        helper.make_node("Gemm", ["f", "wfc"], ["logits"], name=f"{prefix}/fc/Gemm", transB=1),
+    ]
+    return make_model(nodes, [tensor_info("x", F, [2, 8, 8, 3])], [tensor_info("logits", F, [2, 10])], inits)
+
+
+INT8 = "onnxprec.quantization.int8"
+INT4 = "onnxprec.quantization.int4"
+# Accepted input that used to be silent (issue 24): exit 0 and this exact line on stderr (a WARNING) or, for ``stdout``
+# cases, the summary line on stdout.
+WARNINGS: dict[str, Case] = {
+    "autocast: a name pattern that matches nothing": Case(
+        _with_model(_cnn_named("/layer1"), "-ne", "NoSuchNode"),
+        "nodes_to_exclude pattern 'NoSuchNode' matches no node; closest: '/layer1/Relu', '/layer1/Conv_5', "
+        "'/layer1/fc/Gemm'.",
+    ),
+    "autocast: a pattern that matches inside a name only": Case(
+        _with_model(_cnn_named("/layer1"), "-ne", "Conv_5"),
+        "nodes_to_exclude pattern 'Conv_5' matches no node (names match from their start: re.match, as ModelOpt); "
+        "anywhere in a name (re.search, INT4 and INT8's rule before) it would match '/layer1/Conv_5': write "
+        "'.*Conv_5'.",
+    ),
+    "autocast: an op type the model lacks": Case(
+        _with_model(_cnn_named("/layer1"), "-ope", "LSTM"),
+        "op_types_to_exclude op type 'LSTM' matches no node of the model; closest: 'Transpose', 'Reshape', 'Relu'.",
+    ),
+    "int8: a name pattern that matches nothing": Case(
+        _with_model(_cnn_named("/layer1"), "--nodes_to_exclude", "NoSuchNode"),
+        "nodes_to_exclude pattern 'NoSuchNode' matches no layer this tool quantizes (Conv, MatMul, Gemm); closest: "
+        "'/layer1/Conv_5', '/layer1/fc/Gemm'.",
+        tool=INT8,
+    ),
+    "int8: compare's old advice names a Transpose before a Conv": Case(
+        _with_model(_cnn_named(""), "--nodes_to_exclude", "^/Transpose_2$"),
+        "nodes_to_exclude pattern '^/Transpose_2$' matches no layer this tool quantizes (Conv, MatMul, Gemm); it "
+        "matches '/Transpose_2' (Transpose), which this tool does not select; closest: '/Conv_5', '/fc/Gemm'.",
+        tool=INT8,
+    ),
+    "int4: a pattern written for re.search": Case(
+        _with_model(_cnn_named("/layer1"), "--nodes_to_exclude", "fc/Gemm", "--calibration_method", "rtn"),
+        "nodes_to_exclude pattern 'fc/Gemm' matches no layer this tool quantizes (MatMul, Gemm, Gather) (names match "
+        "from their start: re.match, as ModelOpt); anywhere in a name (re.search, INT4 and INT8's rule before) it "
+        "would match '/layer1/fc/Gemm': write '.*fc/Gemm'.",
+        tool=INT4,
+    ),
+    "BF16 on the CPU, unsupported nodes kept in FP32": Case(
+        _good_with("-t", "bf16", "--keep_unsupported_fp32"),
+        "stdout:Converted 0/2 nodes (0.0%) to bf16; 2 casts inserted; 2 kept in FP32 without a bf16 kernel; no "
+        "calibration data: checked on random data (first run): float outputs rel L2 <= 0, cosine >= 1; saved "
+        "{dir}/out.onnx",
+    ),
 }
 
 
@@ -623,6 +697,29 @@ def outcomes() -> dict[str, Outcome]:
             if path.is_dir():
                 path.chmod(0o755)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def warned() -> dict[str, Outcome]:
+    root = Path(tempfile.mkdtemp(prefix="onnxprec-warned-inputs-"))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 2))) as pool:
+            futures = {name: pool.submit(_run, name, case, root) for name, case in WARNINGS.items()}
+            yield {name: future.result() for name, future in futures.items()}  # type: ignore[misc]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", list(WARNINGS))
+def test_accepted_input_that_selects_nothing_is_warned_about_in_one_line(name: str, warned: dict[str, Outcome]) -> None:
+    case, outcome = WARNINGS[name], warned[name]
+    assert "Traceback" not in outcome.stderr and outcome.returncode == 0, outcome.stderr
+    expected = case.message.replace("{dir}", str(outcome.folder))
+    if expected.startswith("stdout:"):
+        assert outcome.stdout.strip() == expected[len("stdout:") :]
+    else:
+        assert f"[onnxprec] WARNING: {expected}" in outcome.stderr.splitlines(), outcome.stderr
+    assert outcome.output is not None and outcome.output.is_file()
 
 
 def test_the_corpus_is_large_enough() -> None:

@@ -106,7 +106,7 @@ def test_a_bad_activation_range_points_to_the_node_that_reads_it_quantized() -> 
     assert report.first_divergence == "/clip"
     assert report.exclude_nodes == ["/mm2"] and report.exclude_pattern == r"^/mm2$"
     assert report.advice is not None and "'/mm2'" in report.advice
-    assert any("not quantized in the candidate" in note for note in report.notes)
+    assert any("is not a quantized layer (Conv, MatMul, Gemm, Gather) in the candidate" in n for n in report.notes)
 
 
 def test_a_quantized_node_that_diverges_is_the_one_to_exclude() -> None:
@@ -145,3 +145,80 @@ def test_an_fp16_candidate_keeps_its_own_node() -> None:
     assert report.first_divergence == "/mm2" and report.exclude_nodes == []
     assert report.exclude_pattern == r"^/mm2$"
     assert TensorProto.FLOAT16 in {i.data_type for i in candidate.graph.initializer}
+
+
+def _nhwc_cnn() -> onnx.ModelProto:
+    """Conv -> Relu -> two Transposes (NCHW -> NHWC -> NCHW, as a TensorFlow-converted model) -> Conv -> Gemm head."""
+    rng = np.random.default_rng(1)
+    inits = {
+        "w1": (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32),
+        "w2": (rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32),
+        "wfc": (rng.standard_normal((10, 8 * 4 * 4)) * 0.1).astype(np.float32),
+        "shape": np.array([0, -1], np.int64),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="/Conv_1", kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="/Relu_1"),
+        helper.make_node("Transpose", ["r1"], ["t1"], name="/Transpose_1", perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["t1"], ["t2"], name="/Transpose_2", perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["t2", "w2"], ["c2"], name="/Conv_5", kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["c2"], ["r"], name="/Relu"),
+        helper.make_node("Reshape", ["r", "shape"], ["f"], name="/Reshape"),
+        helper.make_node("Gemm", ["f", "wfc"], ["logits"], name="/fc/Gemm", transB=1),
+    ]
+    return make_model(nodes, [tensor_info("x", F, [2, 3, 8, 8])], [tensor_info("logits", F, [2, 10])], inits)
+
+
+def test_advice_names_the_conv_the_quantizer_owns_and_applied_to_int8_it_changes_the_output(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 24: on a QDQ model whose activation is quantized before a Transpose (as ONNX Runtime's quantize_static
+    propagates it), the first divergent node is the Transpose computing on INT8 values; the advice used to name it,
+    and ``quantize int8 --nodes_to_exclude '^/Transpose_1$'`` then wrote a byte-identical model. It names the Conv that
+    reads it, and that advice keeps the Conv float in our INT8 output, which changes."""
+    from onnxprec._testing import run
+    from onnxprec.quantization.int8 import quantize_file
+
+    reference = _nhwc_cnn()
+    q_r, i_r = _qdq("r1", 0.25, 0)  # a coarse range: the Transpose's INT8 input is off by up to 0.125
+    candidate = onnx.ModelProto()
+    candidate.CopyFrom(reference)
+    nodes = list(candidate.graph.node)
+    del candidate.graph.node[:]
+    w2 = numpy_helper.to_array(next(i for i in reference.graph.initializer if i.name == "w2"))
+    w2_scale = float(np.abs(w2).max()) / 127
+    dq_w2 = helper.make_node("DequantizeLinear", ["w2_q", "w2_s"], ["w2_dq"], name="w2_DequantizeLinear")
+    for node in nodes:
+        if node.name == "/Transpose_1":
+            node.input[0] = "r1_DequantizeLinear_Output"
+        if node.name == "/Conv_5":
+            node.input[1] = "w2_dq"
+            candidate.graph.node.append(dq_w2)
+        candidate.graph.node.append(node)
+        if node.name == "/Relu_1":
+            candidate.graph.node.extend(q_r)
+    candidate.graph.initializer.extend([
+        *i_r,
+        numpy_helper.from_array(np.round(w2 / w2_scale).astype(np.int8), "w2_q"),
+        numpy_helper.from_array(np.array(w2_scale, np.float32), "w2_s"),
+    ])  # fmt: skip
+    data = [{"x": np.random.default_rng(2).standard_normal((2, 3, 8, 8)).astype(np.float32)}]
+    report = compare_models(reference, candidate, data, rtol=1e-3)
+    # the Relu's output as the Transpose reads it (after Q/DQ), or the Transpose's: either computes on INT8 values
+    assert report.first_divergence in ("/Relu_1", "/Transpose_1"), report.table()
+    assert report.exclude_nodes == ["/Conv_5"] and report.exclude_pattern == "^/Conv_5$", report.advice
+    assert "'/Conv_5'" in (report.advice or "") and "Transpose" not in (report.advice or "")
+
+    source = tmp_path / "cnn.onnx"
+    onnx.save(reference, source)
+    calibration = [{"x": np.random.default_rng(s).standard_normal((2, 3, 8, 8)).astype(np.float32)} for s in range(4)]
+    plain = quantize_file(source, tmp_path / "plain.onnx", calibration_data=calibration)
+    advised = quantize_file(source, tmp_path / "advised.onnx", calibration_data=calibration,
+                            nodes_to_exclude=[report.exclude_pattern])  # fmt: skip
+    assert [node for node, _ in advised.excluded] == ["/Conv_5"] and not plain.excluded
+    assert {e.name for e in plain.layers} - {e.name for e in advised.layers} == {"/Conv_5"}
+    written = onnx.load(tmp_path / "advised.onnx")
+    conv = next(n for n in written.graph.node if n.name == "/Conv_5")
+    assert conv.op_type == "Conv" and conv.input[1] == "w2"  # the float weight, no DequantizeLinear
+    (before,), (after,) = run(tmp_path / "plain.onnx", data[0]), run(tmp_path / "advised.onnx", data[0])
+    assert not np.array_equal(before, after)
+    (expected,) = run(source, data[0])
+    assert np.abs(after - expected).max() < np.abs(before - expected).max()

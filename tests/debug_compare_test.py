@@ -287,7 +287,7 @@ def test_cli_table_json_html_and_verify(tmp_path: Path) -> None:
     onnx.save(convert_to_mixed_precision(str(reference), keep_io_types=True, calibration_data=data), candidate)
     result = _cli(
         "compare", str(reference), str(candidate), "-d", str(tmp_path / "data.npz"), "--verify",
-        "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"),
+        "--report_json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "first divergence at node '/center/Sub'" in result.stdout
@@ -308,10 +308,14 @@ def test_cli_errors_are_one_line_with_exit_code_2_and_no_output(tmp_path: Path) 
         ([str(tmp_path / "nope.onnx"), str(reference)], "does not exist"),
         ([str(reference), str(tmp_path / "other.onnx")], "different inputs"),
         ([str(reference), str(reference), "--html", str(tmp_path / "no" / "r.html")], "does not exist"),
-        ([str(reference), str(reference), "--json", str(reference)], "would overwrite"),
+        ([str(reference), str(reference), "--report_json", str(reference)], "would overwrite"),
         ([str(reference), str(reference), "--rtol", "-1"], "rtol must be"),
     ):
-        bad = _cli("compare", *args, "--json", str(report)) if "--json" not in args else _cli("compare", *args)
+        bad = (
+            _cli("compare", *args, "--report_json", str(report))
+            if "--report_json" not in args
+            else _cli("compare", *args)
+        )
         assert bad.returncode == 2, bad.stderr
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], bad.stderr

@@ -88,7 +88,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (["--block_size", "48"], "Invalid block size 48"),
         (["--onnx_path", "{junk}"], "is not a readable ONNX model"),
         (["--calibration_method", "awq_lite", "--calibration_data", "{wrong}"], "do not match the model's inputs"),
-        (["--calibration_method", "gptq", "--calibration_data", "{npy}"], "Unsupported calibration file"),
+        (["--calibration_method", "gptq", "--calibration_data", "{npy}"], "has rank 2"),
         (["--onnx_path", "{quantized}"], "already quantized"),
         (["--calibration_eps", "cuda:0"], "is not available"),
         (["--output_path", "{tmp}/no/dir/out.onnx"], "does not exist"),

@@ -106,14 +106,23 @@ def input_shapes_option(*, flags: Iterable[str] = ("--input_shapes",), group: st
     )
 
 
+MATCH_RULE = (
+    "matched with re.match, from the start of a name, as ModelOpt (write '.*x' to match inside a name); a pattern "
+    "that matches nothing is warned about, with the closest names"
+)
+"""The one rule by which every tool matches a name pattern, said in the help of every pattern option."""
+
+
 def regexes_option(help: str, *, flags: Iterable[str] | None = None) -> Any:
-    """A list of regular expressions of node or layer names (``--flag REGEX ...``), None when not given.
+    """A list of regular expressions of node or layer names (``--flag REGEX ...``), None when not given; the help
+    ends with :data:`MATCH_RULE`.
 
     Args:
-        help: What the regexes select and how they match (``re.match`` or ``re.search``).
+        help: What the regexes select, one sentence.
         flags: The spellings, when not ``--<field name>``.
     """
-    return option(None, flags=flags, nargs="*", metavar="REGEX", help=help)
+    text = f"{help.rstrip('.')}; {MATCH_RULE}."
+    return option(None, flags=flags, nargs="*", metavar="REGEX", help=text)
 
 
 def op_types_option(help: str, *, flags: Iterable[str] | None = None) -> Any:

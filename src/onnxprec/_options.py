@@ -41,7 +41,7 @@ import dataclasses
 import inspect
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 __all__ = [
@@ -51,10 +51,13 @@ __all__ = [
     "ToolOptions",
     "add_arguments",
     "args_doc",
+    "check_op_types",
+    "check_patterns",
     "compile_patterns",
     "customize",
     "deprecated_alias",
     "fields_in",
+    "first_match",
     "from_args",
     "log_level_during",
     "option",
@@ -491,6 +494,99 @@ def compile_patterns(patterns: Iterable[str] | None, what: str) -> list[re.Patte
         except re.error as e:
             raise InvalidArgumentError(f"Invalid regular expression '{pattern}' in {what}: {e}.") from e
     return compiled
+
+
+MATCH_RULE = "re.match: from the start of the name, as ModelOpt; '.*name' matches inside"
+"""How every tool matches a name pattern (``nodes_to_exclude``, ``nodes_to_include``...), said in the options' help."""
+
+
+def first_match(patterns: Iterable[re.Pattern[str]], names: Iterable[str]) -> str | None:
+    """The first of ``patterns`` that matches one of ``names`` by :data:`MATCH_RULE` (``re.match``), or None."""
+    names = [name for name in names if name]
+    return next((p.pattern for p in patterns if any(p.match(name) for name in names)), None)
+
+
+def _few(names: Sequence[str], count: int = 3) -> str:
+    shown = ", ".join(f"'{name}'" for name in names[:count])
+    return shown + (f" and {len(names) - count} more" if len(names) > count else "")
+
+
+def check_patterns(
+    patterns: Sequence[re.Pattern[str]],
+    what: str,
+    names: Collection[str],
+    others: Mapping[str, str] | None = None,
+    selected: str = "node",
+    nodes: Collection[str] | None = None,
+) -> list[str]:
+    """Warns about each pattern of the option ``what`` that matches (``re.match``) none of ``names``, or fewer of them
+    than ``re.search`` does (the rule INT4 and INT8 had before): a pattern that selects nothing is a mistake the
+    user cannot see in the output.
+
+    Args:
+        patterns: The option's compiled patterns.
+        what: The option, e.g. ``"nodes_to_exclude"``.
+        names: What the tool matches the patterns against (node names, and output or weight names where it does).
+        others: Name -> op type of the model's other nodes, which the tool does not select: a pattern that matches
+            only those is said to (compare's advice naming a Transpose before a Conv, say).
+        selected: What ``names`` name, e.g. ``"layer INT8 quantizes (Conv, MatMul, Gemm)"``.
+        nodes: The node names among ``names``, of which a warning names the closest (default: all of ``names``).
+
+    Returns:
+        The warnings, one per such pattern (each also logged).
+    """
+    import difflib
+
+    ordered = sorted(names)
+    warnings = []
+    for pattern in patterns:
+        matched = [name for name in ordered if pattern.match(name)]
+        searched = [name for name in ordered if pattern.search(name)]
+        text = f"{what} pattern '{pattern.pattern}'"
+        if matched and len(searched) == len(matched):
+            continue
+        if matched:
+            text += (
+                f" matches {len(matched)} names from their start (re.match), {len(searched)} anywhere (re.search, "
+                f"INT4 and INT8's rule before): not {_few([n for n in searched if n not in matched])}; write "
+                f"'.*{pattern.pattern}' to match inside names"
+            )
+        elif searched:
+            text += (
+                f" matches no {selected} (names match from their start: re.match, as ModelOpt); anywhere in a name "
+                f"(re.search, INT4 and INT8's rule before) it would match {_few(searched)}: write '.*{pattern.pattern}'"
+            )
+        else:
+            other = sorted(name for name in (others or {}) if pattern.match(name))
+            text += f" matches no {selected}"
+            if other:
+                ops = sorted({(others or {})[name] for name in other})
+                text += f"; it matches {_few(other)} ({', '.join(ops)}), which this tool does not select"
+            bare = re.sub(r"[\\^$]|\.\*", "", pattern.pattern)
+            close = difflib.get_close_matches(bare, sorted(nodes) if nodes is not None else ordered, n=3, cutoff=0.0)
+            text += f"; closest: {_few(close)}" if close else ""
+        warnings.append(text)
+        logging.getLogger(__name__).warning("%s.", text)
+    return warnings
+
+
+def check_op_types(op_types: Iterable[str] | None, what: str, present: Collection[str]) -> list[str]:
+    """Warns about each op type of the option ``what`` that no node of the model has (``present``: its op types),
+    naming the closest it has.
+
+    Returns:
+        The warnings (each also logged).
+    """
+    import difflib
+
+    warnings = []
+    for op in op_types or ():
+        if op not in present:
+            close = difflib.get_close_matches(op, sorted(present), n=3, cutoff=0.0)
+            warnings.append(f"{what} op type '{op}' matches no node of the model" + (
+                f"; closest: {_few(close)}" if close else ""))  # fmt: skip
+            logging.getLogger(__name__).warning("%s.", warnings[-1])
+    return warnings
 
 
 DEPRECATED_KEY = "_onnxprec_deprecated"

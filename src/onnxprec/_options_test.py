@@ -15,7 +15,11 @@ from onnxprec._options import (
     ToolOptions,
     add_arguments,
     args_doc,
+    check_op_types,
+    check_patterns,
+    compile_patterns,
     fields_in,
+    first_match,
     from_args,
     option,
     option_fields,
@@ -221,3 +225,35 @@ def test_fields_in_picks_only_fields() -> None:
         "data_max": 3.0,
         "opset": None,
     }
+
+
+NAMES = ["/stem/Conv", "/layer1/Conv_5", "/fc/Gemm"]
+
+
+def test_a_pattern_that_matches_nothing_names_the_closest_names(caplog: pytest.LogCaptureFixture) -> None:
+    (warning,) = check_patterns(compile_patterns(["NoSuchNode"], "x"), "nodes_to_exclude", NAMES)
+    assert warning.startswith("nodes_to_exclude pattern 'NoSuchNode' matches no node; closest: '")
+    assert warning in caplog.text
+    # a pattern naming a node the tool does not select says so (compare's advice naming a Transpose, say)
+    (warning,) = check_patterns(
+        compile_patterns([r"^/Transpose_2$"], "x"), "nodes_to_exclude", NAMES, {"/Transpose_2": "Transpose"}, "layer"
+    )
+    assert "matches no layer; it matches '/Transpose_2' (Transpose), which this tool does not select" in warning
+
+
+def test_a_pattern_that_matched_only_under_re_search_says_how_to_write_it() -> None:
+    (warning,) = check_patterns(compile_patterns(["Conv_5"], "x"), "nodes_to_exclude", NAMES)
+    assert "(re.search, INT4 and INT8's rule before) it would match '/layer1/Conv_5': write '.*Conv_5'" in warning
+    (warning,) = check_patterns(compile_patterns(["/stem"], "x"), "nodes_to_exclude", [*NAMES, "a/stem/b"])
+    assert warning.startswith("nodes_to_exclude pattern '/stem' matches 1 names from their start (re.match), 2 ")
+    assert check_patterns(compile_patterns(["/", ".*Conv", "/fc/Gemm$"], "x"), "x", NAMES) == []  # all matched
+
+
+def test_first_match_is_re_match() -> None:
+    patterns = compile_patterns(["Conv", ".*Gemm"], "x")
+    assert first_match(patterns, ["/stem/Conv"]) is None and first_match(patterns, ["/fc/Gemm"]) == ".*Gemm"
+
+
+def test_an_op_type_the_model_lacks_names_the_closest() -> None:
+    (warning,) = check_op_types(["Conv", "Gemn"], "op_types_to_exclude", {"Conv", "Gemm", "Relu"})
+    assert warning.startswith("op_types_to_exclude op type 'Gemn' matches no node of the model; closest: 'Gemm'")

@@ -35,7 +35,7 @@ from onnxprec.calibration import CalibrationSource, InputSpec, input_specs
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.llm_inputs import LLMInputs, read_token_ids
 
-__all__ = ["RANDOM_ATTEMPTS", "UNNAMED_ATTEMPTS", "CalibrationData", "run_on_data"]
+__all__ = ["HELD_OUT_MIN_BATCHES", "RANDOM_ATTEMPTS", "UNNAMED_ATTEMPTS", "CalibrationData", "run_on_data"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,8 @@ class CalibrationData:
         self._spool: tempfile.TemporaryDirectory[str] | None = None
         self._spooled = 0
         self._live: Iterator[Feeds] | None = None
+        self._window: tuple[int, int] | None = None  # the runs of a part (:meth:`held_out`), else all
+        self._owner = True  # a part shares its whole's spool and leaves closing to it
         if source is None:
             if model is None:
                 raise InvalidArgumentError("Random calibration data needs the model.")
@@ -217,9 +219,13 @@ class CalibrationData:
             index += 1
 
     def __iter__(self) -> Iterator[Feeds]:
-        batches = samples = 0
+        batches = samples = index = 0
+        start, stop = self._window or (0, None)
         for batch in self._passes():
             for piece in calibration.split_batch(batch, self._batch_size):
+                index += 1
+                if index <= start or (stop is not None and index > stop):
+                    continue
                 batches += 1
                 first = next((v for v in piece.values() if isinstance(v, np.ndarray)), None)
                 samples += int(first.shape[0]) if first is not None and first.ndim else 1
@@ -236,8 +242,30 @@ class CalibrationData:
                 return batch
         raise IndexError(index)
 
+    def held_out(self) -> tuple[CalibrationData, CalibrationData | None]:
+        """The runs to calibrate on and the runs held out to check the result on: with at least
+        :data:`HELD_OUT_MIN_BATCHES` runs, the last quarter is held out (rounded down); with fewer, every run
+        calibrates and none is held out. Reads the source once (a one-shot source is spooled whole); both parts
+        share this object's spool, which :meth:`close` of this object removes.
+        """
+        count = len(self)
+        if count < HELD_OUT_MIN_BATCHES:
+            return self, None
+        cut = count - count // 4
+        return self._part(0, cut), self._part(cut, count)
+
+    def _part(self, start: int, stop: int) -> CalibrationData:
+        import copy
+
+        part = copy.copy(self)
+        part._window, part._owner = (start, stop), False
+        return part
+
     def close(self) -> None:
-        """Removes the spooled batches (a one-shot source cannot be read again afterwards)."""
+        """Removes the spooled batches (a one-shot source cannot be read again afterwards); a part of a whole
+        (:meth:`held_out`) leaves them to the whole."""
+        if not self._owner:
+            return
         if self._spool is not None:
             self._spool.cleanup()
             self._spool = None
@@ -293,6 +321,10 @@ def _past_length(batch: Mapping[str, Any], llm: LLMInputs) -> int:
 # --------------------------------------------------------------------------------------------------
 # Running a tool's step on the data
 
+HELD_OUT_MIN_BATCHES = 8
+"""With at least this many calibration runs, the last quarter is held out of calibration and checks the result
+(:meth:`CalibrationData.held_out`): 6 runs or more still calibrate, and 2 or more check what calibration did not see.
+Fewer runs all calibrate, and the result is checked on them."""
 RANDOM_ATTEMPTS = 5
 UNNAMED_ATTEMPTS = 8
 _COMMON_SIZES = (32, 64, 128, 256, 16, 8, 512, 4, 2, 3)

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from onnxprec.errors import OnnxprecError
+from onnxprec.errors import ACCURACY_GUARD_EXIT, AccuracyGuardError, OnnxprecError
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -93,6 +93,9 @@ def _guarded(tool: ModuleType, args: argparse.Namespace) -> int:
             return int(tool.run(args))
         finally:
             gc.set_threshold(*thresholds)
+    except AccuracyGuardError as e:  # the model is written for inspection; its one line says what was measured
+        print(f"error: {e}", file=sys.stderr)
+        return ACCURACY_GUARD_EXIT
     except OnnxprecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,12 +2,15 @@
 
 Every error a user can cause (a bad path, a corrupt file, an invalid flag...) is raised as an
 :class:`OnnxprecError` subclass whose message names the problem *and* the fix, in one line. The CLI prints
-the message and exits with code 2, without a traceback. Anything else that escapes is a bug in onnxprec.
+the message and exits with code 2, without a traceback (3 for :class:`AccuracyGuardError`: a result the accuracy
+guard refused). Anything else that escapes is a bug in onnxprec.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ACCURACY_GUARD_EXIT",
+    "AccuracyGuardError",
     "CalibrationDataError",
     "InvalidArgumentError",
     "ModelLoadError",
@@ -39,3 +42,17 @@ class CalibrationDataError(OnnxprecError):
 
 class ValidationError(OnnxprecError):
     """The converted model failed validation (checker, type inference or I/O contract)."""
+
+
+class AccuracyGuardError(OnnxprecError):
+    """The result misses the tool's default accuracy bound even after its float fallback: the model was written for
+    inspection, and ``report`` says what was measured. The CLI exits with :data:`ACCURACY_GUARD_EXIT` (not 2, which
+    means bad input)."""
+
+    def __init__(self, message: str, report: object) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+ACCURACY_GUARD_EXIT = 3
+"""The exit code of a result the accuracy guard refused (the model is written for inspection)."""

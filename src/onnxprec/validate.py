@@ -7,6 +7,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -26,6 +27,9 @@ from onnxprec._ops import (
 from onnxprec._protobuf import proto_graphs, structure_proto
 from onnxprec.errors import ValidationError
 from onnxprec.reference import ReferenceResult, run_message, run_reference
+
+if TYPE_CHECKING:
+    from onnxprec.accuracy import TaskMetrics, TaskSummary
 
 __all__ = [
     "IOContract",
@@ -304,6 +308,7 @@ class NumericReport:
     failed_node: str | None = None  # the node ONNX Runtime names when it cannot run the model (a kernel gap)
     failed_op: str | None = None  # its op type, where ORT says it (it names unnamed nodes '')
     no_kernel: bool = False  # ONNX Runtime typed the graph but has no kernel for a node on this provider
+    task: TaskSummary | None = None  # each output's task metric (:mod:`onnxprec.accuracy`), when asked for
 
     @property
     def max_rel_l2(self) -> float:
@@ -319,8 +324,10 @@ def numeric_check(
     reference: ReferenceResult,
     *,
     providers: list[str] | None = None,
+    task: TaskMetrics | None = None,
 ) -> NumericReport:
-    """Runs the converted model on the reference run's first batch and compares outputs with FP32.
+    """Runs the converted model on the reference run's first batch and compares outputs with FP32 (and, with
+    ``task``, each output's task metric: :class:`onnxprec.accuracy.TaskMetrics`, summarized in ``report.task``).
 
     BF16 and FP8 inputs and outputs are fed and fetched like any other. Elements that are NaN or infinite in
     FP32 already are left out (a converted model is not blamed for them), as are empty and sequence outputs.
@@ -341,6 +348,9 @@ def numeric_check(
             source = load_model(str(model.path) if isinstance(model, WrittenModel) else model)
             run = run_reference(source, feeds, select=(), providers=providers, observe_inputs=False, what=what)
         outputs = run.first_outputs
+        if task is not None:
+            task.update(reference.first_outputs, outputs)
+            report.task = task.summary()
     except Exception as e:  # any failure means "cannot check here", never a failed conversion
         report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"
         text = _chain_text(e)  # the node ORT names may be past the first line our errors keep

@@ -46,8 +46,8 @@ from onnxprec._io import (
     to_model_proto,
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
-from onnxprec._options import fields_in, options_from_call
-from onnxprec.accuracy import ReferenceOutputs
+from onnxprec._options import check_op_types, check_patterns, fields_in, options_from_call
+from onnxprec.accuracy import Producer, ReferenceOutputs, TaskMetrics, output_producers
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
@@ -136,6 +136,20 @@ def _check_op_types(model: ir.Model, options: AutoCastOptions) -> None:
                 raise InvalidArgumentError(
                     f"Unknown op type '{name}' in {what}: it is neither an ONNX op nor in the model.{hint}"
                 )
+
+
+def _check_selection(report: AutoCastReport, options: AutoCastOptions) -> None:
+    """Warns about each name pattern or op type of the options that selects no node (with the closest names)."""
+    names = {str(node.name): node.op_type for node in report.decisions if node.name}
+    for what, patterns in (
+        ("nodes_to_exclude", options.exclude_patterns),
+        ("nodes_to_include", options.include_patterns),
+    ):
+        check_patterns(patterns, what, names)
+    present = {node.op_type for node in report.decisions}
+    for what, types in (("op_types_to_exclude", options.op_types_to_exclude),
+                        ("op_types_to_include", options.op_types_to_include)):  # fmt: skip
+        check_op_types(types, what, present)
 
 
 def _target_opset(model: ir.Model, options: AutoCastOptions) -> int:
@@ -313,12 +327,17 @@ def _rules(options: AutoCastOptions, already_low: frozenset[ir.Node] = frozenset
 
 
 def convert_model(
-    source: ModelSource, options: AutoCastOptions, *, fp32_nodes: Mapping[str, str] | None = None
+    source: ModelSource,
+    options: AutoCastOptions,
+    *,
+    fp32_nodes: Mapping[str, str] | None = None,
+    refuse_kernel_gaps: bool = False,
 ) -> tuple[ir.Model, AutoCastReport, ReferenceResult | None]:
     """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights.
 
     ``fp32_nodes`` (:func:`node_keys` key -> reason) stay FP32 whatever the rules say: nodes ONNX Runtime could
-    not run in the low type in an earlier attempt (see :func:`kernel_gap`).
+    not run in the low type in an earlier attempt (see :func:`kernel_gap`). ``refuse_kernel_gaps``: BF16 with only
+    the CPU provider is refused up front unless ``keep_unsupported_fp32`` (see :func:`keep_kernel_gaps`).
     """
     report = AutoCastReport(options.low_precision_type)
     tick = time.perf_counter()
@@ -369,7 +388,7 @@ def convert_model(
         for node in report.decisions:
             if keys[node] in fp32_nodes:
                 report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
-    keep_kernel_gaps(model, report.decisions, options)
+    report.no_kernel = keep_kernel_gaps(model, report.decisions, options, refuse=refuse_kernel_gaps)
     report.seconds["classify"] = time.perf_counter() - tick
     clone = functools.partial(_converted_clone, io_types=io_types)
     if keep is not None:
@@ -380,6 +399,7 @@ def convert_model(
         keep.close()  # the spooled batches (on an error, garbage collection removes them)
         report.seconds["target"] = time.perf_counter() - tick
     tick = time.perf_counter()
+    report.random_data = options.calibration_data is None
     report.settings = {
         "data_max": options.data_max,
         "init_max": options.init_max,
@@ -485,9 +505,11 @@ def _output_check(
     options: AutoCastOptions,
     source: ModelSource,
     fp32_nodes: dict[str, str],
+    producers: Mapping[str, Producer | None],
 ) -> Callable[[WrittenModel], None] | None:
     """What checks the written output before it replaces ``output_path``: the numeric check's run, which also proves
-    the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime)."""
+    the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime), with each
+    output's task metric (``producers``: the float model's, :func:`onnxprec.accuracy.output_producers`)."""
     if not options.validate:
         return None
 
@@ -495,16 +517,44 @@ def _output_check(
         if reference is None or report.numeric is not None:  # no reference run, or target mode ran it
             if report.numeric is None:
                 load_in_ort(str(written.path), report.ort_only, providers=list(options.providers))
+            elif report.numeric.skipped:
+                _load_or_refuse(written, report.numeric, options)
             return
         tick = time.perf_counter()
-        report.numeric = numeric_check(written, reference, providers=list(options.providers))
+        task = TaskMetrics(producers)
+        report.numeric = numeric_check(written, reference, providers=list(options.providers), task=task)
         report.seconds["numeric check"] = time.perf_counter() - tick
         if kernel_gap(report.numeric, report, options, source, fp32_nodes):
             raise _ConvertAgain
+        if report.numeric.skipped:
+            _load_or_refuse(written, report.numeric, options)
         _log_numeric(report.numeric)
         prove_by_run(report.numeric, report.ort_only)
 
     return check
+
+
+def _load_or_refuse(written: WrittenModel, numeric: NumericReport, options: AutoCastOptions) -> None:
+    """After a numeric check ONNX Runtime could not run: the output must at least load on the chosen providers, or
+    it is not written (a model the chosen provider cannot load never leaves with success).
+
+    Raises:
+        UnsupportedModelError: ONNX Runtime cannot load the output (a node without a low-type kernel, say).
+    """
+    from onnxprec._ort import create_session, first_line
+
+    providers = ", ".join(map(str, options.providers))
+    try:
+        create_session(str(written.path), providers=list(options.providers), optimization="none", low_memory=True)
+    except Exception as e:  # ORT raises its own exception types
+        node = f" (node '{numeric.failed_node}')" if numeric.failed_node else ""
+        raise UnsupportedModelError(
+            f"ONNX Runtime cannot load the converted model on {providers}{node}: {first_line(e, 200)}; keep the "
+            "node in FP32 with --nodes_to_exclude or --keep_unsupported_fp32, or convert for the provider the model "
+            "will run on (--providers cuda)."
+        ) from None
+    logger.warning("The converted model loads on %s, but its numeric check could not run: %s", providers,
+                   numeric.skipped)  # fmt: skip
 
 
 def _checker_rejects_original(source: ModelSource) -> bool:
@@ -520,7 +570,8 @@ def _checker_rejects_original(source: ModelSource) -> bool:
 
 def _log_numeric(report: NumericReport) -> None:
     if report.skipped:
-        logger.info("Numeric check skipped: %s", report.skipped)
+        # a WARNING where the provider lacks a kernel: ModelOpt's API returns such a model, as ModelOpt does
+        logger.log(logging.WARNING if report.no_kernel else logging.INFO, "Numeric check skipped: %s", report.skipped)
         return
     for name, err in report.errors.items():
         level = logging.WARNING if (not err["finite"] or err["rel_l2"] > 0.05) else logging.INFO
@@ -561,9 +612,13 @@ def convert_to_mixed_precision(
     Args:
         onnx_path: Path to the FP32 model, or an ``onnx.ModelProto``.
         low_precision_type: Low precision type: fp16 or bf16.
-        nodes_to_exclude: Regexes (re.match) of node names to keep in FP32.
+        nodes_to_exclude: Regexes of node names to keep in FP32; matched with re.match, from the start of a name, as
+            ModelOpt (write '.*x' to match inside a name); a pattern that matches nothing is warned about, with the
+            closest names.
         op_types_to_exclude: Op types to keep in FP32.
-        nodes_to_include: Regexes (re.match) of node names to convert even if a rule excludes them.
+        nodes_to_include: Regexes of node names to convert even if a rule excludes them; matched with re.match, from
+            the start of a name, as ModelOpt (write '.*x' to match inside a name); a pattern that matches nothing is
+            warned about, with the closest names.
         op_types_to_include: Op types to convert even if a rule excludes them.
         data_max: Keep nodes whose floating-point inputs or outputs exceed this magnitude in the reference run (inf: no
             reference run).
@@ -598,6 +653,8 @@ def convert_to_mixed_precision(
     fp32_nodes: dict[str, str] = {}
     while True:
         model, report, reference = convert_model(onnx_path, options, fp32_nodes=fp32_nodes)
+        if not fp32_nodes:  # the first conversion
+            _check_selection(report, options)
         proto = to_model_proto(model)
         if proto.ByteSize() >= PROTOBUF_LIMIT:
             return proto
@@ -653,11 +710,13 @@ def convert_file(
     genai = GenaiCarry.plan(source, output, options.genai_provider)
     fp32_nodes: dict[str, str] = {}
     while True:
-        model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes)
+        model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes, refuse_kernel_gaps=True)
+        if not fp32_nodes:  # the first conversion
+            _check_selection(report, options)
         report.input_path = source
         protected |= external_data_paths(model)
         tick = time.perf_counter()
-        check = _output_check(report, reference, options, source, fp32_nodes)
+        check = _output_check(report, reference, options, source, fp32_nodes, output_producers(model))
         try:
             report.output_path = save_model(
                 model, output, external_data=external_data, protected=protected, check=check

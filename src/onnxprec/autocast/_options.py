@@ -55,13 +55,13 @@ class AutoCastOptions(ToolOptions):
         help="Low precision type: fp16 or bf16.",
     )
     nodes_to_exclude: Sequence[str] | None = regexes_option(
-        "Regexes (re.match) of node names to keep in FP32.", flags=("-ne", "--nodes_to_exclude")
+        "Regexes of node names to keep in FP32.", flags=("-ne", "--nodes_to_exclude")
     )
     op_types_to_exclude: Sequence[str] | None = op_types_option(
         "Op types to keep in FP32.", flags=("-ope", "--op_types_to_exclude")
     )
     nodes_to_include: Sequence[str] | None = regexes_option(
-        "Regexes (re.match) of node names to convert even if a rule excludes them.", flags=("-ni", "--nodes_to_include")
+        "Regexes of node names to convert even if a rule excludes them.", flags=("-ni", "--nodes_to_include")
     )
     op_types_to_include: Sequence[str] | None = op_types_option(
         "Op types to convert even if a rule excludes them.", flags=("-opi", "--op_types_to_include")
@@ -115,6 +115,13 @@ class AutoCastOptions(ToolOptions):
         "and the command to reproduce",
         flags=("--report",),
         group=_EXTRAS,
+    )
+    keep_unsupported_fp32: bool = option(
+        False,
+        group=_EXTRAS,
+        help="Keep in FP32 the nodes ONNX Runtime has no low-type kernel for on the chosen --providers instead of "
+        "refusing: BF16 with only the CPU provider, whose BF16 kernels are mostly data movement (Transpose, Reshape, "
+        "LayerNormalization); the summary gives the share converted. On a GPU provider such nodes stay FP32 always.",
     )
     validate: bool = option(
         True,

@@ -1,9 +1,10 @@
 """Where ONNX Runtime lacks a kernel for a node AutoCast made low, and what AutoCast does about it.
 
-Up front, :func:`keep_kernel_gaps` probes the GPU provider's BF16 kernels once per op signature and keeps the nodes
-it cannot run in FP32; after a failed numeric check, :func:`kernel_gap` reads ONNX Runtime's error, names the node
-and asks for one more conversion with it in FP32. :func:`warn_cast_shared_kv` warns about a KV cache that
-``keep_io_types`` puts behind casts where a sliding-window attention kernel needs it in place.
+Up front, :func:`keep_kernel_gaps` probes the provider's BF16 kernels once per op signature and keeps the nodes it
+cannot run in FP32 (with only the CPU provider: refuses, unless asked to keep them); after a failed numeric check,
+:func:`kernel_gap` reads ONNX Runtime's error, names the node and asks for one more conversion with it in FP32.
+:func:`warn_cast_shared_kv` warns about a KV cache that ``keep_io_types`` puts behind casts where a sliding-window
+attention kernel needs it in place.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from onnxprec._ort import lacks_kernels
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision
 from onnxprec.autocast.report import AutoCastReport
+from onnxprec.errors import UnsupportedModelError
 from onnxprec.validate import NumericReport
 
 __all__ = ["MAX_KERNEL_FALLBACKS", "keep_kernel_gaps", "kernel_gap", "node_keys", "warn_cast_shared_kv"]
@@ -58,33 +60,63 @@ def _gpu_provider(options: AutoCastOptions) -> str | None:
     return next((str(p) for p in options.providers if not str(p).lower().startswith("cpu")), None)
 
 
-def keep_kernel_gaps(model: ir.Model, decisions: dict[ir.Node, Decision], options: AutoCastOptions) -> None:
-    """Keeps in FP32 the BF16 nodes ONNX Runtime has no BF16 kernel for on the GPU provider the model is meant for
+def keep_kernel_gaps(
+    model: ir.Model, decisions: dict[ir.Node, Decision], options: AutoCastOptions, *, refuse: bool = False
+) -> dict[str, int]:
+    """Keeps in FP32 the BF16 nodes ONNX Runtime has no BF16 kernel for on the provider the model is meant for
     (nor on the CPU it falls back to), found up front by probing each op signature once
     (:func:`onnxprec._ort.lacks_kernels`; ORT 1.31's CUDA provider has no BF16 Clip, Reciprocal or Log, say) instead
-    of one failed run of the whole model per node (:func:`kernel_gap`, still the fallback). Only BF16 (ORT runs an
-    FP16 node without a kernel in FP32 behind casts it inserts itself) and only for GPU providers: ORT's CPU provider
-    has almost no BF16 kernels, and BF16 models are meant for GPUs."""
+    of one failed run of the whole model per node (:func:`kernel_gap`, still the fallback). Only BF16: ORT runs an
+    FP16 node without a kernel in FP32 behind casts it inserts itself.
+
+    On a GPU provider the nodes without a kernel stay FP32 always. With only the CPU provider (whose BF16 kernels
+    are mostly data movement: a BF16 CNN or transformer cannot load there), the probe runs when ``refuse`` (the
+    file-to-file API and the command line, which never write a model the chosen provider cannot load) or
+    ``options.keep_unsupported_fp32`` asks for it: the nodes stay FP32 with ``keep_unsupported_fp32``, else the
+    conversion is refused. ModelOpt's API (``refuse=False``) converts as ModelOpt does and warns after its check.
+
+    Returns:
+        Op type -> count of the nodes kept in FP32 for lack of a kernel.
+
+    Raises:
+        UnsupportedModelError: BF16 with only the CPU provider, nodes without a kernel, ``refuse`` and neither
+            ``keep_unsupported_fp32`` nor ``validate=False``.
+    """
     gpu = _gpu_provider(options)
-    if gpu is None or options.low != ir.DataType.BFLOAT16:
-        return
+    if options.low != ir.DataType.BFLOAT16:
+        return {}
+    keep = options.keep_unsupported_fp32
+    if gpu is None and not (keep or (refuse and options.validate)):
+        return {}
+    provider = gpu or "cpu"
     low = [
         (node, d.fp32_inputs, d.fp32_outputs)
         for node, d in decisions.items()
         if d.low and any(v is not None and tensor_dtype(v) == ir.DataType.FLOAT for v in (*node.inputs, *node.outputs))
     ]
     tick = time.perf_counter()
-    lacking = lacks_kernels(low, opsets_by_domain(model), options.low, gpu)
+    lacking = lacks_kernels(low, opsets_by_domain(model), options.low, provider)
     kept: dict[str, int] = {}
     for node in lacking:
-        decisions[node] = Decision(False, f"ONNX Runtime has no BF16 kernel for {node.op_type} on {gpu}")
         kept[node.op_type] = kept.get(node.op_type, 0) + 1
+    ops = ", ".join(f"{op} x{n}" for op, n in sorted(kept.items(), key=lambda item: (-item[1], item[0])))
+    if gpu is None and lacking and not keep:
+        converted = sum(1 for d in decisions.values() if d.low) - len(lacking)
+        raise UnsupportedModelError(
+            f"BF16 with only the CPU provider: ONNX Runtime has no CPU BF16 kernel for {len(lacking)} of the "
+            f"{len(decisions)} nodes ({ops}), so it could not load the result: pass --providers cuda (the GPU the "
+            f"model is meant for), --keep_unsupported_fp32 to keep those nodes in FP32 ({converted}/{len(decisions)} "
+            "would be converted), or --no_validate to write it unchecked for another runtime."
+        )
+    for node in lacking:
+        decisions[node] = Decision(False, f"ONNX Runtime has no BF16 kernel for {node.op_type} on {provider}")
     logger.info(
         "Probed ONNX Runtime's BF16 kernels on %s (%.1f s)%s",
-        gpu,
+        provider,
         time.perf_counter() - tick,
-        ": kept in FP32 for lack of one: " + ", ".join(f"{op} x{n}" for op, n in sorted(kept.items())) if kept else "",
+        f": kept in FP32 for lack of one: {ops}" if kept else "",
     )
+    return kept
 
 
 MAX_KERNEL_FALLBACKS = 8
@@ -114,9 +146,9 @@ def kernel_gap(
     """Whether ONNX Runtime could not run the converted model because of a node this conversion made low.
 
     If so, the node is added to ``fp32_nodes`` with a WARNING naming it and its op, and the caller converts
-    again (ModelOpt's guide promises a model that runs). BF16 is retried only where the check ran on a GPU
-    provider: ONNX Runtime's CPU provider has almost no BF16 kernels, and BF16 models are meant for GPUs, where a
-    gap (e.g. no CUDA BF16 Reciprocal) is the runtime's and worth working around. A model given as an
+    again (ModelOpt's guide promises a model that runs). BF16 is retried where the check ran on a GPU
+    provider (a gap there, e.g. no CUDA BF16 Reciprocal, is the runtime's and worth working around) or with
+    ``keep_unsupported_fp32``: ONNX Runtime's CPU provider has almost no BF16 kernels. A model given as an
     ``ir.Model`` cannot be converted again (it was converted in place).
     """
     if not numeric.skipped or numeric.failed_node is None:
@@ -129,7 +161,7 @@ def kernel_gap(
     if node is None:
         return False
     on_gpu = _gpu_provider(options) is not None
-    retried = options.low == ir.DataType.FLOAT16 or on_gpu
+    retried = options.low == ir.DataType.FLOAT16 or on_gpu or options.keep_unsupported_fp32
     if not retried or isinstance(source, ir.Model) or len(fp32_nodes) >= MAX_KERNEL_FALLBACKS:
         logger.log(
             logging.INFO if not retried else logging.WARNING,

@@ -356,15 +356,24 @@ class AutoCastReport:
     command: str = ""
     genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
     ort_only: dict[str, int] = field(default_factory=dict)  # nodes only ONNX Runtime can check, by op
+    no_kernel: dict[str, int] = field(default_factory=dict)  # op -> nodes kept FP32 without a low-type kernel
+    random_data: bool = False  # no calibration data was given: the reference run and the check ran on random data
 
     @property
     def summary(self) -> str:
         s = self.stats
         pct = 100.0 * s.low_nodes / s.nodes if s.nodes else 0.0
-        return (
+        text = (
             f"Converted {s.low_nodes}/{s.nodes} nodes ({pct:.1f}%) to {self.low_precision_type}; "
             f"{s.casts} casts inserted"
         )
+        if self.no_kernel:
+            text += f"; {sum(self.no_kernel.values())} kept in FP32 without a {self.low_precision_type} kernel"
+        task = self.numeric.task if self.numeric is not None else None
+        if task is not None:
+            where = "no calibration data: checked on random data" if self.random_data else "checked on calibration data"
+            text += f"; {where} (first run): {task.describe()}"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data (what ``--report_json`` writes).
@@ -386,6 +395,8 @@ class AutoCastReport:
         if self.numeric is not None:
             numeric = {
                 "skipped": self.numeric.skipped,
+                "random_data": self.random_data,
+                "task": None if self.numeric.task is None else self.numeric.task.to_json(),
                 "outputs": {
                     name: {k: bool(v) if k == "finite" else number(v) for k, v in errors.items()}
                     for name, errors in self.numeric.errors.items()
@@ -397,6 +408,7 @@ class AutoCastReport:
             "output": None if self.output_path is None else str(self.output_path),
             "low_precision_type": self.low_precision_type,
             "counts": asdict(self.stats),
+            "no_kernel_fp32": dict(self.no_kernel),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "reference_batches": self.reference_batches,
             "numeric": numeric,

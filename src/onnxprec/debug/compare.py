@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -379,8 +379,8 @@ def _compare(reference: ir.Model, candidate: ir.Model, options: CompareOptions, 
         first = report.first_divergence_row
         assert first is not None
         report.notes.append(
-            f"'{first.node}' is not quantized in the candidate; the quantized node(s) behind its error: "
-            + ", ".join(report.exclude_nodes)
+            f"'{first.node}' is not a quantized layer (Conv, MatMul, Gemm, Gather) in the candidate; the quantized "
+            "layer(s) behind its error: " + ", ".join(report.exclude_nodes)
         )
     else:
         hint = _upstream_hint(candidate, report.first_divergence)
@@ -438,8 +438,10 @@ def _exclude_nodes(
 
     The divergent node itself when it computes on quantized values; else, when its tensor is compared as its
     consumers see it (through QuantizeLinear/DequantizeLinear), the candidate nodes that read it quantized; else the
-    nearest quantized nodes upstream in the reference. Empty when the candidate has no quantized node on that path
-    (an AutoCast model: the divergent node itself is the answer).
+    nearest quantized nodes upstream in the reference. Each is then named by the layer the quantizer owns
+    (:func:`_owned_layers`: a Transpose on INT8 values by the Conv that reads it), so the advice changes what
+    ``quantize int8`` / ``int4`` write. Empty when the candidate has no quantized node on that path (an AutoCast
+    model: the divergent node itself is the answer).
     """
     if first is None:
         return []
@@ -449,13 +451,14 @@ def _exclude_nodes(
         return []
     quantized = _Quantized(reference, candidate, plan)
     if quantized(node):
-        return [first.node]
+        return _owned_layers([node], quantized, limit)
     seen = plan.matches[value].candidate
     if seen is not None and (producer := seen.producer()) is not None and producer.op_type == "DequantizeLinear":
+        by_name = {n.name: n for n in reference.graph if n.name}
         readers = sorted({u.node.name for u in seen.uses() if u.node.name in quantized.ref_names})
         if readers:
-            return readers
-    found: list[str] = []
+            return _owned_layers([by_name[name] for name in readers], quantized, limit)
+    found: list[ir.Node] = []
     visited: set[ir.Node] = {node}
     frontier = [node]
     while frontier and not found and len(visited) < limit:
@@ -466,9 +469,50 @@ def _exclude_nodes(
                 if p is not None and p not in visited:
                     visited.add(p)
                     upstream.append(p)
-        found = [p.name for p in upstream if p.name and quantized(p)]
+        found = [p for p in upstream if p.name and quantized(p)]
         frontier = upstream
-    return sorted(set(found))
+    return _owned_layers(found, quantized, limit)
+
+
+LAYER_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "Gather"})
+"""The ops whose weights the quantizers own (INT8: Conv, MatMul, Gemm; INT4: MatMul, Gemm, Gather): the nodes a
+``--nodes_to_exclude`` of ``quantize int8`` / ``int4`` keeps in float."""
+
+
+def _owned_layers(nodes: list[ir.Node], quantized: _Quantized, limit: int) -> list[str]:
+    """The quantized layers (:data:`LAYER_OPS`) that own the quantization of ``nodes``: a node that is one itself,
+    else the nearest quantized layers downstream (a Transpose or a pool computing on INT8 values does so because the
+    Conv that reads it is quantized: excluding the Conv removes the Q/DQ pair), else upstream; a node with none
+    stays as it is."""
+    owners: set[str] = set()
+    for node in nodes:
+        if node.op_type in LAYER_OPS:
+            owners.add(str(node.name))
+            continue
+        found = _nearest(node, quantized, _readers, limit) or _nearest(node, quantized, _producers, limit)
+        owners.update(found or [str(node.name)])
+    return sorted(owners)
+
+
+def _readers(node: ir.Node) -> list[ir.Node]:
+    return [use.node for out in node.outputs for use in out.uses()]
+
+
+def _producers(node: ir.Node) -> list[ir.Node]:
+    return [p for v in node.inputs if v is not None and (p := v.producer()) is not None]
+
+
+def _nearest(node: ir.Node, quantized: _Quantized, step: Callable[[ir.Node], list[ir.Node]], limit: int) -> list[str]:
+    """The quantized layers nearest to ``node`` along ``step`` (all of the first level that has any)."""
+    visited, frontier = {node}, [node]
+    while frontier and len(visited) < limit:
+        level = [n for current in frontier for n in step(current) if n not in visited]
+        visited.update(level)
+        found = sorted({str(n.name) for n in level if n.op_type in LAYER_OPS and n.name and quantized(n)})
+        if found:
+            return found
+        frontier = level
+    return []
 
 
 def _upstream_hint(candidate: ir.Model, node_name: str | None) -> str | None:

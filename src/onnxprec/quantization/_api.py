@@ -83,7 +83,7 @@ def quantize(
         op_types_to_quantize: INT8 only: only these op types.
         op_types_to_exclude: INT8 only: op types kept in float.
         nodes_to_quantize: INT8 only: regexes of the nodes to quantize.
-        nodes_to_exclude: Regexes of nodes kept in float (INT4's default excludes ``/lm_head``).
+        nodes_to_exclude: Regexes of nodes kept in float (INT4's default excludes ``.*/lm_head``).
         use_external_data_format: Save the weights in ``<output>.data`` beside the model.
         output_path: Where to write (default beside the input).
         log_level: DEBUG, INFO, WARNING or ERROR.

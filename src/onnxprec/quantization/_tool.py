@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -56,6 +57,8 @@ __all__ = [
     "calibration_batch_size_option",
     "calibration_eps_option",
     "check_float_model",
+    "check_selection",
+    "checked",
     "command_line",
     "external_data_option",
     "json_start",
@@ -104,9 +107,7 @@ def nodes_to_exclude_option(matched: str, more: str = "", *, flags: Iterable[str
         more: The rest of the sentence (what no pattern does, the default), starting with "; ".
         flags: The spellings.
     """
-    return regexes_option(
-        f"Regexes (re.search) of the nodes kept in float, matched against {matched}{more}.", flags=flags
-    )
+    return regexes_option(f"Regexes of the nodes kept in float, matched against {matched}{more}.", flags=flags)
 
 
 def calibration_batch_size_option(default: int | None, note: str) -> Any:
@@ -202,6 +203,14 @@ class QuantizationReportBase:
         kinds = "/".join(sorted(self.in_subgraphs))
         return f"{count} layer{'s' if count != 1 else ''} inside {kinds} bodies kept float ({self.SUBGRAPH_WHY})"
 
+    guard_failure: str | None = None
+    """The accuracy guard's one line when the result misses its bound (the model is still written, then
+    :class:`~onnxprec.errors.AccuracyGuardError` is raised), else None."""
+    check: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """How the result was checked against the float model (:func:`checked` says it in the summary): ``random_data``,
+    ``guard`` (on, off or warn), ``bound``, ``passed``, ``calibration`` and ``held_out`` (runs, the one-line metric,
+    each output's task metric)."""
+
 
 class QuantizationReport(_report.Report, Protocol):
     """What every quantizer's report has besides :class:`onnxprec._report.Report`."""
@@ -220,6 +229,8 @@ class QuantizationReport(_report.Report, Protocol):
     """The onnxruntime-genai files carried beside the output (:class:`onnxprec._genai.GenaiCarry`), or None."""
     progress: Callable[[], Any] | None
     """Called after each weight is quantized while the model is written, when the tool has a progress bar."""
+    guard_failure: str | None
+    """The accuracy guard's one line when the result misses its bound, else None."""
 
 
 def json_start(report: QuantizationReport) -> dict[str, Any]:
@@ -246,6 +257,61 @@ def check_float_model(model: ir.Model) -> None:
         raise UnsupportedModelError(
             f"The model is already quantized (it has {', '.join(quantized)} nodes): pass the float model."
         )
+
+
+def check_selection(
+    model: ir.Model,
+    patterns: Mapping[str, Sequence[re.Pattern[str]]],
+    op_types: Mapping[str, Sequence[str] | None],
+    layer_ops: Collection[str],
+    names_of: Callable[[ir.Node], Iterable[str]],
+) -> None:
+    """Warns about each name pattern or op type of the options that selects nothing in ``model``'s main graph
+    (:func:`onnxprec._options.check_patterns`: with the closest names, and what a pattern matches instead).
+
+    Args:
+        model: The sanitized model (names given).
+        patterns: Option -> its compiled patterns, e.g. ``{"nodes_to_exclude": [...]}``.
+        op_types: Option -> its op types.
+        layer_ops: The op types of the layers the tool quantizes.
+        names_of: What a pattern matches of such a node (its name, output names...).
+    """
+    from onnxprec._options import check_op_types, check_patterns
+
+    names: set[str] = set()
+    nodes: set[str] = set()
+    others: dict[str, str] = {}
+    selected = f"layer this tool quantizes ({', '.join(layer_ops)})"
+    for node in model.graph:
+        if node.op_type in layer_ops and node.domain in ("", "ai.onnx"):
+            names.update(names_of(node))
+            nodes.add(str(node.name or ""))
+        elif node.name:
+            others[str(node.name)] = node.op_type
+    for what, compiled in patterns.items():
+        check_patterns(compiled, what, names, others, selected, nodes - {""})
+    present = {node.op_type for node in model.graph}
+    for what, types in op_types.items():
+        check_op_types(types, what, present)
+
+
+def checked(check: Mapping[str, Any]) -> str:
+    """The summary phrase of how a result was checked (a report's ``check``, see :mod:`onnxprec.quantization.guard`):
+    where, on how many runs, what it kept; e.g. ``checked on calibration data (6 runs): top1 1, held out (2 runs):
+    top1 1``."""
+
+    def runs(part: Mapping[str, Any]) -> str:
+        count = int(part.get("runs", 0))
+        return f"{count} run{'' if count == 1 else 's'}"
+
+    where = "no calibration data: checked on random data" if check.get("random_data") else "checked on calibration data"
+    calibration, held = check.get("calibration") or {}, check.get("held_out")
+    text = f"{where} ({runs(calibration)}): {calibration.get('metric', '')}".rstrip()
+    if held:
+        text += f", held out ({runs(held)}): {held['metric']}"
+    if check.get("guard") == "on" and not check.get("passed"):
+        text += f"; misses the accuracy guard's {check.get('bound')}"
+    return text
 
 
 def nothing_to_quantize(layers: str, skipped: str, excluded_by: str | None) -> Exception:
@@ -284,6 +350,7 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             tensors, computed while the model is written.
         progress: A progress bar over the report's layers while the weights are written (the report's ``progress``
             is called once per weight).
+        check_written: Measures the written output against the float model, when the pipeline does not.
         inspect: Called with the written file (before it replaces the output path), the options and the report,
             for what only the written model shows (INT8: the Q/DQ ONNX Runtime leaves unfused).
     """
@@ -291,6 +358,9 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
     options: type[OptionsT]
     pipeline: Callable[[ModelSource, OptionsT], tuple[ir.Model, ReportT]]
     progress: bool = False
+    check_written: Callable[[Path, Path, OptionsT, ReportT], None] | None = None
+    """Measures the written output against the float model (``source``, ``written``, options, report) for a tool
+    whose pipeline does not (INT8 measures in its pipeline)."""
     inspect: Callable[[Path, OptionsT, ReportT], None] | None = None
 
     def default_output_path(self, onnx_path: str | Path) -> Path:
@@ -322,6 +392,8 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             The report; ``report.to_json()`` is JSON-ready.
 
         Raises:
+            AccuracyGuardError: The result misses the accuracy guard's bound (it is written, for inspection; the
+                error carries the report).
             OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
         """
         from onnxprec._genai import GenaiCarry
@@ -347,6 +419,8 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
 
             def check(written: WrittenModel) -> None:
                 load_in_ort(str(written.path), report.ort_only, providers=list(settings.calibration_eps))
+                if self.check_written is not None:
+                    self.check_written(source, written.path, settings, report)
                 if self.inspect is not None:
                     self.inspect(written.path, settings, report)
 
@@ -359,6 +433,10 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             if genai is not None:
                 genai.write(model)
                 report.genai = genai
+        if report.guard_failure:
+            from onnxprec.errors import AccuracyGuardError
+
+            raise AccuracyGuardError(f"{report.guard_failure}; written for inspection to {output}", report)
         return report
 
     def _progress(self, report: ReportT) -> Any:
@@ -406,7 +484,13 @@ def command_line(
         settings = dataclasses.replace(parsed, log_level=common.log_level)  # type: ignore[type-var]
         outputs = [files.onnx_path, *filter(None, [files.output_path])]
         _report.check_paths({"--report_json": common.report_json}, outputs)
-        report = importlib.import_module(api).quantize_file(files.onnx_path, files.output_path, options=settings)
+        from onnxprec.errors import AccuracyGuardError
+
+        try:
+            report = importlib.import_module(api).quantize_file(files.onnx_path, files.output_path, options=settings)
+        except AccuracyGuardError as e:  # the model was written: so is its report
+            _report.write_json(common.report_json, e.report.to_json())  # type: ignore[attr-defined]
+            raise
         _report.write_json(common.report_json, report.to_json())
         print(f"{report.summary}; saved {report.output_path}")
         return 0

@@ -12,9 +12,9 @@ initializers of equal content (one the transpose of the other, as torch exports 
 dropped. Layers that read the same activation ``A`` (q/k/v, gate/up) form an *input group*: AWQ searches one scale
 vector per group and GPTQ uses one Hessian per group (Gathers have no input group).
 
-``nodes_to_exclude`` patterns are regular expressions applied with :func:`re.search` to the node's name, its output's
-name and its weight's name: ``/lm_head`` excludes ``/model/lm_head/MatMul`` whatever prefix the exporter gave it
-(anchor with ``^`` to match a prefix only). Every exclusion is logged with the pattern that caused it.
+``nodes_to_exclude`` patterns are regular expressions applied with :func:`re.match` (from the start, as ModelOpt) to
+the node's name, its output's name and its weight's name: ``.*/lm_head`` excludes ``/model/lm_head/MatMul`` whatever
+prefix the exporter gave it. Every exclusion is logged with the pattern that caused it.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import subgraph_nodes
+from onnxprec._options import first_match
 from onnxprec._tensors import float32_copy, release
 
-__all__ = ["FLOAT_WEIGHT_TYPES", "InputGroup", "Layer", "Selection", "Target", "select_layers"]
+__all__ = ["FLOAT_WEIGHT_TYPES", "InputGroup", "Layer", "Selection", "Target", "pattern_names", "select_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -150,12 +151,16 @@ class Selection:
         return list(by_input.values())
 
 
+def pattern_names(node: ir.Node, weight: ir.Value | None = None) -> list[str]:
+    """What ``nodes_to_exclude`` / ``layers_8bit`` match (``re.match``): the node's name, its first output's name and
+    its weight's (default: a MatMul's or Gemm's second input, a Gather's table)."""
+    if weight is None and len(node.inputs) > 1:
+        weight = node.inputs[0 if node.op_type == "Gather" else 1]
+    return [str(n) for n in (node.name, node.outputs[0].name, weight.name if weight is not None else None) if n]
+
+
 def _matching_pattern(node: ir.Node, weight: ir.Value, patterns: Sequence[re.Pattern[str]]) -> str | None:
-    names = [n for n in (node.name, node.outputs[0].name, weight.name) if n]
-    for pattern in patterns:
-        if any(pattern.search(name) for name in names):
-            return pattern.pattern
-    return None
+    return first_match(patterns, pattern_names(node, weight))
 
 
 def _candidate(node: ir.Node, gather_types: frozenset[ir.DataType]) -> tuple[Layer | None, str]:
@@ -234,7 +239,7 @@ def select_layers(
 
     Args:
         model: The model.
-        exclude: Compiled ``nodes_to_exclude`` patterns (``re.search`` on node, output and weight names).
+        exclude: Compiled ``nodes_to_exclude`` patterns (``re.match`` on node, output and weight names).
         eight_bit: Patterns of layers quantized to 8 bits instead (they win over ``exclude``); a weight shared by
             layers of both kinds gets 8 bits.
         gathers: Select embedding Gathers too.

@@ -17,9 +17,9 @@ def _ir(proto):  # type: ignore[no-untyped-def]
 
 
 def test_mlp_selection_groups_and_exclusion() -> None:
-    selection = select_layers(_ir(mlp()), exclude=compile_patterns(["/lm_head"], "nodes_to_exclude"))
+    selection = select_layers(_ir(mlp()), exclude=compile_patterns([".*/lm_head"], "nodes_to_exclude"))
     assert [t.name for t in selection.targets] == ["Wq", "Wk", "Wo"]
-    assert selection.excluded == [("/model/lm_head/MatMul", "/lm_head")]
+    assert selection.excluded == [("/model/lm_head/MatMul", ".*/lm_head")]
     groups = selection.groups()
     assert [[layer.name for layer in g.layers] for g in groups] == [
         ["/model/layers.0/q_proj/MatMul", "/model/layers.0/k_proj/MatMul"],
@@ -28,18 +28,19 @@ def test_mlp_selection_groups_and_exclusion() -> None:
     assert [g.k for g in groups] == [64, 96]
 
 
-def test_patterns_search_node_output_and_weight_names() -> None:
+def test_patterns_match_node_output_and_weight_names_from_their_start() -> None:
     model = _ir(mlp())
-    for pattern in ("lm_head", "^/model/lm_head", "logits$", "^Whead$"):
+    for pattern in (".*lm_head", "/model/lm_head", "^/model/lm_head", "logits$", "Whead$"):
         selection = select_layers(model, exclude=compile_patterns([pattern], "x"))
         assert [t.name for t in selection.targets] == ["Wq", "Wk", "Wo"], pattern
-    selection = select_layers(model, exclude=compile_patterns(["^lm_head"], "x"))  # anchored: no match
-    assert len(selection.targets) == 4
+    for pattern in ("lm_head", "^lm_head", "head"):  # re.match, as ModelOpt: these matched under the old re.search
+        selection = select_layers(model, exclude=compile_patterns([pattern], "x"))
+        assert len(selection.targets) == 4, pattern
 
 
 def test_eight_bit_wins_over_exclusion() -> None:
     selection = select_layers(
-        _ir(mlp()), exclude=compile_patterns(["/lm_head"], "x"), eight_bit=compile_patterns(["lm_head"], "y")
+        _ir(mlp()), exclude=compile_patterns([".*/lm_head"], "x"), eight_bit=compile_patterns([".*lm_head"], "y")
     )
     assert {t.name: t.bits for t in selection.targets} == {"Wq": 4, "Wk": 4, "Wo": 4, "Whead": 8}
     assert selection.excluded == []

@@ -34,7 +34,7 @@ from onnxprec._options import fields_in, log_level_during
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
-from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
+from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
@@ -42,11 +42,19 @@ from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbi
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
 from onnxprec.quantization.int4._budget import choose_precisions, logits_head, writes_text, written_text
-from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD, Int4Options
+from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
-from onnxprec.quantization.select import FLOAT_WEIGHT_TYPES, InputGroup, Selection, Target, select_layers
+from onnxprec.quantization.select import (
+    FLOAT_WEIGHT_TYPES,
+    InputGroup,
+    Selection,
+    Target,
+    pattern_names,
+    select_layers,
+)
+from onnxprec.reference import run_reference
 from onnxprec.validate import check_structure, load_in_ort
 
 __all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
@@ -308,7 +316,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
             options.use_8bit_head(head)
         logger.info(
             "An LLM without layer options: the embedding and the head are quantized too (%s at 8 bits), as %s; "
-            "--nodes_to_exclude /lm_head keeps ModelOpt's default (head and embedding in float)",
+            "--nodes_to_exclude '.*/lm_head' keeps ModelOpt's default (head and embedding in float)",
             f"'{head}'" if head else "no single head found, none", options.format,
         )  # fmt: skip
         report.output_format = options.format
@@ -319,6 +327,10 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         gathers=options.quantize_embeddings or options.size_budget_mb is not None,
         gather_types=GATHER_TYPES[options.format],
     )
+    default = tuple(options.nodes_to_exclude or ()) == DEFAULT_EXCLUDE  # a model without an lm_head is no mistake
+    excluded = [] if default else options.exclude_patterns
+    patterns = {"nodes_to_exclude": excluded, "layers_8bit": options.eight_bit_patterns}
+    check_selection(model, patterns, {}, ("MatMul", "Gemm", "Gather"), pattern_names)
     report.excluded, report.skipped = selection.excluded, selection.skipped
     report.in_subgraphs = dict(selection.in_subgraphs)
     if not selection.targets:
@@ -459,7 +471,7 @@ def quantize(
         block_size: Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel
             (default: 128).
         nodes_to_exclude: Regexes (re.search) of layers to keep in float, matched against the node name, its output
-            name and its weight name; an empty list quantizes every layer; None: ``/lm_head``, or nothing under
+            name and its weight name; an empty list quantizes every layer; None: ``.*/lm_head``, or nothing under
             ``size_budget_mb``.
         log_level: Log level of the ``onnxprec`` logger during the call: DEBUG, INFO, WARNING, ERROR.
         **kwargs: Any other :class:`Int4Options` field: ``output_format`` (qdq, matmulnbits), ``accuracy_level``,
@@ -486,6 +498,43 @@ def quantize(
     return proto
 
 
-TOOL: QuantizationTool[Int4Options, Int4Report] = QuantizationTool(Int4Options, quantize_model, progress=True)
+def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> None:
+    """Measures the written INT4 model against the float one on the first calibration batch (realistic random data
+    without one) with each output's task metric; a result that misses INT8's guard bounds
+    (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback)."""
+    from onnxprec.accuracy import task_metrics
+    from onnxprec.quantization import guard
+
+    float_model = load_model(source)
+    providers = list(options.calibration_eps)
+
+    def run(data: CalibrationData) -> Any:
+        feeds = [data.first]
+        ref = run_reference(float_model, feeds, select=(), providers=providers, observe_inputs=False,
+                            what="the float model")  # fmt: skip
+        got = run_reference(load_model(written), feeds, select=(), providers=providers, observe_inputs=False,
+                            what="the INT4 model")  # fmt: skip
+        return task_metrics(float_model, [ref.first_outputs], [got.first_outputs])
+
+    shapes = calibration.parse_input_shapes(options.input_shapes) or None
+    summary = run_on_data(float_model, options.calibration_data_reader, run, input_shapes=shapes)
+    passed = guard.holds(summary)
+    report.check = {
+        "random_data": options.calibration_data_reader is None,
+        "guard": "warn",
+        "bound": guard.describe_bounds(summary),
+        "passed": passed,
+        "calibration": {"runs": 1, "metric": summary.describe(), **summary.to_json()},
+        "held_out": None,
+    }
+    if not passed:
+        where = "random data" if options.calibration_data_reader is None else "the first calibration batch"
+        logger.warning("INT4 result misses the accuracy bound (%s): %s on %s", report.check["bound"],
+                       summary.describe(), where)  # fmt: skip
+
+
+TOOL: QuantizationTool[Int4Options, Int4Report] = QuantizationTool(
+    Int4Options, quantize_model, progress=True, check_written=_check_written
+)
 default_output_path = TOOL.default_output_path
 quantize_file = TOOL.quantize_file

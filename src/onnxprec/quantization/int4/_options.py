@@ -28,9 +28,10 @@ __all__ = [
 ]  # fmt: skip
 
 DEFAULT_BLOCK_SIZE = 128
-DEFAULT_EXCLUDE = ("/lm_head",)
-"""ModelOpt's default ``nodes_to_exclude``: ours for models that are not LLMs. An LLM's default quantizes its head
-(:meth:`Int4Options.use_llm_defaults`); ``--nodes_to_exclude /lm_head`` gives ModelOpt's behaviour back."""
+DEFAULT_EXCLUDE = (".*/lm_head",)
+"""ModelOpt's default ``nodes_to_exclude`` (its ``/lm_head``, written for ``re.match``): ours for models that are not
+LLMs. An LLM's default quantizes its head (:meth:`Int4Options.use_llm_defaults`); ``--nodes_to_exclude '.*/lm_head'``
+gives ModelOpt's behaviour back."""
 NO_DATA_LLM_METHOD = "awq_gptq"
 """The default method without calibration data for an LLM that writes its own calibration text (BENCHMARKS.md,
 "The default INT4 method without calibration data", compares it with kquant and awq_lite)."""
@@ -88,9 +89,9 @@ class Int4Options(_tool.QuantizationOptions):
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option(
         "the node name, its output name and its weight name",
-        "; give the flag with no pattern to quantize every layer (default: /lm_head, ModelOpt's; none under "
+        "; give the flag with no pattern to quantize every layer (default: '.*/lm_head', ModelOpt's; none under "
         "--size_budget_mb; for an LLM without layer options none, the embedding quantized too and the head at 8 bits: "
-        "--nodes_to_exclude /lm_head restores ModelOpt's behaviour)",
+        "--nodes_to_exclude '.*/lm_head' restores ModelOpt's behaviour)",
         flags=("--nodes_to_exclude", "-ne"),
     )
     quantize_embeddings: bool = option(
@@ -139,8 +140,8 @@ class Int4Options(_tool.QuantizationOptions):
         "the data per few inputs instead of per --stats_memory_mb).",
     )
     layers_8bit: Sequence[str] | None = regexes_option(
-        "Regexes (re.search, like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
-        "instead (they win over --nodes_to_exclude, e.g. --layers_8bit lm_head)."
+        "Regexes (like --nodes_to_exclude) of MatMul, Gemm or Gather layers quantized to INT8 "
+        "instead (they win over --nodes_to_exclude, e.g. --layers_8bit '.*lm_head')."
     )
     block_size_8bit: int | None = option(
         None,

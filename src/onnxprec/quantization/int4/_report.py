@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from onnxprec._report import json_number
-from onnxprec.quantization._tool import QuantizationReportBase, json_start
+from onnxprec.quantization._tool import QuantizationReportBase, checked, json_start
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 
 __all__ = ["Int4Report", "LayerReport"]
@@ -94,6 +94,8 @@ class Int4Report(QuantizationReportBase):
             text += f"; {len(self.excluded)} excluded"
         if self.in_subgraphs:
             text += "; " + self.subgraph_text()
+        if self.check:
+            text += f"; {checked(self.check)}"
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +127,7 @@ class Int4Report(QuantizationReportBase):
             "skipped": [{"node": node, "reason": reason} for node, reason in self.skipped],
             "genai": None if self.genai is None else self.genai.to_json(),
             "ort_only_nodes": self.ort_only,
+            "accuracy_check": json_number(self.check),
             "layers": [entry.to_json() for entry in self.layers],
             "size_budget": None if self.budget is None else self.budget.to_json(),
         }

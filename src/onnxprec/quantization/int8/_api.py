@@ -16,11 +16,12 @@ The pipeline, one step each::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
@@ -29,7 +30,7 @@ from onnxprec._graph import NameAllocator, all_graphs
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset
 from onnxprec._ort_profile import unfused_qdq
-from onnxprec.accuracy import ReferenceOutputs
+from onnxprec.accuracy import ReferenceOutputs, output_producers
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
@@ -45,7 +46,8 @@ from onnxprec.passes.cancel_transposes import CancelTransposesPass, CancelTransp
 from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass, FoldAffineIntoWeightsResult
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
 from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
-from onnxprec.quantization._tool import QuantizationTool, check_float_model, nothing_to_quantize
+from onnxprec.quantization import guard
+from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8 import fallback
 from onnxprec.quantization.int8._options import Int8Options
@@ -54,10 +56,13 @@ from onnxprec.quantization.int8.decide import Decisions, Statistics, build, deci
 from onnxprec.quantization.int8.emulation import Int8Emulator
 from onnxprec.quantization.int8.fallback import estimated_sensitivity, measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
-from onnxprec.quantization.int8.place import Plan
+from onnxprec.quantization.int8.place import WEIGHT_OPS, Plan, pattern_names
 from onnxprec.quantization.int8.rewrite import fold_casts_into_qdq
 from onnxprec.reference import run_reference
 from onnxprec.validate import check_structure
+
+if TYPE_CHECKING:
+    from onnxprec.accuracy import AccuracyTarget, Measurement, Producer
 
 __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", "quantize_model"]
 
@@ -144,26 +149,40 @@ def _observers(
 
 
 def _calibrate(
-    model: ir.Model, plan: Plan, options: Int8Options, report: Int8Report, keep: Any
-) -> tuple[Statistics, CalibrationData | None]:
-    """One pass over the calibration data (or realistic random data) with every observer the decisions need."""
+    model: ir.Model, plan: Plan, options: Int8Options, report: Int8Report, keep: ReferenceOutputs
+) -> tuple[Statistics, CalibrationData | None, ReferenceOutputs | None]:
+    """One pass over the calibration data (or realistic random data) with every observer the decisions need, the
+    float outputs of each run kept in ``keep``; the held-out runs (the last quarter of 8 or more,
+    :meth:`~onnxprec.calibration_data.CalibrationData.held_out`) are only run for their float outputs.
+
+    Returns:
+        The statistics, the data (to close once the outputs are no longer needed) and the held-out float outputs.
+    """
     hist, channels, samples, hessians = _observers(plan, options)
     wanted = set(hist.names or ()) | set(channels.axes) | set(samples.names or ())
     held: list[CalibrationData] = []
+    held_out: list[ReferenceOutputs] = []
 
     def run(data: CalibrationData) -> None:
-        observers: list[Observer] = [hist, channels, samples, hessians]
-        if keep is not None:
-            observers.append(keep.observer(model, data))
-            held.append(data)
+        held.append(data)
+        calibration, rest = data.held_out()
+        observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(model, calibration)]
         result = run_reference(
             model,
-            data,
+            calibration,
             select=lambda value: str(value.name) in wanted,
             observers=observers,
             providers=list(options.calibration_eps),
         )
-        report.calibration.update({"batches": result.num_batches, "samples": data.samples, "random": data.random})
+        report.calibration.update(
+            {"batches": result.num_batches, "samples": calibration.samples, "random": data.random}
+        )
+        if rest is not None:
+            outputs = ReferenceOutputs()
+            run_reference(model, rest, select=(), observers=[outputs.observer(model, rest)],
+                          providers=list(options.calibration_eps))  # fmt: skip
+            held_out.append(outputs)
+            report.calibration["held_out_batches"] = rest.batches
 
     fitted = plan.static_tensors or options.smoothquant or options.outlier_channels or options.bias_correction
     if options.source is None and (fitted or options.target_accuracy is not None):  # not for weights alone
@@ -173,10 +192,10 @@ def _calibrate(
         )
     shapes = calibration.parse_input_shapes(options.input_shapes)
     run_on_data(
-        model, options.source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size,
-        keep=keep is not None,
+        model, options.source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size, keep=True
     )  # fmt: skip
-    return Statistics(hist.histograms, channels, samples, hessians), (held[0] if held else None)
+    stats = Statistics(hist.histograms, channels, samples, hessians)
+    return stats, (held[-1] if held else None), (held_out[-1] if held_out else None)
 
 
 def _costs(plan: Plan, stats: Statistics) -> dict[str, float]:
@@ -261,6 +280,13 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     declared = _declared_shapes(model) if options.runtime != "ort-cpu" else set()
     report.structure = _sanitize(model, options)
     plan = plan_for(model, options)
+    check_selection(
+        model,
+        {"nodes_to_exclude": options.exclude_patterns, "nodes_to_quantize": options.include_patterns},
+        {"op_types_to_quantize": options.op_types_to_quantize, "op_types_to_exclude": options.op_types_to_exclude},
+        WEIGHT_OPS,
+        pattern_names,
+    )
     report.excluded, report.skipped = plan.excluded, plan.skipped
     report.in_subgraphs = dict(plan.in_subgraphs)
     if not plan.layers:
@@ -277,9 +303,12 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     )  # fmt: skip
 
     tick = time.perf_counter()
-    keep = ReferenceOutputs() if target is not None else None
-    stats, data = _calibrate(model, plan, options, report, keep)
+    keep = ReferenceOutputs()  # every result is measured against the float outputs (nothing silent)
+    stats, data, held_out = _calibrate(model, plan, options, report, keep)
     report.seconds["calibration"] = time.perf_counter() - tick
+    producers = output_producers(model)  # each output's task metric follows the op that writes it
+    if target is None and options.accuracy_guard:
+        target = guard.RANKING  # the float fallback runs until the guard's verdict holds
     try:
         tick = time.perf_counter()
         decisions = decide(model, plan, stats, options)
@@ -290,56 +319,130 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         del stats
         report.seconds["decisions"] = time.perf_counter() - tick
         float_layers: list[str] = []
-        if target is not None and keep is not None:
+        if target is not None and options.max_float_compute > 0:  # 0: no layer may go back to float
             tick = time.perf_counter()
-            names = [layer.name for layer in plan.layers if layer.name in decisions.layers]
-
-            def check(floats: Collection[str]) -> Any:
-                candidate, _ = _apply(model, options, decisions, floats)
-                return measure(candidate, target, keep, list(options.calibration_eps))
-
-            with contextlib.ExitStack() as stack:
-                emulators: list[Int8Emulator] = []
-
-                def emulate(floats: Collection[str]) -> Any:  # one session, built once the all-INT8 model missed
-                    if not emulators:
-                        emulators.append(stack.enter_context(
-                            Int8Emulator(model, plan, decisions, options, names, list(options.calibration_eps))
-                        ))  # fmt: skip
-                    return emulators[0].measure(floats, target, keep)
-
-                def release() -> None:  # before the real checks: the two sessions are never held together
-                    stack.close()
-                    emulators.clear()
-
-                # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
-                emulated = fallback.emulates([layer for layer in plan.layers if layer.name in decisions.layers])
-                float_layers, final = search(
-                    names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute,
-                    emulate if emulated else None, release,
-                )  # fmt: skip
-            report.accuracy = worst_errors(final)
+            float_layers = _search(model, options, plan, decisions, target, producers, keep, proxy, cost, report)
             report.seconds["target search"] = time.perf_counter() - tick
+        result, applied = _apply(model, options, decisions, float_layers)
+        report.static_tensors = len(applied.static_tensors)
+        report.passthrough = [str(node.name) for node in applied.passthrough]
+        fallen = set(float_layers)
+        for layer in plan.layers:
+            entry = decisions.layers[layer.name].entry
+            if entry is None:
+                continue
+            if layer.name in fallen:
+                entry.mode = "float"
+                entry.info["fallback"] = f"kept in float for {report.target or 'the accuracy guard'}"
+            report.layers.append(entry)
+        if options.float_type != "fp32":
+            result = _autocast(result, options, report)
+        _forget_inferred_shapes(result, declared)
+        report.ort_only = check_structure(result)
+        tick = time.perf_counter()
+        _check(result, options, producers, keep, held_out, report)
+        report.seconds["accuracy check"] = time.perf_counter() - tick
     finally:
         if data is not None:
             data.close()
-    result, applied = _apply(model, options, decisions, float_layers)
-    report.static_tensors = len(applied.static_tensors)
-    report.passthrough = [str(node.name) for node in applied.passthrough]
-    fallen = set(float_layers)
-    for layer in plan.layers:
-        entry = decisions.layers[layer.name].entry
-        if entry is None:
-            continue
-        if layer.name in fallen:
-            entry.mode = "float"
-            entry.info["fallback"] = f"kept in float for {target}"
-        report.layers.append(entry)
-    if options.float_type != "fp32":
-        result = _autocast(result, options, report)
-    _forget_inferred_shapes(result, declared)
-    report.ort_only = check_structure(result)
     return result, report
+
+
+def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
+    """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
+    where = ["calibration data", "held-out runs"]
+    measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
+    text = f"INT8 result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
+    steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
+    ranked: list[str] = steps[-1] if steps else []
+    floats = report.count("float")
+    if ranked:
+        text += f"; the error is carried most by {', '.join(repr(n) for n in ranked[:4])}"
+    text += f"; {floats} layers in float within --max_float_compute did not meet it" if floats else ""
+    if report.calibration.get("random"):
+        text += "; measured on random data: pass representative inputs (--calibration_data)"
+    return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"
+
+
+def _search(
+    model: ir.Model,
+    options: Int8Options,
+    plan: Plan,
+    decisions: Decisions,
+    target: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+    proxy: dict[str, float],
+    cost: dict[str, float],
+    report: Int8Report,
+) -> list[str]:
+    """The float fallback: the fewest most sensitive layers in float for ``target`` (the user's, or the guard's,
+    whose verdict is the task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
+    names = [layer.name for layer in plan.layers if layer.name in decisions.layers]
+    own = options.target is None  # the guard's target: its verdict is per output kind
+
+    def check(floats: Collection[str]) -> Measurement:
+        candidate, _ = _apply(model, options, decisions, floats)
+        if not own:
+            return measure(candidate, target, keep, list(options.calibration_eps))
+        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target)
+        return dataclasses.replace(checked.measurement, ok=checked.ok)
+
+    with contextlib.ExitStack() as stack:
+        emulators: list[Int8Emulator] = []
+
+        def emulate(floats: Collection[str]) -> Any:  # one session, built once the all-INT8 model missed
+            if not emulators:
+                emulators.append(stack.enter_context(
+                    Int8Emulator(model, plan, decisions, options, names, list(options.calibration_eps))
+                ))  # fmt: skip
+            return emulators[0].measure(floats, target, keep)
+
+        def release() -> None:  # before the real checks: the two sessions are never held together
+            stack.close()
+            emulators.clear()
+
+        # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
+        emulated = fallback.emulates([layer for layer in plan.layers if layer.name in decisions.layers])
+        float_layers, _ = search(
+            names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute,
+            emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
+        )  # fmt: skip
+    return float_layers
+
+
+def _check(
+    result: ir.Model,
+    options: Int8Options,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+    held_out: ReferenceOutputs | None,
+    report: Int8Report,
+) -> None:
+    """Measures the result as it will be saved on the calibration runs and the held-out ones, records it, and, with
+    the guard on, records the guard's one line when the result misses the bound (:class:`AccuracyGuardError` is
+    raised once the model is written); with it off, a WARNING says so."""
+    providers = list(options.calibration_eps)
+    checked = [guard.measure_task(result, keep, producers, providers)]
+    if held_out is not None:
+        checked.append(guard.measure_task(result, held_out, producers, providers))
+    report.accuracy = worst_errors(checked[0].measurement)
+    passed = all(c.ok for c in checked)
+    report.check = {
+        "random_data": bool(report.calibration.get("random")),
+        "guard": "on" if options.accuracy_guard else "off",
+        "bound": guard.describe_bounds(checked[0].summary),
+        "passed": passed,
+        "calibration": checked[0].to_json(),
+        "held_out": checked[1].to_json() if len(checked) > 1 else None,
+    }
+    if passed:
+        return
+    line = _guard_line(report, checked)
+    if options.accuracy_guard:
+        report.guard_failure = line
+    else:
+        logger.warning("%s", line)
 
 
 def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.Model:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from onnxprec._report import fields_of, json_number
-from onnxprec.quantization._tool import QuantizationReportBase, json_start
+from onnxprec.quantization._tool import QuantizationReportBase, checked, json_start
 
 __all__ = ["Int8Report", "LayerEntry", "unfused_text"]
 
@@ -72,7 +72,7 @@ class Int8Report(QuantizationReportBase):
     passthrough: list[str] = field(default_factory=list)
     target: str | None = None
     accuracy: dict[str, Any] = field(default_factory=dict)
-    """The outputs' errors against the float model on the calibration data (the final model)."""
+    """The outputs' worst errors against the float model on the calibration data (the final model)."""
     fallback_steps: list[dict[str, Any]] = field(default_factory=list)
     structure: dict[str, int] = field(default_factory=dict)
     """What sanitizing folded: same-type Casts, layout Transposes (net), per-channel Add/Sub/Mul/Div."""
@@ -98,8 +98,10 @@ class Int8Report(QuantizationReportBase):
         if split or smoothed:
             text += f"; {split} with outlier channels in float, {smoothed} smoothed"
         if self.count("float"):
-            text += f"; {self.count('float')} kept in float for {self.target}"
-        if self.accuracy:
+            text += f"; {self.count('float')} kept in float for {self.target or 'the accuracy guard'}"
+        if self.check:
+            text += f"; {checked(self.check)}"
+        elif self.accuracy:
             shown = ", ".join(f"{k} {v:.4g}" for k, v in self.accuracy.items() if isinstance(v, float))
             text += f"; on calibration data {shown}"
         if self.autocast:
@@ -140,6 +142,7 @@ class Int8Report(QuantizationReportBase):
                 "in_subgraphs": sum(self.in_subgraphs.values()),
             },
             "accuracy": json_number(self.accuracy),
+            "accuracy_check": json_number(self.check),
             "fallback_steps": [json_number(step) for step in self.fallback_steps],
             "calibration": json_number(self.calibration),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},

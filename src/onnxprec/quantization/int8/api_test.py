@@ -196,7 +196,7 @@ def test_two_int8_parts_for_pointwise_convs_too_few_rows_for_gptq(tmp_path: Path
     for two in (False, True):
         out = tmp_path / f"q{int(two)}.onnx"
         report = quantize_file(source, out, calibration_data=data, target_accuracy=None,
-                               nodes_to_quantize=["project"], two_part_weights=two)  # fmt: skip
+                               nodes_to_quantize=[".*project"], two_part_weights=two)  # fmt: skip
         rounding = {e.name: e.info["rounding"] for e in report.layers}
         expected = "rtn, two INT8 parts" if two else "rtn"
         assert rounding == {"/b1/project/Conv": expected, "/b2/project/Conv": expected}
@@ -421,7 +421,8 @@ def test_a_decoder_with_a_kv_cache_is_w8a8_in_integer_kernels(tmp_path: Path, at
     ids = np.random.default_rng(0).integers(0, 64, (8, 12)).astype(np.int64)
     np.save(tmp_path / "calibration.npy", ids[:4])
     np.save(tmp_path / "evaluation.npy", ids[4:])
-    report = quantize_file(source, out, calibration_data=tmp_path / "calibration.npy")
+    # a random-weight decoder's logits: cosine 0.984 on its 4 calibration windows, under the guard's 0.99
+    report = quantize_file(source, out, calibration_data=tmp_path / "calibration.npy", accuracy_guard=False)
     assert report.count("dynamic") == matmuls and report.count("float") == 0
     result = evaluate_models([source, out], tmp_path / "evaluation.npy", latency_runs=0, profile_runs=1)
     kernels = result["decoder_int8"].kernels

@@ -13,7 +13,7 @@ import pytest
 
 from onnxprec._io import load_model
 from onnxprec._ort import create_session
-from onnxprec.accuracy import MAX_REAL_CHECKS
+from onnxprec.accuracy import MAX_REAL_CHECKS, ReferenceOutputs
 from onnxprec.quantization._testing import correlated, mlp, tiny_cnn
 from onnxprec.quantization.int8 import _api, quantize_file
 from onnxprec.quantization.int8._options import Int8Options
@@ -40,7 +40,10 @@ def _prepared(
     model = load_model(path)
     _api._sanitize(model, options)
     plan = plan_for(model, options)
-    stats, _ = _api._calibrate(model, plan, options, Int8Report("ort-cpu", options.method, "fp32"), None)
+    report = Int8Report("ort-cpu", options.method, "fp32")
+    stats, data, _ = _api._calibrate(model, plan, options, report, ReferenceOutputs())
+    if data is not None:
+        data.close()
     return model, plan, decide(model, plan, stats, options), options
 
 

@@ -138,6 +138,8 @@ def search(
     max_float_compute: float = 1.0,
     emulate: Callable[[Collection[str]], Measurement] | None = None,
     release: Callable[[], None] | None = None,
+    *,
+    miss_level: int = logging.WARNING,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -157,6 +159,7 @@ def search(
             is real.
         release: Called once the emulation is no longer needed (before the real checks of its choice): frees its
             session, so that it and the real model's are never held together.
+        miss_level: The level of the line that says the target is not met (the accuracy guard says it itself).
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
@@ -216,13 +219,14 @@ def search(
         steps.append({"what": f"gain of each layer alone in float ({metric})", "checks": len(layers)})
     else:
         sensitivity = {name: proxy.get(name, 0.0) for name in layers}
-    order = rank(sensitivity, layers, positive=True)
+    order = ranked = rank(sensitivity, layers, positive=True)
+    steps.append({"what": "most sensitive layers", "layers": ranked[:8]})  # the layers that carry the error
     if cost and max_float_compute < 1.0:  # the most sensitive layers that fit in the compute budget, in order
         order = within(order, cost, max_float_compute * (sum(cost.get(name, 0.0) for name in layers) or 1.0))
     if not order:
-        logger.warning(
-            "The accuracy target %s is not met (%s) and no layer's float form helps", target, first.summary()
-        )
+        why = f"--max_float_compute {max_float_compute:g} allows no layer in float" if ranked else (
+            "no layer's float form helps")  # fmt: skip
+        logger.log(miss_level, "The accuracy target %s is not met (%s) and %s", target, first.summary(), why)
         return [], first
     checked: dict[int, Measurement] = {}
 
@@ -240,7 +244,8 @@ def search(
     else:
         best = checked.get(high) or real(order[:high], f"{high} most sensitive in float")
     if not best.ok:
-        logger.warning(
+        logger.log(
+            miss_level,
             "The accuracy target %s is not met (%s) with the %d most sensitive layers in float, all that "
             "--max_float_compute %g allows", target, best.summary(), high, max_float_compute,
         )  # fmt: skip

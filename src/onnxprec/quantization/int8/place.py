@@ -47,9 +47,10 @@ import onnx_ir as ir
 
 from onnxprec._graph import subgraph_nodes
 from onnxprec._ops import is_default_domain
+from onnxprec._options import first_match
 from onnxprec.passes.fold_pad_into_conv import constant_value
 
-__all__ = ["RUNTIMES", "STATIC_PASSTHROUGH_OPS", "WEIGHT_OPS", "Layer", "Plan", "place"]
+__all__ = ["RUNTIMES", "STATIC_PASSTHROUGH_OPS", "WEIGHT_OPS", "Layer", "Plan", "pattern_names", "place"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,9 +152,13 @@ def _weight_layer(node: ir.Node) -> tuple[ir.Value | None, int, str]:
     return weight, 1, ""
 
 
+def pattern_names(node: ir.Node) -> list[str]:
+    """What ``nodes_to_exclude`` / ``nodes_to_quantize`` match (``re.match``): the node's name and output names."""
+    return [str(node.name or ""), *(str(v.name) for v in node.outputs if v.name)]
+
+
 def _matches(node: ir.Node, patterns: Sequence[re.Pattern[str]]) -> str | None:
-    names = [str(node.name or ""), *(str(v.name) for v in node.outputs if v.name)]
-    return next((p.pattern for p in patterns if any(p.search(n) for n in names)), None)
+    return first_match(patterns, pattern_names(node))
 
 
 def _through_layout(value: ir.Value | None, found: Callable[[ir.Value], bool]) -> ir.Value | None:
@@ -308,8 +313,8 @@ def place(
         activations: ``auto`` (ort-cpu: dynamic MatMul/Gemm, static Conv), ``static`` or ``dynamic`` (MatMul/Gemm).
         op_types_to_quantize: Only these op types (None: all supported).
         op_types_to_exclude: Never these op types.
-        nodes_to_quantize: Only nodes whose name or output name matches one of these (empty: all).
-        nodes_to_exclude: Never nodes whose name or output name matches one of these.
+        nodes_to_quantize: Only nodes whose name or output name matches (``re.match``) one of these (empty: all).
+        nodes_to_exclude: Never nodes whose name or output name matches (``re.match``) one of these.
         float_linear_outputs: ort-cpu: a static pointwise Conv whose output no activation clips and a float op
             reads (a MobileNet's project Conv before a residual Add) writes a float output by
             ``MatMulIntegerToFloat``, so the residual stream stays float.

@@ -1,0 +1,134 @@
+"""The quantizers' default accuracy check and guard: how a result is measured, and the bound it must keep.
+
+Every quantizer measures its result against the float model on the calibration inputs (and on the held-out runs,
+:meth:`onnxprec.calibration_data.CalibrationData.held_out`) and says it in its summary line and report, with the
+task metric that follows each output (:mod:`onnxprec.accuracy`'s :class:`~onnxprec.accuracy.TaskMetrics`: argmax
+agreement for class scores, per-step agreement for ``[N, T, C]`` sequences, decision agreement or mask IoU after a
+Sigmoid, cosine otherwise).
+
+INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS`):
+
+- classes and labels: agreement >= 0.98 (issue 24's classification bound: top-1 agreement >= 98 %);
+- sequences (a CTC recognizer's Softmax over ``[N, T, C]``), positions (segmentation) and binary decisions (a VAD's
+  speech probability): agreement >= 0.95 (one flipped step in 20 changes a decoded string; a decision near 0.5 flips
+  with any error);
+- masks (a text detector's Sigmoid map): IoU >= 0.9;
+- values (embeddings, boxes, hidden states, audio) and a language model's ``[N, T, vocab]`` logits (named like
+  logits, not a Softmax: its near-tied argmaxes flip at a cosine of 0.9994 in a random-weight test model): cosine
+  >= 0.99 (issue 24's embedding bound).
+
+A decoder's ``present.*`` KV cache outputs are measured but not judged (state for the next step, judged through the
+logits). Issue 24's OCR detector at cosine 0.63 (its map's IoU far below 0.9) is destroyed; MiniLM at cosine 0.9991 is
+not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, TaskMetrics, measure_outputs
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from onnxprec.accuracy import OutputMetric, Producer, TaskSummary
+
+__all__ = ["DEFAULT_BOUNDS", "RANKING", "Checked", "bound_of", "describe_bounds", "holds", "measure_task"]
+
+DEFAULT_BOUNDS: dict[str, float] = {
+    "classes": 0.98,
+    "labels": 0.98,
+    "sequence": 0.95,
+    "positions": 0.95,
+    "binary": 0.95,
+    "mask": 0.90,
+    "values": 0.99,
+}
+"""Output kind (:data:`onnxprec.accuracy.Kind`) -> the lowest task metric INT8's guard accepts (module docstring)."""
+
+RANKING = AccuracyTarget.parse("cosine>=-1")
+"""The target the float fallback searches with under the guard: it always holds (the guard's verdict replaces it),
+and ranks layers by the smooth cosine of the outputs."""
+
+_STATE = re.compile(r"present")
+
+
+def bound_of(output: OutputMetric) -> tuple[str, float] | None:
+    """(metric, lowest value) the guard holds ``output`` to, or None for an output it does not judge."""
+    if _STATE.match(output.name):
+        return None
+    if output.kind == "sequence" and output.why == "named like logits":  # a language model's logits
+        return "cosine", DEFAULT_BOUNDS["values"]
+    return output.metric, DEFAULT_BOUNDS[output.kind]
+
+
+def holds(summary: TaskSummary) -> bool:
+    """Whether every judged output keeps its bound (a non-finite error never does)."""
+    for output in summary.outputs:
+        bound = bound_of(output)
+        if bound is None:
+            continue
+        metric, lowest = bound
+        value = output.cosine if metric == "cosine" else output.value
+        if output.rel_l2 is not None and not output.rel_l2 < float("inf"):
+            return False
+        if value is not None and not value >= lowest:
+            return False
+    return True
+
+
+def describe_bounds(summary: TaskSummary) -> str:
+    """The bounds the guard holds the outputs to, e.g. ``logits top1 >= 0.98``."""
+    parts = []
+    for output in summary.outputs:
+        bound = bound_of(output)
+        if bound is not None:
+            parts.append(f"{output.name} {bound[0]} >= {bound[1]:g}")
+    return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more" if len(parts) > 4 else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A result measured on one set of runs: the errors (:class:`~onnxprec.accuracy.Measurement`), the task
+    metrics, and the number of runs."""
+
+    measurement: Measurement
+    summary: TaskSummary
+    runs: int
+
+    @property
+    def ok(self) -> bool:
+        return holds(self.summary)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": self.runs, "metric": self.summary.describe(), **self.summary.to_json()}
+
+
+def measure_task(
+    model: ir.Model,
+    kept: ReferenceOutputs,
+    producers: Mapping[str, Producer | None],
+    providers: Sequence[str] | None = None,
+    target: AccuracyTarget = RANKING,
+) -> Checked:
+    """Runs ``model`` (optimized as ONNX Runtime will run it) on every kept batch: its errors against ``target`` and
+    its task metrics against the float outputs, in one pass."""
+    from onnxprec import _ort
+
+    tick = time.perf_counter()
+    session = _ort.create_session(model, providers=providers, optimization="all", what="the quantized model")
+    metrics = TaskMetrics(producers)
+    references = iter(kept.outputs)
+
+    def run(batch: dict[str, Any]) -> dict[str, Any]:
+        outputs = dict(zip(session.output_names, session.run(batch)))
+        metrics.update(next(references), outputs)
+        return outputs
+
+    measurement = measure_outputs(target, kept, run)
+    measurement = dataclasses.replace(measurement, seconds=time.perf_counter() - tick)
+    return Checked(measurement, metrics.summary(), len(kept.outputs))
