@@ -4,6 +4,7 @@ quantizers); run there as ``python _bigllm_venv.py STEP ...`` by :mod:`zoo.bigll
     gguf2hf GGUF OUT            dequantize a qwen2 GGUF into an FP32 Hugging Face folder, one tensor at a time
     tokenize HF OUT.npz SPEC    token windows of the text files a JSON spec names (see zoo.bigllm.text_spec)
     ort_int4 IN OUT METHOD      ONNX Runtime's MatMulNBitsQuantizer: rtn (block 32, symmetric) or k_quant
+    generate IDS.npy ROUNDS DIR...  onnxruntime-genai decode tokens/s and prefill ms of builder-style folders
 """
 
 from __future__ import annotations
@@ -152,7 +153,52 @@ def ort_int4(src: str, dst: str, method: str) -> None:
     print(f"quantized in {time.time() - t0:.0f} s; data {produced.name} exists: {produced.exists()}")
 
 
+def generate(ids_npy: str, rounds: str, *folders: str) -> None:
+    """onnxruntime-genai on the CPU, the folders alternating round by round: greedy decode of 64 new tokens after a
+    short prompt (tokens/s of the new tokens) and the prefill of each ``[N, S]`` window of ``ids_npy`` (ms: the
+    prompt's forward pass and the first new token); one JSON line per folder with the medians, the rounds and the
+    start of the generated text."""
+    import onnxruntime_genai as og
+
+    prompts = np.load(ids_npy)
+    results: dict[str, dict[str, list[float]]] = {f: {"decode": [], "prefill": []} for f in folders}
+    texts: dict[str, str] = {}
+    for _ in range(int(rounds)):
+        for folder in folders:
+            model = og.Model(folder)
+            tokenizer = og.Tokenizer(model)
+            params = og.GeneratorParams(model)
+            params.set_search_options(max_length=200, do_sample=False)
+            gen = og.Generator(model, params)
+            gen.append_tokens(tokenizer.encode('def quicksort(items):\n    """Sort a list of numbers."""\n'))
+            gen.generate_next_token()
+            t0, count = time.perf_counter(), 0
+            while not gen.is_done() and count < 64:
+                gen.generate_next_token()
+                count += 1
+            results[folder]["decode"].append(count / (time.perf_counter() - t0))
+            texts[folder] = tokenizer.decode(gen.get_sequence(0))[:200]
+            del gen
+            for window in prompts:
+                params = og.GeneratorParams(model)
+                params.set_search_options(max_length=len(window) + 1, do_sample=False)
+                gen = og.Generator(model, params)
+                t0 = time.perf_counter()
+                gen.append_tokens(window.astype(np.int32))
+                gen.generate_next_token()
+                results[folder]["prefill"].append(1000 * (time.perf_counter() - t0))
+                del gen
+            del model
+    for folder, r in results.items():
+        row = {"folder": folder, "decode_tokens_per_s": float(np.median(r["decode"])),
+               "prefill_ms": float(np.median(r["prefill"])), "prefill_tokens": int(prompts.shape[1]),
+               "rounds": r, "text": texts[folder]}  # fmt: skip
+        print(json.dumps(row), flush=True)
+
+
 if __name__ == "__main__":
-    steps: dict[str, Callable[..., None]] = {"gguf2hf": gguf2hf, "tokenize": tokenize, "ort_int4": ort_int4}
+    steps: dict[str, Callable[..., None]] = {
+        "gguf2hf": gguf2hf, "tokenize": tokenize, "ort_int4": ort_int4, "generate": generate,
+    }  # fmt: skip
     step, *args = sys.argv[1:]
     steps[step](*args)

@@ -23,7 +23,7 @@ import functools
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -295,22 +295,32 @@ class TokenSampleObserver(_Sampling):
     output samples line up).
     """
 
-    def __init__(self, max_tokens: int = 512, names: Collection[str] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        max_tokens: int = 512,
+        names: Collection[str] | None = None,
+        seed: int = 0,
+        dtype: np.dtype[Any] | type[np.floating[Any]] = np.float32,
+    ) -> None:
         super().__init__(max_tokens, names, seed)
         self._samples: dict[str, np.ndarray] = {}
+        self.dtype = np.dtype(dtype)
+        """Storage type of the rows (float16 halves the memory of samples that are only scored on)."""
 
     def update(self, name: str, array: np.ndarray) -> None:
         if not self.wants(name):
             return
         rows = _rows(array)
+        if rows.dtype != self.dtype:
+            rows = rows.astype(self.dtype)
         sample = self._samples.get(name)
         if sample is None:
-            sample = np.empty((0, rows.shape[1]), dtype=np.float32)
+            sample = np.empty((0, rows.shape[1]), dtype=self.dtype)
         sample, self._seen[name], _ = _reservoir(sample, rows, self._seen.get(name, 0), self.max_tokens, self.seed)
         self._samples[name] = sample
 
     def sample(self, name: str) -> np.ndarray:
-        """``[tokens, channels]`` float32 (fewer than ``max_tokens`` rows if fewer were seen)."""
+        """``[tokens, channels]`` of :attr:`dtype` (fewer than ``max_tokens`` rows if fewer were seen)."""
         return self._samples[name]
 
     def seen(self, name: str) -> int:

@@ -54,12 +54,18 @@ class Float32GramObserver(GramObserver):
         return (rows.T @ rows).astype(np.float64)
 
 
+SAMPLE_DTYPE = np.float16
+"""Storage of the token samples (AWQ's scale and clip searches score on them in float32, one group at a time): half
+the bytes of float32, so a billion-parameter model's samples need half the passes over the data."""
+
+
 def stats_bytes(group: InputGroup, spec: MethodSpec, sample_tokens: int) -> int:
-    """Bytes the statistics of ``group`` take (float64 Gram, float32 token sample, float64 channel sums)."""
+    """Bytes the statistics of ``group`` take (float64 Gram, :data:`SAMPLE_DTYPE` token sample, float64 channel
+    sums)."""
     k = group.k
     total = 16 * k
     if spec.needs_sample:
-        total += 4 * sample_tokens * k
+        total += np.dtype(SAMPLE_DTYPE).itemsize * sample_tokens * k
     if spec.needs_gram:
         total += 8 * k * k
     return total
@@ -153,7 +159,7 @@ def collect_stats(
     sinks = _sinks(model, names)
     calibration_model = pruned_copy(model, sinks) if sinks else model
     absmean = ChannelAbsMeanObserver(names) if spec.needs_absmean else None
-    sample = TokenSampleObserver(sample_tokens, names) if spec.needs_sample else None
+    sample = TokenSampleObserver(sample_tokens, names, dtype=SAMPLE_DTYPE) if spec.needs_sample else None
     gram = Float32GramObserver(names) if spec.needs_gram else None
     observers: list[Observer] = [o for o in (absmean, sample, gram) if o is not None]
     wanted = set(names) - set(sinks)

@@ -222,10 +222,14 @@ class GroupStats:
     absmean: np.ndarray | None = None
     """``[K]`` mean ``|x|`` per input channel."""
     sample: np.ndarray | None = None
-    """``[T, K]`` sampled tokens."""
+    """``[T, K]`` sampled tokens (float16 or float32 as stored; :meth:`tokens_f32` for the math)."""
     gram: np.ndarray | None = None
     """``[K, K]`` float64 ``XᵀX`` over every token."""
     tokens: int = 0
+
+    def tokens_f32(self) -> np.ndarray | None:
+        """The token sample as float32 (a copy when it is stored in float16)."""
+        return None if self.sample is None else self.sample.astype(np.float32, copy=False)
 
 
 @dataclass
@@ -258,7 +262,8 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: Arr
         backend.release()
         return _relative(num, den)
     if stats.sample is not None and stats.sample.shape[0]:
-        x = stats.sample
+        x = stats.tokens_f32()
+        assert x is not None
         num = float(np.square(x @ diff, dtype=np.float64).sum())
         den = float(np.square(x @ w, dtype=np.float64).sum())
         return _relative(num, den)
@@ -337,11 +342,12 @@ def decide_group(
     scales: np.ndarray | None = None
     alpha: float | None = None
     if spec.awq_scales and awq_allowed:
-        assert stats.absmean is not None and stats.sample is not None
+        sample = stats.tokens_f32()
+        assert stats.absmean is not None and sample is not None
         result = awq_lite(
-            weights, stats.absmean, stats.sample, min(blocks), grid, alpha_grid=config.alpha_grid,
-            backend=config.backend,
-        )  # fmt: skip
+            weights, stats.absmean, sample, min(blocks), grid, alpha_grid=config.alpha_grid, backend=config.backend
+        )
+        del sample
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
     gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None
@@ -360,8 +366,9 @@ def decide_group(
         if gptq_results is not None:
             recipe.result = CompactWeight.of(gptq_results[index])
         elif spec.clip == "output":
-            assert stats.sample is not None
-            x = stats.sample if scales is None else stats.sample / scales[None, :]
+            x = stats.tokens_f32()
+            assert x is not None
+            x = x if scales is None else x / scales[None, :]
             recipe.clip_ratios = awq_clip(
                 scaled, x, blocks[index], grid, ratios=config.clip_ratios,
                 chunk_columns=config.clip_chunk_columns,

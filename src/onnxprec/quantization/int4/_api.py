@@ -296,6 +296,21 @@ def _sizes(target: Target, recipe: Recipe, output_format: str) -> tuple[int, int
     return target.k * target.n * int(target.dtype.itemsize), stored, ideal
 
 
+def _llm_head_bits(model: ir.Model, selection: Selection) -> None:
+    """An LLM's default: the weight of the MatMul that writes the logits at 8 bits, where 4 bits cost the most,
+    unless the embedding shares it (a tied table at 8 bits would take twice the bytes of onnxruntime-genai's
+    builder's INT4 table: SmolLM2 95 against 86.5 MB)."""
+    head = logits_head(model)
+    target = next((t for t in selection.targets for layer in t.layers if layer.name == head), None)
+    if target is not None and not target.gathers:
+        target.bits = 8
+    logger.info(
+        "An LLM without layer options: the embedding and the head are quantized too%s; --nodes_to_exclude '.*/lm_head' "
+        "keeps ModelOpt's default (head and embedding in float)",
+        "" if target is None else f", '{head}' at {target.bits} bits{' (tied)' if target.gathers else ''}",
+    )  # fmt: skip
+
+
 def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model, Int4Report]:
     """Runs the pipeline up to (not including) saving; the returned model's quantized weights are lazy tensors.
     ``options`` is left as given: the default method's choice for this model goes into a copy."""
@@ -309,17 +324,9 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     llm = options.llm_defaults and writes_text(model)
     if llm:
         options.use_llm_defaults()
+        config = options.quant_config()
+        report.output_format, report.block_size = options.format, config.block_size
     _sanitize(model, options)
-    if llm:
-        head = logits_head(model)
-        if head is not None:
-            options.use_8bit_head(head)
-        logger.info(
-            "An LLM without layer options: the embedding and the head are quantized too (%s at 8 bits), as %s; "
-            "--nodes_to_exclude '.*/lm_head' keeps ModelOpt's default (head and embedding in float)",
-            f"'{head}'" if head else "no single head found, none", options.format,
-        )  # fmt: skip
-        report.output_format = options.format
     selection = select_layers(
         model,
         exclude=options.exclude_patterns,
@@ -331,6 +338,8 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     excluded = [] if default else options.exclude_patterns
     patterns = {"nodes_to_exclude": excluded, "layers_8bit": options.eight_bit_patterns}
     check_selection(model, patterns, {}, ("MatMul", "Gemm", "Gather"), pattern_names)
+    if llm:
+        _llm_head_bits(model, selection)
     report.excluded, report.skipped = selection.excluded, selection.skipped
     report.in_subgraphs = dict(selection.in_subgraphs)
     if not selection.targets:

@@ -5,7 +5,6 @@ Imports nothing heavy, so the command line can print ``--help`` without loading 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +23,14 @@ from onnxprec.quantization import _tool
 from onnxprec.quantization._tool import EXTRAS
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "METHOD_NAMES", "NO_DATA_LLM_METHOD", "OUTPUT_FORMATS", "Int4Options",
+    "DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "LLM_BLOCK_SIZE", "METHOD_NAMES", "NO_DATA_LLM_METHOD", "OUTPUT_FORMATS",
+    "Int4Options",
 ]  # fmt: skip
 
 DEFAULT_BLOCK_SIZE = 128
+LLM_BLOCK_SIZE = 32
+"""An LLM's default block size (:meth:`Int4Options.use_llm_defaults`), as onnxruntime-genai's builder and ONNX
+Runtime's command line quantize."""
 DEFAULT_EXCLUDE = (".*/lm_head",)
 """ModelOpt's default ``nodes_to_exclude`` (its ``/lm_head``, written for ``re.match``): ours for models that are not
 LLMs. An LLM's default quantizes its head (:meth:`Int4Options.use_llm_defaults`); ``--nodes_to_exclude '.*/lm_head'``
@@ -85,13 +88,14 @@ class Int4Options(_tool.QuantizationOptions):
     )
     block_size: int | None = option(
         None,
-        help="Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel (default: 128).",
+        help="Weights per scale along K: a power of two >= 16, or -1 for one scale per output channel (default: 128; "
+        "32 for an LLM without layer options).",
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option(
         "the node name, its output name and its weight name",
         "; give the flag with no pattern to quantize every layer (default: '.*/lm_head', ModelOpt's; none under "
-        "--size_budget_mb; for an LLM without layer options none, the embedding quantized too and the head at 8 bits: "
-        "--nodes_to_exclude '.*/lm_head' restores ModelOpt's behaviour)",
+        "--size_budget_mb; for an LLM without layer options none, the embedding quantized too and an untied head at 8 "
+        "bits: --nodes_to_exclude '.*/lm_head' restores ModelOpt's behaviour)",
         flags=("--nodes_to_exclude", "-ne"),
     )
     quantize_embeddings: bool = option(
@@ -177,6 +181,7 @@ class Int4Options(_tool.QuantizationOptions):
         if self.calibration_method is None:
             self.calibration_method = "awq_lite" if self.calibration_data_reader is not None else "kquant"
         self.use_method(self.calibration_method)
+        self.block_given = self.block_size is not None
         if self.block_size is None:
             self.block_size = DEFAULT_BLOCK_SIZE
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool):
@@ -223,18 +228,16 @@ class Int4Options(_tool.QuantizationOptions):
     def use_llm_defaults(self) -> None:
         """The defaults for an LLM (a model with ``logits`` that writes its own text), which depart from ModelOpt's
         ``nodes_to_exclude=[r"/lm_head"]``: every MatMul quantized, the embedding too (a tied head shares its
-        table), written as MatMulNBits and GatherBlockQuantized unless ``output_format`` was given (ONNX Runtime
-        dequantizes a QDQ embedding table at every step on CPU); :meth:`use_8bit_head` then names the head."""
+        table), at block 32 (onnxruntime-genai's builder's) unless ``block_size`` was given, written as MatMulNBits
+        and GatherBlockQuantized unless ``output_format`` was given (ONNX Runtime dequantizes a QDQ embedding table
+        at every step on CPU). The pipeline then puts an untied head at 8 bits."""
         self.nodes_to_exclude = ()
         self.exclude_patterns = []
         self.quantize_embeddings = True
+        if not self.block_given:
+            self.block_size = LLM_BLOCK_SIZE
         if not self.format_given:
             self.output_format = "matmulnbits"
-
-    def use_8bit_head(self, head: str) -> None:
-        """The ``head`` node (the MatMul that writes an LLM's logits) at 8 bits, where 4 bits cost the most."""
-        self.layers_8bit = (f"^{re.escape(head)}$",)
-        self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
 
     def use_method(self, name: str) -> None:
         """Sets the calibration method (the default's choice once the model is known)."""

@@ -183,3 +183,22 @@ def test_llm_default_quantizes_embedding_and_head_with_the_head_at_8_bits() -> N
     gathers = [node for node in modelopt.graph.node if node.op_type == "Gather"]
     inits = {i.name for i in modelopt.graph.initializer}
     assert any(node.input[0] in inits for node in gathers)  # the float table is read directly
+
+
+def test_llm_default_keeps_a_tied_head_at_4_bits() -> None:
+    """A head tied to the embedding (equal content) is one table: at 8 bits it would take twice the builder's INT4
+    bytes, so it stays at 4 bits, read by the head's MatMulNBits and the GatherBlockQuantized."""
+    from onnx import numpy_helper
+
+    from onnxprec._testing import tiny_decoder
+
+    model = tiny_decoder(vocab=64, head_size=16)
+    inits = {init.name: init for init in model.graph.initializer}
+    table = numpy_helper.to_array(inits["embed"])
+    inits["lm_head"].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(table.T), "lm_head"))
+    result = quantize(model, calibration_method="rtn")
+    bits = [next(a.i for a in n.attribute if a.name == "bits") for n in result.graph.node
+            if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]  # fmt: skip
+    assert len(bits) == 6 and set(bits) == {4}  # 4 layers + the head, and the Gather of the same table
+    quantized = [i for i in result.graph.initializer if i.data_type == onnx.TensorProto.UINT8]
+    assert len(quantized) == 5  # the table is stored once
