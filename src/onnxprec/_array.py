@@ -155,7 +155,7 @@ def _cupy_backend(device: int, memory_limit: int) -> ArrayBackend | None:
         return None
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
-    except cupy.cuda.runtime.CUDARuntimeError as error:
+    except Exception as error:  # no driver (CUDARuntimeError), or a CUDA library this CuPy build cannot load
         logger.info("CuPy sees no GPU (%s): the arithmetic runs in numpy", error)
         return None
     if device >= count:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import sys
+import types
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -72,6 +76,82 @@ def test_namespace_follows_the_first_registered_device_array() -> None:
     _array.register_namespace(_Marker, fake)
     assert _array.namespace(w, _Marker()) is fake
     assert _array.namespace(_Marker(), w) is fake
+
+
+def _fake_cupy(devices: int, calls: list[tuple[object, ...]]) -> tuple[types.ModuleType, types.ModuleType]:
+    """Modules named cupy and cupyx with just what :func:`_array.backend` touches; ``devices < 0``: no driver."""
+
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    class Pool:
+        def set_limit(self, size: int) -> None:
+            calls.append(("limit", size))
+
+        def free_all_blocks(self) -> None:
+            calls.append(("free",))
+
+    class Device:
+        def __init__(self, device: int) -> None:
+            self.device = device
+
+        def use(self) -> None:
+            calls.append(("use", self.device))
+
+    class ndarray(np.ndarray):  # CuPy's name
+        pass
+
+    def device_count() -> int:
+        if devices < 0:
+            raise CUDARuntimeError("cudaErrorInsufficientDriver")
+        return devices
+
+    pool = Pool()
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        runtime=types.SimpleNamespace(getDeviceCount=device_count, CUDARuntimeError=CUDARuntimeError), Device=Device
+    )
+    cupy.get_default_memory_pool = lambda: pool  # type: ignore[attr-defined]
+    cupy.ndarray = ndarray  # type: ignore[attr-defined]
+    cupy.asarray = lambda a, dtype=None: np.array(a, dtype=dtype).view(ndarray)  # type: ignore[attr-defined]
+    cupy.asnumpy = lambda a: np.array(a.view(np.ndarray))  # type: ignore[attr-defined]
+    cupy.linalg = np.linalg  # type: ignore[attr-defined]
+    cupyx = types.ModuleType("cupyx")
+    cupyx.errstate = lambda **kw: contextlib.nullcontext()  # type: ignore[attr-defined]
+    return cupy, cupyx
+
+
+@pytest.fixture
+def fresh_backends() -> Iterator[None]:
+    _array._cupy_backend.cache_clear()
+    yield
+    _array._cupy_backend.cache_clear()
+
+
+@pytest.mark.parametrize(("devices", "chosen"), [(2, 1), (1, None), (-1, None)])
+@pytest.mark.usefixtures("fresh_backends")
+def test_backend_dispatches_to_cupy_when_it_sees_the_device(
+    monkeypatch: pytest.MonkeyPatch, devices: int, chosen: int | None
+) -> None:
+    calls: list[tuple[object, ...]] = []
+    cupy, cupyx = _fake_cupy(devices, calls)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    backend = _array.backend(["cpu", "cuda:1"], memory_limit_mb=64)
+    if chosen is None:  # device 1 is not there, or there is no driver
+        assert backend is _array.NUMPY and calls == []
+        return
+    assert backend.name == "cupy" and backend.xp is cupy and backend.device == chosen
+    assert calls == [("use", 1), ("limit", 64 << 20)] and backend.memory_limit == 64 << 20
+    assert _array.backend(["cuda:1"], memory_limit_mb=64) is backend  # one per device and limit
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    on_device = backend.from_host(w)
+    assert type(on_device) is cupy.ndarray and _array.namespace(w, on_device) is cupy
+    back = backend.to_host(on_device * 2)
+    assert type(back) is np.ndarray
+    np.testing.assert_array_equal(back, w * 2)
+    backend.release()
+    assert calls[-1] == ("free",)
 
 
 @pytest.mark.skipif(not HAS_CUPY, reason="CuPy (onnxprec[gpu-math]) is not installed")
