@@ -409,7 +409,8 @@ CASES: dict[str, Case] = {
     "calibration: text file": Case(
         _calibration(_text("inputs.txt", "1 2 3")),
         "Unsupported calibration file 'inputs.txt': supported input types are .npz, a folder of .npz, Polygraphy "
-        ".json, and for a causal LM (an input_ids input) an .npy of token windows.",
+        ".json, an .npy for a model with one input, and for a causal LM (an input_ids input) an .npy of token "
+        "windows.",
     ),
     "calibration: invalid JSON": Case(
         _calibration(_text("inputs.json", "{not json")),
@@ -470,7 +471,7 @@ CASES: dict[str, Case] = {
     ),
     # --- onnxruntime-genai folders
     "genai: generation on a folder without genai_config.json": Case(
-        lambda d: [*_good_with()(d)[1:], "--generate", "--json", str(d / "eval.json")],
+        lambda d: [*_good_with()(d)[1:], "--generate", "--report_json", str(d / "eval.json")],
         "'{dir}' has no genai_config.json: onnxruntime-genai loads the folder its model builder wrote "
         "(genai_config.json, the model and its tokenizer); pass a model in such a folder.",
         output="",
@@ -482,7 +483,7 @@ CASES: dict[str, Case] = {
             "--generate",
             "--prompts",
             "Hello",
-            "--json",
+            "--report_json",
             str(d / "eval.json"),
         ],
         "'{dir}' has no tokenizer files (tokenizer.json or tokenizer.model), so text prompts cannot be encoded: "

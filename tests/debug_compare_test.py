@@ -287,7 +287,7 @@ def test_cli_table_json_html_and_verify(tmp_path: Path) -> None:
     onnx.save(convert_to_mixed_precision(str(reference), keep_io_types=True, calibration_data=data), candidate)
     result = _cli(
         "compare", str(reference), str(candidate), "-d", str(tmp_path / "data.npz"), "--verify",
-        "--report_json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"),
+        "--report_json", str(tmp_path / "r.json"), "--report_html", str(tmp_path / "r.html"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "first divergence at node '/center/Sub'" in result.stdout
@@ -307,7 +307,7 @@ def test_cli_errors_are_one_line_with_exit_code_2_and_no_output(tmp_path: Path) 
     for args, words in (
         ([str(tmp_path / "nope.onnx"), str(reference)], "does not exist"),
         ([str(reference), str(tmp_path / "other.onnx")], "different inputs"),
-        ([str(reference), str(reference), "--html", str(tmp_path / "no" / "r.html")], "does not exist"),
+        ([str(reference), str(reference), "--report_html", str(tmp_path / "no" / "r.html")], "does not exist"),
         ([str(reference), str(reference), "--report_json", str(reference)], "would overwrite"),
         ([str(reference), str(reference), "--rtol", "-1"], "rtol must be"),
     ):

@@ -46,8 +46,9 @@ def test_default_output_report_and_console_script(model_path: Path, tmp_path: Pa
         "--block_size", "16", "--report_json", str(report_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    out = tmp_path / "model.int4.onnx"
+    out = tmp_path / "model.quant.onnx"  # ModelOpt's default name; the former one is named in a warning
     assert out.exists() and f"saved {out}" in result.stdout
+    assert "the default output is now <name>.quant.onnx, as ModelOpt's (it was <name>.int4.onnx)" in result.stderr
     report = json.loads(report_path.read_text())
     assert report["tool"] == "quantize int4" and report["counts"]["weights"] == 3
     assert report["calibration"]["batches"] == 2  # the npz batch of 2 is split into runs of 1
@@ -88,7 +89,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (["--block_size", "48"], "Invalid block size 48"),
         (["--onnx_path", "{junk}"], "is not a readable ONNX model"),
         (["--calibration_method", "awq_lite", "--calibration_data", "{wrong}"], "do not match the model's inputs"),
-        (["--calibration_method", "gptq", "--calibration_data", "{npy}"], "has rank 2"),
+        (["--calibration_method", "gptq", "--calibration_data", "{npy}"], "has rank 2 (shape [1, 64])"),
         (["--onnx_path", "{quantized}"], "already quantized"),
         (["--calibration_eps", "cuda:0"], "is not available"),
         (["--output_path", "{tmp}/no/dir/out.onnx"], "does not exist"),

@@ -57,7 +57,7 @@ def test_compare_on_optimums_phi3(arch: str, tmp_path: Path) -> None:
     into shape (0))."""
     model = _model(f"{arch}/optimum")
     report = tmp_path / "compare.json"
-    _ok("compare", model, model, "-d", _ids(tmp_path, "eval"), "--json", report)
+    _ok("compare", model, model, "-d", _ids(tmp_path, "eval"), "--report_json", report)
     doc = json.loads(report.read_text())
     assert doc["outputs"]["logits"]["rel_l2"] == 0.0 and doc["counts"]["diverged"] == 0
     assert doc["counts"]["compared"] == doc["counts"]["tensors"] > 100

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 MARKER = re.compile(r"<!--\s*flags:\s*([a-z0-9 ]+?)\s*-->")
+VOCABULARY_MARKER = "<!-- vocabulary -->"
 
 
 def tool_parser(words: str) -> argparse.ArgumentParser:
@@ -61,8 +62,33 @@ def flag_tables(words: str) -> str:
     return "\n\n".join(sections)
 
 
+def vocabulary_table() -> str:
+    """Markdown: each setting's spellings in every tool (``onnxprec._arg_groups.VOCABULARY``), which tools have it,
+    and the other spellings they accept (deprecated ones marked)."""
+    from onnxprec import cli
+    from onnxprec._arg_groups import DEPRECATED, VOCABULARY
+
+    tools: dict[str, list[str]] = {}
+    for words, _, _ in cli.TOOLS:
+        dests = {a.dest for a in tool_parser(words)._actions}
+        for concept in VOCABULARY:
+            if dests & set(concept.fields):
+                tools.setdefault(concept.name, []).append(words)
+    rows = ["| setting | spelling | also accepted | tools |", "| --- | --- | --- | --- |"]
+    for concept in VOCABULARY:
+        also = [f"`{a}` (deprecated: use `{DEPRECATED[a]}`)" if a in DEPRECATED else f"`{a}`" for a in concept.aliases]
+        rows.append(
+            f"| {concept.name} | {', '.join(f'`{s}`' for s in concept.spellings)} | {', '.join(also) or '–'} | "
+            f"{', '.join(tools.get(concept.name, [])) or '–'} |"
+        )
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    """MkDocs event: replaces every flags marker of a page with the tool's generated tables."""
+    """MkDocs event: replaces every flags marker of a page with the tool's generated tables (and the vocabulary
+    marker with :func:`vocabulary_table`)."""
+    if VOCABULARY_MARKER in markdown:
+        markdown = markdown.replace(VOCABULARY_MARKER, vocabulary_table())
     return MARKER.sub(lambda m: flag_tables(m.group(1)), markdown)
 
 

@@ -284,7 +284,7 @@ def _command(tool: str, model: Path, work: Path) -> tuple[list[str], Path | None
     if tool == "preprocess":
         return ["preprocess", "--input", model, "--output", out], out
     if tool == "evaluate":
-        return ["evaluate", model, "--data", d / "eval.npy", "--json", work / tool / "eval.json"], None
+        return ["evaluate", model, "-d", d / "eval.npy", "--report_json", work / tool / "eval.json"], None
     if tool == "dump":
         return [
             "dump",
@@ -299,7 +299,7 @@ def _command(tool: str, model: Path, work: Path) -> tuple[list[str], Path | None
     if tool == "compare":
         fp16 = work / "autocast_fp16" / "model.onnx"
         cand = fp16 if fp16.exists() else model
-        return ["compare", model, cand, "-d", d / "eval.npz", "--json", work / tool / "compare.json"], None
+        return ["compare", model, cand, "-d", d / "eval.npz", "--report_json", work / tool / "compare.json"], None
     raise ValueError(tool)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from onnxprec._options import ArgGroup, ToolOptions, customize, from_args, option, option_fields
 
@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound=ToolOptions)
 
 __all__ = [
+    "DEPRECATED",
     "LOG_LEVELS",
+    "VOCABULARY",
     "CommonArgs",
+    "Concept",
     "FileArgs",
     "ModelOptCompat",
     "calibration_data_option",
@@ -46,6 +49,71 @@ __all__ = [
 ]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class Concept(NamedTuple):
+    """One setting as every tool spells it.
+
+    Attributes:
+        name: What it is, e.g. "calibration or evaluation data".
+        spellings: The flags every tool that has the setting takes.
+        aliases: Other spellings a tool may take as well: the anchors' (ModelOpt's, ONNX Runtime's ``quant_pre_process``
+            and ``quantize_static``, Quark's ``dump_model``) and onnxprec's former ones.
+        fields: The option fields (argparse dests) that hold it in some tool.
+    """
+
+    name: str
+    spellings: tuple[str, ...]
+    aliases: tuple[str, ...]
+    fields: tuple[str, ...]
+
+
+VOCABULARY: tuple[Concept, ...] = (
+    Concept("input model", ("--onnx_path",), ("--input",), ("onnx_path",)),
+    Concept("output model", ("--output_path",), ("--output",), ("output_path",)),
+    Concept(
+        "calibration or evaluation data",
+        ("-d", "--calibration_data"),
+        ("--calibration_data_path", "--data"),
+        ("calibration_data", "calibration_data_reader", "data", "dump_data_reader"),
+    ),
+    Concept(
+        "input shapes",
+        ("--input_shapes",),
+        ("--calibration_shapes",),
+        ("input_shapes", "random_data_reader_input_shape"),
+    ),
+    Concept("providers", ("--providers",), ("--calibration_eps",), ("providers", "calibration_eps")),
+    Concept(
+        "external data",
+        ("--external_data",),
+        ("--use_external_data_format", "--save_as_external_data"),
+        ("external_data", "use_external_data_format", "save_as_external_data"),
+    ),
+    Concept("HTML report", ("--report_html",), ("--report", "--html"), ("report", "html")),
+    Concept("JSON report", ("--report_json",), ("--json",), ("report_json",)),
+    Concept("log level", ("--log_level",), (), ("log_level",)),
+    Concept("log file", ("--log_file",), (), ("log_file",)),
+    Concept("nodes to exclude", ("-ne", "--nodes_to_exclude"), (), ("nodes_to_exclude",)),
+    Concept(
+        "nodes to include",
+        ("-ni", "--nodes_to_include"),
+        ("--nodes_to_quantize",),
+        ("nodes_to_include", "nodes_to_quantize"),
+    ),
+    Concept("op types to exclude", ("-ope", "--op_types_to_exclude"), (), ("op_types_to_exclude",)),
+    Concept(
+        "op types to include",
+        ("-opi", "--op_types_to_include"),
+        ("--op_types_to_quantize",),
+        ("op_types_to_include", "op_types_to_quantize"),
+    ),
+)
+"""One spelling per setting across the tools (``tests/vocabulary_test.py`` walks every parser against it; the docs'
+migration page shows it)."""
+
+DEPRECATED = {"--report": "--report_html", "--html": "--report_html", "--json": "--report_json"}
+"""Former onnxprec spellings: kept for a release, each warned about in one line (``_options.deprecated_alias``)."""
 
 
 _DATA_FORMATS_HELP = (
@@ -174,12 +242,12 @@ def genai_provider_option() -> Any:
     )
 
 
-def html_report_option(what: str, *, flags: Iterable[str] = ("--html",), group: str | None = None) -> Any:
+def html_report_option(what: str, *, flags: Iterable[str] = ("--report_html",), group: str | None = None) -> Any:
     """The path of a tool's self-contained HTML report (any browser, no network).
 
     Args:
         what: What the page shows, e.g. "the table and a plot of the error along the graph".
-        flags: The spellings (``--html`` by default; AutoCast's is ``--report``).
+        flags: The spellings (``--report_html``, beside ``--report_json``).
     """
     return option(
         None,
@@ -218,7 +286,7 @@ def file_args(
     """:class:`FileArgs` as one tool shows it.
 
     Args:
-        output_name: The default output, e.g. ``"<name>.int4.onnx"``; None: the tool has no output model flag.
+        output_name: The default output, e.g. ``"<name>.quant.onnx"``; None: the tool has no output model flag.
         input_help: The input flag's help.
         input_flags: The input's spellings.
         output_flags: The output's spellings.

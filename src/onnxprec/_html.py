@@ -1,6 +1,6 @@
 """The HTML kit of the tools' report pages: one self-contained page (inline CSS, JS and SVG; nothing fetched).
 
-Every report page (AutoCast's ``--report``, compare's ``--html``, the next tools') is :func:`page` around
+Every report page (AutoCast's and compare's ``--report_html``, the next tools') is :func:`page` around
 :func:`section` blocks: :func:`table` (sortable by a click on a header, numbers right-aligned, the exact value in
 ``data-v``), :func:`filters` (a search box, a select on a row attribute, a checkbox on a row class, a shown-rows
 count), :class:`LogAxes` for plots of values spanning decades, and one number format, :func:`fmt`. The tables are

@@ -294,7 +294,7 @@ def exceeds_protobuf_limit(model: ir.Model) -> bool:
 
 
 def sibling_path(path: str | os.PathLike, suffix: str) -> Path:
-    """A tool's default output: ``<name><suffix>.onnx`` beside ``path`` (``.int4``: ``model.int4.onnx``)."""
+    """A tool's default output: ``<name><suffix>.onnx`` beside ``path`` (``.quant``: ``model.quant.onnx``)."""
     source = Path(path)
     stem = source.name[: -len(".onnx")] if source.name.endswith(".onnx") else source.name
     return source.with_name(f"{stem}{suffix}.onnx")

@@ -602,7 +602,8 @@ class _DeprecatedAlias(argparse.Action):
 
     def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
         setattr(namespace, self.dest, values)
-        getattr(namespace, DEPRECATED_KEY, None) or setattr(namespace, DEPRECATED_KEY, [])
+        if getattr(namespace, DEPRECATED_KEY, None) is None:
+            setattr(namespace, DEPRECATED_KEY, [])
         getattr(namespace, DEPRECATED_KEY).append((option_string, self.new))
 
 

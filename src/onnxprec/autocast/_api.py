@@ -706,7 +706,7 @@ def convert_file(
     protected = {source.resolve()} if source.exists() else set()
     check_output_path(output, protected)  # fail before the work, not after
     if options.report is not None:
-        check_output_path(options.report, {*protected, output.resolve()}, flag="--report", data_file=False)
+        check_output_path(options.report, {*protected, output.resolve()}, flag="--report_html", data_file=False)
     genai = GenaiCarry.plan(source, output, options.genai_provider)
     fp32_nodes: dict[str, str] = {}
     while True:

@@ -42,6 +42,7 @@ class ModelOptCompatArgs(ToolOptions):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """AutoCast's flags, spelled as in ModelOpt (``python -m modelopt.onnx.autocast``), and onnxprec's extras."""
     _options.add_arguments(parser, FILES, AutoCastOptions, ModelOptCompatArgs, CommonArgs)
+    _options.deprecated_alias(parser, "--report", "report", "--report_html")
 
 
 def run(args: argparse.Namespace) -> int:

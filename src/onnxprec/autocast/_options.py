@@ -113,7 +113,6 @@ class AutoCastOptions(ToolOptions):
     report: str | None = html_report_option(
         "each node's precision and why, its range against data_max, casts, the error against FP32 along the graph, "
         "and the command to reproduce",
-        flags=("--report",),
         group=_EXTRAS,
     )
     keep_unsupported_fp32: bool = option(

@@ -2,7 +2,7 @@
 
 The per-node details feed the reports: ranges, casts, errors along the graph, suggestions, command.
 
-:class:`Details` is collected by the pipeline when a report is asked for (``--report``): the measured range of
+:class:`Details` is collected by the pipeline when a report is asked for (``--report_html``): the measured range of
 each node's tensors (past attention-mask sentinels, as ``data_max`` saw it), the casts inserted next to it, and,
 on the first sample of the first calibration batch, the error of each tensor of the converted model against
 FP32 (:func:`layer_errors`: both models in one ONNX Runtime session, each pair of tensors reduced to two sums

@@ -1,4 +1,4 @@
-"""The ``--report`` HTML file: one self-contained page (inline CSS, JS and SVG; no network) from the report JSON.
+"""The ``--report_html`` file: one self-contained page (inline CSS, JS and SVG; no network) from the report JSON.
 
 :func:`render` takes exactly what ``--report_json`` writes (:meth:`AutoCastReport.to_json`) and returns the page:
 the summary and output errors, the accuracy-target search, attention masks, a plot of each node's range and

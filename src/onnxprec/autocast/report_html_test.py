@@ -122,7 +122,7 @@ def test_the_command_reproduces_the_run(tmp_path: Path) -> None:
         "256",
         "-ne",
         "block.1/.*",
-        "--report",
+        "--report_html",
         str(first),
     ]
     assert main(args) == 0
@@ -131,8 +131,8 @@ def test_the_command_reproduces_the_run(tmp_path: Path) -> None:
     command = json.loads(first.read_text().split('id="report-data">')[1].split("</script>")[0])["command"]
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "onnxprec.autocast"]
-    assert "--data_max" in words and "256" in words and "--nodes_to_exclude" in words and "--report" in words
-    words[words.index("--report") + 1] = str(tmp_path / "second.html")
+    assert "--data_max" in words and "256" in words and "--nodes_to_exclude" in words and "--report_html" in words
+    words[words.index("--report_html") + 1] = str(tmp_path / "second.html")
     assert main(["autocast", *words[3:]]) == 0
     second = json.loads((tmp_path / "second.html").read_text().split('id="report-data">')[1].split("</script>")[0])
     first_json = json.loads(first.read_text().split('id="report-data">')[1].split("</script>")[0])

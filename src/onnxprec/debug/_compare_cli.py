@@ -22,7 +22,7 @@ DESCRIPTION = (
 )
 EPILOG = """\
 examples:
-  {prog} model.onnx model.fp16.onnx --calibration_data inputs.npz --html report.html
+  {prog} model.onnx model.fp16.onnx --calibration_data inputs.npz --report_html report.html
       the per-node table on the terminal, all rows and a plot of the error along the graph in report.html
   {prog} model.onnx model.fp16.onnx --verify --report_json report.json
       also re-runs AutoCast keeping the first divergent node in FP32 and checks that this fixes it
@@ -36,7 +36,7 @@ class ReportArgs(ToolOptions):
     TITLE = "report"
 
     html: str | None = html_report_option("the table and a plot of the error along the graph")
-    max_rows: int = option(40, help="Rows of the terminal table (the rest go to --report_json/--html).")
+    max_rows: int = option(40, help="Rows of the terminal table (the rest go to --report_json/--report_html).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("candidate", metavar="CANDIDATE", help="Its conversion or quantization (same inputs).")
     _options.add_arguments(parser, CompareOptions, ReportArgs, CommonArgs)
     _options.deprecated_alias(parser, "--json", "report_json", "--report_json")
+    _options.deprecated_alias(parser, "--html", "html", "--report_html")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     options = from_args(CompareOptions, args)
     outputs = from_args(ReportArgs, args)
     inputs = [args.reference, args.candidate, *filter(None, [options.calibration_data])]
-    _report.check_paths({"--report_json": common.report_json, "--html": outputs.html}, inputs)
+    _report.check_paths({"--report_json": common.report_json, "--report_html": outputs.html}, inputs)
     report = compare_models(
         args.reference,
         args.candidate,

@@ -338,7 +338,7 @@ def text_table(report: CompareReport, max_rows: int = 40) -> str:
         )
     shown = sum(1 for r in _selection(report, max_rows) if r is not None)
     if shown < len(report.rows):
-        lines.append(f"({shown} of {len(report.rows)} rows shown: write them all with --report_json or --html)")
+        lines.append(f"({shown} of {len(report.rows)} rows shown: write them all with --report_json or --report_html)")
     return "\n".join(lines)
 
 

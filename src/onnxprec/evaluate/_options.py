@@ -27,7 +27,7 @@ class EvaluateOptions(ToolOptions):
 
     data: Any = calibration_data_option(
         "Inputs",
-        flags=("--data",),
+        flags=("-d", "--calibration_data", "--data"),
         default="one batch of realistic random data",
         more_formats=(
             "an .npy of token ids [N, seq] (token windows for a causal LM)",

@@ -31,7 +31,7 @@ examples:
 """
 
 
-FILES = file_args("<name>.pre.onnx", input_flags=("--input",), output_flags=("--output",))
+FILES = file_args("<name>.pre.onnx", input_flags=("--onnx_path", "--input"), output_flags=("--output_path", "--output"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

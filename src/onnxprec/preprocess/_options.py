@@ -49,7 +49,11 @@ class PreprocessOptions(ToolOptions):
     verbose: int = option(
         0, metavar="LEVEL", help="Symbolic shape inference's own logs: 0 off, 1 warnings, 3 detailed."
     )
-    save_as_external_data: bool = option(False, help="Save the weights as external data beside the output.")
+    save_as_external_data: bool = option(
+        False,
+        flags=("--external_data", "--save_as_external_data"),
+        help="Save the weights as external data beside the output.",
+    )
     all_tensors_to_one_file: bool = option(
         False,
         help="With --save_as_external_data: all weights in one file (otherwise one file per tensor, as ONNX does).",

@@ -3,7 +3,7 @@
 ModelOpt's signature is written here only: ``quantize_mode="int8"`` runs the INT8 tool
 (:func:`onnxprec.quantization.int8.quantize_file`, whose options have ModelOpt's names); ``"int4"`` runs the INT4
 weight-only tool (:func:`onnxprec.quantization.int4.quantize_file`) with ModelOpt's argument names mapped onto it. Both
-write ``output_path`` (default ``<name>.quant.onnx`` for INT8, ``<name>.int4.onnx`` for INT4) and return the report.
+write ``output_path`` (default ``<name>.quant.onnx``) and return the report.
 """
 
 from __future__ import annotations

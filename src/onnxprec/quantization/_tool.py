@@ -81,10 +81,12 @@ T = TypeVar("T", bound="QuantizationOptions")
 
 def calibration_eps_option() -> Any:
     """ModelOpt's ``calibration_eps``: the ONNX Runtime providers of the calibration runs."""
-    return providers_option("calibration", flags=("--calibration_eps",))
+    return providers_option("calibration", flags=("--providers", "--calibration_eps"))
 
 
-def external_data_option(*, flags: Iterable[str] = ("--use_external_data_format",), doc: str | None = None) -> Any:
+def external_data_option(
+    *, flags: Iterable[str] = ("--external_data", "--use_external_data_format"), doc: str | None = None
+) -> Any:
     """ModelOpt's ``use_external_data_format``: the weights in ``<output>.data``.
 
     Args:
@@ -99,7 +101,9 @@ def external_data_option(*, flags: Iterable[str] = ("--use_external_data_format"
     )
 
 
-def nodes_to_exclude_option(matched: str, more: str = "", *, flags: Iterable[str] = ("--nodes_to_exclude",)) -> Any:
+def nodes_to_exclude_option(
+    matched: str, more: str = "", *, flags: Iterable[str] = ("-ne", "--nodes_to_exclude")
+) -> Any:
     """ModelOpt's ``nodes_to_exclude``: regexes of the nodes kept in float.
 
     Args:
@@ -135,12 +139,14 @@ class QuantizationOptions(ToolOptions):
     """Base of a quantizer's options dataclass: the settings every quantizer has, checked once.
 
     A subclass is a ``@dataclass`` that sets ``TOOL`` (its name in messages, e.g. ``"INT4"``) and
-    ``OUTPUT_SUFFIX`` (``".int4"``: ``<name>.int4.onnx``), declares the fields below with the factories of this
+    ``OUTPUT_SUFFIX`` (``".quant"``: ``<name>.quant.onnx``, as ModelOpt's; ``FORMER_SUFFIX`` names an earlier default,
+    which a run that writes the default is warned about), declares the fields below with the factories of this
     module, and calls ``super().__post_init__()`` first in its own ``__post_init__``.
     """
 
     TOOL: ClassVar[str] = "quantization"
     OUTPUT_SUFFIX: ClassVar[str] = ".quant"
+    FORMER_SUFFIX: ClassVar[str | None] = None
 
     calibration_eps: Sequence[str]
     use_external_data_format: bool
@@ -404,6 +410,11 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
         settings: OptionsT = self.options.from_call(options, kwargs)
         source = Path(onnx_path)
         output = Path(output_path) if output_path is not None else self.default_output_path(source)
+        if output_path is None and settings.FORMER_SUFFIX:
+            logger.warning(
+                "Writing %s: the default output is now <name>%s.onnx, as ModelOpt's (it was <name>%s.onnx); "
+                "pass --output_path to choose", output.name, settings.OUTPUT_SUFFIX, settings.FORMER_SUFFIX,
+            )  # fmt: skip
         protected = {source.resolve()} if source.exists() else set()
         check_output_path(output, protected)  # fail before the work, not after
         genai = None

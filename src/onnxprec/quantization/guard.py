@@ -18,8 +18,7 @@ INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS
   >= 0.99 (issue 24's embedding bound).
 
 A decoder's ``present.*`` KV cache outputs are measured but not judged (state for the next step, judged through the
-logits). Issue 24's OCR detector at cosine 0.63 (its map's IoU far below 0.9) is destroyed; MiniLM at cosine 0.9991 is
-not.
+logits). The results that set the bounds: experiments/design_notes.md, "INT8 accuracy guard".
 """
 
 from __future__ import annotations

@@ -46,5 +46,5 @@ def test_the_shared_flags_are_declared_once() -> None:
 
 
 def test_default_output_paths() -> None:
-    assert int4.default_output_path("d/m.onnx") == Path("d/m.int4.onnx")
+    assert int4.default_output_path("d/m.onnx") == Path("d/m.quant.onnx")  # ModelOpt's; .int4 before
     assert int8.default_output_path("d/m.onnx") == Path("d/m.quant.onnx")

@@ -14,7 +14,7 @@ DESCRIPTION = (
 EPILOG = """\
 examples:
   {prog} --onnx_path model.onnx --calibration_method rtn
-      writes model.int4.onnx beside model.onnx (symmetric INT4, block 128, no data needed)
+      writes model.quant.onnx beside model.onnx (symmetric INT4, block 128, no data needed)
   {prog} --onnx_path llm.onnx --output_path llm.int4.onnx --calibration_method awq_gptq \\
       --calibration_data windows.npz --block_size 128 --output_format matmulnbits --report_json report.json
       AWQ scales then GPTQ on real token windows (the most accurate here); report.json lists every layer's

@@ -51,7 +51,7 @@ class Int4Options(_tool.QuantizationOptions):
 
     TITLE = "INT4 options (ModelOpt names)"
     TOOL = "INT4"
-    OUTPUT_SUFFIX = ".int4"
+    FORMER_SUFFIX = ".int4"
 
     calibration_method: str | None = option(
         None,
@@ -66,7 +66,7 @@ class Int4Options(_tool.QuantizationOptions):
     )
     calibration_data_reader: Any = calibration_data_option(
         "Calibration inputs",
-        flags=("--calibration_data", "--calibration_data_path"),
+        flags=("-d", "--calibration_data", "--calibration_data_path"),
         note="AWQ and GPTQ need representative data",
     )
     calibration_eps: Sequence[str] = _tool.calibration_eps_option()

@@ -52,7 +52,7 @@ def test_calibration_data_for_another_model(tmp_path: Path, model_path: Path) ->
     assert "pixel_values" in message and "X" in message
     npy = tmp_path / "input.npy"
     np.save(npy, np.zeros((1, 3), np.float32))
-    _fails(tmp_path, CalibrationDataError, "has rank 2", model_path, calibration_data_reader=str(npy))
+    _fails(tmp_path, CalibrationDataError, "has rank 2", model_path, calibration_data_reader=str(npy))  # one input
     _fails(tmp_path, CalibrationDataError, "dtype", model_path, calibration_method="gptq",
            calibration_data_reader=[{"X": np.zeros((1, 2, 64), np.float64)}])  # fmt: skip
 

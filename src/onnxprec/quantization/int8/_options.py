@@ -72,13 +72,17 @@ class Int8Options(_tool.QuantizationOptions):
     calibration_eps: Sequence[str] = _tool.calibration_eps_option()
     op_types_to_quantize: Sequence[str] | None = op_types_option(
         "Only these op types (Conv, MatMul, Gemm, and the static region's Add, Mul, Concat, pools) (default: "
-        "all supported)."
+        "all supported).",
+        flags=("-opi", "--op_types_to_include", "--op_types_to_quantize"),
     )
-    op_types_to_exclude: Sequence[str] | None = op_types_option("Op types kept in float.")
+    op_types_to_exclude: Sequence[str] | None = op_types_option(
+        "Op types kept in float.", flags=("-ope", "--op_types_to_exclude")
+    )
     nodes_to_quantize: Sequence[str] | None = regexes_option(
         "Only nodes whose name or output name matches one of these regexes (default: all, except on "
         "ort-cpu a layer that reads the model's float input, e.g. a CNN's first Conv, which stays float unless named "
-        "here)."
+        "here).",
+        flags=("-ni", "--nodes_to_include", "--nodes_to_quantize"),
     )
     nodes_to_exclude: Sequence[str] | None = _tool.nodes_to_exclude_option("the node name and its output names")
     use_external_data_format: bool = _tool.external_data_option()
