@@ -125,6 +125,7 @@ def main() -> None:
         "speech_frames_fp32": int((ref > 0.5).sum()),
         "exclude": args.exclude,
         "method": args.method,
+        "target": args.target,
     }
 
     whole = subprocess.run(
