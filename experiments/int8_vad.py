@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--exclude", nargs="*", default=[], help="--nodes_to_exclude for the branch")
     parser.add_argument("--method", default="mse", help="--calibration_method for the branch")
+    parser.add_argument("--target", help="--target_accuracy for the branch (its float fallback)")
     args = parser.parse_args()
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -124,6 +125,7 @@ def main() -> None:
         "speech_frames_fp32": int((ref > 0.5).sum()),
         "exclude": args.exclude,
         "method": args.method,
+        "target": args.target,
     }
 
     whole = subprocess.run(
@@ -138,6 +140,7 @@ def main() -> None:
 
     model = onnx.load(args.model)
     excluded = ["--nodes_to_exclude", *args.exclude] if args.exclude else []
+    excluded += ["--target_accuracy", args.target] if args.target else []
     onnx.save(_branch_model(model, "then_branch"), work / "branch16k.onnx")
     done = subprocess.run(
         [sys.executable, "-m", "onnxprec", "quantize", "int8", "--onnx_path", str(work / "branch16k.onnx"),
@@ -166,7 +169,9 @@ def main() -> None:
                 times[name].append(time.perf_counter() - tick)
         results["latency_us"] = {name: round(statistics.median(t) * 1e6, 1) for name, t in times.items()}
     print(json.dumps(results, indent=1))
-    (work / f"results-{args.method}{'-excl' if args.exclude else ''}.json").write_text(json.dumps(results, indent=1))
+    (
+        work / f"results-{args.method}{'-excl' if args.exclude else ''}{'-target' if args.target else ''}.json"
+    ).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
