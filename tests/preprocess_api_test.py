@@ -421,3 +421,14 @@ def test_minilm_where_onnxruntime_fails(tmp_path: Path, monkeypatch: pytest.Monk
     assert report.steps[-1].shapes_after == report.steps[-1].values_after  # every tensor's shape known
     feeds = dict(np.load(MINILM.with_name("minilm_l6_v2_bert_inputs.npz")))
     _outputs_equal(MINILM, ours, feeds)
+
+
+def test_the_result_is_checked_against_the_input_and_the_summary_says_so(tmp_path: Path) -> None:
+    """Issue 24, nothing silent: the output is run against the input on random data; the summary and the report
+    say how (the flattened [N, 2048] output after a Relu is values: cosine and relative L2)."""
+    source = _save(_conv_bn_relu(), tmp_path / "cbr.onnx")
+    report = quant_pre_process(str(source), str(tmp_path / "out.onnx"))
+    assert report.check["random_data"] and report.check["outputs"]["y"]["kind"] == "values"
+    assert report.check["worst_rel_l2"] < 1e-5
+    assert "; checked on random data (1 run): float outputs rel L2 <= " in report.summary
+    assert report.to_json()["accuracy_check"] == report.check

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -42,6 +43,7 @@ __all__ = [
     "numeric_check",
     "ort_only_ops",
     "prove_by_run",
+    "task_check",
 ]
 
 logger = logging.getLogger(__name__)
@@ -380,3 +382,32 @@ def numeric_check(
             "finite": float(result["nonfinite"] == 0),
         }
     return report
+
+
+def task_check(
+    reference: ir.Model,
+    candidate: str | os.PathLike[str],
+    source: Any = None,
+    *,
+    providers: Sequence[str] | None = None,
+    input_shapes: Mapping[str, Any] | None = None,
+) -> tuple[TaskSummary, bool]:
+    """Runs the float ``reference`` and the written ``candidate`` on the first batch of ``source`` (any calibration
+    source; None: realistic random data) and compares each output by its task metric
+    (:func:`onnxprec.accuracy.task_metrics`); each model runs alone (segment by segment when large).
+
+    Returns:
+        The task metrics and whether the batch was random data.
+    """
+    from onnxprec.accuracy import task_metrics
+    from onnxprec.calibration_data import CalibrationData, run_on_data
+
+    def run(data: CalibrationData) -> tuple[TaskSummary, bool]:
+        feeds = [data.first]
+        ref = run_reference(reference, feeds, select=(), providers=providers, observe_inputs=False,
+                            what="the float model")  # fmt: skip
+        got = run_reference(load_model(str(candidate)), feeds, select=(), providers=providers, observe_inputs=False,
+                            what="the result")  # fmt: skip
+        return task_metrics(reference, [ref.first_outputs], [got.first_outputs]), data.random
+
+    return run_on_data(reference, source, run, input_shapes=dict(input_shapes) if input_shapes else None)

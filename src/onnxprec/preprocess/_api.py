@@ -57,6 +57,7 @@ from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
 from onnxprec.preprocess._options import PreprocessOptions
+from onnxprec.validate import task_check
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class PreprocessReport:
     external_data: bool = False
     seconds: float = 0.0
     genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
+    check: dict[str, Any] = field(default_factory=dict)  # the output against the input on random data
 
     @property
     def summary(self) -> str:
@@ -135,11 +137,14 @@ class PreprocessReport:
         if not ran:
             return "No step ran"
         first, last = ran[0], ran[-1]
-        return (
+        text = (
             f"Pre-processed: {first.nodes_before} -> {last.nodes_after} nodes; shapes known for "
             f"{last.shapes_after} of {last.values_after} node outputs (before: {first.shapes_before} of "
             f"{first.values_before})"
         )
+        if self.check:
+            text += f"; checked on random data (1 run): {self.check['metric']}"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,6 +155,7 @@ class PreprocessReport:
             "seconds": round(self.seconds, 4),
             "steps": [s.to_json() for s in self.steps],
             "genai": None if self.genai is None else self.genai.to_json(),
+            "accuracy_check": self.check or None,
         }
 
 
@@ -579,8 +585,26 @@ def preprocess_file(
     if genai is not None:
         genai.write(model)
         report.genai = genai
+    _check_result(input_model, output, report)
     report.seconds = time.perf_counter() - start
     return report
+
+
+_CHECK_RTOL = 1e-3
+"""Pre-processing only rewrites the graph: an output that moves by more than this relative L2 error is warned about."""
+
+
+def _check_result(source: ModelSource, output: Path, report: PreprocessReport) -> None:
+    """Runs the input and the written output on realistic random data and records each output's task metric; warns
+    when an output moved (pre-processing only rewrites the graph). A model given in memory was rewritten in place:
+    there is nothing to compare it with."""
+    if not isinstance(source, (str, os.PathLike)):
+        return
+    summary, _ = task_check(load_model(source), output)
+    report.check = {"random_data": True, "metric": summary.describe(), **summary.to_json()}
+    worst = summary.worst_rel_l2
+    if worst is not None and not worst <= _CHECK_RTOL:
+        logger.warning("Pre-processing moved the outputs on random data: %s", summary.describe())
 
 
 def quant_pre_process(

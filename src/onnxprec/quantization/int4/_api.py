@@ -54,8 +54,7 @@ from onnxprec.quantization.select import (
     pattern_names,
     select_layers,
 )
-from onnxprec.reference import run_reference
-from onnxprec.validate import check_structure, load_in_ort
+from onnxprec.validate import check_structure, load_in_ort, task_check
 
 __all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
 
@@ -511,25 +510,14 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
     """Measures the written INT4 model against the float one on the first calibration batch (realistic random data
     without one) with each output's task metric; a result that misses INT8's guard bounds
     (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback)."""
-    from onnxprec.accuracy import task_metrics
     from onnxprec.quantization import guard
 
-    float_model = load_model(source)
-    providers = list(options.calibration_eps)
-
-    def run(data: CalibrationData) -> Any:
-        feeds = [data.first]
-        ref = run_reference(float_model, feeds, select=(), providers=providers, observe_inputs=False,
-                            what="the float model")  # fmt: skip
-        got = run_reference(load_model(written), feeds, select=(), providers=providers, observe_inputs=False,
-                            what="the INT4 model")  # fmt: skip
-        return task_metrics(float_model, [ref.first_outputs], [got.first_outputs])
-
     shapes = calibration.parse_input_shapes(options.input_shapes) or None
-    summary = run_on_data(float_model, options.calibration_data_reader, run, input_shapes=shapes)
+    summary, random = task_check(load_model(source), written, options.calibration_data_reader,
+                                 providers=list(options.calibration_eps), input_shapes=shapes)  # fmt: skip
     passed = guard.holds(summary)
     report.check = {
-        "random_data": options.calibration_data_reader is None,
+        "random_data": random,
         "guard": "warn",
         "bound": guard.describe_bounds(summary),
         "passed": passed,
@@ -537,7 +525,7 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
         "held_out": None,
     }
     if not passed:
-        where = "random data" if options.calibration_data_reader is None else "the first calibration batch"
+        where = "random data" if random else "the first calibration batch"
         logger.warning("INT4 result misses the accuracy bound (%s): %s on %s", report.check["bound"],
                        summary.describe(), where)  # fmt: skip
 
