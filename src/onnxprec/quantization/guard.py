@@ -36,7 +36,17 @@ if TYPE_CHECKING:
 
     from onnxprec.accuracy import OutputMetric, Producer, TaskSummary
 
-__all__ = ["DEFAULT_BOUNDS", "RANKING", "Checked", "bound_of", "describe_bounds", "holds", "measure_task"]
+__all__ = [
+    "CHECK_BYTES",
+    "DEFAULT_BOUNDS",
+    "RANKING",
+    "BoundedOutputs",
+    "Checked",
+    "bound_of",
+    "describe_bounds",
+    "holds",
+    "measure_task",
+]
 
 DEFAULT_BOUNDS: dict[str, float] = {
     "classes": 0.98,
@@ -54,6 +64,34 @@ RANKING = AccuracyTarget.parse("cosine>=-1")
 and ranks layers by the smooth cosine of the outputs."""
 
 _STATE = re.compile(r"present")
+
+CHECK_BYTES = 256 * 1024 * 1024
+"""The float outputs a check keeps (:class:`BoundedOutputs`): an LLM's logits are 50 MB a 256-token window."""
+
+
+class BoundedOutputs(ReferenceOutputs):
+    """The float outputs of the first runs, up to ``budget`` bytes (at least one run): the check measures those runs
+    (:func:`~onnxprec.accuracy.measure_outputs` pairs batches with kept outputs)."""
+
+    def __init__(self, budget: int = CHECK_BYTES) -> None:
+        super().__init__()
+        self.budget = budget
+        self.kept_bytes = 0
+        self.limit: int | None = None  # runs kept, once the budget is reached
+        self._seen: dict[str, int] = {}
+
+    def update(self, name: str, array: Any) -> None:
+        index = self._seen.get(name, 0)
+        self._seen[name] = index + 1
+        if self.limit is not None and index >= self.limit:
+            return
+        size = int(getattr(array, "nbytes", 0))
+        if index > 0 and self.kept_bytes + size > self.budget:
+            self.limit = index
+            del self.outputs[index:]  # the run whose outputs no longer fit, and any after it
+            return
+        self.kept_bytes += size
+        super().update(name, array)
 
 
 def bound_of(output: OutputMetric) -> tuple[str, float] | None:

@@ -178,7 +178,7 @@ def _calibrate(
             {"batches": result.num_batches, "samples": calibration.samples, "random": data.random}
         )
         if rest is not None:
-            outputs = ReferenceOutputs()
+            outputs = guard.BoundedOutputs()
             run_reference(model, rest, select=(), observers=[outputs.observer(model, rest)],
                           providers=list(options.calibration_eps))  # fmt: skip
             held_out.append(outputs)
@@ -303,7 +303,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
     )  # fmt: skip
 
     tick = time.perf_counter()
-    keep = ReferenceOutputs()  # every result is measured against the float outputs (nothing silent)
+    keep = guard.BoundedOutputs()  # every result is measured against the float outputs (nothing silent)
     stats, data, held_out = _calibrate(model, plan, options, report, keep)
     report.seconds["calibration"] = time.perf_counter() - tick
     producers = output_producers(model)  # each output's task metric follows the op that writes it

@@ -1,0 +1,34 @@
+"""The quantizers' check: the float outputs it keeps stay within a budget (whole runs), and the guard's verdict
+follows each output's task metric."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxprec.accuracy import OutputMetric, TaskSummary
+from onnxprec.quantization.guard import BoundedOutputs, describe_bounds, holds
+
+
+def test_bounded_outputs_keep_whole_runs_within_the_budget() -> None:
+    kept = BoundedOutputs(budget=6000)
+    kept._names = frozenset({"a", "b"})  # what observer() sets from the model's outputs
+    for _ in range(4):  # runs of two outputs of 2000 bytes each: one run and a half fit
+        kept.update("a", np.zeros(500, np.float32))
+        kept.update("b", np.zeros(500, np.float32))
+    assert len(kept.outputs) == 1 and set(kept.outputs[0]) == {"a", "b"} and kept.limit == 1
+
+
+def _output(name: str, kind: str, metric: str, value: float, cosine: float, why: str = "") -> OutputMetric:
+    return OutputMetric(name, kind, metric, value, 10, 1 - cosine, cosine, why)  # type: ignore[arg-type]
+
+
+def test_the_verdict_follows_each_outputs_kind() -> None:
+    scores = _output("logits", "classes", "top1", 0.99, 0.95)
+    assert holds(TaskSummary((scores,)))  # 0.99 >= 0.98 agreement; the cosine is not the classes' metric
+    assert not holds(TaskSummary((_output("logits", "classes", "top1", 0.97, 0.9999),)))
+    mask = _output("map", "mask", "mask_iou", 0.85, 0.99)
+    assert not holds(TaskSummary((mask,))) and describe_bounds(TaskSummary((mask,))) == "map mask_iou >= 0.9"
+    lm = _output("logits", "sequence", "step_agreement", 0.86, 0.995, why="named like logits")
+    assert holds(TaskSummary((lm,))) and describe_bounds(TaskSummary((lm,))) == "logits cosine >= 0.99"
+    kv = _output("present.0.key", "values", "cosine", 0.5, 0.5)
+    assert holds(TaskSummary((scores, kv)))  # a KV cache output is not judged
