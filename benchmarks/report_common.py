@@ -33,6 +33,8 @@ MODEL_LABELS = {
     "efficientnet_lite0": "EfficientNet-Lite0",
     "minilm_l6_v2": "MiniLM-L6-v2",
     "smollm2_135m": "SmolLM2-135M",
+    "qwen_1.5b": "Qwen2.5-Coder-1.5B-Instruct (builder FP32, 28 layers, vocabulary 151,936)",
+    "qwen_0.5b": "Qwen2.5-Coder-0.5B-Instruct (builder FP32, 24 layers, tied head)",
 }
 TOOL_ORDER = tuple(TOOLS)
 TEXT_PATH = Path(__file__).resolve().parent / "report_text.md"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .int4 import GENAI, GENAI_COMPARED, GENAI_FP16, LLM, SYNTHETIC
+from .int4 import BIGLLM, GENAI, GENAI_COMPARED, GENAI_FP16, LLM, SYNTHETIC
 from .report_common import TEXT, Column, blocks, column_table, load_results, model_label, num, run_lines, size, table
 
 DECODE_RATIO_GOAL = 0.9  # decode tok/s within 10 % of the builder's output of the same size and format
@@ -561,6 +561,47 @@ def genai_section(m: Int4Merged) -> list[str]:
     )
 
 
+def _bigllm_table(m: Int4Merged, model: str) -> str:
+    """One billion-parameter LLM's rows: FP32 first, then by size."""
+    fp32 = m.fp32.get(model, {})
+    base = fp32.get("perplexity")
+    speeds = m.decode.get(model, {})
+
+    def decode(key: str) -> str:
+        d = speeds.get(key, {})
+        if d.get("error"):
+            return "fails: " + str(d["error"])[:60]
+        tokens = num(d.get("decode_tokens_per_s"), 1) if d.get("decode_tokens_per_s") is not None else "–"
+        return f"{tokens} / {num(d.get('prefill_ms'), 0)}" if d.get("prefill_ms") is not None else tokens
+
+    def delta(rec: dict[str, Any]) -> str:
+        return f"+{num(rec['perplexity'] - base, 3)}" if rec.get("perplexity") and base else "–"
+
+    first = ["FP32 (builder `-p fp32 -e cpu`)", f"{fp32.get('file_bytes', 0) / 1e6:.0f}", num(base, 3), "–", "–",
+             "–", decode("fp32"), _run_ref(fp32)]  # fmt: skip
+    columns: tuple[Column, ...] = (
+        ("Tool", lambda x: f"{_label(x[0])}<br>`{x[1].get('user_command', '')}`"),
+        ("model files MB", lambda x: f"{x[1]['file_bytes'] / 1e6:.0f}" if x[1].get("file_bytes") else "–"),
+        ("held-out ppl", lambda x: _ppl(x[1]) if x[1].get("status") == "ok" else _failed(x[1])),
+        ("Δ vs FP32", lambda x: delta(x[1])),
+        _TIME,
+        ("peak RSS", _rss()),
+        ("decode tok/s / prefill ms", lambda x: decode(x[0])),
+        _RUN,
+    )
+    ordered = sorted(m.rows.get(model, {}).items(), key=lambda x: x[1].get("file_bytes") or 0)
+    return column_table(columns, ordered, [first]) or ""
+
+
+def bigllm_section(m: Int4Merged) -> list[str]:
+    """The billion-parameter LLMs (``--plan bigllm``): one table per model."""
+    out: list[str] = []
+    for model in BIGLLM:
+        if m.rows.get(model):
+            out += blocks(f"### {model_label(model)}", _bigllm_table(m, model))
+    return blocks("## INT4 on billion-parameter LLMs", TEXT["int4.bigllm"]) + out if out else []
+
+
 def sections(results_dir: Path) -> list[str]:
     """The INT4 part of BENCHMARKS.md (empty without INT4 results)."""
     runs = load_results(results_dir, "int4")
@@ -570,4 +611,5 @@ def sections(results_dir: Path) -> list[str]:
     out = blocks("## INT4 weight-only quantization (INT4 issue)", TEXT["int4.intro"]) + runs_list(m)
     out += blocks("### Targets (INT4 issue)", table(["Target", "Measured", "Goal", "", "run"], targets(m)))
     out += blocks(f"### {model_label(LLM)}: accuracy, time, memory, size", llm_table(m), TEXT["int4.llm.notes"])
-    return out + latency_table(m) + synthetic_table(m) + genai_section(m) + nodata_section(m) + fp16_section(m)
+    out += latency_table(m) + synthetic_table(m) + genai_section(m) + nodata_section(m) + fp16_section(m)
+    return out + bigllm_section(m)

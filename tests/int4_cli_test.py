@@ -113,3 +113,26 @@ def test_bad_input_gives_one_line_exit_2_and_no_output(
     assert len(errors) == 1, result.stderr
     after = sorted(p.name for p in (*tmp_path.iterdir(), *bad_inputs["model"].parent.iterdir()))
     assert after == before  # no output, no stray temporary file
+
+
+def test_the_command_line_applies_the_llm_defaults(tmp_path: Path) -> None:
+    """The CLI leaves unsaid what the user left unsaid (it once re-validated its resolved options, so an LLM lost its
+    defaults): an LLM without layer options gets MatMulNBits at block 32, its embedding quantized, its head at 8 bits;
+    --nodes_to_exclude lm_head gives ModelOpt's default."""
+    from onnxprec._testing import tiny_decoder
+
+    src = tmp_path / "lm.onnx"
+    onnx.save(tiny_decoder(vocab=64, head_size=16), src)
+    for name, extra in (("default", []), ("modelopt", ["--nodes_to_exclude", "lm_head"])):
+        out = tmp_path / f"{name}.onnx"
+        args = ["quantize", "int4", "--onnx_path", str(src), "--output_path", str(out), "--calibration_method", "rtn"]
+        assert run_cli(*args, *extra).returncode == 0
+        ops = {n.op_type: n for n in onnx.load(out).graph.node}
+        if name == "default":
+            assert "GatherBlockQuantized" in ops and "DequantizeLinear" not in ops
+            bits = {n.name: {a.name: a.i for a in n.attribute} for n in onnx.load(out).graph.node
+                    if n.op_type == "MatMulNBits"}  # fmt: skip
+            assert {b["block_size"] for b in bits.values()} == {32}
+            assert sorted(b["bits"] for b in bits.values()) == [4, 4, 4, 4, 8]
+        else:
+            assert "DequantizeLinear" in ops and "GatherBlockQuantized" not in ops and "MatMul" in ops

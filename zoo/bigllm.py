@@ -245,7 +245,9 @@ def _measured(cmd: Sequence[str | Path], log: Path, mem_limit_mb: float | None =
     if r.status != "ok":
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{r.status} after {r.wall_s:.0f} s: {' '.join(argv)}\n{tail}")
-    return {"wall_s": round(r.wall_s, 1), "peak_rss_mb": round(r.peak_rss_mb or 0.0), "command": " ".join(argv)}
+    cpu = (r.user_s or 0.0) + (r.sys_s or 0.0)
+    return {"wall_s": round(r.wall_s, 1), "cpu_s": round(cpu, 1), "peak_rss_mb": round(r.peak_rss_mb or 0.0),
+            "command": " ".join(argv)}  # fmt: skip
 
 
 def to_hf(python: Path, gguf: Path, key: str, root: Path) -> Path:

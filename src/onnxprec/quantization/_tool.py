@@ -21,6 +21,7 @@ Nothing heavy is imported at module level: the tools' ``_options`` and ``_cli`` 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import re
@@ -492,7 +493,11 @@ def command_line(
         import importlib
 
         files, common, parsed = read_args(args, options)
-        settings = dataclasses.replace(parsed, log_level=common.log_level)  # type: ignore[type-var]
+        # not dataclasses.replace: it would validate the resolved options again as if the user had given them (the
+        # defaults chosen from the model, e.g. INT4's for an LLM, need to know what was left unsaid)
+        check_log_level(common.log_level)
+        settings = copy.copy(parsed)
+        settings.log_level = common.log_level
         outputs = [files.onnx_path, *filter(None, [files.output_path])]
         _report.check_paths({"--report_json": common.report_json}, outputs)
         from onnxprec.errors import AccuracyGuardError
