@@ -33,11 +33,11 @@ from onnxprec import calibration
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
-from onnxprec.quantization.activation_stats import collect_stats, plan_chunks
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, streams
 from onnxprec.quantization.algorithms.rtn import quantize_rtn
 from onnxprec.quantization.budget import FLOAT, Precision, stored_bytes
 from onnxprec.quantization.int4._options import Int4Options
-from onnxprec.quantization.methods import MethodSpec
+from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup, Selection, Target
 from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hessian_energy, hessian_loss
 
@@ -369,7 +369,10 @@ def choose_precisions(
     candidates: dict[Target, list[Candidate]] = {}
     spec = MethodSpec(gptq=True)  # XᵀX only
     groups = [group for group in all_groups if group in owned]
-    chunks = plan_chunks(groups, spec, options.sample_tokens, options.stats_memory_mb * 1024 * 1024)
+    if streams(model, options.segment_bytes):  # one pass: each segment's Gram matrices are used and freed as it ends
+        chunks = [groups] if groups else []
+    else:
+        chunks = plan_chunks(groups, spec, options.sample_tokens, options.stats_memory_mb * 1024 * 1024)
     source = options.calibration_data_reader
     if source is None:
         source = written
@@ -385,20 +388,25 @@ def choose_precisions(
     def run(replay: CalibrationData) -> None:
         bar = tqdm(total=len(groups), desc="Measuring sensitivity", unit="input", disable=None)
         try:
-            for chunk in chunks:
+
+            def score(stats: dict[InputGroup, GroupStats]) -> None:
                 tick = time.perf_counter()
-                stats = collect_stats(
-                    model, chunk, replay, spec, providers=options.calibration_eps,
-                    segment_bytes=options.segment_bytes,
-                )  # fmt: skip
-                _add(report.steps, "statistics", tick)
-                tick = time.perf_counter()
-                for group in chunk:
+                for group in list(stats):
                     gram = stats.pop(group).gram
                     for target in owned[group]:
                         candidates[target] = _candidates(target, gram, options)
+                    del gram
                     bar.update()
                 _add(report.steps, "candidates", tick)
+
+            for chunk in chunks:
+                tick, scored = time.perf_counter(), report.steps.get("candidates", 0.0)
+                left = collect_stats(
+                    model, chunk, replay, spec, providers=options.calibration_eps,
+                    segment_bytes=options.segment_bytes, on_ready=score,
+                )  # fmt: skip
+                _add(report.steps, "statistics", tick + report.steps.get("candidates", 0.0) - scored)
+                score(left)
             bar.close()
             tick = time.perf_counter()
             for target in selection.targets:
