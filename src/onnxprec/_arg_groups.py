@@ -117,7 +117,8 @@ DEPRECATED = {"--report": "--report_html", "--html": "--report_html", "--json": 
 
 
 _DATA_FORMATS_HELP = (
-    "an .npz file (split along the batch axis), a folder of .npz files (one batch each) or a Polygraphy .json"
+    "an .npz file (split along the batch axis: into the model's static batch; an LLM's token windows one a run), "
+    "a folder of .npz files (one batch each) or a Polygraphy .json"
 )
 _DATA_FORMATS_DOC = (
     "a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy ``.json``), a dict of arrays, a list or "

@@ -7,7 +7,8 @@ causal LM; None for realistic random data) and gives validated feed dicts:
 - it can be iterated again: a re-readable source is read again on each pass, one batch in memory at a time; a
   one-shot source (a reader, a generator) is spooled to temporary ``.npz`` files on the first pass and read back
   from them later (:meth:`CalibrationData.close`, or garbage collection, removes them);
-- its batches are split into runs of ``batch_size`` samples along a dynamic batch axis;
+- its batches are split into runs of ``batch_size`` samples along a dynamic batch axis (an LLM's token windows
+  one a run unless told otherwise);
 - the first batch is read and checked when the object is made, so a mismatched source fails before any work;
 - LLM inputs are completed (:mod:`onnxprec.llm_inputs`): data that gives only token ids gets its attention mask,
   position ids and past keys/values (empty; or, with ``past_length``, the ``present.*`` of a prefix run, so that
@@ -61,7 +62,7 @@ class CalibrationData:
             taken as they are (only replayed).
         specs: The inputs to check against (default: the model's).
         batch_size: Split batches into runs of at most this many samples when every input's first axis is dynamic
-            (None or 0: as stored).
+            (0: as stored; None: one window a run for an LLM, else as stored).
         lenient: Accept any float type for a float input and any integer type for an integer input (cast later).
         past_length: For an LLM with a KV cache and data of token ids only: run the first ``past_length`` tokens of
             each window through the model, and feed its ``present.*`` as the past of the rest: each batch gives the
@@ -98,6 +99,8 @@ class CalibrationData:
         self._specs = specs if specs is not None else (input_specs(model) if model is not None else None)
         self._llm = LLMInputs.of(model, self._specs) if model is not None and self._specs is not None else None
         dynamic = bool(self._specs) and all(s.dims and not isinstance(s.dims[0], int) for s in self._specs or [])
+        if batch_size is None and self._llm is not None:
+            batch_size = 1  # an LLM's windows one a run: its logits are [windows, tokens, vocabulary]
         self._batch_size = batch_size if batch_size and batch_size > 0 and dynamic else None
         self._lenient = lenient
         self._past_length = past_length

@@ -91,6 +91,23 @@ def test_ids_only_data_is_completed_for_a_kv_model(tmp_path: Path) -> None:
     assert result.num_batches == 2 and ranges.stats["logits"].batches == 2 and ranges.stats["logits"].absmax > 0
 
 
+def test_an_llm_npz_of_windows_runs_one_window_a_run(tmp_path: Path) -> None:
+    # The data help says an .npz is split along the batch axis: an LLM's windows are one a run unless a batch size
+    # is given, so that no run holds the logits of every window; 0 keeps the batch as stored.
+    model = _decoder(tmp_path)
+    ids = RNG.integers(0, 16, (8, 6))
+    np.savez(tmp_path / "ids.npz", input_ids=ids)
+    data = CalibrationData(tmp_path / "ids.npz", model)
+    batches = list(data)
+    assert [b["input_ids"].shape for b in batches] == [(1, 6)] * 8 and (data.batches, data.samples) == (8, 8)
+    np.testing.assert_array_equal(np.concatenate([b["input_ids"] for b in batches]), ids)
+    assert [b["input_ids"].shape for b in CalibrationData(tmp_path / "ids.npz", model, batch_size=0)] == [(8, 6)]
+    assert [b["X"].shape for b in CalibrationData({"X": X}, _relu())] == [(5, 3)]  # not an LLM: as stored
+    ranges = RangeObserver()
+    result = run_reference(model, data, observers=[ranges])
+    assert result.num_batches == 8 and result.first_outputs["logits"].shape == (1, 6, 16)
+
+
 def test_partial_past_and_long_windows_are_clear_errors(tmp_path: Path) -> None:
     model = _decoder(tmp_path, max_positions=8)
     partial = {"input_ids": np.zeros((1, 4), np.int64), "past_key_values.0.key": np.zeros((1, 1, 0, 16), np.float32)}
@@ -119,13 +136,13 @@ def test_a_prefix_run_fills_the_past(tmp_path: Path) -> None:
     proto = ir.serde.serialize_model(model)
     ids = RNG.integers(0, 16, (2, 7))
     batches = list(CalibrationData({"input_ids": ids}, model, past_length=4))
-    assert [b["input_ids"].shape for b in batches] == [(2, 4), (1, 3), (1, 3)]
-    assert batches[0]["past_key_values.0.key"].shape == (2, 1, 0, 16)
-    assert batches[1]["past_key_values.0.key"].shape == (1, 1, 4, 16)
-    assert batches[2]["attention_mask"].shape == (1, 7)
+    assert [b["input_ids"].shape for b in batches] == [(1, 4), (1, 4), (1, 3), (1, 3)]  # one window a run
+    assert batches[0]["past_key_values.0.key"].shape == (1, 1, 0, 16)
+    assert batches[2]["past_key_values.0.key"].shape == (1, 1, 4, 16)
+    assert batches[3]["attention_mask"].shape == (1, 7)
     for row in range(2):  # decode-like logits equal those of the whole window
         full = run(proto, CalibrationData({"input_ids": ids[row : row + 1]}, model).first)[0]
-        np.testing.assert_allclose(run(proto, batches[1 + row])[0], full[:, 4:], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(run(proto, batches[2 + row])[0], full[:, 4:], rtol=1e-5, atol=1e-5)
 
 
 def test_a_sliding_window_ring_buffer_and_a_fixed_size_state(tmp_path: Path) -> None:

@@ -173,6 +173,7 @@ def run_reference(
     observe_inputs: bool = True,
     segment_bytes: int | None = None,
     what: str | None = None,
+    on_done: Callable[[list[str]], None] | None = None,
 ) -> ReferenceResult:
     """Runs ``model`` on every batch; each selected tensor of each batch goes to every observer.
 
@@ -189,6 +190,9 @@ def run_reference(
             ``DEFAULT_SEGMENT_BYTES``.
         what: How errors name the model (default: the model for the reference run, with advice on how to skip
             that run).
+        on_done: Called with the names of observed tensors as soon as every batch of them has been handed to the
+            observers (after each piece of a segmented run, after each chunk of a whole one), so that a caller can
+            use and free their statistics before the run goes on.
 
     Raises:
         UnsupportedModelError: ONNX Runtime cannot load the model.
@@ -208,7 +212,7 @@ def run_reference(
     chunks = chunk_values(fetched, estimated_sizes(model, data.first), budget_bytes) if fetched else [[]]
     values = {str(v.name): v for v in model.graph.inputs}
     values.update({str(out.name): out for node in model.graph for out in node.outputs})
-    run = _Run(data, observers, providers, observe_inputs, what, len(model.graph.outputs))
+    run = _Run(data, observers, providers, observe_inputs, what, len(model.graph.outputs), on_done)
     with contextlib.ExitStack() as stack:
         if data is not batches:
             stack.callback(data.close)
@@ -279,6 +283,7 @@ class _Run:
     observe_inputs: bool
     what: str | None
     n_outputs: int
+    on_done: Callable[[list[str]], None] | None = None
 
     def segmented(
         self,
@@ -298,7 +303,7 @@ class _Run:
             return None
         done = _run_segmented(
             base, segments, folder, info_of, marked, self.data, self.observers, self.providers, self.observe_inputs,
-            in_graph, reductions, self.n_outputs, self.what,
+            in_graph, reductions, self.n_outputs, self.what, self.on_done,
         )  # fmt: skip
         if done is None:
             return None
@@ -350,6 +355,9 @@ class _Run:
                     count += 1
                     progress.update()
                 del session
+                if self.on_done is not None:
+                    inputs = [i.name for i in base.graph.input] if chunk_index == 0 and self.observe_inputs else []
+                    self.on_done(inputs + (graph_outputs if chunk_index == 0 else []) + names)
         return ReferenceResult(self.data.first, first_outputs, count, len(chunks))
 
 
@@ -414,6 +422,7 @@ def _run_segmented(
     reductions: Mapping[str, tuple[str, ...]] | None = None,
     n_outputs: int | None = None,
     what: str | None = None,
+    on_done: Callable[[list[str]], None] | None = None,
 ) -> tuple[dict[str, np.ndarray], int] | None:
     """Runs the graph piece by piece over every batch (see the module docstring); returns the first batch's graph
     outputs and the number of batches, or None (nothing run) when a tensor crossing pieces has no known type.
@@ -506,6 +515,9 @@ def _run_segmented(
                 count += 1
             del session
             bar.update()
+            if on_done is not None:
+                inputs_done = [i.name for i in base.graph.input] if number == 0 and observe_inputs else []
+                on_done(inputs_done + [name for name in outputs if name in fetch or name in graph_outputs])
     return first_outputs, count
 
 

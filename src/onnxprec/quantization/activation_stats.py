@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
+from onnxprec.passes import InferTypesPass
 from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup
 from onnxprec.reference import DEFAULT_SEGMENT_BYTES, run_reference
@@ -29,6 +30,7 @@ __all__ = [
     "pruned_copy",
     "quiet_onnx_ir",
     "stats_bytes",
+    "streams",
 ]
 
 logger = logging.getLogger(__name__)
@@ -148,32 +150,36 @@ def collect_stats(
     sample_tokens: int = 512,
     providers: Iterable[str] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    on_ready: Callable[[dict[InputGroup, GroupStats]], None] | None = None,
 ) -> dict[InputGroup, GroupStats]:
     """One pass over ``batches``: the statistics ``spec`` needs of every group's input.
 
     The model is run up to the deepest of the inputs only: the inputs no other input depends on are fetched as
     the graph outputs, the others through the reference runner's memory-bounded chunks. A model with more than
-    twice ``segment_bytes`` of weights runs in segments of at most that many (a session holds its weights in memory).
+    ``segment_bytes`` of weights runs in segments of at most that many (a session holds its weights in memory).
+
+    ``on_ready``: called with the statistics of the groups whose inputs are complete as soon as they are (after each
+    segment), which the observers then drop: one pass holds the statistics of one segment's groups at a time
+    (:func:`streams`). Returns the statistics not handed to ``on_ready``.
     """
     names = [group.name for group in groups]
     sinks = _sinks(model, names)
     calibration_model = pruned_copy(model, sinks) if sinks else model
+    if (
+        calibration_model is not model
+        and streams(calibration_model, segment_bytes)
+        and any(out.dtype is None for node in calibration_model.graph for out in node.outputs)
+    ):
+        with quiet_onnx_ir():  # a tensor that crosses segments needs its type (an untyped model would run whole)
+            InferTypesPass()(calibration_model)
     absmean = ChannelAbsMeanObserver(names) if spec.needs_absmean else None
     sample = TokenSampleObserver(sample_tokens, names, dtype=SAMPLE_DTYPE) if spec.needs_sample else None
     gram = Float32GramObserver(names) if spec.needs_gram else None
     observers: list[Observer] = [o for o in (absmean, sample, gram) if o is not None]
     wanted = set(names) - set(sinks)
-    run_reference(
-        calibration_model,
-        batches,
-        select=lambda value: str(value.name) in wanted,
-        observers=observers,
-        providers=list(providers) if providers is not None else None,
-        segment_bytes=segment_bytes,
-    )
-    del calibration_model
-    stats = {}
-    for group in groups:
+    pending = {group.name: group for group in groups}
+
+    def finish(group: InputGroup) -> GroupStats:
         name = group.name
         result = GroupStats()
         if absmean is not None:
@@ -185,5 +191,35 @@ def collect_stats(
         if gram is not None:
             result.gram = gram.gram.pop(name)
             result.tokens = gram.tokens[name]
-        stats[group] = result
-    return stats
+        return result
+
+    def done(names_done: list[str]) -> None:
+        ready = [pending.pop(name) for name in dict.fromkeys(names_done) if name in pending]
+        if on_ready is not None and ready:
+            on_ready({group: finish(group) for group in ready})
+
+    run_reference(
+        calibration_model,
+        batches,
+        select=lambda value: str(value.name) in wanted,
+        observers=observers,
+        providers=list(providers) if providers is not None else None,
+        segment_bytes=segment_bytes,
+        on_done=done if on_ready is not None else None,
+    )
+    del calibration_model
+    return {group: finish(group) for group in groups if group.name in pending}
+
+
+def streams(model: ir.Model, segment_bytes: int) -> bool:
+    """Whether a statistics pass over ``model`` runs segment by segment, handing each segment's statistics over as
+    it ends (``collect_stats(on_ready=...)``): one pass then holds one segment's statistics, whatever the depth,
+    where a whole-graph run holds those of every input it observes."""
+    if any(
+        attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for node in model.graph
+        for attr in node.attributes.values()
+    ):
+        return False  # run whole (see onnxprec.reference)
+    total = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+    return total > segment_bytes

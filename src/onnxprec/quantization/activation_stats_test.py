@@ -188,3 +188,29 @@ def test_a_model_above_twice_the_segment_size_runs_in_segments_with_the_same_sta
     assert runs and runs[0] >= 2  # mlp's weights (about 80 KB) in pieces of at most 16 KB
     for group in groups:
         np.testing.assert_allclose(parts[group].gram, whole[group].gram, rtol=1e-6)  # type: ignore[arg-type]
+
+
+def test_statistics_handed_over_as_each_segment_ends_equal_those_of_a_whole_pass() -> None:
+    # The size budget's one pass over a segmented model: each group's Gram matrix is handed over (and dropped by the
+    # observers) when the piece that computes its input has seen every batch, in graph order, one piece at a time.
+    from onnxprec.quantization.activation_stats import streams
+
+    model = _model()
+    groups = select_layers(model).groups()
+    spec = METHODS["gptq"]
+    batches = [{"X": X[i : i + 1]} for i in range(3)]
+    whole = collect_stats(model, groups, CalibrationData(batches, model), spec)
+    handed: list[list[str]] = []
+    got = {}
+
+    def take(stats: dict) -> None:  # type: ignore[type-arg]
+        handed.append([group.name for group in stats])
+        got.update(stats)
+
+    assert streams(model, 16384) and not streams(model, 1 << 20)
+    left = collect_stats(model, groups, CalibrationData(batches, model), spec, segment_bytes=16384, on_ready=take)
+    assert not left and len(handed) >= 2  # in several handovers, not at the end
+    assert [name for names in handed for name in names] == [group.name for group in groups]
+    for group in groups:
+        assert got[group].tokens == whole[group].tokens == 15
+        np.testing.assert_allclose(got[group].gram, whole[group].gram, rtol=1e-6)  # type: ignore[arg-type]

@@ -33,13 +33,13 @@ from onnxprec import calibration
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
-from onnxprec.quantization.activation_stats import collect_stats, plan_chunks
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, streams
 from onnxprec.quantization.algorithms.rtn import quantize_rtn
 from onnxprec.quantization.budget import FLOAT, Precision, stored_bytes
 from onnxprec.quantization.int4._options import Int4Options
-from onnxprec.quantization.methods import MethodSpec
+from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup, Selection, Target
-from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hessian_energy, hessian_loss
+from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hessian_energy
 
 __all__ = [
     "BLOCK_CHOICES", "TINY_ELEMENTS", "WRITTEN_LENGTH", "WRITTEN_WINDOWS", "BudgetReport", "choose_precisions",
@@ -113,30 +113,46 @@ def _precisions(target: Target, options: Int4Options) -> list[Precision]:
 
 
 def _candidates(target: Target, gram: np.ndarray | None, options: Int4Options) -> list[Candidate]:
-    """Every precision of ``target`` with its bytes and loss (RTN; the table part of a tied weight unweighted)."""
+    """Every precision of ``target`` with its bytes and loss (RTN; the table part of a tied weight unweighted).
+
+    Blocks run along K, so output columns are quantized independently: the losses are summed over slices of about
+    ``_SLICE_BYTES`` of columns, and a 262k-row tied table never has a full-size dequantized copy beside it."""
     w = target.read()
     config = options.quant_config()
-    energy = hessian_energy(w, gram) if target.matmuls else 0.0
-    plain = hessian_energy(w, None) if target.gathers else 0.0
+    precisions = _precisions(target, options)
+    errors = np.zeros((len(precisions), 2))  # per precision: tr(ΔWᵀ H ΔW), tr(ΔWᵀ ΔW)
+    energy = np.zeros(2)  # tr(Wᵀ H W), tr(Wᵀ W)
+    step = max(1, _SLICE_BYTES // (4 * target.k))
+    for start in range(0, target.n, step):
+        part = w[:, start : start + step]
+        energy += [hessian_energy(part, gram) if target.matmuls else 0.0, hessian_energy(part, None)]
+        for i, precision in enumerate(precisions):
+            if not precision.bits:
+                continue
+            diff = part - quantize_rtn(
+                part, precision.block_size, symmetric=config.symmetric, bits=precision.bits,
+                positive_scales=config.positive_scales,
+            ).dequantize()  # fmt: skip
+            errors[i] += [hessian_energy(diff, gram) if target.matmuls else 0.0, hessian_energy(diff, None)]
+            del diff
+    del w
     result = []
-    for precision in _precisions(target, options):
+    for precision, (weighted, plain) in zip(precisions, errors):
         size, _ = stored_bytes(
             target.k, target.n, int(target.dtype.itemsize), precision, symmetric=config.symmetric,
             output_format=options.format,
         )  # fmt: skip
         loss = 0.0
-        if precision.bits:
-            dq = quantize_rtn(
-                w, precision.block_size, symmetric=config.symmetric, bits=precision.bits,
-                positive_scales=config.positive_scales,
-            ).dequantize()  # fmt: skip
-            if target.matmuls:
-                loss += hessian_loss(w, dq, gram, energy)
-            if target.gathers:
-                loss += hessian_loss(w, dq, None, plain)
-            del dq
+        if target.matmuls and energy[0] > 0:
+            loss += max(weighted, 0.0) / energy[0]
+        if target.gathers and energy[1] > 0:
+            loss += plain / energy[1]
         result.append(Candidate(precision, size, loss))
     return result
+
+
+# Output columns of a weight scored at once (float32 bytes).
+_SLICE_BYTES = 64 << 20
 
 
 def _fixed_bytes(model: ir.Model, selection: Selection, options: Int4Options) -> int:
@@ -387,7 +403,10 @@ def choose_precisions(
     candidates: dict[Target, list[Candidate]] = {}
     spec = MethodSpec(gptq=True)  # XᵀX only
     groups = [group for group in all_groups if group in owned]
-    chunks = plan_chunks(groups, spec, options.sample_tokens, options.stats_memory_mb * 1024 * 1024)
+    if streams(model, options.segment_bytes):  # one pass: each segment's Gram matrices are used and freed as it ends
+        chunks = [groups] if groups else []
+    else:
+        chunks = plan_chunks(groups, spec, options.sample_tokens, options.stats_memory_mb * 1024 * 1024)
     source = options.calibration_data_reader
     if source is None:
         source = written
@@ -403,20 +422,25 @@ def choose_precisions(
     def run(replay: CalibrationData) -> None:
         bar = tqdm(total=len(groups), desc="Measuring sensitivity", unit="input", disable=None)
         try:
-            for chunk in chunks:
+
+            def score(stats: dict[InputGroup, GroupStats]) -> None:
                 tick = time.perf_counter()
-                stats = collect_stats(
-                    model, chunk, replay, spec, providers=options.calibration_eps,
-                    segment_bytes=options.segment_bytes,
-                )  # fmt: skip
-                _add(report.steps, "statistics", tick)
-                tick = time.perf_counter()
-                for group in chunk:
+                for group in list(stats):
                     gram = stats.pop(group).gram
                     for target in owned[group]:
                         candidates[target] = _candidates(target, gram, options)
+                    del gram
                     bar.update()
                 _add(report.steps, "candidates", tick)
+
+            for chunk in chunks:
+                tick, scored = time.perf_counter(), report.steps.get("candidates", 0.0)
+                left = collect_stats(
+                    model, chunk, replay, spec, providers=options.calibration_eps,
+                    segment_bytes=options.segment_bytes, on_ready=score,
+                )  # fmt: skip
+                _add(report.steps, "statistics", tick + report.steps.get("candidates", 0.0) - scored)
+                score(left)
             bar.close()
             tick = time.perf_counter()
             for target in selection.targets:

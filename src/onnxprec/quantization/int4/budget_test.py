@@ -141,3 +141,32 @@ def test_the_default_method_choice_leaves_the_callers_options_as_given(tmp_path:
     _, report = quantize_model(source, options)
     assert report.method == NO_DATA_LLM_METHOD != given[0]
     assert (options.calibration_method, options.method, options.default_method) == given
+
+
+def test_candidates_scored_slice_by_slice_equal_whole_weight_losses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tied table (Gather and MatMul) is scored over slices of its output columns (a 262k-token table has no full
+    # dequantized copy); the losses equal the whole-weight Hessian-weighted and plain relative errors.
+    import onnx_ir as ir
+
+    from onnxprec.quantization.algorithms.rtn import quantize_rtn
+    from onnxprec.quantization.int4 import _budget
+    from onnxprec.quantization.int4._options import Int4Options
+    from onnxprec.quantization.select import select_layers
+    from onnxprec.sensitivity import hessian_loss
+
+    model, _ = tiny_lm("tied", v=512, h=64)
+    selection = select_layers(ir.serde.deserialize_model(model), gathers=True)
+    target = next(t for t in selection.targets if t.gathers and t.matmuls)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, target.k)).astype(np.float32)
+    gram = x.astype(np.float64).T @ x
+    options = Int4Options(size_budget_mb=1.0)
+    monkeypatch.setattr(_budget, "_SLICE_BYTES", 4 * target.k * 100)  # 6 slices of at most 100 columns
+    sliced = _budget._candidates(target, gram, options)
+    w = target.read()
+    assert [c.precision.bits for c in sliced] == [4, 4, 8]  # blocks 64 and 32 (K = 64), INT8
+    for candidate in sliced:
+        p = candidate.precision
+        dq = quantize_rtn(w, p.block_size, symmetric=True, bits=p.bits).dequantize()
+        expected = hessian_loss(w, dq, gram) + hessian_loss(w, dq, None)
+        assert candidate.loss == pytest.approx(expected, rel=1e-6)
