@@ -11,10 +11,12 @@ PyTorch writes ``F.pad``) are evaluated once with ONNX's reference evaluator.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
+from onnxscript.rewriter import pattern
 
 from onnxprec._ops import is_default_domain
 
@@ -87,49 +89,75 @@ def _zero_constant(pad: ir.Node) -> bool:
     return len(pad.inputs) <= 3 or pad.inputs[3] is None
 
 
-class FoldPadIntoConvPass(ir.passes.InPlacePass):
-    """Removes ``Pad(mode=constant, value 0) -> Conv`` pairs by adding the spatial pads to the Conv's ``pads``.
+def _spatial_pads(pad: ir.Node, conv: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """The begin and end pads of ``pad``'s spatial axes when it is ``conv``'s own zero padding (else None)."""
+    mode = pad.attributes.get("mode")
+    if mode is not None and mode.as_string() != "constant":
+        return None
+    if _auto_pad(conv) or not _zero_constant(pad):
+        return None
+    pads = constant_value(pad.inputs[1]) if len(pad.inputs) > 1 else None
+    if pads is None or pads.ndim != 1 or pads.size % 2 or np.any(pads < 0):
+        return None
+    rank = pads.size // 2
+    begins, ends = pads[:rank].astype(int), pads[rank:].astype(int)
+    if rank < 3 or np.any(begins[:2]) or np.any(ends[:2]):
+        return None
+    return begins[2:], ends[2:]
 
-    A Pad whose output is read by anything other than Conv, that pads the batch or channel axis, has negative or
-    non-constant pads, or feeds a Conv with ``auto_pad`` set, is left alone.
+
+class _FoldPadIntoConv(pattern.RewriteRuleClassBase):
+    """``Conv(Pad(x, pads, ...), W, ...)`` -> ``Conv(x, W, ...)`` with the Pad's spatial pads added to the Conv's."""
+
+    def pattern(self, op: Any, x: ir.Value, pads: ir.Value) -> Any:
+        padded = op.Pad(x, pads, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["padded"])
+        return op.Conv(padded, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["y"])
+
+    def check(self, op: Any, *args: Any, **bindings: Any) -> Any:
+        result = pattern.MatchResult()
+        pad, conv = bindings["padded"].producer(), bindings["y"].producer()
+        if pad is None or conv is None or _spatial_pads(pad, conv) is None:
+            return result.fail("not a constant zero Pad of the spatial axes, or the Conv sets auto_pad")
+        return result
+
+    def rewrite(self, op: Any, x: ir.Value, padded: ir.Value, y: ir.Value, **_: Any) -> Any:
+        pad, conv = padded.producer(), y.producer()
+        assert pad is not None and conv is not None
+        spatial = _spatial_pads(pad, conv)
+        assert spatial is not None  # check() passed
+        begins, ends = spatial
+        old = conv.attributes.get("pads")
+        current = list(old.as_ints()) if old is not None else [0] * (2 * begins.size)
+        merged = [current[i] + int(b) for i, b in enumerate(begins)]
+        merged += [current[begins.size + i] + int(e) for i, e in enumerate(ends)]
+        attributes = dict(conv.attributes)
+        attributes["pads"] = ir.AttrInt64s("pads", merged)
+        folded = op.Conv(x, *conv.inputs[1:], **attributes)
+        folded.producer().name = conv.name  # the Conv keeps its name: exclusion patterns still match
+        return folded
+
+
+# A Pad that several Convs read is left alone: the rewriter replaces a matched subgraph only when nothing outside
+# it reads its intermediate values (its own rule), and a per-reader copy of the Pad would be a hand-written walk
+# for a layout that PyTorch and tf2onnx exports do not write (one Pad per Conv).
+def _rule(rule: pattern.RewriteRuleClassBase) -> pattern.RewriteRule:
+    """``rule`` without a name: a named rule tags each node it writes with its name in ``metadata_props``."""
+    return pattern.RewriteRule(rule.pattern, rule.rewrite, rule.check, name=None)
+
+
+_RULES = pattern.RewriteRuleSet([_rule(_FoldPadIntoConv())])
+
+
+class FoldPadIntoConvPass(ir.passes.InPlacePass):
+    """Removes ``Pad(mode=constant, value 0) -> Conv`` pairs by adding the spatial pads to the Conv's ``pads``, in
+    every graph (the rewriter visits If/Loop/Scan bodies too).
+
+    A Pad whose output is read by anything other than one Conv (or is a graph output), that pads the batch or
+    channel axis, has negative or non-constant pads, or feeds a Conv with ``auto_pad`` set, is left alone.
     """
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        count = 0
-        graph = model.graph
-        for pad in list(graph):
-            if pad.op_type != "Pad" or not is_default_domain(pad.domain):
-                continue
-            mode = pad.attributes.get("mode")
-            if mode is not None and mode.as_string() != "constant":
-                continue
-            out = pad.outputs[0]
-            convs = [user for user, _ in out.uses()]
-            if (
-                not convs
-                or out.is_graph_output()
-                or any(c.op_type != "Conv" or not is_default_domain(c.domain) or c.inputs[0] is not out for c in convs)
-            ):
-                continue
-            if any(_auto_pad(conv) for conv in convs) or not _zero_constant(pad):
-                continue
-            pads = constant_value(pad.inputs[1]) if len(pad.inputs) > 1 else None
-            if pads is None or pads.ndim != 1 or pads.size % 2 or np.any(pads < 0):
-                continue
-            rank = pads.size // 2
-            begins, ends = pads[:rank].astype(int), pads[rank:].astype(int)
-            if rank < 3 or np.any(begins[:2]) or np.any(ends[:2]):
-                continue
-            for conv in convs:
-                old = conv.attributes.get("pads")
-                current = list(old.as_ints()) if old is not None else [0] * (2 * (rank - 2))
-                spatial = rank - 2
-                merged = [current[i] + int(begins[2 + i]) for i in range(spatial)]
-                merged += [current[spatial + i] + int(ends[2 + i]) for i in range(spatial)]
-                conv.attributes["pads"] = ir.AttrInt64s("pads", merged)
-                conv.replace_input_with(0, pad.inputs[0])
-            graph.remove(pad, safe=True)
-            count += 1
+        count: int = _RULES.apply_to_model(model)
         if count:
             logger.debug("Folded %d Pad nodes into their Conv", count)
         return ir.passes.PassResult(model, modified=bool(count))

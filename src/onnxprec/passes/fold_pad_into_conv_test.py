@@ -55,3 +55,18 @@ def test_constant_value_reads_initializers_and_computed_constants_only() -> None
     pad = next(n for n in model.graph if n.op_type == "Pad")
     assert constant_value(pad.inputs[1]).tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
     assert constant_value(pad.inputs[0]) is None  # the graph input
+
+
+def test_a_pad_that_two_convs_read_stays_and_the_folded_conv_keeps_its_name_and_attributes() -> None:
+    shared = _model([0, 0, 1, 1, 0, 0, 1, 1])
+    shared.graph.node.append(helper.make_node("Conv", ["p", "w"], ["z"], kernel_shape=[3, 3], name="other"))
+    shared.graph.output.append(tensor_info("z", F, None))
+    model = ir.serde.deserialize_model(shared)
+    assert not FoldPadIntoConvPass()(model).modified
+    assert [n.op_type for n in model.graph] == ["Pad", "Conv", "Conv"]
+
+    model = ir.serde.deserialize_model(_model([0, 0, 1, 1, 0, 0, 1, 1]))
+    FoldPadIntoConvPass()(model)
+    (conv,) = model.graph
+    assert conv.name == "conv" and list(conv.attributes) == ["kernel_shape", "pads"] and not conv.metadata_props
+    assert conv.outputs[0].name == "y"

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from onnxscript.rewriter import pattern
 
 from onnxprec._graph import NameAllocator
-from onnxprec._ops import normalized_domain
 from onnxprec._tensors import float32_copy
 from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
 from onnxprec.quantization.algorithms.int8 import (
@@ -294,43 +295,46 @@ def _mergeable(layers: list[Layer], decisions: Decisions) -> list[MergedLayer]:
     return merged if len(merged) > 1 else []
 
 
-def _single_producer(value: ir.Value | None, op_type: str, perm: list[int] | None = None) -> ir.Node | None:
-    """``value``'s producer if it is an ``op_type`` node (a Transpose with ``perm``) that only ``value``'s one reader
-    reads from."""
-    if value is None or len(value.uses()) != 1 or value.is_graph_output():
-        return None
-    node = value.producer()
-    if node is None or node.op_type != op_type or normalized_domain(node.domain) != "":
-        return None
-    if perm is not None:
-        attr = node.attributes.get("perm")
-        if attr is None or list(attr.value) != perm:
-            return None
-    return node
+class _MergedHeads(pattern.PatternBase):
+    """The merged context ``Reshape(Transpose(MatMul(P, Transpose(Reshape(V, shape), perm)), perm))`` of an
+    attention, with ``perm`` ``[0, 2, 1, 3]`` both times, where nothing else reads a value between V and the context
+    (the matcher's own rule); V's other readers are checked here."""
+
+    def pattern(self, op: Any, probs: ir.Value, values: ir.Value, split_shape: ir.Value, merge_shape: ir.Value) -> Any:
+        split = op.Reshape(values, split_shape, _outputs=["split"])
+        mixed = op.MatMul(probs, op.Transpose(split, perm=[0, 2, 1, 3]))
+        return op.Reshape(op.Transpose(mixed, perm=[0, 2, 1, 3]), merge_shape)
+
+    def check(self, op: Any, values: ir.Value, **_: Any) -> Any:
+        result = pattern.MatchResult()
+        if len(values.uses()) != 1:
+            return result.fail("V is read by another node too")
+        return result
+
+
+_MERGED_HEADS = _MergedHeads()
 
 
 def _attention_values(activation: ir.Value, k: int) -> ir.Value | None:
     """The attention's V (``[B, S, K]``, before its heads are split) whose channels are ``activation``'s, if
-    ``activation`` is the merged context ``Reshape(Transpose(MatMul(P, Transpose(Reshape(V, [B, S, H, D])))))``;
-    else None. Channel ``h * D + d`` of the context is channel ``h * D + d`` of V: per-channel factors on V's
-    columns reach the context unchanged (the attention mixes tokens, not channels)."""
+    ``activation`` is the merged context ``Reshape(Transpose(MatMul(P, Transpose(Reshape(V, [B, S, H, D])))))``
+    (:class:`_MergedHeads`); else None. Channel ``h * D + d`` of the context is channel ``h * D + d`` of V:
+    per-channel factors on V's columns reach the context unchanged (the attention mixes tokens, not channels)."""
     merge = activation.producer()  # its last axis is K, the reading layers' (a valid model): [B, S, H, D] merged
-    if merge is None or merge.op_type != "Reshape":
+    if merge is None or merge.graph is None:
         return None
-    back = _single_producer(merge.inputs[0], "Transpose", [0, 2, 1, 3])
-    mix = _single_producer(back.inputs[0], "MatMul") if back is not None else None
-    heads = _single_producer(mix.inputs[1], "Transpose", [0, 2, 1, 3]) if mix is not None else None
-    split = _single_producer(heads.inputs[0], "Reshape") if heads is not None else None
-    if split is None or split.inputs[0] is None or len(split.inputs[0].uses()) != 1:
+    match = _MERGED_HEADS.match(None, merge.graph, merge)  # type: ignore[arg-type]  # the matcher reads no model
+    if not match:
         return None
-    before, after = split.inputs[0].shape, split.outputs[0].shape
+    values, split = match.bindings["values"], match.bindings["split"]
+    before, after = values.shape, split.shape
     if before is None or after is None or len(before) != 3 or len(after) != 4:
         return None
     leading = all(isinstance(d, int) or d.value is not None for d in (*before[:2], *after[:2]))
     head_size = after[3]
     if not leading or list(before[:2]) != list(after[:2]) or not isinstance(head_size, int) or k % head_size:
         return None  # the last axis split into heads x head size (the leading axes proven the same), nothing else
-    return split.inputs[0]
+    return values
 
 
 def _path_values(activation: ir.Value, values: ir.Value) -> list[ir.Value]:
