@@ -128,11 +128,11 @@ def test_kv_cache_model_gets_an_empty_past(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(_ort.Session, "run", spy)
     ids = RNG.integers(0, VOCAB, (3, 7)).astype(np.int64)
     report = evaluate_models([model, model], {"input_ids": ids}, latency_runs=0)
-    assert seen[0] == {
-        "input_ids": (3, 7),
-        "past_key_values.0.key": (3, HEADS, 0, HEAD_DIM),
-        "past_key_values.0.value": (3, HEADS, 0, HEAD_DIM),
-        "attention_mask": (3, 7),
+    assert seen[0] == {  # an LLM's token windows run one a run (calibration_data: no batch size given)
+        "input_ids": (1, 7),
+        "past_key_values.0.key": (1, HEADS, 0, HEAD_DIM),
+        "past_key_values.0.value": (1, HEADS, 0, HEAD_DIM),
+        "attention_mask": (1, 7),
     }
     assert fetched[0] == ["logits"]  # present.* are not fetched
     assert report.models[0].perplexity == pytest.approx(_numpy_perplexity(ids), rel=1e-6)
@@ -307,7 +307,7 @@ def test_polygraphy_json_without_the_mask(tmp_path: Path) -> None:
     batches = [RNG.integers(0, VOCAB, (2, 5)).astype(np.int64) for _ in range(3)]
     (tmp_path / "inputs.json").write_text(json.dumps([{"input_ids": encode(ids)} for ids in batches]))
     result = evaluate_models([model], tmp_path / "inputs.json", latency_runs=0)["lm"]
-    assert result.batches == 3
+    assert result.batches == 6  # 3 entries of 2 token windows, one window a run
     assert result.perplexity == pytest.approx(_numpy_perplexity(np.concatenate(batches)), rel=1e-6)
 
 

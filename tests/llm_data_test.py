@@ -55,16 +55,16 @@ def test_int4_autocast_evaluate_dump_and_compare_on_token_ids(folder: Path) -> N
     )
     assert report.calibration["batches"] == 4 and report.calibration["samples"] == 4  # split to batch size 1
     autocast = convert_file(model, folder / "fp16.onnx", calibration_data=str(ids))
-    assert autocast.reference_batches == 1
+    assert autocast.reference_batches == 4  # the .npy's 4 windows, one a run
     evaluation = evaluate_models([model, folder / "int4.onnx", folder / "fp16.onnx"], ids, latency_runs=0)
     reference = evaluation["model"]
     assert reference.tokens == 4 * 11 and reference.perplexity == pytest.approx(_perplexity_by_hand(model, IDS), 1e-5)
     fp16 = evaluation["fp16"].agreement
     assert fp16 is not None and fp16["logits"]["cosine"] > 0.999
     dumped = dump_model(folder / "int4.onnx", str(ids), output_dir=str(folder / "dump"))
-    assert dumped.index["inputs"]["past_key_values.0.key"]["shape"] == [4, 1, 0, 16]
+    assert dumped.index["inputs"]["past_key_values.0.key"]["shape"] == [1, 1, 0, 16]  # the first window
     compared = compare_models(model, folder / "fp16.onnx", str(ids))
-    assert compared.batches == 1 and compared.first_divergence is None
+    assert compared.batches == 4 and compared.first_divergence is None
 
 
 def test_no_data_and_the_data_flag_of_evaluate(folder: Path) -> None:
