@@ -196,19 +196,16 @@ def _has_logits(model: ir.Model) -> bool:
 # Tokens' float distributions are kept as their top-k probabilities (KL to the rest of the vocabulary as one bucket).
 _TOP_K = 32
 
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float32)
-    flat = flat - flat.max(axis=1, keepdims=True)
-    return flat - np.log(np.exp(flat).sum(axis=1, keepdims=True))
-
-
 # Positions the real runs score (the first calibration batches that hold this many).
 _PROBE_POSITIONS = 1024
 
+# Positions whose logits are reduced at once: a [rows, vocabulary] float32 temporary (64 MB at 262k tokens).
+_ROWS = 64
+
 
 def _logits(model: ir.Model, data: CalibrationData, options: Int4Options) -> Generator[np.ndarray, None, None]:
-    """Log-probabilities of ``model`` on the first calibration batches (about ``_PROBE_POSITIONS`` positions)."""
+    """The logits of ``model`` on the first calibration batches (about ``_PROBE_POSITIONS`` positions), one batch
+    at a time as ``[positions, vocabulary]``; the probe session computes no output but the logits."""
     from onnxprec._ort import create_session
 
     session = create_session(model, providers=options.calibration_eps, optimization="basic", what="the probe model")
@@ -216,21 +213,38 @@ def _logits(model: ir.Model, data: CalibrationData, options: Int4Options) -> Gen
         positions = 0
         for feeds in data:
             (logits,) = session.run(feeds, ["logits"])
-            logp = _log_softmax(logits)
-            positions += logp.shape[0]
-            yield logp
+            flat = logits.reshape(-1, logits.shape[-1])
+            positions += flat.shape[0]
+            yield flat
+            del logits, flat
             if positions >= _PROBE_POSITIONS:
                 break
     finally:
         del session
 
 
+def _log_normalizer(logits: np.ndarray) -> np.ndarray:
+    """``log(sum(exp(logits)))`` of each row, in float64, ``_ROWS`` rows at a time (no log-softmax of the whole
+    ``[positions, vocabulary]`` array is made)."""
+    out = np.empty(logits.shape[0], np.float64)
+    for start in range(0, logits.shape[0], _ROWS):
+        rows = logits[start : start + _ROWS]
+        top = rows.max(axis=1, keepdims=True).astype(np.float32)
+        shifted = np.subtract(rows, top, dtype=np.float32)
+        np.exp(shifted, out=shifted)
+        out[start : start + _ROWS] = top[:, 0] + np.log(shifted.sum(axis=1).astype(np.float64))  # pairwise sums
+    return out
+
+
 def _reference_top(model: ir.Model, data: CalibrationData, options: Int4Options) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per batch: the float model's top-k token indices and log-probabilities of every position."""
     tops = []
-    for logp in _logits(model, data, options):
-        index = np.argpartition(logp, -_TOP_K, axis=1)[:, -_TOP_K:]
-        tops.append((index, np.take_along_axis(logp, index, axis=1)))
+    for logits in _logits(model, data, options):
+        index = np.empty((logits.shape[0], _TOP_K), np.int64)
+        for start in range(0, logits.shape[0], _ROWS):
+            index[start : start + _ROWS] = np.argpartition(logits[start : start + _ROWS], -_TOP_K, axis=1)[:, -_TOP_K:]
+        top = np.take_along_axis(logits, index, axis=1).astype(np.float64) - _log_normalizer(logits)[:, None]
+        tops.append((index, top))
     return tops
 
 
@@ -239,9 +253,9 @@ def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray
     """Mean KL divergence (nats per position) of ``model``'s logits from the reference's, over the reference's top-k
     tokens and the rest of the vocabulary as one bucket (a lower bound of the full KL)."""
     total, count = 0.0, 0
-    with contextlib.closing(_logits(model, data, options)) as logits:  # closing frees the session at once
-        for (index, ref), logq in zip(reference, logits):
-            q = np.take_along_axis(logq, index, axis=1)
+    with contextlib.closing(_logits(model, data, options)) as batches:  # closing frees the session at once
+        for (index, ref), logits in zip(reference, batches):
+            q = np.take_along_axis(logits, index, axis=1).astype(np.float64) - _log_normalizer(logits)[:, None]
             p = np.exp(ref)
             rest_p = np.clip(1 - p.sum(axis=1), 1e-12, 1)
             rest_q = np.clip(1 - np.exp(q).sum(axis=1), 1e-12, 1)
@@ -260,7 +274,7 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
     from onnxprec.quantization.methods import Recipe
     from onnxprec.quantization.select import select_layers
 
-    copy = pruned_copy(model, [str(value.name) for value in model.graph.outputs])
+    copy = pruned_copy(model, ["logits"])  # the probes measure the logits only
     config = options.quant_config()
     names = NameAllocator(copy)
     for target in select_layers(copy).targets:

@@ -170,3 +170,14 @@ def test_candidates_scored_slice_by_slice_equal_whole_weight_losses(monkeypatch:
         dq = quantize_rtn(w, p.block_size, symmetric=True, bits=p.bits).dequantize()
         expected = hessian_loss(w, dq, gram) + hessian_loss(w, dq, None)
         assert candidate.loss == pytest.approx(expected, rel=1e-6)
+
+
+def test_probe_logits_are_reduced_a_few_positions_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real runs keep, per position, the reference's top-k log-probabilities and the log of the normalizer: no
+    # [positions, vocabulary] log-softmax is made, only [_ROWS, vocabulary] temporaries.
+    from onnxprec.quantization.int4 import _budget
+
+    monkeypatch.setattr(_budget, "_ROWS", 3)
+    logits = (np.random.default_rng(0).standard_normal((10, 1000)) * 8).astype(np.float32)
+    exact = logits.astype(np.float64)
+    np.testing.assert_allclose(_budget._log_normalizer(logits), np.log(np.exp(exact).sum(axis=1)), rtol=1e-6)
