@@ -5,6 +5,7 @@ is built (``python -m experiments.llm_corpus build``; skipped otherwise), the to
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +21,13 @@ from onnxprec.reference import run_reference
 TOKENS = 16
 
 
-def _check_pieces_equal_whole(path: Path) -> int:
-    """Runs ``path`` whole and in pieces of one weight each on one window; returns the number of pieces."""
+def _check_pieces_equal_whole(path: Path, segment_bytes: int | None = 1) -> int:
+    """Runs ``path`` whole and in pieces (default: of one weight each) on one window; returns the number of pieces."""
     model = load_model(path)
     ids = np.random.default_rng(0).integers(3, 500, (1, TOKENS))
     data = CalibrationData({"input_ids": ids}, model)
     whole = run_reference(model, data, select=[], segment_bytes=1 << 40)
-    pieces = run_reference(model, data, select=[], segment_bytes=1)
+    pieces = run_reference(model, data, select=[], segment_bytes=segment_bytes)
     assert whole.segments == 1 and set(pieces.first_outputs) == set(whole.first_outputs)
     for name, expected in whole.first_outputs.items():
         actual = pieces.first_outputs[name]
@@ -56,3 +57,15 @@ def test_every_corpus_model_in_pieces_equals_the_whole(path: Path) -> None:
     if path.parent.parent.name == "synthetic":
         pytest.skip("the untyped torch-free decoder runs whole (its typed copy is tested above)")
     assert _check_pieces_equal_whole(path) > 2
+
+
+GEMMA3_270M = Path(os.environ.get("ONNXPREC_GEMMA3_270M", "~/.cache/onnxprec/gemma/fp32/model.onnx")).expanduser()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GEMMA3_270M.exists(), reason=f"no Gemma-3-270M builder model at {GEMMA3_270M}")
+def test_gemma3_270m_in_pieces_equals_the_whole() -> None:
+    """The real Gemma-3-270M built by the builder (-p fp32 -e cpu; 1.14 GB, a 262k-row table tied to the lm_head,
+    shape constants read by every layer, sliding windows of 512): its default pieces give the whole graph's outputs."""
+    assert GEMMA3_270M.stat().st_size + (GEMMA3_270M.parent / "model.onnx.data").stat().st_size > 1 << 30
+    assert _check_pieces_equal_whole(GEMMA3_270M, segment_bytes=None) >= 6
