@@ -10,16 +10,15 @@ stores its finished table in ``int8-<date>-<tag>.json``, which the report render
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 
 import zoo
 from onnxprec import metrics
+from onnxprec._latency import time_alternating
 from onnxprec._ort_profile import profile_kernels
 
 from .harness import REPO_ROOT, RunConfig, ensure_anchors, log_run, measure, run_models, write_results
@@ -71,12 +71,6 @@ def agreement(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
     return out | ({"top1": int((ref.argmax(1) == got.argmax(1)).sum())} if ref.ndim == 2 else {})
 
 
-def round_ratios(times: Mapping[str, Sequence[float]], reference: str) -> dict[str, float]:
-    """Each model's median over the rounds of its time divided by the reference's time in the same round."""
-    ref = times[reference]
-    return {k: statistics.median(t / r for t, r in zip(v, ref)) for k, v in times.items() if k != reference}
-
-
 def _session(path: Path) -> Any:
     import onnxruntime as ort
 
@@ -91,20 +85,14 @@ def _error(e: Exception) -> str:
 
 def latency_ratios(paths: Mapping[str, Path], feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
     """Latency against the first of ``paths`` on ``feeds``, 2 threads: :data:`ROUNDS` rounds, each timing ``runs``
-    runs of every model in turn (the order rotating), after 3 warm-up runs each."""
+    runs of every model in turn (the order rotating), after 3 warm-up runs each (:func:`time_alternating`)."""
     sessions = {k: _session(p) for k, p in paths.items()}
-    for s in sessions.values():
-        for _ in range(3):  # warm-up
-            s.run(None, feeds)
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for r in range(ROUNDS):
-        for key in [*sessions][r % len(sessions) :] + [*sessions][: r % len(sessions)]:
-            tick = time.perf_counter()
-            for _ in range(runs):
-                sessions[key].run(None, feeds)
-            times[key].append((time.perf_counter() - tick) / runs)
-    first = next(iter(paths))
-    return {first: 1000 * statistics.median(times[first])} | round_ratios(times, first)
+    latencies = time_alternating(
+        [functools.partial(s.run, None, feeds) for s in sessions.values()], ROUNDS, runs=runs, warmup=3
+    )
+    first, *others = paths
+    ratios = latencies.ratios()
+    return {first: latencies.median_ms(0)} | {key: ratios[i] for i, key in enumerate(others, 1)}
 
 
 def _outputs(path: Path, sets: dict[str, dict[str, np.ndarray]], per_run: int, output: str | None) -> dict[str, Any]:

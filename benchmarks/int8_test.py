@@ -35,13 +35,6 @@ def test_agreement_of_hidden_states_has_no_top1() -> None:
     assert a["cosine"] == pytest.approx(1.0)
 
 
-def test_round_ratios_take_the_median_of_each_rounds_ratio() -> None:
-    # the machine slows down in round 2 for everyone: per-round ratios stay 0.5, a ratio of medians would not
-    times = {"fp32": [1.0, 4.0, 1.0], "int8": [0.5, 2.0, 0.6], "slow": [2.0, 8.0, 3.0]}
-    assert int8.round_ratios(times, "fp32") == {"int8": pytest.approx(0.5), "slow": pytest.approx(2.0)}
-    assert int8.round_ratios({"fp32": [2.0]}, "fp32") == {}
-
-
 def test_table_rows_and_failures() -> None:
     ok = {
         "status": "ok",

@@ -32,7 +32,7 @@ from .report_common import (
     status_text,
     tool_label,
 )
-from .targets import Target, evaluate, targets_table
+from .targets import Goal, evaluate, targets_table
 from .tools import TARGET
 
 GIB_MB = 1024.0
@@ -48,55 +48,55 @@ _DATA_MAX = (("onnxprec", "modelopt", ""), ("onnxprec:inf", "modelopt:inf", " (d
 
 
 # fmt: off
-TARGETS: tuple[Target, ...] = (
-    Target("{model}: whole process ≥10× faster than ModelOpt", "speedup", ">=", 10, "≥ 10×", "smollm2_135m",
+TARGETS: tuple[Goal, ...] = (
+    Goal("{model}: whole process ≥10× faster than ModelOpt", "speedup", ">=", 10, "≥ 10×", "smollm2_135m",
            context=(_MODELOPT_WALL, " (issue: 156 s)"), digits=1),
-    Target("{model}: peak RSS ≤ 1/3 of ModelOpt's", "rss_ratio", "<=", 1 / 3, "≤ 0.333×", "smollm2_135m",
+    Goal("{model}: peak RSS ≤ 1/3 of ModelOpt's", "rss_ratio", "<=", 1 / 3, "≤ 0.333×", "smollm2_135m",
            context=("ModelOpt here {anchor_rss_gib} GiB", " (issue: 5.9 GB)"), digits=3),
     # Foundation issue (runtime layer and observer-based reference runs): 622 MiB of FP32 weights.
-    Target("{model}: whole process ≥25× faster than ModelOpt (foundation)", "speedup", ">=", 25, "≥ 25×",
+    Goal("{model}: whole process ≥25× faster than ModelOpt (foundation)", "speedup", ">=", 25, "≥ 25×",
            "smollm2_135m", context=(_MODELOPT_WALL,), digits=1),
-    Target("{model}: peak RSS ≤ 1.2× the weights (foundation)", "peak_rss_mb", "<=", 1.2 * 622.3,
+    Goal("{model}: peak RSS ≤ 1.2× the weights (foundation)", "peak_rss_mb", "<=", 1.2 * 622.3,
            "≤ 747 MiB (1.2 × 622 MiB)", "smollm2_135m", anchor=None, digits=0),
-    Target("{model}, data_max=inf: wall ≤ 1.5× a plain onnx.load + onnx.save", "time_ratio", "<=", 1.5, "≤ 1.5×",
+    Goal("{model}, data_max=inf: wall ≤ 1.5× a plain onnx.load + onnx.save", "time_ratio", "<=", 1.5, "≤ 1.5×",
            "smollm2_135m", "onnxprec:inf", "baseline_loadsave"),
-    Target("{model}, data_max=inf: peak RSS < 1 GiB", "peak_rss_mb", "<", GIB_MB, "< 1024 MiB", "smollm2_135m",
+    Goal("{model}, data_max=inf: peak RSS < 1 GiB", "peak_rss_mb", "<", GIB_MB, "< 1024 MiB", "smollm2_135m",
            "onnxprec:inf", anchor=None, digits=0),
-    Target("4 GiB external-data MatMul stack, data_max=inf: peak RSS < 1 GiB", "peak_rss_mb", "<", GIB_MB,
+    Goal("4 GiB external-data MatMul stack, data_max=inf: peak RSS < 1 GiB", "peak_rss_mb", "<", GIB_MB,
            "< 1024 MiB", "matmul_4gb", "onnxprec:inf", anchor=None, digits=0),
-    *(Target("{model}: whole process ≥5× faster than ModelOpt", "speedup", ">=", 5, "≥ 5×", model,
+    *(Goal("{model}: whole process ≥5× faster than ModelOpt", "speedup", ">=", 5, "≥ 5×", model,
              context=(_MODELOPT_WALL,), digits=1) for model in ("minilm_l6_v2", "efficientnet_lite0")),
-    *(Target(f"2000-node chain{flag}: whole process < 2 s", "wall_s", "<", 2, "< 2 s", "chain_2000", tool, anchor,
+    *(Goal(f"2000-node chain{flag}: whole process < 2 s", "wall_s", "<", 2, "< 2 s", "chain_2000", tool, anchor,
              context=(_MODELOPT_WALL, " (issue: 68 s)")) for tool, anchor, flag in _DATA_MAX),
     # the result's quality against ModelOpt's with the same data_max, on every model
     *(
         target
         for tool, anchor, flag in _DATA_MAX
         for target in (
-            Target(f"{{model}}{flag}: nodes in low precision ≥ ModelOpt's", "low_nodes", ">=", 1, "≥", tool=tool,
+            Goal(f"{{model}}{flag}: nodes in low precision ≥ ModelOpt's", "low_nodes", ">=", 1, "≥", tool=tool,
                    anchor=anchor, context=("of {float_nodes} float nodes; left in FP32: {fp32_nodes}",)),
-            Target(f"{{model}}{flag}: Cast nodes ≤ ModelOpt's", "casts", "<=", 1, "≤", tool=tool, anchor=anchor),
-            Target(f"{{model}}{flag}: output error no worse than ModelOpt's", "rel_l2", "<=", ERROR_TOLERANCE,
+            Goal(f"{{model}}{flag}: Cast nodes ≤ ModelOpt's", "casts", "<=", 1, "≤", tool=tool, anchor=anchor),
+            Goal(f"{{model}}{flag}: output error no worse than ModelOpt's", "rel_l2", "<=", ERROR_TOLERANCE,
                    f"≤ {ERROR_TOLERANCE:g}× ModelOpt's", tool=tool, anchor=anchor, context=("max abs {max_abs}",)),
         )
     ),
-    Target("{model} FP16 perplexity within 0.5 % of FP32", "perplexity_change", "<=", 0.005,
+    Goal("{model} FP16 perplexity within 0.5 % of FP32", "perplexity_change", "<=", 0.005,
            "≤ 0.5 % from {fp32_perplexity}", "smollm2_135m", anchor=None,
            context=("FP32 measured {fp32_perplexity} (reference {reference})",), reference=SMOLLM2_FP32_PERPLEXITY),
     # issue 11: attention masks in FP16 without FP32 islands (the Cast-count row above), and target accuracy
-    Target("{model} FP16 perplexity within 0.1 % of FP32 (masks in FP16)", "perplexity_change", "<=", 0.001,
+    Goal("{model} FP16 perplexity within 0.1 % of FP32 (masks in FP16)", "perplexity_change", "<=", 0.001,
            "≤ 0.1 % from {fp32_perplexity}", "smollm2_135m", anchor=None,
            context=("FP32 measured {fp32_perplexity}",), reference=SMOLLM2_FP32_PERPLEXITY),
     *(
         target
         for model in ("smollm2_135m", "minilm_l6_v2")
         for target in (
-            Target(f"{{model}}: --target_accuracy {TARGET} met (real inputs)", "own_rel_l2", "<=", 1e-3,
+            Goal(f"{{model}}: --target_accuracy {TARGET} met (real inputs)", "own_rel_l2", "<=", 1e-3,
                    "≤ 1e-3", model, "onnxprec:target", anchor=None, digits=2),
-            Target("{model}: target mode < 5× a default conversion on the same data", "time_ratio", "<", 5,
+            Goal("{model}: target mode < 5× a default conversion on the same data", "time_ratio", "<", 5,
                    "< 5×", model, "onnxprec:target", "onnxprec:data", context=("default here {anchor_wall_s} s",),
                    digits=1),
-            Target("{model}: target mode nodes in low precision ≥ the default's, where the default meets the target",
+            Goal("{model}: target mode nodes in low precision ≥ the default's, where the default meets the target",
                    "low_nodes_at_target", ">=", 1, "≥", model, "onnxprec:target", "onnxprec:data",
                    context=("of {float_nodes} float nodes; left in FP32: {fp32_nodes}",), reference=1e-3),
         )

@@ -9,7 +9,7 @@ Sections measured outside the harness (INT8 by hand, CUDA by ``experiments/gpu_l
 finished tables with their provenance (:func:`measured_tables`).
 
 Each part's sections are its module's (:mod:`benchmarks.report_autocast`, ``report_int4``, ``report_utilities``);
-goals are :class:`benchmarks.targets.Target` data.
+goals are :class:`benchmarks.targets.Goal` data.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An issue's goals as data (:class:`Target`), and the one function that evaluates them (:func:`evaluate`).
+"""An issue's goals as data (:class:`Goal`), and the one function that evaluates them (:func:`evaluate`).
 
 A tool's issue lists its targets (``report_autocast.TARGETS`` for AutoCast); each names a metric of
 :data:`METRICS`, how it compares with a bound, and the words of its row. A new issue adds its own list (and, if
@@ -15,9 +15,9 @@ Metrics:
 * ``perplexity_change`` - ``|perplexity / FP32 perplexity - 1|`` (the FP32 one measured, else ``reference``).
 * ``own_rel_l2`` - the tool's own relative L2 error against FP32 on the real inputs, against the bound itself.
 * ``low_nodes_at_target`` - the tool's low-precision nodes against the anchor's times ``bound``, when the
-  anchor's own relative L2 error meets the tool's accuracy target (``Target.reference``); not applicable else.
+  anchor's own relative L2 error meets the tool's accuracy target (``Goal.reference``); not applicable else.
 
-Context fragments (:attr:`Target.context`) are ``str.format`` templates; a fragment whose fields are missing is
+Context fragments (:attr:`Goal.context`) are ``str.format`` templates; a fragment whose fields are missing is
 left out. Fields: ``anchor_wall_s``, ``anchor_rss_gib`` (the anchor's medians) and the metric's own
 (``float_nodes``, ``fp32_nodes``, ``max_abs``, ``fp32_perplexity``, ``reference``).
 """
@@ -44,7 +44,7 @@ EVERY_MODEL = "*"
 
 
 @dataclass(frozen=True)
-class Target:
+class Goal:
     """One goal of an issue.
 
     Attributes:
@@ -77,7 +77,7 @@ class Target:
 
 
 @dataclass
-class TargetRow:
+class GoalRow:
     """One target evaluated on the newest numbers: reached True/False, None when not measured."""
 
     target: str
@@ -109,7 +109,7 @@ class Measure:
     also: bool = True
 
 
-Metric = Callable[[Target, str, Merged], Measure | None]  # None: nothing to show (a * target skips the model)
+Metric = Callable[[Goal, str, Merged], Measure | None]  # None: nothing to show (a * target skips the model)
 
 
 def _entry(merged: Merged, model: str, tool: str | None) -> dict[str, Any] | None:
@@ -129,7 +129,7 @@ def _anchor_fields(merged: Merged, model: str, anchor: str | None) -> dict[str, 
 def _ratio_metric(key: str) -> Metric:
     """``speedup``, ``time_ratio`` or ``rss_ratio`` of the tool against the anchor."""
 
-    def measure(t: Target, model: str, merged: Merged) -> Measure:
+    def measure(t: Goal, model: str, merged: Merged) -> Measure:
         e = _entry(merged, model, t.tool)
         v = e.get("_vs", {}).get(t.anchor) if e else None
         s = v.get(key) if v else None
@@ -142,7 +142,7 @@ def _ratio_metric(key: str) -> Metric:
 def _summary_metric(key: str, unit: str) -> Metric:
     """A summary statistic of the tool's own runs (median [min–max])."""
 
-    def measure(t: Target, model: str, merged: Merged) -> Measure:
+    def measure(t: Goal, model: str, merged: Merged) -> Measure:
         e = _entry(merged, model, t.tool)
         s = e.get("summary", {}).get(key) if e else None
         shown = f"{stat(s, t.digits)}{unit}" if s else ("not measured" if not e else status_text(e))
@@ -152,7 +152,7 @@ def _summary_metric(key: str, unit: str) -> Metric:
     return measure
 
 
-def _pair(t: Target, model: str, merged: Merged) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _pair(t: Goal, model: str, merged: Merged) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The tool's and the anchor's results' structures and accuracies, when both have a structure."""
     ours, theirs = _entry(merged, model, t.tool), _entry(merged, model, t.anchor)
     if not ours or not theirs or "structure" not in ours or "structure" not in theirs:
@@ -163,7 +163,7 @@ def _pair(t: Target, model: str, merged: Merged) -> tuple[dict[str, Any], dict[s
 def _structure_metric(key: str) -> Metric:
     """A structure count (``low_nodes``, ``casts``) of the tool's result against the anchor's."""
 
-    def measure(t: Target, model: str, merged: Merged) -> Measure | None:
+    def measure(t: Goal, model: str, merged: Merged) -> Measure | None:
         pair = _pair(t, model, merged)
         if pair is None:
             return None
@@ -180,7 +180,7 @@ def _structure_metric(key: str) -> Metric:
 _low_nodes = _structure_metric("low_nodes")
 
 
-def _rel_l2(t: Target, model: str, merged: Merged) -> Measure | None:
+def _rel_l2(t: Goal, model: str, merged: Merged) -> Measure | None:
     pair = _pair(t, model, merged)
     ao, at = (e.get("accuracy", {}) for e in pair) if pair else ({}, {})
     if "rel_l2" not in ao or "rel_l2" not in at:
@@ -194,7 +194,7 @@ def _rel_l2(t: Target, model: str, merged: Merged) -> Measure | None:
     )
 
 
-def _perplexity_change(t: Target, model: str, merged: Merged) -> Measure:
+def _perplexity_change(t: Goal, model: str, merged: Merged) -> Measure:
     e = _entry(merged, model, t.tool)
     ppl = e.get("accuracy", {}).get("perplexity") if e else None
     base = merged.models.get(model, {}).get("fp32", {}).get("perplexity") or t.reference
@@ -205,7 +205,7 @@ def _perplexity_change(t: Target, model: str, merged: Merged) -> Measure:
     return Measure(change, t.bound, f"{num(ppl, 3)} ({change * 100:+.2f} %)", fields)
 
 
-def _own_rel_l2(t: Target, model: str, merged: Merged) -> Measure | None:
+def _own_rel_l2(t: Goal, model: str, merged: Merged) -> Measure | None:
     e = _entry(merged, model, t.tool)
     acc = e.get("accuracy", {}) if e else {}
     if "rel_l2" not in acc:
@@ -213,7 +213,7 @@ def _own_rel_l2(t: Target, model: str, merged: Merged) -> Measure | None:
     return Measure(acc["rel_l2"], t.bound, f"rel L2 {num(acc['rel_l2'], 2)}", {}, also=acc.get("nonfinite", 0) == 0)
 
 
-def _low_nodes_at_target(t: Target, model: str, merged: Merged) -> Measure | None:
+def _low_nodes_at_target(t: Goal, model: str, merged: Merged) -> Measure | None:
     pair = _pair(t, model, merged)
     if pair is None or t.reference is None:
         return None
@@ -247,7 +247,7 @@ def _fill(fragments: Sequence[str], fields: dict[str, str]) -> str:
     return "".join(f.format(**fields) for f in fragments if known(f))
 
 
-def _row(t: Target, model: str, merged: Merged) -> TargetRow | None:
+def _row(t: Goal, model: str, merged: Merged) -> GoalRow | None:
     m = METRICS[t.metric](t, model, merged)
     if m is None:
         if t.model == EVERY_MODEL:
@@ -258,7 +258,7 @@ def _row(t: Target, model: str, merged: Merged) -> TargetRow | None:
     else:
         reached = _COMPARE[t.compare](m.value, m.limit) and m.also
     e = _entry(merged, model, t.tool)
-    return TargetRow(
+    return GoalRow(
         t.description.format(model=model_label(model)),
         m.measured,
         _fill((t.goal,), m.fields) or t.goal,
@@ -268,9 +268,9 @@ def _row(t: Target, model: str, merged: Merged) -> TargetRow | None:
     )
 
 
-def evaluate(targets: Sequence[Target], merged: Merged) -> list[TargetRow]:
+def evaluate(targets: Sequence[Goal], merged: Merged) -> list[GoalRow]:
     """Every target's row, in list order; a ``*`` target has one row per model that has its numbers."""
-    rows: list[TargetRow] = []
+    rows: list[GoalRow] = []
     for every, group in itertools.groupby(targets, key=lambda t: t.model == EVERY_MODEL):
         run = list(group)
         for model in sorted(merged.models, key=model_sort_key) if every else [None]:
@@ -278,7 +278,7 @@ def evaluate(targets: Sequence[Target], merged: Merged) -> list[TargetRow]:
     return rows
 
 
-def targets_table(rows: Sequence[TargetRow]) -> str:
+def targets_table(rows: Sequence[GoalRow]) -> str:
     """The Target / Measured / Goal / ✅❌– / Context / run table."""
     marks = {True: "✅", False: "❌", None: "–"}
     cells = [[r.target, r.measured, r.goal, marks[r.reached], r.context.strip(), r.run] for r in rows]

@@ -6,7 +6,7 @@ from typing import Any
 
 from benchmarks import report_autocast
 from benchmarks.report_common import Merged
-from benchmarks.targets import Target, evaluate, targets_table
+from benchmarks.targets import Goal, evaluate, targets_table
 
 
 def _stats(value: float) -> dict[str, Any]:
@@ -33,13 +33,11 @@ def _merged() -> Merged:
 def test_targets_are_evaluated_from_data() -> None:
     merged = _merged()
     targets = [
-        Target(
-            "{model}: ≥10× faster", "speedup", ">=", 10, "≥ 10×", "chain_8", context=("ModelOpt {anchor_wall_s} s",)
-        ),
-        Target("{model}: < 2 s", "wall_s", "<", 2, "< 2 s", "chain_4", anchor=None),
-        Target("{model}: < 2 s", "wall_s", "<", 2, "< 2 s", "chain_1000", anchor=None),
-        Target("{model}: casts ≤ ModelOpt's", "casts", "<=", 1, "≤"),
-        Target("{model}: error ≤ 1.05× ModelOpt's", "rel_l2", "<=", 1.05, "≤", context=("max abs {max_abs}",)),
+        Goal("{model}: ≥10× faster", "speedup", ">=", 10, "≥ 10×", "chain_8", context=("ModelOpt {anchor_wall_s} s",)),
+        Goal("{model}: < 2 s", "wall_s", "<", 2, "< 2 s", "chain_4", anchor=None),
+        Goal("{model}: < 2 s", "wall_s", "<", 2, "< 2 s", "chain_1000", anchor=None),
+        Goal("{model}: casts ≤ ModelOpt's", "casts", "<=", 1, "≤"),
+        Goal("{model}: error ≤ 1.05× ModelOpt's", "rel_l2", "<=", 1.05, "≤", context=("max abs {max_abs}",)),
     ]
     rows = evaluate(targets, merged)
     assert [(r.target, r.reached) for r in rows] == [
@@ -75,9 +73,9 @@ def test_accuracy_target_metrics() -> None:
         [{"run_id": "a"}],
     )
     targets = [
-        Target("{model}: met", "own_rel_l2", "<=", 1e-3, "≤", "m1", "onnxprec:target", anchor=None),
+        Goal("{model}: met", "own_rel_l2", "<=", 1e-3, "≤", "m1", "onnxprec:target", anchor=None),
         *(
-            Target("{model}: ≥ default", "low_nodes_at_target", ">=", 1, "≥", m, "onnxprec:target", "onnxprec:data",
+            Goal("{model}: ≥ default", "low_nodes_at_target", ">=", 1, "≥", m, "onnxprec:target", "onnxprec:data",
                    reference=1e-3)
             for m in ("m1", "m2")
         ),

@@ -21,10 +21,10 @@ median of the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -144,24 +144,15 @@ def decompose(candidates: list[str], heldout: str) -> None:
 
 
 def latency(candidates: list[str], rounds: int = 25, runs: int = 20) -> None:
+    from onnxprec._latency import time_alternating  # here: `images` runs in the torch venv, without onnxprec
+
     x = np.load(CALIBRATION)[:1]
     paths = [str(FP32), *candidates]
     sessions = [_session(p, threads=2) for p in paths]
-    for s in sessions:
-        for _ in range(5):
-            s.run(None, {"input": x})
-    ratios: list[list[float]] = [[] for _ in sessions]
-    for _ in range(rounds):
-        times = []
-        for s in sessions:
-            tick = time.perf_counter()
-            for _ in range(runs):
-                s.run(None, {"input": x})
-            times.append(time.perf_counter() - tick)
-        for i, t in enumerate(times):
-            ratios[i].append(t / times[0])
-    for path, r in zip(paths[1:], ratios[1:]):
-        print(f"{path}: {np.median(r):.3f}x FP32 (median of {rounds} rounds of {runs} runs, 2 threads, batch 1)")
+    latencies = time_alternating([functools.partial(s.run, None, {"input": x}) for s in sessions], rounds, runs=runs,
+                                 warmup=5)  # fmt: skip
+    for path, ratio in zip(paths[1:], latencies.ratios()[1:]):
+        print(f"{path}: {ratio:.3f}x FP32 (median of {rounds} rounds of {runs} runs, 2 threads, batch 1)")
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "onnxprec._lazy_sympy",
               "onnxprec._html", "onnxprec._array")),
     ("I/O", ("onnxprec._io", "onnxprec._protobuf", "onnxprec._tensors", "onnxprec._report", "onnxprec._genai")),
-    ("runtime", ("onnxprec._ort", "onnxprec._ort_profile")),
+    ("runtime", ("onnxprec._ort", "onnxprec._ort_profile", "onnxprec._latency")),
     ("measure", ("onnxprec.calibration", "onnxprec.calibration_data", "onnxprec.llm_inputs",
                  "onnxprec._input_contracts", "onnxprec.reference", "onnxprec.reductions", "onnxprec.observers",
                  "onnxprec.metrics", "onnxprec.validate", "onnxprec.sensitivity", "onnxprec.accuracy")),

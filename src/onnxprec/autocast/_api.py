@@ -340,96 +340,90 @@ def convert_model(
     the CPU provider is refused up front unless ``keep_unsupported_fp32`` (see :func:`keep_kernel_gaps`).
     """
     report = AutoCastReport(options.low_precision_type)
-    tick = time.perf_counter()
-    model = load_model(source)
-    _check_convertible(model)
-    _check_op_types(model, options)
-    contract = IOContract.of(model)
-    try:
-        _sanitize(model, options)
-    except OpsetUpgradeError as e:
-        if isinstance(source, ir.Model):
-            raise  # the caller's model was changed in place: it cannot be read again
+    with report.step("load+sanitize"):
         model = load_model(source)
-        own = default_opset(model)
-        logger.warning("%s; converting at the model's own opset %d instead.", str(e).split(";")[0], own)
-        _sanitize(model, options, opset=own)
-    report.seconds["load+sanitize"] = time.perf_counter() - tick
+        _check_convertible(model)
+        _check_op_types(model, options)
+        contract = IOContract.of(model)
+        try:
+            _sanitize(model, options)
+        except OpsetUpgradeError as e:
+            if isinstance(source, ir.Model):
+                raise  # the caller's model was changed in place: it cannot be read again
+            model = load_model(source)
+            own = default_opset(model)
+            logger.warning("%s; converting at the model's own opset %d instead.", str(e).split(";")[0], own)
+            _sanitize(model, options, opset=own)
 
-    tick = time.perf_counter()
-    mask_regions = masks.find_mask_regions(model)
-    sentinels = masks.sentinel_thresholds(mask_regions)
-    keep = ReferenceOutputs() if options.target is not None else None
-    needed = keep is not None or _needs_reference(model, options)
-    reference = _reference_run(model, options, sentinels, keep) if needed else None
-    if reference is not None:
-        _fill_types(model, reference)
-        report.reference_batches = reference.num_batches
-    report.seconds["reference"] = time.perf_counter() - tick
+    with report.step("reference"):
+        mask_regions = masks.find_mask_regions(model)
+        sentinels = masks.sentinel_thresholds(mask_regions)
+        keep = ReferenceOutputs() if options.target is not None else None
+        needed = keep is not None or _needs_reference(model, options)
+        reference = _reference_run(model, options, sentinels, keep) if needed else None
+        if reference is not None:
+            _fill_types(model, reference)
+            report.reference_batches = reference.num_batches
 
-    tick = time.perf_counter()
-    io_types, already_low = _widen(model, options.low)
-    rules, includes = _rules(options, already_low)
-    stats = reference.stats if reference else None
-    for region in mask_regions:
-        region.rewrite(options.low, stats)
-    report.mask_regions = mask_regions
-    ctx = RuleContext(stats=masks.stats_past_sentinels(stats, mask_regions, options.low))
-    report.decisions = classify(
-        model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
-    )
-    low_name = options.low_precision_type.upper()
-    for node in already_low:
-        decision = report.decisions.get(node)
-        if decision is not None and decision.low and decision.reason == "default":
-            report.decisions[node] = dataclasses.replace(decision, reason=f"already {low_name} in the input model")
-    if fp32_nodes:
-        keys = node_keys(report.decisions)
-        for node in report.decisions:
-            if keys[node] in fp32_nodes:
-                report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
-    report.no_kernel = keep_kernel_gaps(model, report.decisions, options, refuse=refuse_kernel_gaps)
-    report.seconds["classify"] = time.perf_counter() - tick
+    with report.step("classify"):
+        io_types, already_low = _widen(model, options.low)
+        rules, includes = _rules(options, already_low)
+        stats = reference.stats if reference else None
+        for region in mask_regions:
+            region.rewrite(options.low, stats)
+        report.mask_regions = mask_regions
+        ctx = RuleContext(stats=masks.stats_past_sentinels(stats, mask_regions, options.low))
+        report.decisions = classify(
+            model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
+        )
+        low_name = options.low_precision_type.upper()
+        for node in already_low:
+            decision = report.decisions.get(node)
+            if decision is not None and decision.low and decision.reason == "default":
+                report.decisions[node] = dataclasses.replace(decision, reason=f"already {low_name} in the input model")
+        if fp32_nodes:
+            keys = node_keys(report.decisions)
+            for node in report.decisions:
+                if keys[node] in fp32_nodes:
+                    report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
+        report.no_kernel = keep_kernel_gaps(model, report.decisions, options, refuse=refuse_kernel_gaps)
     clone = functools.partial(_converted_clone, io_types=io_types)
     if keep is not None:
-        tick = time.perf_counter()
-        assert options.target is not None
-        search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, clone)
-        report.decisions, report.target_search, report.numeric = target.search(search)
-        keep.close()  # the spooled batches (on an error, garbage collection removes them)
-        report.seconds["target"] = time.perf_counter() - tick
-    tick = time.perf_counter()
-    report.random_data = options.calibration_data is None
-    report.settings = {
-        "data_max": options.data_max,
-        "init_max": options.init_max,
-        "keep_io_types": options.keep_io_types,
-    }
-    if options.report is not None:
-        report.details = _details(model, report.decisions, options, ctx.stats, stats, reference, clone)
-    converted = _convert(model, report.decisions, options, io_types)
-    warn_cast_shared_kv(model)
-    report.stats = converted.stats
-    report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
-    if report.details is not None:
-        report.details.count_casts(converted.casts)
-    report.seconds["convert"] = time.perf_counter() - tick
+        with report.step("target"):
+            assert options.target is not None
+            search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, clone)
+            report.decisions, report.target_search, report.numeric = target.search(search)
+            keep.close()  # the spooled batches (on an error, garbage collection removes them)
+    with report.step("convert"):
+        report.random_data = options.calibration_data is None
+        report.settings = {
+            "data_max": options.data_max,
+            "init_max": options.init_max,
+            "keep_io_types": options.keep_io_types,
+        }
+        if options.report is not None:
+            report.details = _details(model, report.decisions, options, ctx.stats, stats, reference, clone)
+        converted = _convert(model, report.decisions, options, io_types)
+        warn_cast_shared_kv(model)
+        report.stats = converted.stats
+        report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
+        if report.details is not None:
+            report.details.count_casts(converted.casts)
 
     if options.validate:
-        tick = time.perf_counter()
-        check_io_contract(model, contract.expected(options.low, options.keep_io_types))
-        try:
-            report.ort_only = check_structure(model)
-        except ValidationError as e:
-            if not _checker_rejects_original(source):
-                raise
-            report.ort_only = {"ops of a model onnx.checker rejects": sum(1 for _ in model.graph.all_nodes())}
-            logger.warning(
-                "onnx.checker rejects the original model too, so it cannot judge the conversion (%s); the result "
-                "is checked by ONNX Runtime only.",
-                str(e.__cause__ or e).splitlines()[0][:200],
-            )
-        report.seconds["validate"] = time.perf_counter() - tick
+        with report.step("validate"):
+            check_io_contract(model, contract.expected(options.low, options.keep_io_types))
+            try:
+                report.ort_only = check_structure(model)
+            except ValidationError as e:
+                if not _checker_rejects_original(source):
+                    raise
+                report.ort_only = {"ops of a model onnx.checker rejects": sum(1 for _ in model.graph.all_nodes())}
+                logger.warning(
+                    "onnx.checker rejects the original model too, so it cannot judge the conversion (%s); the result "
+                    "is checked by ONNX Runtime only.",
+                    str(e.__cause__ or e).splitlines()[0][:200],
+                )
     logger.info(report.summary)
     logger.debug("Timings: %s", {k: round(v, 3) for k, v in report.seconds.items()})
     return model, report, reference
@@ -520,10 +514,9 @@ def _output_check(
             elif report.numeric.skipped:
                 _load_or_refuse(written, report.numeric, options)
             return
-        tick = time.perf_counter()
-        task = TaskMetrics(producers)
-        report.numeric = numeric_check(written, reference, providers=list(options.providers), task=task)
-        report.seconds["numeric check"] = time.perf_counter() - tick
+        with report.step("numeric check"):
+            task = TaskMetrics(producers)
+            report.numeric = numeric_check(written, reference, providers=list(options.providers), task=task)
         if kernel_gap(report.numeric, report, options, source, fp32_nodes):
             raise _ConvertAgain
         if report.numeric.skipped:

@@ -29,7 +29,7 @@ import onnx_ir as ir
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES, original_name
 from onnxprec._io import PROTOBUF_LIMIT
-from onnxprec._report import header
+from onnxprec._report import TimedSteps, header
 from onnxprec._tensors import finite_max
 from onnxprec.autocast.convert import ConversionStats
 from onnxprec.observers import TensorStats
@@ -336,7 +336,7 @@ LOW_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
 
 
 @dataclass
-class AutoCastReport:
+class AutoCastReport(TimedSteps):
     """What a conversion did and measured; :meth:`to_json` is the ``--report_json`` file."""
 
     TOOL: ClassVar[str] = "autocast"

@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort, calibration, metrics
 from onnxprec._io import load_model
+from onnxprec._latency import time_alternating
 from onnxprec._options import fields_in
 from onnxprec._ort_profile import profile_kernels
 from onnxprec.calibration import InputSpec
@@ -236,26 +237,17 @@ def _agree(model: _Model, reference: dict[str, np.ndarray], outputs: dict[str, n
 
 
 def _latency(models: list[_Model], runs: int) -> None:
-    """Median/p90 latency per batch on the first batch: warm-up, then rounds in which every model runs once."""
-    for model in models:
-        assert model.first_feeds is not None
-        for _ in range(_WARMUP_RUNS):
-            _run(model, model.first_feeds)
-    times: dict[int, list[float]] = {id(m): [] for m in models}
-    for round_ in range(runs):
-        offset = round_ % len(models)
-        for model in models[offset:] + models[:offset]:
-            assert model.first_feeds is not None
-            times[id(model)].append(_run(model, model.first_feeds)[1])
-    for model in models:
-        ms = np.asarray(times[id(model)]) * 1000.0
-        model.result.latency_ms = {
-            "median": float(np.median(ms)),
-            "p90": float(np.percentile(ms, 90)),
-            "mean": float(ms.mean()),
-            "min": float(ms.min()),
-            "runs": float(runs),
-        }
+    """Median/p90 latency per batch on the first batch: warm-up, then rounds in which every model runs once
+    (:func:`onnxprec._latency.time_alternating`)."""
+
+    def runnable(model: _Model) -> Callable[[], object]:
+        feeds = model.first_feeds
+        assert feeds is not None
+        return lambda: _run(model, feeds)
+
+    latencies = time_alternating([runnable(model) for model in models], runs, warmup=_WARMUP_RUNS)
+    for index, model in enumerate(models):
+        model.result.latency_ms = latencies.stats_ms(index)
 
 
 # --------------------------------------------------------------------------------------------------

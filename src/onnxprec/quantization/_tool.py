@@ -182,7 +182,7 @@ class QuantizationOptions(ToolOptions):
 
 
 @dataclasses.dataclass(kw_only=True)
-class QuantizationReportBase:
+class QuantizationReportBase(_report.TimedSteps):
     """The fields every quantizer's report has besides its own results (keyword-only: they follow the tool's)."""
 
     excluded: list[tuple[str, str]] = dataclasses.field(default_factory=list)

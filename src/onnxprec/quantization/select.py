@@ -32,7 +32,7 @@ from onnxprec._graph import subgraph_nodes
 from onnxprec._options import first_match
 from onnxprec._tensors import float32_copy, release
 
-__all__ = ["FLOAT_WEIGHT_TYPES", "InputGroup", "Layer", "Selection", "Target", "pattern_names", "select_layers"]
+__all__ = ["FLOAT_WEIGHT_TYPES", "InputGroup", "Layer", "Selection", "WeightGroup", "pattern_names", "select_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Layer:
 
 
 @dataclass(eq=False)
-class Target:
+class WeightGroup:
     """One weight initializer to quantize, with every layer that reads it."""
 
     weight: ir.Value
@@ -77,7 +77,7 @@ class Target:
     transposed: bool = False
     """``weight`` is stored ``[N, K]``."""
     duplicates: list[ir.Value] = field(default_factory=list)
-    """Initializers of equal content (a tied weight's other copy) whose layers now read this target."""
+    """Initializers of equal content (a tied weight's other copy) whose layers now read this weight."""
     block_size: int | None = None
     """The block size chosen for this weight (a size budget's choice); None: the run's."""
 
@@ -127,7 +127,7 @@ class InputGroup:
 class Selection:
     """The outcome of :func:`select_layers`."""
 
-    targets: list[Target] = field(default_factory=list)
+    targets: list[WeightGroup] = field(default_factory=list)
     excluded: list[tuple[str, str]] = field(default_factory=list)
     """``(node name, pattern)`` of every layer excluded by ``nodes_to_exclude``."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
@@ -281,7 +281,7 @@ def select_layers(
         rows, columns = (int(d) for d in weight.const_value.shape.numpy())  # type: ignore[union-attr]
         transposed = layers[0].transposed
         k, n = (columns, rows) if transposed else (rows, columns)
-        selection.targets.append(Target(weight, layers, bits_of.get(weight, 4), k, n, transposed))
+        selection.targets.append(WeightGroup(weight, layers, bits_of.get(weight, 4), k, n, transposed))
         if len(layers) > 1:
             logger.info("Weight '%s' is shared by %d layers: quantized once", weight.name, len(layers))
     for node, owner in subgraph_nodes(model.graph):
@@ -323,7 +323,7 @@ def _shared_weight_problem(weight: ir.Value, layers: list[Layer]) -> str:
 _COMPARE_COLUMNS = 4096
 
 
-def _columns(target: Target, start: int, stop: int) -> np.ndarray:
+def _columns(target: WeightGroup, start: int, stop: int) -> np.ndarray:
     """Columns ``start:stop`` of the target's ``[K, N]`` weight (a slice of the mapped initializer)."""
     tensor = target.weight.const_value
     assert tensor is not None
@@ -331,7 +331,7 @@ def _columns(target: Target, start: int, stop: int) -> np.ndarray:
     return array[start:stop].T if target.transposed else array[:, start:stop]
 
 
-def _fingerprint(target: Target) -> str:
+def _fingerprint(target: WeightGroup) -> str:
     """A hash of three of the weight's columns (cheap: the full comparison runs only when these agree)."""
     digest = hashlib.sha1(f"{target.k}x{target.n}:{target.dtype}".encode())
     for column in sorted({0, target.n // 2, target.n - 1}):
@@ -339,7 +339,7 @@ def _fingerprint(target: Target) -> str:
     return digest.hexdigest()
 
 
-def _same_weight(a: Target, b: Target) -> bool:
+def _same_weight(a: WeightGroup, b: WeightGroup) -> bool:
     """Whether two targets hold equal ``[K, N]`` weights (compared column chunk by column chunk, mapped)."""
     try:
         for start in range(0, a.n, _COMPARE_COLUMNS):
@@ -359,7 +359,7 @@ def _merge_tied_copies(selection: Selection) -> None:
     heads = [t for t in selection.targets if not t.gathers]
     if not tables or not heads:
         return
-    by_print: dict[str, list[Target]] = {}
+    by_print: dict[str, list[WeightGroup]] = {}
     for head in heads:
         if any((head.k, head.n, head.dtype) == (table.k, table.n, table.dtype) for table in tables):
             by_print.setdefault(_fingerprint(head), []).append(head)

@@ -26,7 +26,7 @@ from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_bloc
 from onnxprec.quantization.formats.qdq import first_node, remove_unused_transposes
 from onnxprec.quantization.formats.quantized_weight import LazyQuantizedWeight
 from onnxprec.quantization.packing import pack_matmulnbits
-from onnxprec.quantization.select import Layer, Target
+from onnxprec.quantization.select import Layer, WeightGroup
 
 __all__ = ["DOMAIN", "matmulnbits_block", "rewrite_matmulnbits"]
 
@@ -75,7 +75,7 @@ def _gemm_tail(
 
 def rewrite_matmulnbits(
     graph: ir.Graph,
-    target: Target,
+    target: WeightGroup,
     weight: LazyQuantizedWeight,
     names: NameAllocator,
     *,
@@ -154,7 +154,7 @@ def _int64s(graph: ir.Graph, values: list[int], names: NameAllocator, base: str)
 
 def _rewrite_gathers(
     graph: ir.Graph,
-    target: Target,
+    target: WeightGroup,
     gathers: list[Layer],
     inputs: list[ir.Value | None],
     block: int,

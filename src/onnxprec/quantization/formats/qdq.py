@@ -22,7 +22,7 @@ from onnxprec._graph import NameAllocator
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, effective_block_size
 from onnxprec.quantization.formats.quantized_weight import LazyQuantizedWeight
 from onnxprec.quantization.packing import qdq_arrays
-from onnxprec.quantization.select import Layer, Target
+from onnxprec.quantization.select import Layer, WeightGroup
 
 __all__ = ["MIN_OPSET", "first_node", "remove_unused_transposes", "rewrite_qdq"]
 
@@ -36,7 +36,9 @@ _LEVEL_TYPES = {
 }
 
 
-def rewrite_qdq(graph: ir.Graph, target: Target, weight: LazyQuantizedWeight, names: NameAllocator) -> list[ir.Node]:
+def rewrite_qdq(
+    graph: ir.Graph, target: WeightGroup, weight: LazyQuantizedWeight, names: NameAllocator
+) -> list[ir.Node]:
     """Replaces ``target``'s float weight with DequantizeLinear nodes reading ``weight``'s lazy initializers.
 
     Returns:

@@ -50,7 +50,7 @@ from onnxprec.quantization.select import (
     FLOAT_WEIGHT_TYPES,
     InputGroup,
     Selection,
-    Target,
+    WeightGroup,
     pattern_names,
     select_layers,
 )
@@ -97,21 +97,21 @@ def _upgrade_opset(model: ir.Model) -> None:
         ) from None
 
 
-def _owned_targets(groups: list[InputGroup], selection: Selection) -> dict[InputGroup, list[Target]]:
+def _owned_targets(groups: list[InputGroup], selection: Selection) -> dict[InputGroup, list[WeightGroup]]:
     """The 4-bit targets each group decides: those whose first layer (in graph order) reads the group's input."""
     target_of = {layer: target for target in selection.targets for layer in target.layers}
-    owner: dict[Target, InputGroup] = {}
+    owner: dict[WeightGroup, InputGroup] = {}
     for group in groups:
         for layer in group.layers:
             owner.setdefault(target_of[layer], group)
-    owned: dict[InputGroup, list[Target]] = {group: [] for group in groups}
+    owned: dict[InputGroup, list[WeightGroup]] = {group: [] for group in groups}
     for target, group in owner.items():
         if target.bits == 4:
             owned[group].append(target)
     return owned
 
 
-def _awq_allowed(group: InputGroup, owned: list[Target], selection: Selection) -> bool:
+def _awq_allowed(group: InputGroup, owned: list[WeightGroup], selection: Selection) -> bool:
     """AWQ scales one input: every layer reading it must have its weight decided here, and only here."""
     target_of = {layer: target for target in selection.targets for layer in target.layers}
     members = set(group.layers)
@@ -125,8 +125,8 @@ def _calibrate_and_decide(
     model: ir.Model,
     selection: Selection,
     options: Int4Options,
-    recipes: dict[Target, Recipe],
-    entries: dict[Target, LayerReport],
+    recipes: dict[WeightGroup, Recipe],
+    entries: dict[WeightGroup, LayerReport],
     report: Int4Report,
     written: dict[str, np.ndarray] | None = None,
 ) -> dict[InputGroup, np.ndarray]:
@@ -147,7 +147,9 @@ def _calibrate_and_decide(
             len(groups), options.stats_memory_mb, len(chunks),
         )  # fmt: skip
     scales: dict[InputGroup, np.ndarray] = {}
-    floats: dict[Target, ir.TensorProtocol] = {}  # --gptq_sequential: float weights while dequantized ones stand in
+    floats: dict[
+        WeightGroup, ir.TensorProtocol
+    ] = {}  # --gptq_sequential: float weights while dequantized ones stand in
     stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-") if options.gptq_sequential else None
     source = options.calibration_data_reader if written is None else written
     if source is None:
@@ -200,7 +202,7 @@ def _calibrate_and_decide(
 SEQUENTIAL_GROUPS = 4
 
 
-def _set_dequantized(target: Target, recipe: Recipe, file: Path) -> ir.TensorProtocol:
+def _set_dequantized(target: WeightGroup, recipe: Recipe, file: Path) -> ir.TensorProtocol:
     """Puts ``target``'s quantized-then-dequantized weight (AWQ scales undone) in place of its initializer, as
     ``file`` (a new file, mapped like the model's own weights, not copied by each pass); returns the tensor it
     replaced."""
@@ -228,12 +230,12 @@ def _add_seconds(report: Int4Report, step: str, since: float) -> None:
 
 def _decide(
     group: InputGroup,
-    targets: list[Target],
+    targets: list[WeightGroup],
     stats: GroupStats,
     selection: Selection,
     options: Int4Options,
-    recipes: dict[Target, Recipe],
-    entries: dict[Target, LayerReport],
+    recipes: dict[WeightGroup, Recipe],
+    entries: dict[WeightGroup, LayerReport],
 ) -> np.ndarray | None:
     """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ)."""
     tick = time.perf_counter()
@@ -254,19 +256,19 @@ def _decide(
     return decision.scales
 
 
-def _targets_of(group: InputGroup, selection: Selection) -> list[Target]:
+def _targets_of(group: InputGroup, selection: Selection) -> list[WeightGroup]:
     target_of = {layer: target for target in selection.targets for layer in target.layers}
     return [target_of[layer] for layer in group.layers]
 
 
-def block_of(target: Target, options: Int4Options) -> int:
+def block_of(target: WeightGroup, options: Int4Options) -> int:
     """The block size of a weight: a budget's choice, else the run's (INT4) or ``--block_size_8bit``'s (INT8)."""
     if target.block_size is not None:
         return target.block_size
     return options.quant_config().block_size if target.bits == 4 else options.block_8bit(target.k)
 
 
-def _layer_entry(target: Target, method: str, options: Int4Options) -> LayerReport:
+def _layer_entry(target: WeightGroup, method: str, options: Int4Options) -> LayerReport:
     if (not target.matmuls and METHODS[method].needs_data) or target.bits == 8:
         method = "rtn"  # an embedding table has no input activations to calibrate on
     return LayerReport(
@@ -281,7 +283,7 @@ def _layer_entry(target: Target, method: str, options: Int4Options) -> LayerRepo
     )
 
 
-def _sizes(target: Target, recipe: Recipe, output_format: str) -> tuple[int, int, int]:
+def _sizes(target: WeightGroup, recipe: Recipe, output_format: str) -> tuple[int, int, int]:
     """(float bytes, stored bytes, ideal bytes) of one target."""
     precision = Precision(recipe.bits, recipe.block_size)
     stored, ideal = stored_bytes(
@@ -369,7 +371,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         "zero points" if options.use_zero_point else "symmetric",
     )  # fmt: skip
 
-    recipes: dict[Target, Recipe] = {}
+    recipes: dict[WeightGroup, Recipe] = {}
     entries = {t: _layer_entry(t, options.method, options) for t in selection.targets}
     if report.budget is not None:
         for target, entry in entries.items():

@@ -4,9 +4,9 @@ One pass over the calibration data (random data without it) collects every layer
 a bounded memory; each weight's candidates (INT4 at block 128/64/32, INT8, float) are quantized with RTN and scored by
 their Hessian-weighted output error (:func:`onnxprec.sensitivity.hessian_loss`), and the sensitivity engine's
 :func:`~onnxprec.sensitivity.allocate` chooses within the budget; the weights' choices are then set on the
-selection (``Target.bits``, ``Target.block_size``; a weight left in float is dropped from it) and the run's method
-quantizes them. The bytes outside the quantized weights (other initializers, the graph, AWQ scale vectors) are
-counted against the budget first.
+selection (``WeightGroup.bits``, ``WeightGroup.block_size``; a weight left in float is dropped from it) and the
+run's method quantizes them. The bytes outside the quantized weights (other initializers, the graph, AWQ scale
+vectors) are counted against the budget first.
 
 The estimate is checked by a few real runs on the same data. A relative output error does not cost the same
 everywhere (an lm_head's error lands on the logits), so for a model with a ``logits`` output each weight above a
@@ -38,7 +38,7 @@ from onnxprec.quantization.algorithms.rtn import quantize_rtn
 from onnxprec.quantization.budget import FLOAT, Precision, stored_bytes
 from onnxprec.quantization.int4._options import Int4Options
 from onnxprec.quantization.methods import GroupStats, MethodSpec
-from onnxprec.quantization.select import InputGroup, Selection, Target
+from onnxprec.quantization.select import InputGroup, Selection, WeightGroup
 from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hessian_energy
 
 __all__ = [
@@ -94,17 +94,17 @@ class BudgetReport:
         }
 
 
-def _owner_groups(selection: Selection, groups: list[InputGroup]) -> dict[Target, InputGroup]:
+def _owner_groups(selection: Selection, groups: list[InputGroup]) -> dict[WeightGroup, InputGroup]:
     """The input group of each weight's first layer in graph order (weights read only by Gathers have none)."""
     target_of = {layer: target for target in selection.targets for layer in target.layers}
-    owner: dict[Target, InputGroup] = {}
+    owner: dict[WeightGroup, InputGroup] = {}
     for group in groups:
         for layer in group.layers:
             owner.setdefault(target_of[layer], group)
     return owner
 
 
-def _precisions(target: Target, options: Int4Options) -> list[Precision]:
+def _precisions(target: WeightGroup, options: Int4Options) -> list[Precision]:
     if target.bits == 8:  # asked for by --layers_8bit
         return [Precision(8, options.block_8bit(target.k))]
     blocks = dict.fromkeys(min(b, 1 << max(target.k - 1, 1).bit_length()) for b in BLOCK_CHOICES)
@@ -112,7 +112,7 @@ def _precisions(target: Target, options: Int4Options) -> list[Precision]:
     return [*(Precision(4, b) for b in blocks), Precision(8, options.block_8bit(target.k)), *tiny]
 
 
-def _candidates(target: Target, gram: np.ndarray | None, options: Int4Options) -> list[Candidate]:
+def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Options) -> list[Candidate]:
     """Every precision of ``target`` with its bytes and loss (RTN; the table part of a tied weight unweighted).
 
     Blocks run along K, so output columns are quantized independently: the losses are summed over slices of about
@@ -177,12 +177,12 @@ def _fixed_bytes(model: ir.Model, selection: Selection, options: Int4Options) ->
 _OWN_PROBE_SHARE = 0.1
 
 
-def _probe_sets(candidates: dict[Target, list[Candidate]]) -> list[list[Target]]:
+def _probe_sets(candidates: dict[WeightGroup, list[Candidate]]) -> list[list[WeightGroup]]:
     """The weight sets measured by real runs: each large weight alone, the others by shape ``[K, N]`` (weights of one
     shape play one part in every block of a transformer, whatever their names)."""
     smallest = {target: min(c.bytes for c in options) for target, options in candidates.items()}
     total = sum(smallest.values())
-    sets: dict[object, list[Target]] = {}
+    sets: dict[object, list[WeightGroup]] = {}
     for target, size in smallest.items():
         key = target if size >= _OWN_PROBE_SHARE * total else (target.k, target.n, bool(target.gathers))
         sets.setdefault(key, []).append(target)
@@ -296,7 +296,7 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
 
 
 def _calibrate_gains(
-    model: ir.Model, data: CalibrationData, candidates: dict[Target, list[Candidate]], options: Int4Options,
+    model: ir.Model, data: CalibrationData, candidates: dict[WeightGroup, list[Candidate]], options: Int4Options,
     report: BudgetReport,
 ) -> None:  # fmt: skip
     """Scales each weight's estimated losses by the measured KL divergence of its probe set (in place).
@@ -307,10 +307,10 @@ def _calibrate_gains(
     eight = {t.name: Precision(8, options.block_8bit(t.k)) for t in candidates}
     reference = _reference_top(_probe_model(model, eight, options), data, options)
 
-    def smallest(targets: Sequence[Target]) -> dict[Target, Candidate]:
+    def smallest(targets: Sequence[WeightGroup]) -> dict[WeightGroup, Candidate]:
         return {t: min(candidates[t], key=lambda c: c.bytes) for t in targets}
 
-    def measure(targets: Sequence[Target]) -> float:
+    def measure(targets: Sequence[WeightGroup]) -> float:
         chosen = {t.name: c.precision for t, c in smallest(targets).items()}
         probe = _probe_model(model, {**eight, **chosen}, options)
         try:
@@ -411,10 +411,10 @@ def choose_precisions(
     report = BudgetReport(budget, fixed)
     all_groups = selection.groups()  # new objects on each call: keep one list
     owner = _owner_groups(selection, all_groups)
-    owned: dict[InputGroup, list[Target]] = {}
+    owned: dict[InputGroup, list[WeightGroup]] = {}
     for target, group in owner.items():
         owned.setdefault(group, []).append(target)
-    candidates: dict[Target, list[Candidate]] = {}
+    candidates: dict[WeightGroup, list[Candidate]] = {}
     spec = MethodSpec(gptq=True)  # XᵀX only
     groups = [group for group in all_groups if group in owned]
     if streams(model, options.segment_bytes):  # one pass: each segment's Gram matrices are used and freed as it ends
@@ -474,7 +474,7 @@ def choose_precisions(
     if not llm:
         logger.info("No real runs to check the estimate: the model has no 'logits' output")
     try:
-        allocation: Allocation[Target] = allocate(candidates, budget - fixed)
+        allocation: Allocation[WeightGroup] = allocate(candidates, budget - fixed)
     except ValueError:
         smallest = fixed + sum(min(c.bytes for c in options_) for options_ in candidates.values())
         raise InvalidArgumentError(

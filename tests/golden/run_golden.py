@@ -1,14 +1,17 @@
-"""Golden snapshot of every tool's results, to check that a refactoring leaves them unchanged.
+"""Golden snapshot of every tool's results, to check that a change leaves them as they were (or says which changed).
 
-Runs the command line of every tool (in this process, through :func:`onnxprec.cli.main`) on the small real
-models in ``/work/shared/models`` (EfficientNet-Lite0 and MiniLM with their real inputs) and on a tiny
-synthetic model, and records per run: the exit code, the ``error:`` line, stdout with the numbers that vary
-between runs masked, the report JSON without timings and paths, and the sha256 of every file written.
+Runs the command line of every tool (in this process, through :func:`onnxprec.cli.main`) on two small real models
+(EfficientNet-Lite0 and MiniLM with their real inputs, from ``../shared/models`` or the zoo cache) and on a tiny
+synthetic model, and records per run a small summary: the exit code, the ``error:`` lines, the report's summary line
+(else stdout's first line), the sha256 of every file written (one combined digest when a run writes more than
+``_MAX_FILES``), and sha256 digests of stdout with the numbers that vary between runs masked and of the report JSON
+without timings and paths. Models are never stored: ``golden.json`` beside this file is the committed snapshot and
+records the sha256 of the input files it was made from.
 
-    python tests/golden.py snapshot golden.json     # before the change
-    python tests/golden.py compare golden.json      # after it: prints every difference, exit 1 if any
+    python tests/golden/run_golden.py compare      # prints every difference from golden.json, exit 1 if any
+    python tests/golden/run_golden.py snapshot     # rewrites golden.json (after a change meant to change results)
 
-Not collected by pytest (the name matches neither ``*_test.py`` nor ``test_*.py``).
+``golden_test.py`` (slow) runs ``compare`` where the inputs are present and skips with a message otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import tempfile
@@ -29,12 +33,53 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-MODELS = Path("/work/shared/models")
+from onnxprec._testing import shared_path
+
+GOLDEN = Path(__file__).with_name("golden.json")
+INPUTS = (
+    "efficientnet_lite0.onnx",
+    "efficientnet_lite0_input.npy",
+    "minilm_l6_v2_bert.onnx",
+    "minilm_l6_v2_bert_inputs.npz",
+)
+_MAX_FILES = 8
 _VOLATILE_KEYS = re.compile(
     r"(seconds|latency|_ms$|^ms|time|rss|memory|onnxprec_version|^input$|^output$|output_path|input_path|"
     r"output_dir|command|^path$|runs_per_second|throughput|sessions|peak)",
     re.IGNORECASE,
 )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _folders() -> list[Path]:
+    """Where the real-model inputs may be: ``../shared/models`` beside the checkout, then the zoo cache."""
+    zoo = Path(os.environ.get("ONNXPREC_ZOO", Path.home() / ".cache" / "onnxprec" / "zoo"))
+    return [folder for folder in (shared_path("models"), zoo) if folder is not None and folder.is_dir()]
+
+
+def find_inputs(expected: dict[str, str] | None = None) -> Path | str:
+    """The first folder holding every file of ``INPUTS`` (with the sha256 in ``expected`` when given), or why none
+    does (a line for a skip message)."""
+    reasons = []
+    for folder in _folders():
+        missing = [name for name in INPUTS if not (folder / name).is_file()]
+        if missing:
+            reasons.append(f"{folder} lacks {', '.join(missing)}")
+            continue
+        changed = [name for name in INPUTS if expected and _sha256(folder / name) != expected.get(name)]
+        if changed:
+            reasons.append(f"{folder} holds other versions of {', '.join(changed)} than the snapshot's")
+            continue
+        return folder
+    searched = "; ".join(reasons) or "neither ../shared/models nor the zoo cache ($ONNXPREC_ZOO) exists"
+    return f"the golden snapshot's real-model inputs were not found ({searched})"
 
 
 def _tiny(folder: Path) -> tuple[Path, Path]:
@@ -130,19 +175,19 @@ def _run(argv: list[str], folder: Path, report_flag: str = "--report_json") -> d
     return result
 
 
-def _cases(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
-    eff = MODELS / "efficientnet_lite0.onnx"
-    minilm = MODELS / "minilm_l6_v2_bert.onnx"
+def _cases(tmp: Path, models: Path) -> dict[str, Callable[[], dict[str, Any]]]:
+    eff = models / "efficientnet_lite0.onnx"
+    minilm = models / "minilm_l6_v2_bert.onnx"
     eff_npz = tmp / "eff.npz"
     np.savez(
         eff_npz,
         **{
             onnx.load(eff, load_external_data=False).graph.input[0].name: np.load(
-                MODELS / "efficientnet_lite0_input.npy"
+                models / "efficientnet_lite0_input.npy"
             )[:4]
         },
     )
-    minilm_npz = MODELS / "minilm_l6_v2_bert_inputs.npz"
+    minilm_npz = models / "minilm_l6_v2_bert_inputs.npz"
     tiny, tiny_npz = _tiny(tmp)
     out = tmp / "out"
     out.mkdir()
@@ -247,6 +292,7 @@ def _cases(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
                     "-ne",
                 ],
             )
+        add(f"{tag}/int8", ["quantize", "int8", "--onnx_path", m, "--output_path", f"{o}/i8.onnx", "-d", d])
         add(f"{tag}/preprocess", ["preprocess", "--input", m, "--output", f"{o}/p.onnx"])
         add(
             f"{tag}/preprocess_opset21",
@@ -336,14 +382,36 @@ def _cases(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
     return cases
 
 
-def snapshot(only: str | None = None) -> dict[str, Any]:
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """The small record of one run kept in the snapshot (see the module docstring)."""
+    report = _stable(result.get("report") or next(iter(result.get("json_files", {}).values()), None))
+    summary = report.get("summary") if isinstance(report, dict) else None
+    files = result["files"]
+    if len(files) > _MAX_FILES:
+        files = {f"{len(files)} files": _digest(files)}
+    return {
+        "rc": result["rc"],
+        "errors": result["errors"],
+        "summary": summary if isinstance(summary, str) else result["stdout"].split("\n", 1)[0],
+        "files": files,
+        "stdout_sha256": _digest(result["stdout"]),
+        "report_sha256": None if report is None else _digest(report),
+    }
+
+
+def snapshot(models: Path, only: str | None = None) -> dict[str, Any]:
+    """Every case's :func:`summarize` record (the cases whose name matches the regex ``only``), by name."""
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, case in _cases(Path(tmp)).items():
+        for name, case in _cases(Path(tmp), models).items():
             if only and not re.search(only, name):
                 continue
             print(f"  {name}", file=sys.__stderr__, flush=True)
-            results[name] = case()
+            results[name] = summarize(case())
     return results
 
 
@@ -361,45 +429,42 @@ def _stable(value: Any) -> Any:
     return value
 
 
-def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in a.keys() | b.keys():
-            if k not in b:
-                out.append(f"{path}/{k}: removed (was {json.dumps(a[k])[:200]})")
-            elif k not in a:
-                out.append(f"{path}/{k}: added ({json.dumps(b[k])[:200]})")
-            else:
-                _diff(a[k], b[k], f"{path}/{k}", out)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            _diff(x, y, f"{path}[{i}]", out)
-    elif a != b:
-        out.append(f"{path}: {json.dumps(a)[:300]} -> {json.dumps(b)[:300]}")
+def differences(golden: dict[str, Any], results: dict[str, Any]) -> list[str]:
+    """One line per case and field that differs between two snapshots' cases, sorted."""
+    out: list[str] = []
+    for name in sorted(golden.keys() | results.keys()):
+        if name not in results:
+            out.append(f"{name}: not run")
+        elif name not in golden:
+            out.append(f"{name}: not in the snapshot")
+        else:
+            for key in sorted(golden[name].keys() | results[name].keys()):
+                was, now = golden[name].get(key), results[name].get(key)
+                if was != now:
+                    out.append(f"{name} {key}: {json.dumps(was)[:300]} -> {json.dumps(now)[:300]}")
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("snapshot", "compare"))
-    parser.add_argument("path")
+    parser.add_argument("path", nargs="?", type=Path, default=GOLDEN, help="The snapshot (default: %(default)s).")
     parser.add_argument("--only", help="Regex of the case names to run.")
     args = parser.parse_args()
-    if not MODELS.is_dir():
-        print(f"{MODELS} is missing", file=sys.stderr)
+    golden = json.loads(args.path.read_text()) if args.action == "compare" else None
+    models = find_inputs(golden["inputs"] if golden else None)
+    if isinstance(models, str):
+        print(models, file=sys.stderr)
         return 2
-    results = snapshot(args.only)
-    if args.action == "snapshot":
-        Path(args.path).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    results = snapshot(models, args.only)
+    if golden is None:
+        inputs = {name: _sha256(models / name) for name in INPUTS}
+        args.path.write_text(json.dumps({"inputs": inputs, "cases": results}, indent=1, sort_keys=True) + "\n")
         print(f"{len(results)} cases written to {args.path}")
         return 0
-    Path(args.path).with_suffix(".new.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    golden = json.loads(Path(args.path).read_text())
-    if args.only:
-        golden = {k: v for k, v in golden.items() if re.search(args.only, k)}
-    diffs: list[str] = []
-    _diff(_stable(golden), _stable(json.loads(json.dumps(results))), "", diffs)
-    for line in sorted(diffs):
-        print(line)
-    print(f"{len(results)} cases, {len(diffs)} differences")
+    cases = {k: v for k, v in golden["cases"].items() if not args.only or re.search(args.only, k)}
+    diffs = differences(cases, results)
+    print("\n".join([*diffs, f"{len(results)} cases, {len(diffs)} differences"]))
     return 1 if diffs else 0
 
 
