@@ -251,7 +251,11 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         float_layers: list[str] = []
         if target is not None and keep is not None:
             tick = time.perf_counter()
-            names = [layer.name for layer in plan.layers if layer.name in decisions.layers]
+            names = [
+                layer.name
+                for layer in plan.layers
+                if layer.name in decisions.layers and layer.name not in decisions.kept_float
+            ]
 
             def check(floats: Collection[str]) -> Any:
                 candidate, _ = _apply(model, options, decisions, floats)
@@ -272,7 +276,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
                     emulators.clear()
 
                 # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
-                emulated = fallback.emulates([layer for layer in plan.layers if layer.name in decisions.layers])
+                emulated = fallback.emulates([layer for layer in plan.layers if layer.name in names])
                 float_layers, final = search(
                     names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute,
                     emulate if emulated else None, release,
@@ -293,6 +297,9 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         if layer.name in fallen:
             entry.mode = "float"
             entry.info["fallback"] = f"kept in float for {target}"
+        elif layer.name in decisions.kept_float:
+            entry.mode = "float"
+            entry.info["kept_float"] = decisions.kept_float[layer.name]
         report.layers.append(entry)
     if options.float_type != "fp32":
         result = _autocast(result, options, report)

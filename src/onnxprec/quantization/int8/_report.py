@@ -18,7 +18,8 @@ class LayerEntry:
     name: str
     op: str
     mode: str
-    """``dynamic``, ``static``, or ``float`` (sent back to float by the accuracy target)."""
+    """``dynamic``, ``static``, or ``float`` (sent back to float by the accuracy target, or kept float by a rule on
+    the calibration statistics: ``info["kept_float"]`` says why)."""
     weight: str
     shape: list[int]
     outlier_channels: int = 0
@@ -69,8 +70,11 @@ class Int8Report(QuantizationReportBase):
         smoothed = sum(1 for entry in self.layers if entry.alpha is not None)
         if split or smoothed:
             text += f"; {split} with outlier channels in float, {smoothed} smoothed"
-        if self.count("float"):
-            text += f"; {self.count('float')} kept in float for {self.target}"
+        kept = sum(1 for entry in self.layers if entry.mode == "float" and "kept_float" in entry.info)
+        if kept:
+            text += f"; {kept} depthwise kept float (heavy-tailed inputs)"
+        if self.count("float") > kept:
+            text += f"; {self.count('float') - kept} kept in float for {self.target}"
         if self.accuracy:
             shown = ", ".join(f"{k} {v:.4g}" for k, v in self.accuracy.items() if isinstance(v, float))
             text += f"; on calibration data {shown}"
