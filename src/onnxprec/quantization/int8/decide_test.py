@@ -88,7 +88,7 @@ def test_a_depthwise_conv_with_a_bounded_input_is_int8(tmp_path: Path) -> None:
 
 OCR_CACHE = Path(os.environ.get("ONNXPREC_CACHE", Path.home() / ".cache" / "onnxprec")) / "int8fix"
 """PP-OCRv4's detector and recognizer (rapidocr-onnxruntime 1.4.4) and their inputs, made by
-``experiments/int8_ocr.py``."""
+``experiments/int8_ocr.py prepare``."""
 
 
 def _cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -102,7 +102,7 @@ def test_ocr_detector_keeps_its_probability_map(tmp_path: Path) -> None:
     and the probability map keeps cosine >= 0.99 on held-out photos (0.98 median, 0.91 worst with them INT8)."""
     paths = [OCR_CACHE / name for name in ("det.onnx", "det_calib.npz", "det_hold.npz")]
     if not all(path.exists() for path in paths):
-        pytest.skip(f"the OCR models and inputs are not in {OCR_CACHE} (python -m experiments.int8_ocr prepare)")
+        pytest.skip(f"the OCR models and inputs are not in {OCR_CACHE} (experiments/int8_ocr.py prepare, with Pillow)")
     model, calib, hold = paths
     out = tmp_path / "det.int8.onnx"
     report = quantize_file(model, out, calibration_data=str(calib))
