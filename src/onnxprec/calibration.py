@@ -358,7 +358,9 @@ def _dynamic_size(spec: InputSpec, axis: int, dim: str | None, attempt: int) -> 
 
 
 def gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
-    """Rows of the embedding table an integer input indexes, looking through reshapes and casts."""
+    """How many ids an integer input takes: the rows of the embedding table it indexes (Gather), or the classes of
+    the one-hot it is turned into (an Equal with a constant of ids ``0..n-1``, as a JAX/TF export writes one-hot,
+    or OneHot's constant depth), looking through reshapes, broadcasts and casts."""
     for use in value.uses():
         node = use.node
         if node.op_type == "Gather" and use.idx == 1 and node.inputs[0] is not None:
@@ -367,10 +369,28 @@ def gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
             rows = table.shape[axis] if table.shape is not None else None
             if isinstance(rows, int):
                 return rows
-        if depth and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity"):
+        classes = _one_hot_classes(node, use.idx)
+        if classes is not None:
+            return classes
+        if depth and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity", "Expand"):
             rows = gather_table_rows(node.outputs[0], depth - 1)
             if rows is not None:
                 return rows
+    return None
+
+
+def _one_hot_classes(node: ir.Node, index: int) -> int | None:
+    """The class count of a one-hot that ``node`` makes of its input ``index``: an Equal with a constant of ids
+    ``0..n-1`` (n), or OneHot's constant depth; else None."""
+    if node.op_type == "Equal" and len(node.inputs) == 2:
+        other = node.inputs[1 - index]
+        ids = other.const_value.numpy() if other is not None and other.const_value is not None else None
+        if ids is not None and ids.size > 1 and np.issubdtype(ids.dtype, np.integer) and ids.min() == 0:
+            return int(ids.max()) + 1
+    if node.op_type == "OneHot" and index == 0 and len(node.inputs) > 1 and node.inputs[1] is not None:
+        depth = node.inputs[1].const_value
+        if depth is not None and depth.size == 1:
+            return int(depth.numpy().reshape(-1)[0])
     return None
 
 

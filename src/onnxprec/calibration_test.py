@@ -166,6 +166,24 @@ def test_random_calibration_of_an_image_model_holds_synthetic_images_and_noise()
     assert len(list(CalibrationData(None, ir.serde.deserialize_model(relu)))) == 1
 
 
+def test_random_ids_of_a_one_hot_input_cover_its_classes() -> None:
+    """Bytes one-hot encoded by an Equal with the constant ids 0..256 (magika, a JAX export) get ids 0..256, not
+    {0, 1}; so do ids through OneHot with a constant depth."""
+    nodes = [
+        helper.make_node("Unsqueeze", ["bytes", "ax"], ["u"]),
+        helper.make_node("Equal", ["u", "ids"], ["eq"]),
+        helper.make_node("Cast", ["eq"], ["Y"], to=F),
+        helper.make_node("OneHot", ["labels", "depth", "values"], ["Z"]),
+    ]
+    inits = {"ax": np.array([2], np.int64), "ids": np.arange(257, dtype=np.int32).reshape(1, 1, 257),
+             "depth": np.array(10, np.int64), "values": np.array([0.0, 1.0], np.float32)}  # fmt: skip
+    inputs = [tensor_info("bytes", TensorProto.INT32, ["N", 2048]), tensor_info("labels", TensorProto.INT64, ["N", 64])]
+    proto = make_model(nodes, inputs, [tensor_info("Y", F, None), tensor_info("Z", F, None)], inits)
+    feeds = calibration.random_feeds(ir.serde.deserialize_model(proto))
+    assert feeds["bytes"].min() >= 0 and feeds["bytes"].max() <= 256 and feeds["bytes"].max() > 200
+    assert 2 <= feeds["labels"].max() < 10 and feeds["labels"].min() >= 0
+
+
 def test_multi_batch_statistics_are_exact_and_chunking_does_not_change_them() -> None:
     model = _model(2)
     batches = [
