@@ -34,6 +34,7 @@ __all__ = [
     "InputSpec",
     "Source",
     "gather_table_rows",
+    "image_channel_axis",
     "input_specs",
     "parse_input_shapes",
     "random_feeds",
@@ -41,6 +42,7 @@ __all__ = [
     "read_polygraphy_json",
     "split_batch",
     "static_batch",
+    "synthetic_images",
     "validate",
 ]
 
@@ -368,7 +370,9 @@ def _dynamic_size(spec: InputSpec, axis: int, dim: str | None, attempt: int) -> 
 
 
 def gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
-    """Rows of the embedding table an integer input indexes, looking through reshapes and casts."""
+    """How many ids an integer input takes: the rows of the embedding table it indexes (Gather), or the classes of
+    the one-hot it is turned into (an Equal with a constant of ids ``0..n-1``, as a JAX/TF export writes one-hot,
+    or OneHot's constant depth), looking through reshapes, broadcasts and casts."""
     for use in value.uses():
         node = use.node
         if node.op_type == "Gather" and use.idx == 1 and node.inputs[0] is not None:
@@ -377,10 +381,28 @@ def gather_table_rows(value: ir.Value, depth: int = 3) -> int | None:
             rows = table.shape[axis] if table.shape is not None else None
             if isinstance(rows, int):
                 return rows
-        if depth and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity"):
+        classes = _one_hot_classes(node, use.idx)
+        if classes is not None:
+            return classes
+        if depth and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast", "Identity", "Expand"):
             rows = gather_table_rows(node.outputs[0], depth - 1)
             if rows is not None:
                 return rows
+    return None
+
+
+def _one_hot_classes(node: ir.Node, index: int) -> int | None:
+    """The class count of a one-hot that ``node`` makes of its input ``index``: an Equal with a constant of ids
+    ``0..n-1`` (n), or OneHot's constant depth; else None."""
+    if node.op_type == "Equal" and len(node.inputs) == 2:
+        other = node.inputs[1 - index]
+        ids = other.const_value.numpy() if other is not None and other.const_value is not None else None
+        if ids is not None and ids.size > 1 and np.issubdtype(ids.dtype, np.integer) and ids.min() == 0:
+            return int(ids.max()) + 1
+    if node.op_type == "OneHot" and index == 0 and len(node.inputs) > 1 and node.inputs[1] is not None:
+        depth = node.inputs[1].const_value
+        if depth is not None and depth.size == 1:
+            return int(depth.numpy().reshape(-1)[0])
     return None
 
 
@@ -392,6 +414,7 @@ def random_feeds(
     attempt: int = 0,
     seed: int = 0,
     unnamed: int | None = None,
+    images: bool = True,
 ) -> dict[str, Any]:
     """One batch of random inputs that a real model can run on.
 
@@ -400,7 +423,9 @@ def random_feeds(
     (:mod:`onnxprec._input_contracts`); float inputs of domain-limited ops (Log, Sqrt, Acos...) stay in the
     domain. Integer inputs that index an embedding table get ids inside the table; masks get ones with padding
     (zeros at the end of rows, so the masked path is measured too); position ids get ``0..n-1``; token-type ids
-    get zeros; other float inputs get standard-normal values (BF16 and FP8 included), sequences a list of two
+    get zeros; float batches of 1- or 3-channel images get synthetic images (:func:`synthetic_images`, normalized
+    as :func:`_normalized_images` says) unless ``images`` is False; other float inputs get standard-normal values
+    (BF16 and FP8 included), sequences a list of two
     tensors. Static dims (size 0 included) are kept; dynamic dims get batch 1, 128 for sequence-like dims and 224
     for image-like dims unless ``input_shapes`` sets them; ``attempt`` selects alternative sizes for a retry
     (attempt 1: every dynamic dim 1), ``unnamed`` a size for every dim without a name.
@@ -455,15 +480,17 @@ def random_feeds(
         if spec.kind == "tensor" and spec.name not in overrides:
             known = {k: np.shape(v) for k, v in feeds.items() if isinstance(v, np.ndarray)}
             array = _input_contracts.contract_array(spec.value, spec.dims, shapes[spec.name], spec.dtype, known, rng)
-        feeds[spec.name] = array if array is not None else _random_value(spec, shapes[spec.name], rng, attempt)
+        feeds[spec.name] = array if array is not None else _random_value(spec, shapes[spec.name], rng, attempt, images)
     feeds = {spec.name: feeds[spec.name] for spec in specs}
     logger.debug("Random inputs: %s", {k: (np.asarray(v).dtype.name, np.shape(v)) for k, v in feeds.items()})
     return feeds
 
 
-def _random_value(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator, attempt: int) -> Any:
+def _random_value(
+    spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator, attempt: int, images: bool = True
+) -> Any:
     if spec.kind == "tensor":
-        return _random_array(spec, shape, rng)
+        return _random_array(spec, shape, rng, images)
     # A sequence or an optional: the element shape is not declared, so a small one that broadcasts.
     element = shape or ((3,), (1,), (2, 3))[attempt % 3]
     items = [_random_array(spec, element, rng) for _ in range(2)]
@@ -485,7 +512,7 @@ def _padded_mask(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generat
     return mask.reshape(shape).astype(dtype)
 
 
-def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Generator, images: bool = True) -> np.ndarray:
     name = spec.name.lower()
     if "mask" in name and (spec.dtype == np.bool_ or np.issubdtype(spec.dtype, np.number)):
         return _padded_mask(shape, spec.dtype, rng)
@@ -502,7 +529,89 @@ def _random_array(spec: InputSpec, shape: tuple[int, ...], rng: np.random.Genera
         return rng.integers(0, high, size=shape).astype(spec.dtype)
     if np.issubdtype(spec.dtype, np.floating) or ir.DataType.from_numpy(spec.dtype).is_floating_point():
         # numpy has no BF16 or FP8 dtype: ml_dtypes arrays, made from FP32 values
+        axis = image_channel_axis(shape)
+        if axis is not None and images:
+            return _normalized_images(spec.value, shape, axis, rng).astype(spec.dtype)
         return rng.standard_normal(shape).astype(np.float32).astype(spec.dtype)
     raise CalibrationDataError(
         f"Cannot make random data for input '{spec.name}' of type {spec.dtype}: pass --calibration_data."
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Synthetic images
+
+_IMAGE_MEAN, _IMAGE_STD = 0.45, 0.225  # ImageNet's mean and std, rounded over the channels
+_NORMALIZING_OPS = frozenset({"Sub", "Div", "Mul", "Add"})
+
+
+def image_channel_axis(shape: tuple[int, ...]) -> int | None:
+    """1 (NCHW) or 3 (NHWC) for the shape of a batch of 1- or 3-channel images at least 8x8; else None."""
+    if len(shape) != 4:
+        return None
+    for axis, spatial in ((1, shape[2:]), (3, shape[1:3])):
+        if shape[axis] in (1, 3) and all(size >= 8 for size in spatial):
+            return axis
+    return None
+
+
+def synthetic_images(count: int, height: int, width: int, channels: int, rng: np.random.Generator) -> np.ndarray:
+    """``[count, height, width, channels]`` float32 pixels in ``[0, 1]`` with the statistics of photos rather than
+    noise: a smooth colour field, filled rectangles and discs (edges), a grating texture, thin dark strokes in rows
+    (text-like) and a little sensor noise."""
+    ys = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None]
+    xs = np.linspace(0.0, 1.0, width, dtype=np.float32)[None, :]
+    images = np.empty((count, height, width, channels), np.float32)
+    for index in range(count):
+        coarse = rng.uniform(0.0, 1.0, (4, 4, channels)).astype(np.float32)
+        rows = np.minimum((ys[:, 0] * 3).astype(int), 2)
+        cols = np.minimum((xs[0] * 3).astype(int), 2)
+        fy, fx = (ys[:, 0] * 3 - rows)[:, None, None], (xs[0] * 3 - cols)[None, :, None]
+        image = (coarse[rows][:, cols] * (1 - fy) * (1 - fx) + coarse[rows + 1][:, cols] * fy * (1 - fx)
+                 + coarse[rows][:, cols + 1] * (1 - fy) * fx + coarse[rows + 1][:, cols + 1] * fy * fx)  # fmt: skip
+        for _ in range(int(rng.integers(3, 9))):  # shapes with sharp edges
+            colour = rng.uniform(0.0, 1.0, channels).astype(np.float32)
+            cy, cx, ry, rx = rng.uniform(0.0, 1.0, 4) * [1, 1, 0.3, 0.3] + [0, 0, 0.03, 0.03]
+            if rng.random() < 0.5:
+                mask = (np.abs(ys - cy) < ry) & (np.abs(xs - cx) < rx)
+            else:
+                mask = ((ys - cy) / ry) ** 2 + ((xs - cx) / rx) ** 2 < 1
+            image[mask] = colour
+        angle, frequency = rng.uniform(0, np.pi), rng.uniform(4, 40)
+        grating = np.sin(2 * np.pi * frequency * (ys * np.cos(angle) + xs * np.sin(angle)))
+        image += (rng.uniform(0.03, 0.15) * grating)[:, :, None]
+        for _ in range(int(rng.integers(0, 6))):  # rows of thin strokes, dark or light
+            top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
+            tall = max(2, int(height * rng.uniform(0.02, 0.08)))
+            long = max(4, int(width * rng.uniform(0.1, 0.6)))
+            block = image[top : top + tall, left : left + long]  # a view: written in place
+            block[:, rng.random(block.shape[1]) < 0.35] = float(rng.random() < 0.5)
+        image += rng.normal(0.0, 0.01, image.shape).astype(np.float32)
+        images[index] = np.clip(image, 0.0, 1.0)
+    return images
+
+
+def _pixel_scale(value: ir.Value) -> float | None:
+    """255 or 1 when the model normalizes its image input itself (a Sub, Div, Mul or Add with a constant reads it,
+    directly or through Cast/Transpose): the pixel range its constants suggest; None when it does not (the input
+    is expected normalized)."""
+    for use in value.uses():
+        node = use.node
+        if node.op_type in ("Cast", "Transpose"):
+            return _pixel_scale(node.outputs[0])
+        if node.op_type in _NORMALIZING_OPS:
+            constants = [v.const_value for v in node.inputs if v is not None and v.const_value is not None]
+            if constants:
+                largest = float(np.max(np.abs(constants[0].numpy().astype(np.float64))))
+                return 255.0 if largest > 2.0 else 1.0
+    return None
+
+
+def _normalized_images(value: ir.Value, shape: tuple[int, ...], axis: int, rng: np.random.Generator) -> np.ndarray:
+    """Synthetic images in the layout of ``shape`` (channel ``axis`` 1 or 3): raw pixels when the model normalizes
+    them itself, else standardized as ImageNet's preprocessing does."""
+    count, height, width, channels = (shape[0], *shape[2:], shape[1]) if axis == 1 else shape
+    images = synthetic_images(count, height, width, channels, rng)
+    scale = _pixel_scale(value)
+    images = images * scale if scale is not None else (images - _IMAGE_MEAN) / _IMAGE_STD
+    return images.transpose(0, 3, 1, 2) if axis == 1 else images

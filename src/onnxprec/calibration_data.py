@@ -118,6 +118,10 @@ class CalibrationData:
             if model is None:
                 raise InvalidArgumentError("Random calibration data needs the model.")
             source = [self._random(model, input_shapes, attempt, seed, unnamed)]
+            if any(_has_image(batch) for batch in source):
+                # and a batch of noise: either alone leaves ranges that real images exceed (a text detector's head
+                # fires on noise, not on smooth synthetic images; a classifier's stem the other way round)
+                source.append(self._random(model, input_shapes, attempt, seed + 1, unnamed, images=False))
         elif isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npy" and self._llm:
             source = {self._llm.ids.name: read_token_ids(Path(source))}  # token windows [N, seq]
         elif isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".npy" and self._specs:
@@ -291,13 +295,15 @@ class CalibrationData:
         attempt: int,
         seed: int,
         unnamed: int | None,
+        images: bool = True,
     ) -> Feeds:
-        """Realistic random inputs; for an LLM with a KV cache, random ids inside the vocabulary (completed later)."""
+        """Realistic random inputs (synthetic images for image inputs unless ``images`` is False); for an LLM with a
+        KV cache, random ids inside the vocabulary (completed later)."""
         specs = self._specs or []
         llm = self._llm if self._llm is not None and self._llm.has_past else None
         if llm is None:
             return calibration.random_feeds(
-                model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed, unnamed=unnamed
+                model, specs, input_shapes=input_shapes, attempt=attempt, seed=seed, unnamed=unnamed, images=images
             )
         shapes = calibration.parse_input_shapes(input_shapes) if not isinstance(input_shapes, dict) else input_shapes
         data = [s for s in specs if not llm.buildable(s) or s.name in shapes]
@@ -312,6 +318,16 @@ class CalibrationData:
             rng = np.random.default_rng(seed)
             feeds[llm.ids.name] = rng.integers(0, vocab or 2, size=shape).astype(llm.ids.dtype)
         return feeds
+
+
+def _has_image(batch: Mapping[str, Any]) -> bool:
+    """Whether a batch holds a float batch of 1- or 3-channel images (:func:`calibration.image_channel_axis`)."""
+    return any(
+        isinstance(value, np.ndarray)
+        and np.issubdtype(value.dtype, np.floating)
+        and calibration.image_channel_axis(value.shape) is not None
+        for value in batch.values()
+    )
 
 
 def _past_length(batch: Mapping[str, Any], llm: LLMInputs) -> int:

@@ -123,6 +123,67 @@ def test_random_image_dims_and_invalid_shapes_text() -> None:
         calibration.parse_input_shapes("img=1x3")
 
 
+def _image_model(first: str = "Relu", layout: list[int | str] | None = None) -> ir.Model:
+    nodes = [
+        helper.make_node(first, ["img", "c"], ["Y"]) if first != "Relu" else helper.make_node("Relu", ["img"], ["Y"])
+    ]
+    inits = {"c": np.array(127.5, np.float32)} if first != "Relu" else {}
+    inputs = [tensor_info("img", F, layout or ["N", 3, "H", "W"])]
+    return ir.serde.deserialize_model(make_model(nodes, inputs, [tensor_info("Y", F, None)], inits))
+
+
+def test_synthetic_images_are_smooth_with_edges_not_noise() -> None:
+    images = calibration.synthetic_images(3, 64, 80, 3, np.random.default_rng(0))
+    assert images.shape == (3, 64, 80, 3) and images.min() >= 0.0 and images.max() <= 1.0
+    # neighbouring pixels agree (photos: smooth regions), unlike noise; some neighbours differ a lot (edges)
+    step = np.abs(np.diff(images, axis=2))
+    assert np.corrcoef(images[:, :, :-1].ravel(), images[:, :, 1:].ravel())[0, 1] > 0.8
+    assert step.max() > 0.5 and images.std() > 0.1
+
+
+def test_random_images_are_normalized_as_the_model_expects() -> None:
+    """An NCHW or NHWC image input the model normalizes itself (a Sub of 127.5) gets pixels in [0, 255]; one it
+    does not normalize gets them standardized as ImageNet's preprocessing does; a 5-channel input gets noise."""
+    raw = calibration.random_feeds(_image_model("Sub"))["img"]
+    assert raw.shape == (1, 3, 224, 224) and raw.min() >= 0 and raw.max() <= 255 and raw.max() > 100
+    standardized = calibration.random_feeds(_image_model())["img"]
+    assert standardized.min() >= -0.45 / 0.225 - 1e-5 and standardized.max() <= 0.55 / 0.225 + 1e-5
+    nhwc = calibration.random_feeds(_image_model(layout=["N", 32, 32, 1]))["img"]
+    assert calibration.image_channel_axis(nhwc.shape) == 3 and nhwc.min() >= -0.45 / 0.225 - 1e-5
+    noise = calibration.random_feeds(_image_model(), images=False)["img"]
+    assert noise.min() < -3 and noise.max() > 3  # standard normal over 150k values
+    assert calibration.image_channel_axis((1, 5, 32, 32)) is None
+
+
+def test_random_calibration_of_an_image_model_holds_synthetic_images_and_noise() -> None:
+    """Either kind alone leaves ranges that real images exceed: random image data is one batch of each."""
+    batches = list(CalibrationData(None, _image_model()))
+    assert len(batches) == 2
+    assert batches[0]["img"].max() <= 0.55 / 0.225 + 1e-5 and batches[1]["img"].max() > 3
+    relu = make_model(
+        [helper.make_node("Relu", ["X"], ["Y"])], [tensor_info("X", F, ["N", 8])], [tensor_info("Y", F, None)]
+    )
+    assert len(list(CalibrationData(None, ir.serde.deserialize_model(relu)))) == 1
+
+
+def test_random_ids_of_a_one_hot_input_cover_its_classes() -> None:
+    """Bytes one-hot encoded by an Equal with the constant ids 0..256 (magika, a JAX export) get ids 0..256, not
+    {0, 1}; so do ids through OneHot with a constant depth."""
+    nodes = [
+        helper.make_node("Unsqueeze", ["bytes", "ax"], ["u"]),
+        helper.make_node("Equal", ["u", "ids"], ["eq"]),
+        helper.make_node("Cast", ["eq"], ["Y"], to=F),
+        helper.make_node("OneHot", ["labels", "depth", "values"], ["Z"]),
+    ]
+    inits = {"ax": np.array([2], np.int64), "ids": np.arange(257, dtype=np.int32).reshape(1, 1, 257),
+             "depth": np.array(10, np.int64), "values": np.array([0.0, 1.0], np.float32)}  # fmt: skip
+    inputs = [tensor_info("bytes", TensorProto.INT32, ["N", 2048]), tensor_info("labels", TensorProto.INT64, ["N", 64])]
+    proto = make_model(nodes, inputs, [tensor_info("Y", F, None), tensor_info("Z", F, None)], inits)
+    feeds = calibration.random_feeds(ir.serde.deserialize_model(proto))
+    assert feeds["bytes"].min() >= 0 and feeds["bytes"].max() <= 256 and feeds["bytes"].max() > 200
+    assert 2 <= feeds["labels"].max() < 10 and feeds["labels"].min() >= 0
+
+
 def test_multi_batch_statistics_are_exact_and_chunking_does_not_change_them() -> None:
     model = _model(2)
     batches = [

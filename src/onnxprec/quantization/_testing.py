@@ -105,6 +105,13 @@ def mlp(k: int = 64, h: int = 96, n: int = 48, *, seed: int = 0, head: bool = Tr
     )
 
 
+def optimized_ops(path: Path, tmp_path: Path) -> list[str]:
+    """The op types ONNX Runtime's CPU provider runs after its fusions."""
+    optimized = tmp_path / "optimized.onnx"
+    create_session(str(path), optimization="all", optimized_model_path=optimized)
+    return [n.op_type for n in onnx.load(str(optimized)).graph.node]
+
+
 def tiny_cnn(seed: int = 0, channels: int = 8) -> onnx.ModelProto:
     """A MobileNet-like block: ``Pad -> Conv -> Clip(0, 6) -> Pad -> depthwise Conv -> Relu -> Conv 1x1 -> Add
     (residual) -> ReduceMean -> Gemm(transB=1)``, input ``[N, 3, 16, 16]``, logits ``[N, 10]``."""

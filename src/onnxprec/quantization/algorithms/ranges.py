@@ -15,6 +15,7 @@ entropy calibrator raises "Too many bins for data range" when a later batch is m
   mostly zeros would otherwise get a threshold that clips most of its other values);
 - ``mse``: the clipping of the range that minimizes the expected squared quantization error of the histogram.
 
+:func:`quantization_noise` is the relative error a range leaves on the histogram's values.
 :func:`scale_zero_point` gives the INT8 scale and zero point of a range: asymmetric UINT8 (ONNX Runtime's CPU
 kernels) or symmetric INT8 (TensorRT). Every range holds 0, so zero is exact (padding, ReLU).
 """
@@ -34,6 +35,7 @@ __all__ = [
     "RANGE_METHODS",
     "Histogram",
     "calibrated_range",
+    "quantization_noise",
     "scale_zero_point",
 ]
 
@@ -133,6 +135,14 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
     return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
 
 
+def _squared_error(centers: np.ndarray, counts: np.ndarray, lo: float, hi: float, symmetric: bool) -> float:
+    """The summed squared error of quantizing values ``centers`` (each ``counts`` times) over ``[lo, hi]``."""
+    scale, zero_point = scale_zero_point(lo, hi, symmetric=symmetric)
+    qmin, qmax = (-127, 127) if symmetric else (0, 255)
+    q = np.clip(np.round(centers / scale) + zero_point, qmin, qmax)
+    return float(np.sum(counts * ((q - zero_point) * scale - centers) ** 2))
+
+
 def _mse(hist: Histogram, lo: float, hi: float, symmetric: bool) -> tuple[float, float]:
     """The shrink of ``[lo, hi]`` (one ratio for both ends) with the least expected squared error."""
     centers, counts = hist.centers, hist.counts
@@ -141,13 +151,24 @@ def _mse(hist: Histogram, lo: float, hi: float, symmetric: bool) -> tuple[float,
     best_error, best = math.inf, (lo, hi)
     for ratio in np.linspace(1.0, 0.2, 81):
         a, b = lo * ratio, hi * ratio
-        scale, zero_point = scale_zero_point(a, b, symmetric=symmetric)
-        qmin, qmax = (-127, 127) if symmetric else (0, 255)
-        q = np.clip(np.round(centers / scale) + zero_point, qmin, qmax)
-        error = float(np.sum(counts * ((q - zero_point) * scale - centers) ** 2))
+        error = _squared_error(centers, counts, a, b, symmetric)
         if error < best_error * (1 - 1e-9):
             best_error, best = error, (a, b)
     return best
+
+
+def quantization_noise(hist: Histogram, lo: float, hi: float, *, symmetric: bool = False) -> float:
+    """The relative RMS error ``sqrt(E[(Q(x) - x)^2] / E[x^2])`` of quantizing ``hist``'s tensor over ``[lo, hi]``
+    (0 for a tensor of zeros).
+
+    A heavy-tailed tensor (a few values far above the typical one, as after an unbounded activation) spends most
+    of its 256 levels on the tail and keeps few for the bulk: its noise is high whatever the clipping method.
+    """
+    centers, counts = hist.centers, hist.counts
+    power = float(np.sum(counts * centers**2))
+    if power <= _TINY or hi - lo <= _TINY:
+        return 0.0
+    return math.sqrt(_squared_error(centers, counts, lo, hi, symmetric) / power)
 
 
 def scale_zero_point(lo: float, hi: float, *, symmetric: bool) -> tuple[float, int]:

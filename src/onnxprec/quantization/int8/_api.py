@@ -334,6 +334,9 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
             if layer.name in fallen:
                 entry.mode = "float"
                 entry.info["fallback"] = f"kept in float for {report.target or 'the accuracy guard'}"
+            elif layer.name in decisions.kept_float:
+                entry.mode = "float"
+                entry.info["kept_float"] = decisions.kept_float[layer.name]
             report.layers.append(entry)
         if options.float_type != "fp32":
             result = _autocast(result, options, report)
@@ -378,7 +381,9 @@ def _search(
 ) -> list[str]:
     """The float fallback: the fewest most sensitive layers in float for ``target`` (the user's, or the guard's,
     whose verdict is the task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
-    names = [layer.name for layer in plan.layers if layer.name in decisions.layers]
+    names = [
+        layer.name for layer in plan.layers if layer.name in decisions.layers and layer.name not in decisions.kept_float
+    ]
     own = options.target is None  # the guard's target: its verdict is per output kind
 
     def check(floats: Collection[str]) -> Measurement:
@@ -403,7 +408,7 @@ def _search(
             emulators.clear()
 
         # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
-        emulated = fallback.emulates([layer for layer in plan.layers if layer.name in decisions.layers])
+        emulated = fallback.emulates([layer for layer in plan.layers if layer.name in names])
         float_layers, _ = search(
             names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,

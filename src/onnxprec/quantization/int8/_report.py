@@ -39,7 +39,8 @@ class LayerEntry:
     name: str
     op: str
     mode: str
-    """``dynamic``, ``static``, or ``float`` (sent back to float by the accuracy target)."""
+    """``dynamic``, ``static``, or ``float`` (sent back to float by the accuracy target, or kept float by a rule on
+    the calibration statistics: ``info["kept_float"]`` says why)."""
     weight: str
     shape: list[int]
     outlier_channels: int = 0
@@ -97,8 +98,11 @@ class Int8Report(QuantizationReportBase):
         smoothed = sum(1 for entry in self.layers if entry.alpha is not None)
         if split or smoothed:
             text += f"; {split} with outlier channels in float, {smoothed} smoothed"
-        if self.count("float"):
-            text += f"; {self.count('float')} kept in float for {self.target or 'the accuracy guard'}"
+        kept = sum(1 for entry in self.layers if entry.mode == "float" and "kept_float" in entry.info)
+        if kept:
+            text += f"; {kept} depthwise kept float (heavy-tailed inputs)"
+        if self.count("float") > kept:
+            text += f"; {self.count('float') - kept} kept in float for {self.target or 'the accuracy guard'}"
         if self.check:
             text += f"; {checked(self.check)}"
         elif self.accuracy:

@@ -10,18 +10,10 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxprec._ort import create_session
 from onnxprec._testing import run
 from onnxprec.quantization import CalibrationMethod, quantize, quantize_static
-from onnxprec.quantization._testing import correlated, mlp, tiny_cnn
+from onnxprec.quantization._testing import correlated, mlp, optimized_ops, tiny_cnn
 from onnxprec.quantization.int8 import quantize_file
-
-
-def _optimized_ops(path: Path, tmp_path: Path) -> list[str]:
-    """The op types ONNX Runtime's CPU provider runs after its fusions."""
-    optimized = tmp_path / "optimized.onnx"
-    create_session(str(path), optimization="all", optimized_model_path=optimized)
-    return [n.op_type for n in onnx.load(str(optimized)).graph.node]
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -43,7 +35,7 @@ def test_transformer_layers_are_dynamic_and_fuse(tmp_path: Path, mlp_file: Path)
     out = tmp_path / "q.onnx"
     report = quantize_file(mlp_file, out, calibration_data=_tokens(0), target_accuracy=None)
     assert report.count("dynamic") == 4 and report.static_tensors == 0
-    ops = _optimized_ops(out, tmp_path)
+    ops = optimized_ops(out, tmp_path)
     # the layers that share an input (q and k) are one layer with their weights side by side, and a Split
     assert ops.count("DynamicQuantizeMatMul") == 3 and ops.count("Split") == 1
     assert "DequantizeLinear" not in ops and "MatMulInteger" not in ops and "MatMulIntegerToFloat" not in ops
@@ -69,7 +61,7 @@ def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path, float_line
     report = quantize_file(source, out, calibration_data=data, calibration_method="max", target_accuracy=None,
                            nodes_to_quantize=[".*"], float_linear_outputs=float_linear_outputs)  # fmt: skip
     assert report.count("static") == 3 and report.count("dynamic") == 1
-    ops = _optimized_ops(out, tmp_path)
+    ops = optimized_ops(out, tmp_path)
     assert "Conv" not in ops and "FusedConv" not in ops
     assert "Pad" not in ops and "Clip" not in ops and "Relu" not in ops  # folded and absorbed
     assert ops.count("DynamicQuantizeMatMul") == 1 and "Gemm" not in ops
@@ -150,7 +142,7 @@ def test_a_pointwise_conv_that_only_an_int8_conv_reads_keeps_a_quantized_output(
     outputs = float_outputs("ae")  # now only the expand Conv reads y1
     assert outputs["/b1/project/Conv"] != "float (MatMulIntegerToFloat)"
     assert outputs["/b2/project/Conv"] == "float (MatMulIntegerToFloat)"
-    optimized = _optimized_ops(out, tmp_path)
+    optimized = optimized_ops(out, tmp_path)
     assert optimized.count("MatMulIntegerToFloat") == 1 and optimized.count("QLinearConv") == 3
     x = {"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)}
     (ref,), (got,) = run(source, x), run(out, x)
@@ -174,7 +166,7 @@ def test_the_residual_stream_stays_float_between_pointwise_convs(tmp_path: Path)
     assert [producer[i].op_type for i in second.input] == ["Transpose", "Add"]  # float y2, float r1
     expand = next(n for n in graph.node if n.name == "/b2/expand/Conv")
     assert producer[expand.input[0]].op_type == "DequantizeLinear"
-    optimized = _optimized_ops(out, tmp_path)
+    optimized = optimized_ops(out, tmp_path)
     assert optimized.count("QLinearConv") == 2 and optimized.count("MatMulIntegerToFloat") == 2
     x = {"x": rng.standard_normal((2, 8, 6, 6)).astype(np.float32)}
     (ref,), (got,) = run(source, x), run(out, x)
@@ -231,7 +223,7 @@ def test_a_layer_kept_in_float_stays_float_in_onnx_runtime(tmp_path: Path) -> No
         nodes_to_quantize=[".*"],
     )  # fmt: skip  (the first Conv quantized too)
     assert report.count("static") == 2 and report.excluded == [("/dw/Conv", "^/dw/Conv$")]
-    ops = _optimized_ops(out, tmp_path)
+    ops = optimized_ops(out, tmp_path)
     # the stem Conv QLinearConv, the project Conv MatMulIntegerToFloat (its output is not clipped)
     assert ops.count("QLinearConv") == 1 and ops.count("MatMulIntegerToFloat") == 1
     assert ops.count("FusedConv") + ops.count("Conv") == 1

@@ -27,7 +27,7 @@ from onnxprec.quantization.algorithms.int8 import (
     gptq_per_channel,
     quantize_weight,
 )
-from onnxprec.quantization.algorithms.ranges import calibrated_range, scale_zero_point
+from onnxprec.quantization.algorithms.ranges import calibrated_range, quantization_noise, scale_zero_point
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision, RunSample, decide_channels
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import LayerEntry
@@ -40,7 +40,7 @@ from onnxprec.quantization.int8.integer_ops import (
     replace_with_matmul_integer,
     replace_with_matmul_integer_to_float,
 )
-from onnxprec.quantization.int8.place import Layer, Plan, place
+from onnxprec.quantization.int8.place import Layer, Plan, depthwise, place
 from onnxprec.quantization.int8.rewrite import (
     MS_DOMAIN,
     WeightRecipe,
@@ -56,9 +56,24 @@ from onnxprec.quantization.int8.rewrite import (
     replace_weight,
 )
 
-__all__ = ["Decisions", "LayerDecision", "Statistics", "build", "decide", "plan_for", "takes_int32_bias"]
+__all__ = [
+    "DEPTHWISE_MAX_NOISE",
+    "Decisions",
+    "LayerDecision",
+    "Statistics",
+    "build",
+    "decide",
+    "noisy_depthwise",
+    "plan_for",
+    "takes_int32_bias",
+]
 
 logger = logging.getLogger(__name__)
+
+DEPTHWISE_MAX_NOISE = 0.008
+"""ort-cpu: a depthwise Conv whose input would lose more than this relative RMS error to its UINT8 grid on the
+calibration data stays float (:func:`noisy_depthwise`). Measured inputs: EfficientNet-Lite0 (ReLU6-bounded)
+0.002-0.005; PP-OCRv4's text detector and recognizer (hardswish, heavy-tailed) 0.010-0.050."""
 
 
 @dataclass
@@ -94,6 +109,9 @@ class Decisions:
     layers: dict[str, LayerDecision] = field(default_factory=dict)
     groups: dict[str, ChannelDecision] = field(default_factory=dict)
     tensors: dict[str, tuple[float, int]] = field(default_factory=dict)
+    kept_float: dict[str, str] = field(default_factory=dict)
+    """Layers the calibration statistics keep in float, by node name, with the reason; every build leaves them
+    float."""
 
 
 def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[str] = ()) -> Plan:
@@ -143,12 +161,16 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
     """Scales of the static tensors, per-group channel decisions and per-layer weight recipes."""
     decisions = Decisions()
     symmetric = options.symmetric
+    ranges: dict[str, tuple[float, float]] = {}
     for value in plan.static_tensors:
         hist = stats.histograms.get(str(value.name))
         if hist is None:
             continue
         lo, hi = calibrated_range(hist, options.method, symmetric=symmetric, percentile=options.percentile)
+        ranges[str(value.name)] = lo, hi
         decisions.tensors[str(value.name)] = scale_zero_point(lo, hi, symmetric=symmetric)
+    if options.runtime == "ort-cpu" and not options.include_patterns:
+        decisions.kept_float = noisy_depthwise(plan, stats, ranges)
     from tqdm.auto import tqdm
 
     groups = plan.dynamic_groups
@@ -158,6 +180,31 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         if not layer.dynamic:
             _decide_static(layer, stats, options, decisions)
     return decisions
+
+
+def noisy_depthwise(plan: Plan, stats: Statistics, ranges: dict[str, tuple[float, float]]) -> dict[str, str]:
+    """The static depthwise Convs whose input's UINT8 noise on the calibration data passes
+    :data:`DEPTHWISE_MAX_NOISE`, with the reason each stays float.
+
+    A depthwise Conv has no sum over channels: its INT8 kernel saves little, but it quantizes two tensors (its
+    input and output). After an unbounded activation (hardswish, as in PP-OCR's PP-LCNetV3) those tensors are heavy
+    tailed: the levels go to a few large values and the bulk keeps a handful of them, whatever the clipping method
+    (PP-OCRv4 detector, two calibration photos: probability-map cosine 0.88 with them INT8, 0.994 float, the same
+    latency).
+    """
+    kept = {}
+    for layer in plan.layers:
+        name = str(layer.activation.name)
+        hist = stats.histograms.get(name)
+        if layer.dynamic or not depthwise(layer.node) or hist is None or name not in ranges:
+            continue
+        noise = quantization_noise(hist, *ranges[name])
+        if noise > DEPTHWISE_MAX_NOISE:
+            kept[layer.name] = (
+                f"a depthwise Conv whose input '{name}' would lose {noise:.3f} (relative RMS) to UINT8 "
+                f"(> {DEPTHWISE_MAX_NOISE}): kept float (name it in nodes_to_quantize)"
+            )
+    return kept
 
 
 def _entry(layer: Layer, shape: tuple[int, ...]) -> LayerEntry:
@@ -435,7 +482,7 @@ def build(
     Returns:
         The placement that was applied.
     """
-    plan = plan_for(model, options, float_layers)
+    plan = plan_for(model, options, [*float_layers, *decisions.kept_float])
     graph = model.graph
     names = NameAllocator(model)
     symmetric = options.symmetric

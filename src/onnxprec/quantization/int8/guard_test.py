@@ -106,7 +106,7 @@ def test_a_result_that_meets_the_bound_is_not_refused_and_says_how_it_was_checke
     assert report.to_json()["accuracy"]  # no longer {}
     # without data: random data, said so
     random = quantize_file(source, tmp_path / "random.onnx")
-    assert random.check["random_data"] and "no calibration data: checked on random data (1 run): " in random.summary
+    assert random.check["random_data"] and "no calibration data: checked on random data (" in random.summary
 
 
 def test_ort_quantize_static_keeps_onnx_runtimes_behaviour_and_only_warns(

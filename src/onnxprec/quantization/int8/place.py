@@ -50,7 +50,7 @@ from onnxprec._ops import is_default_domain
 from onnxprec._options import first_match
 from onnxprec.passes.fold_pad_into_conv import constant_value
 
-__all__ = ["RUNTIMES", "STATIC_PASSTHROUGH_OPS", "WEIGHT_OPS", "Layer", "Plan", "pattern_names", "place"]
+__all__ = ["RUNTIMES", "STATIC_PASSTHROUGH_OPS", "WEIGHT_OPS", "Layer", "Plan", "depthwise", "pattern_names", "place"]
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def _trt_unsupported(node: ir.Node, weight: ir.Value, axis: int) -> str | None:
     return None
 
 
-def _depthwise(node: ir.Node) -> bool:
+def depthwise(node: ir.Node) -> bool:
     """A Conv with one input channel per group."""
     weight = node.inputs[1]
     return (
@@ -280,7 +280,7 @@ def _kept_float(node: ir.Node, float_outputs: set[ir.Value]) -> str | None:
     source = _through_layout(node.inputs[0], ir.Value.is_graph_input)
     if source is not None:
         return f"reads the model input '{source.name}'"
-    if not _depthwise(node):
+    if not depthwise(node):
         return None
     value = _through_layout(node.inputs[0], float_outputs.__contains__)
     if value is None:
