@@ -21,11 +21,11 @@ Nothing heavy is imported at module level: the tools' ``_options`` and ``_cli`` 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import re
-import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
@@ -228,6 +228,11 @@ class QuantizationReport(_report.Report, Protocol):
         ...
 
     seconds: dict[str, float]
+
+    def step(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Times a block into ``seconds[name]`` (:class:`onnxprec._report.TimedSteps`)."""
+        ...
+
     input_path: Path | None
     output_path: Path | None
     ort_only: dict[str, int]
@@ -427,7 +432,6 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
             model, report = self.pipeline(source, settings)
             report.input_path = source
             protected |= external_data_paths(model)
-            tick = time.perf_counter()
 
             def check(written: WrittenModel) -> None:
                 load_in_ort(str(written.path), report.ort_only, providers=list(settings.calibration_eps))
@@ -436,11 +440,10 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
                 if self.inspect is not None:
                     self.inspect(written.path, settings, report)
 
-            with self._progress(report):
+            with report.step("quantize+save"), self._progress(report):
                 report.output_path = save_model(
                     model, output, external_data=external_data, protected=protected, check=check
                 )
-            report.seconds["quantize+save"] = time.perf_counter() - tick
             logger.info("%s; saved %s", report.summary, output)
             if genai is not None:
                 genai.write(model)
