@@ -708,15 +708,15 @@ def convert_file(
             _check_selection(report, options)
         report.input_path = source
         protected |= external_data_paths(model)
-        tick = time.perf_counter()
         check = _output_check(report, reference, options, source, fp32_nodes, output_producers(model))
-        try:
-            report.output_path = save_model(
-                model, output, external_data=external_data, protected=protected, check=check
-            )
-        except _ConvertAgain:
-            continue
-        report.seconds["save"] = time.perf_counter() - tick - report.seconds.get("numeric check", 0.0)
+        with report.step("save"):
+            try:
+                report.output_path = save_model(
+                    model, output, external_data=external_data, protected=protected, check=check
+                )
+            except _ConvertAgain:
+                continue
+        report.seconds["save"] -= report.seconds.get("numeric check", 0.0)  # timed as a step of its own
         break
     logger.info("Saved %s", output)
     if genai is not None:
