@@ -299,8 +299,8 @@ def _sizes(target: WeightGroup, recipe: Recipe, output_format: str) -> tuple[int
 
 def _llm_head_bits(model: ir.Model, selection: Selection) -> None:
     """An LLM's default: the weight of the MatMul that writes the logits at 8 bits, where 4 bits cost the most,
-    unless the embedding shares it (a tied table at 8 bits would take twice the bytes of onnxruntime-genai's
-    builder's INT4 table: SmolLM2 95 against 86.5 MB)."""
+    unless the embedding shares it (a tied table at 8 bits would take about twice the bytes of onnxruntime-genai's
+    builder's INT4 table: experiments/design_notes.md, "INT4 methods")."""
     head = logits_head(model)
     target = next((t for t in selection.targets for layer in t.layers if layer.name == head), None)
     if target is not None and not target.gathers:
