@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import numpy as np
@@ -13,22 +12,12 @@ from onnx import numpy_helper
 from onnxprec._testing import run
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import QuantType, quantize_dynamic
-from onnxprec.quantization._testing import correlated, mlp
-
-
-def _parameters(function: object) -> list[tuple[str, str]]:
-    found = []
-    for name, parameter in inspect.signature(function).parameters.items():  # type: ignore[arg-type]
-        default = parameter.default
-        found.append(
-            (name, "required" if default is inspect.Parameter.empty else str(getattr(default, "name", default)))
-        )
-    return found
+from onnxprec.quantization._testing import correlated, mlp, parameters
 
 
 def test_quantize_dynamic_has_onnx_runtimes_signature() -> None:
     ort_quantization = pytest.importorskip("onnxruntime.quantization")
-    assert _parameters(quantize_dynamic) == _parameters(ort_quantization.quantize_dynamic)
+    assert parameters(quantize_dynamic) == parameters(ort_quantization.quantize_dynamic)
 
 
 def test_quantize_dynamic_matches_onnx_runtimes_own(tmp_path: Path) -> None:
