@@ -432,3 +432,17 @@ def test_the_result_is_checked_against_the_input_and_the_summary_says_so(tmp_pat
     assert report.check["worst_rel_l2"] < 1e-5
     assert "; checked on random data (1 run): float outputs rel L2 <= " in report.summary
     assert report.to_json()["accuracy_check"] == report.check
+
+
+def test_a_model_that_runs_on_no_random_inputs_is_written_and_its_check_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the check of the result on random data raised CalibrationDataError after the output was written,
+    so the command exited 2 with advice (--input_shapes) that preprocess does not take."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]  # [N, 7] -> [5, -1]: N % 5 == 0
+    shape = np.array([5, -1], np.int64)
+    proto = make_model(nodes, [tensor_info("x", F, ["N", 7])], [tensor_info("y", F, [5, None])], {"shape": shape})
+    source, output = _save(proto, tmp_path / "reshape.onnx"), tmp_path / "out.onnx"
+    report = quant_pre_process(str(source), str(output))
+    assert output.exists() and not report.check
+    assert any("not checked against the input" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")

@@ -496,12 +496,9 @@ def compile_patterns(patterns: Iterable[str] | None, what: str) -> list[re.Patte
     return compiled
 
 
-MATCH_RULE = "re.match: from the start of the name, as ModelOpt; '.*name' matches inside"
-"""How every tool matches a name pattern (``nodes_to_exclude``, ``nodes_to_include``...), said in the options' help."""
-
-
 def first_match(patterns: Iterable[re.Pattern[str]], names: Iterable[str]) -> str | None:
-    """The first of ``patterns`` that matches one of ``names`` by :data:`MATCH_RULE` (``re.match``), or None."""
+    """The first of ``patterns`` that matches one of ``names`` by the rule every tool follows (``re.match``, from
+    the start of a name, as ModelOpt: :data:`onnxprec._arg_groups.MATCH_RULE`), or None."""
     names = [name for name in names if name]
     return next((p.pattern for p in patterns if any(p.match(name) for name in names)), None)
 

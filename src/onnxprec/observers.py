@@ -305,22 +305,31 @@ class TokenSampleObserver(_Sampling):
         super().__init__(max_tokens, names, seed)
         self._samples: dict[str, np.ndarray] = {}
         self.dtype = np.dtype(dtype)
-        """Storage type of the rows (float16 halves the memory of samples that are only scored on)."""
+        """Storage type of the rows (float16 halves the memory of samples that are only scored on); a tensor with a
+        value beyond its range is kept in float32 instead (from the batch that shows it on)."""
+        self._wide: set[str] = set()  # tensors kept in float32: their values exceed :attr:`dtype`'s range
 
     def update(self, name: str, array: np.ndarray) -> None:
         if not self.wants(name):
             return
         rows = _rows(array)
-        if rows.dtype != self.dtype:
-            rows = rows.astype(self.dtype)
+        dtype = np.dtype(np.float32) if name in self._wide else self.dtype
+        if dtype.itemsize < rows.dtype.itemsize and rows.size and np.abs(rows).max() > np.finfo(dtype).max:
+            self._wide.add(name)  # would overflow to inf
+            dtype = np.dtype(np.float32)
+        if rows.dtype != dtype:
+            rows = rows.astype(dtype)
         sample = self._samples.get(name)
         if sample is None:
-            sample = np.empty((0, rows.shape[1]), dtype=self.dtype)
+            sample = np.empty((0, rows.shape[1]), dtype=dtype)
+        elif sample.dtype != dtype:
+            sample = sample.astype(dtype)
         sample, self._seen[name], _ = _reservoir(sample, rows, self._seen.get(name, 0), self.max_tokens, self.seed)
         self._samples[name] = sample
 
     def sample(self, name: str) -> np.ndarray:
-        """``[tokens, channels]`` of :attr:`dtype` (fewer than ``max_tokens`` rows if fewer were seen)."""
+        """``[tokens, channels]`` of :attr:`dtype`, or float32 beyond its range (fewer than ``max_tokens`` rows if
+        fewer were seen)."""
         return self._samples[name]
 
     def seen(self, name: str) -> int:

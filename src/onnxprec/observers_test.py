@@ -68,3 +68,20 @@ def test_token_reservoir_is_bounded_uniform_and_aligned() -> None:
     assert abs(first - last) / (first + last) < 0.1
     with pytest.raises(ValueError, match="positive"):
         TokenSampleObserver(max_tokens=0)
+
+
+def test_a_float16_sample_of_values_beyond_float16_keeps_them_in_float32() -> None:
+    """Regression: INT4's samples are float16 (activation_stats.SAMPLE_DTYPE); an activation past 65504 became inf
+    and AWQ failed with a traceback ("x_sample has NaN or infinite values")."""
+    observer = TokenSampleObserver(max_tokens=8, names=["big", "small"], dtype=np.float16)
+    rng = np.random.default_rng(0)
+    small = rng.standard_normal((1, 4, 3)).astype(np.float32)
+    observer.update("big", small)  # in range: stored as float16 so far
+    big = small.copy()
+    big[0, 0, 0] = 1e5
+    observer.update("big", big)
+    observer.update("small", small)
+    assert observer.sample("big").dtype == np.float32 and np.isfinite(observer.sample("big")).all()
+    assert observer.sample("big").max() == np.float32(1e5) and observer.sample("big").shape == (8, 3)
+    assert observer.sample("small").dtype == np.float16
+    np.testing.assert_array_equal(observer.sample("small"), small.reshape(-1, 3).astype(np.float16))

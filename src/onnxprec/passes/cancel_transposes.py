@@ -210,6 +210,9 @@ class CancelTransposesPass(ir.passes.InPlacePass):
         graph = model.graph
         removed = inserted = regions = 0
         changed = True
+        # Each sweep applies every region it finds, going on past the changes (onnx-ir's node list skips removed
+        # nodes); a region that a later one made possible waits for the next sweep. Restarting after each region
+        # would grow every Transpose again each time: quadratic in the graph.
         while changed:
             changed = False
             for node in graph:
@@ -228,7 +231,6 @@ class CancelTransposesPass(ir.passes.InPlacePass):
                 regions += 1
                 _apply(graph, region, regions)
                 changed = True
-                break
         if regions:
             logger.debug(
                 "Moved %d element-wise regions across their layout Transposes: %d Transposes removed, %d inserted",

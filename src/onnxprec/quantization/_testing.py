@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "dequantized_weights",
     "fails_cleanly",
     "mlp",
+    "parameters",
     "run_fp32_compute",
     "single_matmul",
     "tiny_cnn",
@@ -40,6 +42,18 @@ def correlated(t: int, k: int, seed: int = 0, *, outliers: bool = True) -> np.nd
     if outliers:
         x[:, rng.choice(k, max(1, k // 32), replace=False)] *= 10
     return x.astype(np.float32)
+
+
+def parameters(function: Callable[..., Any]) -> list[tuple[str, str]]:
+    """``function``'s parameters in order, each with its default (``"required"`` without one; enums by name): what
+    the ONNX Runtime-compatible functions must share with ONNX Runtime's own."""
+    found = []
+    for name, parameter in inspect.signature(function).parameters.items():
+        default = parameter.default
+        found.append(
+            (name, "required" if default is inspect.Parameter.empty else str(getattr(default, "name", default)))
+        )
+    return found
 
 
 def fails_cleanly(

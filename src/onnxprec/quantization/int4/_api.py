@@ -299,8 +299,8 @@ def _sizes(target: WeightGroup, recipe: Recipe, output_format: str) -> tuple[int
 
 def _llm_head_bits(model: ir.Model, selection: Selection) -> None:
     """An LLM's default: the weight of the MatMul that writes the logits at 8 bits, where 4 bits cost the most,
-    unless the embedding shares it (a tied table at 8 bits would take twice the bytes of onnxruntime-genai's
-    builder's INT4 table: SmolLM2 95 against 86.5 MB)."""
+    unless the embedding shares it (a tied table at 8 bits would take about twice the bytes of onnxruntime-genai's
+    builder's INT4 table: experiments/design_notes.md, "INT4 methods")."""
     head = logits_head(model)
     target = next((t for t in selection.targets for layer in t.layers if layer.name == head), None)
     if target is not None and not target.gathers:
@@ -511,12 +511,17 @@ def quantize(
 def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> None:
     """Measures the written INT4 model against the float one on the first calibration batch (realistic random data
     without one) with each output's task metric; a result that misses INT8's guard bounds
-    (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback)."""
+    (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback), and so is a
+    measurement that cannot run: the output is written either way."""
     from onnxprec.quantization import guard
 
     shapes = calibration.parse_input_shapes(options.input_shapes) or None
-    summary, random = task_check(load_model(source), written, options.calibration_data_reader,
-                                 providers=list(options.calibration_eps), input_shapes=shapes)  # fmt: skip
+    try:
+        summary, random = task_check(load_model(source), written, options.calibration_data_reader,
+                                     providers=list(options.calibration_eps), input_shapes=shapes)  # fmt: skip
+    except OnnxprecError as e:  # the check is information (a one-shot reader, say, was read by the quantization)
+        logger.warning("INT4 result not measured against the float model: %s", e)
+        return
     passed = guard.holds(summary)
     report.check = {
         "random_data": random,

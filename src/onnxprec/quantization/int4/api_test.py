@@ -361,3 +361,17 @@ def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it
     np.testing.assert_allclose(sequential[o], before_o[o], rtol=0, atol=1e-6)
     before_head = quantized(with_weights({"Wq": sequential[q], "Wk": sequential[k], "Wo": sequential[o]}))
     np.testing.assert_allclose(sequential[head], before_head[head], rtol=0, atol=1e-6)
+
+
+def test_a_one_shot_reader_is_quantized_and_written_though_the_check_cannot_read_it_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the written model's accuracy check read the calibration source again; a generator (or an ORT
+    CalibrationDataReader), already read by AWQ, failed the whole run at the end and nothing was written."""
+    source, output = tmp_path / "mlp.onnx", tmp_path / "o.onnx"
+    onnx.save(mlp(), source)
+    rng = np.random.default_rng(0)
+    batches = ({"X": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(3))
+    report = quantize_file(source, output, calibration_data_reader=batches, calibration_method="awq_lite")
+    assert output.exists() and report.method == "awq_lite" and not report.check
+    assert any("not measured against the float model" in r.getMessage() for r in caplog.records)

@@ -307,19 +307,9 @@ def test_quantize_static_takes_onnx_runtime_arguments(tmp_path: Path, mlp_file: 
 
 def test_quantize_static_has_onnx_runtimes_signature() -> None:
     """Every argument of ONNX Runtime's ``quantize_static``, in its order, with its default (enums by name)."""
-    import inspect
+    from onnxprec.quantization._testing import parameters
 
     ort_quantization = pytest.importorskip("onnxruntime.quantization")
-
-    def parameters(function: object) -> list[tuple[str, str]]:
-        found = []
-        for name, parameter in inspect.signature(function).parameters.items():  # type: ignore[arg-type]
-            default = parameter.default
-            found.append(
-                (name, "required" if default is inspect.Parameter.empty else str(getattr(default, "name", default)))
-            )
-        return found
-
     assert parameters(quantize_static) == parameters(ort_quantization.quantize_static)
 
 

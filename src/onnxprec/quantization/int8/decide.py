@@ -72,8 +72,8 @@ logger = logging.getLogger(__name__)
 
 DEPTHWISE_MAX_NOISE = 0.008
 """ort-cpu: a depthwise Conv whose input would lose more than this relative RMS error to its UINT8 grid on the
-calibration data stays float (:func:`noisy_depthwise`). Measured inputs: EfficientNet-Lite0 (ReLU6-bounded)
-0.002-0.005; PP-OCRv4's text detector and recognizer (hardswish, heavy-tailed) 0.010-0.050."""
+calibration data stays float (:func:`noisy_depthwise`); the inputs it was set between: experiments/design_notes.md,
+"INT8 placement"."""
 
 
 @dataclass
@@ -188,9 +188,7 @@ def noisy_depthwise(plan: Plan, stats: Statistics, ranges: dict[str, tuple[float
 
     A depthwise Conv has no sum over channels: its INT8 kernel saves little, but it quantizes two tensors (its
     input and output). After an unbounded activation (hardswish, as in PP-OCR's PP-LCNetV3) those tensors are heavy
-    tailed: the levels go to a few large values and the bulk keeps a handful of them, whatever the clipping method
-    (PP-OCRv4 detector, two calibration photos: probability-map cosine 0.88 with them INT8, 0.994 float, the same
-    latency).
+    tailed: the levels go to a few large values and the bulk keeps a handful of them, whatever the clipping method.
     """
     kept = {}
     for layer in plan.layers:

@@ -263,6 +263,7 @@ def quantize_dynamic(
         use_external_data_format=use_external_data_format,
         activations="dynamic",
         target_accuracy=None,
+        accuracy_guard=False,  # ONNX Runtime's behaviour, as quantize_static: a missed bound is only warned about
         smoothquant=False,
         outlier_channels=0,
         bias_correction=False,

@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from onnxprec._testing import run
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import QuantType, quantize_dynamic
-from onnxprec.quantization._testing import correlated, mlp
-
-
-def _parameters(function: object) -> list[tuple[str, str]]:
-    found = []
-    for name, parameter in inspect.signature(function).parameters.items():  # type: ignore[arg-type]
-        default = parameter.default
-        found.append(
-            (name, "required" if default is inspect.Parameter.empty else str(getattr(default, "name", default)))
-        )
-    return found
+from onnxprec.quantization._testing import correlated, mlp, parameters
 
 
 def test_quantize_dynamic_has_onnx_runtimes_signature() -> None:
     ort_quantization = pytest.importorskip("onnxruntime.quantization")
-    assert _parameters(quantize_dynamic) == _parameters(ort_quantization.quantize_dynamic)
+    assert parameters(quantize_dynamic) == parameters(ort_quantization.quantize_dynamic)
 
 
 def test_quantize_dynamic_matches_onnx_runtimes_own(tmp_path: Path) -> None:
@@ -57,3 +47,24 @@ def test_quantize_dynamic_refusals(tmp_path: Path) -> None:
         quantize_dynamic(source, tmp_path / "o.onnx", reduce_range=True)
     with pytest.raises(InvalidArgumentError, match="no MatMul or Gemm"):
         quantize_dynamic(source, tmp_path / "o.onnx", op_types_to_quantize=["Conv"])
+
+
+def test_quantize_dynamic_writes_a_result_that_misses_the_guard_and_warns_as_onnx_runtime_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: quantize_dynamic ran INT8's accuracy guard, so ORT's API raised AccuracyGuardError (quantize_static
+    turns the guard off: ONNX Runtime writes the result)."""
+    proto = mlp()
+    for init in proto.graph.initializer:  # two huge input channels that no weight reads: the rest lose their levels
+        array = numpy_helper.to_array(init).copy()
+        if init.name == "gamma":
+            array[:2] = (1e5, -1e5)
+        elif init.name in ("Wq", "Wk"):
+            array[:2] = 0
+        init.CopyFrom(numpy_helper.from_array(array, init.name))
+    source, output = tmp_path / "mlp.onnx", tmp_path / "o.onnx"
+    onnx.save(proto, source)
+    report = quantize_dynamic(str(source), str(output))
+    assert output.exists() and report.count("dynamic") == 4
+    assert report.check["guard"] == "off" and not report.check["passed"]
+    assert any("misses the accuracy guard" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
