@@ -75,8 +75,9 @@ def _results() -> dict:
         "c": {"kind": "k2", "package": "q==2", "bytes": 1e6, "metric": "top1", "bound": 0.98,
               "cells": {"int8": cell("crashed", rc=1, message="IndexError: x"), "int4": cell("pass", 0.99)}},
     }  # fmt: skip
-    return {"models": models, "tools": ["int8", "int4"], "settings": {"timeout_s": 300}, "versions": {"project": {}, "anchors": {}},
-            "command": "python -m benchmarks corpus", "date": "2026-11-28T23:00:00"}  # fmt: skip
+    return {"models": models, "tools": ["int8", "int4"], "settings": {"timeout_s": 300},
+            "versions": {"project": {}, "anchors": {}}, "command": "python -m benchmarks corpus",
+            "date": "2026-11-28T23:00:00"}  # fmt: skip
 
 
 def test_counts_per_tool() -> None:
