@@ -11,8 +11,9 @@ results, the latency against FP32 with 2 threads (:func:`benchmarks.int8.latency
 alternating rounds in one process). ``evaluate`` and ``compare`` take the model and its INT8 result.
 
 Each cell (exit code, the tool's one-line message when it failed, the metric, pass/fail, latency, wall time) is
-cached in ``<corpus>/runs/<model>/<tool>/cell.json`` under a key of the model's sha256, its inputs, the command and
-the onnxprec sources (their hash, and the git commit) or the anchors' versions: a rerun only redoes what changed.
+cached in ``<corpus>/cells/<model>/<tool>/<key>/cell.json``, the key made of the model's sha256, its inputs, the
+command and the onnxprec sources (their hash) or the anchors' versions: a rerun only redoes what changed, and runs
+of different sources keep their cells side by side. A run first reports every model's current cached cells.
 The run writes ``benchmarks/results/corpus-<date>.json`` and regenerates RELIABILITY.md's first section
 (:mod:`benchmarks.report_corpus`).
 """
@@ -226,7 +227,7 @@ def run_cell(
     if tool.only_with_weights and not has_weights(mr.src):
         return {"outcome": "n/a", "reason": "no MatMul/Gemm or Gather weights"}
     key = cell_key(mr, tool, dep.get("key") if dep else None)
-    folder = mr.work / tool.id.replace(":", "_").replace("+", "_")
+    folder = mr.work / tool.id.replace(":", "_").replace("+", "_") / key  # versions side by side
     cached = folder / "cell.json"
     if cached.exists():
         old = json.loads(cached.read_text())
@@ -244,13 +245,14 @@ def run_cell(
             shutil.copy(f, folder / ("model.onnx" if f == mr.src else f.name))
     files: dict[str, Path] = {"M": model, "O": folder / "out.onnx", "C": mr.calib, "H": mr.heldout,
              "R": folder / "report.json", "D": merged_npz(mr.calib, mr.work / "calib.npz"),
-             "Q": mr.work / (tool.needs or "none").replace(":", "_") / "out.onnx"}  # fmt: skip
+             "Q": Path(dep["folder"] if dep else folder) / "out.onnx"}  # fmt: skip
     python = sys.executable if tool.venv == "project" else str(mr.anchors_python)
     argv = [python, *(a.format(**files) for a in tool.argv.split())]
     rec = measure(argv, folder / "log.txt", mr.timeout_s, cwd=REPO_ROOT)
     rc = rec.get("returncode")
-    cell: dict[str, Any] = {"key": key, "command": tool.user(), "rc": rc, "status": rec["status"],
-                            "wall_s": rec.get("wall_s"), "peak_rss_mb": rec.get("peak_rss_mb")}  # fmt: skip
+    cell: dict[str, Any] = {"key": key, "folder": str(folder), "command": tool.user(), "rc": rc,
+                            "status": rec["status"], "wall_s": rec.get("wall_s"),
+                            "peak_rss_mb": rec.get("peak_rss_mb")}  # fmt: skip
     if rec["status"] != "ok":
         cell["message"] = str(rec.get("error", "")).strip().splitlines()[-1][:300] if rec.get("error") else ""
     judged = None
@@ -260,6 +262,7 @@ def run_cell(
         else:
             try:
                 got = run_outputs(files["O"], batches(mr.heldout))
+                mr.ref = mr.ref or run_outputs(mr.src, batches(mr.heldout))
                 judged = corpus_metrics.judge(mr.rec["metric"], mr.rec["bound"], mr.ref, got, mr.rec.get("output"),
                                               mr.rec.get("metric_options"))  # fmt: skip
                 cell["metric"] = judged
@@ -313,11 +316,10 @@ def run_model(config: RunConfig, name: str, rec: dict[str, Any], tools: Sequence
               versions: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     """Every tool on one model, in :data:`TOOLS` order (a tool that reads another's result runs after it)."""
     t0 = time.perf_counter()
-    work = Path(rec["path"]).parent.parent.parent / "runs" / name
+    work = Path(rec["path"]).parent.parent.parent / "cells" / name
     work.mkdir(parents=True, exist_ok=True)
     mr = ModelRun(name, rec, work, versions, config.timeout_s, config.anchors_python)
-    mr.ref = run_outputs(mr.src, batches(mr.heldout))
-    cells: dict[str, dict[str, Any]] = {}
+    cells: dict[str, dict[str, Any]] = {}  # FP32's held-out outputs are computed when a cell first needs them
     for tid in TOOLS:  # the tools asked for (and what they read) run; the others' current cached cells are reported
         asked = tid in tools or any(TOOLS[t].needs == tid for t in tools)
         if (cell := run_cell(mr, TOOLS[tid], cells, run=asked)) is not None:
@@ -344,6 +346,9 @@ def run(config: RunConfig, jobs: int = 1) -> Path:
                 "anchors": json.dumps(data["versions"]["anchors"], sort_keys=True)}  # fmt: skip
     data.update(git=_git("rev-parse", "--short=10", "HEAD"), corpus=manifest["corpus"], tools=list(TOOLS), models={})
     path = config.results_dir / f"corpus-{dt.date.today():%Y-%m-%d}.json"
+    for m in models:  # first every model's current cached cells, so that a stopped run still reports them
+        data["models"][m] = run_model(config, m, manifest["models"][m], (), versions)
+    _write(path, data)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {m: pool.submit(run_model, config, m, manifest["models"][m], tools, versions) for m in models}
         for m, fut in futures.items():

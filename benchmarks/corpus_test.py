@@ -76,8 +76,8 @@ def _results() -> dict:
               "cells": {"int8": cell("crashed", rc=1, message="IndexError: x"), "int4": cell("pass", 0.99)}},
     }  # fmt: skip
     return {"models": models, "tools": ["int8", "int4"], "settings": {"timeout_s": 300},
-            "versions": {"project": {}, "anchors": {}},
-            "command": "python -m benchmarks corpus", "date": "2026-11-28T23:00:00"}  # fmt: skip
+            "versions": {"project": {}, "anchors": {}}, "command": "python -m benchmarks corpus",
+            "date": "2026-11-28T23:00:00"}  # fmt: skip
 
 
 def test_counts_per_tool() -> None:
