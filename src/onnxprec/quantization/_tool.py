@@ -416,7 +416,7 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
         settings: OptionsT = self.options.from_call(options, kwargs)
         source = Path(onnx_path)
         output = Path(output_path) if output_path is not None else self.default_output_path(source)
-        if output_path is None and settings.FORMER_SUFFIX:
+        if output_path is None and settings.FORMER_SUFFIX and source.exists():  # a bad path gets its one line
             logger.warning(
                 "Writing %s: the default output is now <name>%s.onnx, as ModelOpt's (it was <name>%s.onnx); "
                 "pass --output_path to choose", output.name, settings.OUTPUT_SUFFIX, settings.FORMER_SUFFIX,
