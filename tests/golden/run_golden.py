@@ -43,6 +43,15 @@ INPUTS = (
     "minilm_l6_v2_bert_inputs.npz",
 )
 _MAX_FILES = 8
+_PATHS: list[str] = []
+"""The inputs' folder as a run spells it (given, absolute, resolved): replaced by ``<models>`` in reports and output,
+so that a snapshot taken in one checkout compares equal in another (CI's clone, its own copy of ../shared)."""
+
+
+def _unpath(text: str) -> str:
+    for path in _PATHS:
+        text = text.replace(path, "<models>")
+    return re.sub(r"/tmp/[^\s'\"]*/", "<tmp>/", text)
 _VOLATILE_KEYS = re.compile(
     r"(seconds|latency|_ms$|^ms|time|rss|memory|onnxprec_version|^input$|^output$|output_path|input_path|"
     r"output_dir|command|^path$|runs_per_second|throughput|sessions|peak)",
@@ -123,14 +132,14 @@ def _clean(value: Any) -> Any:
             items.sort(key=lambda v: (str(v["op_type"]), str(v.get("provider"))))
         return items
     if isinstance(value, str):
-        return re.sub(r"/tmp/[^\s'\"]*/", "<tmp>/", value)
+        return _unpath(value)
     if isinstance(value, float):
         return float(f"{value:.6g}")
     return value
 
 
 def _mask(text: str) -> str:
-    text = re.sub(r"/tmp/[^\s'\"]*/", "<tmp>/", text)
+    text = _unpath(text)
     text = re.sub(r"\b\d+(\.\d+)? ?(s|ms|MiB|MB|GiB|µs)\b", "<t>", text)
     text = re.sub(r"(latency|ms/batch)[^\n]*", r"\1 <masked>", text)
     text = re.sub(r"\b\d+\.\d%", "<share>", text)  # a kernel profile's time shares (one decimal)
@@ -406,6 +415,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 def snapshot(models: Path, only: str | None = None) -> dict[str, Any]:
     """Every case's :func:`summarize` record (the cases whose name matches the regex ``only``), by name."""
     results: dict[str, Any] = {}
+    _PATHS[:] = sorted({str(models), os.path.abspath(models), str(models.resolve())}, key=len, reverse=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name, case in _cases(Path(tmp), models).items():
             if only and not re.search(only, name):
