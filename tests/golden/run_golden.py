@@ -52,6 +52,8 @@ def _unpath(text: str) -> str:
     for path in _PATHS:
         text = text.replace(path, "<models>")
     return re.sub(r"/tmp/[^\s'\"]*/", "<tmp>/", text)
+
+
 _VOLATILE_KEYS = re.compile(
     r"(seconds|latency|_ms$|^ms|time|rss|memory|onnxprec_version|^input$|^output$|output_path|input_path|"
     r"output_dir|command|^path$|runs_per_second|throughput|sessions|peak)",
