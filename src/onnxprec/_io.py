@@ -18,7 +18,7 @@ from onnxprec._graph import all_graphs
 from onnxprec._ops import is_known_onnx_domain_op
 from onnxprec._protobuf import load_mapped, proto_graphs, write_streaming
 from onnxprec._tensors import release
-from onnxprec.errors import InvalidArgumentError, ModelLoadError
+from onnxprec.errors import InvalidArgumentError, ModelLoadError, UnsupportedModelError
 
 __all__ = [
     "PROTOBUF_LIMIT",
@@ -81,7 +81,7 @@ def load_model(source: ModelSource) -> ir.Model:
         return source
     if isinstance(source, onnx.ModelProto):
         _check_model_proto(source, "the in-memory model")
-        return ir.serde.deserialize_model(source)
+        return _deserialize(source, "the in-memory model")
     path = Path(source)
     if not path.exists():
         raise ModelLoadError(f"Model file '{path}' does not exist: check the path (--onnx_path).")
@@ -96,12 +96,30 @@ def load_model(source: ModelSource) -> ir.Model:
         ) from e
     _check_model_proto(proto, f"'{path}'")
     data_files = _check_external_data(proto, path)
-    model = ir.serde.deserialize_model(proto)
+    model = _deserialize(proto, f"'{path}'")
     ir.external_data.set_base_dir(model.graph, str(path.parent.resolve()))
     model.meta[_DATA_FILES] = data_files
     model.meta[_MODEL_FILE] = path.resolve()
     logger.debug("Loaded %s: %d nodes in the main graph", path, len(model.graph))
     return model
+
+
+def _deserialize(proto: onnx.ModelProto, where: str) -> ir.Model:
+    """onnx-ir's deserializer, with what it cannot represent said in one line."""
+    try:
+        return ir.serde.deserialize_model(proto)
+    except ir.serde.SerdeError as e:
+        cause: BaseException = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, NotImplementedError) and "Map types" in str(cause):
+            raise UnsupportedModelError(
+                f"{where} has a value of map type (such as sklearn-onnx's ZipMap output), which onnx-ir cannot "
+                "represent yet: convert it without the map (sklearn-onnx: options={'zipmap': False})."
+            ) from e
+        raise ModelLoadError(
+            f"{where} cannot be read into onnx-ir ({_short(cause)}): check it with onnx.checker."
+        ) from e
 
 
 def _read_proto(path: Path) -> onnx.ModelProto:

@@ -80,3 +80,25 @@ def test_a_failed_check_leaves_no_output(tmp_path: Path, external_data: bool) ->
     assert seen and sorted(p.name for p in tmp_path.iterdir()) == []
     save_model(model, tmp_path / "out.onnx", external_data=external_data, check=lambda path: None)
     assert (tmp_path / "out.onnx").exists()
+
+
+def test_a_map_typed_output_is_refused_in_one_line(tmp_path: Path) -> None:
+    """sklearn-onnx's ZipMap writes a sequence of maps, which onnx-ir cannot represent: one clear error."""
+    from onnxprec.errors import UnsupportedModelError
+
+    zipmap = helper.make_node("ZipMap", ["X"], ["Y"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2, 3])
+    map_type = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    graph = helper.make_graph(
+        [zipmap],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4])],
+        [helper.make_value_info("Y", helper.make_sequence_type_proto(map_type))],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)], ir_version=8
+    )
+    onnx.checker.check_model(model)
+    path = tmp_path / "zipmap.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UnsupportedModelError, match=r"map type .*zipmap': False"):
+        load_model(path)
