@@ -276,7 +276,9 @@ def run_cell(
     for f in folder.glob("*.onnx*"):  # keep only the result (evaluate and compare read the INT8 one)
         if f.name not in ("out.onnx", "out.onnx.data") and not f.name.startswith("out."):
             f.unlink()
-    cached.write_text(json.dumps(cell, indent=1, default=_json) + "\n")
+    partial = cached.with_suffix(".part")  # a run stopped mid-write leaves no truncated cell
+    partial.write_text(json.dumps(cell, indent=1, default=_json) + "\n")
+    partial.replace(cached)
     return cell
 
 
