@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import logging
 import shlex
 import sys
@@ -74,7 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=float, default=600.0, help="seconds per tool run (default 600)")
     c.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     c.add_argument("--report-only", action="store_true", help="only regenerate RELIABILITY.md's corpus section")
-    c.add_argument("--results", type=Path, default=None, help="--report-only: this file (default: the newest)")
+    c.add_argument(
+        "--results",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="--report-only: this file (default: the newest); several files are merged into one table, "
+        "a later file's cells replacing an earlier one's (written as corpus-merged-<date>.json)",
+    )
     sub.add_parser("report", help="regenerate BENCHMARKS.md and experiments/STUDIES.md", parents=[files])
     sub.add_parser("tools", help="list the tools and the default plan")
     return ap
@@ -111,7 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if a.cmd == "corpus":
             if a.report_only:
-                print(report_corpus.write(a.results))
+                results = a.results[0] if a.results and len(a.results) == 1 else None
+                if a.results and len(a.results) > 1:
+                    results = a.results_dir / f"corpus-merged-{dt.date.today():%Y-%m-%d}.json"
+                    harness.write_results(results, report_corpus.merge(a.results))
+                print(report_corpus.write(results))
                 return 0
             config = harness.RunConfig(
                 models=_list(a.models) or [],

@@ -77,6 +77,7 @@ TOOLS: dict[str, CorpusTool] = {t.id: t for t in (
     CorpusTool("autocast:fp16", "project", _AC),
     CorpusTool("autocast:fp16+data", "project", _AC + " -d {C}"),
     CorpusTool("autocast:bf16", "project", _AC + " --low_precision_type bf16"),
+    CorpusTool("autocast:bf16+keep", "project", _AC + " --low_precision_type bf16 --keep_unsupported_fp32"),
     CorpusTool("int8", "project", _Q8 + " -d {C}", int8=True),
     CorpusTool("int8:nodata", "project", _Q8, int8=True),
     CorpusTool("int8:trt", "project", _Q8 + " -d {C} --runtime trt", int8=True),

@@ -3,6 +3,7 @@ cell is classified, the counts and the RELIABILITY.md section."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +100,22 @@ def test_section_replaces_itself_and_keeps_the_rest() -> None:
     once = report_corpus.render(old, lines)
     assert once.endswith(old) and once.startswith(report_corpus.BEGIN)
     assert report_corpus.render(once, lines) == once  # regenerating replaces the section, nothing else
+
+
+def test_merge_takes_later_cells_and_cites_each_run(tmp_path: Path) -> None:
+    first, second = _results(), _results()
+    second["models"]["b"]["cells"] = {"int8": dict(second["models"]["b"]["cells"]["int8"], outcome="pass")}
+    for name in ("a", "c"):
+        second["models"][name]["cells"]["int4"]["cached"] = True  # reported, not run, by the second run
+    second["command"] = "python -m benchmarks corpus --tools int8"
+    paths = []
+    for i, data in enumerate((first, second)):
+        paths.append(tmp_path / f"corpus-{i}.json")
+        paths[-1].write_text(json.dumps(data))
+    merged = report_corpus.merge(paths)
+    assert merged["models"]["b"]["cells"]["int8"]["outcome"] == "pass"  # the later run's cell
+    assert merged["models"]["b"]["cells"]["int4"]["outcome"] == "refused"  # kept from the first
+    assert merged["models"]["b"]["cells"]["int8"]["run"] == 2 and merged["models"]["b"]["cells"]["int4"]["run"] == 1
+    assert merged["runs"][1]["contributed"] == ["int8"]
+    text = "\n".join(report_corpus.section(merged, "benchmarks/results/corpus-merged.json"))
+    assert "Merged from 2 runs" in text and "--tools int8" in text and "columns run here: `int8`" in text

@@ -111,7 +111,7 @@ def section(data: Mapping[str, Any], file: str) -> list[str]:
             "Regenerate (the corpus first; cells are cached per model, tool and onnxprec sources, so a rerun only "
             "redoes what changed):", "", "```", "python -m zoo.corpus build", "nice -n 10 python -m benchmarks corpus "
             "--jobs 1", "python -m benchmarks corpus --report-only   # this section from the newest results file",
-            "```", "", *run_lines({**data, "file": file}, "this run", f"file `{file}`"), "",
+            "```", "", *_runs(data, file), "",
             "Cells: ✓ the metric meets the bound with exit 0; ✗ exit 0 and the bound missed (destroyed), or the "
             "result does not load on ONNX Runtime CPU (✗ no load); refused: a non-zero exit with the tool's own line "
             "(listed below); crash: a non-zero exit with a Python traceback (its last line below); n/a: INT4 on a "
@@ -158,6 +158,17 @@ def section(data: Mapping[str, Any], file: str) -> list[str]:
     return [*out, "", END]
 
 
+def _runs(data: Mapping[str, Any], file: str) -> list[str]:
+    """The run (or, for a merged table, each run with the columns it contributed) as the section cites it."""
+    if "runs" not in data:
+        return run_lines({**data, "file": file}, "this run", f"file `{file}`")
+    out = [f"Merged from {len(data['runs'])} runs (`{file}`); each column's cells come from the run named here:", ""]
+    for i, r in enumerate(data["runs"], 1):
+        tools = ", ".join(f"`{t}`" for t in r["contributed"]) or "cached cells only"
+        out += [*run_lines(r, f"run {i}", f"columns run here: {tools}"), ""]
+    return out
+
+
 def render(md: str, lines: Sequence[str]) -> str:
     """``md`` with the section replaced (or put first when it has none)."""
     text = "\n".join(lines) + "\n"
@@ -165,6 +176,29 @@ def render(md: str, lines: Sequence[str]) -> str:
         head, rest = md.split(BEGIN, 1)
         return head + text.rstrip("\n") + rest.split(END, 1)[1]
     return text + "\n" + md
+
+
+def merge(paths: Sequence[Path]) -> dict[str, Any]:
+    """One table from several runs (e.g. the anchors and AutoCast at one commit, INT8 at a later one): each model's
+    cells from every file, a later file's cell replacing an earlier one of the same tool; every run is kept under
+    ``runs`` with the tools it contributed, so the section cites the commit of each column."""
+    import json
+
+    merged: dict[str, Any] = {}
+    runs: list[dict[str, Any]] = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        file = Path(os.path.relpath(path, REPO_ROOT)).as_posix()
+        ran = {t for b in data["models"].values() for t, c in b.get("cells", {}).items() if not c.get("cached")}
+        runs.append({k: v for k, v in data.items() if k != "models"} | {"file": file, "contributed": sorted(ran)})
+        if not merged:
+            merged = {k: v for k, v in data.items() if k != "models"} | {"models": {}}
+        for name, block in data["models"].items():
+            into = merged["models"].setdefault(name, {k: v for k, v in block.items() if k != "cells"} | {"cells": {}})
+            for tool, cell in block.get("cells", {}).items():
+                into["cells"][tool] = dict(cell, run=len(runs))
+    merged["runs"] = runs
+    return merged
 
 
 def write(results: Path | None = None, md_path: Path = MD_PATH) -> Path:
