@@ -32,6 +32,9 @@ binary        ``decision_agreement``  from Sigmoid, rank <= 2 (``[N]``, ``[N, 1]
 mask          ``mask_iou``            from Sigmoid, rank >= 3 (``[N, 1, H, W]``: text detection, matting;
                                       ``[N, A, K]``: a detector's confidences): IoU of the ``p >= 0.5``
                                       entries (1 when both are empty).
+values        ``part_cosine``         a Concat of scores (Sigmoid/Softmax) beside other values, sizes known (a YOLOv8
+                                      head's ``[N, 4 + K, A]``: boxes in pixels, class probabilities): the cosine of
+                                      its worst part (the whole one hides the scores behind the boxes' magnitude).
 values        ``cosine``              everything else: hidden states, embeddings, ``[N, 1]`` scores or
                                       regressions, boxes, images, audio.
 ============  ======================  ==========================================================================
@@ -67,6 +70,7 @@ __all__ = [
     "OutputKind",
     "OutputMetric",
     "Producer",
+    "StepMargins",
     "TaskMetrics",
     "TaskSummary",
     "batch_size",
@@ -92,6 +96,7 @@ MAX_ALPHABET = 16384
 _LABELS = {
     "top1": ("top-1 agreement", "rows"),
     "string_agreement": ("identical strings", "sequences"),
+    "part_cosine": ("cosine of its worst part", "values"),
     "step_agreement": ("per-step agreement", "steps"),
     "position_agreement": ("per-position agreement", "positions"),
     "decision_agreement": ("decision agreement", "decisions"),
@@ -111,11 +116,13 @@ class Producer:
             reshapes came between); None when it is not one axis of the output (or for other ops).
         flattens: The axis is an opset < 13 Softmax's of an input of unknown rank: it normalizes over every axis
             from ``axis`` on, so it is the class axis only if the runtime shape has ones after it.
+        parts: Concat (``axis``: its axis): each input's producer op and size along the axis, when all are known.
     """
 
     op: str
     axis: int | None = None
     flattens: bool = False
+    parts: tuple[tuple[str, int], ...] = ()
 
 
 def _through(value: ir.Value) -> tuple[ir.Node | None, bool]:
@@ -164,12 +171,30 @@ def _producer(value: ir.Value, opset: int) -> Producer | None:
         if axis is None and unknown and opset < 13 and not reshaped:
             return Producer(node.op_type, node.attributes.get_int("axis", 1), flattens=True)
         return Producer(node.op_type, axis)
+    if node.op_type == "Concat" and not reshaped:
+        return _concat(node)
     if node.op_type == "Add":  # a bias after a MatMul
         for source in node.inputs:
             feeder = None if source is None else source.producer()
             if feeder is not None and feeder.op_type in _LINEAR:
                 return Producer(feeder.op_type)
     return Producer(node.op_type)
+
+
+def _concat(node: ir.Node) -> Producer:
+    """A Concat with its parts (:attr:`Producer.parts`) when every input's size along its axis is known."""
+    axis = node.attributes.get_int("axis", 0)
+    parts = []
+    for source in node.inputs:
+        shape = None if source is None else source.shape
+        if source is None or shape is None or not -len(shape) <= axis < len(shape):
+            return Producer("Concat", axis)
+        size = shape[axis]
+        if not isinstance(size, int):
+            return Producer("Concat", axis)
+        feeder, _ = _through(source)
+        parts.append((feeder.op_type if feeder is not None else "none", size))
+    return Producer("Concat", axis, parts=tuple(parts))
 
 
 def output_producers(model: ir.Model) -> dict[str, Producer | None]:
@@ -191,6 +216,8 @@ class OutputKind:
     """A decoded sequence's time axis (0 for ``[T, N, C]``, 1 for ``[N, T, C]``)."""
     blank: int | None = None
     """A decoded sequence's blank class."""
+    parts: tuple[tuple[int, int, int], ...] = ()
+    """``part_cosine``: (axis, start, stop) of each part."""
 
 
 def kind_of(
@@ -226,6 +253,13 @@ def kind_of(
         if rank <= 2:
             return OutputKind("binary", "decision_agreement", why=f"Sigmoid, {list(shape)}")
         return OutputKind("mask", "mask_iou", why=f"Sigmoid map, {list(shape)}")
+    if producer is not None and op == "Concat" and producer.parts and rank:
+        parts = _score_parts(producer, shape)
+        if parts:
+            ops = ", ".join(
+                f"{o} [{start}:{stop}]" for o, (_, start, stop) in zip((p[0] for p in producer.parts), parts)
+            )
+            return OutputKind("values", "part_cosine", why=f"Concat of {ops} along axis {parts[0][0]}", parts=parts)
     scores, not_scores = bool(_SCORES.search(name)), bool(_NOT_SCORES.search(name))
     if rank == 2 and shape[1] >= 2 and (op in _LINEAR or scores) and not not_scores:
         return OutputKind("classes", "top1", 1, f"logits from {op}" if op in _LINEAR else "named like scores")
@@ -236,6 +270,22 @@ def kind_of(
         if scores:
             return OutputKind("sequence", "step_agreement", 2, "named like logits")
     return OutputKind("values", "cosine", why=f"{op}, {list(shape)}")
+
+
+def _score_parts(producer: Producer, shape: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """The parts of a Concat of scores beside other values whose sizes add up to the output's (else none)."""
+    rank, axis = len(shape), producer.axis if producer.axis is not None else 0
+    ops = {op for op, _ in producer.parts}
+    if not -rank <= axis < rank or len(ops) < 2 or not ops & ({"Sigmoid"} | _DISTRIBUTIONS):
+        return ()
+    axis %= rank
+    if sum(size for _, size in producer.parts) != shape[axis]:
+        return ()
+    bounds, start = [], 0
+    for _, size in producer.parts:
+        bounds.append((axis, start, start + size))
+        start += size
+    return tuple(bounds)
 
 
 def _blank_share(sample: np.ndarray | None) -> float:
@@ -305,7 +355,7 @@ class OutputMetric:
         label, unit = _LABELS[self.metric]
         if self.value is None:
             return f"{self.name} {label} n/a"
-        if self.metric == "cosine":
+        if self.metric in ("cosine", "part_cosine"):
             shown = _cosine_text(self.value)
         else:
             shown = f"{self.value:.4f}" if self.metric == "mask_iou" else f"{100 * self.value:.1f}%"
@@ -345,7 +395,7 @@ class TaskSummary:
     def describe(self, limit: int = 3) -> str:
         """One line: the task metrics (worst first, at most ``limit``), then the float outputs' worst errors."""
         tasks = sorted(
-            (o for o in self.outputs if o.kind != "values"),
+            (o for o in self.outputs if o.metric != "cosine"),
             key=lambda o: (o.value is not None, 0.0 if o.value is None else o.value),
         )
         parts = [o.describe() for o in tasks[:limit]]
@@ -394,6 +444,7 @@ class TaskMetrics:
         self._counts: dict[str, int] = {}  # positions compared (IoU: union)
         self._seen: dict[str, int] = {}
         self._margins: dict[str, StepMargins] = {}
+        self._part_errors: dict[tuple[str, int], ErrorStats] = {}
 
     @classmethod
     def of(cls, model: ir.Model) -> TaskMetrics:
@@ -416,6 +467,9 @@ class TaskMetrics:
                 kind = self.kinds[name] = kind_of(name, ref.shape, floating, self.producers.get(name), ref, batch)
             if floating:
                 self._errors.setdefault(name, ErrorStats()).update(ref, cand.astype(np.float32))
+            for i, (axis, start, stop) in enumerate(kind.parts if ref.shape == cand.shape else ()):
+                part = tuple(slice(start, stop) if d == axis else slice(None) for d in range(ref.ndim))
+                self._part_errors.setdefault((name, i), ErrorStats()).update(ref[part], cand[part].astype(np.float32))
             if kind.time is not None and ref.shape == cand.shape and ref.ndim == 3:
                 self._margins.setdefault(name, StepMargins()).update(ref, cand, kind.time)
             hits, count = _agreement(kind, ref, cand)
@@ -430,8 +484,12 @@ class TaskMetrics:
             rel_l2 = cosine = None
             if errors is not None:
                 rel_l2, cosine = errors.rel_l2, errors.cosine
-            if kind.kind == "values":
-                value: float | None = cosine
+            if kind.parts:
+                value: float | None = min(
+                    (e.cosine for (n, _), e in self._part_errors.items() if n == name), default=cosine
+                )
+            elif kind.kind == "values":
+                value = cosine
             elif kind.kind == "mask":
                 value = self._hits[name] / self._counts[name] if self._counts[name] else 1.0
             else:

@@ -295,3 +295,33 @@ def test_few_identical_strings_with_close_margins_predict_a_lower_share() -> Non
     exact = TaskMetrics({"y": Producer("Gemm")})
     exact.update({"y": ref}, {"y": ref}, 16)
     assert exact.summary().outputs[0].value == 1.0 and exact.summary().outputs[0].observed is None
+
+
+def test_a_concat_of_boxes_and_scores_is_judged_by_its_worst_part() -> None:
+    """A YOLOv8 head (nudenet): boxes in pixels beside Sigmoid class probabilities, [N, 4 + K, A]."""
+    nodes = [
+        helper.make_node("Mul", ["box", "stride"], ["pixels"]),
+        helper.make_node("Sigmoid", ["cls"], ["probs"]),
+        helper.make_node("Concat", ["pixels", "probs"], ["output0"], axis=1),
+    ]
+    inputs = [tensor_info("box", F, [1, 4, 50]), tensor_info("cls", F, [1, 3, 50])]
+    model = make_model(nodes, inputs, [tensor_info("output0", F, None)], {"stride": np.array(8.0, np.float32)})
+    producer = output_producers(_ir(onnx.shape_inference.infer_shapes(model)))["output0"]
+    assert producer == Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 3)))
+    rng = np.random.default_rng(0)
+    session = create_session(model)
+    feeds = {
+        "box": rng.uniform(0, 40, (1, 4, 50)).astype(np.float32),
+        "cls": rng.normal(-4, 2, (1, 3, 50)).astype(np.float32),
+    }
+    ref = session.run(feeds)[0]
+    cand = ref.copy()
+    cand[:, 4:] = np.roll(cand[:, 4:], 1, axis=2)  # the scores moved to other anchors; the boxes exact
+    metrics = TaskMetrics({"output0": producer})
+    metrics.update({"output0": ref}, {"output0": cand})
+    out = metrics.summary().outputs[0]
+    assert out.metric == "part_cosine" and out.cosine is not None and out.cosine > 0.99
+    assert out.value is not None and out.value < 0.5
+    assert metrics.summary().describe().startswith("output0 cosine of its worst part 0.")
+    unknown = Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 2)))  # sizes that do not add up: the whole
+    assert kind_of("output0", ref.shape, True, unknown).metric == "cosine"
