@@ -13,8 +13,8 @@ confirm an emulated choice, and the task metric that follows each output.
   the safe side, at most :data:`MAX_REAL_CHECKS` real checks. It works on counts and callables only: what a count
   means (layers in float, nodes kept FP32) is the tool's.
 - **Task metrics** (:class:`TaskMetrics`, :func:`task_metrics`): the metric a user would check, picked per output
-  from the float model's graph and the output's shape (argmax agreement for class scores, per-step agreement for
-  ``[N, T, C]`` sequences, decisions or mask IoU after a Sigmoid, cosine and relative L2 otherwise), summarized in
+  from the float model's graph and the output's shape (argmax agreement for class scores, identical decoded
+  strings for CTC sequences, decisions or mask IoU after a Sigmoid, cosine and relative L2 otherwise), summarized in
   one line (:meth:`TaskSummary.describe`) and in JSON.
 
 Importing this package is cheap (numpy only): the options parse targets with it.
@@ -39,8 +39,11 @@ from onnxprec.accuracy._task import (
     OutputKind,
     OutputMetric,
     Producer,
+    StepMargins,
     TaskMetrics,
     TaskSummary,
+    batch_size,
+    ctc_strings,
     kind_of,
     output_producers,
     task_metrics,
@@ -59,11 +62,14 @@ __all__ = [
     "OutputMetric",
     "Producer",
     "ReferenceOutputs",
+    "StepMargins",
     "TaskMetrics",
     "TaskSummary",
     "Verdict",
     "badness",
+    "batch_size",
     "confirm",
+    "ctc_strings",
     "kind_of",
     "measure_outputs",
     "output_producers",

@@ -17,6 +17,8 @@ from onnxprec.accuracy import (
     OutputKind,
     Producer,
     TaskMetrics,
+    batch_size,
+    ctc_strings,
     kind_of,
     output_producers,
     task_metrics,
@@ -137,17 +139,21 @@ def test_agreements_are_counted_per_row_step_and_pixel() -> None:
     summary = metrics.summary()
     by_name = {o.name: o for o in summary.outputs}
     assert (by_name["logits"].value, by_name["logits"].count) == (0.75, 8)
-    assert (by_name["ctc"].value, by_name["ctc"].count) == (0.8, 20)
+    # 1 string of 2 per batch changed; the margins predict less: 4 of 20 steps moved by -2, each step's margin is 1
+    assert (by_name["ctc"].value, by_name["ctc"].observed, by_name["ctc"].count) == (pytest.approx(0.8**5), 0.5, 4)
     assert by_name["map"].value == pytest.approx(0.8) and by_name["map"].kind == "mask"
     assert by_name["ids"].value == pytest.approx(2 / 3) and by_name["ids"].rel_l2 is None
     line = summary.describe()
-    assert line.startswith("ids label agreement 66.7% of 6 labels; logits top-1 agreement 75.0% of 8 rows; ")
+    assert line.startswith(
+        "ctc identical strings 32.8% of 4 sequences predicted from step margins (50.0% seen); "
+        "ids label agreement 66.7% of 6 labels; logits top-1 agreement 75.0% of 8 rows; "
+    )
     assert "1 more" in line and "float outputs rel L2 <= " in line
     data = json.loads(json.dumps(summary.to_json()))
     assert data["outputs"]["ctc"] == {
-        "kind": "sequence", "metric": "step_agreement", "value": 0.8, "count": 20,
+        "kind": "sequence", "metric": "string_agreement", "value": pytest.approx(0.8**5), "count": 4, "observed": 0.5,
         "rel_l2": pytest.approx(by_name["ctc"].rel_l2), "cosine": pytest.approx(by_name["ctc"].cosine),
-        "why": "Softmax over axis 2 of [2, 5, 3]",
+        "why": "Softmax over axis 2 of [2, 5, 3]; [N, T, C], blank 0",
     }  # fmt: skip
     assert data["worst_rel_l2"] == pytest.approx(summary.worst_rel_l2)
 
@@ -224,3 +230,98 @@ def test_real_models(model_file: str, data_file: str, expected: dict[str, Output
         assert set(kinds.values()) == {"values"}
         assert summary.describe().startswith("float outputs rel L2 <= ")
     assert summary.worst_cosine is not None and summary.worst_cosine > 0.999
+
+
+def _ctc_scores(strings: list[list[int]], steps: int, classes: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw ``[N, T, C]`` scores whose argmax spells each string with blanks (class 0) between its letters."""
+    scores = rng.standard_normal((len(strings), steps, classes)).astype(np.float32)
+    for n, string in enumerate(strings):
+        best = [0] * steps
+        for i, letter in enumerate(string):
+            best[2 * i + 1] = letter
+        scores[n, np.arange(steps), best] += 8.0
+    return scores
+
+
+def test_raw_ctc_scores_in_either_layout_are_judged_by_decoded_strings() -> None:
+    rng = np.random.default_rng(0)
+    ntc = _ctc_scores([[3, 4], [5], [6, 6, 7], [2]], steps=8, classes=10, rng=rng)
+    tnc = np.ascontiguousarray(ntc.transpose(1, 0, 2))  # [T=8, N=4, C]: a CRNN's layout (ddddocr)
+    for scores, batch, time in ((ntc, 4, 1), (tnc, 4, 0)):
+        got = kind_of("387", scores.shape, True, Producer("Gemm"), scores, batch)
+        assert (got.kind, got.metric, got.time, got.blank) == ("sequence", "string_agreement", time, 0)
+        assert ctc_strings(scores, time, 0) == [(3, 4), (5,), (6, 6, 7), (2,)]
+    bad = ntc.copy()
+    bad[2, 3, 0] += 20  # the blank between the two 6s turns into a 6: "667" decodes as "67"; one step of 32
+    metrics = TaskMetrics({"387": Producer("Gemm")})
+    metrics.update({"387": tnc}, {"387": np.ascontiguousarray(bad.transpose(1, 0, 2))}, batch_size({"x": ntc}))
+    out = metrics.summary().outputs[0]
+    assert (out.value, out.count) == (0.75, 4) and out.describe() == "387 identical strings 75.0% of 4 sequences"
+
+
+def test_raw_rank3_scores_without_a_blank_are_no_ctc_sequence() -> None:
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((2, 16, 384)).astype(np.float32)  # no class is the argmax of 30 % of the steps
+    assert kind_of("out", hidden.shape, True, Producer("MatMul"), hidden, 2).kind == "values"
+    lm = rng.standard_normal((2, 16, 32000)).astype(np.float32)
+    lm[..., 7] += 10  # an LM vocabulary is no CTC alphabet, even with a frequent token
+    assert kind_of("logits", lm.shape, True, Producer("MatMul"), lm, 2).metric == "step_agreement"
+
+
+def test_an_old_opset_softmax_of_unknown_rank_is_judged_on_the_runtime_shape() -> None:
+    """PP-OCRv4's recognizer (opset 12, no value_info): Softmax(axis=2) of a [N, T, C] whose rank the graph omits."""
+    nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=2)]
+    model = make_model(nodes, [tensor_info("x", F, None)], [tensor_info("y", F, None)], opset=12)
+    producer = output_producers(_ir(model))["y"]
+    assert producer == Producer("Softmax", 2, flattens=True)
+    assert kind_of("y", [8, 40, 97], True, producer).metric == "string_agreement"
+    assert kind_of("y", [2, 3, 4, 5], True, producer).kind == "values"  # over [4 * 5] flattened: no class axis
+    assert kind_of("y", [2, 3, 4, 1], True, producer).kind == "positions"
+
+
+def test_few_identical_strings_with_close_margins_predict_a_lower_share() -> None:
+    """16 strings all identical, but a third of them hang on a step the candidate's noise can flip: the metric is
+    the share the margins predict (PP-OCRv4's recognizer: 16 of 16 on calibration, 44 of 48 held out)."""
+    rng = np.random.default_rng(0)
+    ref = _ctc_scores([[3, 4]] * 16, steps=6, classes=8, rng=rng)
+    ref[:6, 4, 5] = ref[:6, 4, 0] - 0.05  # six strings: a blank step with a runner-up 0.05 below it
+    noise = rng.standard_normal(ref.shape).astype(np.float32) * 0.05
+    noise[:6, 4, 5] = noise[:6, 4, 0] = 0  # the close steps keep their argmax in this run
+    metrics = TaskMetrics({"y": Producer("Gemm")})
+    metrics.update({"y": ref}, {"y": ref + noise}, 16)
+    out = metrics.summary().outputs[0]
+    assert out.observed == 1.0 and out.value is not None and out.value < 0.95  # about 6 of 16 at risk
+    assert out.describe().endswith("predicted from step margins (100.0% seen)")
+    exact = TaskMetrics({"y": Producer("Gemm")})
+    exact.update({"y": ref}, {"y": ref}, 16)
+    assert exact.summary().outputs[0].value == 1.0 and exact.summary().outputs[0].observed is None
+
+
+def test_a_concat_of_boxes_and_scores_is_judged_by_its_worst_part() -> None:
+    """A YOLOv8 head (nudenet): boxes in pixels beside Sigmoid class probabilities, [N, 4 + K, A]."""
+    nodes = [
+        helper.make_node("Mul", ["box", "stride"], ["pixels"]),
+        helper.make_node("Sigmoid", ["cls"], ["probs"]),
+        helper.make_node("Concat", ["pixels", "probs"], ["output0"], axis=1),
+    ]
+    inputs = [tensor_info("box", F, [1, 4, 50]), tensor_info("cls", F, [1, 3, 50])]
+    model = make_model(nodes, inputs, [tensor_info("output0", F, None)], {"stride": np.array(8.0, np.float32)})
+    producer = output_producers(_ir(onnx.shape_inference.infer_shapes(model)))["output0"]
+    assert producer == Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 3)))
+    rng = np.random.default_rng(0)
+    session = create_session(model)
+    feeds = {
+        "box": rng.uniform(0, 40, (1, 4, 50)).astype(np.float32),
+        "cls": rng.normal(-4, 2, (1, 3, 50)).astype(np.float32),
+    }
+    ref = session.run(feeds)[0]
+    cand = ref.copy()
+    cand[:, 4:] = np.roll(cand[:, 4:], 1, axis=2)  # the scores moved to other anchors; the boxes exact
+    metrics = TaskMetrics({"output0": producer})
+    metrics.update({"output0": ref}, {"output0": cand})
+    out = metrics.summary().outputs[0]
+    assert out.metric == "part_cosine" and out.cosine is not None and out.cosine > 0.99
+    assert out.value is not None and out.value < 0.5
+    assert metrics.summary().describe().startswith("output0 cosine of its worst part 0.")
+    unknown = Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 2)))  # sizes that do not add up: the whole
+    assert kind_of("output0", ref.shape, True, unknown).metric == "cosine"

@@ -18,6 +18,17 @@ def test_bounded_outputs_keep_whole_runs_within_the_budget() -> None:
     assert len(kept.outputs) == 1 and set(kept.outputs[0]) == {"a", "b"} and kept.limit == 1
 
 
+def test_bounded_outputs_count_only_the_graph_outputs() -> None:
+    """The reference run hands every tensor it fetched (activations for the ranges): they take none of the budget
+    (PP-OCRv4's recognizer was checked on 1 of its 2 calibration runs)."""
+    kept = BoundedOutputs(budget=6000)
+    kept._names = frozenset({"y"})
+    for _ in range(3):
+        kept.update("activation", np.zeros(5000, np.float32))
+        kept.update("y", np.zeros(100, np.float32))
+    assert len(kept.outputs) == 3 and kept.limit is None and kept.kept_bytes == 1200
+
+
 def _output(name: str, kind: str, metric: str, value: float, cosine: float, why: str = "") -> OutputMetric:
     return OutputMetric(name, kind, metric, value, 10, 1 - cosine, cosine, why)  # type: ignore[arg-type]
 
@@ -32,3 +43,12 @@ def test_the_verdict_follows_each_outputs_kind() -> None:
     assert holds(TaskSummary((lm,))) and describe_bounds(TaskSummary((lm,))) == "logits cosine >= 0.99"
     kv = _output("present.0.key", "values", "cosine", 0.5, 0.5)
     assert holds(TaskSummary((scores, kv)))  # a KV cache output is not judged
+
+
+def test_a_ctc_sequence_is_held_to_identical_strings() -> None:
+    """PP-OCRv4's recognizer kept 99.1 % of its steps and 91.7 % of its strings: only the strings' bound refuses it."""
+    ctc = _output("softmax_11.tmp_0", "sequence", "string_agreement", 44 / 48, 0.998)
+    assert not holds(TaskSummary((ctc,)))
+    assert describe_bounds(TaskSummary((ctc,))) == "softmax_11.tmp_0 string_agreement >= 0.99"
+    assert not holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.976, 0.999),)))
+    assert holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.995, 0.9),)))

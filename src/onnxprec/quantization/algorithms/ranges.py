@@ -23,6 +23,7 @@ kernels) or symmetric INT8 (TensorRT). Every range holds 0, so zero is exact (pa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -154,6 +155,38 @@ def _mse(hist: Histogram, lo: float, hi: float, symmetric: bool) -> tuple[float,
         error = _squared_error(centers, counts, a, b, symmetric)
         if error < best_error * (1 - 1e-9):
             best_error, best = error, (a, b)
+    return best
+
+
+def activation_range(
+    hist: Histogram, activation: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, *, symmetric: bool = False
+) -> tuple[float, float]:
+    """The ``[lo, hi]`` within the given one whose quantization changes ``activation(x)`` least (expected squared
+    error after the activation): the upper end shrunk first, then the lower end on its own. A saturating activation
+    (SiLU, HardSwish, Sigmoid) lets the flat side shrink far, giving its levels to the steep side."""
+    centers, counts = hist.centers, hist.counts
+    keep = counts > 0
+    centers, counts = centers[keep], counts[keep]
+    target = activation(centers)
+
+    def error(a: float, b: float) -> float:
+        scale, zero_point = scale_zero_point(a, b, symmetric=symmetric)
+        qmin, qmax = (-127, 127) if symmetric else (0, 255)
+        q = (np.clip(np.round(centers / scale) + zero_point, qmin, qmax) - zero_point) * scale
+        return float(np.sum(counts * (activation(q) - target) ** 2))
+
+    best_error, best = error(lo, hi), (lo, hi)
+    for ratio in np.linspace(1.0, 0.2, 81):
+        candidate = (lo * ratio, hi * ratio) if symmetric else (lo, hi * ratio)
+        value = error(*candidate)
+        if value < best_error * (1 - 1e-9):
+            best_error, best = value, candidate
+    if not symmetric:
+        top = best[1]
+        for ratio in np.linspace(1.0, 0.02, 99):
+            value = error(lo * ratio, top)
+            if value < best_error * (1 - 1e-9):
+                best_error, best = value, (lo * ratio, top)
     return best
 
 

@@ -125,14 +125,16 @@ class Int8Options(_tool.QuantizationOptions):
         group=EXTRAS,
         help="Turn the accuracy guard off (default: on: the result is measured against the float model on the "
         "calibration inputs, and on held-out runs when there are 8 or more (the last quarter); when an output misses "
-        "the default bound of its task metric (top-1 agreement >= 0.98 for class scores, per-step agreement >= 0.99 "
-        "for a Softmax [N, T, C], mask IoU >= 0.9 for a Sigmoid map, cosine >= 0.99 otherwise; docs/tools/int8.md "
-        "lists them), the most sensitive layers go back to float within --max_float_compute; when that is not enough "
+        "the default bound of its task metric (top-1 agreement >= 0.98 for class scores, identical decoded "
+        "strings >= 0.99, seen or predicted from the step margins, for a CTC sequence, mask IoU >= 0.9 for a "
+        "Sigmoid map, cosine >= 0.99 otherwise; docs/tools/int8.md lists them), the most sensitive layers go back "
+        "to float within --max_float_compute; when that is not enough "
         "the model is written for inspection and the command exits with code 3, naming the metric and the layers "
         "that carry the error). Off, the measured accuracy is still printed and recorded.",
         doc="Hold the result to the default bound of each output's task metric (top-1 agreement >= 0.98 for class "
-        "scores, per-step agreement >= 0.99 for a Softmax ``[N, T, C]``, mask IoU >= 0.9 for a Sigmoid map, cosine "
-        ">= 0.99 otherwise: ``onnxprec.quantization.guard.DEFAULT_BOUNDS``) on the calibration inputs and the "
+        "scores, identical decoded strings >= 0.99, seen or predicted from the step margins, for a CTC sequence, "
+        "mask IoU >= 0.9 for a Sigmoid map, cosine >= 0.99 otherwise: "
+        "``onnxprec.quantization.guard.DEFAULT_BOUNDS``) on the calibration inputs and the "
         "held-out runs: the float fallback runs to meet it within ``max_float_compute``; a result that still misses "
         "it is written for inspection and :class:`~onnxprec.errors.AccuracyGuardError` (carrying the report) is "
         "raised. False: the accuracy is measured and reported only.",

@@ -27,10 +27,16 @@ from onnxprec.quantization.algorithms.int8 import (
     gptq_per_channel,
     quantize_weight,
 )
-from onnxprec.quantization.algorithms.ranges import calibrated_range, quantization_noise, scale_zero_point
+from onnxprec.quantization.algorithms.ranges import (
+    activation_range,
+    calibrated_range,
+    quantization_noise,
+    scale_zero_point,
+)
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision, RunSample, decide_channels
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import LayerEntry
+from onnxprec.quantization.int8.activations import activation_of
 from onnxprec.quantization.int8.grams import HessianObserver
 from onnxprec.quantization.int8.integer_ops import (
     MergedLayer,
@@ -167,6 +173,9 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         if hist is None:
             continue
         lo, hi = calibrated_range(hist, options.method, symmetric=symmetric, percentile=options.percentile)
+        activation = activation_of(value) if options.method in ("mse", "entropy", "percentile") else None
+        if activation is not None:  # read by a saturating activation only: the range that serves its output
+            lo, hi = activation_range(hist, activation, min(hist.min, 0.0), max(hist.max, 0.0), symmetric=symmetric)
         ranges[str(value.name)] = lo, hi
         decisions.tensors[str(value.name)] = scale_zero_point(lo, hi, symmetric=symmetric)
     if options.runtime == "ort-cpu" and not options.include_patterns:
