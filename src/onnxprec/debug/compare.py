@@ -656,8 +656,8 @@ def compare_models(
         OnnxprecError: A bad model or input data, or models with different inputs.
     """
     options = CompareOptions(**fields_in(CompareOptions, locals()))
-    ref_model = prepare(reference)
-    cand_model = prepare(candidate)
+    ref_model = prepare(reference, "reference")
+    cand_model = prepare(candidate, "candidate")
     with contextlib.ExitStack() as stack:
         data = None
         if options.calibration_data is not None:
