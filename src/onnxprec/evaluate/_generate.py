@@ -279,7 +279,7 @@ def _id_prompts(data: Any) -> list[list[int]]:
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.is_file():
-            raise CalibrationDataError(f"--data '{path}' does not exist: check the path.")
+            raise CalibrationDataError(f"--calibration_data '{path}' does not exist: check the path.")
         try:
             loaded = np.load(path, allow_pickle=False)
             if isinstance(loaded, np.lib.npyio.NpzFile):
