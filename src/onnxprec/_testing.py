@@ -35,7 +35,14 @@ def shared_path(*parts: str) -> Path | None:
     return path if path.exists() else None
 
 
-def run_cli(*args: str, module: str = "onnxprec") -> subprocess.CompletedProcess[str]:
+class _Terminal(io.StringIO):
+    """Captured text that says it is a terminal (as stdout and stderr are when a user types the command)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def run_cli(*args: str, module: str = "onnxprec", terminal: bool = False) -> subprocess.CompletedProcess[str]:
     """Runs a command line in this process, as ``python -m <module> <args>`` would: exit code, stdout, stderr.
 
     The command line's code path is the same as in a new process (``onnxprec.cli`` parses, configures logging and
@@ -46,6 +53,7 @@ def run_cli(*args: str, module: str = "onnxprec") -> subprocess.CompletedProcess
         *args: The arguments after the module.
         module: ``onnxprec`` (or ``onnxprec.cli``) for the ``onnxprec`` command, else a tool's package, e.g.
             ``onnxprec.autocast`` or ``onnxprec.quantization.int4``.
+        terminal: stdout and stderr say they are a terminal (``isatty()``), as when a user types the command.
     """
     from onnxprec import cli
 
@@ -57,7 +65,7 @@ def run_cli(*args: str, module: str = "onnxprec") -> subprocess.CompletedProcess
 
     root, package = logging.getLogger(), logging.getLogger("onnxprec")
     saved = (root.handlers[:], root.level, package.level)
-    out, err = io.StringIO(), io.StringIO()
+    out, err = (_Terminal(), _Terminal()) if terminal else (io.StringIO(), io.StringIO())
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:

@@ -56,9 +56,14 @@ TOOLS: tuple[tuple[str, str, str], ...] = (
 
 
 def _configure_logging(level: str, log_file: str | None = None) -> None:
+    from onnxprec._report import PrintedSummaryFilter
+
     logging.basicConfig(
         level=getattr(logging, level), format="[onnxprec] %(levelname)s: %(message)s", stream=sys.stderr, force=True
     )
+    if sys.stdout.isatty() and sys.stderr.isatty():  # the summary printed on stdout is on this terminal already
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(PrintedSummaryFilter())
     if log_file:
         try:
             handler = logging.FileHandler(log_file, encoding="utf-8")

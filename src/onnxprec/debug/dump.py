@@ -36,7 +36,7 @@ from onnxprec._graph import FileNames
 from onnxprec._io import ModelSource, check_output_path
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
-from onnxprec._report import header
+from onnxprec._report import SUMMARY, header
 from onnxprec.calibration_data import run_on_data
 from onnxprec.debug._arrays import statistics, write_binary, write_text
 from onnxprec.debug._common import fetchable, model_path, prepare
@@ -420,7 +420,7 @@ def dump_model(
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; give the usual permissions
         _publish(staging, out)
     result = DumpResult(out, index, dumped["chunks"])
-    logger.info(result.summary)
+    logger.info(result.summary, extra=SUMMARY)
     return result
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from onnxprec._genai import GENAI_CONFIG, has_tokenizer, read_config
 from onnxprec._options import fields_in
-from onnxprec._report import header
+from onnxprec._report import SUMMARY, header
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.evaluate._options import EvaluateOptions
 from onnxprec.evaluate._report import ModelsReport, text_table
@@ -461,7 +461,7 @@ def run_generation(
         if index > 0:
             result.agreement, result.first_divergence = _agreement(report.models[0].sequences, result.sequences)
         report.models.append(result)
-        logger.info("%s", _summary(result))
+        logger.info("%s", _summary(result), extra=SUMMARY)  # the table says it too
     return report
 
 

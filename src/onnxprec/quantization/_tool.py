@@ -444,7 +444,7 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
                 report.output_path = save_model(
                     model, output, external_data=external_data, protected=protected, check=check
                 )
-            logger.info("%s; saved %s", report.summary, output)
+            logger.info("%s; saved %s", report.summary, output, extra=_report.SUMMARY)
             if genai is not None:
                 genai.write(model)
                 report.genai = genai

@@ -31,6 +31,7 @@ from onnxprec._ops import (
     default_opset,
 )
 from onnxprec._options import fields_in, log_level_during
+from onnxprec._report import SUMMARY
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
@@ -502,7 +503,7 @@ def quantize(
         tick = time.perf_counter()
         proto = to_model_proto(model)
         report.seconds["quantize weights"] = time.perf_counter() - tick
-        logger.info(report.summary)
+        logger.info(report.summary, extra=SUMMARY)
         if report.ort_only and proto.ByteSize() < 2_000_000_000:
             load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.calibration_eps))
     return proto
