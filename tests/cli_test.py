@@ -352,7 +352,12 @@ def test_a_tool_registers_with_one_line(
     assert "onnxprec fake int4 --block_size 64" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    assert "fake" in capsys.readouterr().out
+    top = " ".join(capsys.readouterr().out.split())  # as one line, whatever the terminal's width
+    assert "fake" in top and "int4 (`onnxprec fake TOOL --help`)." in top  # a group's help names its tools
+    assert "quantize INT4 weight-only (int4) or INT8 (int8) quantization" in top and " tools." not in top
+    with pytest.raises(SystemExit):
+        cli.main(["quantize", "--help"])
+    assert "INT4 weight-only (int4) or INT8 (int8) quantization" in capsys.readouterr().out
 
 
 def test_api_errors_keep_their_cause() -> None:
