@@ -35,6 +35,7 @@ import numpy as np
 
 from onnxprec._genai import GENAI_CONFIG, has_tokenizer, read_config
 from onnxprec._options import fields_in
+from onnxprec._progress import progress
 from onnxprec._report import SUMMARY, header
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.evaluate._options import EvaluateOptions
@@ -388,11 +389,9 @@ def _run_model(
     prompts: list[list[int]],
     max_new_tokens: int,
 ) -> None:
-    from tqdm.auto import tqdm
-
     try:
         _generate_one(og, model, prompts[0], _WARMUP_TOKENS)
-        for prompt in tqdm(prompts, desc=f"Generating ({entry.name})", unit="prompt", disable=None, leave=False):
+        for prompt in progress(prompts, f"Generating ({entry.name})", "prompt"):
             tokens, prefill, decode = _generate_one(og, model, prompt, max_new_tokens)
             result.sequences.append(tokens)
             result.prompt_tokens += len(prompt)

@@ -462,9 +462,9 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
 
         @contextlib.contextmanager
         def bar() -> Any:
-            from tqdm.auto import tqdm
+            from onnxprec._progress import Progress
 
-            with tqdm(total=len(report.layers), desc="Quantizing weights", unit="weight", disable=None) as shown:
+            with Progress("Quantizing weights", "weight", len(report.layers), leave=True) as shown:
                 report.progress = shown.update
                 try:
                     yield

@@ -31,6 +31,7 @@ from onnxprec._ops import (
     default_opset,
 )
 from onnxprec._options import fields_in, log_level_during
+from onnxprec._progress import Progress
 from onnxprec._report import SUMMARY
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
@@ -159,10 +160,9 @@ def _calibrate_and_decide(
             "calibration data; pass representative inputs (--calibration_data, API: calibration_data_reader=).",
             options.method,
         )
-    from tqdm.auto import tqdm
 
     def run(replay: CalibrationData) -> None:
-        bar = tqdm(total=len(groups), desc=f"Calibrating ({options.method})", unit="input", disable=None)
+        bar = Progress(f"Calibrating ({options.method})", "input", len(groups), leave=True).open()
         try:
             for chunk in chunks:
                 tick = time.perf_counter()
