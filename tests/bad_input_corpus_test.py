@@ -2,8 +2,9 @@
 the input untouched (issue 9).
 
 Each case builds its input in a fresh folder; ``{dir}`` in the expected message is that folder. All cases run as
-separate processes in parallel once per session (a module fixture), so the whole corpus takes a few seconds
-of wall time; each case is then checked on its own.
+separate processes in parallel once per session (a module fixture), forked from one process that has imported the
+tools (``run_forked``: no interpreter start and imports per case), so the whole corpus takes a few seconds of wall
+time; each case is then checked on its own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._testing import F, make_genai_folder, make_model, tensor_info, tiny_decoder
+from onnxprec._testing import F, make_genai_folder, make_model, run_forked, tensor_info, tiny_decoder
 
 # Every case is a process of its own (the corpus checks the real exit, stderr and files): the slow suite.
 pytestmark = pytest.mark.slow
@@ -673,14 +674,17 @@ def _run(name: str, case: Case, root: Path) -> Outcome:
             path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
     before = _digest(folder)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", HOME=str(root))  # HOME: ONNX Runtime's telemetry id
-    result = subprocess.run(
-        [*prefix, sys.executable, "-m", case.tool, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=folder,
-        env=env,
-    )
+    if prefix:  # as another user: a new interpreter under setpriv
+        result = subprocess.run(
+            [*prefix, sys.executable, "-m", case.tool, *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=folder,
+            env=env,
+        )
+    else:  # a process of its own, forked from one that has imported the tools (no interpreter start per case)
+        result = run_forked(case.tool, args, cwd=folder, env=env)
     after = _digest(folder)
     return Outcome(result.returncode, result.stdout, result.stderr, folder, output, before, after)
 

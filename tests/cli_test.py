@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -351,7 +352,12 @@ def test_a_tool_registers_with_one_line(
     assert "onnxprec fake int4 --block_size 64" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    assert "fake" in capsys.readouterr().out
+    top = " ".join(capsys.readouterr().out.split())  # as one line, whatever the terminal's width
+    assert "fake" in top and "int4 (`onnxprec fake TOOL --help`)." in top  # a group's help names its tools
+    assert "quantize INT4 weight-only (int4) or INT8 (int8) quantization" in top and " tools." not in top
+    with pytest.raises(SystemExit):
+        cli.main(["quantize", "--help"])
+    assert "INT4 weight-only (int4) or INT8 (int8) quantization" in capsys.readouterr().out
 
 
 def test_api_errors_keep_their_cause() -> None:
@@ -362,3 +368,25 @@ def test_api_errors_keep_their_cause() -> None:
     assert isinstance(info.value.__cause__, re.error)
     with pytest.raises(InvalidArgumentError, match="both options= and data_max="):
         convert_file("m.onnx", options=AutoCastOptions(), data_max=3.0)
+
+
+def test_on_a_terminal_the_summary_shows_once_and_a_log_keeps_it(model_path: Path, tmp_path: Path) -> None:
+    """The summary printed on stdout is not logged again on the terminal (stdout and stderr both a terminal); when
+    stderr is not a terminal (a log), the summary lines stay in it."""
+    fp16, q8 = tmp_path / "model.fp16.onnx", str(tmp_path / "q8.onnx")
+    commands = {  # the tool, and words of its summary log lines
+        ("Converted 2/2 nodes", "Saved"): ["autocast", "--onnx_path", str(model_path), "--output_path", str(fp16)],
+        ("layers quantized",): ["quantize", "int8", "--onnx_path", str(model_path), "--output_path", q8],
+        ("Saved",): ["preprocess", "--input", str(model_path), "--output", str(tmp_path / "pre.onnx")],
+        ("Dumped ",): ["dump", "--onnx_path", str(model_path), "--dump_float", "--output_dir", str(tmp_path / "d")],
+        ("Compared ",): ["compare", str(model_path), str(fp16)],
+        ("(reference): ",): ["evaluate", str(model_path), str(model_path)],
+    }  # fmt: skip
+    for summary, argv in commands.items():
+        shown = run_cli(*argv, terminal=True)
+        assert shown.returncode == 0, shown.stderr
+        assert all(words not in shown.stderr for words in summary), (argv[0], shown.stderr)
+        assert argv[0] == "evaluate" or summary[0] in shown.stdout.replace("saved", "Saved")
+        shutil.rmtree(tmp_path / "d", ignore_errors=True)
+        logged = run_cli(*argv)  # stderr is a log, not the terminal: it keeps them
+        assert logged.returncode == 0 and all(words in logged.stderr for words in summary), (argv[0], logged.stderr)

@@ -305,7 +305,8 @@ def test_cli_errors_are_one_line_with_exit_code_2_and_no_output(tmp_path: Path) 
     onnx.save(other, tmp_path / "other.onnx")
     report = tmp_path / "r.json"
     for args, words in (
-        ([str(tmp_path / "nope.onnx"), str(reference)], "does not exist"),
+        ([str(tmp_path / "nope.onnx"), str(reference)], f"The reference model '{tmp_path}/nope.onnx' does not exist"),
+        ([str(reference), str(tmp_path / "nope.onnx")], f"The candidate model '{tmp_path}/nope.onnx' does not exist"),
         ([str(reference), str(tmp_path / "other.onnx")], "different inputs"),
         ([str(reference), str(reference), "--report_html", str(tmp_path / "no" / "r.html")], "does not exist"),
         ([str(reference), str(reference), "--report_json", str(reference)], "would overwrite"),
@@ -319,6 +320,7 @@ def test_cli_errors_are_one_line_with_exit_code_2_and_no_output(tmp_path: Path) 
         assert bad.returncode == 2, bad.stderr
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], bad.stderr
+        assert "--onnx_path" not in lines[0]  # compare takes its models as positional arguments
         assert not report.exists()
 
 

@@ -219,13 +219,78 @@ def test_random_inputs_of_the_given_shapes_and_first_batch_only(tmp_path: Path) 
     assert result.index["inputs"]["x"]["shape"] == [2, 16]  # the first batch of a one-shot reader
 
 
-def test_existing_folder_keeps_other_files(qdq_path: Path, x: dict[str, np.ndarray], tmp_path: Path) -> None:
+def test_a_folder_with_files_is_refused_unless_overwrite(
+    qdq_path: Path, x: dict[str, np.ndarray], tmp_path: Path
+) -> None:
     out = tmp_path / "dump"
     out.mkdir()
+    dump_model(qdq_path, x, output_dir=str(out))  # an empty folder is filled
     (out / "notes.txt").write_text("mine")
-    dump_model(qdq_path, x, output_dir=str(out))
-    assert (out / "notes.txt").read_text() == "mine" and (out / "index.json").is_file()
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(InvalidArgumentError, match="is not empty: choose a new or empty folder, or pass --overwrite"):
+        dump_model(qdq_path, x, dump_float=True, output_dir=str(out))
+    assert sorted(p.name for p in out.iterdir()) == before  # nothing written
+    floats = dump_model(qdq_path, x, dump_float=True, output_dir=str(out), overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "h_float.bin").is_file()
+    again = dump_model(qdq_path, x, output_dir=str(out), overwrite=True)  # the earlier dump's files go
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["index.json", "notes.txt", *(f for e in again.tensors for f in e["files"].values())]
+    )
+    assert len(floats.tensors) > len(again.tensors)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no staging folder left
+    bad = run_cli("dump", "--onnx_path", str(qdq_path), "--output_dir", str(out))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--overwrite" in bad.stderr
+
+
+def test_text_holds_the_first_values_and_the_binary_all(tmp_path: Path) -> None:
+    path = tmp_path / "f.onnx"
+    onnx.save(_float_model(), path)
+    feeds = {"x": np.random.default_rng(5).standard_normal((80, 16)).astype(np.float32)}  # 1280 values a tensor
+    expected = _all_outputs(_float_model(), feeds)["y"].reshape(-1)
+    for text_values, kept in ((None, 1024), (100, 100), (0, expected.size)):
+        out = tmp_path / f"t{text_values}"
+        more = {} if text_values is None else {"text_values": text_values}
+        entry = {e["name"]: e for e in dump_model(path, feeds, dump_float=True, output_dir=str(out), **more).tensors}
+        files = entry["y"]["files"]
+        np.testing.assert_array_equal(np.fromfile(out / files["float_bin"], np.float32), expected)
+        np.testing.assert_array_equal(np.loadtxt(out / files["float_txt"], dtype=np.float32), expected[:kept])
+        last = (out / files["float_txt"]).read_text().splitlines()[-1]
+        cut = f"# the first {kept} of {expected.size} values; all in {Path(files['float_bin']).stem}.bin"
+        assert (last == cut) == (kept < expected.size)
+    with pytest.raises(InvalidArgumentError, match="text_values must be an integer >= 0"):
+        dump_model(path, feeds, output_dir=str(tmp_path / "bad"), text_values=-1)
+
+
+def _int4_activation_model() -> onnx.ModelProto:
+    """x -> QuantizeLinear to INT4 (ONNX Runtime cannot hand it back) -> DequantizeLinear -> y."""
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q4"], name="q4"),
+        helper.make_node("DequantizeLinear", ["x_q4", "s", "z"], ["y"], name="dq4"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        helper.make_tensor("z", TensorProto.INT4, (), [0]),
+    ]
+    graph = helper.make_graph(nodes, "q4", [tensor_info("x", F, [1, 8])], [tensor_info("y", F, [1, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+def test_the_summary_says_what_was_skipped_and_how_to_dump_floats(tmp_path: Path) -> None:
+    path = tmp_path / "f.onnx"
+    onnx.save(_float_model(), path)
+    plain = dump_model(path, output_dir=str(tmp_path / "plain"))
+    assert plain.tensors == []
+    assert plain.summary.endswith(
+        "; the model has no quantized node output to dump: --dump_float dumps every float node output"
+    )
+    assert "--dump_float dumps" not in dump_model(path, dump_float=True, output_dir=str(tmp_path / "f")).summary
+    onnx.save(_int4_activation_model(), tmp_path / "q4.onnx")
+    int4 = dump_model(tmp_path / "q4.onnx", output_dir=str(tmp_path / "q4"))
+    assert [e["name"] for e in int4.tensors] == ["y"]
+    assert "; skipped 1 (4-bit tensors cannot be fetched from ONNX Runtime)" in int4.summary
+    assert "--dump_float dumps" not in int4.summary
 
 
 def test_errors_leave_nothing_behind(qdq_path: Path, x: dict[str, np.ndarray], tmp_path: Path) -> None:

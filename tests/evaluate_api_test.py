@@ -230,7 +230,11 @@ def test_fp16_model_takes_fp32_data(tmp_path: Path) -> None:
 def test_latency_fields(tmp_path: Path) -> None:
     weight = RNG.standard_normal((4, 10)).astype(np.float32)
     a, b = _classifier(tmp_path / "a.onnx", weight), _classifier(tmp_path / "b.onnx", weight)
-    report = evaluate_models([a, b], {"x": RNG.standard_normal((4, 4)).astype(np.float32)}, latency_runs=5)
+    data = {"x": RNG.standard_normal((4, 4)).astype(np.float32)}
+    default = evaluate_models([a, b], data)  # fast by default: latency and the kernel profile only when asked
+    assert all(m.latency_ms is None and m.kernels is None for m in default.models)
+    assert "median ms" not in default.table() and "int kernels" not in default.table()
+    report = evaluate_models([a, b], data, latency_runs=5)
     for result in report.models:
         latency = result.latency_ms
         assert latency is not None and latency["runs"] == 5
@@ -336,7 +340,7 @@ def test_command_line_table_and_json_schema(tmp_path: Path, capsys: pytest.Captu
     _cli.add_arguments(parser)
     args = parser.parse_args([
         str(ref), str(cand), "--data", str(tmp_path / "x.npz"), "--labels", str(tmp_path / "labels.npy"),
-        "--report_json", str(out), "--latency_runs", "2", "--providers", "cpu",
+        "--report_json", str(out), "--latency_runs", "2", "--profile_runs", "3", "--providers", "cpu",
     ])  # fmt: skip
     assert _cli.run(args) == 0
     table = capsys.readouterr().out
@@ -379,8 +383,11 @@ def test_subcommand(tmp_path: Path) -> None:
         result = run_cli(*words, str(model), "--data", str(tmp_path / "ids.npy"), "--latency_runs", "1", module=module)
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0].split()[:2] == ["model", "perplexity"]
-    bad = run_cli("evaluate", str(model), "--data", str(tmp_path / "nope.npz"))
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "does not exist" in bad.stderr
+    default = run_cli("evaluate", str(model), "-d", str(tmp_path / "ids.npy"))  # no latency, no profile unless asked
+    assert default.returncode == 0 and "median ms" not in default.stdout and "int kernels" not in default.stdout
+    bad = run_cli("evaluate", str(model), "-d", str(tmp_path / "nope.npz"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert f"--calibration_data '{tmp_path / 'nope.npz'}' does not exist" in bad.stderr
     helptext = run_cli("evaluate", "--help").stdout
     assert "--custom_op_lib" in helptext and "examples:" in helptext
 

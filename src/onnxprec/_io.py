@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 
 from onnxprec._graph import all_graphs
 from onnxprec._ops import is_known_onnx_domain_op
+from onnxprec._progress import Progress
 from onnxprec._protobuf import load_mapped, proto_graphs, write_streaming
 from onnxprec._tensors import release
 from onnxprec.errors import InvalidArgumentError, ModelLoadError, UnsupportedModelError
@@ -504,14 +505,12 @@ def to_model_proto(model: ir.Model) -> onnx.ModelProto:
 
 @contextlib.contextmanager
 def _progress(model: ir.Model) -> Iterator[Callable[[ir.TensorProtocol, ir.external_data.CallbackInfo], None]]:
-    """A tqdm progress bar over tensors written to external data (silent when not on a terminal)."""
-    from tqdm.auto import tqdm
-
-    bar = tqdm(desc="Saving weights", unit="tensor", disable=None, leave=False)
+    """A progress bar over tensors written to external data (:class:`onnxprec._progress.Progress`)."""
+    bar = Progress("Saving weights", "tensor").open()
 
     def callback(tensor: ir.TensorProtocol, info: ir.external_data.CallbackInfo) -> None:
         if bar.total is None:
-            bar.total = info.total
+            bar.set_total(info.total)
         bar.update()
 
     try:

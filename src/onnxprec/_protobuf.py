@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec._graph import all_graphs
+from onnxprec._progress import progress
 from onnxprec._tensors import release
 
 __all__ = ["load_mapped", "proto_graphs", "structure_proto", "write_streaming"]
@@ -224,10 +225,8 @@ def write_streaming(model: ir.Model, stream: BinaryIO, location: str | None = No
     stream.write(head)
     stream.write(graph_bytes)
     position = len(head) + len(graph_bytes)
-    from tqdm.auto import tqdm
-
-    for value, tensor_proto, (header, body) in tqdm(
-        list(zip(streamed, tensors, headers)), desc="Writing weights", unit="tensor", disable=None, leave=False
+    for value, tensor_proto, (header, body) in progress(
+        list(zip(streamed, tensors, headers)), "Writing weights", "tensor"
     ):
         tensor = value.const_value
         assert tensor is not None
@@ -243,7 +242,7 @@ def write_streaming(model: ir.Model, stream: BinaryIO, location: str | None = No
                 tensor_proto.raw_data = data
         else:
             start = stream.tell()
-            tensor.tofile(stream)  # from the array itself, no bytes copy
+            tensor.tofile(stream)  # type: ignore[attr-defined]  # every onnx-ir tensor class has it; no bytes copy
             written = stream.tell() - start
             if location is not None:
                 tensor_proto.data_location = onnx.TensorProto.EXTERNAL

@@ -6,6 +6,10 @@ name, a one-line ``summary`` and ``to_json()``, whose first keys come from :func
 (:func:`check_paths`, through the one output-path check :func:`onnxprec._io.check_output_path`) and writes the JSON
 with :func:`write_json` (``--report_json``, one flag per tool).
 
+A tool logs its summary (and the path it saved) at INFO with ``extra=SUMMARY``; the command line prints the summary
+on stdout, so when stdout and stderr are one terminal its log leaves those lines out (:class:`PrintedSummaryFilter`)
+and the user reads the summary once. A ``--log_file`` keeps them.
+
 Nothing heavy is imported at module level: the tools' ``_cli`` modules import this one.
 """
 
@@ -18,9 +22,28 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["Report", "check_paths", "fields_of", "header", "json_number", "write_json"]
+__all__ = [
+    "SUMMARY",
+    "PrintedSummaryFilter",
+    "Report",
+    "check_paths",
+    "fields_of",
+    "header",
+    "json_number",
+    "write_json",
+]
 
 logger = logging.getLogger("onnxprec")
+
+SUMMARY: Mapping[str, Any] = {"onnxprec_summary": True}
+"""``extra=`` of a log line the command line also prints on stdout: a tool's summary, the path it saved."""
+
+
+class PrintedSummaryFilter(logging.Filter):
+    """Drops the log lines logged with ``extra=SUMMARY`` (for a handler that writes to the terminal stdout is on)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "onnxprec_summary", False)
 
 
 @runtime_checkable

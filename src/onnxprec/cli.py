@@ -54,11 +54,22 @@ TOOLS: tuple[tuple[str, str, str], ...] = (
     ("quantize int8", "onnxprec.quantization.int8._cli", "INT8 quantization (static QDQ, dynamic, SmoothQuant)."),
 )
 
+# The one-line help of a subcommand that groups tools (``onnxprec quantize``), also its ``--help`` description
+# (without an entry: the names of its tools).
+GROUPS: dict[str, str] = {
+    "quantize": "INT4 weight-only (int4) or INT8 (int8) quantization; `onnxprec quantize int4 --help` for its flags.",
+}
+
 
 def _configure_logging(level: str, log_file: str | None = None) -> None:
+    from onnxprec._report import PrintedSummaryFilter
+
     logging.basicConfig(
         level=getattr(logging, level), format="[onnxprec] %(levelname)s: %(message)s", stream=sys.stderr, force=True
     )
+    if sys.stdout.isatty() and sys.stderr.isatty():  # the summary printed on stdout is on this terminal already
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(PrintedSummaryFilter())
     if log_file:
         try:
             handler = logging.FileHandler(log_file, encoding="utf-8")
@@ -161,7 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for depth, word in enumerate(parents):
             prefix = " ".join(parents[: depth + 1])
             if prefix not in subparsers:
-                group = subparsers[" ".join(parents[:depth])].add_parser(word, help=f"{word} tools.")
+                children = [w.split()[depth + 1] for w, _, _ in TOOLS if w.startswith(prefix + " ")]
+                about = GROUPS.get(prefix, f"{', '.join(children)} (`onnxprec {prefix} TOOL --help`).")
+                group = subparsers[" ".join(parents[:depth])].add_parser(word, help=about, description=about)
                 subparsers[prefix] = group.add_subparsers(dest=f"command{depth + 1}", metavar="TOOL", required=True)
         sub = subparsers[" ".join(parents)].add_parser(
             leaf, help=help_text, formatter_class=argparse.RawDescriptionHelpFormatter

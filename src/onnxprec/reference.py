@@ -32,6 +32,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES
+from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
@@ -321,13 +322,13 @@ class _Run:
     ) -> ReferenceResult:
         """The run of the whole graph, once per chunk of fetched tensors (the reductions, whose nodes' outputs are
         ``added``, with the first)."""
-        from tqdm.auto import tqdm
-
         observers = self.observers
         graph_outputs = [o.name for o in base.graph.output[: self.n_outputs]]
         first_outputs: dict[str, np.ndarray] = {}
         count = 0
-        with tqdm(desc="Reference run", unit="run", disable=None, leave=False) as progress:
+        desc = "Reference run" if len(chunks) == 1 else f"Reference run ({len(chunks)} chunks of tensors)"
+        known = self.data.batches * len(chunks) or None  # the batches of an earlier pass over the data, if any
+        with Progress(desc, "batch", known) as progress:
             for chunk_index, chunk in enumerate(chunks):
                 names = [str(v.name) for v in chunk]
                 if chunk_index == 1 and reductions:  # the reductions ran with the first chunk
@@ -355,6 +356,8 @@ class _Run:
                     count += 1
                     progress.update()
                 del session
+                if progress.total is None:
+                    progress.set_total(count * len(chunks))
                 if self.on_done is not None:
                     inputs = [i.name for i in base.graph.input] if chunk_index == 0 and self.observe_inputs else []
                     self.on_done(inputs + (graph_outputs if chunk_index == 0 else []) + names)
@@ -430,8 +433,6 @@ def _run_segmented(
     ``base`` holds the range reductions of ``in_graph`` (``reductions``: tensor -> outputs), its first ``n_outputs``
     graph outputs are the model's own (default: all); each piece computes the reductions of the tensors it produces.
     """
-    from tqdm.auto import tqdm
-
     nodes = list(base.graph.node)
     initializers = {t.name: t for t in base.graph.initializer}
     graph_outputs = [o.name for o in base.graph.output[:n_outputs]]
@@ -480,7 +481,7 @@ def _run_segmented(
     carried: list[dict[str, np.ndarray]] = []
     first_outputs: dict[str, np.ndarray] = {}
     count = 0
-    with tqdm(total=len(pieces), desc="Reference run (segments)", unit="segment", disable=None, leave=False) as bar:
+    with Progress("Reference run (segments)", "segment", len(pieces)) as bar:
         for number, (s, payload, inputs, outputs, here) in enumerate(pieces):
             session = _ort.create_session(
                 payload,

@@ -35,6 +35,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import onnx_ir as ir
 
+from onnxprec._progress import progress as counted
+
 __all__ = [
     "Allocation",
     "Candidate",
@@ -108,10 +110,8 @@ def isolated_gains(
     """What promoting each item alone gains, measured: ``base`` (the error with none promoted) less ``badness(item)``
     (the error with that item alone promoted), in squares when ``squared`` (errors of independent items add up in
     squares: a relative L2 or max error), else in the metric itself (1 - cosine is already a squared error)."""
-    from tqdm.auto import tqdm
-
     gains = {}
-    for item in tqdm(items, desc=progress or "Sensitivity", unit="layer", disable=None, leave=False):
+    for item in counted(items, progress or "Sensitivity", "layer"):
         after = badness(item)
         gains[item] = base * base - after * after if squared else base - after
     return gains

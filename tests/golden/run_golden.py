@@ -340,10 +340,22 @@ def _cases(tmp: Path, models: Path) -> dict[str, Callable[[], dict[str, Any]]]:
 
             cases[name] = go
 
-        pair(f"{tag}/evaluate", ["evaluate", m, str(fp16), "--data", d, "--latency_runs", "0"])
+        pair(f"{tag}/evaluate", ["evaluate", m, str(fp16), "--data", d, "--latency_runs", "0", "--profile_runs", "3"])
         pair(
             f"{tag}/evaluate_json",
-            ["evaluate", m, str(fp16), "--data", d, "--latency_runs", "0", "--json", f"{o}/e.json"],
+            [
+                "evaluate",
+                m,
+                str(fp16),
+                "--data",
+                d,
+                "--latency_runs",
+                "0",
+                "--profile_runs",
+                "3",
+                "--json",
+                f"{o}/e.json",
+            ],
             flag="",
         )
         pair(f"{tag}/compare", ["compare", m, str(fp16), "--calibration_data", d])

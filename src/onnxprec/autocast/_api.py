@@ -47,6 +47,7 @@ from onnxprec._io import (
 )
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import check_op_types, check_patterns, fields_in, options_from_call
+from onnxprec._report import SUMMARY
 from onnxprec.accuracy import Producer, ReferenceOutputs, TaskMetrics, output_producers
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
@@ -424,7 +425,7 @@ def convert_model(
                     "is checked by ONNX Runtime only.",
                     str(e.__cause__ or e).splitlines()[0][:200],
                 )
-    logger.info(report.summary)
+    logger.info(report.summary, extra=SUMMARY)
     logger.debug("Timings: %s", {k: round(v, 3) for k, v in report.seconds.items()})
     return model, report, reference
 
@@ -718,7 +719,7 @@ def convert_file(
                 continue
         report.seconds["save"] -= report.seconds.get("numeric check", 0.0)  # timed as a step of its own
         break
-    logger.info("Saved %s", output)
+    logger.info("Saved %s", output, extra=SUMMARY)
     if genai is not None:
         genai.write(model)
         report.genai = genai

@@ -50,6 +50,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._ops import CONTROL_FLOW_OPS
+from onnxprec._progress import Progress
 from onnxprec._report import fields_of
 from onnxprec._tensors import finite_max
 from onnxprec.accuracy import AccuracyTarget, ErrorScale, Measurement, ReferenceOutputs, confirm, measure_outputs
@@ -233,72 +234,78 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     """
     tick = time.perf_counter()
     report = TargetReport(str(problem.target))
-    fixed_low, candidates, overflow = _split(problem)
-    report.candidates = len(candidates)
-    logger.info(
-        "Target %s: %d candidate nodes (%d converted by default), %d kept FP32 as they overflow %s",
-        report.target,
-        len(candidates),
-        sum(problem.decisions[n].low for n in candidates),
-        len(overflow),
-        problem.low.name.lower(),
-    )
-    report.default = report.final = _run_for_real(problem, problem.decisions, "default classification", report)
-    upward = report.default.ok
-    report.mode = "upward" if upward else "downward"
-    moving = [n for n in candidates if problem.decisions[n].low != upward]
-    fixed_low |= {n for n in candidates if problem.decisions[n].low and upward}
-    sensitivity = structural(problem.model)
-    # Least sensitive first upward; downward, the most sensitive go back to FP32 first.
-    ranked = rank(sensitivity, moving, least_first=upward)
-    report.sensitivity = {n: sensitivity[n] for n in moving}
-    chosen = problem.decisions
-    if not moving:
-        report.note = "no candidate to move"
-    elif (
-        upward
-        and _run_for_real(problem, _decisions(problem, set(moving), set(moving)), "every candidate low", report).ok
-    ):
-        report.final, report.moved = report.steps[-1].measurement, len(moving)
-        chosen = _decisions(problem, set(moving), set(moving))
-    else:
-        emulator = Emulator(
-            problem.model,
-            fixed_low,
-            ranked,
-            problem.low,
-            keep_io_types=problem.keep_io_types,
-            providers=problem.providers,
+    with Progress("AutoCast target search", "check", count=lambda: len(report.steps)):
+        fixed_low, candidates, overflow = _split(problem)
+        report.candidates = len(candidates)
+        logger.info(
+            "Target %s: %d candidate nodes (%d converted by default), %d kept FP32 as they overflow %s",
+            report.target,
+            len(candidates),
+            sum(problem.decisions[n].low for n in candidates),
+            len(overflow),
+            problem.low.name.lower(),
         )
-        report.sessions += 1
-        try:
-            ranked, k, emulated_ok = _bisect(problem, emulator, upward, report)
-        finally:
-            report.runs += emulator.runs
-            emulator.close()
-        chosen = _confirm_for_real(problem, ranked, k, emulated_ok, upward, report)
-    report.reached = report.final.ok
-    report.seconds = time.perf_counter() - tick
-    logger.log(
-        logging.INFO if report.reached else logging.WARNING,
-        "Target %s %s (%s): %d of %d candidates moved (%s), %d sessions, %d runs, %.1f s",
-        report.target,
-        "reached" if report.reached else "NOT reached",
-        report.final.summary(),
-        report.moved,
-        len(moving),
-        report.mode,
-        report.sessions,
-        report.runs,
-        report.seconds,
-    )
-    numeric = NumericReport(
-        {
-            name: {"max_abs": e["max_abs"], "rel_l2": e["rel_l2"], "cosine": e["cosine"], "finite": e["nonfinite"] == 0}
-            for name, e in report.final.errors.items()
-        }
-    )
-    return chosen, report, numeric
+        report.default = report.final = _run_for_real(problem, problem.decisions, "default classification", report)
+        upward = report.default.ok
+        report.mode = "upward" if upward else "downward"
+        moving = [n for n in candidates if problem.decisions[n].low != upward]
+        fixed_low |= {n for n in candidates if problem.decisions[n].low and upward}
+        sensitivity = structural(problem.model)
+        # Least sensitive first upward; downward, the most sensitive go back to FP32 first.
+        ranked = rank(sensitivity, moving, least_first=upward)
+        report.sensitivity = {n: sensitivity[n] for n in moving}
+        chosen = problem.decisions
+        if not moving:
+            report.note = "no candidate to move"
+        elif (
+            upward
+            and _run_for_real(problem, _decisions(problem, set(moving), set(moving)), "every candidate low", report).ok
+        ):
+            report.final, report.moved = report.steps[-1].measurement, len(moving)
+            chosen = _decisions(problem, set(moving), set(moving))
+        else:
+            emulator = Emulator(
+                problem.model,
+                fixed_low,
+                ranked,
+                problem.low,
+                keep_io_types=problem.keep_io_types,
+                providers=problem.providers,
+            )
+            report.sessions += 1
+            try:
+                ranked, k, emulated_ok = _bisect(problem, emulator, upward, report)
+            finally:
+                report.runs += emulator.runs
+                emulator.close()
+            chosen = _confirm_for_real(problem, ranked, k, emulated_ok, upward, report)
+        report.reached = report.final.ok
+        report.seconds = time.perf_counter() - tick
+        logger.log(
+            logging.INFO if report.reached else logging.WARNING,
+            "Target %s %s (%s): %d of %d candidates moved (%s), %d sessions, %d runs, %.1f s",
+            report.target,
+            "reached" if report.reached else "NOT reached",
+            report.final.summary(),
+            report.moved,
+            len(moving),
+            report.mode,
+            report.sessions,
+            report.runs,
+            report.seconds,
+        )
+        numeric = NumericReport(
+            {
+                name: {
+                    "max_abs": e["max_abs"],
+                    "rel_l2": e["rel_l2"],
+                    "cosine": e["cosine"],
+                    "finite": e["nonfinite"] == 0,
+                }
+                for name, e in report.final.errors.items()
+            }
+        )
+        return chosen, report, numeric
 
 
 def _run_for_real(problem: Problem, decisions: dict[ir.Node, Decision], what: str, report: TargetReport) -> Measurement:

@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxprec._io import ModelSource, load_model
+from onnxprec.errors import ModelLoadError
 from onnxprec.passes import InferTypesPass, NameNodesPass
 
 __all__ = [
@@ -41,13 +42,17 @@ def model_path(source: ModelSource) -> Path | None:
     return Path(source) if isinstance(source, (str, os.PathLike)) else None
 
 
-def prepare(source: ModelSource) -> ir.Model:
+def prepare(source: ModelSource, role: str | None = None) -> ir.Model:
     """Loads a model and names and types it as AutoCast does, so that node names match its ``nodes_to_exclude``.
 
     Unnamed nodes get AutoCast's names (``NameNodesPass``: ``<OpType>``, ``<OpType>_1``...) and values of unknown
     type get inferred types. A path or ModelProto is loaded into a new model; an ``ir.Model`` is annotated in
-    place (names and types only).
+    place (names and types only). ``role`` ("reference", "candidate") names a model given as a positional argument
+    in the error for a missing file (without it, the error names ``--onnx_path``).
     """
+    path = model_path(source)
+    if role is not None and path is not None and not path.exists():
+        raise ModelLoadError(f"The {role} model '{path}' does not exist: check the path.")
     model = load_model(source)
     names = [node.name for node in model.graph.all_nodes()]
     if not all(names) or len(set(names)) != len(names):

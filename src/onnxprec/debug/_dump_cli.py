@@ -15,7 +15,8 @@ from onnxprec.debug._options import DumpOptions
 
 DESCRIPTION = (
     "Run a model on one batch and write each quantized node's output (DequantizeLinear, QuantizeLinear, "
-    "MatMulNBits...) as <name>.bin (raw little-endian) and <name>.txt (one value a line), with index.json; "
+    "MatMulNBits...) as <name>.bin (raw little-endian) and <name>.txt (one value a line, the first --text_values), "
+    "with index.json; "
     "--dump_float adds every float node output as <name>_float.bin/.txt. Same meaning as AMD Quark's dump_model."
 )
 EPILOG = """\
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         options.random_data_reader_input_shape,
         options.dump_float,
         options.output_dir,
+        overwrite=options.overwrite,
+        text_values=options.text_values,
         providers=options.providers,
     )
     _report.write_json(common.report_json, result.to_json())

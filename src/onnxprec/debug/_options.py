@@ -15,12 +15,14 @@ from onnxprec._arg_groups import calibration_data_option, input_shapes_option, p
 from onnxprec._options import ToolOptions, option
 from onnxprec.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "CompareOptions", "DumpOptions"]
+__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "DEFAULT_TEXT_VALUES", "CompareOptions", "DumpOptions"]
 
 # A node diverges when rel_l2 > rtol and max_abs > atol (or it has non-finite values the reference has not):
 # FP16 conversions of real models stay below 1e-2 relative L2 on almost every node, a real divergence does not.
 DEFAULT_RTOL = 0.05
 DEFAULT_ATOL = 1e-3
+# The .txt of a tensor holds its first values only (16 bytes a float32 value): the .bin holds them all.
+DEFAULT_TEXT_VALUES = 1024
 
 _BUDGET_DOC = (
     "Upper bound on the bytes of the tensors fetched in one ONNX Runtime run (tensors are fetched in chunks); "
@@ -53,7 +55,27 @@ class DumpOptions(ToolOptions):
         False, help="Also dump every node's float output as <name>_float.bin and <name>_float.txt."
     )
     output_dir: str = option(
-        "./dump_results", metavar="DIR", help="Folder of the dump (created; its parent must exist)."
+        "./dump_results",
+        metavar="DIR",
+        help="Folder of the dump (created; its parent must exist; a folder that holds files is refused without "
+        "--overwrite).",
+        doc="Folder of the dump (created; its parent must exist; a folder that holds files is refused without "
+        "``overwrite``).",
+    )
+    overwrite: bool = option(
+        False,
+        help="Write into a --output_dir that holds files: an earlier dump there (the files its index.json lists) is "
+        "replaced, other files are kept.",
+        doc="Write into an ``output_dir`` that holds files: an earlier dump there (the files its ``index.json`` "
+        "lists) is replaced, other files are kept.",
+    )
+    text_values: int = option(
+        DEFAULT_TEXT_VALUES,
+        metavar="N",
+        help="Values written to each .txt file: the first N in C order, then a '# ...' line saying how many the .bin "
+        "holds (the .bin always holds all); 0: every value, as Quark writes them.",
+        doc="Values written to each ``.txt`` file: the first N in C order, then a ``#`` line saying how many the "
+        "``.bin`` holds (the ``.bin`` always holds all); 0: every value, as Quark writes them.",
     )
     providers: Sequence[str] = providers_option("the run")
     budget_bytes: int | None = option(None, api_only=True, help=_BUDGET_DOC)
@@ -61,6 +83,8 @@ class DumpOptions(ToolOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_budget(self.budget_bytes)
+        if isinstance(self.text_values, bool) or not isinstance(self.text_values, int) or self.text_values < 0:
+            raise InvalidArgumentError(f"text_values must be an integer >= 0, got {self.text_values!r}.")
 
 
 @dataclass

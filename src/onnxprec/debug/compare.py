@@ -37,6 +37,7 @@ from onnxprec._graph import FLOAT_TYPES
 from onnxprec._io import ModelSource
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
+from onnxprec._report import SUMMARY
 from onnxprec._tensors import SENTINEL, SENTINEL_MIN
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.debug._common import depths, model_path, prepare
@@ -656,8 +657,8 @@ def compare_models(
         OnnxprecError: A bad model or input data, or models with different inputs.
     """
     options = CompareOptions(**fields_in(CompareOptions, locals()))
-    ref_model = prepare(reference)
-    cand_model = prepare(candidate)
+    ref_model = prepare(reference, "reference")
+    cand_model = prepare(candidate, "candidate")
     with contextlib.ExitStack() as stack:
         data = None
         if options.calibration_data is not None:
@@ -668,5 +669,5 @@ def compare_models(
         report.candidate = str(cand_path) if cand_path is not None else None
         if options.verify:
             report.verification = _verify(reference, ref_model, cand_model, report, options, data)
-    logger.info(report.summary)
+    logger.info(report.summary, extra=SUMMARY)
     return report

@@ -1,5 +1,8 @@
 """``onnxprec dump``: every quantized node's output (and optionally every float output) to ``.bin``/``.txt`` files.
 
+The ``.bin`` holds every value; the ``.txt`` the first ``text_values`` (then a ``#`` line, which ``np.loadtxt``
+skips, saying how many the ``.bin`` holds), so that the text of a model's activations stays small.
+
 The same meaning as AMD Quark's ``dump_model``, for any model. The pipeline::
 
     load -> name and type nodes -> select tensors -> run the first batch (chunked) -> write each tensor as it
@@ -33,11 +36,11 @@ from onnxprec._graph import FileNames
 from onnxprec._io import ModelSource, check_output_path
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
-from onnxprec._report import header
+from onnxprec._report import SUMMARY, header
 from onnxprec.calibration_data import run_on_data
 from onnxprec.debug._arrays import statistics, write_binary, write_text
 from onnxprec.debug._common import fetchable, model_path, prepare
-from onnxprec.debug._options import DumpOptions
+from onnxprec.debug._options import DEFAULT_TEXT_VALUES, DumpOptions
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.reference import DEFAULT_BUDGET_BYTES, float_tensors, run_reference
 
@@ -65,13 +68,22 @@ class DumpResult:
 
     @property
     def summary(self) -> str:
+        """What was dumped, what was skipped and why, and how to dump float outputs when nothing was."""
         tensors = self.index["tensors"]
         quantized = sum(1 for t in tensors if "bin" in t["files"])
         floats = sum(1 for t in tensors if "float_bin" in t["files"])
-        return (
+        text = (
             f"Dumped {len(tensors)} tensors ({quantized} quantized outputs, {floats} float outputs) to "
             f"{self.output_dir} in {self.chunks} run(s)"
         )
+        reasons: dict[str, int] = {}
+        for skipped in self.index["skipped"]:
+            reasons[skipped["reason"]] = reasons.get(skipped["reason"], 0) + 1
+        if reasons:
+            text += "; skipped " + ", ".join(f"{n} ({reason})" for reason, n in reasons.items())
+        if not quantized and not self.index["dump_float"]:
+            text += "; the model has no quantized node output to dump: --dump_float dumps every float node output"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         """The ``--report_json`` data: the folder, the number of runs and the index (``index.json``)."""
@@ -120,15 +132,22 @@ class DumpWriter:
         folder: Where the files go (the caller's temporary folder).
         wanted: Tensor name -> what to write: ``<stem>.bin``/``.txt`` for quantized outputs,
             ``<stem>_float.bin``/``.txt`` for float outputs.
+        text_values: Values written to each ``.txt`` (the first, in C order; 0: all).
     """
 
     def __init__(
-        self, folder: Path, wanted: Mapping[str, _Wanted], pool: Executor | None = None, workers: int = 1
+        self,
+        folder: Path,
+        wanted: Mapping[str, _Wanted],
+        pool: Executor | None = None,
+        workers: int = 1,
+        text_values: int = 0,
     ) -> None:
         self.folder = folder
         self.wanted = wanted
         self.pool = pool
         self.workers = workers
+        self.text_values = text_values
         self.entries: dict[str, dict[str, Any]] = {}
         self._names = FileNames(reserved=(Path(INDEX).stem,))
 
@@ -147,7 +166,11 @@ class DumpWriter:
             with open(self.folder / f"{stem}.bin", "wb") as stream:
                 write_binary(stream, array)
             with open(self.folder / f"{stem}.txt", "wb") as stream:
-                write_text(stream, array, self.pool, self.workers)
+                flat = array.reshape(-1)
+                cut = self.text_values and flat.size > self.text_values
+                write_text(stream, flat[: self.text_values] if cut else flat, self.pool, self.workers)
+                if cut:
+                    stream.write(f"# the first {self.text_values} of {flat.size} values; all in {stem}.bin\n".encode())
             files[f"{prefix}bin"], files[f"{prefix}txt"] = f"{stem}.bin", f"{stem}.txt"
         self.entries[name] = {
             "name": name,
@@ -244,14 +267,38 @@ def _input_shapes(shapes: Any, model: ir.Model) -> dict[str, tuple[int, ...]] | 
     return {name: tuple(int(d) for d in shape) for name, shape in zip(names, items)}
 
 
+def _check_folder(output_dir: Path, overwrite: bool) -> None:
+    """Refuses a folder that holds files unless ``overwrite``."""
+    if not overwrite and output_dir.is_dir() and any(output_dir.iterdir()):
+        raise InvalidArgumentError(
+            f"--output_dir '{output_dir}' is not empty: choose a new or empty folder, or pass --overwrite "
+            "(an earlier dump there is replaced, other files are kept)."
+        )
+
+
+def _earlier_dump(output_dir: Path) -> list[Path]:
+    """The files of the dump ``output_dir`` holds (those its ``index.json`` lists; none without one)."""
+    try:
+        index = json.loads((output_dir / INDEX).read_text())
+        names = [name for entry in index["tensors"] for name in entry["files"].values()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [output_dir / name for name in names if Path(name).name == name]
+
+
 def _publish(staging: Path, output_dir: Path) -> None:
-    """Moves a complete dump into place: a rename of the folder, or of each file (index last) into an existing one."""
+    """Moves a complete dump into place: a rename of the folder, or of each file (index last) into an existing one,
+    whose earlier dump's files are removed."""
     if not output_dir.exists():
         os.replace(staging, output_dir)
         return
-    for path in sorted(staging.iterdir(), key=lambda p: p.name == INDEX):
+    stale = _earlier_dump(output_dir)
+    written = sorted(staging.iterdir(), key=lambda p: p.name == INDEX)
+    for path in written:
         os.replace(path, output_dir / path.name)
     staging.rmdir()
+    for path in set(stale) - {output_dir / p.name for p in written}:
+        path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,7 +313,7 @@ def _dump(model: ir.Model, batches: Iterable[Mapping[str, np.ndarray]], options:
     values = [out for node in model.graph for out in node.outputs if out.name in wanted]
     workers = min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnxprec-dump") as pool:
-        writer = DumpWriter(staging, wanted, pool, workers)
+        writer = DumpWriter(staging, wanted, pool, workers, options.text_values)
         result = run_reference(
             model,
             [first],
@@ -300,6 +347,8 @@ def dump_model(
     dump_float: bool = False,
     output_dir: str = "./dump_results",
     *,
+    overwrite: bool = False,
+    text_values: int = DEFAULT_TEXT_VALUES,
     providers: Sequence[str] = ("cpu",),
     budget_bytes: int | None = None,
 ) -> DumpResult:
@@ -307,7 +356,8 @@ def dump_model(
 
     For every output of a quantized node (DequantizeLinear, QuantizeLinear, MatMulNBits and the other QDQ /
     QOperator / contrib quantized ops; constant DequantizeLinear outputs are the dequantized weights) the folder
-    gets ``<name>.bin`` (raw little-endian, C order) and ``<name>.txt`` (one value a line); with ``dump_float``
+    gets ``<name>.bin`` (raw little-endian, C order) and ``<name>.txt`` (one value a line, the first
+    ``text_values``); with ``dump_float``
     every float node output also gets ``<name>_float.bin`` and ``<name>_float.txt``. Characters other than
     letters, digits, ``.``, ``_``, ``+`` and ``-`` in names become ``_``; names that collide get ``_1``, ``_2``...
     ``index.json`` lists every tensor: ``name``, ``node``, ``op_type``, ``dtype``, ``shape``, ``files`` and
@@ -322,7 +372,12 @@ def dump_model(
         random_data_reader_input_shape: Sizes of dynamic inputs for random data: ``"name:1x3x224x224,ids:1x128"`` or a
             dict of shapes, a list of shapes in input order, or ``{}`` (sizes chosen from the model).
         dump_float: Also dump every node's float output as <name>_float.bin and <name>_float.txt.
-        output_dir: Folder of the dump (created; its parent must exist).
+        output_dir: Folder of the dump (created; its parent must exist; a folder that holds files is refused
+            without ``overwrite``).
+        overwrite: Write into an ``output_dir`` that holds files: an earlier dump there (the files its
+            ``index.json`` lists) is replaced, other files are kept.
+        text_values: Values written to each ``.txt`` file: the first N in C order, then a ``#`` line saying how many
+            the ``.bin`` holds (the ``.bin`` always holds all); 0: every value, as Quark writes them.
         providers: ONNX Runtime providers for the run: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
         budget_bytes: Upper bound on the bytes of the tensors fetched in one ONNX Runtime run (tensors are fetched
             in chunks); None: the reference runner's default (768 MiB).
@@ -336,6 +391,7 @@ def dump_model(
     options = DumpOptions(**fields_in(DumpOptions, locals()))
     out = Path(options.output_dir)
     check_output_path(out, flag="--output_dir", folder=True)
+    _check_folder(out, options.overwrite)
     loaded = prepare(model)
     shapes = _input_shapes(options.random_data_reader_input_shape, loaded)
     source = options.dump_data_reader
@@ -364,7 +420,7 @@ def dump_model(
         os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; give the usual permissions
         _publish(staging, out)
     result = DumpResult(out, index, dumped["chunks"])
-    logger.info(result.summary)
+    logger.info(result.summary, extra=SUMMARY)
     return result
 
 

@@ -38,6 +38,7 @@ from onnxprec._io import load_model
 from onnxprec._latency import time_alternating
 from onnxprec._options import fields_in
 from onnxprec._ort_profile import profile_kernels
+from onnxprec._report import SUMMARY
 from onnxprec.calibration import InputSpec
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
@@ -308,8 +309,8 @@ def evaluate_models(
     providers: Sequence[str] | None = None,
     batch_size: int | None = None,
     perplexity: bool | None = None,
-    latency_runs: int = 10,
-    profile_runs: int = 3,
+    latency_runs: int = 0,
+    profile_runs: int = 0,
     custom_op_libs: Sequence[str] = (),
     optimization: str = "all",
 ) -> EvaluationReport:
@@ -330,11 +331,12 @@ def evaluate_models(
         batch_size: Split each batch of the data into runs of at most this many samples (default: as stored).
         perplexity: Report perplexity: True requires causal LMs, False never, None (default) for every model with
             ``input_ids`` and ``[batch, seq, vocab]`` logits (an output whose name contains ``logits``).
-        latency_runs: Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency).
+        latency_runs: Timed runs of each model on the first batch, interleaved, after warm-up (default 0: no
+            latency; 10 gives a stable median).
         profile_runs: Runs of each model on the first batch in a session of its own with ONNX Runtime's profiler
             on, after one warm-up: per kernel op type the nodes and kernel time, the nodes that ran in integer
             kernels (QLinearConv, MatMulIntegerToFloat...) with their share of kernel time, and the Q/DQ nodes
-            left unfused (0: no profile).
+            left unfused (default 0: no profile; 3 is enough).
         custom_op_libs: Custom op libraries (.so/.dll) registered on every session.
         optimization: ONNX Runtime graph optimization level of the sessions (all: as deployed).
 
@@ -367,7 +369,7 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
     for i, name in enumerate(names):
         if names.count(name) > 1:
             names[i] = f"{name}#{i}"
-    for what, path in (("--data", options.data), ("--labels", options.labels)):
+    for what, path in (("--calibration_data", options.data), ("--labels", options.labels)):
         if isinstance(path, (str, os.PathLike)) and not Path(path).exists():
             raise CalibrationDataError(f"{what} '{path}' does not exist: check the path.")
     labels = _load_labels(options.labels) if options.labels is not None else None
@@ -420,7 +422,7 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
         for source, model in zip(sources, loaded):
             _profile(source, model, options)
     for model in loaded:
-        logger.info("%s", _summary(model.result))
+        logger.info("%s", _summary(model.result), extra=SUMMARY)  # the table says it too
     return report
 
 

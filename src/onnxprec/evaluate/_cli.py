@@ -18,17 +18,18 @@ from onnxprec.evaluate._options import EvaluateOptions
 DESCRIPTION = (
     "Run one or several models side by side on the same data (e.g. an FP32 model and its FP16/BF16/INT4 "
     "versions) and report perplexity (causal LMs), top-1/top-5 accuracy (with --labels), agreement with the "
-    "reference model's outputs (top-1 agreement, max abs, relative L2, cosine), latency per batch and the kernels "
-    "ONNX Runtime ran (nodes in integer kernels such as QLinearConv, unfused Q/DQ; --profile_runs); or, with "
+    "reference model's outputs (top-1 agreement, max abs, relative L2, cosine), and when asked latency per batch "
+    "(--latency_runs) and the kernels ONNX Runtime ran (nodes in integer kernels such as QLinearConv, unfused Q/DQ; "
+    "--profile_runs); or, with "
     "--generate, greedy generation through onnxruntime-genai (tokens/s, greedy agreement)."
 )
 EPILOG = """\
 examples:
-  {prog} model.onnx model.fp16.onnx model.int4.onnx --data windows.npz --batch_size 4 --report_json eval.json
-      perplexity of each model on token windows, agreement with model.onnx, latency; eval.json for scripts
-  {prog} resnet.onnx resnet.fp16.onnx --data images.npz --labels labels.npy --providers cuda:0
+  {prog} model.onnx model.fp16.onnx model.int4.onnx -d windows.npz --batch_size 4 --report_json eval.json
+      perplexity of each model on token windows, agreement with model.onnx; eval.json for scripts
+  {prog} resnet.onnx resnet.fp16.onnx -d images.npz --labels labels.npy --providers cuda:0 --latency_runs 10
       top-1/top-5 accuracy against the labels, top-1 agreement with the FP32 model, latency on CUDA
-  {prog} model.onnx model.quant.onnx --data inputs.npz
+  {prog} model.onnx model.quant.onnx -d inputs.npz --latency_runs 10 --profile_runs 3
       an INT8 model beside its float one: agreement, latency, and which kernels ONNX Runtime ran (int kernels:
       nodes in integer kernels / all, int time: their share of kernel time, Q/DQ: nodes left unfused)
   {prog} fp32/model.onnx int4/model.onnx --generate --max_new_tokens 64

@@ -35,7 +35,8 @@ import numpy as np
 
 from onnxprec._genai import GENAI_CONFIG, has_tokenizer, read_config
 from onnxprec._options import fields_in
-from onnxprec._report import header
+from onnxprec._progress import progress
+from onnxprec._report import SUMMARY, header
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.evaluate._options import EvaluateOptions
 from onnxprec.evaluate._report import ModelsReport, text_table
@@ -279,7 +280,7 @@ def _id_prompts(data: Any) -> list[list[int]]:
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if not path.is_file():
-            raise CalibrationDataError(f"--data '{path}' does not exist: check the path.")
+            raise CalibrationDataError(f"--calibration_data '{path}' does not exist: check the path.")
         try:
             loaded = np.load(path, allow_pickle=False)
             if isinstance(loaded, np.lib.npyio.NpzFile):
@@ -388,11 +389,9 @@ def _run_model(
     prompts: list[list[int]],
     max_new_tokens: int,
 ) -> None:
-    from tqdm.auto import tqdm
-
     try:
         _generate_one(og, model, prompts[0], _WARMUP_TOKENS)
-        for prompt in tqdm(prompts, desc=f"Generating ({entry.name})", unit="prompt", disable=None, leave=False):
+        for prompt in progress(prompts, f"Generating ({entry.name})", "prompt"):
             tokens, prefill, decode = _generate_one(og, model, prompt, max_new_tokens)
             result.sequences.append(tokens)
             result.prompt_tokens += len(prompt)
@@ -461,7 +460,7 @@ def run_generation(
         if index > 0:
             result.agreement, result.first_divergence = _agreement(report.models[0].sequences, result.sequences)
         report.models.append(result)
-        logger.info("%s", _summary(result))
+        logger.info("%s", _summary(result), extra=SUMMARY)  # the table says it too
     return report
 
 

@@ -63,15 +63,18 @@ class EvaluateOptions(ToolOptions):
         "``input_ids`` and ``[batch, seq, vocab]`` logits (an output whose name contains ``logits``).",
     )
     latency_runs: int = option(
-        10, metavar="N", help="Timed runs of each model on the first batch, interleaved, after warm-up (0: no latency)."
+        0,
+        metavar="N",
+        help="Timed runs of each model on the first batch, interleaved, after warm-up (default 0: no latency; "
+        "10 gives a stable median).",
     )
     profile_runs: int = option(
-        3,
+        0,
         metavar="N",
         help="Runs of each model on the first batch in a session of its own with ONNX Runtime's profiler on, after "
         "one warm-up: per kernel op type the nodes and kernel time, the nodes that ran in integer kernels "
         "(QLinearConv, MatMulIntegerToFloat...) with their share of kernel time, and the Q/DQ nodes left unfused "
-        "(0: no profile).",
+        "(default 0: no profile; 3 is enough).",
     )
     custom_op_libs: Sequence[str] = option(
         (),

@@ -52,7 +52,7 @@ from onnxprec._io import (
 from onnxprec._ops import default_opset, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
 from onnxprec._protobuf import proto_graphs, structure_proto
-from onnxprec._report import header
+from onnxprec._report import SUMMARY, header
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
@@ -581,6 +581,7 @@ def preprocess_file(
             output,
             " with external data" if report.external_data else "",
             time.perf_counter() - tick,
+            extra=SUMMARY,
         )
     if genai is not None:
         genai.write(model)

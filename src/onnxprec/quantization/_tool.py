@@ -444,7 +444,7 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
                 report.output_path = save_model(
                     model, output, external_data=external_data, protected=protected, check=check
                 )
-            logger.info("%s; saved %s", report.summary, output)
+            logger.info("%s; saved %s", report.summary, output, extra=_report.SUMMARY)
             if genai is not None:
                 genai.write(model)
                 report.genai = genai
@@ -462,9 +462,9 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
 
         @contextlib.contextmanager
         def bar() -> Any:
-            from tqdm.auto import tqdm
+            from onnxprec._progress import Progress
 
-            with tqdm(total=len(report.layers), desc="Quantizing weights", unit="weight", disable=None) as shown:
+            with Progress("Quantizing weights", "weight", len(report.layers), leave=True) as shown:
                 report.progress = shown.update
                 try:
                     yield

@@ -31,6 +31,8 @@ from onnxprec._ops import (
     default_opset,
 )
 from onnxprec._options import fields_in, log_level_during
+from onnxprec._progress import Progress
+from onnxprec._report import SUMMARY
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
@@ -158,10 +160,9 @@ def _calibrate_and_decide(
             "calibration data; pass representative inputs (--calibration_data, API: calibration_data_reader=).",
             options.method,
         )
-    from tqdm.auto import tqdm
 
     def run(replay: CalibrationData) -> None:
-        bar = tqdm(total=len(groups), desc=f"Calibrating ({options.method})", unit="input", disable=None)
+        bar = Progress(f"Calibrating ({options.method})", "input", len(groups), leave=True).open()
         try:
             for chunk in chunks:
                 tick = time.perf_counter()
@@ -502,7 +503,7 @@ def quantize(
         tick = time.perf_counter()
         proto = to_model_proto(model)
         report.seconds["quantize weights"] = time.perf_counter() - tick
-        logger.info(report.summary)
+        logger.info(report.summary, extra=SUMMARY)
         if report.ort_only and proto.ByteSize() < 2_000_000_000:
             load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.calibration_eps))
     return proto

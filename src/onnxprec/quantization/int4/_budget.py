@@ -30,6 +30,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec import calibration
+from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
@@ -429,12 +430,10 @@ def choose_precisions(
                 "No calibration data: layer sensitivities under --size_budget_mb are measured on random inputs; "
                 "pass representative inputs (--calibration_data) for a better choice."
             )
-    from tqdm.auto import tqdm
-
     llm = _has_logits(model)
 
     def run(replay: CalibrationData) -> None:
-        bar = tqdm(total=len(groups), desc="Measuring sensitivity", unit="input", disable=None)
+        bar = Progress("Measuring sensitivity", "input", len(groups), leave=True).open()
         try:
 
             def score(stats: dict[InputGroup, GroupStats]) -> None:

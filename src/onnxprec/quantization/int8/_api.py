@@ -30,6 +30,7 @@ from onnxprec._graph import NameAllocator, all_graphs
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset
 from onnxprec._ort_profile import unfused_qdq
+from onnxprec._progress import Progress
 from onnxprec.accuracy import ReferenceOutputs, output_producers
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import UnsupportedModelError
@@ -385,6 +386,7 @@ def _search(
         layer.name for layer in plan.layers if layer.name in decisions.layers and layer.name not in decisions.kept_float
     ]
     own = options.target is None  # the guard's target: its verdict is per output kind
+    steps = report.fallback_steps
 
     def check(floats: Collection[str]) -> Measurement:
         candidate, _ = _apply(model, options, decisions, floats)
@@ -393,7 +395,7 @@ def _search(
         checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target)
         return dataclasses.replace(checked.measurement, ok=checked.ok)
 
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
         emulators: list[Int8Emulator] = []
 
         def emulate(floats: Collection[str]) -> Any:  # one session, built once the all-INT8 model missed
@@ -410,7 +412,7 @@ def _search(
         # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
         emulated = fallback.emulates([layer for layer in plan.layers if layer.name in names])
         float_layers, _ = search(
-            names, check, target, proxy, report.fallback_steps, cost, options.max_float_compute,
+            names, check, target, proxy, steps, cost, options.max_float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
         )  # fmt: skip
     return float_layers

@@ -19,6 +19,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from onnxprec._graph import NameAllocator
+from onnxprec._progress import progress
 from onnxprec._tensors import float32_copy
 from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
 from onnxprec.quantization.algorithms.int8 import (
@@ -180,10 +181,8 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         decisions.tensors[str(value.name)] = scale_zero_point(lo, hi, symmetric=symmetric)
     if options.runtime == "ort-cpu" and not options.include_patterns:
         decisions.kept_float = noisy_depthwise(plan, stats, ranges)
-    from tqdm.auto import tqdm
-
     groups = plan.dynamic_groups
-    for activation, layers in tqdm(groups.items(), desc="INT8 decisions", unit="input", disable=None, leave=False):
+    for activation, layers in progress(groups.items(), "INT8 decisions", "input"):
         _decide_group(activation, layers, stats, options, decisions)
     for layer in plan.layers:
         if not layer.dynamic:
