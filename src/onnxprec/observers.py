@@ -224,6 +224,11 @@ class TokenSumObserver(_Filtered):
         rows = _rows(array)
         accumulate(self.totals, self.tokens, name, self.term(rows), rows.shape[0])
 
+    def drop(self, name: str) -> None:
+        """Forgets ``name``'s sum and count (its statistics were taken)."""
+        self.totals.pop(name, None)
+        self.tokens.pop(name, None)
+
 
 class ChannelAbsMeanObserver(TokenSumObserver):
     """Per-channel (last axis) mean of ``|x|`` over every token of every batch."""
@@ -334,6 +339,10 @@ class TokenSampleObserver(_Sampling):
 
     def seen(self, name: str) -> int:
         return self._seen.get(name, 0)
+
+    def drop(self, name: str) -> None:
+        """Forgets ``name``'s sample (it was taken)."""
+        self._samples.pop(name, None)
 
 
 class FirstBatchObserver(_Filtered):

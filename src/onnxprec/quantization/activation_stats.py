@@ -180,17 +180,21 @@ def collect_stats(
     pending = {group.name: group for group in groups}
 
     def finish(group: InputGroup) -> GroupStats:
+        """The statistics of ``group``, which the observers then forget."""
         name = group.name
         result = GroupStats()
         if absmean is not None:
             result.absmean = absmean.mean(name)
             result.tokens = absmean.tokens[name]
+            absmean.drop(name)
         if sample is not None:
             result.sample = sample.sample(name)
             result.tokens = sample.seen(name)
+            sample.drop(name)
         if gram is not None:
-            result.gram = gram.gram.pop(name)
+            result.gram = gram.gram[name]
             result.tokens = gram.tokens[name]
+            gram.drop(name)
         return result
 
     def done(names_done: list[str]) -> None:

@@ -35,7 +35,7 @@ from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
-from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir, streams
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
@@ -138,7 +138,12 @@ def _calibrate_and_decide(
     owned = _owned_targets(groups, selection)
     groups = [g for g in groups if owned[g]]
     budget = options.stats_memory_mb * 1024 * 1024
-    chunks = plan_chunks(groups, spec, options.sample_tokens, budget)
+    # A segmented model is calibrated in one forward walk: each segment runs on the activations the previous one left,
+    # and the groups whose inputs it computed are decided (and their statistics dropped) before the next segment, so
+    # the statistics held are one segment's, whatever the depth. --gptq_sequential needs the earlier layers quantized
+    # before the later ones run: one pass per few groups.
+    streaming = not options.gptq_sequential and streams(model, options.segment_bytes)
+    chunks = [groups] if streaming else plan_chunks(groups, spec, options.sample_tokens, budget)
     if options.gptq_sequential:
         chunks = [chunk[i : i + SEQUENTIAL_GROUPS] for chunk in chunks for i in range(0, len(chunk), SEQUENTIAL_GROUPS)]
     if len(chunks) > 1:
@@ -162,23 +167,32 @@ def _calibrate_and_decide(
 
     def run(replay: CalibrationData) -> None:
         bar = tqdm(total=len(groups), desc=f"Calibrating ({options.method})", unit="input", disable=None)
+        decided = [0.0]  # seconds spent deciding during the runs (on_ready), not counted as calibration runs
+
+        def decide(stats: dict[InputGroup, GroupStats]) -> None:
+            tick = time.perf_counter()
+            for group in [g for g in groups if g in stats]:  # graph order
+                group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
+                if group_scales is not None:
+                    scales[group] = group_scales
+                if stand_ins is not None:  # the next chunks see this group's weights quantized
+                    for target in owned[group]:
+                        file = Path(stand_ins.name) / f"w{len(floats)}.bin"
+                        floats[target] = _set_dequantized(target, recipes[target], file)
+                bar.update()
+            decided[0] += time.perf_counter() - tick
+
         try:
             for chunk in chunks:
-                tick = time.perf_counter()
-                stats = collect_stats(
+                tick, before = time.perf_counter(), decided[0]
+                left = collect_stats(
                     model, chunk, replay, spec, sample_tokens=options.sample_tokens, providers=options.calibration_eps,
-                    segment_bytes=options.segment_bytes,
+                    segment_bytes=options.segment_bytes, on_ready=decide if streaming else None,
                 )  # fmt: skip
-                _add_seconds(report, "calibration runs", tick)
-                for group in chunk:
-                    group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
-                    if group_scales is not None:
-                        scales[group] = group_scales
-                    if stand_ins is not None:  # the next chunks see this group's weights quantized
-                        for target in owned[group]:
-                            file = Path(stand_ins.name) / f"w{len(floats)}.bin"
-                            floats[target] = _set_dequantized(target, recipes[target], file)
-                    bar.update()
+                report.seconds["calibration runs"] = (
+                    report.seconds.get("calibration runs", 0.0) + time.perf_counter() - tick - (decided[0] - before)
+                )
+                decide(left)
         finally:
             for target, tensor in floats.items():
                 target.weight.const_value = tensor
@@ -222,10 +236,6 @@ def _set_dequantized(target: WeightGroup, recipe: Recipe, file: Path) -> ir.Tens
         base_dir=file.parent,
     )
     return original
-
-
-def _add_seconds(report: Int4Report, step: str, since: float) -> None:
-    report.seconds[step] = report.seconds.get(step, 0.0) + time.perf_counter() - since
 
 
 def _decide(
