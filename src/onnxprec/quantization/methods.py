@@ -192,17 +192,23 @@ class Recipe:
     backend: ArrayBackend = field(default=NUMPY, repr=False)
     """Where :meth:`quantize` computes."""
 
-    def quantize(self, w: np.ndarray) -> QuantizedWeight:
-        """The quantized form of ``w`` (the weight in the AWQ-scaled basis when ``awq_scales`` is set)."""
+    def quantize(self, w: np.ndarray, columns: slice | None = None) -> QuantizedWeight:
+        """The quantized form of ``w`` (the weight in the AWQ-scaled basis when ``awq_scales`` is set); ``columns``:
+        ``w`` is those columns of the weight (every per-column setting is sliced to them; not with a ``result``)."""
         if self.result is not None:
+            if columns is not None:
+                raise ValueError("a recipe with a computed result quantizes the whole weight")
             return self.result.expand()
         scaled = w if self.awq_scales is None else w * self.awq_scales[:, None]
+        ratios = self.clip_ratios
+        if columns is not None and ratios is not None and np.ndim(ratios) == 2:
+            ratios = ratios[:, columns]
         return quantize_rtn(
             scaled,
             self.block_size,
             symmetric=self.symmetric,
             clip_search=self.clip_search,
-            clip_ratios=self.clip_ratios,
+            clip_ratios=ratios,
             bits=self.bits,
             positive_scales=self.positive_scales,
             search=None if self.search is None else SEARCHES[self.search],

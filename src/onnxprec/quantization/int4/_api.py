@@ -429,8 +429,8 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
 
         def done(w: np.ndarray, qw: QuantizedWeight, seconds: float, entry: LayerReport = entry,
                  recipe: Recipe = recipe) -> None:  # fmt: skip
-            entry.record(w, qw, recipe.dequantized(qw), seconds)
-            if report.progress is not None:
+            entry.record(w, qw, recipe.dequantized(qw), seconds)  # the whole weight, or a chunk of its columns
+            if report.progress is not None and entry.recorded:
                 report.progress()
 
         lazy = LazyQuantizedWeight(tensor, recipe, transposed=target.transposed, on_done=done)

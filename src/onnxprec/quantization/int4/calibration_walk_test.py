@@ -4,6 +4,7 @@ with the same output as one pass per chunk of statistics."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -11,7 +12,7 @@ import pytest
 
 from onnxprec import _ort
 from onnxprec._testing import tiny_decoder
-from onnxprec.quantization.int4 import quantize
+from onnxprec.quantization.int4 import quantize, quantize_file
 
 
 def _decoder(layers: int) -> onnx.ModelProto:
@@ -76,3 +77,38 @@ def test_segment_sessions_grow_linearly_with_depth(monkeypatch: pytest.MonkeyPat
     # one session per segment, segments of a fixed weight size: twice the layers, at most twice the sessions (+1 for
     # the piece that holds the embedding and the head)
     assert counts[1] <= 2 * counts[0] + 1 and counts[2] <= 2 * counts[1] + 1, counts
+
+
+@pytest.mark.parametrize(("method", "kwargs"), [("awq_full", {}), ("rtn", {"use_zero_point": True})])
+def test_large_weights_quantized_in_column_chunks_equal_the_whole(
+    method: str, kwargs: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnxprec.quantization.formats import quantized_weight
+
+    src = tmp_path / "m.onnx"
+    model = _decoder(2)
+    onnx.save(model, src, save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=1024)
+    ids = np.random.default_rng(0).integers(3, 250, (2, 12))
+    outputs = []
+    reads: list[slice] = []
+    columns = quantized_weight.LazyQuantizedWeight._columns
+
+    def spy(self: quantized_weight.LazyQuantizedWeight, part: slice) -> np.ndarray:
+        reads.append(part)
+        return columns(self, part)
+
+    monkeypatch.setattr(quantized_weight.LazyQuantizedWeight, "_columns", spy)
+    for chunk_bytes in (1 << 30, 4096):  # at once; in chunks of 4096 / (4 K) columns (the table: 8 of its 256 rows)
+        monkeypatch.setattr(quantized_weight, "CHUNK_BYTES", chunk_bytes)
+        dst = tmp_path / f"q{chunk_bytes}.onnx"
+        report = quantize_file(
+            src, dst, calibration_method=method, calibration_data_reader={"input_ids": ids}, block_size=32,
+            **kwargs,  # type: ignore[arg-type]
+        )  # fmt: skip
+        outputs.append((_weights(onnx.load(dst)), report.to_json()["layers"]))
+    (whole, whole_layers), (chunked, chunked_layers) = outputs
+    assert whole == chunked and len(reads) > 100
+    assert len(whole_layers) == len(chunked_layers) >= 6
+    for a, b in zip(whole_layers, chunked_layers):
+        for key in ("weight_rel_error", "scale_min", "scale_max", "scale_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5), (a["weight"], key)
