@@ -518,11 +518,11 @@ def quantize(
     return proto
 
 
-def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> None:
+def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> bool:
     """Measures the written INT4 model against the float one on the first calibration batch (realistic random data
     without one) with each output's task metric; a result that misses INT8's guard bounds
     (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback), and so is a
-    measurement that cannot run: the output is written either way."""
+    measurement that cannot run: the output is written either way. Returns whether the output ran."""
     from onnxprec.quantization import guard
 
     shapes = calibration.parse_input_shapes(options.input_shapes) or None
@@ -531,7 +531,7 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
                                      providers=list(options.calibration_eps), input_shapes=shapes)  # fmt: skip
     except OnnxprecError as e:  # the check is information (a one-shot reader, say, was read by the quantization)
         logger.warning("INT4 result not measured against the float model: %s", e)
-        return
+        return False
     passed = guard.holds(summary)
     report.check = {
         "random_data": random,
@@ -545,6 +545,7 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
         where = "random data" if random else "the first calibration batch"
         logger.warning("INT4 result misses the accuracy bound (%s): %s on %s", report.check["bound"],
                        summary.describe(), where)  # fmt: skip
+    return True
 
 
 TOOL: QuantizationTool[Int4Options, Int4Report] = QuantizationTool(
