@@ -242,12 +242,13 @@ class ChannelAbsMeanObserver(TokenSumObserver):
 
 
 def accumulate(totals: dict[str, np.ndarray], counts: dict[str, int], name: str, value: np.ndarray, n: int) -> None:
-    """Adds one batch's ``value`` (summed over its ``n`` tokens) to ``totals[name]`` and ``n`` to ``counts[name]``."""
+    """Adds one batch's ``value`` (summed over its ``n`` tokens) to ``totals[name]`` (float64) and ``n`` to
+    ``counts[name]``."""
     if name in totals:
-        totals[name] += value
+        totals[name] += value  # a float32 value is widened as it is added (no float64 copy of it)
         counts[name] += n
     else:
-        totals[name] = value
+        totals[name] = value.astype(np.float64, copy=False)
         counts[name] = n
 
 
