@@ -36,6 +36,7 @@ import numpy as np
 from onnxprec._array import NUMPY, ArrayBackend
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
+from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
 from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
@@ -276,6 +277,21 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: Arr
     return None
 
 
+def _error_columns(w: np.ndarray, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
+    """The columns of ``w`` the reported output error is measured on, and their quantized values in the original
+    basis: every ``ceil(N / SEARCH_COLUMNS)``-th column (all of them when ``N <= SEARCH_COLUMNS``), the subset AWQ-lite
+    scores its candidates on. Each column is quantized as in the whole weight, so the error is the whole weight's
+    on those columns, at a fraction of the cost of quantizing and measuring every column of a wide weight."""
+    n = w.shape[1]
+    if n <= SEARCH_COLUMNS:
+        return w, recipe.dequantized(recipe.quantize(w))
+    columns = slice(None, None, -(-n // SEARCH_COLUMNS))
+    part = np.ascontiguousarray(w[:, columns])
+    if recipe.result is not None:  # computed whole (GPTQ)
+        return part, np.ascontiguousarray(recipe.dequantized(recipe.quantize(w))[:, columns])
+    return part, recipe.dequantized(recipe.quantize(part, columns))
+
+
 def _gptq_by_block_size(
     weights: Sequence[np.ndarray],
     stats: GroupStats,
@@ -384,7 +400,7 @@ def decide_group(
             recipe.clip_search = True
         if alpha is not None:
             recipe.info["awq_alpha"] = alpha
-        error = _output_error(w, recipe.dequantized(recipe.quantize(w)), stats, config.backend)
+        error = _output_error(*_error_columns(w, recipe), stats, config.backend)
         if error is not None:
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)

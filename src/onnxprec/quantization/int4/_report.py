@@ -30,8 +30,9 @@ class LayerReport:
     awq: str | None = None
     """How the AWQ scales were applied: ``"folded into <op> '<name>'"``, ``"Mul"``, or None (no AWQ scaling)."""
     info: dict[str, Any] = field(default_factory=dict)
-    """alpha, clip ratios, errors on calibration data (``output_rel_error``), and at save time ``weight_rel_error``,
-    ``scale_min``/``scale_max``/``scale_mean`` (of the scales' magnitudes) and the quantization ``seconds``."""
+    """alpha, clip ratios, errors on calibration data (``output_rel_error``, on at most 512 evenly spaced output
+    columns), and at save time ``weight_rel_error``, ``scale_min``/``scale_max``/``scale_mean`` (of the scales'
+    magnitudes) and the quantization ``seconds``."""
 
     _sums: dict[str, float] = field(default_factory=dict, repr=False)
     """Running sums of :meth:`record` over a weight's column chunks."""
