@@ -36,7 +36,15 @@ from onnxprec.calibration import CalibrationSource, InputSpec, input_specs
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.llm_inputs import LLMInputs, read_token_ids
 
-__all__ = ["HELD_OUT_MIN_BATCHES", "RANDOM_ATTEMPTS", "UNNAMED_ATTEMPTS", "CalibrationData", "run_on_data"]
+__all__ = [
+    "HELD_OUT_MIN_BATCHES",
+    "RANDOM_ATTEMPTS",
+    "UNNAMED_ATTEMPTS",
+    "BatchStore",
+    "CalibrationData",
+    "copy_value",
+    "run_on_data",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -443,3 +451,68 @@ def _unnamed_candidates(model: ir.Model, error: str) -> list[int]:
         if 1 < size <= 4096 and size not in candidates:
             candidates.append(size)
     return candidates
+
+
+class BatchStore:
+    """Named arrays of each batch (the activations a segmented run carries from one piece to the next): in memory
+    while they take at most ``memory_bytes`` in all, the rest in ``.npy`` files of a temporary folder, read back
+    whole when asked for. Anything but an array (a sequence, an empty optional) stays in memory.
+    """
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.memory_bytes = memory_bytes
+        self._memory: dict[tuple[int, str], Any] = {}
+        self._files: dict[tuple[int, str], Path] = {}
+        self._held = 0
+        self._written = 0  # files written so far: each has a name of its own
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+
+    def put(self, batch: int, name: str, value: Any) -> None:
+        """Stores a copy of ``value`` as ``name`` of batch ``batch``."""
+        self.drop(batch, name)
+        size = value.nbytes if isinstance(value, np.ndarray) else 0
+        if size and self._held + size > self.memory_bytes:
+            if self._folder is None:
+                self._folder = tempfile.TemporaryDirectory(prefix="onnxprec-carried-")
+            self._written += 1
+            path = Path(self._folder.name) / f"{self._written}.npy"
+            np.save(path, value)
+            self._files[(batch, name)] = path
+            return
+        self._held += size
+        self._memory[(batch, name)] = np.array(value, copy=True) if size else copy_value(value)
+
+    def get(self, batch: int, name: str) -> Any:
+        key = (batch, name)
+        return np.load(self._files[key]) if key in self._files else self._memory[key]
+
+    def names(self, batch: int) -> list[str]:
+        return [name for b, name in (*self._memory, *self._files) if b == batch]
+
+    def drop(self, batch: int, name: str) -> None:
+        value = self._memory.pop((batch, name), None)
+        if isinstance(value, np.ndarray):
+            self._held -= value.nbytes
+        path = self._files.pop((batch, name), None)
+        if path is not None:
+            path.unlink()
+
+    @property
+    def spilled(self) -> int:
+        """Arrays held in files now."""
+        return len(self._files)
+
+    def close(self) -> None:
+        self._memory.clear()
+        self._files.clear()
+        self._held = 0
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
+
+
+def copy_value(value: Any) -> Any:
+    """A copy of a fetched value: an array, a list of arrays (a sequence) or None (an empty optional)."""
+    if isinstance(value, list):
+        return [copy_value(item) for item in value]
+    return None if value is None else np.array(value, copy=True)

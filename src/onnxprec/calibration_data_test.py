@@ -13,7 +13,7 @@ from onnx import helper
 
 from onnxprec._io import load_model
 from onnxprec._testing import F, make_model, run, tensor_info, tiny_decoder
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import BatchStore, CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError
 from onnxprec.observers import RangeObserver
 from onnxprec.reference import run_reference
@@ -178,3 +178,22 @@ def test_npy_of_a_single_input_model(tmp_path: Path) -> None:
     )
     with pytest.raises(CalibrationDataError, match=r"holds one input, and the model has 2: A, B; save an \.npz"):
         CalibrationData(str(tmp_path / "x.npy"), ir.serde.deserialize_model(two_inputs))
+
+
+def test_batch_store_keeps_arrays_in_memory_up_to_its_bound_and_the_rest_in_files() -> None:
+    store = BatchStore(memory_bytes=100)
+    small, large = np.arange(10, dtype=np.float32), np.arange(50, dtype=np.float32)
+    store.put(0, "a", small)  # 40 bytes: in memory
+    store.put(0, "b", large)  # 200 bytes: beyond the bound, in a file
+    store.put(1, "a", small)  # 80 bytes in memory now
+    store.put(1, "seq", [small, None])
+    small[0] = 99  # the store holds copies
+    assert store.spilled == 1 and sorted(store.names(0)) == ["a", "b"] and sorted(store.names(1)) == ["a", "seq"]
+    np.testing.assert_array_equal(store.get(0, "b"), np.arange(50, dtype=np.float32))
+    assert store.get(0, "a")[0] == 0 and store.get(1, "seq")[1] is None
+    store.drop(0, "b")
+    store.drop(0, "a")
+    store.put(0, "c", large[:15])  # 60 + 40 bytes: fits again once the others are dropped
+    assert store.spilled == 0 and store.names(0) == ["c"]
+    store.close()
+    assert store.names(1) == []

@@ -224,6 +224,11 @@ class TokenSumObserver(_Filtered):
         rows = _rows(array)
         accumulate(self.totals, self.tokens, name, self.term(rows), rows.shape[0])
 
+    def drop(self, name: str) -> None:
+        """Forgets ``name``'s sum and count (its statistics were taken)."""
+        self.totals.pop(name, None)
+        self.tokens.pop(name, None)
+
 
 class ChannelAbsMeanObserver(TokenSumObserver):
     """Per-channel (last axis) mean of ``|x|`` over every token of every batch."""
@@ -237,12 +242,13 @@ class ChannelAbsMeanObserver(TokenSumObserver):
 
 
 def accumulate(totals: dict[str, np.ndarray], counts: dict[str, int], name: str, value: np.ndarray, n: int) -> None:
-    """Adds one batch's ``value`` (summed over its ``n`` tokens) to ``totals[name]`` and ``n`` to ``counts[name]``."""
+    """Adds one batch's ``value`` (summed over its ``n`` tokens) to ``totals[name]`` (float64) and ``n`` to
+    ``counts[name]``."""
     if name in totals:
-        totals[name] += value
+        totals[name] += value  # a float32 value is widened as it is added (no float64 copy of it)
         counts[name] += n
     else:
-        totals[name] = value
+        totals[name] = value.astype(np.float64, copy=False)
         counts[name] = n
 
 
@@ -334,6 +340,10 @@ class TokenSampleObserver(_Sampling):
 
     def seen(self, name: str) -> int:
         return self._seen.get(name, 0)
+
+    def drop(self, name: str) -> None:
+        """Forgets ``name``'s sample (it was taken)."""
+        self._samples.pop(name, None)
 
 
 class FirstBatchObserver(_Filtered):

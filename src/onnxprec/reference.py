@@ -13,7 +13,8 @@ weights exceed ``segment_bytes`` (192 MiB by default) are therefore run **segmen
 has a subgraph: the nodes, in graph order, are cut into pieces of at most ``segment_bytes`` of weights; each piece
 is a session of its own (with the range reductions of the tensors it produces), run over every batch and released
 before the next is created, and only the activations that later pieces read are carried over (per batch, in
-memory). Peak RSS is then one piece's weights plus those activations.
+memory up to ``CARRY_MEMORY_BYTES`` in all, in temporary files beyond). Peak RSS is then one piece's weights plus
+those activations; each piece runs once, so a run is linear in the depth of the model.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
-from onnxprec.calibration_data import CalibrationData
+from onnxprec.calibration_data import BatchStore, CalibrationData, copy_value
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
 from onnxprec.reductions import AddRangeReductionsPass, RangeReductionsResult, remove_range_reductions
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_BYTES = 768 * 1024 * 1024
 DEFAULT_SEGMENT_BYTES = 192 * 1024 * 1024
+CARRY_MEMORY_BYTES = 256 * 1024 * 1024
+"""Activations a segmented run carries between pieces in memory (all batches); more go to temporary files."""
 
 Selector = Callable[[ir.Value], bool]
 Feeds = Mapping[str, np.ndarray]
@@ -350,7 +353,7 @@ class _Run:
                     for name, array in by_name.items():
                         if chunk_index == 0 and i == 0 and name in graph_outputs:
                             # A copy: ORT's arrays can pin the session's buffers and weight mappings.
-                            first_outputs[name] = _copy(array)
+                            first_outputs[name] = copy_value(array)
                         _observe(observers, name, array)
                     del by_name
                     count += 1
@@ -478,10 +481,13 @@ def _run_segmented(
         if outputs or here:  # a piece nothing later reads (only constants, or an unread branch) is not run
             pieces.append((s, proto.SerializeToString(), inputs, outputs, here))
         del proto
-    carried: list[dict[str, np.ndarray]] = []
+    carried = BatchStore(CARRY_MEMORY_BYTES)
     first_outputs: dict[str, np.ndarray] = {}
     count = 0
-    with Progress("Reference run (segments)", "segment", len(pieces)) as bar:
+    with (
+        contextlib.closing(carried),
+        Progress("Reference run (segments)", "segment", len(pieces)) as bar,
+    ):
         for number, (s, payload, inputs, outputs, here) in enumerate(pieces):
             session = _ort.create_session(
                 payload,
@@ -493,12 +499,10 @@ def _run_segmented(
             )
             count = 0
             for i, batch in enumerate(replay):
-                if number == 0:
-                    carried.append({})
-                    if observe_inputs:
-                        for name, array in batch.items():
-                            _observe(observers, name, array)
-                feeds = {name: batch[name] if name in batch else carried[i][name] for name in inputs}
+                if number == 0 and observe_inputs:
+                    for name, array in batch.items():
+                        _observe(observers, name, array)
+                feeds = {name: batch[name] if name in batch else carried.get(i, name) for name in inputs}
                 names = outputs + [out for outs in here.values() for out in outs]
                 results = _run_batch(session, feeds, names, i)
                 by_name = dict(zip(names, results))
@@ -507,12 +511,12 @@ def _run_segmented(
                     if name in fetch or name in graph_outputs:  # as the whole-graph run: outputs are observed too
                         _observe(observers, name, array)
                     if i == 0 and name in graph_outputs:
-                        first_outputs[name] = _copy(array)
+                        first_outputs[name] = copy_value(array)
                     if last_use.get(name, -1) > s:
-                        carried[i][name] = _copy(array)
-                del results
-                for name in [n for n in carried[i] if last_use.get(n, -1) <= s]:
-                    del carried[i][name]
+                        carried.put(i, name, array)
+                del results, feeds
+                for name in [n for n in carried.names(i) if last_use.get(n, -1) <= s]:
+                    carried.drop(i, name)
                 count += 1
             del session
             bar.update()
@@ -647,13 +651,6 @@ def _without(base: onnx.ModelProto, riding: Collection[str], n_outputs: int) -> 
     del plain.graph.node[:], plain.graph.output[n_outputs:]
     plain.graph.node.extend(n for n in base.graph.node if not (n.output and n.output[0] in riding))
     return plain
-
-
-def _copy(value: Any) -> Any:
-    """A copy of a fetched value: an array, a list of arrays (a sequence) or None (an empty optional)."""
-    if isinstance(value, list):
-        return [_copy(item) for item in value]
-    return None if value is None else np.array(value, copy=True)
 
 
 def _observe(observers: Sequence[Observer], name: str, array: np.ndarray) -> None:

@@ -295,6 +295,12 @@ def prove_by_run(report: NumericReport, ort_only: Mapping[str, int]) -> None:
             "unchecked. This is a bug in onnxprec: please report it with the model; --no_validate skips the check."
         )
     else:
+        proved_by_run(ort_only)
+
+
+def proved_by_run(ort_only: Mapping[str, int]) -> None:
+    """Says that a run of the output in ONNX Runtime (every node in a session) proved the nodes only it can check."""
+    if ort_only:
         logger.info(
             "ONNX Runtime ran the output: its %s, which onnx.checker cannot type, are proved by the run",
             describe_ops(ort_only),

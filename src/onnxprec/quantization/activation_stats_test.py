@@ -214,3 +214,16 @@ def test_statistics_handed_over_as_each_segment_ends_equal_those_of_a_whole_pass
     for group in groups:
         assert got[group].tokens == whole[group].tokens == 15
         np.testing.assert_allclose(got[group].gram, whole[group].gram, rtol=1e-6)  # type: ignore[arg-type]
+
+
+def test_float32_gram_terms_are_summed_in_float64_exactly_as_widened_copies() -> None:
+    from onnxprec.quantization.activation_stats import Float32GramObserver
+
+    observer = Float32GramObserver(["x"])
+    batches = [np.random.default_rng(i).standard_normal((2, 7, 16)).astype(np.float32) for i in range(3)]
+    for batch in batches:
+        observer.update("x", batch)
+    rows = [b.reshape(-1, 16) for b in batches]
+    expected = sum((r.T @ r).astype(np.float64) for r in rows)
+    assert observer.gram["x"].dtype == np.float64 and observer.tokens["x"] == 42
+    np.testing.assert_array_equal(observer.gram["x"], expected)  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ import numpy as np
 from onnxprec._array import NUMPY, ArrayBackend
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
+from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
 from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
@@ -192,17 +193,23 @@ class Recipe:
     backend: ArrayBackend = field(default=NUMPY, repr=False)
     """Where :meth:`quantize` computes."""
 
-    def quantize(self, w: np.ndarray) -> QuantizedWeight:
-        """The quantized form of ``w`` (the weight in the AWQ-scaled basis when ``awq_scales`` is set)."""
+    def quantize(self, w: np.ndarray, columns: slice | None = None) -> QuantizedWeight:
+        """The quantized form of ``w`` (the weight in the AWQ-scaled basis when ``awq_scales`` is set); ``columns``:
+        ``w`` is those columns of the weight (every per-column setting is sliced to them; not with a ``result``)."""
         if self.result is not None:
+            if columns is not None:
+                raise ValueError("a recipe with a computed result quantizes the whole weight")
             return self.result.expand()
         scaled = w if self.awq_scales is None else w * self.awq_scales[:, None]
+        ratios = self.clip_ratios
+        if columns is not None and ratios is not None and np.ndim(ratios) == 2:
+            ratios = ratios[:, columns]
         return quantize_rtn(
             scaled,
             self.block_size,
             symmetric=self.symmetric,
             clip_search=self.clip_search,
-            clip_ratios=self.clip_ratios,
+            clip_ratios=ratios,
             bits=self.bits,
             positive_scales=self.positive_scales,
             search=None if self.search is None else SEARCHES[self.search],
@@ -268,6 +275,21 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: Arr
         den = float(np.square(x @ w, dtype=np.float64).sum())
         return _relative(num, den)
     return None
+
+
+def _error_columns(w: np.ndarray, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
+    """The columns of ``w`` the reported output error is measured on, and their quantized values in the original
+    basis: every ``ceil(N / SEARCH_COLUMNS)``-th column (all of them when ``N <= SEARCH_COLUMNS``), the subset AWQ-lite
+    scores its candidates on. Each column is quantized as in the whole weight, so the error is the whole weight's
+    on those columns, at a fraction of the cost of quantizing and measuring every column of a wide weight."""
+    n = w.shape[1]
+    if n <= SEARCH_COLUMNS:
+        return w, recipe.dequantized(recipe.quantize(w))
+    columns = slice(None, None, -(-n // SEARCH_COLUMNS))
+    part = np.ascontiguousarray(w[:, columns])
+    if recipe.result is not None:  # computed whole (GPTQ)
+        return part, np.ascontiguousarray(recipe.dequantized(recipe.quantize(w))[:, columns])
+    return part, recipe.dequantized(recipe.quantize(part, columns))
 
 
 def _gptq_by_block_size(
@@ -378,7 +400,7 @@ def decide_group(
             recipe.clip_search = True
         if alpha is not None:
             recipe.info["awq_alpha"] = alpha
-        error = _output_error(w, recipe.dequantized(recipe.quantize(w)), stats, config.backend)
+        error = _output_error(*_error_columns(w, recipe), stats, config.backend)
         if error is not None:
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)

@@ -81,3 +81,20 @@ def test_awq_not_allowed_keeps_the_weights_unscaled() -> None:
     weights, stats = _group(2)
     decision = decide_group(weights, stats, "awq_lite", QuantConfig(block_size=16), awq_allowed=False)
     assert decision.scales is None and all(r.awq_scales is None for r in decision.recipes)
+
+
+@pytest.mark.parametrize("method", ["awq_full", "gptq"])
+def test_the_reported_output_error_of_a_wide_weight_is_the_whole_weights_on_every_few_columns(method: str) -> None:
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+
+    rng = np.random.default_rng(3)
+    x = correlated(512, 64, seed=3)
+    weights = [rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)]  # every 3rd column
+    gram, tokens = hessian_from_tokens(x)
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, gram=gram, tokens=tokens)
+    (recipe,) = decide_group(weights, stats, method, QuantConfig(block_size=16)).recipes
+    w = weights[0]
+    dq = recipe.dequantized(recipe.quantize(w))
+    expected = _output_error(x, w[:, ::3], dq[:, ::3])
+    assert recipe.info["output_rel_error"] == pytest.approx(expected, rel=1e-4)
+    assert recipe.info["output_rel_error"] != pytest.approx(_output_error(x, w, dq), rel=1e-6)

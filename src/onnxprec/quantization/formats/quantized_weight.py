@@ -12,7 +12,10 @@ from onnxprec._tensors import release
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.methods import Recipe
 
-__all__ = ["LazyQuantizedWeight", "Packer"]
+__all__ = ["CHUNK_BYTES", "LazyQuantizedWeight", "Packer"]
+
+CHUNK_BYTES = 64 * 1024 * 1024
+"""Float32 bytes of the columns of a large weight read and quantized at once."""
 
 Packer = Callable[[QuantizedWeight], dict[str, np.ndarray]]
 """Splits a quantized weight into a format's initializer arrays, by key."""
@@ -30,7 +33,8 @@ class LazyQuantizedWeight:
         source: The float weight, ``[K, N]`` (or ``[N, K]`` when ``transposed``).
         recipe: How to quantize it.
         transposed: The source is ``[N, K]`` (Gemm ``transB=1``).
-        on_done: Called once with the float32 ``[K, N]`` weight, its quantized form and the seconds it took.
+        on_done: Called with the float32 ``[K, N]`` weight, its quantized form and the seconds it took; once, or once
+            per chunk of columns (:meth:`quantize`) with that chunk's columns.
     """
 
     def __init__(
@@ -61,15 +65,58 @@ class LazyQuantizedWeight:
         release(self.source)
 
     def quantize(self) -> QuantizedWeight:
-        """Quantizes the weight now (the report callback runs on the first call)."""
-        tick = time.perf_counter()
-        w = self.weight()
+        """Quantizes the weight now (the report callback runs on the first call).
+
+        A weight in an external file with more than :data:`CHUNK_BYTES` of float32 values is read, quantized and
+        reported in chunks of columns, its mapping released after each: the float32 copies held are one chunk's, and
+        the result is the same as at once (every method quantizes each output column on its own).
+        """
+        on_done, self._on_done = self._on_done, None
+        k, n = self.shape
+        step = max(1, CHUNK_BYTES // (4 * k))
+        if n <= step or self.recipe.result is not None or not isinstance(self.source, ir.ExternalTensor):
+            tick = time.perf_counter()
+            w = self.weight()
+            self.release()
+            qw = self.recipe.quantize(w)
+            if on_done is not None:
+                on_done(w, qw, time.perf_counter() - tick)
+            return qw
+        q = scales = zero_points = None
+        block_size, bits = k, self.recipe.bits
+        for start in range(0, n, step):
+            tick = time.perf_counter()
+            columns = slice(start, min(start + step, n))
+            w = self._columns(columns)
+            part = self.recipe.quantize(w, columns)
+            if q is None:
+                q = np.empty((k, n), part.q.dtype)
+                scales = np.empty((part.scales.shape[0], n), part.scales.dtype)
+                if part.zero_points is not None:
+                    zero_points = np.empty((part.zero_points.shape[0], n), part.zero_points.dtype)
+            assert scales is not None
+            q[:, columns], scales[:, columns], block_size = part.q, part.scales, part.block_size
+            if zero_points is not None and part.zero_points is not None:
+                zero_points[:, columns] = part.zero_points
+            if on_done is not None:
+                on_done(w, part, time.perf_counter() - tick)
+            del w, part
+        assert q is not None and scales is not None
+        return QuantizedWeight(q, scales, zero_points, block_size, bits)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(K, N)``."""
+        rows, columns = self.source.shape.numpy()
+        return (columns, rows) if self.transposed else (rows, columns)
+
+    def _columns(self, columns: slice) -> np.ndarray:
+        """A float32 copy of ``columns`` of the ``[K, N]`` weight; the source's mapping is released."""
+        array = np.asarray(self.source.numpy())
+        part = (array[columns].T if self.transposed else array[:, columns]).astype(np.float32)
+        del array
         self.release()
-        qw = self.recipe.quantize(w)
-        if self._on_done is not None:
-            self._on_done(w, qw, time.perf_counter() - tick)
-            self._on_done = None
-        return qw
+        return part
 
     def set_packer(self, packer: Packer, keys: Collection[str]) -> None:
         self._packer = packer

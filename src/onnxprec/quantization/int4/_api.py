@@ -37,7 +37,7 @@ from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
-from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir, streams
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
@@ -140,7 +140,12 @@ def _calibrate_and_decide(
     owned = _owned_targets(groups, selection)
     groups = [g for g in groups if owned[g]]
     budget = options.stats_memory_mb * 1024 * 1024
-    chunks = plan_chunks(groups, spec, options.sample_tokens, budget)
+    # A segmented model is calibrated in one forward walk: each segment runs on the activations the previous one left,
+    # and the groups whose inputs it computed are decided (and their statistics dropped) before the next segment, so
+    # the statistics held are one segment's, whatever the depth. --gptq_sequential needs the earlier layers quantized
+    # before the later ones run: one pass per few groups.
+    streaming = not options.gptq_sequential and streams(model, options.segment_bytes)
+    chunks = [groups] if streaming else plan_chunks(groups, spec, options.sample_tokens, budget)
     if options.gptq_sequential:
         chunks = [chunk[i : i + SEQUENTIAL_GROUPS] for chunk in chunks for i in range(0, len(chunk), SEQUENTIAL_GROUPS)]
     if len(chunks) > 1:
@@ -163,23 +168,32 @@ def _calibrate_and_decide(
 
     def run(replay: CalibrationData) -> None:
         bar = Progress(f"Calibrating ({options.method})", "input", len(groups), leave=True).open()
+        decided = [0.0]  # seconds spent deciding during the runs (on_ready), not counted as calibration runs
+
+        def decide(stats: dict[InputGroup, GroupStats]) -> None:
+            tick = time.perf_counter()
+            for group in [g for g in groups if g in stats]:  # graph order
+                group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
+                if group_scales is not None:
+                    scales[group] = group_scales
+                if stand_ins is not None:  # the next chunks see this group's weights quantized
+                    for target in owned[group]:
+                        file = Path(stand_ins.name) / f"w{len(floats)}.bin"
+                        floats[target] = _set_dequantized(target, recipes[target], file)
+                bar.update()
+            decided[0] += time.perf_counter() - tick
+
         try:
             for chunk in chunks:
-                tick = time.perf_counter()
-                stats = collect_stats(
+                tick, before = time.perf_counter(), decided[0]
+                left = collect_stats(
                     model, chunk, replay, spec, sample_tokens=options.sample_tokens, providers=options.calibration_eps,
-                    segment_bytes=options.segment_bytes,
+                    segment_bytes=options.segment_bytes, on_ready=decide if streaming else None,
                 )  # fmt: skip
-                _add_seconds(report, "calibration runs", tick)
-                for group in chunk:
-                    group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
-                    if group_scales is not None:
-                        scales[group] = group_scales
-                    if stand_ins is not None:  # the next chunks see this group's weights quantized
-                        for target in owned[group]:
-                            file = Path(stand_ins.name) / f"w{len(floats)}.bin"
-                            floats[target] = _set_dequantized(target, recipes[target], file)
-                    bar.update()
+                report.seconds["calibration runs"] = (
+                    report.seconds.get("calibration runs", 0.0) + time.perf_counter() - tick - (decided[0] - before)
+                )
+                decide(left)
         finally:
             for target, tensor in floats.items():
                 target.weight.const_value = tensor
@@ -223,10 +237,6 @@ def _set_dequantized(target: WeightGroup, recipe: Recipe, file: Path) -> ir.Tens
         base_dir=file.parent,
     )
     return original
-
-
-def _add_seconds(report: Int4Report, step: str, since: float) -> None:
-    report.seconds[step] = report.seconds.get(step, 0.0) + time.perf_counter() - since
 
 
 def _decide(
@@ -420,8 +430,8 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
 
         def done(w: np.ndarray, qw: QuantizedWeight, seconds: float, entry: LayerReport = entry,
                  recipe: Recipe = recipe) -> None:  # fmt: skip
-            entry.record(w, qw, recipe.dequantized(qw), seconds)
-            if report.progress is not None:
+            entry.record(w, qw, recipe.dequantized(qw), seconds)  # the whole weight, or a chunk of its columns
+            if report.progress is not None and entry.recorded:
                 report.progress()
 
         lazy = LazyQuantizedWeight(tensor, recipe, transposed=target.transposed, on_done=done)
@@ -509,11 +519,11 @@ def quantize(
     return proto
 
 
-def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> None:
+def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> bool:
     """Measures the written INT4 model against the float one on the first calibration batch (realistic random data
     without one) with each output's task metric; a result that misses INT8's guard bounds
     (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback), and so is a
-    measurement that cannot run: the output is written either way."""
+    measurement that cannot run: the output is written either way. Returns whether the output ran."""
     from onnxprec.quantization import guard
 
     shapes = calibration.parse_input_shapes(options.input_shapes) or None
@@ -522,7 +532,7 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
                                      providers=list(options.calibration_eps), input_shapes=shapes)  # fmt: skip
     except OnnxprecError as e:  # the check is information (a one-shot reader, say, was read by the quantization)
         logger.warning("INT4 result not measured against the float model: %s", e)
-        return
+        return False
     passed = guard.holds(summary)
     report.check = {
         "random_data": random,
@@ -536,6 +546,7 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
         where = "random data" if random else "the first calibration batch"
         logger.warning("INT4 result misses the accuracy bound (%s): %s on %s", report.check["bound"],
                        summary.describe(), where)  # fmt: skip
+    return True
 
 
 TOOL: QuantizationTool[Int4Options, Int4Report] = QuantizationTool(

@@ -30,20 +30,36 @@ class LayerReport:
     awq: str | None = None
     """How the AWQ scales were applied: ``"folded into <op> '<name>'"``, ``"Mul"``, or None (no AWQ scaling)."""
     info: dict[str, Any] = field(default_factory=dict)
-    """alpha, clip ratios, errors on calibration data (``output_rel_error``), and at save time ``weight_rel_error``,
-    ``scale_min``/``scale_max``/``scale_mean`` (of the scales' magnitudes) and the quantization ``seconds``."""
+    """alpha, clip ratios, errors on calibration data (``output_rel_error``, on at most 512 evenly spaced output
+    columns), and at save time ``weight_rel_error``, ``scale_min``/``scale_max``/``scale_mean`` (of the scales'
+    magnitudes) and the quantization ``seconds``."""
+
+    _sums: dict[str, float] = field(default_factory=dict, repr=False)
+    """Running sums of :meth:`record` over a weight's column chunks."""
 
     def record(self, w: np.ndarray, qw: QuantizedWeight, dequantized: np.ndarray, seconds: float) -> None:
-        """Fills the save-time entries from the float weight and its quantized form."""
+        """Fills the save-time entries from the float weight and its quantized form, or from one chunk of their
+        columns at a time (the entries then cover every chunk recorded so far)."""
         flat = np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
         diff = (flat - np.ascontiguousarray(dequantized, dtype=np.float32).reshape(-1)).astype(np.float32)
-        den, num = float(np.dot(flat, flat)), float(np.dot(diff, diff))
-        self.info["weight_rel_error"] = math.sqrt(num / den) if den > 0 else 0.0
         magnitudes = np.abs(qw.scales)  # signed scales: their sign only says which side of the block is the extreme
-        self.info["scale_min"] = float(magnitudes.min())
-        self.info["scale_max"] = float(magnitudes.max())
-        self.info["scale_mean"] = float(magnitudes.mean())
+        sums = self._sums
+        sums["den"] = sums.get("den", 0.0) + float(np.dot(flat, flat))
+        sums["num"] = sums.get("num", 0.0) + float(np.dot(diff, diff))
+        sums["scale_sum"] = sums.get("scale_sum", 0.0) + float(magnitudes.sum(dtype=np.float64))
+        sums["scales"] = sums.get("scales", 0.0) + magnitudes.size
+        sums["columns"] = sums.get("columns", 0.0) + (w.shape[1] if w.ndim == 2 else 1)
+        den, num = sums["den"], sums["num"]
+        self.info["weight_rel_error"] = math.sqrt(num / den) if den > 0 else 0.0
+        self.info["scale_min"] = min(float(magnitudes.min()), self.info.get("scale_min", math.inf))
+        self.info["scale_max"] = max(float(magnitudes.max()), self.info.get("scale_max", -math.inf))
+        self.info["scale_mean"] = sums["scale_sum"] / sums["scales"]
         self.info["seconds"] = self.info.get("seconds", 0.0) + seconds
+
+    @property
+    def recorded(self) -> bool:
+        """Whether :meth:`record` has seen every column of the weight."""
+        return self._sums.get("columns", 0.0) >= self.n
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
