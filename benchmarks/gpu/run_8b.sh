@@ -49,7 +49,7 @@ part)
 pipeline)
     W=$(cat $STATE); cd "$W" || exit 1
     export PYTHONPATH="$W/site:$G/src" PYTHONUNBUFFERED=1
-    deadline=$((SECONDS + ${BUDGET_S:-1080}))  # the device time this pipeline may take, all steps together
+    deadline=$((SECONDS + ${BUDGET_S:-1300}))  # the device time this pipeline may take, all steps together
     step() {  # step NAME CAP_S COMMAND...: measured, at most CAP_S seconds and never past the deadline
         local name=$1 cap=$2; shift 2
         local left=$((deadline - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
@@ -67,9 +67,9 @@ pipeline)
     export LD_LIBRARY_PATH="$nv:${LD_LIBRARY_PATH:-}"
     python3 "$G/gpu/check_ort_cuda.py" || echo "onnxruntime CUDA check failed"
     mkdir -p "$W/int4" "$W/fp16" "$W/ortrtn"
-    step int4_awq_gptq_cuda 720 python3 -m onnxprec.quantization.int4 \
-        --onnx_path "$W/fp32/model.onnx" --output_path "$W/int4/model.onnx" --calibration_method awq_gptq \
-        --calibration_eps cuda --stats_memory_mb 4096 --log_level INFO --report_json "$W/results/int4_report.json"
+    step int4_default_cuda 900 python3 -m onnxprec.quantization.int4 \
+        --onnx_path "$W/fp32/model.onnx" --output_path "$W/int4/model.onnx" \
+        --calibration_eps cuda --log_level INFO --report_json "$W/results/int4_report.json"
     du -sb "$W/int4" > "$W/results/int4_size.txt"; rm -rf "$W/int4"
     step autocast_fp16_cuda 480 python3 -m onnxprec.autocast \
         --onnx_path "$W/fp32/model.onnx" --output_path "$W/fp16/model.onnx" --providers cuda --log_level INFO \
