@@ -233,3 +233,16 @@ def test_inputs_without_a_synthetic_form_are_the_non_images() -> None:
     specs = calibration.input_specs(ir.serde.deserialize_model(model))
     unlike = [spec.name for spec in calibration.inputs_without_synthetic_form(specs)]
     assert unlike == ["audio", "mel", "state", "feature", "input_ids", "bytes"]
+
+
+def test_few_runs_of_many_samples_are_split_to_hold_out_a_quarter() -> None:
+    """2 runs of 8 samples: 8 runs of 2, 6 calibrate and 2 check; a static batch axis is never split."""
+    rng = np.random.default_rng(0)
+    batches = [{"X": rng.standard_normal((8, 3)).astype(np.float32)} for _ in range(2)]
+    data = CalibrationData(batches, _model("N"))
+    calibrate, rest = data.held_out()
+    assert rest is not None and (len(calibrate), len(rest)) == (6, 2)
+    assert [b["X"].shape for b in rest] == [(2, 3), (2, 3)]
+    np.testing.assert_array_equal(np.concatenate([b["X"] for b in rest]), batches[1]["X"][4:])
+    static = CalibrationData([{"X": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(4)], _model(2))
+    assert static.held_out()[1] is None  # 8 samples, but the model's batch is 2

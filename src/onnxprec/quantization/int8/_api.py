@@ -166,7 +166,7 @@ def _calibrate(
 
     def run(data: CalibrationData) -> None:
         held.append(data)
-        calibration, rest = data.held_out()
+        calibration, rest = data.held_out(split=bool(plan.static_tensors))  # static ranges fit few runs
         observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(model, calibration)]
         result = run_reference(
             model,
