@@ -33,7 +33,7 @@ from onnxprec._ort_profile import unfused_qdq
 from onnxprec._progress import Progress
 from onnxprec.accuracy import ReferenceOutputs, output_producers
 from onnxprec.calibration_data import CalibrationData, run_on_data
-from onnxprec.errors import UnsupportedModelError
+from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
 from onnxprec.passes import (
     InferTypesPass,
@@ -166,7 +166,7 @@ def _calibrate(
 
     def run(data: CalibrationData) -> None:
         held.append(data)
-        calibration, rest = data.held_out()
+        calibration, rest = data.held_out(split=bool(plan.static_tensors))  # static ranges fit few runs
         observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(model, calibration)]
         result = run_reference(
             model,
@@ -185,8 +185,7 @@ def _calibrate(
             held_out.append(outputs)
             report.calibration["held_out_batches"] = rest.batches
 
-    fitted = plan.static_tensors or options.smoothquant or options.outlier_channels or options.bias_correction
-    if options.source is None and (fitted or options.target_accuracy is not None):  # not for weights alone
+    if options.source is None and _fits_activations(plan, options):  # not for weights alone
         logger.warning(
             "No calibration data: INT8 ranges and decisions are fitted to realistic random inputs; pass "
             "representative inputs (--calibration_data, API: calibration_data=)."
@@ -197,6 +196,30 @@ def _calibrate(
     )  # fmt: skip
     stats = Statistics(hist.histograms, channels, samples, hessians)
     return stats, (held[-1] if held else None), (held_out[-1] if held_out else None)
+
+
+def _fits_activations(plan: Plan, options: Int8Options) -> bool:
+    """Whether calibration data decides anything: static ranges, SmoothQuant, outlier channels, bias correction or
+    the float fallback."""
+    fitted = plan.static_tensors or options.smoothquant or options.outlier_channels or options.bias_correction
+    return bool(fitted) or options.target_accuracy is not None
+
+
+def _refuse_random_data(model: ir.Model, plan: Plan, options: Int8Options) -> None:
+    """Without calibration data, refuses a model one of whose inputs has no realistic synthetic form
+    (:func:`onnxprec.calibration.inputs_without_synthetic_form`), unless ``random_calibration_data``."""
+    if options.source is not None or options.random_calibration_data or not _fits_activations(plan, options):
+        return
+    unlike = calibration.inputs_without_synthetic_form(calibration.input_specs(model))
+    if unlike:
+        names = ", ".join(spec.describe() for spec in unlike[:3]) + (
+            f" and {len(unlike) - 3} more" if len(unlike) > 3 else ""
+        )
+        raise CalibrationDataError(
+            f"No calibration data, and random values are no realistic input for {names}: INT8's ranges and its "
+            "accuracy check would be fitted to noise; pass representative inputs with --calibration_data (API: "
+            "calibration_data=), or --random_calibration_data to quantize on random data anyway."
+        )
 
 
 def _costs(plan: Plan, stats: Statistics) -> dict[str, float]:
@@ -303,6 +326,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
 
+    _refuse_random_data(model, plan, options)
     tick = time.perf_counter()
     keep = guard.BoundedOutputs()  # every result is measured against the float outputs (nothing silent)
     stats, data, held_out = _calibrate(model, plan, options, report, keep)

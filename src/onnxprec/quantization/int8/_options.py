@@ -139,6 +139,14 @@ class Int8Options(_tool.QuantizationOptions):
         "it is written for inspection and :class:`~onnxprec.errors.AccuracyGuardError` (carrying the report) is "
         "raised. False: the accuracy is measured and reported only.",
     )
+    random_calibration_data: bool = option(
+        False,
+        group=EXTRAS,
+        help="Without --calibration_data, fit INT8's activation ranges and decisions to random data even when an "
+        "input has no realistic synthetic form (audio, spectrograms, token ids, bytes, tabular or feature inputs; "
+        "default: refuse in one line, as they would be fitted to noise and the check would judge noise). Image "
+        "inputs get synthetic images (smooth fields, edges, textures, strokes) and need no flag.",
+    )
     max_float_compute: float = option(
         0.25,
         group=EXTRAS,

@@ -174,9 +174,9 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         if hist is None:
             continue
         lo, hi = calibrated_range(hist, options.method, symmetric=symmetric, percentile=options.percentile)
-        activation = activation_of(value) if options.method in ("mse", "entropy", "percentile") else None
-        if activation is not None:  # read by a saturating activation only: the range that serves its output
-            lo, hi = activation_range(hist, activation, min(hist.min, 0.0), max(hist.max, 0.0), symmetric=symmetric)
+        saturating = activation_of(value) if options.method in ("mse", "entropy", "percentile") else None
+        if saturating is not None:  # read by a saturating activation only: the range that serves its output
+            lo, hi = activation_range(hist, saturating, min(hist.min, 0.0), max(hist.max, 0.0), symmetric=symmetric)
         ranges[str(value.name)] = lo, hi
         decisions.tensors[str(value.name)] = scale_zero_point(lo, hi, symmetric=symmetric)
     if options.runtime == "ort-cpu" and not options.include_patterns:
