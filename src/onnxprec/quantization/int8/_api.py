@@ -69,7 +69,6 @@ __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", 
 
 logger = logging.getLogger(__name__)
 
-MIN_OPSET = 13  # per-axis DequantizeLinear
 MAX_UNFUSED_COUNT_BYTES = 1 << 30  # larger outputs: no optimizing session to count the unfused Q/DQ
 PREPROCESSED_KEY = "onnx.quant.pre_process"  # the metadata ONNX Runtime's quant_pre_process (our preprocess) writes
 LOW_QDQ_OPSET = 19  # QuantizeLinear/DequantizeLinear on FP16/BF16 values with FP16/BF16 scales
@@ -84,9 +83,9 @@ def _sanitize(model: ir.Model, options: Int8Options) -> dict[str, int]:
     """Names every node, lifts float constants, widens FP16/BF16 to FP32 (the model's inputs and outputs keep their
     type behind Casts; the float remainder is FP32 on ort-cpu, AutoCast's elsewhere), folds layout Transposes and
     per-channel affine chains into the layers (:func:`_fold_structure`, whose counts it returns), zero Pads into Convs,
-    raises the opset to 13 (19 where the Q/DQ pairs of --runtime trt will read and write the FP16/BF16 remainder) and
-    fills in the element types the placement reads."""
-    needed = LOW_QDQ_OPSET if options.runtime == "trt" and options.float_type != "fp32" else MIN_OPSET
+    raises the opset to what the Q/DQ nodes need (13; 19 where the Q/DQ pairs of --runtime trt will read and write the
+    FP16/BF16 remainder, and for FP8) and fills in the element types the placement reads."""
+    needed = options.qdq_opset
     with quiet_onnx_ir():
         NameNodesPass()(model)
         LiftFloatConstantsPass()(model)
@@ -98,8 +97,9 @@ def _sanitize(model: ir.Model, options: Int8Options) -> dict[str, int]:
                 UpgradeOpsetPass(needed)(model)
             except Exception as e:
                 raise UnsupportedModelError(
-                    f"INT8 needs opset {needed} (per-channel DequantizeLinear; FP16/BF16 Q/DQ from 19) and the upgrade "
-                    f"failed ({str(e).splitlines()[0]}): upgrade the model to opset {needed} or later yourself."
+                    f"{options.TOOL} needs opset {needed} (per-channel DequantizeLinear; FP16/BF16 and FP8 Q/DQ from "
+                    f"19) and the upgrade failed ({str(e).splitlines()[0]}): upgrade the model to opset {needed} or "
+                    "later yourself."
                 ) from None
         InferTypesPass()(model)
     model.ir_version = max(model.ir_version, 7)
@@ -265,10 +265,18 @@ def _apply(
     return copy, plan
 
 
-def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model, Int8Report]:
-    """Runs the pipeline up to (not including) saving; the returned model's INT8 weights are lazy tensors."""
+def quantize_model(
+    source: ModelSource, options: Int8Options, report_type: type[Int8Report] = Int8Report
+) -> tuple[ir.Model, Int8Report]:
+    """Runs the pipeline up to (not including) saving; the returned model's INT8 (FP8) weights are lazy tensors.
+
+    Args:
+        source: The float model.
+        options: The settings (:class:`Int8Options`, or a subclass with other Q/DQ types: FP8's).
+        report_type: The report to fill (FP8's says FP8).
+    """
     target = options.target
-    report = Int8Report(
+    report = report_type(
         options.runtime, options.method, options.float_type, target=None if target is None else str(target)
     )
     tick = time.perf_counter()
@@ -299,7 +307,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         raise nothing_to_quantize(layers, skipped, excluded_by)
     report.seconds["load+place"] = time.perf_counter() - tick
     logger.info(
-        "INT8 for %s: %d layers (%d dynamic), %d static tensors", options.runtime, len(plan.layers),
+        "%s for %s: %d layers (%d dynamic), %d static tensors", options.TOOL, options.runtime, len(plan.layers),
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
 
@@ -356,7 +364,7 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
     where = ["calibration data", "held-out runs"]
     measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
-    text = f"INT8 result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
+    text = f"{report.FORMAT} result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
     steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
     ranked: list[str] = steps[-1] if steps else []
     floats = report.count("float")
@@ -391,8 +399,9 @@ def _search(
     def check(floats: Collection[str]) -> Measurement:
         candidate, _ = _apply(model, options, decisions, floats)
         if not own:
-            return measure(candidate, target, keep, list(options.calibration_eps))
-        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target)
+            return measure(candidate, target, keep, list(options.calibration_eps), options.check_optimization)
+        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target,
+                                     options.check_optimization)  # fmt: skip
         return dataclasses.replace(checked.measurement, ok=checked.ok)
 
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
@@ -430,9 +439,10 @@ def _check(
     the guard on, records the guard's one line when the result misses the bound (:class:`AccuracyGuardError` is
     raised once the model is written); with it off, a WARNING says so."""
     providers = list(options.calibration_eps)
-    checked = [guard.measure_task(result, keep, producers, providers)]
+    optimization = options.check_optimization
+    checked = [guard.measure_task(result, keep, producers, providers, optimization=optimization)]
     if held_out is not None:
-        checked.append(guard.measure_task(result, held_out, producers, providers))
+        checked.append(guard.measure_task(result, held_out, producers, providers, optimization=optimization))
     report.accuracy = worst_errors(checked[0].measurement)
     passed = all(c.ok for c in checked)
     report.check = {

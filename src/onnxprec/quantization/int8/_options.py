@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxprec._arg_groups import (
     calibration_data_option,
@@ -20,6 +20,10 @@ from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
 from onnxprec.quantization._tool import EXTRAS
+
+if TYPE_CHECKING:
+    from onnxprec._ort import Optimization
+    from onnxprec.quantization.algorithms.qtypes import QType
 
 __all__ = [
     "ACTIVATION_MODES",
@@ -261,3 +265,28 @@ class Int8Options(_tool.QuantizationOptions):
     def symmetric(self) -> bool:
         """Symmetric INT8 activations (TensorRT) instead of UINT8 with zero points (ONNX Runtime CPU)."""
         return self.runtime != "ort-cpu"
+
+    @property
+    def activation_qtype(self) -> QType:
+        """The type of calibrated activations: INT8 (symmetric) on TensorRT and ort-cuda, UINT8 on ort-cpu."""
+        from onnxprec.quantization.algorithms.qtypes import INT8, UINT8
+
+        return INT8 if self.symmetric else UINT8
+
+    @property
+    def weight_qtype(self) -> QType:
+        """The type of the weights' levels: INT8, per channel."""
+        from onnxprec.quantization.algorithms.qtypes import INT8
+
+        return INT8
+
+    @property
+    def qdq_opset(self) -> int:
+        """The opset the Q/DQ nodes need: 13 (per-axis DequantizeLinear), 19 where the Q/DQ pairs of --runtime trt
+        read and write the FP16/BF16 remainder."""
+        return 19 if self.runtime == "trt" and self.float_type != "fp32" else 13
+
+    @property
+    def check_optimization(self) -> Optimization:
+        """The ONNX Runtime optimization level the result is measured at: ``all``, as ONNX Runtime will run it."""
+        return "all"

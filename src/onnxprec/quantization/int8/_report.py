@@ -63,6 +63,8 @@ class Int8Report(QuantizationReportBase):
     """The outcome of a run: settings, per-layer entries, static tensors, fallback, accuracy and timings."""
 
     TOOL: ClassVar[str] = "quantize int8"
+    FORMAT: ClassVar[str] = "INT8"
+    """The quantized type the summary names."""
     SUBGRAPH_WHY: ClassVar[str] = "calibration observes the main graph's tensors only"
 
     runtime: str
@@ -91,8 +93,8 @@ class Int8Report(QuantizationReportBase):
     def summary(self) -> str:
         quantized = self.count("dynamic") + self.count("static")
         text = (
-            f"INT8 for {self.runtime}: {quantized}/{len(self.layers)} layers quantized ({self.count('dynamic')} "
-            f"dynamic, {self.count('static')} static), {self.static_tensors} static tensors"
+            f"{self.FORMAT} for {self.runtime}: {quantized}/{len(self.layers)} layers quantized "
+            f"({self.count('dynamic')} dynamic, {self.count('static')} static), {self.static_tensors} static tensors"
         )
         split = sum(1 for entry in self.layers if entry.outlier_channels)
         smoothed = sum(1 for entry in self.layers if entry.alpha is not None)

@@ -77,11 +77,16 @@ def emulates(layers: Sequence[Layer]) -> bool:
 
 
 def measure(
-    model: ir.Model, target: AccuracyTarget, calibration: ReferenceOutputs, providers: Sequence[str] | None = None
+    model: ir.Model,
+    target: AccuracyTarget,
+    calibration: ReferenceOutputs,
+    providers: Sequence[str] | None = None,
+    optimization: _ort.Optimization = "all",
 ) -> Measurement:
-    """Runs ``model`` (optimized as ONNX Runtime will run it) on every calibration batch against the kept outputs."""
+    """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every calibration batch
+    against the kept outputs."""
     tick = time.perf_counter()
-    session = _ort.create_session(model, providers=providers, optimization="all", what="the INT8 model")
+    session = _ort.create_session(model, providers=providers, optimization=optimization, what="the INT8 model")
     measurement = measure_outputs(
         target, calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
     )

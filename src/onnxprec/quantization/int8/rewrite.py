@@ -25,6 +25,7 @@ from onnxprec._graph import NameAllocator, insert_after_producer
 from onnxprec._ops import normalized_domain
 from onnxprec._tensors import release
 from onnxprec.quantization.algorithms.int8 import QMAX
+from onnxprec.quantization.algorithms.qtypes import INT8, QType
 
 __all__ = [
     "MS_DOMAIN",
@@ -68,6 +69,8 @@ class WeightRecipe:
     columns: np.ndarray | None = None
     """``[N]`` positive factors on the output channels of a ``[K, N]`` weight (a smoothing folded into the layer's
     output; :attr:`scales` carry them too, so the levels are those of the unscaled weight)."""
+    qtype: QType = INT8
+    """The levels' type: INT8, or FP8 E4M3FN (``quantize fp8``)."""
 
     def matrix(self) -> np.ndarray:
         """The float32 weight to quantize (the source's mapping released)."""
@@ -82,13 +85,13 @@ class WeightRecipe:
         return weight
 
     def quantized(self, weight: np.ndarray | None = None) -> np.ndarray:
-        """The INT8 levels with :attr:`scales` (levels -127..127)."""
+        """The levels with :attr:`scales` (INT8: -127..127; FP8: up to +-448)."""
         if self.levels is not None:
             return self.levels
         w = self.matrix() if weight is None else weight
         shape = [1] * w.ndim
         shape[self.axis] = -1
-        return np.clip(np.rint(w / self.scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+        return self.qtype.quantize(w, self.scales.reshape(shape))
 
     def shape(self) -> tuple[int, ...]:
         shape = tuple(int(d) for d in self.source.shape.numpy())
@@ -150,15 +153,15 @@ def insert_qdq(
     scale: float,
     zero_point: int,
     *,
-    symmetric: bool,
+    qtype: QType,
     names: NameAllocator,
     readers: Callable[[ir.Node], bool] | None = None,
 ) -> ir.Value:
-    """``QuantizeLinear -> DequantizeLinear`` on ``value``; every node that read ``value`` (``readers``: those for
-    which it holds) reads the result."""
+    """``QuantizeLinear -> DequantizeLinear`` on ``value`` with levels of ``qtype`` (the zero point's type); every
+    node that read ``value`` (``readers``: those for which it holds) reads the result."""
     base = str(value.name)
     scale_value = _scalar(graph, names, f"{base}_scale", scale, np.float32)
-    zero = _scalar(graph, names, f"{base}_zero_point", zero_point, np.int8 if symmetric else np.uint8)
+    zero = add_initializer(graph, names(f"{base}_zero_point"), qtype.zero(zero_point))
     quantized = ir.Value(name=names(f"{base}_quantized"))
     dequantized = value_like(value, names(f"{base}_dequantized"))
     q = ir.Node("", "QuantizeLinear", [value, scale_value, zero], outputs=[quantized], name=names.node(f"{base}_Q"))
@@ -284,10 +287,11 @@ def fold_smoothing(
 
 
 def int8_weight(graph: ir.Graph, recipe: WeightRecipe, base: str, names: NameAllocator) -> ir.Value:
-    """The INT8 weight of ``recipe`` as a new initializer named after ``base``: a lazy tensor, quantized while the
-    model is written."""
-    q_name = names(f"{base}_int8")
-    lazy = ir.LazyTensor(lambda: ir.Tensor(recipe.quantized(), name=q_name), dtype=ir.DataType.INT8,
+    """The INT8 (or FP8, the recipe's type) weight of ``recipe`` as a new initializer named after ``base``: a lazy
+    tensor, quantized while the model is written."""
+    q_name = names(f"{base}_{recipe.qtype.name}")
+    dtype = ir.DataType.FLOAT8E4M3FN if recipe.qtype.is_float else ir.DataType.INT8
+    lazy = ir.LazyTensor(lambda: ir.Tensor(recipe.quantized(), name=q_name), dtype=dtype,
                          shape=ir.Shape(recipe.shape()), name=q_name)  # fmt: skip
     return add_initializer(graph, q_name, lazy)
 
@@ -305,9 +309,11 @@ def replace_weight(graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, names: 
     q = int8_weight(graph, recipe, base, names)
     scales = add_initializer(graph, names(f"{base}_scales"), recipe.scales.astype(np.float32))
     inputs = [q, scales]
-    if node.op_type == "Gemm":  # ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm only with explicit zero
-        # points (and a MatMul's DequantizeLinear with them may become MatMulNBits instead)
-        inputs.append(add_initializer(graph, names(f"{base}_zero_points"), np.zeros(recipe.scales.shape, np.int8)))
+    # ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm only with explicit zero points (and a MatMul's
+    # DequantizeLinear with them may become MatMulNBits instead); FP8 weights have them as ModelOpt writes them
+    if node.op_type == "Gemm" or recipe.qtype.is_float:
+        zeros = np.zeros(recipe.scales.shape, np.float32).astype(recipe.qtype.dtype)
+        inputs.append(add_initializer(graph, names(f"{base}_zero_points"), zeros))
     dequantized = ir.Value(
         name=names(f"{base}_dequantized"), type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(shape)
     )
