@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTIVATION_MODES",
+    "ACTIVATION_TYPES",
     "CALIBRATION_METHODS",
     "HIGH_PRECISION_TYPES",
     "RUNTIMES",
@@ -39,6 +40,7 @@ RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
 WEIGHT_ROUNDINGS = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
+ACTIVATION_TYPES = ("int8", "uint8", "int16", "uint16")
 
 
 @dataclass
@@ -110,6 +112,14 @@ class Int8Options(_tool.QuantizationOptions):
         group=EXTRAS,
         help="How MatMul/Gemm activations are quantized: auto (dynamic on ort-cpu, static elsewhere), static "
         "(calibrated ranges) or dynamic (DynamicQuantizeLinear at run time, ort-cpu).",
+    )
+    activation_type: str | None = option(
+        None,
+        choices=ACTIVATION_TYPES,
+        group=EXTRAS,
+        help="The type of calibrated (static) activations: int8 (symmetric), uint8 (with zero points), int16 "
+        "(symmetric) or uint16: 16-bit activations with INT8 weights (A16W8, opset 21; ONNX Runtime's CPU provider "
+        "runs their layers in float between the Q/DQ) (default: uint8 on --runtime ort-cpu, int8 elsewhere).",
     )
     target_accuracy: str | Callable[..., Any] | None = option(
         None,
@@ -209,6 +219,10 @@ class Int8Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(
                 f"Unknown INT8 calibration_method '{self.calibration_method}': use {', '.join(CALIBRATION_METHODS)}."
             )
+        if self.activation_type is not None and self.activation_type not in ACTIVATION_TYPES:
+            raise InvalidArgumentError(
+                f"Unknown activation_type '{self.activation_type}': use {', '.join(ACTIVATION_TYPES)}."
+            )
         for name, choices in (
             ("runtime", RUNTIMES),
             ("activations", ACTIVATION_MODES),
@@ -268,9 +282,12 @@ class Int8Options(_tool.QuantizationOptions):
 
     @property
     def activation_qtype(self) -> QType:
-        """The type of calibrated activations: INT8 (symmetric) on TensorRT and ort-cuda, UINT8 on ort-cpu."""
-        from onnxprec.quantization.algorithms.qtypes import INT8, UINT8
+        """The type of calibrated activations: ``activation_type``, else INT8 (symmetric) on TensorRT and ort-cuda,
+        UINT8 on ort-cpu."""
+        from onnxprec.quantization.algorithms.qtypes import INT8, UINT8, qtype
 
+        if self.activation_type is not None:
+            return qtype(self.activation_type)
         return INT8 if self.symmetric else UINT8
 
     @property
@@ -283,7 +300,9 @@ class Int8Options(_tool.QuantizationOptions):
     @property
     def qdq_opset(self) -> int:
         """The opset the Q/DQ nodes need: 13 (per-axis DequantizeLinear), 19 where the Q/DQ pairs of --runtime trt
-        read and write the FP16/BF16 remainder."""
+        read and write the FP16/BF16 remainder, 21 for 16-bit activations."""
+        if self.activation_type in ("int16", "uint16"):
+            return 21
         return 19 if self.runtime == "trt" and self.float_type != "fp32" else 13
 
     @property

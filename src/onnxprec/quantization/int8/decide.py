@@ -463,6 +463,7 @@ def takes_int32_bias(
     keeps a quantized output (QLinearConv, QGemm); TensorRT takes float biases, MatMulIntegerToFloat a float one."""
     return (
         options.runtime == "ort-cpu"
+        and options.activation_qtype.bits == 8  # 16-bit activations: no QLinear kernel, the float bias stays
         and layer.node.op_type in ("Conv", "Gemm")
         and not layer.dynamic
         and not layer.float_output
