@@ -327,6 +327,10 @@ def quantize_model(
             proxy = estimated_sensitivity(plan.layers, _sample_errors(decisions), stats.hessians.hessians)
         del stats
         report.seconds["decisions"] = time.perf_counter() - tick
+        if target is not None and options.wide_qtype is not None:  # A16W8: 16 bits where 8 cost the most
+            tick = time.perf_counter()
+            decisions = _widen(model, options, plan, decisions, target, producers, keep, report)
+            report.seconds["16-bit search"] = time.perf_counter() - tick
         float_layers: list[str] = []
         if target is not None and options.max_float_compute > 0:  # 0: no layer may go back to float
             tick = time.perf_counter()
@@ -425,6 +429,39 @@ def _search(
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
         )  # fmt: skip
     return float_layers
+
+
+def _widen(
+    model: ir.Model,
+    options: Int8Options,
+    plan: Plan,
+    decisions: Decisions,
+    target: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+    report: Int8Report,
+) -> Decisions:
+    """A16W8: the fewest static tensors at 16 bits (the others 8) for ``target``, the noisiest at 8 bits first
+    (:attr:`Decisions.noise`), at most ``max_wide_tensors`` of them; the same search as the float fallback's
+    (:func:`~onnxprec.quantization.int8.fallback.search`), over tensors. Returns the decisions with them."""
+    names = [str(value.name) for value in plan.static_tensors if str(value.name) in decisions.wide]
+    own = options.target is None
+
+    def check(wide: Collection[str]) -> Measurement:
+        candidate, _ = _apply(model, options, dataclasses.replace(decisions, widened=frozenset(wide)))
+        if not own:
+            return measure(candidate, target, keep, list(options.calibration_eps), options.check_optimization)
+        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target,
+                                     options.check_optimization)  # fmt: skip
+        return dataclasses.replace(checked.measurement, ok=checked.ok)
+
+    steps: list[dict[str, Any]] = []
+    wide, _ = search(names, check, target, dict(decisions.noise), steps, dict.fromkeys(names, 1.0),
+                     options.max_wide_tensors, miss_level=logging.INFO)  # fmt: skip
+    report.wide_tensors = list(wide)
+    report.wide_steps = steps
+    logger.info("A16W8: %d of %d static tensors at 16 bits", len(wide), len(names))
+    return dataclasses.replace(decisions, widened=frozenset(wide))
 
 
 def _check(

@@ -119,7 +119,16 @@ class Int8Options(_tool.QuantizationOptions):
         group=EXTRAS,
         help="The type of calibrated (static) activations: int8 (symmetric), uint8 (with zero points), int16 "
         "(symmetric) or uint16: 16-bit activations with INT8 weights (A16W8, opset 21; ONNX Runtime's CPU provider "
-        "runs their layers in float between the Q/DQ) (default: uint8 on --runtime ort-cpu, int8 elsewhere).",
+        "runs their layers in float between the Q/DQ); with --target_accuracy or the accuracy guard, 16 bits only for "
+        "the tensors whose 8 bits cost the most, within --max_wide_tensors, the others 8 (default: uint8 on "
+        "--runtime ort-cpu, int8 elsewhere).",
+    )
+    max_wide_tensors: float = option(
+        0.25,
+        group=EXTRAS,
+        metavar="FRACTION",
+        help="With a 16-bit --activation_type and an accuracy target (or the guard): at most this fraction of the "
+        "static activation tensors go to 16 bits, the most sensitive first; 1: every one may.",
     )
     target_accuracy: str | Callable[..., Any] | None = option(
         None,
@@ -236,6 +245,8 @@ class Int8Options(_tool.QuantizationOptions):
             )
         if self.activations == "dynamic" and self.runtime != "ort-cpu":
             raise InvalidArgumentError(f"activations='dynamic' is for --runtime ort-cpu, not {self.runtime}.")
+        if not 0 <= self.max_wide_tensors <= 1:
+            raise InvalidArgumentError(f"max_wide_tensors must be in [0, 1], got {self.max_wide_tensors!r}.")
         if not 0 <= self.max_float_compute <= 1:
             raise InvalidArgumentError(f"max_float_compute must be in [0, 1], got {self.max_float_compute!r}.")
         if not 0 < self.percentile <= 100:
@@ -282,13 +293,24 @@ class Int8Options(_tool.QuantizationOptions):
 
     @property
     def activation_qtype(self) -> QType:
-        """The type of calibrated activations: ``activation_type``, else INT8 (symmetric) on TensorRT and ort-cuda,
-        UINT8 on ort-cpu."""
+        """The type of calibrated activations (but the tensors :attr:`wide_qtype` promotes): ``activation_type``
+        unless activations are mixed, else INT8 (symmetric) on TensorRT and ort-cuda, UINT8 on ort-cpu."""
         from onnxprec.quantization.algorithms.qtypes import INT8, UINT8, qtype
 
-        if self.activation_type is not None:
+        if self.activation_type is not None and self.wide_qtype is None:
             return qtype(self.activation_type)
         return INT8 if self.symmetric else UINT8
+
+    @property
+    def wide_qtype(self) -> QType | None:
+        """With a 16-bit ``activation_type`` and an accuracy target or the guard: the 16-bit type the most sensitive
+        static tensors are promoted to (the others 8 bits); else None (one type for every static tensor)."""
+        from onnxprec.quantization.algorithms.qtypes import qtype
+
+        wide = self.activation_type in ("int16", "uint16")
+        if not wide or (self.target_accuracy is None and not self.accuracy_guard):
+            return None
+        return qtype(str(self.activation_type))
 
     @property
     def weight_qtype(self) -> QType:

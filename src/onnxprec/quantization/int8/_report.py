@@ -85,6 +85,10 @@ class Int8Report(QuantizationReportBase):
     """Whether the input went through ``onnxprec preprocess`` (ONNX Runtime's ``quant_pre_process``) already."""
     autocast: str | None = None
     """AutoCast's summary when the float remainder was converted (``high_precision_dtype`` fp16/bf16)."""
+    wide_tensors: list[str] = field(default_factory=list)
+    """A16W8: the static tensors written at 16 bits (the others 8)."""
+    wide_steps: list[dict[str, Any]] = field(default_factory=list)
+    """A16W8: each configuration the 16-bit search tried (its steps say "in float" for "at 16 bits")."""
 
     def count(self, mode: str) -> int:
         return sum(1 for entry in self.layers if entry.mode == mode)
@@ -100,6 +104,8 @@ class Int8Report(QuantizationReportBase):
         smoothed = sum(1 for entry in self.layers if entry.alpha is not None)
         if split or smoothed:
             text += f"; {split} with outlier channels in float, {smoothed} smoothed"
+        if self.wide_tensors:
+            text += f"; {len(self.wide_tensors)} of {self.static_tensors} static tensors at 16 bits"
         kept = sum(1 for entry in self.layers if entry.mode == "float" and "kept_float" in entry.info)
         if kept:
             text += f"; {kept} depthwise kept float (heavy-tailed inputs)"
@@ -150,6 +156,8 @@ class Int8Report(QuantizationReportBase):
             "accuracy": json_number(self.accuracy),
             "accuracy_check": json_number(self.check),
             "fallback_steps": [json_number(step) for step in self.fallback_steps],
+            "wide_tensors": list(self.wide_tensors),
+            "wide_steps": [json_number(step) for step in self.wide_steps],
             "calibration": json_number(self.calibration),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "autocast": self.autocast,

@@ -114,6 +114,12 @@ class Decisions:
     kept_float: dict[str, str] = field(default_factory=dict)
     """Layers the calibration statistics keep in float, by node name, with the reason; every build leaves them
     float."""
+    wide: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """A16W8: each static tensor's 16-bit scale and zero point (:attr:`Int8Options.wide_qtype`), by name."""
+    noise: dict[str, float] = field(default_factory=dict)
+    """A16W8: each static tensor's relative RMS error at 8 bits on the calibration data (the promotion's proxy)."""
+    widened: frozenset[str] = frozenset()
+    """The static tensors a build writes at 16 bits."""
 
 
 def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[str] = ()) -> Plan:
@@ -129,7 +135,7 @@ def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[s
         op_types_to_exclude=options.op_types_to_exclude or (),
         nodes_to_quantize=options.include_patterns,
         nodes_to_exclude=patterns,
-        float_linear_outputs=options.float_linear_outputs,
+        float_linear_outputs=options.float_linear_outputs and options.activation_qtype.bits == 8,  # MatMulInteger..
         fp8=options.weight_qtype.is_float,
     )
 
@@ -177,6 +183,10 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
             )
         ranges[str(value.name)] = lo, hi
         decisions.tensors[str(value.name)] = qtype.scale_zero_point(lo, hi)
+        wide = options.wide_qtype
+        if wide is not None:
+            decisions.wide[str(value.name)] = wide.scale_zero_point(*calibrated_range(hist, symmetric=wide.symmetric))
+            decisions.noise[str(value.name)] = quantization_noise(hist, lo, hi, symmetric=qtype.symmetric)
     if options.runtime == "ort-cpu" and not options.include_patterns:
         decisions.kept_float = noisy_depthwise(plan, stats, ranges)
     groups = plan.dynamic_groups
@@ -504,7 +514,10 @@ def build(
             continue
         # a float op reads a tensor a float op wrote as it is (a residual stream kept float by MatMulIntegerToFloat)
         readers = static_nodes.__contains__ if value in plan.float_sourced else None
-        insert_qdq(graph, value, params[0], params[1], qtype=options.activation_qtype, names=names, readers=readers)
+        qtype = options.activation_qtype
+        if str(value.name) in decisions.widened and options.wide_qtype is not None:
+            params, qtype = decisions.wide[str(value.name)], options.wide_qtype
+        insert_qdq(graph, value, params[0], params[1], qtype=qtype, names=names, readers=readers)
     gathered: dict[str, ir.Value] = {}
     dynamic: dict[str, tuple[ir.Value, ir.Value, ir.Value]] = {}
     merged: set[str] = set()
@@ -533,8 +546,9 @@ def build(
         if decision is None or layer.name in merged:
             continue
         params = decisions.tensors.get(inputs[layer.name])
-        int32_bias = takes_int32_bias(layer, decision, params, options)
-        if layer.float_output and params is not None:
+        wide_input = inputs[layer.name] in decisions.widened  # a 16-bit input: no QLinear kernel, a float bias
+        int32_bias = not wide_input and takes_int32_bias(layer, decision, params, options)
+        if layer.float_output and params is not None and not wide_input:
             replace_with_matmul_integer_to_float(
                 graph, layer.node, decision.recipe, decision.bias, names, residual=decision.residual
             )
