@@ -28,11 +28,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVATION_MODES",
     "ACTIVATION_TYPES",
+    "ACTIVATION_TYPE_ALIASES",
     "CALIBRATION_METHODS",
     "HIGH_PRECISION_TYPES",
     "RUNTIMES",
     "WEIGHT_ROUNDINGS",
     "Int8Options",
+    "activation_type_name",
 ]
 
 CALIBRATION_METHODS = ("max", "entropy", "percentile", "mse")
@@ -41,6 +43,16 @@ WEIGHT_ROUNDINGS = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
 ACTIVATION_TYPES = ("int8", "uint8", "int16", "uint16")
+ACTIVATION_TYPE_ALIASES = {"qint8": "int8", "quint8": "uint8", "qint16": "int16", "quint16": "uint16"}
+"""The anchors' spellings of ``activation_type``: ONNX Runtime's and AMD Quark's ``QuantType`` names (``QInt16``...),
+any case."""
+
+
+def activation_type_name(text: str) -> str:
+    """``activation_type`` as onnxprec spells it (:data:`ACTIVATION_TYPE_ALIASES`), e.g. ``QInt16`` -> ``int16``."""
+    lowered = str(text).strip().lower()
+    return ACTIVATION_TYPE_ALIASES.get(lowered, lowered)
+
 
 
 @dataclass
@@ -116,12 +128,14 @@ class Int8Options(_tool.QuantizationOptions):
     activation_type: str | None = option(
         None,
         choices=ACTIVATION_TYPES,
+        type=activation_type_name,
         group=EXTRAS,
         help="The type of calibrated (static) activations: int8 (symmetric), uint8 (with zero points), int16 "
         "(symmetric) or uint16: 16-bit activations with INT8 weights (A16W8, opset 21; ONNX Runtime's CPU provider "
         "runs their layers in float between the Q/DQ); with --target_accuracy or the accuracy guard, 16 bits only for "
-        "the tensors whose 8 bits cost the most, within --max_wide_tensors, the others 8 (default: uint8 on "
-        "--runtime ort-cpu, int8 elsewhere).",
+        "the tensors whose 8 bits cost the most, within --max_wide_tensors, the others 8; ONNX Runtime's and "
+        "Quark's QuantType names (QInt16, QUInt16...) are taken too (default: uint8 on --runtime ort-cpu, int8 "
+        "elsewhere).",
     )
     max_wide_tensors: float = option(
         0.25,
@@ -228,6 +242,8 @@ class Int8Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(
                 f"Unknown INT8 calibration_method '{self.calibration_method}': use {', '.join(CALIBRATION_METHODS)}."
             )
+        if self.activation_type is not None:
+            self.activation_type = activation_type_name(self.activation_type)
         if self.activation_type is not None and self.activation_type not in ACTIVATION_TYPES:
             raise InvalidArgumentError(
                 f"Unknown activation_type '{self.activation_type}': use {', '.join(ACTIVATION_TYPES)}."
