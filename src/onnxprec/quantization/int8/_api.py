@@ -55,7 +55,7 @@ from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.decide import Decisions, Statistics, build, decide, plan_for
 from onnxprec.quantization.int8.emulation import Int8Emulator
-from onnxprec.quantization.int8.fallback import estimated_sensitivity, measure, search, worst_errors
+from onnxprec.quantization.int8.fallback import SearchWords, estimated_sensitivity, measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
 from onnxprec.quantization.int8.place import WEIGHT_OPS, Plan, pattern_names
 from onnxprec.quantization.int8.rewrite import fold_casts_into_qdq
@@ -456,8 +456,9 @@ def _widen(
         return dataclasses.replace(checked.measurement, ok=checked.ok)
 
     steps: list[dict[str, Any]] = []
+    words = SearchWords("static tensor", "at 16 bits", "every static tensor at 8 bits", "--max_wide_tensors")
     wide, _ = search(names, check, target, dict(decisions.noise), steps, dict.fromkeys(names, 1.0),
-                     options.max_wide_tensors, miss_level=logging.INFO)  # fmt: skip
+                     options.max_wide_tensors, miss_level=logging.INFO, words=words)  # fmt: skip
     report.wide_tensors = list(wide)
     report.wide_steps = steps
     logger.info("A16W8: %d of %d static tensors at 16 bits", len(wide), len(names))

@@ -54,7 +54,6 @@ def activation_type_name(text: str) -> str:
     return ACTIVATION_TYPE_ALIASES.get(lowered, lowered)
 
 
-
 @dataclass
 class Int8Options(_tool.QuantizationOptions):
     """All INT8 settings, validated once. The ModelOpt arguments come first, with ModelOpt's names and meanings."""

@@ -88,7 +88,7 @@ class Int8Report(QuantizationReportBase):
     wide_tensors: list[str] = field(default_factory=list)
     """A16W8: the static tensors written at 16 bits (the others 8)."""
     wide_steps: list[dict[str, Any]] = field(default_factory=list)
-    """A16W8: each configuration the 16-bit search tried (its steps say "in float" for "at 16 bits")."""
+    """A16W8: each configuration the 16-bit search tried."""
 
     def count(self, mode: str) -> int:
         return sum(1 for entry in self.layers if entry.mode == mode)
