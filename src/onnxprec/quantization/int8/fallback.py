@@ -58,7 +58,15 @@ from onnxprec.quantization.algorithms.int8 import dequantize_weight, quantize_we
 from onnxprec.quantization.int8.place import Layer
 from onnxprec.sensitivity import fewest, hessian_energy, isolated_gains, rank, within
 
-__all__ = ["EMULATION_MAX_BYTES", "MAX_ISOLATED", "SearchWords", "emulates", "estimated_sensitivity", "measure", "search"]
+__all__ = [
+    "EMULATION_MAX_BYTES",
+    "MAX_ISOLATED",
+    "SearchWords",
+    "emulates",
+    "estimated_sensitivity",
+    "measure",
+    "search",
+]
 
 logger = logging.getLogger(__name__)
 
