@@ -5,6 +5,8 @@ INT16 (symmetric, -32767..32767), UINT16 (asymmetric, 0..65535) or FP8 E4M3FN (s
 448, no zero point other than 0). Each gives the scale and zero point covering a calibrated range, the levels of a
 tensor (what ``QuantizeLinear`` computes, saturating, as ONNX specifies it) and their dequantized values.
 
+The symmetric integer grids leave out the most negative level (-128, -32768), so that a negated scale is exact; a
+``QuantizeLinear`` at run time saturates there, one level further, for values below the calibrated range.
 FP8 levels are rounded to nearest even by ``ml_dtypes`` after clipping to +-448 (ONNX's ``saturate=1``):
 ``QuantizeLinear(x, s) = float8e4m3fn(clip(x / s, -448, 448))``, which ONNX Runtime's CPU kernel and the reference
 implementation compute bit for bit (``qtypes_test``).
