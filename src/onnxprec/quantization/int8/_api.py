@@ -380,6 +380,22 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"
 
 
+def _measure(
+    candidate: ir.Model,
+    options: Int8Options,
+    target: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+) -> Measurement:
+    """A candidate of a target search against the kept float outputs: the user's target, or the guard's verdict (the
+    task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
+    providers = list(options.calibration_eps)
+    if options.target is not None:
+        return measure(candidate, target, keep, providers, options.check_optimization)
+    checked = guard.measure_task(candidate, keep, producers, providers, target, options.check_optimization)
+    return dataclasses.replace(checked.measurement, ok=checked.ok)
+
+
 def _search(
     model: ir.Model,
     options: Int8Options,
@@ -401,12 +417,7 @@ def _search(
     steps = report.fallback_steps
 
     def check(floats: Collection[str]) -> Measurement:
-        candidate, _ = _apply(model, options, decisions, floats)
-        if not own:
-            return measure(candidate, target, keep, list(options.calibration_eps), options.check_optimization)
-        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target,
-                                     options.check_optimization)  # fmt: skip
-        return dataclasses.replace(checked.measurement, ok=checked.ok)
+        return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, keep)
 
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
         emulators: list[Int8Emulator] = []
@@ -445,15 +456,10 @@ def _widen(
     (:attr:`Decisions.noise`), at most ``max_wide_tensors`` of them; the same search as the float fallback's
     (:func:`~onnxprec.quantization.int8.fallback.search`), over tensors. Returns the decisions with them."""
     names = [str(value.name) for value in plan.static_tensors if str(value.name) in decisions.wide]
-    own = options.target is None
 
     def check(wide: Collection[str]) -> Measurement:
         candidate, _ = _apply(model, options, dataclasses.replace(decisions, widened=frozenset(wide)))
-        if not own:
-            return measure(candidate, target, keep, list(options.calibration_eps), options.check_optimization)
-        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target,
-                                     options.check_optimization)  # fmt: skip
-        return dataclasses.replace(checked.measurement, ok=checked.ok)
+        return _measure(candidate, options, target, producers, keep)
 
     steps: list[dict[str, Any]] = []
     words = SearchWords("static tensor", "at 16 bits", "every static tensor at 8 bits", "--max_wide_tensors")
