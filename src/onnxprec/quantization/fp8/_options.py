@@ -30,7 +30,8 @@ class Fp8Options(Int8Options):
     methods (default ``max``: FP8's relative precision has no use for clipping), weights are rounded to nearest
     (GPTQ's INT8 grid does not apply), the float remainder is FP16 unless ``high_precision_dtype`` says otherwise.
     The dynamic-INT8 settings (``activations``, ``smoothquant``, ``outlier_channels``, ``float_linear_outputs``,
-    ``two_part_weights``) do not apply: every FP8 layer is static.
+    ``two_part_weights``) do not apply: every FP8 layer is static; nor do INT8's ``activation_type`` and
+    ``max_wide_tensors`` (refused, ignored).
     """
 
     TITLE = "FP8 options (ModelOpt names)"
@@ -64,6 +65,10 @@ class Fp8Options(Int8Options):
             )
         if self.weight_rounding == "gptq":
             raise InvalidArgumentError("weight_rounding='gptq' is for INT8: FP8 weights are rounded to nearest.")
+        if self.activation_type is not None:
+            raise InvalidArgumentError(
+                f"activation_type {self.activation_type!r} is for INT8 (A16W8): FP8's activations are FP8; drop it."
+            )
         super().__post_init__()
 
     @property

@@ -116,6 +116,8 @@ def test_refusals_are_one_line(tmp_path: Path, mlp_file: Path) -> None:
         Fp8Options(runtime="ort-cpu")
     with pytest.raises(InvalidArgumentError, match="FP8 weights are rounded to nearest"):
         Fp8Options(weight_rounding="gptq")
+    with pytest.raises(InvalidArgumentError, match="FP8's activations are FP8"):
+        Fp8Options(activation_type="int16")
     result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--runtime", "ort-cpu")
     assert result.returncode == 2 and "invalid choice: 'ort-cpu'" in result.stderr
     result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--weight_rounding", "gptq")
