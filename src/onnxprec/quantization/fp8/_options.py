@@ -98,6 +98,5 @@ class Fp8Options(Int8Options):
     @property
     def check_optimization(self) -> Optimization:
         """``none``: the result is measured as its Q/DQ graph computes, with no ONNX Runtime CPU rewrites (TensorRT
-        runs it; ORT 1.32's ``WeightBiasQuantization`` quantizes an FP8 Conv's float bias to INT32 through an FP16
-        division that overflows, and its Clip fusion rejects FP8 zero points: docs/tools/fp8.md)."""
+        runs it; ORT 1.32's ``WeightBiasQuantization`` mis-runs FP8 Convs: docs/tools/fp8.md)."""
         return "none"
