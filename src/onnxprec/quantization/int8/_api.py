@@ -338,6 +338,8 @@ def quantize_model(
             report.seconds["target search"] = time.perf_counter() - tick
         result, applied = _apply(model, options, decisions, float_layers)
         report.static_tensors = len(applied.static_tensors)
+        present = {str(value.name) for value in applied.static_tensors}  # the float fallback may have removed some
+        report.wide_tensors = [name for name in report.wide_tensors if name in present]
         report.passthrough = [str(node.name) for node in applied.passthrough]
         fallen = set(float_layers)
         for layer in plan.layers:
