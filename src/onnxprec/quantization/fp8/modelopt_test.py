@@ -37,11 +37,10 @@ EXPLAINED: dict[str, dict[tuple[str, int], str]] = {
         ("/_fc/Gemm", 0): "ModelOpt's GEMV check runs one calibration sample (one row); onnxprec reads the graph's "
         "dynamic batch",
         ("/_fc/Gemm", 1): "the same Gemm's weight",
-        ("/_blocks.15/_project_conv/Conv", 0): "sent back to float by onnxprec's accuracy guard",
-        ("/_blocks.15/_project_conv/Conv", 1): "the same Conv's weight",
     },
 }
-"""Each placement difference from ModelOpt 0.47 (node, input index): why (docs/tools/fp8.md, "Against ModelOpt")."""
+"""Each placement difference from ModelOpt 0.47 (node, input index): why (docs/tools/fp8.md, "Against ModelOpt");
+besides these, the inputs of the layers onnxprec's accuracy guard sent back to float (its report lists them)."""
 
 
 def placement(path: Path) -> dict[tuple[str, int], bool]:
@@ -113,10 +112,11 @@ def test_placement_and_accuracy_against_modelopt(tmp_path: Path, case: str) -> N
     data = tmp_path / "data.npz"
     np.savez(data, **feeds)  # type: ignore[arg-type]
     ours = tmp_path / "ours.fp8.onnx"
-    quantize_file(model, ours, calibration_data=str(data))
+    report = quantize_file(model, ours, calibration_data=str(data))
+    guarded = {entry.name for entry in report.layers if entry.mode == "float"}  # the guard's float fallback
     theirs = _modelopt(model, data, tmp_path)
     found = differences(ours, theirs)
-    unexplained = {k: v for k, v in found.items() if k not in EXPLAINED[case]}
+    unexplained = {k: v for k, v in found.items() if k not in EXPLAINED[case] and k[0] not in guarded}
     assert not unexplained, f"placement differences not explained in docs/tools/fp8.md: {unexplained}"
     rel, low, mean, top1 = _errors(model, ours, feeds)
     rel_mo, low_mo, mean_mo, top1_mo = _errors(model, theirs, feeds)

@@ -28,12 +28,14 @@ from onnxprec.quantization.algorithms.int8 import QMAX
 from onnxprec.quantization.algorithms.qtypes import INT8, QType
 
 __all__ = [
+    "FP16_TINY",
     "MS_DOMAIN",
     "WeightRecipe",
     "add_bias",
     "add_initializer",
     "fold_casts_into_qdq",
     "fold_smoothing",
+    "fp16_scales",
     "gather_channels",
     "insert_qdq",
     "insert_split",
@@ -434,6 +436,18 @@ def quantize_bias(
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
+FP16_TINY = float(np.finfo(np.float16).smallest_subnormal)
+"""The smallest positive FP16 scale (6e-8; ModelOpt raises smaller FP16 initializers to it too)."""
+
+
+def fp16_scales(scales: np.ndarray) -> np.ndarray:
+    """``scales`` as FP16 will hold them, in float32: magnitudes below :data:`FP16_TINY` raised to it (never 0),
+    then rounded to FP16."""
+    array = np.asarray(scales, dtype=np.float32)
+    raised = np.where(np.abs(array) < FP16_TINY, np.copysign(FP16_TINY, array), array)
+    return raised.astype(np.float16).astype(np.float32)
+
+
 def _rescale(
     graph: ir.Graph, node: ir.Node, dtype: ir.DataType, names: NameAllocator, made: dict[tuple[str, int], ir.Value]
 ) -> None:
@@ -444,6 +458,8 @@ def _rescale(
     key = (str(scale.name), int(dtype))
     if key not in made:
         array = np.asarray(scale.const_value.numpy(), dtype=np.float32)
+        if dtype == ir.DataType.FLOAT16:  # a scale below FP16's range would become 0 (a DequantizeLinear of zeros)
+            array = fp16_scales(array)
         tensor = ir.Tensor(array.astype(np.float16)) if dtype == ir.DataType.FLOAT16 else ir.tensor(array, dtype=dtype)
         made[key] = add_initializer(graph, names(f"{scale.name}_{dtype.name.lower()}"), tensor)
     node.replace_input_with(1, made[key])
