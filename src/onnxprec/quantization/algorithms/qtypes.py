@@ -14,7 +14,6 @@ implementation compute bit for bit (``qtypes_test``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -90,12 +89,9 @@ class QType:
         """``DequantizeLinear(QuantizeLinear(x))`` with one scale and zero point."""
         return self.dequantize(self.quantize(x, scale, zero_point), scale, zero_point)
 
-    def quantize_weight(
-        self, w: np.ndarray, axis: int, stored: Callable[[np.ndarray], np.ndarray] | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def quantize_weight(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel symmetric levels along ``axis`` (the output channels): ``(levels, scales float32)``, each
-        channel's largest magnitude on ``qmax``; a channel of zeros gets scale 1. ``stored`` maps the scales to the
-        values the model will hold (FP16's), before the levels are computed from them."""
+        channel's largest magnitude on ``qmax``; a channel of zeros gets scale 1."""
         if not self.symmetric:
             raise InvalidArgumentError(f"{self.name} weights are not supported: weights are symmetric (int8, fp8).")
         weight = np.asarray(w, dtype=np.float32)
@@ -104,8 +100,6 @@ class QType:
         top = np.abs(weight).max(axis=others) if others else np.abs(weight)
         scales = (top / self.qmax).astype(np.float32)
         scales[scales <= 0] = 1.0
-        if stored is not None:
-            scales = stored(scales).astype(np.float32)
         shape = [1] * weight.ndim
         shape[axis] = -1
         return self.quantize(weight, scales.reshape(shape)), scales

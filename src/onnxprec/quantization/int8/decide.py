@@ -49,7 +49,6 @@ from onnxprec.quantization.int8.rewrite import (
     add_bias,
     add_initializer,
     fold_smoothing,
-    fp16_scales,
     gather_channels,
     insert_qdq,
     insert_split,
@@ -298,9 +297,7 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
         levels: np.ndarray | None = q.T if gemm and layer.transposed else q
         entry.info["rounding"] = "gptq"
     else:
-        # FP8 with an FP16 remainder: the levels fit the FP16 scales the model will hold (INT8 keeps its FP32 ones)
-        fp16 = qtype.is_float and options.runtime == "trt" and options.float_type == "fp16"
-        q, scales = qtype.quantize_weight(weight, axis=axis, stored=fp16_scales if fp16 else None)
+        q, scales = qtype.quantize_weight(weight, axis=axis)
         levels = None
         entry.info["rounding"] = "rtn"
     source = layer.weight.const_value
