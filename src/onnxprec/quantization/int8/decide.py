@@ -176,10 +176,10 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         if hist is None:
             continue
         lo, hi = calibrated_range(hist, options.method, symmetric=qtype.symmetric, percentile=options.percentile)
-        activation = activation_of(value) if options.method in ("mse", "entropy", "percentile") else None
-        if activation is not None:  # read by a saturating activation only: the range that serves its output
+        saturating = activation_of(value) if options.method in ("mse", "entropy", "percentile") else None
+        if saturating is not None:  # read by a saturating activation only: the range that serves its output
             lo, hi = activation_range(
-                hist, activation, min(hist.min, 0.0), max(hist.max, 0.0), symmetric=qtype.symmetric
+                hist, saturating, min(hist.min, 0.0), max(hist.max, 0.0), symmetric=qtype.symmetric
             )
         ranges[str(value.name)] = lo, hi
         decisions.tensors[str(value.name)] = qtype.scale_zero_point(lo, hi)
