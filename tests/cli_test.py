@@ -296,6 +296,8 @@ def test_python_m_onnxprec_is_the_onnxprec_command() -> None:
         ["onnxprec.quantization.int8"],
         ["onnxprec.quantization"],
         ["onnxprec.quantization", "--quantize_mode", "int4"],
+        ["onnxprec.quantization", "--quantize_mode", "fp8"],
+        ["onnxprec.quantization.fp8"],
         ["onnxprec.preprocess"],
         ["onnxprec.evaluate"],
         ["onnxprec.debug", "dump"],

@@ -55,7 +55,7 @@ from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.decide import Decisions, Statistics, build, decide, plan_for
 from onnxprec.quantization.int8.emulation import Int8Emulator
-from onnxprec.quantization.int8.fallback import estimated_sensitivity, measure, search, worst_errors
+from onnxprec.quantization.int8.fallback import SearchWords, estimated_sensitivity, measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
 from onnxprec.quantization.int8.place import WEIGHT_OPS, Plan, pattern_names
 from onnxprec.quantization.int8.rewrite import fold_casts_into_qdq
@@ -69,7 +69,6 @@ __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", 
 
 logger = logging.getLogger(__name__)
 
-MIN_OPSET = 13  # per-axis DequantizeLinear
 MAX_UNFUSED_COUNT_BYTES = 1 << 30  # larger outputs: no optimizing session to count the unfused Q/DQ
 PREPROCESSED_KEY = "onnx.quant.pre_process"  # the metadata ONNX Runtime's quant_pre_process (our preprocess) writes
 LOW_QDQ_OPSET = 19  # QuantizeLinear/DequantizeLinear on FP16/BF16 values with FP16/BF16 scales
@@ -84,9 +83,9 @@ def _sanitize(model: ir.Model, options: Int8Options) -> dict[str, int]:
     """Names every node, lifts float constants, widens FP16/BF16 to FP32 (the model's inputs and outputs keep their
     type behind Casts; the float remainder is FP32 on ort-cpu, AutoCast's elsewhere), folds layout Transposes and
     per-channel affine chains into the layers (:func:`_fold_structure`, whose counts it returns), zero Pads into Convs,
-    raises the opset to 13 (19 where the Q/DQ pairs of --runtime trt will read and write the FP16/BF16 remainder) and
-    fills in the element types the placement reads."""
-    needed = LOW_QDQ_OPSET if options.runtime == "trt" and options.float_type != "fp32" else MIN_OPSET
+    raises the opset to what the Q/DQ nodes need (13; 19 where the Q/DQ pairs of --runtime trt will read and write the
+    FP16/BF16 remainder, and for FP8) and fills in the element types the placement reads."""
+    needed = options.qdq_opset
     with quiet_onnx_ir():
         NameNodesPass()(model)
         LiftFloatConstantsPass()(model)
@@ -98,8 +97,9 @@ def _sanitize(model: ir.Model, options: Int8Options) -> dict[str, int]:
                 UpgradeOpsetPass(needed)(model)
             except Exception as e:
                 raise UnsupportedModelError(
-                    f"INT8 needs opset {needed} (per-channel DequantizeLinear; FP16/BF16 Q/DQ from 19) and the upgrade "
-                    f"failed ({str(e).splitlines()[0]}): upgrade the model to opset {needed} or later yourself."
+                    f"{options.TOOL} needs opset {needed} (per-channel DequantizeLinear; FP16/BF16 and FP8 Q/DQ from "
+                    f"19) and the upgrade failed ({str(e).splitlines()[0]}): upgrade the model to opset {needed} or "
+                    "later yourself."
                 ) from None
         InferTypesPass()(model)
     model.ir_version = max(model.ir_version, 7)
@@ -288,10 +288,18 @@ def _apply(
     return copy, plan
 
 
-def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model, Int8Report]:
-    """Runs the pipeline up to (not including) saving; the returned model's INT8 weights are lazy tensors."""
+def quantize_model(
+    source: ModelSource, options: Int8Options, report_type: type[Int8Report] = Int8Report
+) -> tuple[ir.Model, Int8Report]:
+    """Runs the pipeline up to (not including) saving; the returned model's INT8 (FP8) weights are lazy tensors.
+
+    Args:
+        source: The float model.
+        options: The settings (:class:`Int8Options`, or a subclass with other Q/DQ types: FP8's).
+        report_type: The report to fill (FP8's says FP8).
+    """
     target = options.target
-    report = Int8Report(
+    report = report_type(
         options.runtime, options.method, options.float_type, target=None if target is None else str(target)
     )
     tick = time.perf_counter()
@@ -322,7 +330,7 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
         raise nothing_to_quantize(layers, skipped, excluded_by)
     report.seconds["load+place"] = time.perf_counter() - tick
     logger.info(
-        "INT8 for %s: %d layers (%d dynamic), %d static tensors", options.runtime, len(plan.layers),
+        "%s for %s: %d layers (%d dynamic), %d static tensors", options.TOOL, options.runtime, len(plan.layers),
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
 
@@ -343,6 +351,10 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
             proxy = estimated_sensitivity(plan.layers, _sample_errors(decisions), stats.hessians.hessians)
         del stats
         report.seconds["decisions"] = time.perf_counter() - tick
+        if target is not None and options.wide_qtype is not None:  # A16W8: 16 bits where 8 cost the most
+            tick = time.perf_counter()
+            decisions = _widen(model, options, plan, decisions, target, producers, keep, report)
+            report.seconds["16-bit search"] = time.perf_counter() - tick
         float_layers: list[str] = []
         if target is not None and options.max_float_compute > 0:  # 0: no layer may go back to float
             tick = time.perf_counter()
@@ -350,6 +362,8 @@ def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model,
             report.seconds["target search"] = time.perf_counter() - tick
         result, applied = _apply(model, options, decisions, float_layers)
         report.static_tensors = len(applied.static_tensors)
+        present = {str(value.name) for value in applied.static_tensors}  # the float fallback may have removed some
+        report.wide_tensors = [name for name in report.wide_tensors if name in present]
         report.passthrough = [str(node.name) for node in applied.passthrough]
         fallen = set(float_layers)
         for layer in plan.layers:
@@ -380,7 +394,7 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
     where = ["calibration data", "held-out runs"]
     measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
-    text = f"INT8 result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
+    text = f"{report.FORMAT} result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
     steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
     ranked: list[str] = steps[-1] if steps else []
     floats = report.count("float")
@@ -390,6 +404,22 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     if report.calibration.get("random"):
         text += "; measured on random data: pass representative inputs (--calibration_data)"
     return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"
+
+
+def _measure(
+    candidate: ir.Model,
+    options: Int8Options,
+    target: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+) -> Measurement:
+    """A candidate of a target search against the kept float outputs: the user's target, or the guard's verdict (the
+    task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
+    providers = list(options.calibration_eps)
+    if options.target is not None:
+        return measure(candidate, target, keep, providers, options.check_optimization)
+    checked = guard.measure_task(candidate, keep, producers, providers, target, options.check_optimization)
+    return dataclasses.replace(checked.measurement, ok=checked.ok)
 
 
 def _search(
@@ -413,11 +443,7 @@ def _search(
     steps = report.fallback_steps
 
     def check(floats: Collection[str]) -> Measurement:
-        candidate, _ = _apply(model, options, decisions, floats)
-        if not own:
-            return measure(candidate, target, keep, list(options.calibration_eps))
-        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target)
-        return dataclasses.replace(checked.measurement, ok=checked.ok)
+        return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, keep)
 
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
         emulators: list[Int8Emulator] = []
@@ -442,6 +468,35 @@ def _search(
     return float_layers
 
 
+def _widen(
+    model: ir.Model,
+    options: Int8Options,
+    plan: Plan,
+    decisions: Decisions,
+    target: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+    report: Int8Report,
+) -> Decisions:
+    """A16W8: the fewest static tensors at 16 bits (the others 8) for ``target``, the noisiest at 8 bits first
+    (:attr:`Decisions.noise`), at most ``max_wide_tensors`` of them; the same search as the float fallback's
+    (:func:`~onnxprec.quantization.int8.fallback.search`), over tensors. Returns the decisions with them."""
+    names = [str(value.name) for value in plan.static_tensors if str(value.name) in decisions.wide]
+
+    def check(wide: Collection[str]) -> Measurement:
+        candidate, _ = _apply(model, options, dataclasses.replace(decisions, widened=frozenset(wide)))
+        return _measure(candidate, options, target, producers, keep)
+
+    steps: list[dict[str, Any]] = []
+    words = SearchWords("static tensor", "at 16 bits", "every static tensor at 8 bits", "--max_wide_tensors")
+    wide, _ = search(names, check, target, dict(decisions.noise), steps, dict.fromkeys(names, 1.0),
+                     options.max_wide_tensors, miss_level=logging.INFO, words=words)  # fmt: skip
+    report.wide_tensors = list(wide)
+    report.wide_steps = steps
+    logger.info("A16W8: %d of %d static tensors at 16 bits", len(wide), len(names))
+    return dataclasses.replace(decisions, widened=frozenset(wide))
+
+
 def _check(
     result: ir.Model,
     options: Int8Options,
@@ -454,9 +509,10 @@ def _check(
     the guard on, records the guard's one line when the result misses the bound (:class:`AccuracyGuardError` is
     raised once the model is written); with it off, a WARNING says so."""
     providers = list(options.calibration_eps)
-    checked = [guard.measure_task(result, keep, producers, providers)]
+    optimization = options.check_optimization
+    checked = [guard.measure_task(result, keep, producers, providers, optimization=optimization)]
     if held_out is not None:
-        checked.append(guard.measure_task(result, held_out, producers, providers))
+        checked.append(guard.measure_task(result, held_out, producers, providers, optimization=optimization))
     report.accuracy = worst_errors(checked[0].measurement)
     passed = all(c.ok for c in checked)
     report.check = {
