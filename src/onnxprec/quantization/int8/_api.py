@@ -166,7 +166,10 @@ def _calibrate(
 
     def run(data: CalibrationData) -> None:
         held.append(data)
-        calibration, rest = data.held_out(split=bool(plan.static_tensors))  # static ranges fit few runs
+        # static ranges fit few runs; without the guard (quantize_static, --no_accuracy_guard) every run calibrates,
+        # as ONNX Runtime's quantizer does
+        guarded = options.accuracy_guard or options.target_accuracy is not None
+        calibration, rest = data.held_out(split=bool(plan.static_tensors)) if guarded else (data, None)
         observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(model, calibration)]
         result = run_reference(
             model,

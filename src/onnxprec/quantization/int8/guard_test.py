@@ -72,11 +72,12 @@ def test_without_the_guard_it_exits_0_with_the_accuracy_in_the_summary(tmp_path:
     result = run_cli("quantize", "int8", "--onnx_path", str(source), "--output_path", str(out), "-d", str(data),
                      "--no_accuracy_guard", "--log_level", "ERROR")  # fmt: skip
     assert result.returncode == 0, result.stderr
+    # without the guard every run calibrates (as ONNX Runtime's quantizer): nothing is held out
     assert re.search(
-        r"checked on calibration data \(6 runs\): float outputs rel L2 <= [0-9.e-]+, cosine >= [0-9.e-]+, held out "
-        r"\(2 runs\): float outputs rel L2 <= [0-9.e-]+, cosine >= [0-9.e-]+",
+        r"checked on calibration data \(8 runs\): float outputs rel L2 <= [0-9.e-]+, cosine >= [0-9.e-]+;",
         result.stdout,
     ), result.stdout
+    assert "held out" not in result.stdout
 
 
 def test_the_api_raises_an_error_that_carries_the_report(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
