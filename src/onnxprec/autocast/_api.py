@@ -16,13 +16,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import onnx
 import onnx_ir as ir
@@ -32,28 +31,18 @@ from onnx_ir.passes.common import (
     TopologicalSortPass,
 )
 
-from onnxprec._genai import GenaiCarry
 from onnxprec._graph import FLOAT_TYPES, LOW_FLOAT_TYPES, all_values, tensor_dtype
-from onnxprec._io import (
-    PROTOBUF_LIMIT,
-    ModelSource,
-    WrittenModel,
-    check_output_path,
-    external_data_paths,
-    load_model,
-    save_model,
-    sibling_path,
-    to_model_proto,
-)
+from onnxprec._io import PROTOBUF_LIMIT, ModelSource, WrittenModel, load_model, sibling_path, to_model_proto
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
-from onnxprec._options import check_op_types, check_patterns, fields_in, options_from_call
-from onnxprec._report import SUMMARY
+from onnxprec._options import check_op_types, check_patterns, fields_in
+from onnxprec._report import SUMMARY, Step
+from onnxprec._tool import FileRun, ModelTool
 from onnxprec.accuracy import Producer, ReferenceOutputs, TaskMetrics, output_producers
 from onnxprec.autocast import masks, report_html, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
 from onnxprec.autocast.convert import ConvertPrecisionPass, ConvertPrecisionResult
-from onnxprec.autocast.kernel_gaps import keep_kernel_gaps, kernel_gap, node_keys, warn_cast_shared_kv
+from onnxprec.autocast.kernel_gaps import KernelGap, keep_kernel_gaps, node_keys, raise_kernel_gap, warn_cast_shared_kv
 from onnxprec.autocast.report import AutoCastReport, Details, command_line, first_sample, layer_errors
 from onnxprec.autocast.rules import (
     REDUCING_OPS,
@@ -327,6 +316,145 @@ def _rules(options: AutoCastOptions, already_low: frozenset[ir.Node] = frozenset
     return rules, includes
 
 
+@dataclasses.dataclass
+class Conversion:
+    """One conversion's state, which the steps of :data:`STEPS` fill in order."""
+
+    source: ModelSource
+    options: AutoCastOptions
+    fp32_nodes: Mapping[str, str]
+    """:func:`node_keys` key -> reason: nodes kept FP32 whatever the rules say (kernel gaps of earlier attempts)."""
+    refuse_kernel_gaps: bool
+    report: AutoCastReport
+    model: ir.Model = dataclasses.field(init=False)
+    contract: IOContract = dataclasses.field(init=False)
+    mask_regions: list[masks.MaskRegion] = dataclasses.field(default_factory=list)
+    keep: ReferenceOutputs | None = None
+    """The batches and FP32 outputs kept for the accuracy target's search."""
+    reference: ReferenceResult | None = None
+    io_types: dict[str, ir.DataType] = dataclasses.field(default_factory=dict)
+    rules: list[Rule] = dataclasses.field(default_factory=list)
+    includes: list[Rule] = dataclasses.field(default_factory=list)
+    ctx: RuleContext = dataclasses.field(default_factory=RuleContext)
+
+    def clone(self, model: ir.Model, decisions: Mapping[ir.Node, Decision], options: AutoCastOptions) -> ir.Model:
+        """A converted copy of the classified model with the model's interface types (:func:`_converted_clone`)."""
+        return _converted_clone(model, decisions, options, self.io_types)
+
+
+def _load(run: Conversion) -> None:
+    """Loads, checks the model and the options against it, and sanitizes it (at the model's own opset when the
+    upgrade fails)."""
+    run.model = model = load_model(run.source)
+    _check_convertible(model)
+    _check_op_types(model, run.options)
+    run.contract = IOContract.of(model)
+    try:
+        _sanitize(model, run.options)
+    except OpsetUpgradeError as e:
+        if isinstance(run.source, ir.Model):
+            raise  # the caller's model was changed in place: it cannot be read again
+        run.model = model = load_model(run.source)
+        own = default_opset(model)
+        logger.warning("%s; converting at the model's own opset %d instead.", str(e).split(";")[0], own)
+        _sanitize(model, run.options, opset=own)
+
+
+def _reference(run: Conversion) -> None:
+    """Finds the attention masks and, where a rule or the target needs data, runs the FP32 model on it."""
+    run.mask_regions = masks.find_mask_regions(run.model)
+    sentinels = masks.sentinel_thresholds(run.mask_regions)
+    run.keep = ReferenceOutputs() if run.options.target is not None else None
+    if run.keep is not None or _needs_reference(run.model, run.options):
+        run.reference = _reference_run(run.model, run.options, sentinels, run.keep)
+        _fill_types(run.model, run.reference)
+        run.report.reference_batches = run.reference.num_batches
+
+
+def _classify(run: Conversion) -> None:
+    """Decides each node's precision: the rules, the masks' rewrite, the nodes the input already runs low, the
+    kernel gaps of earlier attempts and those found up front."""
+    model, options, report = run.model, run.options, run.report
+    run.io_types, already_low = _widen(model, options.low)
+    run.rules, run.includes = _rules(options, already_low)
+    stats = run.reference.stats if run.reference else None
+    for region in run.mask_regions:
+        region.rewrite(options.low, stats)
+    report.mask_regions = run.mask_regions
+    run.ctx = RuleContext(stats=masks.stats_past_sentinels(stats, run.mask_regions, options.low))
+    report.decisions = classify(
+        model, low=options.low, rules=run.rules, includes=run.includes, ctx=run.ctx, plugins=options.plugins
+    )
+    low_name = options.low_precision_type.upper()
+    for node in already_low:
+        decision = report.decisions.get(node)
+        if decision is not None and decision.low and decision.reason == "default":
+            report.decisions[node] = dataclasses.replace(decision, reason=f"already {low_name} in the input model")
+    if run.fp32_nodes:
+        keys = node_keys(report.decisions)
+        for node in report.decisions:
+            if keys[node] in run.fp32_nodes:
+                report.decisions[node] = Decision(False, run.fp32_nodes[keys[node]])
+    report.no_kernel = keep_kernel_gaps(model, report.decisions, options, refuse=run.refuse_kernel_gaps)
+
+
+def _search_target(run: Conversion) -> None:
+    """The accuracy target's search: as many nodes low as the outputs allow (:mod:`onnxprec.autocast.target`)."""
+    assert run.keep is not None and run.options.target is not None
+    report = run.report
+    search = target.Problem.of(
+        run.model, report.decisions, run.options, run.rules, run.includes, run.ctx, run.keep, run.clone
+    )
+    report.decisions, report.target_search, report.numeric = target.search(search)
+    run.keep.close()  # the spooled batches (on an error, garbage collection removes them)
+
+
+def _convert_classified(run: Conversion) -> None:
+    """Converts the model as decided (the HTML report's details measured first, on a converted copy)."""
+    model, options, report = run.model, run.options, run.report
+    report.random_data = options.calibration_data is None
+    report.settings = {"data_max": options.data_max, "init_max": options.init_max,
+                       "keep_io_types": options.keep_io_types}  # fmt: skip
+    if options.report is not None:
+        stats = run.reference.stats if run.reference else None
+        report.details = _details(model, report.decisions, options, run.ctx.stats, stats, run.reference, run.clone)
+    converted = _convert(model, report.decisions, options, run.io_types)
+    warn_cast_shared_kv(model)
+    report.stats = converted.stats
+    report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
+    if report.details is not None:
+        report.details.count_casts(converted.casts)
+
+
+def _validate(run: Conversion) -> None:
+    """Checks the interface types and the structure (ONNX Runtime alone judges a model onnx.checker rejects as
+    given)."""
+    model, report = run.model, run.report
+    check_io_contract(model, run.contract.expected(run.options.low, run.options.keep_io_types))
+    try:
+        report.ort_only = check_structure(model)
+    except ValidationError as e:
+        if not _checker_rejects_original(run.source):
+            raise
+        report.ort_only = {"ops of a model onnx.checker rejects": sum(1 for _ in model.graph.all_nodes())}
+        logger.warning(
+            "onnx.checker rejects the original model too, so it cannot judge the conversion (%s); the result "
+            "is checked by ONNX Runtime only.",
+            str(e.__cause__ or e).splitlines()[0][:200],
+        )
+
+
+STEPS: tuple[Step[Conversion], ...] = (
+    Step("load+sanitize", _load),
+    Step("reference", _reference),
+    Step("classify", _classify),
+    Step("target", _search_target, when=lambda run: run.keep is not None),
+    Step("convert", _convert_classified),
+    Step("validate", _validate, when=lambda run: run.options.validate),
+)
+"""AutoCast's pipeline, each step timed in the report under its name."""
+
+
 def convert_model(
     source: ModelSource,
     options: AutoCastOptions,
@@ -334,100 +462,48 @@ def convert_model(
     fp32_nodes: Mapping[str, str] | None = None,
     refuse_kernel_gaps: bool = False,
 ) -> tuple[ir.Model, AutoCastReport, ReferenceResult | None]:
-    """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights.
+    """Runs the pipeline (:data:`STEPS`) up to (not including) saving. The returned model holds lazily converted
+    weights.
 
     ``fp32_nodes`` (:func:`node_keys` key -> reason) stay FP32 whatever the rules say: nodes ONNX Runtime could
-    not run in the low type in an earlier attempt (see :func:`kernel_gap`). ``refuse_kernel_gaps``: BF16 with only
-    the CPU provider is refused up front unless ``keep_unsupported_fp32`` (see :func:`keep_kernel_gaps`).
+    not run in the low type in an earlier attempt (see :func:`convert_until_runs`). ``refuse_kernel_gaps``: BF16 with
+    only the CPU provider is refused up front unless ``keep_unsupported_fp32`` (see :func:`keep_kernel_gaps`).
     """
-    report = AutoCastReport(options.low_precision_type)
-    with report.step("load+sanitize"):
-        model = load_model(source)
-        _check_convertible(model)
-        _check_op_types(model, options)
-        contract = IOContract.of(model)
-        try:
-            _sanitize(model, options)
-        except OpsetUpgradeError as e:
-            if isinstance(source, ir.Model):
-                raise  # the caller's model was changed in place: it cannot be read again
-            model = load_model(source)
-            own = default_opset(model)
-            logger.warning("%s; converting at the model's own opset %d instead.", str(e).split(";")[0], own)
-            _sanitize(model, options, opset=own)
+    run = Conversion(source, options, fp32_nodes or {}, refuse_kernel_gaps, AutoCastReport(options.low_precision_type))
+    run.report.run_steps(STEPS, run)
+    logger.info(run.report.summary, extra=SUMMARY)
+    logger.debug("Timings: %s", {k: round(v, 3) for k, v in run.report.seconds.items()})
+    return run.model, run.report, run.reference
 
-    with report.step("reference"):
-        mask_regions = masks.find_mask_regions(model)
-        sentinels = masks.sentinel_thresholds(mask_regions)
-        keep = ReferenceOutputs() if options.target is not None else None
-        needed = keep is not None or _needs_reference(model, options)
-        reference = _reference_run(model, options, sentinels, keep) if needed else None
-        if reference is not None:
-            _fill_types(model, reference)
-            report.reference_batches = reference.num_batches
 
-    with report.step("classify"):
-        io_types, already_low = _widen(model, options.low)
-        rules, includes = _rules(options, already_low)
-        stats = reference.stats if reference else None
-        for region in mask_regions:
-            region.rewrite(options.low, stats)
-        report.mask_regions = mask_regions
-        ctx = RuleContext(stats=masks.stats_past_sentinels(stats, mask_regions, options.low))
-        report.decisions = classify(
-            model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
+T = TypeVar("T")
+
+
+def convert_until_runs(
+    source: ModelSource,
+    options: AutoCastOptions,
+    check: Callable[[ir.Model, AutoCastReport, ReferenceResult | None, Mapping[str, str]], T],
+    *,
+    refuse_kernel_gaps: bool = False,
+) -> T:
+    """Converts, then checks the result with ``check(model, report, reference, fp32_nodes)``; where the check finds
+    a node ONNX Runtime cannot run in the low type (it raises :class:`KernelGap`, see :func:`raise_kernel_gap`),
+    converts again from the source with that node in FP32 too. The one retry loop of both public functions.
+
+    Returns:
+        What ``check`` returns for the conversion that passed it.
+    """
+    fp32_nodes: dict[str, str] = {}
+    while True:
+        model, report, reference = convert_model(
+            source, options, fp32_nodes=fp32_nodes, refuse_kernel_gaps=refuse_kernel_gaps
         )
-        low_name = options.low_precision_type.upper()
-        for node in already_low:
-            decision = report.decisions.get(node)
-            if decision is not None and decision.low and decision.reason == "default":
-                report.decisions[node] = dataclasses.replace(decision, reason=f"already {low_name} in the input model")
-        if fp32_nodes:
-            keys = node_keys(report.decisions)
-            for node in report.decisions:
-                if keys[node] in fp32_nodes:
-                    report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
-        report.no_kernel = keep_kernel_gaps(model, report.decisions, options, refuse=refuse_kernel_gaps)
-    clone = functools.partial(_converted_clone, io_types=io_types)
-    if keep is not None:
-        with report.step("target"):
-            assert options.target is not None
-            search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, clone)
-            report.decisions, report.target_search, report.numeric = target.search(search)
-            keep.close()  # the spooled batches (on an error, garbage collection removes them)
-    with report.step("convert"):
-        report.random_data = options.calibration_data is None
-        report.settings = {
-            "data_max": options.data_max,
-            "init_max": options.init_max,
-            "keep_io_types": options.keep_io_types,
-        }
-        if options.report is not None:
-            report.details = _details(model, report.decisions, options, ctx.stats, stats, reference, clone)
-        converted = _convert(model, report.decisions, options, io_types)
-        warn_cast_shared_kv(model)
-        report.stats = converted.stats
-        report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
-        if report.details is not None:
-            report.details.count_casts(converted.casts)
-
-    if options.validate:
-        with report.step("validate"):
-            check_io_contract(model, contract.expected(options.low, options.keep_io_types))
-            try:
-                report.ort_only = check_structure(model)
-            except ValidationError as e:
-                if not _checker_rejects_original(source):
-                    raise
-                report.ort_only = {"ops of a model onnx.checker rejects": sum(1 for _ in model.graph.all_nodes())}
-                logger.warning(
-                    "onnx.checker rejects the original model too, so it cannot judge the conversion (%s); the result "
-                    "is checked by ONNX Runtime only.",
-                    str(e.__cause__ or e).splitlines()[0][:200],
-                )
-    logger.info(report.summary, extra=SUMMARY)
-    logger.debug("Timings: %s", {k: round(v, 3) for k, v in report.seconds.items()})
-    return model, report, reference
+        if not fp32_nodes:  # the first conversion
+            _check_selection(report, options)
+        try:
+            return check(model, report, reference, fp32_nodes)
+        except KernelGap as gap:
+            fp32_nodes = {**fp32_nodes, gap.key: gap.reason}
 
 
 def _details(
@@ -490,21 +566,21 @@ def _converted_clone(
     return clone
 
 
-class _ConvertAgain(Exception):
-    """The saved output has a kernel gap (see :func:`kernel_gap`): convert again, with the node in FP32."""
-
-
 def _output_check(
     report: AutoCastReport,
     reference: ReferenceResult | None,
     options: AutoCastOptions,
     source: ModelSource,
-    fp32_nodes: dict[str, str],
+    fp32_nodes: Mapping[str, str],
     producers: Mapping[str, Producer | None],
 ) -> Callable[[WrittenModel], None] | None:
     """What checks the written output before it replaces ``output_path``: the numeric check's run, which also proves
     the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime), with each
-    output's task metric (``producers``: the float model's, :func:`onnxprec.accuracy.output_producers`)."""
+    output's task metric (``producers``: the float model's, :func:`onnxprec.accuracy.output_producers`).
+
+    Raises (from the check):
+        KernelGap: ONNX Runtime cannot run a node made low: convert again (:func:`convert_until_runs`).
+    """
     if not options.validate:
         return None
 
@@ -518,8 +594,7 @@ def _output_check(
         with report.step("numeric check"):
             task = TaskMetrics(producers)
             report.numeric = numeric_check(written, reference, providers=list(options.providers), task=task)
-        if kernel_gap(report.numeric, report, options, source, fp32_nodes):
-            raise _ConvertAgain
+        raise_kernel_gap(report.numeric, report, options, source, fp32_nodes)
         if report.numeric.skipped:
             _load_or_refuse(written, report.numeric, options)
         _log_numeric(report.numeric)
@@ -644,11 +719,10 @@ def convert_to_mixed_precision(
     # Every parameter but onnx_path is an AutoCastOptions field of the same name, default and doc
     # (onnxprec/_options_test.py checks it); locals() holds exactly the parameters at this point.
     options = AutoCastOptions(**fields_in(AutoCastOptions, locals()))
-    fp32_nodes: dict[str, str] = {}
-    while True:
-        model, report, reference = convert_model(onnx_path, options, fp32_nodes=fp32_nodes)
-        if not fp32_nodes:  # the first conversion
-            _check_selection(report, options)
+
+    def checked(
+        model: ir.Model, report: AutoCastReport, reference: ReferenceResult | None, fp32_nodes: Mapping[str, str]
+    ) -> onnx.ModelProto:
         proto = to_model_proto(model)
         if proto.ByteSize() >= PROTOBUF_LIMIT:
             return proto
@@ -657,10 +731,49 @@ def convert_to_mixed_precision(
                 load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.providers))
             return proto
         numeric = numeric_check(proto, reference, providers=list(options.providers))
-        if not kernel_gap(numeric, report, options, onnx_path, fp32_nodes):
-            _log_numeric(numeric)
-            prove_by_run(numeric, report.ort_only)
-            return proto
+        raise_kernel_gap(numeric, report, options, onnx_path, fp32_nodes)
+        _log_numeric(numeric)
+        prove_by_run(numeric, report.ort_only)
+        return proto
+
+    return convert_until_runs(onnx_path, options, checked)
+
+
+def _write(run: FileRun[AutoCastOptions]) -> tuple[ir.Model, AutoCastReport]:
+    """Converts and saves; the written output is checked before it replaces the output path, and converted again
+    where ONNX Runtime cannot run a node made low (:func:`convert_until_runs`)."""
+
+    def save(
+        model: ir.Model, report: AutoCastReport, reference: ReferenceResult | None, fp32_nodes: Mapping[str, str]
+    ) -> tuple[ir.Model, AutoCastReport]:
+        check = _output_check(report, reference, run.options, run.source, fp32_nodes, output_producers(model))
+        run.save(model, report, check=check)
+        report.seconds["save"] -= report.seconds.get("numeric check", 0.0)  # timed as a step of its own
+        return model, report
+
+    model, report = convert_until_runs(run.source, run.options, save, refuse_kernel_gaps=True)
+    logger.info("Saved %s", run.output, extra=SUMMARY)
+    return model, report
+
+
+def _write_html(run: FileRun[AutoCastOptions], model: ir.Model, report: AutoCastReport) -> None:
+    """The HTML report, when asked for (``--report_html``)."""
+    if run.options.report is not None:
+        report.command = command_line(run.options, run.source_path, run.output if run.named_output else None)
+        report_html.write_html(run.options.report, report.to_json())
+        logger.info("HTML report written to %s", run.options.report)
+
+
+TOOL: ModelTool[AutoCastOptions, AutoCastReport] = ModelTool(
+    AutoCastOptions,
+    _write,
+    suffix=lambda options: f".{options.low_precision_type}",
+    name="AutoCast",
+    function="convert_file",
+    other_outputs=lambda options: {"--report_html": options.report},
+    finish=_write_html,
+)
+"""AutoCast on the tool base (:class:`onnxprec._tool.ModelTool`): ``convert_file``."""
 
 
 def convert_file(
@@ -686,45 +799,4 @@ def convert_file(
     Raises:
         OnnxprecError: A bad argument, model or output path; the message says how to fix it.
     """
-    if options is None:
-        options = options_from_call(AutoCastOptions, {}, kwargs, "AutoCast")
-    elif kwargs:
-        raise InvalidArgumentError(
-            f"convert_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
-            "e.g. dataclasses.replace(options, ...)."
-        )
-    output = (
-        Path(output_path) if output_path is not None else default_output_path(onnx_path, options.low_precision_type)
-    )
-    source = Path(onnx_path)
-    protected = {source.resolve()} if source.exists() else set()
-    check_output_path(output, protected)  # fail before the work, not after
-    if options.report is not None:
-        check_output_path(options.report, {*protected, output.resolve()}, flag="--report_html", data_file=False)
-    genai = GenaiCarry.plan(source, output, options.genai_provider)
-    fp32_nodes: dict[str, str] = {}
-    while True:
-        model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes, refuse_kernel_gaps=True)
-        if not fp32_nodes:  # the first conversion
-            _check_selection(report, options)
-        report.input_path = source
-        protected |= external_data_paths(model)
-        check = _output_check(report, reference, options, source, fp32_nodes, output_producers(model))
-        with report.step("save"):
-            try:
-                report.output_path = save_model(
-                    model, output, external_data=external_data, protected=protected, check=check
-                )
-            except _ConvertAgain:
-                continue
-        report.seconds["save"] -= report.seconds.get("numeric check", 0.0)  # timed as a step of its own
-        break
-    logger.info("Saved %s", output, extra=SUMMARY)
-    if genai is not None:
-        genai.write(model)
-        report.genai = genai
-    if options.report is not None:
-        report.command = command_line(options, onnx_path, output_path)
-        report_html.write_html(options.report, report.to_json())
-        logger.info("HTML report written to %s", options.report)
-    return report
+    return TOOL.run_file(Path(onnx_path), output_path, external_data=external_data, options=options, **kwargs)
