@@ -70,23 +70,35 @@ class Report(Protocol):
 S = TypeVar("S")
 
 
-@dataclasses.dataclass
 class Timer:
-    """The wall time of a block timed by :func:`timed`."""
+    """A stopwatch, started when made: ``seconds`` is the wall time since, until :meth:`stop` (the one timer of the
+    tools' logs and reports: no hand-written timing pairs)."""
 
-    seconds: float = 0.0
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.end: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        """Seconds from the start to the stop, or to now while it runs."""
+        return (time.perf_counter() if self.end is None else self.end) - self.start
+
+    def stop(self) -> float:
+        """Stops the watch (once) and returns its seconds."""
+        if self.end is None:
+            self.end = time.perf_counter()
+        return self.seconds
 
 
 @contextlib.contextmanager
 def timed() -> Iterator[Timer]:
     """Times the block: the :class:`Timer` it gives holds the block's wall time once the block ends (also when it
-    raises). The one stopwatch of the tools (no hand-written timing pairs)."""
+    raises)."""
     timer = Timer()
-    tick = time.perf_counter()
     try:
         yield timer
     finally:
-        timer.seconds = time.perf_counter() - tick
+        timer.stop()
 
 
 @dataclasses.dataclass(frozen=True)

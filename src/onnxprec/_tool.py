@@ -25,12 +25,12 @@ import contextlib
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from onnxprec._options import ToolOptions, options_or_keywords
+from onnxprec._report import Timer
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -79,16 +79,13 @@ class FileRun(Generic[OptionsT]):
     named_output: bool = True
     """Whether the caller named the output (else it is the default beside the input)."""
     genai: GenaiCarry | None = None
-    started: float = dataclasses.field(default_factory=time.perf_counter)
+    clock: Timer = dataclasses.field(default_factory=Timer)
+    """Started when the run is made, before the paths are checked."""
 
     @property
     def source_path(self) -> Path | None:
         """The input model's path, or None for a model given in memory."""
         return self.source if isinstance(self.source, Path) else None
-
-    def elapsed(self) -> float:
-        """Seconds since the run started (before the paths were checked)."""
-        return time.perf_counter() - self.started
 
     def load(self) -> ir.Model:
         """The input model (weights mapped); its data files are protected from then on, the output checked again."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Iterable, Mapping
 
 import onnx_ir as ir
@@ -21,6 +20,7 @@ from onnxprec._graph import tensor_dtype
 from onnxprec._io import ModelSource
 from onnxprec._ops import opsets_by_domain
 from onnxprec._ort import lacks_kernels
+from onnxprec._report import Timer
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision
 from onnxprec.autocast.report import AutoCastReport
@@ -102,7 +102,7 @@ def keep_kernel_gaps(
         for node, d in decisions.items()
         if d.low and any(v is not None and tensor_dtype(v) == ir.DataType.FLOAT for v in (*node.inputs, *node.outputs))
     ]
-    tick = time.perf_counter()
+    clock = Timer()
     lacking = lacks_kernels(low, opsets_by_domain(model), options.low, provider)
     kept: dict[str, int] = {}
     for node in lacking:
@@ -121,7 +121,7 @@ def keep_kernel_gaps(
     logger.info(
         "Probed ONNX Runtime's BF16 kernels on %s (%.1f s)%s",
         provider,
-        time.perf_counter() - tick,
+        clock.seconds,
         f": kept in FP32 for lack of one: {ops}" if kept else "",
     )
     return kept

@@ -16,7 +16,6 @@ import dataclasses
 import difflib
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 
 import onnx
@@ -31,7 +30,7 @@ from onnxprec._graph import FLOAT_TYPES, LOW_FLOAT_TYPES, all_values, tensor_dty
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import check_op_types, check_patterns
-from onnxprec._report import Step
+from onnxprec._report import Step, Timer
 from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.autocast import masks, target
 from onnxprec.autocast._options import AutoCastOptions
@@ -453,7 +452,7 @@ def _details(
 ) -> Details:
     """What the HTML report shows per node; the errors along the graph on the first calibration sample
     (``converted_clone``: :func:`_converted_clone` with the model's interface types)."""
-    tick = time.perf_counter()
+    clock = Timer()
     found = Details.of(model, seen, measured)
     if reference is None:
         found.error_note = "errors along the graph not measured: no reference run (data_max inf)"
@@ -461,7 +460,7 @@ def _details(
     converted = converted_clone(model, decisions, options)
     feeds = first_sample(reference.first_feeds)
     found.errors, found.error_note = layer_errors(model, converted, feeds, options.providers)
-    logger.info("Errors along the graph: %d tensors (%.1f s)", len(found.errors), time.perf_counter() - tick)
+    logger.info("Errors along the graph: %d tensors (%.1f s)", len(found.errors), clock.seconds)
     return found
 
 

@@ -588,7 +588,7 @@ def _write(run: FileRun[PreprocessOptions]) -> tuple[ir.Model, PreprocessReport]
 
 def _finish(run: FileRun[PreprocessOptions], model: ir.Model, report: PreprocessReport) -> None:
     _check_result(run.source, run.output, report)
-    report.seconds = run.elapsed()
+    report.seconds = run.clock.seconds
 
 
 TOOL: ModelTool[PreprocessOptions, PreprocessReport] = ModelTool(
