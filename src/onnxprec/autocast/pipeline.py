@@ -50,7 +50,7 @@ from onnxprec.autocast.rules import (
     UserRule,
 )
 from onnxprec.calibration_data import CalibrationData, run_on_data
-from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError, ValidationError
+from onnxprec.errors import InvalidArgumentError, UnsupportedModelError, ValidationError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
 from onnxprec.passes import (
     ConvertFp64ToFp32Pass,
@@ -61,6 +61,7 @@ from onnxprec.passes import (
     RemoveRedundantCastsPass,
     UpgradeOpsetPass,
     WidenToFp32Pass,
+    run_passes,
 )
 from onnxprec.reference import ReferenceResult, run_reference
 from onnxprec.validate import (
@@ -159,24 +160,7 @@ def _sanitize(model: ir.Model, options: AutoCastOptions, opset: int | None = Non
         TopologicalSortPass(),
         InferTypesPass(),
     ]
-    _run_passes(model, *steps)
-
-
-def _run_passes(model: ir.Model, *steps: ir.passes.PassBase) -> list[ir.passes.PassResult]:
-    """Runs passes in order and returns their results; a user error raised in a pass surfaces as itself."""
-    results: list[ir.passes.PassResult] = []
-    for step in steps:
-        try:
-            results.append(step(model))
-        except Exception as e:
-            cause: BaseException | None = e
-            while isinstance(cause, ir.passes.PassError):
-                cause = cause.__cause__
-            if isinstance(cause, OnnxprecError):
-                raise cause from None
-            done = [type(s).__name__ for s in steps[: len(results)]]
-            raise ir.passes.PassError(f"An error occurred in the '{step}' pass after the passes {done}") from e
-    return results
+    run_passes(model, *steps)
 
 
 def _needs_reference(model: ir.Model, options: AutoCastOptions) -> bool:
@@ -480,7 +464,7 @@ def _convert(
         io_types=io_types,
     )
     cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
-    converted = _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())[0]
+    converted = run_passes(model, convert, cleanup, RemoveUnusedNodesPass())[0]
     assert isinstance(converted, ConvertPrecisionResult)
     return converted
 
