@@ -60,6 +60,7 @@ class CorpusTool:
     int8: bool = False  # an INT8 result: latency against FP32
     needs: str | None = None  # the tool whose result it reads as {Q}
     only_with_weights: bool = False  # INT4: models with MatMul or Gather weights
+    optimize: bool = True  # judged with ORT's graph optimizations (off for FP8: its CPU rewrites break FP8 Convs)
 
     def user(self) -> str:
         cmd = self.argv.replace("-m onnxprec.cli", "onnxprec").replace(str(RUNNER) + " ", "benchmarks/_runner.py ")
@@ -72,6 +73,7 @@ class CorpusTool:
 _AC = "-m onnxprec.cli autocast --onnx_path {M} --output_path {O} --keep_io_types --report_json {R}"
 _Q8 = "-m onnxprec.cli quantize int8 --onnx_path {M} --output_path {O} --report_json {R}"
 _MO = "-m modelopt.onnx.quantization --quantize_mode int8 --onnx_path {M} --output_path {O}"
+_MO_FP8 = _MO.replace("int8", "fp8") + " --calibration_data_path {D} --calibration_eps cpu"
 # fmt: off
 TOOLS: dict[str, CorpusTool] = {t.id: t for t in (
     CorpusTool("autocast:fp16", "project", _AC),
@@ -91,6 +93,8 @@ TOOLS: dict[str, CorpusTool] = {t.id: t for t in (
     CorpusTool("ort:quantize_static", "anchors", f"{RUNNER} ort_int8 --input {{M}} --output {{O}} --calib {{C}} "
                "--method MinMax", int8=True),
     CorpusTool("modelopt:int8", "anchors", _MO + " --calibration_data_path {D} --calibration_eps cpu", int8=True),
+    CorpusTool("fp8", "project", _Q8.replace("int8", "fp8") + " -d {C}", optimize=False),
+    CorpusTool("modelopt:fp8", "anchors", _MO_FP8, optimize=False),
 )}
 # fmt: on
 
@@ -124,21 +128,26 @@ def merged_npz(folder: Path, dest: Path) -> Path:
     return dest
 
 
-def _session(path: Path, threads: int = 2) -> Any:
+def _session(path: Path, threads: int = 2, optimize: bool = True) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
 
-def run_outputs(path: Path, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+def run_outputs(
+    path: Path, feeds: Sequence[Mapping[str, np.ndarray]], optimize: bool = True
+) -> list[dict[str, np.ndarray]]:
     """The model's outputs on each batch with ONNX Runtime's CPU provider (float inputs cast to the model's float
-    type; non-tensor outputs left out; float outputs as float32)."""
-    s = _session(path)
+    type; non-tensor outputs left out; float outputs as float32), with its graph optimizations unless ``optimize``
+    is False."""
+    s = _session(path, optimize=optimize)
     types = {i.name: _NP_TYPES.get(i.type) for i in s.get_inputs()}
     names = [o.name for o in s.get_outputs() if o.type.startswith("tensor")]
     out = []
@@ -262,7 +271,7 @@ def run_cell(
             cell["message"] = "exit 0 but no output file"
         else:
             try:
-                got = run_outputs(files["O"], batches(mr.heldout))
+                got = run_outputs(files["O"], batches(mr.heldout), tool.optimize)
                 mr.ref = mr.ref or run_outputs(mr.src, batches(mr.heldout))
                 judged = corpus_metrics.judge(mr.rec["metric"], mr.rec["bound"], mr.ref, got, mr.rec.get("output"),
                                               mr.rec.get("metric_options"))  # fmt: skip

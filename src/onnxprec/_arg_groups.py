@@ -102,6 +102,8 @@ VOCABULARY: tuple[Concept, ...] = (
         ("nodes_to_include", "nodes_to_quantize"),
     ),
     Concept("op types to exclude", ("-ope", "--op_types_to_exclude"), (), ("op_types_to_exclude",)),
+    # its values take ONNX Runtime's and Quark's QuantType names too (int8._options.ACTIVATION_TYPE_ALIASES)
+    Concept("activation type", ("--activation_type",), (), ("activation_type",)),
     Concept(
         "op types to include",
         ("-opi", "--op_types_to_include"),

@@ -36,6 +36,7 @@ __all__ = [
     "gather_table_rows",
     "image_channel_axis",
     "input_specs",
+    "inputs_without_synthetic_form",
     "parse_input_shapes",
     "random_feeds",
     "read_npy",
@@ -553,6 +554,25 @@ def image_channel_axis(shape: tuple[int, ...]) -> int | None:
         if shape[axis] in (1, 3) and all(size >= 8 for size in spatial):
             return axis
     return None
+
+
+def inputs_without_synthetic_form(specs: list[InputSpec]) -> list[InputSpec]:
+    """The inputs whose random values stand for no real data: float inputs that are not a batch of 1- or 3-channel
+    images (audio, spectrograms, features, tabular rows, recurrent states) and integer inputs other than masks,
+    positions and token types (token ids, bytes). Scalars and bools are settings, and have a form."""
+    unlike = []
+    for spec in specs:
+        name = spec.name.lower()
+        if not spec.dims or spec.dtype == np.bool_ or spec.kind != "tensor":
+            continue
+        if np.issubdtype(spec.dtype, np.integer):
+            if not any(word in name for word in ("mask", "position", "type", "segment")):
+                unlike.append(spec)
+            continue
+        sizes = tuple(d if isinstance(d, int) and d >= 0 else 8 for d in spec.dims)  # a dynamic size can be one
+        if image_channel_axis(sizes) is None:
+            unlike.append(spec)
+    return unlike
 
 
 def synthetic_images(count: int, height: int, width: int, channels: int, rng: np.random.Generator) -> np.ndarray:

@@ -215,3 +215,34 @@ def test_random_data_retries_other_sizes(tmp_path: Path) -> None:
     )
     out = convert_to_mixed_precision(proto)
     onnx.checker.check_model(out)
+
+
+def test_inputs_without_a_synthetic_form_are_the_non_images() -> None:
+    """Images (NCHW or NHWC, 1 or 3 channels, dynamic sizes too) have synthetic random data; audio, features, ids
+    and bytes do not; masks, positions, scalars and bools are settings."""
+    i64, i32, b = TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
+    inputs = [
+        ("photo", F, ["N", 3, "H", "W"]), ("nhwc", F, ["N", 224, 224, 3]), ("gray", F, [1, 1, 64, "W"]),
+        ("audio", F, ["N", "samples"]), ("mel", F, [1, 80, "T"]), ("state", F, [2, "N", 128]),
+        ("feature", F, [1, 32, "H", "W"]), ("input_ids", i64, ["N", "T"]), ("bytes", i32, ["N", 2048]),
+        ("attention_mask", i64, ["N", "T"]), ("position_ids", i64, ["N", "T"]), ("sr", i64, []), ("flag", b, [1]),
+    ]  # fmt: skip
+    nodes = [helper.make_node("Identity", [name], [f"{name}_out"]) for name, _, _ in inputs]
+    model = make_model(nodes, [tensor_info(n, t, d) for n, t, d in inputs],
+                       [tensor_info(f"{n}_out", t, d) for n, t, d in inputs])  # fmt: skip
+    specs = calibration.input_specs(ir.serde.deserialize_model(model))
+    unlike = [spec.name for spec in calibration.inputs_without_synthetic_form(specs)]
+    assert unlike == ["audio", "mel", "state", "feature", "input_ids", "bytes"]
+
+
+def test_few_runs_of_many_samples_are_split_to_hold_out_a_quarter() -> None:
+    """2 runs of 8 samples: 8 runs of 2, 6 calibrate and 2 check; a static batch axis is never split."""
+    rng = np.random.default_rng(0)
+    batches = [{"X": rng.standard_normal((8, 3)).astype(np.float32)} for _ in range(2)]
+    data = CalibrationData(batches, _model("N"))
+    calibrate, rest = data.held_out()
+    assert rest is not None and (len(calibrate), len(rest)) == (6, 2)
+    assert [b["X"].shape for b in rest] == [(2, 3), (2, 3)]
+    np.testing.assert_array_equal(np.concatenate([b["X"] for b in rest]), batches[1]["X"][4:])
+    static = CalibrationData([{"X": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(4)], _model(2))
+    assert static.held_out()[1] is None  # 8 samples, but the model's batch is 2

@@ -52,6 +52,7 @@ TOOLS: tuple[tuple[str, str, str], ...] = (
     ("compare", "onnxprec.debug._compare_cli", "Node-by-node errors of a converted model; where it first diverges."),
     ("quantize int4", "onnxprec.quantization.int4._cli", "INT4 weight-only quantization: RTN, AWQ, GPTQ."),
     ("quantize int8", "onnxprec.quantization.int8._cli", "INT8 quantization (static QDQ, dynamic, SmoothQuant)."),
+    ("quantize fp8", "onnxprec.quantization.fp8._cli", "FP8 (E4M3FN) quantization for TensorRT, as ModelOpt's fp8."),
 )
 
 # The one-line help of a subcommand that groups tools (``onnxprec quantize``), also its ``--help`` description

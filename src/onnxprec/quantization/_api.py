@@ -1,7 +1,8 @@
-"""ModelOpt's one entry point, ``quantize(onnx_path, quantize_mode="int8" | "int4", ...)``, routed to the tools.
+"""ModelOpt's one entry point, ``quantize(onnx_path, quantize_mode="int8" | "fp8" | "int4", ...)``, routed to tools.
 
 ModelOpt's signature is written here only: ``quantize_mode="int8"`` runs the INT8 tool
-(:func:`onnxprec.quantization.int8.quantize_file`, whose options have ModelOpt's names); ``"int4"`` runs the INT4
+(:func:`onnxprec.quantization.int8.quantize_file`, whose options have ModelOpt's names), ``"fp8"`` the FP8 tool
+(:func:`onnxprec.quantization.fp8.quantize_file`, INT8's options with FP8's defaults); ``"int4"`` runs the INT4
 weight-only tool (:func:`onnxprec.quantization.int4.quantize_file`) with ModelOpt's argument names mapped onto it. Both
 write ``output_path`` (default ``<name>.quant.onnx``) and return the report.
 """
@@ -16,15 +17,14 @@ from onnxprec.errors import InvalidArgumentError
 
 __all__ = ["MODES", "quantize", "split_mode"]
 
-MODES = ("int8", "int4")
+MODES = ("int8", "fp8", "int4")
 _INT4_UNSUPPORTED = ("op_types_to_quantize", "op_types_to_exclude", "nodes_to_quantize", "high_precision_dtype")
 _MODELOPT_ALIASES = {"calibration_shapes": "input_shapes"}  # ModelOpt's keyword: the tools' option
 
 
 def _check_mode(mode: object) -> str:
     if mode not in MODES:
-        hint = " (FP8 needs TensorRT, which onnxprec does not target)" if mode == "fp8" else ""
-        raise InvalidArgumentError(f"Unknown quantize_mode {mode!r}{hint}: use int8 or int4.")
+        raise InvalidArgumentError(f"Unknown quantize_mode {mode!r}: use {', '.join(MODES)}.")
     return str(mode)
 
 
@@ -42,7 +42,7 @@ def split_mode(argv: Sequence[str]) -> tuple[str, list[str]]:
         arg = args[i]
         if arg == "--quantize_mode":
             if i + 1 >= len(args):
-                raise InvalidArgumentError("--quantize_mode needs a value: int8 or int4.")
+                raise InvalidArgumentError(f"--quantize_mode needs a value: {', '.join(MODES)}.")
             mode, i = args[i + 1], i + 2
             continue
         if arg.startswith("--quantize_mode="):
@@ -74,10 +74,11 @@ def quantize(
 
     Args:
         onnx_path: Path to the float model.
-        quantize_mode: ``int8`` (static/dynamic INT8, :mod:`onnxprec.quantization.int8`) or ``int4``
-            (weight-only, :mod:`onnxprec.quantization.int4`).
+        quantize_mode: ``int8`` (static/dynamic INT8, :mod:`onnxprec.quantization.int8`), ``fp8`` (FP8 E4M3FN for
+            TensorRT, :mod:`onnxprec.quantization.fp8`) or ``int4`` (weight-only, :mod:`onnxprec.quantization.int4`).
         calibration_data: Calibration inputs (a path, a dict of arrays, a list of feed dicts or a reader).
-        calibration_method: INT8: max, entropy, percentile, mse (default); INT4: rtn, awq_lite, awq_clip, gptq...
+        calibration_method: INT8: max, entropy, percentile, mse (default); FP8: the same, max by default; INT4: rtn,
+            awq_lite, awq_clip, gptq...
         calibration_data_reader: An ONNX Runtime ``CalibrationDataReader``; give it or ``calibration_data``.
         calibration_eps: ONNX Runtime providers for calibration: ``cpu``, ``cuda:N``, ``trt``, ``dml``.
         op_types_to_quantize: INT8 only: only these op types.
@@ -87,8 +88,10 @@ def quantize(
         use_external_data_format: Save the weights in ``<output>.data`` beside the model.
         output_path: Where to write (default beside the input).
         log_level: DEBUG, INFO, WARNING or ERROR.
-        high_precision_dtype: INT8 only: fp32, fp16 or bf16 for what stays in float (default: fp32 on ort-cpu).
-        **kwargs: Any other option of the chosen tool (:class:`~onnxprec.quantization.int8.Int8Options` or
+        high_precision_dtype: INT8 and FP8: fp32, fp16 or bf16 for what stays in float (default: fp32 on ort-cpu,
+            fp16 on trt and for FP8).
+        **kwargs: Any other option of the chosen tool (:class:`~onnxprec.quantization.int8.Int8Options`,
+            :class:`~onnxprec.quantization.fp8.Fp8Options` or
             :class:`~onnxprec.quantization.int4.Int4Options`, e.g. ``runtime``, ``block_size``); ModelOpt's
             ``calibration_shapes`` is the tools' ``input_shapes``. ModelOpt's ``calibration_cache_path`` is refused
             (no calibration cache here).
@@ -117,6 +120,11 @@ def quantize(
 
         del named["output_path"]  # ModelOpt's names are INT8's options
         return int8.quantize_file(onnx_path, output_path, options=int8.Int8Options.from_call(None, kwargs, named))
+    if mode == "fp8":
+        from onnxprec.quantization import fp8
+
+        del named["output_path"]  # and FP8's
+        return fp8.quantize_file(onnx_path, output_path, options=fp8.Fp8Options.from_call(None, kwargs, named))
     given = {name: value for name, value in named.items() if name in _INT4_UNSUPPORTED and value is not None}
     if given:
         raise InvalidArgumentError(f"quantize_mode='int4' has no {', '.join(sorted(given))}: drop them.")

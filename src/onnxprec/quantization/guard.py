@@ -40,6 +40,7 @@ from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, Tas
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from onnxprec._ort import Optimization
     from onnxprec.accuracy import OutputMetric, Producer, TaskSummary
 
 __all__ = [
@@ -159,13 +160,14 @@ def measure_task(
     producers: Mapping[str, Producer | None],
     providers: Sequence[str] | None = None,
     target: AccuracyTarget = RANKING,
+    optimization: Optimization = "all",
 ) -> Checked:
-    """Runs ``model`` (optimized as ONNX Runtime will run it) on every kept batch: its errors against ``target`` and
-    its task metrics against the float outputs, in one pass."""
+    """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every kept batch: its errors
+    against ``target`` and its task metrics against the float outputs, in one pass."""
     from onnxprec import _ort
 
     clock = Timer()
-    session = _ort.create_session(model, providers=providers, optimization="all", what="the quantized model")
+    session = _ort.create_session(model, providers=providers, optimization=optimization, what="the quantized model")
     metrics = TaskMetrics(producers)
     references = iter(kept.outputs)
 

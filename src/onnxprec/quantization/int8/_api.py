@@ -33,7 +33,7 @@ from onnxprec._progress import Progress
 from onnxprec._report import Step
 from onnxprec.accuracy import ReferenceOutputs, output_producers
 from onnxprec.calibration_data import CalibrationData, run_on_data
-from onnxprec.errors import UnsupportedModelError
+from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
 from onnxprec.passes import (
     InferTypesPass,
@@ -55,7 +55,7 @@ from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.decide import Decisions, Statistics, build, decide, plan_for
 from onnxprec.quantization.int8.emulation import Int8Emulator
-from onnxprec.quantization.int8.fallback import estimated_sensitivity, measure, search, worst_errors
+from onnxprec.quantization.int8.fallback import SearchWords, estimated_sensitivity, measure, search, worst_errors
 from onnxprec.quantization.int8.grams import ConvGeometry, HessianObserver
 from onnxprec.quantization.int8.place import WEIGHT_OPS, Plan, pattern_names
 from onnxprec.quantization.int8.rewrite import fold_casts_into_qdq
@@ -69,7 +69,6 @@ __all__ = ["Int8Options", "Int8Report", "default_output_path", "quantize_file", 
 
 logger = logging.getLogger(__name__)
 
-MIN_OPSET = 13  # per-axis DequantizeLinear
 MAX_UNFUSED_COUNT_BYTES = 1 << 30  # larger outputs: no optimizing session to count the unfused Q/DQ
 PREPROCESSED_KEY = "onnx.quant.pre_process"  # the metadata ONNX Runtime's quant_pre_process (our preprocess) writes
 LOW_QDQ_OPSET = 19  # QuantizeLinear/DequantizeLinear on FP16/BF16 values with FP16/BF16 scales
@@ -84,9 +83,9 @@ def _sanitize(model: ir.Model, options: Int8Options) -> dict[str, int]:
     """Names every node, lifts float constants, widens FP16/BF16 to FP32 (the model's inputs and outputs keep their
     type behind Casts; the float remainder is FP32 on ort-cpu, AutoCast's elsewhere), folds layout Transposes and
     per-channel affine chains into the layers (:func:`_fold_structure`, whose counts it returns), zero Pads into Convs,
-    raises the opset to 13 (19 where the Q/DQ pairs of --runtime trt will read and write the FP16/BF16 remainder) and
-    fills in the element types the placement reads."""
-    needed = LOW_QDQ_OPSET if options.runtime == "trt" and options.float_type != "fp32" else MIN_OPSET
+    raises the opset to what the Q/DQ nodes need (13; 19 where the Q/DQ pairs of --runtime trt will read and write the
+    FP16/BF16 remainder, and for FP8) and fills in the element types the placement reads."""
+    needed = options.qdq_opset
     with quiet_onnx_ir():
         NameNodesPass()(model)
         LiftFloatConstantsPass()(model)
@@ -98,8 +97,9 @@ def _sanitize(model: ir.Model, options: Int8Options) -> dict[str, int]:
                 UpgradeOpsetPass(needed)(model)
             except Exception as e:
                 raise UnsupportedModelError(
-                    f"INT8 needs opset {needed} (per-channel DequantizeLinear; FP16/BF16 Q/DQ from 19) and the upgrade "
-                    f"failed ({str(e).splitlines()[0]}): upgrade the model to opset {needed} or later yourself."
+                    f"{options.TOOL} needs opset {needed} (per-channel DequantizeLinear; FP16/BF16 and FP8 Q/DQ from "
+                    f"19) and the upgrade failed ({str(e).splitlines()[0]}): upgrade the model to opset {needed} or "
+                    "later yourself."
                 ) from None
         InferTypesPass()(model)
     model.ir_version = max(model.ir_version, 7)
@@ -166,7 +166,10 @@ def _calibrate(
 
     def run(data: CalibrationData) -> None:
         held.append(data)
-        calibration, rest = data.held_out()
+        # static ranges fit few runs; without the guard (quantize_static, --no_accuracy_guard) every run calibrates,
+        # as ONNX Runtime's quantizer does
+        guarded = options.accuracy_guard or options.target_accuracy is not None
+        calibration, rest = data.held_out(split=bool(plan.static_tensors)) if guarded else (data, None)
         observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(model, calibration)]
         result = run_reference(
             model,
@@ -185,8 +188,7 @@ def _calibrate(
             held_out.append(outputs)
             report.calibration["held_out_batches"] = rest.batches
 
-    fitted = plan.static_tensors or options.smoothquant or options.outlier_channels or options.bias_correction
-    if options.source is None and (fitted or options.target_accuracy is not None):  # not for weights alone
+    if options.source is None and _fits_activations(plan, options):  # not for weights alone
         logger.warning(
             "No calibration data: INT8 ranges and decisions are fitted to realistic random inputs; pass "
             "representative inputs (--calibration_data, API: calibration_data=)."
@@ -197,6 +199,30 @@ def _calibrate(
     )  # fmt: skip
     stats = Statistics(hist.histograms, channels, samples, hessians)
     return stats, (held[-1] if held else None), (held_out[-1] if held_out else None)
+
+
+def _fits_activations(plan: Plan, options: Int8Options) -> bool:
+    """Whether calibration data decides anything: static ranges, SmoothQuant, outlier channels, bias correction or
+    the float fallback."""
+    fitted = plan.static_tensors or options.smoothquant or options.outlier_channels or options.bias_correction
+    return bool(fitted) or options.target_accuracy is not None
+
+
+def _refuse_random_data(model: ir.Model, plan: Plan, options: Int8Options) -> None:
+    """Without calibration data, refuses a model one of whose inputs has no realistic synthetic form
+    (:func:`onnxprec.calibration.inputs_without_synthetic_form`), unless ``random_calibration_data``."""
+    if options.source is not None or options.random_calibration_data or not _fits_activations(plan, options):
+        return
+    unlike = calibration.inputs_without_synthetic_form(calibration.input_specs(model))
+    if unlike:
+        names = ", ".join(spec.describe() for spec in unlike[:3]) + (
+            f" and {len(unlike) - 3} more" if len(unlike) > 3 else ""
+        )
+        raise CalibrationDataError(
+            f"No calibration data, and random values are no realistic input for {names}: INT8's ranges and its "
+            "accuracy check would be fitted to noise; pass representative inputs with --calibration_data (API: "
+            "calibration_data=), or --random_calibration_data to quantize on random data anyway."
+        )
 
 
 def _costs(plan: Plan, stats: Statistics) -> dict[str, float]:
@@ -325,9 +351,10 @@ def _calibration(run: Int8Run) -> None:
     """One pass over the data: the statistics, the float outputs (the held-out runs' too) and each output's task."""
     plan, options = run.plan, run.options
     logger.info(
-        "INT8 for %s: %d layers (%d dynamic), %d static tensors", options.runtime, len(plan.layers),
+        "%s for %s: %d layers (%d dynamic), %d static tensors", options.TOOL, options.runtime, len(plan.layers),
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
+    _refuse_random_data(run.model, plan, options)
     run.stats, run.data, run.held_out = _calibrate(run.model, plan, options, run.report, run.keep)
 
 
@@ -345,6 +372,13 @@ def _decisions(run: Int8Run) -> None:
     run.stats = None
 
 
+def _widen_step(run: Int8Run) -> None:
+    """A16W8: 16 bits where 8 cost the most (:func:`_widen`)."""
+    assert run.target is not None
+    run.decisions = _widen(run.model, run.options, run.plan, run.decisions, run.target, run.producers, run.keep,
+                           run.report)  # fmt: skip
+
+
 def _target_search(run: Int8Run) -> None:
     """The float fallback: the fewest most sensitive layers in float for the target."""
     assert run.target is not None
@@ -358,6 +392,8 @@ def _build(run: Int8Run) -> None:
     options, report, decisions = run.options, run.report, run.decisions
     result, applied = _apply(run.model, options, decisions, run.float_layers)
     report.static_tensors = len(applied.static_tensors)
+    present = {str(value.name) for value in applied.static_tensors}  # the float fallback may have removed some
+    report.wide_tensors = [name for name in report.wide_tensors if name in present]
     report.passthrough = [str(node.name) for node in applied.passthrough]
     fallen = set(run.float_layers)
     for layer in run.plan.layers:
@@ -387,6 +423,7 @@ STEPS: tuple[Step[Int8Run], ...] = (
     Step("load+place", _load_and_place),
     Step("calibration", _calibration),
     Step("decisions", _decisions),
+    Step("16-bit search", _widen_step, when=lambda run: run.target is not None and run.options.wide_qtype is not None),
     Step("target search", _target_search,
          when=lambda run: run.target is not None and run.options.max_float_compute > 0),  # 0: no layer in float
     Step("build", _build),
@@ -395,11 +432,19 @@ STEPS: tuple[Step[Int8Run], ...] = (
 """INT8's pipeline, each step timed in the report under its name."""
 
 
-def quantize_model(source: ModelSource, options: Int8Options) -> tuple[ir.Model, Int8Report]:
-    """Runs the pipeline (:data:`STEPS`) up to (not including) saving; the returned model's INT8 weights are lazy
-    tensors."""
+def quantize_model(
+    source: ModelSource, options: Int8Options, report_type: type[Int8Report] = Int8Report
+) -> tuple[ir.Model, Int8Report]:
+    """Runs the pipeline (:data:`STEPS`) up to (not including) saving; the returned model's INT8 (FP8) weights are
+    lazy tensors.
+
+    Args:
+        source: The float model.
+        options: The settings (:class:`Int8Options`, or a subclass with other Q/DQ types: FP8's).
+        report_type: The report to fill (FP8's says FP8).
+    """
     target = options.target
-    report = Int8Report(
+    report = report_type(
         options.runtime, options.method, options.float_type, target=None if target is None else str(target)
     )
     run = Int8Run(source, options, report, target)
@@ -415,7 +460,7 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
     where = ["calibration data", "held-out runs"]
     measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
-    text = f"INT8 result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
+    text = f"{report.FORMAT} result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
     steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
     ranked: list[str] = steps[-1] if steps else []
     floats = report.count("float")
@@ -425,6 +470,22 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     if report.calibration.get("random"):
         text += "; measured on random data: pass representative inputs (--calibration_data)"
     return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"
+
+
+def _measure(
+    candidate: ir.Model,
+    options: Int8Options,
+    target: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+) -> Measurement:
+    """A candidate of a target search against the kept float outputs: the user's target, or the guard's verdict (the
+    task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
+    providers = list(options.calibration_eps)
+    if options.target is not None:
+        return measure(candidate, target, keep, providers, options.check_optimization)
+    checked = guard.measure_task(candidate, keep, producers, providers, target, options.check_optimization)
+    return dataclasses.replace(checked.measurement, ok=checked.ok)
 
 
 def _search(
@@ -448,11 +509,7 @@ def _search(
     steps = report.fallback_steps
 
     def check(floats: Collection[str]) -> Measurement:
-        candidate, _ = _apply(model, options, decisions, floats)
-        if not own:
-            return measure(candidate, target, keep, list(options.calibration_eps))
-        checked = guard.measure_task(candidate, keep, producers, list(options.calibration_eps), target)
-        return dataclasses.replace(checked.measurement, ok=checked.ok)
+        return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, keep)
 
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
         emulators: list[Int8Emulator] = []
@@ -477,6 +534,35 @@ def _search(
     return float_layers
 
 
+def _widen(
+    model: ir.Model,
+    options: Int8Options,
+    plan: Plan,
+    decisions: Decisions,
+    target: AccuracyTarget,
+    producers: Mapping[str, Producer | None],
+    keep: ReferenceOutputs,
+    report: Int8Report,
+) -> Decisions:
+    """A16W8: the fewest static tensors at 16 bits (the others 8) for ``target``, the noisiest at 8 bits first
+    (:attr:`Decisions.noise`), at most ``max_wide_tensors`` of them; the same search as the float fallback's
+    (:func:`~onnxprec.quantization.int8.fallback.search`), over tensors. Returns the decisions with them."""
+    names = [str(value.name) for value in plan.static_tensors if str(value.name) in decisions.wide]
+
+    def check(wide: Collection[str]) -> Measurement:
+        candidate, _ = _apply(model, options, dataclasses.replace(decisions, widened=frozenset(wide)))
+        return _measure(candidate, options, target, producers, keep)
+
+    steps: list[dict[str, Any]] = []
+    words = SearchWords("static tensor", "at 16 bits", "every static tensor at 8 bits", "--max_wide_tensors")
+    wide, _ = search(names, check, target, dict(decisions.noise), steps, dict.fromkeys(names, 1.0),
+                     options.max_wide_tensors, miss_level=logging.INFO, words=words)  # fmt: skip
+    report.wide_tensors = list(wide)
+    report.wide_steps = steps
+    logger.info("A16W8: %d of %d static tensors at 16 bits", len(wide), len(names))
+    return dataclasses.replace(decisions, widened=frozenset(wide))
+
+
 def _check(
     result: ir.Model,
     options: Int8Options,
@@ -489,9 +575,10 @@ def _check(
     the guard on, records the guard's one line when the result misses the bound (:class:`AccuracyGuardError` is
     raised once the model is written); with it off, a WARNING says so."""
     providers = list(options.calibration_eps)
-    checked = [guard.measure_task(result, keep, producers, providers)]
+    optimization = options.check_optimization
+    checked = [guard.measure_task(result, keep, producers, providers, optimization=optimization)]
     if held_out is not None:
-        checked.append(guard.measure_task(result, held_out, producers, providers))
+        checked.append(guard.measure_task(result, held_out, producers, providers, optimization=optimization))
     report.accuracy = worst_errors(checked[0].measurement)
     passed = all(c.ok for c in checked)
     report.check = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxprec._arg_groups import (
     calibration_data_option,
@@ -21,13 +21,20 @@ from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
 from onnxprec.quantization._tool import EXTRAS
 
+if TYPE_CHECKING:
+    from onnxprec._ort import Optimization
+    from onnxprec.quantization.algorithms.qtypes import QType
+
 __all__ = [
     "ACTIVATION_MODES",
+    "ACTIVATION_TYPES",
+    "ACTIVATION_TYPE_ALIASES",
     "CALIBRATION_METHODS",
     "HIGH_PRECISION_TYPES",
     "RUNTIMES",
     "WEIGHT_ROUNDINGS",
     "Int8Options",
+    "activation_type_name",
 ]
 
 CALIBRATION_METHODS = ("max", "entropy", "percentile", "mse")
@@ -35,6 +42,16 @@ RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
 WEIGHT_ROUNDINGS = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
+ACTIVATION_TYPES = ("int8", "uint8", "int16", "uint16")
+ACTIVATION_TYPE_ALIASES = {"qint8": "int8", "quint8": "uint8", "qint16": "int16", "quint16": "uint16"}
+"""The anchors' spellings of ``activation_type``: ONNX Runtime's and AMD Quark's ``QuantType`` names (``QInt16``...),
+any case."""
+
+
+def activation_type_name(text: str) -> str:
+    """``activation_type`` as onnxprec spells it (:data:`ACTIVATION_TYPE_ALIASES`), e.g. ``QInt16`` -> ``int16``."""
+    lowered = str(text).strip().lower()
+    return ACTIVATION_TYPE_ALIASES.get(lowered, lowered)
 
 
 @dataclass
@@ -107,6 +124,25 @@ class Int8Options(_tool.QuantizationOptions):
         help="How MatMul/Gemm activations are quantized: auto (dynamic on ort-cpu, static elsewhere), static "
         "(calibrated ranges) or dynamic (DynamicQuantizeLinear at run time, ort-cpu).",
     )
+    activation_type: str | None = option(
+        None,
+        choices=ACTIVATION_TYPES,
+        type=activation_type_name,
+        group=EXTRAS,
+        help="The type of calibrated (static) activations: int8 (symmetric), uint8 (with zero points), int16 "
+        "(symmetric) or uint16: 16-bit activations with INT8 weights (A16W8, opset 21; ONNX Runtime's CPU provider "
+        "runs their layers in float between the Q/DQ); with --target_accuracy or the accuracy guard, 16 bits only for "
+        "the tensors whose 8 bits cost the most, within --max_wide_tensors, the others 8; ONNX Runtime's and "
+        "Quark's QuantType names (QInt16, QUInt16...) are taken too (default: uint8 on --runtime ort-cpu, int8 "
+        "elsewhere).",
+    )
+    max_wide_tensors: float = option(
+        0.25,
+        group=EXTRAS,
+        metavar="FRACTION",
+        help="With a 16-bit --activation_type and an accuracy target (or the guard): at most this fraction of the "
+        "static activation tensors go to 16 bits, the most sensitive first; 1: every one may.",
+    )
     target_accuracy: str | Callable[..., Any] | None = option(
         None,
         group=EXTRAS,
@@ -138,6 +174,14 @@ class Int8Options(_tool.QuantizationOptions):
         "held-out runs: the float fallback runs to meet it within ``max_float_compute``; a result that still misses "
         "it is written for inspection and :class:`~onnxprec.errors.AccuracyGuardError` (carrying the report) is "
         "raised. False: the accuracy is measured and reported only.",
+    )
+    random_calibration_data: bool = option(
+        False,
+        group=EXTRAS,
+        help="Without --calibration_data, fit INT8's activation ranges and decisions to random data even when an "
+        "input has no realistic synthetic form (audio, spectrograms, token ids, bytes, tabular or feature inputs; "
+        "default: refuse in one line, as they would be fitted to noise and the check would judge noise). Image "
+        "inputs get synthetic images (smooth fields, edges, textures, strokes) and need no flag.",
     )
     max_float_compute: float = option(
         0.25,
@@ -205,6 +249,12 @@ class Int8Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(
                 f"Unknown INT8 calibration_method '{self.calibration_method}': use {', '.join(CALIBRATION_METHODS)}."
             )
+        if self.activation_type is not None:
+            self.activation_type = activation_type_name(self.activation_type)
+        if self.activation_type is not None and self.activation_type not in ACTIVATION_TYPES:
+            raise InvalidArgumentError(
+                f"Unknown activation_type '{self.activation_type}': use {', '.join(ACTIVATION_TYPES)}."
+            )
         for name, choices in (
             ("runtime", RUNTIMES),
             ("activations", ACTIVATION_MODES),
@@ -218,6 +268,8 @@ class Int8Options(_tool.QuantizationOptions):
             )
         if self.activations == "dynamic" and self.runtime != "ort-cpu":
             raise InvalidArgumentError(f"activations='dynamic' is for --runtime ort-cpu, not {self.runtime}.")
+        if not 0 <= self.max_wide_tensors <= 1:
+            raise InvalidArgumentError(f"max_wide_tensors must be in [0, 1], got {self.max_wide_tensors!r}.")
         if not 0 <= self.max_float_compute <= 1:
             raise InvalidArgumentError(f"max_float_compute must be in [0, 1], got {self.max_float_compute!r}.")
         if not 0 < self.percentile <= 100:
@@ -261,3 +313,44 @@ class Int8Options(_tool.QuantizationOptions):
     def symmetric(self) -> bool:
         """Symmetric INT8 activations (TensorRT) instead of UINT8 with zero points (ONNX Runtime CPU)."""
         return self.runtime != "ort-cpu"
+
+    @property
+    def activation_qtype(self) -> QType:
+        """The type of calibrated activations (but the tensors :attr:`wide_qtype` promotes): ``activation_type``
+        unless activations are mixed, else INT8 (symmetric) on TensorRT and ort-cuda, UINT8 on ort-cpu."""
+        from onnxprec.quantization.algorithms.qtypes import INT8, UINT8, qtype
+
+        if self.activation_type is not None and self.wide_qtype is None:
+            return qtype(self.activation_type)
+        return INT8 if self.symmetric else UINT8
+
+    @property
+    def wide_qtype(self) -> QType | None:
+        """With a 16-bit ``activation_type`` and an accuracy target or the guard: the 16-bit type the most sensitive
+        static tensors are promoted to (the others 8 bits); else None (one type for every static tensor)."""
+        from onnxprec.quantization.algorithms.qtypes import qtype
+
+        wide = self.activation_type in ("int16", "uint16")
+        if not wide or (self.target_accuracy is None and not self.accuracy_guard):
+            return None
+        return qtype(str(self.activation_type))
+
+    @property
+    def weight_qtype(self) -> QType:
+        """The type of the weights' levels: INT8, per channel."""
+        from onnxprec.quantization.algorithms.qtypes import INT8
+
+        return INT8
+
+    @property
+    def qdq_opset(self) -> int:
+        """The opset the Q/DQ nodes need: 13 (per-axis DequantizeLinear), 19 where the Q/DQ pairs of --runtime trt
+        read and write the FP16/BF16 remainder, 21 for 16-bit activations."""
+        if self.activation_type in ("int16", "uint16"):
+            return 21
+        return 19 if self.runtime == "trt" and self.float_type != "fp32" else 13
+
+    @property
+    def check_optimization(self) -> Optimization:
+        """The ONNX Runtime optimization level the result is measured at: ``all``, as ONNX Runtime will run it."""
+        return "all"

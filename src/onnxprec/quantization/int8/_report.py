@@ -63,6 +63,8 @@ class Int8Report(QuantizationReportBase):
     """The outcome of a run: settings, per-layer entries, static tensors, fallback, accuracy and timings."""
 
     TOOL: ClassVar[str] = "quantize int8"
+    FORMAT: ClassVar[str] = "INT8"
+    """The quantized type the summary names."""
     SUBGRAPH_WHY: ClassVar[str] = "calibration observes the main graph's tensors only"
 
     runtime: str
@@ -83,6 +85,10 @@ class Int8Report(QuantizationReportBase):
     """Whether the input went through ``onnxprec preprocess`` (ONNX Runtime's ``quant_pre_process``) already."""
     autocast: str | None = None
     """AutoCast's summary when the float remainder was converted (``high_precision_dtype`` fp16/bf16)."""
+    wide_tensors: list[str] = field(default_factory=list)
+    """A16W8: the static tensors written at 16 bits (the others 8)."""
+    wide_steps: list[dict[str, Any]] = field(default_factory=list)
+    """A16W8: each configuration the 16-bit search tried."""
 
     def count(self, mode: str) -> int:
         return sum(1 for entry in self.layers if entry.mode == mode)
@@ -91,13 +97,15 @@ class Int8Report(QuantizationReportBase):
     def summary(self) -> str:
         quantized = self.count("dynamic") + self.count("static")
         text = (
-            f"INT8 for {self.runtime}: {quantized}/{len(self.layers)} layers quantized ({self.count('dynamic')} "
-            f"dynamic, {self.count('static')} static), {self.static_tensors} static tensors"
+            f"{self.FORMAT} for {self.runtime}: {quantized}/{len(self.layers)} layers quantized "
+            f"({self.count('dynamic')} dynamic, {self.count('static')} static), {self.static_tensors} static tensors"
         )
         split = sum(1 for entry in self.layers if entry.outlier_channels)
         smoothed = sum(1 for entry in self.layers if entry.alpha is not None)
         if split or smoothed:
             text += f"; {split} with outlier channels in float, {smoothed} smoothed"
+        if self.wide_tensors:
+            text += f"; {len(self.wide_tensors)} of {self.static_tensors} static tensors at 16 bits"
         kept = sum(1 for entry in self.layers if entry.mode == "float" and "kept_float" in entry.info)
         if kept:
             text += f"; {kept} depthwise kept float (heavy-tailed inputs)"
@@ -148,6 +156,8 @@ class Int8Report(QuantizationReportBase):
             "accuracy": json_number(self.accuracy),
             "accuracy_check": json_number(self.check),
             "fallback_steps": [json_number(step) for step in self.fallback_steps],
+            "wide_tensors": list(self.wide_tensors),
+            "wide_steps": [json_number(step) for step in self.wide_steps],
             "calibration": json_number(self.calibration),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "autocast": self.autocast,

@@ -457,9 +457,9 @@ def test_command_line(tmp_path: Path, mlp_file: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "INT8 for ort-cpu" in result.stdout and out.exists() and report.exists()
-    bad = subprocess.run([*command[:4], "fp8", *command[5:]], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run([*command[:4], "nvfp4", *command[5:]], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
-    assert "Unknown quantize_mode 'fp8'" in bad.stderr
+    assert "Unknown quantize_mode 'nvfp4': use int8, fp8, int4" in bad.stderr
     # onnxprec quantize int8 is the same command
     from onnxprec.cli import main
 

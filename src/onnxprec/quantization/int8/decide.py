@@ -28,12 +28,7 @@ from onnxprec.quantization.algorithms.int8 import (
     gptq_per_channel,
     quantize_weight,
 )
-from onnxprec.quantization.algorithms.ranges import (
-    activation_range,
-    calibrated_range,
-    quantization_noise,
-    scale_zero_point,
-)
+from onnxprec.quantization.algorithms.ranges import activation_range, calibrated_range, quantization_noise
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision, RunSample, decide_channels
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import LayerEntry
@@ -119,6 +114,12 @@ class Decisions:
     kept_float: dict[str, str] = field(default_factory=dict)
     """Layers the calibration statistics keep in float, by node name, with the reason; every build leaves them
     float."""
+    wide: dict[str, tuple[float, int]] = field(default_factory=dict)
+    """A16W8: each static tensor's 16-bit scale and zero point (:attr:`Int8Options.wide_qtype`), by name."""
+    noise: dict[str, float] = field(default_factory=dict)
+    """A16W8: each static tensor's relative RMS error at 8 bits on the calibration data (the promotion's proxy)."""
+    widened: frozenset[str] = frozenset()
+    """The static tensors a build writes at 16 bits."""
 
 
 def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[str] = ()) -> Plan:
@@ -134,7 +135,8 @@ def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[s
         op_types_to_exclude=options.op_types_to_exclude or (),
         nodes_to_quantize=options.include_patterns,
         nodes_to_exclude=patterns,
-        float_linear_outputs=options.float_linear_outputs,
+        float_linear_outputs=options.float_linear_outputs and options.activation_qtype.bits == 8,  # MatMulInteger..
+        fp8=options.weight_qtype.is_float,
     )
 
 
@@ -167,18 +169,24 @@ def _conv_correction(node: ir.Node, mean_x: np.ndarray, delta: np.ndarray) -> np
 def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options) -> Decisions:
     """Scales of the static tensors, per-group channel decisions and per-layer weight recipes."""
     decisions = Decisions()
-    symmetric = options.symmetric
+    qtype = options.activation_qtype
     ranges: dict[str, tuple[float, float]] = {}
     for value in plan.static_tensors:
         hist = stats.histograms.get(str(value.name))
         if hist is None:
             continue
-        lo, hi = calibrated_range(hist, options.method, symmetric=symmetric, percentile=options.percentile)
-        activation = activation_of(value) if options.method in ("mse", "entropy", "percentile") else None
-        if activation is not None:  # read by a saturating activation only: the range that serves its output
-            lo, hi = activation_range(hist, activation, min(hist.min, 0.0), max(hist.max, 0.0), symmetric=symmetric)
+        lo, hi = calibrated_range(hist, options.method, symmetric=qtype.symmetric, percentile=options.percentile)
+        saturating = activation_of(value) if options.method in ("mse", "entropy", "percentile") else None
+        if saturating is not None:  # read by a saturating activation only: the range that serves its output
+            lo, hi = activation_range(
+                hist, saturating, min(hist.min, 0.0), max(hist.max, 0.0), symmetric=qtype.symmetric
+            )
         ranges[str(value.name)] = lo, hi
-        decisions.tensors[str(value.name)] = scale_zero_point(lo, hi, symmetric=symmetric)
+        decisions.tensors[str(value.name)] = qtype.scale_zero_point(lo, hi)
+        wide = options.wide_qtype
+        if wide is not None:
+            decisions.wide[str(value.name)] = wide.scale_zero_point(*calibrated_range(hist, symmetric=wide.symmetric))
+            decisions.noise[str(value.name)] = quantization_noise(hist, lo, hi, symmetric=qtype.symmetric)
     if options.runtime == "ort-cpu" and not options.include_patterns:
         decisions.kept_float = noisy_depthwise(plan, stats, ranges)
     groups = plan.dynamic_groups
@@ -282,18 +290,20 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     k = hessian.shape[-1] if hessian is not None else 0
     groups_match = hessian is not None and (not conv or hessian.shape[0] * k == weight[0].size * _groups(layer.node))
     entry = _entry(layer, weight.shape)
-    if hessian is not None and groups_match and stats.hessians.rows[name] >= k:
-        q, scales = _gptq(weight, hessian, conv)
+    qtype = options.weight_qtype
+    gptq = qtype.name == "int8" and hessian is not None and groups_match
+    if gptq and stats.hessians.rows[name] >= k:
+        q, scales = _gptq(weight, hessian, conv)  # type: ignore[arg-type]
         levels: np.ndarray | None = q.T if gemm and layer.transposed else q
         entry.info["rounding"] = "gptq"
     else:
-        q, scales = quantize_weight(weight, axis=axis)
+        q, scales = qtype.quantize_weight(weight, axis=axis)
         levels = None
         entry.info["rounding"] = "rtn"
     source = layer.weight.const_value
     assert source is not None
     recipe = WeightRecipe(source, layer.axis if gemm else axis, scales, transpose=layer.transposed and not gemm,
-                          levels=levels)  # fmt: skip
+                          levels=levels, qtype=qtype)  # fmt: skip
     decision = LayerDecision(recipe, False, entry=entry)
     if layer.float_output:
         entry.info["output"] = "float (MatMulIntegerToFloat)"
@@ -463,6 +473,7 @@ def takes_int32_bias(
     keeps a quantized output (QLinearConv, QGemm); TensorRT takes float biases, MatMulIntegerToFloat a float one."""
     return (
         options.runtime == "ort-cpu"
+        and options.activation_qtype.bits == 8  # 16-bit activations: no QLinear kernel, the float bias stays
         and layer.node.op_type in ("Conv", "Gemm")
         and not layer.dynamic
         and not layer.float_output
@@ -491,7 +502,6 @@ def build(
     plan = plan_for(model, options, [*float_layers, *decisions.kept_float])
     graph = model.graph
     names = NameAllocator(model)
-    symmetric = options.symmetric
     inputs = {layer.name: str(layer.activation.name) for layer in plan.layers}  # before the rewrites rewire them
     group_names = {id(activation): str(activation.name) for activation in plan.dynamic_groups}  # before any rename
     decisions, folded = _fold_into_values(plan, decisions, names, graph)
@@ -504,7 +514,10 @@ def build(
             continue
         # a float op reads a tensor a float op wrote as it is (a residual stream kept float by MatMulIntegerToFloat)
         readers = static_nodes.__contains__ if value in plan.float_sourced else None
-        insert_qdq(graph, value, params[0], params[1], symmetric=symmetric, names=names, readers=readers)
+        qtype = options.activation_qtype
+        if str(value.name) in decisions.widened and options.wide_qtype is not None:
+            params, qtype = decisions.wide[str(value.name)], options.wide_qtype
+        insert_qdq(graph, value, params[0], params[1], qtype=qtype, names=names, readers=readers)
     gathered: dict[str, ir.Value] = {}
     dynamic: dict[str, tuple[ir.Value, ir.Value, ir.Value]] = {}
     merged: set[str] = set()
@@ -533,8 +546,9 @@ def build(
         if decision is None or layer.name in merged:
             continue
         params = decisions.tensors.get(inputs[layer.name])
-        int32_bias = takes_int32_bias(layer, decision, params, options)
-        if layer.float_output and params is not None:
+        wide_input = inputs[layer.name] in decisions.widened  # a 16-bit input: no QLinear kernel, a float bias
+        int32_bias = not wide_input and takes_int32_bias(layer, decision, params, options)
+        if layer.float_output and params is not None and not wide_input:
             replace_with_matmul_integer_to_float(
                 graph, layer.node, decision.recipe, decision.bias, names, residual=decision.residual
             )

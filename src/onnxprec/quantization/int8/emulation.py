@@ -198,8 +198,7 @@ class Int8Emulator:
         if not readers:
             return
         scale = add_initializer(graph, names(f"{base}__emu_scale"), np.array(params[0], dtype=np.float32))
-        zero_type = np.int8 if self.options.symmetric else np.uint8
-        zero = add_initializer(graph, names(f"{base}__emu_zero"), np.array(params[1], dtype=zero_type))
+        zero = add_initializer(graph, names(f"{base}__emu_zero"), self.options.activation_qtype.zero(params[1]))
         q = ir.Value(name=names(f"{base}__emu_q"))
         dq = ir.Value(name=names(f"{base}__emu_dq"), type=ir.TensorType(_F))
         new = [

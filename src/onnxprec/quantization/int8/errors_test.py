@@ -42,10 +42,12 @@ def test_modelopt_keywords_of_other_names(tmp_path: Path, model_path: Path) -> N
     """ModelOpt's calibration_shapes is the input_shapes of random calibration data; its calibration_cache_path is
     refused in one line, as is giving both spellings."""
     out = tmp_path / "shapes.onnx"
-    report = quantize(str(model_path), output_path=out, calibration_shapes="X:3x5x64", log_level="WARNING")
+    report = quantize(str(model_path), output_path=out, calibration_shapes="X:3x5x64", log_level="WARNING",
+                      random_calibration_data=True)  # fmt: skip
     assert report.count("dynamic") == 4 and report.calibration["samples"] == 3 and report.calibration["random"]
     with pytest.raises(CalibrationDataError, match="size 65 on axis 2"):  # the shapes reach the random data
-        quantize(str(model_path), output_path=tmp_path / "no.onnx", calibration_shapes="X:3x5x65")
+        quantize(str(model_path), output_path=tmp_path / "no.onnx", calibration_shapes="X:3x5x65",
+                 random_calibration_data=True)  # fmt: skip
     for arguments, message in (
         ({"calibration_cache_path": tmp_path / "cache.json"}, "calibration_cache_path is not supported"),
         ({"calibration_shapes": "X:3x5x64", "input_shapes": "X:1x5x64"}, "Give calibration_shapes or input_shapes"),
@@ -53,6 +55,23 @@ def test_modelopt_keywords_of_other_names(tmp_path: Path, model_path: Path) -> N
         with pytest.raises(InvalidArgumentError, match=message):
             quantize(str(model_path), output_path=tmp_path / "no.onnx", **arguments)  # type: ignore[arg-type]
     assert not (tmp_path / "no.onnx").exists()
+
+
+def test_without_data_an_input_with_no_synthetic_form_is_refused_in_one_line(
+    tmp_path: Path, model_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A [B, T, 64] float input (features) has no realistic random form: refused, naming --calibration_data and the
+    flag that accepts random data; the flag quantizes it and the summary says the check was on random data."""
+    from onnxprec.cli import main
+
+    message = _fails(tmp_path, CalibrationDataError, "--calibration_data", model_path)
+    assert "X: float32" in message and "--random_calibration_data" in message
+    out = tmp_path / "random.onnx"
+    argv = ["quantize", "int8", "--onnx_path", str(model_path), "--output_path", str(out)]
+    assert main(argv) == 2 and not out.exists()
+    assert capsys.readouterr().err.count("error:") == 1
+    assert main([*argv, "--random_calibration_data"]) == 0 and out.exists()
+    assert "no calibration data: checked on random data" in capsys.readouterr().out
 
 
 def test_empty_calibration_set(tmp_path: Path, model_path: Path) -> None:
@@ -78,7 +97,7 @@ def test_everything_excluded_and_already_quantized(tmp_path: Path, model_path: P
     message = _fails(tmp_path, UnsupportedModelError, "Nothing to quantize", model_path, nodes_to_exclude=[".*"])
     assert "excluded" in message
     quantized = tmp_path / "q.onnx"
-    quantize_file(model_path, quantized, target_accuracy=None)
+    quantize_file(model_path, quantized, target_accuracy=None, random_calibration_data=True)
     _fails(tmp_path, UnsupportedModelError, "already quantized", quantized)
 
 

@@ -58,7 +58,15 @@ from onnxprec.quantization.algorithms.int8 import dequantize_weight, quantize_we
 from onnxprec.quantization.int8.place import Layer
 from onnxprec.sensitivity import fewest, hessian_energy, isolated_gains, rank, within
 
-__all__ = ["EMULATION_MAX_BYTES", "MAX_ISOLATED", "emulates", "estimated_sensitivity", "measure", "search"]
+__all__ = [
+    "EMULATION_MAX_BYTES",
+    "MAX_ISOLATED",
+    "SearchWords",
+    "emulates",
+    "estimated_sensitivity",
+    "measure",
+    "search",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +85,16 @@ def emulates(layers: Sequence[Layer]) -> bool:
 
 
 def measure(
-    model: ir.Model, target: AccuracyTarget, calibration: ReferenceOutputs, providers: Sequence[str] | None = None
+    model: ir.Model,
+    target: AccuracyTarget,
+    calibration: ReferenceOutputs,
+    providers: Sequence[str] | None = None,
+    optimization: _ort.Optimization = "all",
 ) -> Measurement:
-    """Runs ``model`` (optimized as ONNX Runtime will run it) on every calibration batch against the kept outputs."""
+    """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every calibration batch
+    against the kept outputs."""
     clock = Timer()
-    session = _ort.create_session(model, providers=providers, optimization="all", what="the INT8 model")
+    session = _ort.create_session(model, providers=providers, optimization=optimization, what="the INT8 model")
     measurement = measure_outputs(
         target, calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
     )
@@ -128,6 +141,17 @@ def _badness(measurement: Measurement, metric: str) -> float:
     return measurement.badness(metric) or 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class SearchWords:
+    """How :func:`search`'s steps and log lines name what it promotes (the float fallback's layers by default; A16W8
+    promotes tensors to 16 bits)."""
+
+    item: str = "layer"
+    promoted: str = "in float"
+    none: str = "every layer INT8"
+    budget: str = "--max_float_compute"
+
+
 def search(
     layers: Sequence[str],
     check: Callable[[Collection[str]], Measurement],
@@ -140,6 +164,7 @@ def search(
     release: Callable[[], None] | None = None,
     *,
     miss_level: int = logging.WARNING,
+    words: SearchWords | None = None,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -160,13 +185,15 @@ def search(
         release: Called once the emulation is no longer needed (before the real checks of its choice): frees its
             session, so that it and the real model's are never held together.
         miss_level: The level of the line that says the target is not met (the accuracy guard says it itself).
+        words: What is promoted and how, in the steps and log lines (default: layers in float).
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
     """
 
-    checks = _Checks(check, target, steps)
-    first = checks.real((), "every layer INT8")
+    w = words or SearchWords()
+    checks = _Checks(check, target, steps, w)
+    first = checks.real((), w.none)
     if first.ok or not layers:
         return [], first
     emulated = checks.start_emulation(emulate, first) if emulate is not None else None
@@ -175,14 +202,14 @@ def search(
         layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute
     )
     if not order:
-        why = f"--max_float_compute {max_float_compute:g} allows no layer in float" if ranked else (
+        why = f"{w.budget} {max_float_compute:g} allows no {w.item} {w.promoted}" if ranked else (
             "no layer's float form helps")  # fmt: skip
         logger.log(miss_level, "The accuracy target %s is not met (%s) and %s", target, first.summary(), why)
         return [], first
     checked: dict[int, Measurement] = {}
 
     def holds(count: int) -> bool:
-        checked[count] = checks.trial(order[:count], f"{count} most sensitive in float")
+        checked[count] = checks.trial(order[:count], f"{count} most sensitive {w.promoted}")
         return checked[count].ok
 
     high = fewest(holds, len(order))
@@ -190,15 +217,15 @@ def search(
         if release is not None:
             release()
         high, best = confirm(
-            high, len(order), lambda k: checks.real(order[:k], f"{k} most sensitive in float"), strategy="gallop"
+            high, len(order), lambda k: checks.real(order[:k], f"{k} most sensitive {w.promoted}"), strategy="gallop"
         )
     else:
-        best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive in float")
+        best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}")
     if not best.ok:
         logger.log(
             miss_level,
-            "The accuracy target %s is not met (%s) with the %d most sensitive layers in float, all that "
-            "--max_float_compute %g allows", target, best.summary(), high, max_float_compute,
+            "The accuracy target %s is not met (%s) with the %d most sensitive %ss %s, all that %s %g allows",
+            target, best.summary(), high, w.item, w.promoted, w.budget, max_float_compute,
         )  # fmt: skip
     return order[:high], best
 
@@ -208,9 +235,13 @@ class _Checks:
     :meth:`start_emulation` succeeded, emulated ones whose verdicts are scaled to the real all-INT8 error."""
 
     def __init__(
-        self, check: Callable[[Collection[str]], Measurement], target: AccuracyTarget, steps: list[dict[str, Any]]
+        self,
+        check: Callable[[Collection[str]], Measurement],
+        target: AccuracyTarget,
+        steps: list[dict[str, Any]],
+        words: SearchWords,
     ) -> None:
-        self.check, self.target, self.steps = check, target, steps
+        self.check, self.target, self.steps, self.words = check, target, steps, words
         self.emulate: Callable[[Collection[str]], Measurement] | None = None
         self.scale: ErrorScale | None = None
 
@@ -250,7 +281,7 @@ class _Checks:
             return None
         if emulated is None:
             return None
-        self.record(emulated, (), "every layer INT8", "emulated")
+        self.record(emulated, (), self.words.none, "emulated")
         self.emulate, self.scale = emulate, ErrorScale(emulated, first)
         agreement = {m: emulated.worst(m) for m in METRICS if emulated.worst(m) is not None}
         logger.info("INT8 emulation against the real all-INT8 model: %s emulated, %s real",
@@ -270,16 +301,17 @@ def _order(
 ) -> tuple[list[str], list[str]]:
     """The layers most sensitive first (the gain of each alone in float with at most :data:`MAX_ISOLATED` layers,
     measured from ``baseline``, else ``proxy``), and the first of them that fit in ``max_float_compute``."""
+    w = checks.words
     if len(layers) <= MAX_ISOLATED:
         sensitivity = isolated_gains(
-            layers, lambda name: _badness(checks.trial({name}, f"{name} alone in float"), metric),
+            layers, lambda name: _badness(checks.trial({name}, f"{name} alone {w.promoted}"), metric),
             _badness(baseline, metric), squared=metric in ("rel_l2", "max_abs"), progress="INT8 sensitivity",
         )  # fmt: skip
-        checks.steps.append({"what": f"gain of each layer alone in float ({metric})", "checks": len(layers)})
+        checks.steps.append({"what": f"gain of each {w.item} alone {w.promoted} ({metric})", "checks": len(layers)})
     else:
         sensitivity = {name: proxy.get(name, 0.0) for name in layers}
     order = ranked = rank(sensitivity, layers, positive=True)
-    checks.steps.append({"what": "most sensitive layers", "layers": ranked[:8]})  # the layers that carry the error
+    checks.steps.append({"what": f"most sensitive {w.item}s", "layers": ranked[:8]})  # the layers that carry the error
     if cost and max_float_compute < 1.0:  # the most sensitive layers that fit in the compute budget, in order
         order = within(order, cost, max_float_compute * (sum(cost.get(name, 0.0) for name in layers) or 1.0))
     return order, ranked

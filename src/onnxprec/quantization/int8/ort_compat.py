@@ -6,8 +6,9 @@ differs, on purpose:
 
 - every layer is quantized per channel, symmetric INT8 weights (``per_channel`` is accepted and ignored: per-tensor
   weights only lose accuracy);
-- activations are UINT8 with zero points, the fast form of ONNX Runtime's x86 kernels (``activation_type`` is
-  accepted and ignored);
+- activations are UINT8 with zero points, the fast form of ONNX Runtime's x86 kernels, for ``QInt8`` and ``QUInt8``;
+  ``QInt16`` (symmetric, zero point 0) and ``QUInt16`` give 16-bit activations with INT8 weights, as ONNX Runtime's
+  (opset 21; its CPU provider runs those layers in float between the Q/DQ);
 - ``QuantFormat.QDQ`` only: ONNX Runtime fuses it into the same QLinear kernels as ``QOperator``; and QDQ it is:
   no contrib op (the quantizer's float-output pointwise Convs, ``com.microsoft::MatMulIntegerToFloat``, stay
   QLinearConv here, ``float_linear_outputs=False``), so other execution providers take the model as ORT's own;
@@ -76,6 +77,8 @@ class QuantType(enum.Enum):
 
 
 _METHODS = {"MinMax": "max", "Entropy": "entropy", "Percentile": "percentile"}
+_ACTIVATION_TYPES: dict[str, str | None] = {"QInt8": None, "QUInt8": None, "QInt16": "int16", "QUInt16": "uint16"}
+"""ONNX Runtime's activation types: 8 bits are UINT8 on CPU (the placement's default), 16 bits as asked."""
 
 
 def _name(value: Any) -> str:
@@ -110,7 +113,7 @@ def quantize_static(
         op_types_to_quantize: Only these op types (default: all supported).
         per_channel: Accepted; weights are always per channel.
         reduce_range: Must be False (7-bit weights are for pre-VNNI CPUs).
-        activation_type: Accepted; activations are UINT8 on CPU.
+        activation_type: ``QInt8``/``QUInt8``: UINT8 activations on CPU; ``QInt16``/``QUInt16``: 16-bit.
         weight_type: ``QInt8``.
         nodes_to_quantize: Exact node names to quantize (default: all).
         nodes_to_exclude: Exact node names kept in float.
@@ -143,6 +146,12 @@ def quantize_static(
         raise InvalidArgumentError(f"weight_type {_name(weight_type)} is not supported: use QuantType.QInt8.")
     if reduce_range:
         raise InvalidArgumentError("reduce_range=True (7-bit weights) is not supported: drop it.")
+    if _name(activation_type) not in _ACTIVATION_TYPES:
+        raise InvalidArgumentError(
+            f"activation_type {_name(activation_type)} is not supported: use QuantType.QUInt8, QInt8, QInt16 or "
+            "QUInt16."
+        )
+    activations = _ACTIVATION_TYPES[_name(activation_type)]
     method = _METHODS.get(_name(calibrate_method))
     if method is None:
         raise InvalidArgumentError(
@@ -150,7 +159,8 @@ def quantize_static(
         )
     # ONNX Runtime's behaviour: no accuracy guard; a result that misses its bound is only warned about
     options: dict[str, Any] = {"activations": "static", "target_accuracy": None, "calibration_method": method,
-                               "float_linear_outputs": False, "accuracy_guard": False}  # fmt: skip
+                               "float_linear_outputs": False, "accuracy_guard": False,
+                               "activation_type": activations}  # fmt: skip
     extras = dict(extra_options or {})
     if "CalibPercentile" in extras:
         options["percentile"] = float(extras.pop("CalibPercentile"))

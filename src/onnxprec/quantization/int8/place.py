@@ -43,6 +43,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import subgraph_nodes
@@ -206,10 +207,28 @@ def _static_dim(value: ir.Value | None, axis: int) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
-def _trt_unsupported(node: ir.Node, weight: ir.Value, axis: int) -> str | None:
-    """Why TensorRT runs this layer better in float, as ModelOpt 0.47's INT8 placement decides it (None: INT8)."""
+FP8_MAX_FILTER = 32
+"""ModelOpt 0.47 leaves a Conv whose filter has more than this many taps (7x7) float in FP8."""
+
+
+def _fp8_conv_unsupported(out_channels: int, in_channels: int, kernel: list[int]) -> str | None:
+    """ModelOpt 0.47's FP8 rule: a Conv with 16 or fewer input (per group: every depthwise Conv) or output channels,
+    or a filter of more than :data:`FP8_MAX_FILTER` taps, stays float (TensorRT's FP16 kernels are faster there)."""
+    taps = int(np.prod(kernel)) if kernel else 1
+    if out_channels <= TRT_MIN_DIM or in_channels <= TRT_MIN_DIM:
+        return f"TensorRT FP8: a Conv of {in_channels} input / {out_channels} output channels per group stays float"
+    if taps > FP8_MAX_FILTER:
+        return f"TensorRT FP8: a Conv with a filter of {taps} taps (> {FP8_MAX_FILTER}) stays float"
+    return None
+
+
+def _trt_unsupported(node: ir.Node, weight: ir.Value, axis: int, fp8: bool = False) -> str | None:
+    """Why TensorRT runs this layer better in float, as ModelOpt 0.47's INT8 (``fp8``: FP8) placement decides it
+    (None: quantized)."""
     assert weight.const_value is not None
     shape = [int(d) for d in weight.const_value.shape.numpy()]
+    if node.op_type == "Conv" and fp8:
+        return _fp8_conv_unsupported(shape[0], shape[1], shape[2:])
     if node.op_type == "Conv":
         out_channels, in_channels, kernel = shape[0], shape[1], shape[2:]
         if out_channels >= TRT_MIN_DIM and in_channels >= TRT_MIN_DIM:
@@ -304,6 +323,7 @@ def place(
     nodes_to_quantize: Sequence[re.Pattern[str]] = (),
     nodes_to_exclude: Sequence[re.Pattern[str]] = (),
     float_linear_outputs: bool = True,
+    fp8: bool = False,
 ) -> Plan:
     """The INT8 placement of ``model`` for ``runtime`` (see the module docstring).
 
@@ -318,6 +338,7 @@ def place(
         float_linear_outputs: ort-cpu: a static pointwise Conv whose output no activation clips and a float op
             reads (a MobileNet's project Conv before a residual Add) writes a float output by
             ``MatMulIntegerToFloat``, so the residual stream stays float.
+        fp8: FP8 on trt/ort-cuda: ModelOpt's FP8 rules for Convs (:func:`_fp8_conv_unsupported`) instead of INT8's.
     """
     plan = Plan()
     wanted_types = set(op_types_to_quantize) if op_types_to_quantize else None
@@ -347,7 +368,7 @@ def place(
         if not allowed(node):
             continue
         dynamic = node.op_type in ("MatMul", "Gemm") and (activations == "dynamic" or (activations == "auto" and cpu))
-        unsupported = _trt_unsupported(node, weight, axis) if not cpu and not nodes_to_quantize else None
+        unsupported = _trt_unsupported(node, weight, axis, fp8) if not cpu and not nodes_to_quantize else None
         if unsupported is not None:
             plan.skipped.append((str(node.name), f"{unsupported} (name it in nodes_to_quantize)"))
             continue

@@ -25,14 +25,17 @@ from onnxprec._graph import NameAllocator, insert_after_producer
 from onnxprec._ops import normalized_domain
 from onnxprec._tensors import release
 from onnxprec.quantization.algorithms.int8 import QMAX
+from onnxprec.quantization.algorithms.qtypes import INT8, QType
 
 __all__ = [
+    "FP16_TINY",
     "MS_DOMAIN",
     "WeightRecipe",
     "add_bias",
     "add_initializer",
     "fold_casts_into_qdq",
     "fold_smoothing",
+    "fp16_scales",
     "gather_channels",
     "insert_qdq",
     "insert_split",
@@ -68,6 +71,8 @@ class WeightRecipe:
     columns: np.ndarray | None = None
     """``[N]`` positive factors on the output channels of a ``[K, N]`` weight (a smoothing folded into the layer's
     output; :attr:`scales` carry them too, so the levels are those of the unscaled weight)."""
+    qtype: QType = INT8
+    """The levels' type: INT8, or FP8 E4M3FN (``quantize fp8``)."""
 
     def matrix(self) -> np.ndarray:
         """The float32 weight to quantize (the source's mapping released)."""
@@ -82,13 +87,13 @@ class WeightRecipe:
         return weight
 
     def quantized(self, weight: np.ndarray | None = None) -> np.ndarray:
-        """The INT8 levels with :attr:`scales` (levels -127..127)."""
+        """The levels with :attr:`scales` (INT8: -127..127; FP8: up to +-448)."""
         if self.levels is not None:
             return self.levels
         w = self.matrix() if weight is None else weight
         shape = [1] * w.ndim
         shape[self.axis] = -1
-        return np.clip(np.rint(w / self.scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+        return self.qtype.quantize(w, self.scales.reshape(shape))
 
     def shape(self) -> tuple[int, ...]:
         shape = tuple(int(d) for d in self.source.shape.numpy())
@@ -150,15 +155,15 @@ def insert_qdq(
     scale: float,
     zero_point: int,
     *,
-    symmetric: bool,
+    qtype: QType,
     names: NameAllocator,
     readers: Callable[[ir.Node], bool] | None = None,
 ) -> ir.Value:
-    """``QuantizeLinear -> DequantizeLinear`` on ``value``; every node that read ``value`` (``readers``: those for
-    which it holds) reads the result."""
+    """``QuantizeLinear -> DequantizeLinear`` on ``value`` with levels of ``qtype`` (the zero point's type); every
+    node that read ``value`` (``readers``: those for which it holds) reads the result."""
     base = str(value.name)
     scale_value = _scalar(graph, names, f"{base}_scale", scale, np.float32)
-    zero = _scalar(graph, names, f"{base}_zero_point", zero_point, np.int8 if symmetric else np.uint8)
+    zero = add_initializer(graph, names(f"{base}_zero_point"), qtype.zero(zero_point))
     quantized = ir.Value(name=names(f"{base}_quantized"))
     dequantized = value_like(value, names(f"{base}_dequantized"))
     q = ir.Node("", "QuantizeLinear", [value, scale_value, zero], outputs=[quantized], name=names.node(f"{base}_Q"))
@@ -284,10 +289,11 @@ def fold_smoothing(
 
 
 def int8_weight(graph: ir.Graph, recipe: WeightRecipe, base: str, names: NameAllocator) -> ir.Value:
-    """The INT8 weight of ``recipe`` as a new initializer named after ``base``: a lazy tensor, quantized while the
-    model is written."""
-    q_name = names(f"{base}_int8")
-    lazy = ir.LazyTensor(lambda: ir.Tensor(recipe.quantized(), name=q_name), dtype=ir.DataType.INT8,
+    """The INT8 (or FP8, the recipe's type) weight of ``recipe`` as a new initializer named after ``base``: a lazy
+    tensor, quantized while the model is written."""
+    q_name = names(f"{base}_{recipe.qtype.name}")
+    dtype = ir.DataType.FLOAT8E4M3FN if recipe.qtype.is_float else ir.DataType.INT8
+    lazy = ir.LazyTensor(lambda: ir.Tensor(recipe.quantized(), name=q_name), dtype=dtype,
                          shape=ir.Shape(recipe.shape()), name=q_name)  # fmt: skip
     return add_initializer(graph, q_name, lazy)
 
@@ -305,9 +311,11 @@ def replace_weight(graph: ir.Graph, node: ir.Node, recipe: WeightRecipe, names: 
     q = int8_weight(graph, recipe, base, names)
     scales = add_initializer(graph, names(f"{base}_scales"), recipe.scales.astype(np.float32))
     inputs = [q, scales]
-    if node.op_type == "Gemm":  # ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm only with explicit zero
-        # points (and a MatMul's DequantizeLinear with them may become MatMulNBits instead)
-        inputs.append(add_initializer(graph, names(f"{base}_zero_points"), np.zeros(recipe.scales.shape, np.int8)))
+    # ONNX Runtime fuses DequantizeLinear -> Gemm into QGemm only with explicit zero points (and a MatMul's
+    # DequantizeLinear with them may become MatMulNBits instead); FP8 weights have them as ModelOpt writes them
+    if node.op_type == "Gemm" or recipe.qtype.is_float:
+        zeros = np.zeros(recipe.scales.shape, np.float32).astype(recipe.qtype.dtype)
+        inputs.append(add_initializer(graph, names(f"{base}_zero_points"), zeros))
     dequantized = ir.Value(
         name=names(f"{base}_dequantized"), type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(shape)
     )
@@ -428,6 +436,18 @@ def quantize_bias(
 _LOW = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
+FP16_TINY = float(np.finfo(np.float16).smallest_subnormal)
+"""The smallest positive FP16 scale (6e-8; ModelOpt raises smaller FP16 initializers to it too)."""
+
+
+def fp16_scales(scales: np.ndarray) -> np.ndarray:
+    """``scales`` as FP16 will hold them, in float32: magnitudes below :data:`FP16_TINY` raised to it (never 0),
+    then rounded to FP16."""
+    array = np.asarray(scales, dtype=np.float32)
+    raised = np.where(np.abs(array) < FP16_TINY, np.copysign(FP16_TINY, array), array)
+    return raised.astype(np.float16).astype(np.float32)
+
+
 def _rescale(
     graph: ir.Graph, node: ir.Node, dtype: ir.DataType, names: NameAllocator, made: dict[tuple[str, int], ir.Value]
 ) -> None:
@@ -438,6 +458,8 @@ def _rescale(
     key = (str(scale.name), int(dtype))
     if key not in made:
         array = np.asarray(scale.const_value.numpy(), dtype=np.float32)
+        if dtype == ir.DataType.FLOAT16:  # a scale below FP16's range would become 0 (a DequantizeLinear of zeros)
+            array = fp16_scales(array)
         tensor = ir.Tensor(array.astype(np.float16)) if dtype == ir.DataType.FLOAT16 else ir.tensor(array, dtype=dtype)
         made[key] = add_initializer(graph, names(f"{scale.name}_{dtype.name.lower()}"), tensor)
     node.replace_input_with(1, made[key])

@@ -10,6 +10,7 @@ from onnx import helper
 
 from onnxprec._graph import NameAllocator
 from onnxprec._testing import F, make_model, run, tensor_info
+from onnxprec.quantization.algorithms.qtypes import UINT8
 from onnxprec.quantization.int8.rewrite import add_bias, gather_channels, insert_split
 
 
@@ -51,7 +52,7 @@ def test_a_pointwise_conv_as_matmul_integer_to_float_computes_the_dequantized_co
     names = NameAllocator(model)
     node = next(iter(model.graph))
     x_scale, x_zero = 0.02, 100
-    insert_qdq(model.graph, model.graph.inputs[0], x_scale, x_zero, symmetric=False, names=names)
+    insert_qdq(model.graph, model.graph.inputs[0], x_scale, x_zero, qtype=UINT8, names=names)
     scales = np.abs(w).reshape(6, -1).max(1) / 127
     recipe = WeightRecipe(node.inputs[1].const_value, 0, scales.astype(np.float32))  # type: ignore[union-attr,arg-type]
     wq = np.clip(np.rint(w.reshape(6, 5) / scales[:, None]), -127, 127) * scales[:, None]

@@ -1,0 +1,129 @@
+"""The element types of a QuantizeLinear/DequantizeLinear pair, and their numerics in numpy.
+
+A :class:`QType` is one grid: INT8 (symmetric, levels -127..127), UINT8 (asymmetric, 0..255, with a zero point),
+INT16 (symmetric, -32767..32767), UINT16 (asymmetric, 0..65535) or FP8 E4M3FN (symmetric, the 256 FP8 values up to
+448, no zero point other than 0). Each gives the scale and zero point covering a calibrated range, the levels of a
+tensor (what ``QuantizeLinear`` computes, saturating, as ONNX specifies it) and their dequantized values.
+
+The symmetric integer grids leave out the most negative level (-128, -32768), so that a negated scale is exact; a
+``QuantizeLinear`` at run time saturates there, one level further, for values below the calibrated range.
+FP8 levels are rounded to nearest even by ``ml_dtypes`` after clipping to +-448 (ONNX's ``saturate=1``):
+``QuantizeLinear(x, s) = float8e4m3fn(clip(x / s, -448, 448))``, which ONNX Runtime's CPU kernel and the reference
+implementation compute bit for bit (``qtypes_test``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from onnxprec.errors import InvalidArgumentError
+
+__all__ = ["FP8", "INT8", "INT16", "QTYPES", "UINT8", "UINT16", "QType", "qtype"]
+
+_TINY = 1e-30  # as ranges._TINY
+
+
+@dataclass(frozen=True)
+class QType:
+    """One Q/DQ element type.
+
+    Attributes:
+        name: ``int8``, ``uint8``, ``int16``, ``uint16`` or ``fp8``.
+        dtype: The numpy (or ``ml_dtypes``) type of the levels and the zero point.
+        qmin: The lowest level used (symmetric INT8 and INT16 leave out the most negative one).
+        qmax: The highest level.
+        symmetric: The zero point is always 0.
+    """
+
+    name: str
+    dtype: np.dtype
+    qmin: float
+    qmax: float
+    symmetric: bool
+
+    @property
+    def is_float(self) -> bool:
+        """FP8: levels are floating-point values, not integers."""
+        return self.name == "fp8"
+
+    @property
+    def bits(self) -> int:
+        return self.dtype.itemsize * 8
+
+    def scale_zero_point(self, lo: float, hi: float) -> tuple[float, int]:
+        """The scale and zero point whose levels cover ``[lo, hi]`` (widened to hold 0, so zero is exact).
+
+        Symmetric: ``scale = max(|lo|, |hi|) / qmax``, zero point 0. Asymmetric: ``scale = (hi - lo) / (qmax - qmin)``
+        and the zero point that puts 0 on a level. A range of zero width gets scale 1.
+        """
+        lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+        if self.symmetric:
+            top = max(-lo, hi)
+            return (top / self.qmax if top > _TINY else 1.0), 0
+        if hi - lo <= _TINY:
+            return 1.0, int(self.qmin)
+        scale = (hi - lo) / (self.qmax - self.qmin)
+        zero_point = int(np.clip(round(self.qmin - lo / scale), self.qmin, self.qmax))
+        return scale, zero_point
+
+    def quantize(self, x: np.ndarray, scale: np.ndarray | float, zero_point: np.ndarray | float = 0) -> np.ndarray:
+        """``QuantizeLinear``: the levels of ``x`` (``scale`` and ``zero_point`` broadcast against it)."""
+        ratio = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
+        if self.is_float:
+            return np.clip(ratio, self.qmin, self.qmax).astype(self.dtype)
+        return np.clip(np.rint(ratio) + np.asarray(zero_point, dtype=np.float32), self.qmin, self.qmax).astype(
+            self.dtype
+        )
+
+    def dequantize(
+        self, levels: np.ndarray, scale: np.ndarray | float, zero_point: np.ndarray | float = 0
+    ) -> np.ndarray:
+        """``DequantizeLinear`` of ``levels`` (float32)."""
+        shifted = levels.astype(np.float32) - np.asarray(zero_point, dtype=np.float32)
+        return (shifted * np.asarray(scale, dtype=np.float32)).astype(np.float32)
+
+    def fake(self, x: np.ndarray, scale: float, zero_point: int = 0) -> np.ndarray:
+        """``DequantizeLinear(QuantizeLinear(x))`` with one scale and zero point."""
+        return self.dequantize(self.quantize(x, scale, zero_point), scale, zero_point)
+
+    def quantize_weight(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel symmetric levels along ``axis`` (the output channels): ``(levels, scales float32)``, each
+        channel's largest magnitude on ``qmax``; a channel of zeros gets scale 1."""
+        if not self.symmetric:
+            raise InvalidArgumentError(f"{self.name} weights are not supported: weights are symmetric (int8, fp8).")
+        weight = np.asarray(w, dtype=np.float32)
+        axis = axis % weight.ndim
+        others = tuple(i for i in range(weight.ndim) if i != axis)
+        top = np.abs(weight).max(axis=others) if others else np.abs(weight)
+        scales = (top / self.qmax).astype(np.float32)
+        scales[scales <= 0] = 1.0
+        shape = [1] * weight.ndim
+        shape[axis] = -1
+        return self.quantize(weight, scales.reshape(shape)), scales
+
+    def zero(self, zero_point: int = 0) -> np.ndarray:
+        """The zero point as a 0-d array of :attr:`dtype`."""
+        return np.array(zero_point, dtype=np.float32).astype(self.dtype)
+
+
+INT8 = QType("int8", np.dtype(np.int8), -127, 127, True)
+UINT8 = QType("uint8", np.dtype(np.uint8), 0, 255, False)
+INT16 = QType("int16", np.dtype(np.int16), -32767, 32767, True)
+UINT16 = QType("uint16", np.dtype(np.uint16), 0, 65535, False)
+FP8 = QType("fp8", np.dtype(ml_dtypes.float8_e4m3fn), -448.0, 448.0, True)
+QTYPES = {q.name: q for q in (INT8, UINT8, INT16, UINT16, FP8)}
+
+
+def qtype(name: str) -> QType:
+    """The :class:`QType` named ``name``.
+
+    Raises:
+        InvalidArgumentError: An unknown name.
+    """
+    found = QTYPES.get(name)
+    if found is None:
+        raise InvalidArgumentError(f"Unknown quantization type {name!r}: use {', '.join(QTYPES)}.")
+    return found

@@ -1,0 +1,77 @@
+"""The Q/DQ element types' numerics against ONNX Runtime's QuantizeLinear/DequantizeLinear and the ONNX reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxprec._ort import create_session
+from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization.algorithms.qtypes import FP8, INT8, INT16, QTYPES, UINT8, UINT16, qtype
+
+_ONNX = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
+         "uint16": TensorProto.UINT16, "fp8": TensorProto.FLOAT8E4M3FN}  # fmt: skip
+
+
+def _qdq_model(name: str, scale: float, zero_point: int, shape: list[int]) -> onnx.ModelProto:
+    zero = helper.make_tensor("z", _ONNX[name], [], [zero_point])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]  # fmt: skip
+    outputs = [helper.make_tensor_value_info("q", _ONNX[name], shape),
+               helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)]  # fmt: skip
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+    graph = helper.make_graph(
+        nodes, "qdq", inputs, outputs, [numpy_helper.from_array(np.array(scale, np.float32), "s"), zero]
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+def test_levels_and_values_are_onnx_runtimes_and_the_references(name: str) -> None:
+    q = qtype(name)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((16, 64)) * 3).astype(np.float32)
+    x[0, :4] = [1e4, -1e4, 0.0, 1e-9]  # saturation both ways, zero, a tiny value
+    scale, zero_point = q.scale_zero_point(-4.0, 5.0)
+    if q.symmetric and not q.is_float:  # QuantizeLinear saturates at -qmax - 1, a level our symmetric grids leave out
+        x = np.maximum(x, -q.qmax * scale)
+    model = _qdq_model(name, scale, zero_point, [16, 64])
+    onnx.checker.check_model(model, full_check=True)
+    levels, values = create_session(model, optimization="none").run({"x": x})
+    reference = ReferenceEvaluator(model).run(None, {"x": x})
+    ours = q.quantize(x, scale, zero_point)
+    assert np.array_equal(ours.view(np.uint8), np.asarray(levels).view(np.uint8))
+    assert np.array_equal(ours.view(np.uint8), np.asarray(reference[0]).view(np.uint8))
+    assert np.array_equal(q.fake(x, scale, zero_point), values)
+
+
+def test_scales_and_zero_points() -> None:
+    assert INT8.scale_zero_point(-2.0, 1.0) == (2.0 / 127, 0)
+    assert INT16.scale_zero_point(-2.0, 1.0) == (2.0 / 32767, 0)
+    assert FP8.scale_zero_point(-2.0, 1.0) == (2.0 / 448, 0)
+    scale, zero = UINT8.scale_zero_point(-1.0, 3.0)
+    assert scale == 4.0 / 255 and zero == round(255 / 4)
+    scale, zero = UINT16.scale_zero_point(0.5, 3.0)  # the range is widened to hold 0
+    assert scale == 3.0 / 65535 and zero == 0
+    assert INT8.scale_zero_point(0.0, 0.0) == (1.0, 0)
+    assert FP8.bits == 8 and INT16.bits == 16 and FP8.is_float and not INT8.is_float
+
+
+def test_weights_per_channel_put_each_channels_largest_value_on_the_last_level() -> None:
+    w = np.random.default_rng(1).standard_normal((8, 5)).astype(np.float32)
+    w[:, 3] = 0.0  # a channel of zeros: scale 1
+    for q in (INT8, FP8):
+        levels, scales = q.quantize_weight(w, axis=1)
+        assert scales.shape == (5,) and scales[3] == 1.0
+        top = np.abs(levels.astype(np.float32)).max(axis=0)
+        assert np.allclose(np.delete(top, 3), q.qmax) and top[3] == 0
+        assert np.abs(q.dequantize(levels, scales[None, :]) - w).max() <= np.abs(w).max() * (
+            0.07 if q.is_float else 0.005
+        )
+    with pytest.raises(InvalidArgumentError, match="weights are symmetric"):
+        UINT8.quantize_weight(w, axis=1)
+    with pytest.raises(InvalidArgumentError, match="Unknown quantization type 'int4'"):
+        qtype("int4")

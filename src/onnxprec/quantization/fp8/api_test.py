@@ -1,0 +1,150 @@
+"""The FP8 tool end to end on tiny models: the Q/DQ format (checker, strict shapes, FP8 types), its numerics in ONNX
+Runtime against the ONNX reference implementation, ModelOpt's FP8 Conv rules, the entry points and refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from onnxprec._ort import create_session
+from onnxprec._testing import run_cli
+from onnxprec.errors import InvalidArgumentError
+from onnxprec.quantization import quantize
+from onnxprec.quantization._testing import correlated, mlp, tiny_cnn
+from onnxprec.quantization.fp8 import Fp8Options, quantize_file
+
+FP8 = onnx.TensorProto.FLOAT8E4M3FN
+
+
+def _tokens(seed: int, batches: int = 4) -> list[dict[str, np.ndarray]]:
+    return [{"X": correlated(32, 64, seed=seed + i, outliers=False).reshape(2, 16, 64)} for i in range(batches)]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(a))
+
+
+def _run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The Q/DQ graph as written (no ONNX Runtime rewrites), FP32 out."""
+    return np.asarray(create_session(str(path), optimization="none").run(feeds)[0], dtype=np.float32)
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in graph.node for o in n.output}
+
+
+@pytest.fixture
+def mlp_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), path)
+    return path
+
+
+@pytest.mark.parametrize("remainder", ["fp16", "fp32"])
+def test_fp8_weights_per_channel_and_activations_per_tensor(tmp_path: Path, mlp_file: Path, remainder: str) -> None:
+    out = tmp_path / "fp8.onnx"
+    report = quantize_file(mlp_file, out, calibration_data=_tokens(0), high_precision_dtype=remainder)
+    assert report.TOOL == "quantize fp8" and report.summary.startswith("FP8 for trt: 4/4 layers quantized")
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 19
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    producers = _producers(graph)
+    matmuls = [n for n in graph.node if n.op_type == "MatMul"]
+    assert len(matmuls) == 4
+    scale_type = onnx.TensorProto.FLOAT16 if remainder == "fp16" else onnx.TensorProto.FLOAT
+    for node in matmuls:
+        x_dq, w_dq = producers[node.input[0]], producers[node.input[1]]
+        assert x_dq.op_type == w_dq.op_type == "DequantizeLinear"
+        assert producers[x_dq.input[0]].op_type == "QuantizeLinear"
+        assert inits[x_dq.input[1]].dims == [] and inits[x_dq.input[2]].data_type == FP8  # per tensor, FP8
+        weight, scales, zeros = (inits[name] for name in w_dq.input)
+        assert weight.data_type == FP8 and zeros.data_type == FP8 and scales.data_type == scale_type
+        assert list(scales.dims) == [weight.dims[1]] and next(a.i for a in w_dq.attribute if a.name == "axis") == 1
+        levels = onnx.numpy_helper.to_array(weight).astype(np.float32)
+        assert np.allclose(np.abs(levels).max(axis=0), 448.0)  # each channel's largest weight on FP8's largest value
+    x = _tokens(100, 1)[0]
+    float_out = _run(mlp_file, x)
+    got = _run(out, x)
+    assert _rel(float_out, got) < 0.1  # FP8 keeps 3 mantissa bits: about 3 % per rounding
+    if remainder == "fp32":  # (an FP16 remainder's roundings differ between the two and move FP8 roundings)
+        golden = ReferenceEvaluator(model).run(None, x)[0].astype(np.float32)  # onnx.reference: the spec's numerics
+        assert _rel(golden, got) < 1e-5
+
+
+def test_modelopts_fp8_conv_rules(tmp_path: Path) -> None:
+    """ModelOpt 0.47's FP8 Convs: 16 or fewer input (per group) or output channels stay float, so every depthwise
+    Conv; the GEMM with N < 16 too."""
+    source, out = tmp_path / "cnn.onnx", tmp_path / "fp8.onnx"
+    onnx.save(tiny_cnn(channels=32), source)
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    report = quantize_file(source, out, calibration_data=data, accuracy_guard=False)
+    assert [layer.name for layer in report.layers] == ["/project/Conv"] and report.count("static") == 1
+    skipped = dict(report.skipped)
+    assert skipped["/stem/Conv"].startswith("TensorRT FP8: a Conv of 3 input / 32 output channels")
+    assert skipped["/dw/Conv"].startswith("TensorRT FP8: a Conv of 1 input / 32 output channels")
+    assert skipped["/fc/Gemm"].startswith("TensorRT: a GEMM with K=32, N=10 (< 16) stays float")
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
+    assert _rel(_run(source, x), _run(out, x)) < 0.05
+
+
+def test_modelopt_entry_point_and_command_line(tmp_path: Path, mlp_file: Path) -> None:
+    report = quantize(str(mlp_file), quantize_mode="fp8", calibration_data=_tokens(0), output_path=tmp_path / "a.onnx")
+    assert report.TOOL == "quantize fp8" and report.to_json()["tool"] == "quantize fp8"
+    data = tmp_path / "data.npz"
+    np.savez(data, X=np.concatenate([b["X"] for b in _tokens(0)]))
+    result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--calibration_data_path", str(data),
+                     "--output_path", str(tmp_path / "b.onnx"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "FP8 for trt: 4/4 layers quantized" in result.stdout
+    same = [n.op_type for n in onnx.load(str(tmp_path / "b.onnx")).graph.node]
+    assert same == [n.op_type for n in onnx.load(str(tmp_path / "a.onnx")).graph.node]
+
+
+def test_refusals_are_one_line(tmp_path: Path, mlp_file: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="ONNX Runtime's CPU provider has no FP8 kernels"):
+        Fp8Options(runtime="ort-cpu")
+    with pytest.raises(InvalidArgumentError, match="FP8 weights are rounded to nearest"):
+        Fp8Options(weight_rounding="gptq")
+    with pytest.raises(InvalidArgumentError, match="FP8's activations are FP8"):
+        Fp8Options(activation_type="int16")
+    result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--runtime", "ort-cpu")
+    assert result.returncode == 2 and "invalid choice: 'ort-cpu'" in result.stderr
+    result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--weight_rounding", "gptq")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()]
+
+
+def test_levels_match_onnx_runtime_quantize_linear(tmp_path: Path, mlp_file: Path) -> None:
+    """The FP8 weights written are what ONNX Runtime's QuantizeLinear computes from the float weight and scales."""
+    out = tmp_path / "fp8.onnx"
+    quantize_file(mlp_file, out, calibration_data=_tokens(0), high_precision_dtype="fp32")
+    source = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(mlp_file)).graph.initializer}
+    graph = onnx.load(str(out)).graph
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    producers = _producers(graph)
+    node = next(n for n in graph.node if n.name == "/model/layers.0/o_proj/MatMul")
+    w_dq = producers[node.input[1]]
+    levels, scales = inits[w_dq.input[0]], inits[w_dq.input[1]]
+    assert levels.dtype == ml_dtypes.float8_e4m3fn
+    q = onnx.helper.make_node("QuantizeLinear", ["w", "s", "z"], ["q"], axis=1)
+    zeros = onnx.helper.make_tensor("z", FP8, [len(scales)], [0] * len(scales))
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [q], "q", [onnx.helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, list(levels.shape))],
+            [onnx.helper.make_tensor_value_info("q", FP8, list(levels.shape))],
+            [onnx.numpy_helper.from_array(scales, "s"), zeros],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 19)],
+    )  # fmt: skip
+    (expected,) = create_session(proto, optimization="none").run({"w": source["Wo"]})
+    assert np.array_equal(expected.view(np.uint8), levels.view(np.uint8))
