@@ -28,7 +28,7 @@ import numpy as np
 import zoo
 from onnxprec import sensitivity
 from onnxprec._io import load_model
-from onnxprec.autocast import _api, masks, target
+from onnxprec.autocast import masks, pipeline, target
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import classify
 from onnxprec.autocast.emulator import Emulator
@@ -56,17 +56,17 @@ def main() -> int:
     feeds = zoo.inputs(args.model)
     options = AutoCastOptions(calibration_data=feeds, keep_io_types=True, target_accuracy=args.target)
     model = load_model(zoo.model_path(args.model))
-    _api._sanitize(model, options)
+    pipeline._sanitize(model, options)
     regions = masks.find_mask_regions(model)
     keep = target.ReferenceOutputs()
-    reference = _api._reference_run(model, options, masks.sentinel_thresholds(regions), keep)
-    _api._fill_types(model, reference)
+    reference = pipeline._reference_run(model, options, masks.sentinel_thresholds(regions), keep)
+    pipeline._fill_types(model, reference)
     for region in regions:
         region.rewrite(options.low, reference.stats)
-    rules, includes = _api._rules(options)
+    rules, includes = pipeline._rules(options)
     ctx = RuleContext(stats=masks.stats_past_sentinels(reference.stats, regions, options.low))
     decisions = classify(model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins)
-    problem = target.Problem.of(model, decisions, options, rules, includes, ctx, keep, _api._converted_clone)
+    problem = target.Problem.of(model, decisions, options, rules, includes, ctx, keep, pipeline._converted_clone)
     fixed_low, candidates, _ = target._split(problem)
     moving = [n for n in candidates if decisions[n].low]
     fixed_low |= {n for n in candidates if not decisions[n].low}

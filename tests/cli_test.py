@@ -378,7 +378,8 @@ def test_on_a_terminal_the_summary_shows_once_and_a_log_keeps_it(model_path: Pat
     fp16, q8 = tmp_path / "model.fp16.onnx", str(tmp_path / "q8.onnx")
     commands = {  # the tool, and words of its summary log lines
         ("Converted 2/2 nodes", "Saved"): ["autocast", "--onnx_path", str(model_path), "--output_path", str(fp16)],
-        ("layers quantized",): ["quantize", "int8", "--onnx_path", str(model_path), "--output_path", q8],
+        ("layers quantized",): ["quantize", "int8", "--onnx_path", str(model_path), "--output_path", q8,
+                                "--random_calibration_data"],  # tabular input: refused on random data without it
         ("Saved",): ["preprocess", "--input", str(model_path), "--output", str(tmp_path / "pre.onnx")],
         ("Dumped ",): ["dump", "--onnx_path", str(model_path), "--dump_float", "--output_dir", str(tmp_path / "d")],
         ("Compared ",): ["compare", str(model_path), str(fp16)],

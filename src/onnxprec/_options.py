@@ -63,6 +63,7 @@ __all__ = [
     "option",
     "option_fields",
     "options_from_call",
+    "options_or_keywords",
     "parse_args_doc",
     "signature_mismatches",
 ]
@@ -380,6 +381,36 @@ def options_from_call(cls: type[T], params: Mapping[str, Any], kwargs: Mapping[s
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise InvalidArgumentError(f"Unknown {what} option '{name}'.{hint}")
     return cls(**{**params, **kwargs})
+
+
+def options_or_keywords(
+    cls: type[T], options: T | None, kwargs: Mapping[str, Any], *, what: str, function: str,
+    params: Mapping[str, Any] = {},
+) -> T:  # fmt: skip
+    """The options of an API call that takes them as one object or as keywords: ``options`` as given, or made from
+    the call's ``params`` and keywords (:func:`options_from_call`), not both.
+
+    Args:
+        cls: The options dataclass.
+        options: The settings as one object, or None.
+        kwargs: The call's other keywords.
+        what: The tool as the error names it, e.g. ``"INT4"``.
+        function: The function as the error names it, e.g. ``"quantize_file"``.
+        params: The call's parameters that are fields.
+
+    Raises:
+        InvalidArgumentError: Both were given, an unknown keyword (with the closest field's name), or a bad value.
+    """
+    if options is None:
+        return options_from_call(cls, params, kwargs, what)
+    if kwargs:
+        from onnxprec.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{function} got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
+            "e.g. dataclasses.replace(options, ...)."
+        )
+    return options
 
 
 @contextlib.contextmanager

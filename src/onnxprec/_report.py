@@ -16,20 +16,25 @@ Nothing heavy is imported at module level: the tools' ``_cli`` modules import th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "SUMMARY",
     "PrintedSummaryFilter",
     "Report",
+    "Step",
+    "TimedSteps",
+    "Timer",
     "check_paths",
     "fields_of",
     "header",
     "json_number",
+    "timed",
     "write_json",
 ]
 
@@ -62,18 +67,72 @@ class Report(Protocol):
         ...
 
 
+S = TypeVar("S")
+
+
+class Timer:
+    """A stopwatch, started when made: ``seconds`` is the wall time since, until :meth:`stop` (the one timer of the
+    tools' logs and reports: no hand-written timing pairs)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.end: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        """Seconds from the start to the stop, or to now while it runs."""
+        return (time.perf_counter() if self.end is None else self.end) - self.start
+
+    def stop(self) -> float:
+        """Stops the watch (once) and returns its seconds."""
+        if self.end is None:
+            self.end = time.perf_counter()
+        return self.seconds
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[Timer]:
+    """Times the block: the :class:`Timer` it gives holds the block's wall time once the block ends (also when it
+    raises)."""
+    timer = Timer()
+    try:
+        yield timer
+    finally:
+        timer.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class Step(Generic[S]):
+    """A named step of a tool's pipeline: ``run(state)``, skipped when ``when(state)`` is false.
+
+    A pipeline is a tuple of steps over one state object (the model, what the steps found so far), run in order by
+    :meth:`TimedSteps.run_steps`, which times each under its name.
+    """
+
+    name: str
+    run: Callable[[S], object]
+    when: Callable[[S], bool] | None = None
+
+
 class TimedSteps:
     """A report whose ``seconds`` holds the wall time of each named step of its tool's pipeline, measured by
-    ``with report.step("classify"):`` (no hand-written timing pairs)."""
+    ``with report.step("classify"):`` or :meth:`run_steps` (no hand-written timing pairs)."""
 
     seconds: dict[str, float]
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
         """Times the block and stores its wall time in ``seconds[name]`` (nothing when the block raises)."""
-        tick = time.perf_counter()
-        yield
-        self.seconds[name] = time.perf_counter() - tick
+        with timed() as timer:
+            yield
+        self.seconds[name] = timer.seconds
+
+    def run_steps(self, steps: Iterable[Step[S]], state: S) -> None:
+        """Runs a pipeline's steps in order on ``state``, each timed as :meth:`step` under its name."""
+        for step in steps:
+            if step.when is None or step.when(state):
+                with self.step(step.name):
+                    step.run(state)
 
 
 def header(report: Report) -> dict[str, Any]:

@@ -9,13 +9,13 @@ import contextlib
 import math
 import operator
 import re
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from onnxprec._report import Timer
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.metrics import ErrorStats
 
@@ -166,7 +166,7 @@ def measure_outputs(
     run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
 ) -> Measurement:
     """Runs every batch and compares the float outputs with the kept float ones."""
-    tick = time.perf_counter()
+    clock = Timer()
     stats: dict[str, ErrorStats] = {}
     callback_ok = True
     for batch, reference in zip(kept.batches, kept.outputs):
@@ -184,7 +184,7 @@ def measure_outputs(
     ok = callback_ok and all(
         e["nonfinite"] == 0 and all(b.holds(e.get(b.metric)) for b in target.bounds) for e in errors.values()
     )
-    return Measurement(errors, ok, time.perf_counter() - tick, callback_ok)
+    return Measurement(errors, ok, clock.seconds, callback_ok)
 
 
 class ReferenceOutputs:

@@ -1,91 +1,40 @@
-"""AutoCast's pipeline and public functions (re-exported lazily by ``onnxprec.autocast``).
+"""AutoCast's public functions (re-exported lazily by ``onnxprec.autocast``), on the tool base.
 
-The pipeline, one pass per step::
-
-    load -> sanitize -> (reference run) -> classify -> convert -> remove redundant casts -> validate -> save
-
+``convert_model`` runs the pipeline (:data:`onnxprec.autocast.pipeline.STEPS`: load+sanitize, reference, classify,
+target, convert, validate) up to saving; ``convert_until_runs`` is the one retry after a kernel gap (a node ONNX
+Runtime cannot run in the low type stays FP32 and the model is converted again);
 ``convert_to_mixed_precision`` takes the same arguments as ModelOpt's and returns an ``onnx.ModelProto``;
-``convert_file`` streams path to path (weights converted while they are written; external data on request
-or above 2 GB) and returns a report.
+``convert_file`` (:data:`TOOL`, a :class:`onnxprec._tool.ModelTool`) streams path to path (weights converted while
+they are written; external data on request or above 2 GB) and returns a report.
 
 Its public names are listed once, in ``onnxprec.autocast.__all__``.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import difflib
-import functools
 import logging
-import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import onnx
 import onnx_ir as ir
-from onnx_ir.passes.common import (
-    InlinePass,
-    RemoveUnusedNodesPass,
-    TopologicalSortPass,
-)
 
-from onnxprec._genai import GenaiCarry
-from onnxprec._graph import FLOAT_TYPES, LOW_FLOAT_TYPES, all_values, tensor_dtype
-from onnxprec._io import (
-    PROTOBUF_LIMIT,
-    ModelSource,
-    WrittenModel,
-    check_output_path,
-    external_data_paths,
-    load_model,
-    save_model,
-    sibling_path,
-    to_model_proto,
-)
-from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
-from onnxprec._options import check_op_types, check_patterns, fields_in, options_from_call
+from onnxprec._io import PROTOBUF_LIMIT, ModelSource, WrittenModel, sibling_path, to_model_proto
+from onnxprec._options import fields_in
 from onnxprec._report import SUMMARY
-from onnxprec.accuracy import Producer, ReferenceOutputs, TaskMetrics, output_producers
-from onnxprec.autocast import masks, report_html, target
+from onnxprec._tool import FileRun, ModelTool
+from onnxprec.accuracy import Producer, TaskMetrics, output_producers
+from onnxprec.autocast import report_html
 from onnxprec.autocast._options import AutoCastOptions
-from onnxprec.autocast.classify import Decision, classify
-from onnxprec.autocast.convert import ConvertPrecisionPass, ConvertPrecisionResult
-from onnxprec.autocast.kernel_gaps import keep_kernel_gaps, kernel_gap, node_keys, warn_cast_shared_kv
-from onnxprec.autocast.report import AutoCastReport, Details, command_line, first_sample, layer_errors
-from onnxprec.autocast.rules import (
-    REDUCING_OPS,
-    DataRangeRule,
-    DepthOfReductionRule,
-    InitializerRangeRule,
-    NodeNameRule,
-    OpTypeRule,
-    Rule,
-    RuleContext,
-    UserRule,
-)
+from onnxprec.autocast.kernel_gaps import KernelGap, raise_kernel_gap
+from onnxprec.autocast.pipeline import STEPS, Conversion, check_selection
+from onnxprec.autocast.report import AutoCastReport, command_line
 from onnxprec.autocast.rules import NodeRuleBase as NodeRuleBase  # re-exported by onnxprec.autocast
-from onnxprec.calibration_data import CalibrationData, run_on_data
-from onnxprec.errors import InvalidArgumentError, OnnxprecError, UnsupportedModelError, ValidationError
-from onnxprec.observers import Observer, RangeObserver, TensorStats
-from onnxprec.passes import (
-    ConvertFp64ToFp32Pass,
-    InferTypesPass,
-    LiftFloatConstantsPass,
-    NameNodesPass,
-    OpsetUpgradeError,
-    RemoveRedundantCastsPass,
-    UpgradeOpsetPass,
-    WidenToFp32Pass,
-)
-from onnxprec.reference import ReferenceResult, run_reference
+from onnxprec.errors import UnsupportedModelError
+from onnxprec.reference import ReferenceResult
 from onnxprec.validate import (
-    IOContract,
     NumericReport,
-    check_io_contract,
-    check_structure,
     load_in_ort,
     numeric_check,
     prove_by_run,
@@ -93,238 +42,10 @@ from onnxprec.validate import (
 
 logger = logging.getLogger(__name__)
 
-MIN_OPSET = {"fp16": 13, "bf16": 22}
-
 
 def default_output_path(onnx_path: str | Path, low_precision_type: str = "fp16") -> Path:
     """``<name>.fp16.onnx`` (or ``.bf16.onnx``) beside the input."""
     return sibling_path(onnx_path, f".{low_precision_type}")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pipeline steps
-
-
-def _check_convertible(model: ir.Model) -> None:
-    """Refuses models with nothing to convert. Quantized models are converted around their quantization nodes:
-    QuantizeLinear keeps its FP32 scale, DequantizeLinear follows its schema (FP16/BF16 output from opset 19),
-    QOperator and contrib ops (QLinearConv, MatMulNBits...) stay as they are, integer weights are never touched.
-    FP16, BF16 and mixed models are converted too (see :func:`_widen`)."""
-    graph = model.graph
-    floats = FLOAT_TYPES
-    has_float = (
-        any(v.dtype in floats for v in (*graph.inputs, *graph.outputs))
-        or any(v.dtype in floats for v in graph.initializers.values())
-        or any(out.dtype in floats for node in graph.all_nodes() for out in node.outputs)
-    )
-    if not has_float:
-        raise UnsupportedModelError(
-            "The model has no floating-point tensors to convert: AutoCast changes float precision only."
-        )
-
-
-def _check_op_types(model: ir.Model, options: AutoCastOptions) -> None:
-    known = {s.name for s in onnx.defs.get_all_schemas_with_history()}
-    known.update(n.op_type for n in model.graph.all_nodes())
-    for what, names in (
-        ("op_types_to_exclude", options.op_types_to_exclude),
-        ("op_types_to_include", options.op_types_to_include),
-    ):
-        for name in names or ():
-            if name not in known:
-                close = difflib.get_close_matches(name, sorted(known), n=1)
-                hint = f" Did you mean '{close[0]}'?" if close else ""
-                raise InvalidArgumentError(
-                    f"Unknown op type '{name}' in {what}: it is neither an ONNX op nor in the model.{hint}"
-                )
-
-
-def _check_selection(report: AutoCastReport, options: AutoCastOptions) -> None:
-    """Warns about each name pattern or op type of the options that selects no node (with the closest names)."""
-    names = {str(node.name): node.op_type for node in report.decisions if node.name}
-    for what, patterns in (
-        ("nodes_to_exclude", options.exclude_patterns),
-        ("nodes_to_include", options.include_patterns),
-    ):
-        check_patterns(patterns, what, names)
-    present = {node.op_type for node in report.decisions}
-    for what, types in (("op_types_to_exclude", options.op_types_to_exclude),
-                        ("op_types_to_include", options.op_types_to_include)):  # fmt: skip
-        check_op_types(types, what, present)
-
-
-def _target_opset(model: ir.Model, options: AutoCastOptions) -> int:
-    current = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
-    minimum = MIN_OPSET[options.low_precision_type]
-    if options.opset is None:
-        return max(current, minimum)
-    if options.opset < minimum:
-        kind = "FP16" if options.low_precision_type == "fp16" else "BF16"
-        logger.warning(
-            "Opset %d has limited %s support; opset %d or newer is recommended.", options.opset, kind, minimum
-        )
-    if options.opset < current:
-        logger.warning(
-            "--opset %d is lower than the original model's opset %d; keeping opset %d.", options.opset, current, current
-        )
-        return current
-    return int(options.opset)
-
-
-def _sanitize(model: ir.Model, options: AutoCastOptions, opset: int | None = None) -> None:
-    steps: list[ir.passes.PassBase] = []
-    if model.functions:
-        steps.append(InlinePass())
-    steps += [
-        NameNodesPass(),
-        LiftFloatConstantsPass(),
-        UpgradeOpsetPass(_target_opset(model, options) if opset is None else opset),
-        ConvertFp64ToFp32Pass(),
-        RemoveUnusedNodesPass(),
-        TopologicalSortPass(),
-        InferTypesPass(),
-    ]
-    _run_passes(model, *steps)
-
-
-def _run_passes(model: ir.Model, *steps: ir.passes.PassBase) -> list[ir.passes.PassResult]:
-    """Runs passes in order and returns their results; a user error raised in a pass surfaces as itself."""
-    results: list[ir.passes.PassResult] = []
-    for step in steps:
-        try:
-            results.append(step(model))
-        except Exception as e:
-            cause: BaseException | None = e
-            while isinstance(cause, ir.passes.PassError):
-                cause = cause.__cause__
-            if isinstance(cause, OnnxprecError):
-                raise cause from None
-            done = [type(s).__name__ for s in steps[: len(results)]]
-            raise ir.passes.PassError(f"An error occurred in the '{step}' pass after the passes {done}") from e
-    return results
-
-
-def _needs_reference(model: ir.Model, options: AutoCastOptions) -> bool:
-    if math.isfinite(options.data_max):
-        return True
-    if options.max_depth_of_reduction is None:
-        return False
-    ctx = RuleContext()
-    for node in model.graph:
-        if node.op_type in REDUCING_OPS:
-            values = [v for v in node.inputs[:2] if v is not None]
-            if any(ctx.shape(v) is None for v in values):
-                return True
-    return False
-
-
-def _reference_run(
-    model: ir.Model,
-    options: AutoCastOptions,
-    sentinels: Mapping[str, float] | None = None,
-    keep: ReferenceOutputs | None = None,
-) -> ReferenceResult:
-    """Range statistics of every float tensor on the calibration data (or realistic random data); tensors of
-    attention masks (``sentinels``: name -> threshold) are also measured past their sentinels. ``keep`` holds
-    the batches and the FP32 outputs of every batch (for ``target_accuracy``)."""
-
-    def run(batches: CalibrationData) -> ReferenceResult:
-        observers: list[Observer] = [RangeObserver(sentinels=sentinels)]
-        if keep is not None:
-            observers.append(keep.observer(model, batches))
-        return run_reference(model, batches, observers=observers, providers=options.providers)
-
-    hold = keep is not None  # the batches are read again by the target search
-    return run_on_data(model, options.calibration_data, run, input_shapes=options.input_shape_map, keep=hold)
-
-
-def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:
-    """Replaces guessed or missing element types with those ONNX Runtime observed.
-
-    Only outputs of custom ops (whose types :class:`InferTypesPass` guessed) and untyped values: numpy has no
-    FP8 or BF16 dtype, so an observed dtype is not the truth about a known type (FP8 arrives as uint8).
-    """
-    opsets = opsets_by_domain(model)
-    for node in model.graph:
-        guessed = not is_standard_op(node, opsets.get(normalized_domain(node.domain), 1))
-        for out in node.outputs:
-            if not guessed and out.dtype is not None:
-                continue
-            stats = (reference.stats or {}).get(str(out.name))
-            if stats is not None:
-                observed = ir.DataType.from_numpy(stats.dtype)
-                if out.dtype != observed:
-                    out.dtype = observed
-
-
-def _widen(model: ir.Model, low: ir.DataType) -> tuple[dict[str, ir.DataType], frozenset[ir.Node]]:
-    """Makes an FP16, BF16 or mixed model an FP32 one to classify and convert like any other (ModelOpt classifies
-    every float node too, whatever its type). Widening is exact and keeps every name, so the reference run's
-    statistics of the model as given still apply.
-
-    Returns:
-        The FP16/BF16 graph inputs and outputs (name -> type), which ``keep_io_types`` keeps in their type, and
-        the nodes whose float inputs and outputs are all ``low`` already: they stay low unless the user excludes
-        them (the automatic rules do not apply to what the model already runs in that type).
-    """
-    graph = model.graph
-    io_types = {
-        str(v.name): dtype for v in (*graph.inputs, *graph.outputs) if (dtype := tensor_dtype(v)) in LOW_FLOAT_TYPES
-    }
-    already_low = set()
-    widen = bool(io_types) or any(v.dtype in LOW_FLOAT_TYPES for v in graph.initializers.values())
-    for node in graph.all_nodes():
-        floats = {tensor_dtype(v) for v in (*node.inputs, *node.outputs) if v is not None} & FLOAT_TYPES
-        widen = widen or bool(floats & LOW_FLOAT_TYPES)
-        if floats == {low}:
-            already_low.add(node)
-    if not widen:
-        return {}, frozenset()
-    WidenToFp32Pass()(model)
-    kind = low.name.lower()
-    logger.info(
-        "The model has FP16/BF16 tensors: classified as FP32 ones; %d nodes already in %s stay so unless excluded "
-        "by name, op type or a custom rule.",
-        len(already_low),
-        kind,
-    )
-    return io_types, frozenset(already_low)
-
-
-class _ExceptNodes:
-    """An automatic rule (ranges, depth of reduction) that leaves ``nodes`` alone: the nodes the input model
-    already runs in the low type."""
-
-    def __init__(self, rule: Rule, nodes: frozenset[ir.Node]) -> None:
-        self.rule = rule
-        self.nodes = nodes
-
-    def __call__(self, node: ir.Node, ctx: RuleContext) -> str | None:
-        return None if node in self.nodes else self.rule(node, ctx)
-
-
-def _rules(options: AutoCastOptions, already_low: frozenset[ir.Node] = frozenset()) -> tuple[list[Rule], list[Rule]]:
-    rules: list[Rule] = []
-    if options.exclude_patterns:
-        rules.append(NodeNameRule(options.exclude_patterns))
-    if options.op_types_to_exclude:
-        rules.append(OpTypeRule(options.op_types_to_exclude))
-    automatic: list[Rule] = []
-    if math.isfinite(options.init_max):
-        automatic.append(InitializerRangeRule(options.init_max))
-    if math.isfinite(options.data_max):
-        automatic.append(DataRangeRule(options.data_max, options.low))
-    if options.max_depth_of_reduction is not None:
-        automatic.append(DepthOfReductionRule(options.max_depth_of_reduction))
-    rules += [_ExceptNodes(rule, already_low) if already_low else rule for rule in automatic]
-    if options.custom_rule is not None:
-        rules.append(UserRule(options.custom_rule))
-    includes: list[Rule] = []
-    if options.include_patterns:
-        includes.append(NodeNameRule(options.include_patterns, "nodes_to_include"))
-    if options.op_types_to_include:
-        includes.append(OpTypeRule(options.op_types_to_include, "op_types_to_include"))
-    return rules, includes
 
 
 def convert_model(
@@ -334,164 +55,48 @@ def convert_model(
     fp32_nodes: Mapping[str, str] | None = None,
     refuse_kernel_gaps: bool = False,
 ) -> tuple[ir.Model, AutoCastReport, ReferenceResult | None]:
-    """Runs the pipeline up to (not including) saving. The returned model holds lazily converted weights.
+    """Runs the pipeline (:data:`STEPS`) up to (not including) saving. The returned model holds lazily converted
+    weights.
 
     ``fp32_nodes`` (:func:`node_keys` key -> reason) stay FP32 whatever the rules say: nodes ONNX Runtime could
-    not run in the low type in an earlier attempt (see :func:`kernel_gap`). ``refuse_kernel_gaps``: BF16 with only
-    the CPU provider is refused up front unless ``keep_unsupported_fp32`` (see :func:`keep_kernel_gaps`).
+    not run in the low type in an earlier attempt (see :func:`convert_until_runs`). ``refuse_kernel_gaps``: BF16 with
+    only the CPU provider is refused up front unless ``keep_unsupported_fp32`` (see :func:`keep_kernel_gaps`).
     """
-    report = AutoCastReport(options.low_precision_type)
-    with report.step("load+sanitize"):
-        model = load_model(source)
-        _check_convertible(model)
-        _check_op_types(model, options)
-        contract = IOContract.of(model)
-        try:
-            _sanitize(model, options)
-        except OpsetUpgradeError as e:
-            if isinstance(source, ir.Model):
-                raise  # the caller's model was changed in place: it cannot be read again
-            model = load_model(source)
-            own = default_opset(model)
-            logger.warning("%s; converting at the model's own opset %d instead.", str(e).split(";")[0], own)
-            _sanitize(model, options, opset=own)
+    run = Conversion(source, options, fp32_nodes or {}, refuse_kernel_gaps, AutoCastReport(options.low_precision_type))
+    run.report.run_steps(STEPS, run)
+    logger.info(run.report.summary, extra=SUMMARY)
+    logger.debug("Timings: %s", {k: round(v, 3) for k, v in run.report.seconds.items()})
+    return run.model, run.report, run.reference
 
-    with report.step("reference"):
-        mask_regions = masks.find_mask_regions(model)
-        sentinels = masks.sentinel_thresholds(mask_regions)
-        keep = ReferenceOutputs() if options.target is not None else None
-        needed = keep is not None or _needs_reference(model, options)
-        reference = _reference_run(model, options, sentinels, keep) if needed else None
-        if reference is not None:
-            _fill_types(model, reference)
-            report.reference_batches = reference.num_batches
 
-    with report.step("classify"):
-        io_types, already_low = _widen(model, options.low)
-        rules, includes = _rules(options, already_low)
-        stats = reference.stats if reference else None
-        for region in mask_regions:
-            region.rewrite(options.low, stats)
-        report.mask_regions = mask_regions
-        ctx = RuleContext(stats=masks.stats_past_sentinels(stats, mask_regions, options.low))
-        report.decisions = classify(
-            model, low=options.low, rules=rules, includes=includes, ctx=ctx, plugins=options.plugins
+T = TypeVar("T")
+
+
+def convert_until_runs(
+    source: ModelSource,
+    options: AutoCastOptions,
+    check: Callable[[ir.Model, AutoCastReport, ReferenceResult | None, Mapping[str, str]], T],
+    *,
+    refuse_kernel_gaps: bool = False,
+) -> T:
+    """Converts, then checks the result with ``check(model, report, reference, fp32_nodes)``; where the check finds
+    a node ONNX Runtime cannot run in the low type (it raises :class:`KernelGap`, see :func:`raise_kernel_gap`),
+    converts again from the source with that node in FP32 too. The one retry loop of both public functions.
+
+    Returns:
+        What ``check`` returns for the conversion that passed it.
+    """
+    fp32_nodes: dict[str, str] = {}
+    while True:
+        model, report, reference = convert_model(
+            source, options, fp32_nodes=fp32_nodes, refuse_kernel_gaps=refuse_kernel_gaps
         )
-        low_name = options.low_precision_type.upper()
-        for node in already_low:
-            decision = report.decisions.get(node)
-            if decision is not None and decision.low and decision.reason == "default":
-                report.decisions[node] = dataclasses.replace(decision, reason=f"already {low_name} in the input model")
-        if fp32_nodes:
-            keys = node_keys(report.decisions)
-            for node in report.decisions:
-                if keys[node] in fp32_nodes:
-                    report.decisions[node] = Decision(False, fp32_nodes[keys[node]])
-        report.no_kernel = keep_kernel_gaps(model, report.decisions, options, refuse=refuse_kernel_gaps)
-    clone = functools.partial(_converted_clone, io_types=io_types)
-    if keep is not None:
-        with report.step("target"):
-            assert options.target is not None
-            search = target.Problem.of(model, report.decisions, options, rules, includes, ctx, keep, clone)
-            report.decisions, report.target_search, report.numeric = target.search(search)
-            keep.close()  # the spooled batches (on an error, garbage collection removes them)
-    with report.step("convert"):
-        report.random_data = options.calibration_data is None
-        report.settings = {
-            "data_max": options.data_max,
-            "init_max": options.init_max,
-            "keep_io_types": options.keep_io_types,
-        }
-        if options.report is not None:
-            report.details = _details(model, report.decisions, options, ctx.stats, stats, reference, clone)
-        converted = _convert(model, report.decisions, options, io_types)
-        warn_cast_shared_kv(model)
-        report.stats = converted.stats
-        report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
-        if report.details is not None:
-            report.details.count_casts(converted.casts)
-
-    if options.validate:
-        with report.step("validate"):
-            check_io_contract(model, contract.expected(options.low, options.keep_io_types))
-            try:
-                report.ort_only = check_structure(model)
-            except ValidationError as e:
-                if not _checker_rejects_original(source):
-                    raise
-                report.ort_only = {"ops of a model onnx.checker rejects": sum(1 for _ in model.graph.all_nodes())}
-                logger.warning(
-                    "onnx.checker rejects the original model too, so it cannot judge the conversion (%s); the result "
-                    "is checked by ONNX Runtime only.",
-                    str(e.__cause__ or e).splitlines()[0][:200],
-                )
-    logger.info(report.summary, extra=SUMMARY)
-    logger.debug("Timings: %s", {k: round(v, 3) for k, v in report.seconds.items()})
-    return model, report, reference
-
-
-def _details(
-    model: ir.Model,
-    decisions: Mapping[ir.Node, Decision],
-    options: AutoCastOptions,
-    seen: Mapping[str, TensorStats] | None,
-    measured: Mapping[str, TensorStats] | None,
-    reference: ReferenceResult | None,
-    converted_clone: Callable[[ir.Model, Mapping[ir.Node, Decision], AutoCastOptions], ir.Model],
-) -> Details:
-    """What the HTML report shows per node; the errors along the graph on the first calibration sample
-    (``converted_clone``: :func:`_converted_clone` with the model's interface types)."""
-    tick = time.perf_counter()
-    found = Details.of(model, seen, measured)
-    if reference is None:
-        found.error_note = "errors along the graph not measured: no reference run (data_max inf)"
-        return found
-    converted = converted_clone(model, decisions, options)
-    feeds = first_sample(reference.first_feeds)
-    found.errors, found.error_note = layer_errors(model, converted, feeds, options.providers)
-    logger.info("Errors along the graph: %d tensors (%.1f s)", len(found.errors), time.perf_counter() - tick)
-    return found
-
-
-def _convert(
-    model: ir.Model,
-    decisions: Mapping[ir.Node, Decision],
-    options: AutoCastOptions,
-    io_types: Mapping[str, ir.DataType] | None,
-) -> ConvertPrecisionResult:
-    """Converts the classified model in place: precisions, casts, then the redundant casts and unused nodes go.
-    ``io_types``: the FP16/BF16 inputs and outputs of a widened model (:func:`_widen`), kept with keep_io_types."""
-    convert = ConvertPrecisionPass(
-        dict(decisions),
-        options.low,
-        keep_io_types=options.keep_io_types,
-        init_conversion_max_bytes=options.init_conversion_max_bytes,
-        io_types=io_types,
-    )
-    cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
-    converted = _run_passes(model, convert, cleanup, RemoveUnusedNodesPass())[0]
-    assert isinstance(converted, ConvertPrecisionResult)
-    return converted
-
-
-def _converted_clone(
-    model: ir.Model,
-    decisions: Mapping[ir.Node, Decision],
-    options: AutoCastOptions,
-    io_types: Mapping[str, ir.DataType] | None = None,
-) -> ir.Model:
-    """A converted copy of the classified model (weights shared until converted); the model is unchanged."""
-    clone = model.clone()
-    for value in all_values(clone.graph):
-        if value.type is not None:
-            value.type = copy.copy(value.type)  # clones share type objects, and retyping mutates them
-    nodes = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))
-    _convert(clone, {nodes[node]: decision for node, decision in decisions.items()}, options, io_types)
-    return clone
-
-
-class _ConvertAgain(Exception):
-    """The saved output has a kernel gap (see :func:`kernel_gap`): convert again, with the node in FP32."""
+        if not fp32_nodes:  # the first conversion
+            check_selection(report, options)
+        try:
+            return check(model, report, reference, fp32_nodes)
+        except KernelGap as gap:
+            fp32_nodes = {**fp32_nodes, gap.key: gap.reason}
 
 
 def _output_check(
@@ -499,12 +104,16 @@ def _output_check(
     reference: ReferenceResult | None,
     options: AutoCastOptions,
     source: ModelSource,
-    fp32_nodes: dict[str, str],
+    fp32_nodes: Mapping[str, str],
     producers: Mapping[str, Producer | None],
 ) -> Callable[[WrittenModel], None] | None:
     """What checks the written output before it replaces ``output_path``: the numeric check's run, which also proves
     the nodes only ONNX Runtime can check (or, without a reference run, loading it in ONNX Runtime), with each
-    output's task metric (``producers``: the float model's, :func:`onnxprec.accuracy.output_producers`)."""
+    output's task metric (``producers``: the float model's, :func:`onnxprec.accuracy.output_producers`).
+
+    Raises (from the check):
+        KernelGap: ONNX Runtime cannot run a node made low: convert again (:func:`convert_until_runs`).
+    """
     if not options.validate:
         return None
 
@@ -518,8 +127,7 @@ def _output_check(
         with report.step("numeric check"):
             task = TaskMetrics(producers)
             report.numeric = numeric_check(written, reference, providers=list(options.providers), task=task)
-        if kernel_gap(report.numeric, report, options, source, fp32_nodes):
-            raise _ConvertAgain
+        raise_kernel_gap(report.numeric, report, options, source, fp32_nodes)
         if report.numeric.skipped:
             _load_or_refuse(written, report.numeric, options)
         _log_numeric(report.numeric)
@@ -549,17 +157,6 @@ def _load_or_refuse(written: WrittenModel, numeric: NumericReport, options: Auto
         ) from None
     logger.warning("The converted model loads on %s, but its numeric check could not run: %s", providers,
                    numeric.skipped)  # fmt: skip
-
-
-def _checker_rejects_original(source: ModelSource) -> bool:
-    """Whether the user's model fails the same structural check (an ONNX bug, e.g. MVN-13's function body)."""
-    if isinstance(source, ir.Model):
-        return False  # converted in place: the original is gone
-    try:
-        check_structure(load_model(source))
-    except ValidationError:
-        return True
-    return False
 
 
 def _log_numeric(report: NumericReport) -> None:
@@ -644,11 +241,10 @@ def convert_to_mixed_precision(
     # Every parameter but onnx_path is an AutoCastOptions field of the same name, default and doc
     # (onnxprec/_options_test.py checks it); locals() holds exactly the parameters at this point.
     options = AutoCastOptions(**fields_in(AutoCastOptions, locals()))
-    fp32_nodes: dict[str, str] = {}
-    while True:
-        model, report, reference = convert_model(onnx_path, options, fp32_nodes=fp32_nodes)
-        if not fp32_nodes:  # the first conversion
-            _check_selection(report, options)
+
+    def checked(
+        model: ir.Model, report: AutoCastReport, reference: ReferenceResult | None, fp32_nodes: Mapping[str, str]
+    ) -> onnx.ModelProto:
         proto = to_model_proto(model)
         if proto.ByteSize() >= PROTOBUF_LIMIT:
             return proto
@@ -657,10 +253,49 @@ def convert_to_mixed_precision(
                 load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.providers))
             return proto
         numeric = numeric_check(proto, reference, providers=list(options.providers))
-        if not kernel_gap(numeric, report, options, onnx_path, fp32_nodes):
-            _log_numeric(numeric)
-            prove_by_run(numeric, report.ort_only)
-            return proto
+        raise_kernel_gap(numeric, report, options, onnx_path, fp32_nodes)
+        _log_numeric(numeric)
+        prove_by_run(numeric, report.ort_only)
+        return proto
+
+    return convert_until_runs(onnx_path, options, checked)
+
+
+def _write(run: FileRun[AutoCastOptions]) -> tuple[ir.Model, AutoCastReport]:
+    """Converts and saves; the written output is checked before it replaces the output path, and converted again
+    where ONNX Runtime cannot run a node made low (:func:`convert_until_runs`)."""
+
+    def save(
+        model: ir.Model, report: AutoCastReport, reference: ReferenceResult | None, fp32_nodes: Mapping[str, str]
+    ) -> tuple[ir.Model, AutoCastReport]:
+        check = _output_check(report, reference, run.options, run.source, fp32_nodes, output_producers(model))
+        run.save(model, report, check=check)
+        report.seconds["save"] -= report.seconds.get("numeric check", 0.0)  # timed as a step of its own
+        return model, report
+
+    model, report = convert_until_runs(run.source, run.options, save, refuse_kernel_gaps=True)
+    logger.info("Saved %s", run.output, extra=SUMMARY)
+    return model, report
+
+
+def _write_html(run: FileRun[AutoCastOptions], model: ir.Model, report: AutoCastReport) -> None:
+    """The HTML report, when asked for (``--report_html``)."""
+    if run.options.report is not None:
+        report.command = command_line(run.options, run.source_path, run.output if run.named_output else None)
+        report_html.write_html(run.options.report, report.to_json())
+        logger.info("HTML report written to %s", run.options.report)
+
+
+TOOL: ModelTool[AutoCastOptions, AutoCastReport] = ModelTool(
+    AutoCastOptions,
+    _write,
+    suffix=lambda options: f".{options.low_precision_type}",
+    name="AutoCast",
+    function="convert_file",
+    other_outputs=lambda options: {"--report_html": options.report},
+    finish=_write_html,
+)
+"""AutoCast on the tool base (:class:`onnxprec._tool.ModelTool`): ``convert_file``."""
 
 
 def convert_file(
@@ -686,45 +321,4 @@ def convert_file(
     Raises:
         OnnxprecError: A bad argument, model or output path; the message says how to fix it.
     """
-    if options is None:
-        options = options_from_call(AutoCastOptions, {}, kwargs, "AutoCast")
-    elif kwargs:
-        raise InvalidArgumentError(
-            f"convert_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
-            "e.g. dataclasses.replace(options, ...)."
-        )
-    output = (
-        Path(output_path) if output_path is not None else default_output_path(onnx_path, options.low_precision_type)
-    )
-    source = Path(onnx_path)
-    protected = {source.resolve()} if source.exists() else set()
-    check_output_path(output, protected)  # fail before the work, not after
-    if options.report is not None:
-        check_output_path(options.report, {*protected, output.resolve()}, flag="--report_html", data_file=False)
-    genai = GenaiCarry.plan(source, output, options.genai_provider)
-    fp32_nodes: dict[str, str] = {}
-    while True:
-        model, report, reference = convert_model(source, options, fp32_nodes=fp32_nodes, refuse_kernel_gaps=True)
-        if not fp32_nodes:  # the first conversion
-            _check_selection(report, options)
-        report.input_path = source
-        protected |= external_data_paths(model)
-        check = _output_check(report, reference, options, source, fp32_nodes, output_producers(model))
-        with report.step("save"):
-            try:
-                report.output_path = save_model(
-                    model, output, external_data=external_data, protected=protected, check=check
-                )
-            except _ConvertAgain:
-                continue
-        report.seconds["save"] -= report.seconds.get("numeric check", 0.0)  # timed as a step of its own
-        break
-    logger.info("Saved %s", output, extra=SUMMARY)
-    if genai is not None:
-        genai.write(model)
-        report.genai = genai
-    if options.report is not None:
-        report.command = command_line(options, onnx_path, output_path)
-        report_html.write_html(options.report, report.to_json())
-        logger.info("HTML report written to %s", options.report)
-    return report
+    return TOOL.run_file(Path(onnx_path), output_path, external_data=external_data, options=options, **kwargs)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -19,6 +18,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import NameAllocator
+from onnxprec._report import Timer
 from onnxprec._tensors import finite_max
 
 __all__ = ["EmulateRoundingPass", "EmulationResult", "Emulator", "float_values"]
@@ -177,7 +177,7 @@ class Emulator:
         keep_io_types: bool,
         providers: Sequence[str] | None = None,
     ) -> None:
-        tick = time.perf_counter()
+        clock = Timer()
         self.candidates = list(candidates)
         self.low = low
         clone = model.clone()
@@ -210,7 +210,7 @@ class Emulator:
             len(self.candidates),
             len(self.switches),
             edges,
-            time.perf_counter() - tick,
+            clock.seconds,
         )
 
     def close(self) -> None:

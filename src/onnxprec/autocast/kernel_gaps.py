@@ -2,7 +2,8 @@
 
 Up front, :func:`keep_kernel_gaps` probes the provider's BF16 kernels once per op signature and keeps the nodes it
 cannot run in FP32 (with only the CPU provider: refuses, unless asked to keep them); after a failed numeric check,
-:func:`kernel_gap` reads ONNX Runtime's error, names the node and asks for one more conversion with it in FP32.
+:func:`raise_kernel_gap` reads ONNX Runtime's error, names the node and asks for one more conversion with it in FP32
+(:class:`KernelGap`).
 :func:`warn_cast_shared_kv` warns about a KV cache that ``keep_io_types`` puts behind casts where a sliding-window
 attention kernel needs it in place.
 """
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import onnx_ir as ir
 
@@ -20,13 +20,21 @@ from onnxprec._graph import tensor_dtype
 from onnxprec._io import ModelSource
 from onnxprec._ops import opsets_by_domain
 from onnxprec._ort import lacks_kernels
+from onnxprec._report import Timer
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision
 from onnxprec.autocast.report import AutoCastReport
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.validate import NumericReport
 
-__all__ = ["MAX_KERNEL_FALLBACKS", "keep_kernel_gaps", "kernel_gap", "node_keys", "warn_cast_shared_kv"]
+__all__ = [
+    "MAX_KERNEL_FALLBACKS",
+    "KernelGap",
+    "keep_kernel_gaps",
+    "node_keys",
+    "raise_kernel_gap",
+    "warn_cast_shared_kv",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +74,7 @@ def keep_kernel_gaps(
     """Keeps in FP32 the BF16 nodes ONNX Runtime has no BF16 kernel for on the provider the model is meant for
     (nor on the CPU it falls back to), found up front by probing each op signature once
     (:func:`onnxprec._ort.lacks_kernels`; ORT 1.31's CUDA provider has no BF16 Clip, Reciprocal or Log, say) instead
-    of one failed run of the whole model per node (:func:`kernel_gap`, still the fallback). Only BF16: ORT runs an
+    of one failed run of the whole model per node (:func:`raise_kernel_gap`, still the fallback). Only BF16: ORT runs an
     FP16 node without a kernel in FP32 behind casts it inserts itself.
 
     On a GPU provider the nodes without a kernel stay FP32 always. With only the CPU provider (whose BF16 kernels
@@ -94,7 +102,7 @@ def keep_kernel_gaps(
         for node, d in decisions.items()
         if d.low and any(v is not None and tensor_dtype(v) == ir.DataType.FLOAT for v in (*node.inputs, *node.outputs))
     ]
-    tick = time.perf_counter()
+    clock = Timer()
     lacking = lacks_kernels(low, opsets_by_domain(model), options.low, provider)
     kept: dict[str, int] = {}
     for node in lacking:
@@ -113,7 +121,7 @@ def keep_kernel_gaps(
     logger.info(
         "Probed ONNX Runtime's BF16 kernels on %s (%.1f s)%s",
         provider,
-        time.perf_counter() - tick,
+        clock.seconds,
         f": kept in FP32 for lack of one: {ops}" if kept else "",
     )
     return kept
@@ -136,30 +144,47 @@ def node_keys(nodes: Iterable[ir.Node]) -> dict[ir.Node, str]:
     return keys
 
 
-def kernel_gap(
+class KernelGap(Exception):
+    """ONNX Runtime could not run the converted model because of a node it made low: convert again with the node in
+    FP32 (raised by :func:`raise_kernel_gap`, caught by the one conversion loop,
+    :func:`onnxprec.autocast._api.convert_until_runs`)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        """The node's :func:`node_keys` key."""
+        self.reason = reason
+        """Why it stays FP32, as its decision says."""
+
+
+def raise_kernel_gap(
     numeric: NumericReport,
     report: AutoCastReport,
     options: AutoCastOptions,
     source: ModelSource,
-    fp32_nodes: dict[str, str],
-) -> bool:
-    """Whether ONNX Runtime could not run the converted model because of a node this conversion made low.
+    fp32_nodes: Mapping[str, str],
+) -> None:
+    """Raises :class:`KernelGap` when ONNX Runtime could not run the converted model because of a node this
+    conversion made low and converting again can help; returns otherwise (the caller goes on with its checks).
 
-    If so, the node is added to ``fp32_nodes`` with a WARNING naming it and its op, and the caller converts
-    again (ModelOpt's guide promises a model that runs). BF16 is retried where the check ran on a GPU
-    provider (a gap there, e.g. no CUDA BF16 Reciprocal, is the runtime's and worth working around) or with
-    ``keep_unsupported_fp32``: ONNX Runtime's CPU provider has almost no BF16 kernels. A model given as an
-    ``ir.Model`` cannot be converted again (it was converted in place).
+    The node is named in a WARNING with its op (ModelOpt's guide promises a model that runs). BF16 is retried where
+    the check ran on a GPU provider (a gap there, e.g. no CUDA BF16 Reciprocal, is the runtime's and worth working
+    around) or with ``keep_unsupported_fp32``: ONNX Runtime's CPU provider has almost no BF16 kernels. A model given
+    as an ``ir.Model`` cannot be converted again (it was converted in place), nor one that already kept
+    :data:`MAX_KERNEL_FALLBACKS` nodes (``fp32_nodes``: the nodes earlier attempts kept in FP32).
+
+    Raises:
+        KernelGap: Convert again with the node in FP32.
     """
     if not numeric.skipped or numeric.failed_node is None:
-        return False
+        return
     node = next((n for n, d in report.decisions.items() if d.low and n.name == numeric.failed_node), None)
     if node is None and not numeric.failed_node and numeric.failed_op:
         # ORT names an unnamed node '': the gap is that op's, if only one unnamed node of it went low.
         unnamed = [n for n, d in report.decisions.items() if d.low and not n.name and n.op_type == numeric.failed_op]
         node = unnamed[0] if len(unnamed) == 1 else None
     if node is None:
-        return False
+        return
     on_gpu = _gpu_provider(options) is not None
     retried = options.low == ir.DataType.FLOAT16 or on_gpu or options.keep_unsupported_fp32
     if not retried or isinstance(source, ir.Model) or len(fp32_nodes) >= MAX_KERNEL_FALLBACKS:
@@ -172,9 +197,8 @@ def kernel_gap(
             numeric.skipped.split(": ", 1)[-1],
             re.escape(str(node.name)),
         )
-        return False
+        return
     low = options.low_precision_type.upper()
-    fp32_nodes[node_keys(report.decisions)[node]] = f"ONNX Runtime cannot run {node.op_type} in {low} here"
     logger.warning(
         "ONNX Runtime cannot run %s node '%s' in %s (%s): converting again with it in FP32.",
         node.op_type,
@@ -182,4 +206,4 @@ def kernel_gap(
         low,
         numeric.skipped.split(": ", 1)[-1],
     )
-    return True
+    raise KernelGap(node_keys(report.decisions)[node], f"ONNX Runtime cannot run {node.op_type} in {low} here")

@@ -524,7 +524,7 @@ def test_a_kernel_gap_is_worked_around_where_the_check_ran(low: str, providers: 
     # Reciprocal node with name 'N' is not set". BF16 gaps are worked around on GPU providers only (on the CPU
     # nearly every BF16 op has no kernel, and BF16 models are meant for GPUs).
     from onnxprec.autocast.classify import Decision
-    from onnxprec.autocast.kernel_gaps import kernel_gap
+    from onnxprec.autocast.kernel_gaps import KernelGap, raise_kernel_gap
     from onnxprec.validate import NumericReport, _no_kernel
 
     error = (
@@ -536,10 +536,13 @@ def test_a_kernel_gap_is_worked_around_where_the_check_ran(low: str, providers: 
     report = type("Report", (), {"decisions": {node: Decision(low=True, reason="default")}})()
     numeric = NumericReport(skipped=f"ONNX Runtime could not run the converted model: {error}", failed_node=node.name)
     options = AutoCastOptions(low_precision_type=low, providers=providers)
-    fp32_nodes: dict[str, str] = {}
-    assert kernel_gap(numeric, report, options, "model.onnx", fp32_nodes) is retried  # type: ignore[arg-type]
-    assert fp32_nodes == ({"/router/Reciprocal": f"ONNX Runtime cannot run Reciprocal in {low.upper()} here"}
-                          if retried else {})  # fmt: skip
+    gaps = []
+    try:
+        raise_kernel_gap(numeric, report, options, "model.onnx", {})  # type: ignore[arg-type]
+    except KernelGap as gap:
+        gaps.append((gap.key, gap.reason))
+    assert gaps == ([("/router/Reciprocal", f"ONNX Runtime cannot run Reciprocal in {low.upper()} here")]
+                    if retried else [])  # fmt: skip
 
 
 def test_the_node_orts_message_names_is_read_past_our_first_line() -> None:
@@ -564,17 +567,17 @@ def test_an_unnamed_node_ort_cannot_run_is_kept_in_fp32_by_its_op_and_rank() -> 
     # ORT names an unnamed node '' ("Provider type for Less node with name '' is not set", LFM2-MoE in BF16 on CUDA):
     # the only unnamed Less that went low is that node, and its key survives converting again from the file.
     from onnxprec.autocast.classify import Decision
-    from onnxprec.autocast.kernel_gaps import kernel_gap, node_keys
+    from onnxprec.autocast.kernel_gaps import KernelGap, node_keys, raise_kernel_gap
     from onnxprec.validate import NumericReport
 
     less = ir.Node("", "Less", [ir.Value(name="a"), ir.Value(name="b")])
     named = ir.Node("", "Less", [ir.Value(name="c"), ir.Value(name="d")], name="kept")
     report = type("Report", (), {"decisions": {named: Decision(low=True, reason=""), less: Decision(True, "")}})()
     numeric = NumericReport(skipped="cannot load", failed_node="", failed_op="Less")
-    fp32_nodes: dict[str, str] = {}
     options = AutoCastOptions(low_precision_type="bf16", providers=["cuda"])
-    assert kernel_gap(numeric, report, options, "model.onnx", fp32_nodes)  # type: ignore[arg-type]
-    assert list(fp32_nodes) == ["<unnamed Less #1>"] == [node_keys([named, less])[less]]
+    with pytest.raises(KernelGap) as gap:
+        raise_kernel_gap(numeric, report, options, "model.onnx", {})  # type: ignore[arg-type]
+    assert gap.value.key == "<unnamed Less #1>" == node_keys([named, less])[less]
 
 
 def test_convert_file_refuses_an_unknown_keyword_in_one_line(tmp_path: Path) -> None:

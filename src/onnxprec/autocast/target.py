@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,7 +50,7 @@ import onnx_ir as ir
 from onnxprec import _ort
 from onnxprec._ops import CONTROL_FLOW_OPS
 from onnxprec._progress import Progress
-from onnxprec._report import fields_of
+from onnxprec._report import Timer, fields_of, timed
 from onnxprec._tensors import finite_max
 from onnxprec.accuracy import AccuracyTarget, ErrorScale, Measurement, ReferenceOutputs, confirm, measure_outputs
 from onnxprec.autocast.classify import Decision, classify
@@ -232,7 +231,7 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     number of nodes to keep in FP32. The emulation's verdicts are scaled to the measured error of the default
     (:class:`~onnxprec.accuracy.ErrorScale`); the final choice is checked for real (:func:`_confirm_for_real`).
     """
-    tick = time.perf_counter()
+    clock = Timer()
     report = TargetReport(str(problem.target))
     with Progress("AutoCast target search", "check", count=lambda: len(report.steps)):
         fixed_low, candidates, overflow = _split(problem)
@@ -280,7 +279,7 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
                 emulator.close()
             chosen = _confirm_for_real(problem, ranked, k, emulated_ok, upward, report)
         report.reached = report.final.ok
-        report.seconds = time.perf_counter() - tick
+        report.seconds = clock.seconds
         logger.log(
             logging.INFO if report.reached else logging.WARNING,
             "Target %s %s (%s): %d of %d candidates moved (%s), %d sessions, %d runs, %.1f s",
@@ -369,11 +368,11 @@ def _bisect(
             if not step or step in tried or runs >= REFINE_RUNS or spent >= REFINE_SECONDS:
                 continue
             tried.add(step)
-            tick = time.perf_counter()
-            trial = moved | step if upward else moved - step
-            if holds(trial, f"{'convert' if upward else 'convert back'} {len(step)} more"):
-                moved = trial
-            runs, spent = runs + 1, spent + time.perf_counter() - tick
+            with timed() as trial_time:
+                trial = moved | step if upward else moved - step
+                if holds(trial, f"{'convert' if upward else 'convert back'} {len(step)} more"):
+                    moved = trial
+            runs, spent = runs + 1, spent + trial_time.seconds
     first = sorted(moved)
     emulated_ok = upward or good < n  # downward: some k < n held in the emulation (n itself is not run)
     return [ranked[i] for i in first] + [ranked[i] for i in range(n) if i not in moved], len(first), emulated_ok

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from onnxprec._io import load_model
 from onnxprec._latency import time_alternating
 from onnxprec._options import fields_in
 from onnxprec._ort_profile import profile_kernels
-from onnxprec._report import SUMMARY
+from onnxprec._report import SUMMARY, Timer
 from onnxprec.calibration import InputSpec
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
@@ -164,7 +163,7 @@ def _feeds(model: _Model, batch: Mapping[str, np.ndarray], built: frozenset[str]
 
 
 def _run(model: _Model, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
-    tick = time.perf_counter()
+    clock = Timer()
     try:
         assert model.session is not None
         outputs = model.session.run(feeds, model.fetch)
@@ -173,7 +172,7 @@ def _run(model: _Model, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray],
         raise UnsupportedModelError(
             f"ONNX Runtime cannot run model '{model.result.name}' on inputs {shapes}: {_ort.first_line(e)}"
         ) from None
-    return outputs, time.perf_counter() - tick
+    return outputs, clock.stop()
 
 
 def _score(

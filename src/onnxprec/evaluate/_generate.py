@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 from onnxprec._genai import GENAI_CONFIG, has_tokenizer, read_config
 from onnxprec._options import fields_in
 from onnxprec._progress import progress
-from onnxprec._report import SUMMARY, header
+from onnxprec._report import SUMMARY, header, timed
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.evaluate._options import EvaluateOptions
 from onnxprec.evaluate._report import ModelsReport, text_table
@@ -353,17 +352,16 @@ def _generate_one(og: Any, model: Any, prompt: list[int], max_new_tokens: int) -
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, num_beams=1, max_length=len(prompt) + max_new_tokens)
     generator = og.Generator(model, params)
-    start = time.perf_counter()
-    generator.append_tokens(np.asarray(prompt, dtype=np.int32))
-    if not generator.is_done():
-        generator.generate_next_token()
-    prefilled = time.perf_counter()
-    while not generator.is_done():
-        generator.generate_next_token()
-    done = time.perf_counter()
+    with timed() as prefill:
+        generator.append_tokens(np.asarray(prompt, dtype=np.int32))
+        if not generator.is_done():
+            generator.generate_next_token()
+    with timed() as decode:
+        while not generator.is_done():
+            generator.generate_next_token()
     sequence = [int(t) for t in generator.get_sequence(0)]
     del generator
-    return sequence[len(prompt) :], prefilled - start, done - prefilled
+    return sequence[len(prompt) :], prefill.seconds, decode.seconds
 
 
 def _agreement(reference: list[list[int]], candidate: list[list[int]]) -> tuple[float, list[int | None]]:
@@ -441,9 +439,9 @@ def run_generation(
     report.max_new_tokens = int(options.max_new_tokens)
     for index, entry in enumerate(entries):
         result = GenerationResult(entry.name, str(entry.folder), entry.model_file, is_reference=index == 0)
-        tick = time.perf_counter()
-        model = _load(og, entry, provider)
-        result.load_seconds = time.perf_counter() - tick
+        with timed() as loading:
+            model = _load(og, entry, provider)
+        result.load_seconds = loading.seconds
         if index == 0:
             report.prompts, report.prompt_texts = _prompts(og, entry, model, options)
             if not report.prompts:

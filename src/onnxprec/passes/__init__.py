@@ -1,5 +1,7 @@
-"""Generic onnx-ir passes, one per module (``<Verb><Object>Pass``), shared by AutoCast and the other tools."""
+"""Generic onnx-ir passes, one per module (``<Verb><Object>Pass``), shared by AutoCast and the other tools, and
+``run_passes``: a sequence of them with one error path (``user_error``: a user error raised in a pass, as itself)."""
 
+from onnxprec.passes._sequence import run_passes, user_error
 from onnxprec.passes.convert_fp64_to_fp32 import ConvertFp64ToFp32Pass
 from onnxprec.passes.infer_types import InferTypesPass
 from onnxprec.passes.lift_float_constants import LiftFloatConstantsPass
@@ -18,4 +20,6 @@ __all__ = [
     "RemoveRedundantCastsResult",
     "UpgradeOpsetPass",
     "WidenToFp32Pass",
+    "run_passes",
+    "user_error",
 ]

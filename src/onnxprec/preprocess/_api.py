@@ -26,8 +26,7 @@ import contextlib
 import logging
 import os
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,7 +35,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxprec import _ort, metrics
+from onnxprec import _ort, _report, metrics
 from onnxprec._genai import GenaiCarry
 from onnxprec._graph import FileNames, all_graphs
 from onnxprec._io import (
@@ -44,7 +43,6 @@ from onnxprec._io import (
     atomic_path,
     check_output_path,
     exceeds_protobuf_limit,
-    external_data_paths,
     load_model,
     save_model,
     sibling_path,
@@ -53,6 +51,7 @@ from onnxprec._ops import default_opset, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
 from onnxprec._protobuf import proto_graphs, structure_proto
 from onnxprec._report import SUMMARY, header
+from onnxprec._tool import FileRun, ModelTool
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
@@ -178,9 +177,9 @@ def _step(name: str, report: PreprocessReport, holder: list[ir.Model]) -> Iterat
     step = StepReport(name)
     before_ops = _op_counts(holder[0])
     before_shapes, step.values_before = _known_shapes(holder[0])
-    tick = time.perf_counter()
-    yield step
-    step.seconds = time.perf_counter() - tick
+    with _report.timed() as timer:
+        yield step
+    step.seconds = timer.seconds
     report.steps.append(step)
     if step.skipped:
         logger.info("%s", step.describe())
@@ -532,63 +531,83 @@ def default_output_path(input_model_path: str | os.PathLike) -> Path:
     return sibling_path(input_model_path, ".pre")
 
 
+def _opset(model: ir.Model, options: PreprocessOptions, step: StepReport, folder: Path) -> ir.Model:
+    _upgrade_opset(model, options, step)
+    return model
+
+
+def _symbolic(model: ir.Model, options: PreprocessOptions, step: StepReport, folder: Path) -> ir.Model:
+    return _symbolic_shapes(model, options, step)
+
+
+def _optimized(model: ir.Model, options: PreprocessOptions, step: StepReport, folder: Path) -> ir.Model:
+    return _optimize(model, folder, step)
+
+
+def _onnx_shaped(model: ir.Model, options: PreprocessOptions, step: StepReport, folder: Path) -> ir.Model:
+    return _onnx_shapes(model, step)
+
+
+STEPS: tuple[tuple[str, str | None, Callable[[ir.Model, PreprocessOptions, StepReport, Path], ir.Model]], ...] = (
+    ("opset", None, _opset),
+    ("symbolic shape inference", "skip_symbolic_shape", _symbolic),
+    ("ONNX Runtime optimization (basic)", "skip_optimization", _optimized),
+    ("ONNX shape inference", "skip_onnx_shape", _onnx_shaped),
+)
+"""Pre-processing's pipeline: (name in the report, the option that skips it, the step), in order."""
+
+
+def _write(run: FileRun[PreprocessOptions]) -> tuple[ir.Model, PreprocessReport]:
+    """Loads the model, runs :data:`STEPS` (each measured by :func:`_step`) and saves the result."""
+    options = run.options
+    report = PreprocessReport(input_path=run.source_path, output_path=run.output)
+    holder = [run.load()]
+    if options.skip_optimization and options.skip_onnx_shape and options.skip_symbolic_shape and not options.opset:
+        logger.warning("All three steps are skipped: the model is saved with pre-processing metadata only.")
+    # The optimizer's output (as large as the model) is written beside the output, not to a RAM-backed /tmp.
+    with tempfile.TemporaryDirectory(prefix=".onnxprec-preprocess-", dir=run.output.resolve().parent) as tmp:
+        for name, skip, function in STEPS:
+            with _step(name, report, holder) as step:
+                if skip is not None and getattr(options, skip):
+                    step.skipped = skip
+                else:
+                    holder[0] = function(holder[0], options, step, Path(tmp))
+        model = holder[0]
+        model.metadata_props[_METADATA[0]] = _METADATA[1]
+        with _report.timed() as saving:
+            report.external_data = _save(model, run.output, options, run.protected)
+        logger.info(
+            "Saved %s%s [%.2f s]",
+            run.output,
+            " with external data" if report.external_data else "",
+            saving.seconds,
+            extra=SUMMARY,
+        )
+    return model, report
+
+
+def _finish(run: FileRun[PreprocessOptions], model: ir.Model, report: PreprocessReport) -> None:
+    _check_result(run.source, run.output, report)
+    report.seconds = run.clock.seconds
+
+
+TOOL: ModelTool[PreprocessOptions, PreprocessReport] = ModelTool(
+    PreprocessOptions,
+    _write,
+    suffix=lambda options: ".pre",
+    name="preprocess",
+    function="preprocess_file",
+    output_flag="--output",
+    finish=_finish,
+)
+"""Pre-processing on the tool base (:class:`onnxprec._tool.ModelTool`): ``preprocess_file``."""
+
+
 def preprocess_file(
     input_model: ModelSource, output_model_path: str | os.PathLike, options: PreprocessOptions
 ) -> PreprocessReport:
     """Runs the steps :class:`PreprocessOptions` asks for and saves the result (see :func:`quant_pre_process`)."""
-    start = time.perf_counter()
-    output = Path(output_model_path)
-    report = PreprocessReport(output_path=output)
-    protected: set[Path] = set()
-    if isinstance(input_model, (str, os.PathLike)):
-        report.input_path = Path(input_model)
-        if report.input_path.exists():
-            protected.add(report.input_path.resolve())
-    check_output_path(output, protected, flag="--output")  # fail before the work
-    genai = None if report.input_path is None else GenaiCarry.plan(report.input_path, output, options.genai_provider)
-    model = load_model(input_model)
-    protected |= external_data_paths(model)
-    check_output_path(output, protected, flag="--output")
-    if options.skip_optimization and options.skip_onnx_shape and options.skip_symbolic_shape and not options.opset:
-        logger.warning("All three steps are skipped: the model is saved with pre-processing metadata only.")
-    holder = [model]
-    folder = output.resolve().parent
-    # The optimizer's output (as large as the model) is written beside the output, not to a RAM-backed /tmp.
-    with tempfile.TemporaryDirectory(prefix=".onnxprec-preprocess-", dir=folder) as tmp:
-        with _step("opset", report, holder) as step:
-            _upgrade_opset(holder[0], options, step)
-        with _step("symbolic shape inference", report, holder) as step:
-            if options.skip_symbolic_shape:
-                step.skipped = "skip_symbolic_shape"
-            else:
-                holder[0] = _symbolic_shapes(holder[0], options, step)
-        with _step("ONNX Runtime optimization (basic)", report, holder) as step:
-            if options.skip_optimization:
-                step.skipped = "skip_optimization"
-            else:
-                holder[0] = _optimize(holder[0], Path(tmp), step)
-        with _step("ONNX shape inference", report, holder) as step:
-            if options.skip_onnx_shape:
-                step.skipped = "skip_onnx_shape"
-            else:
-                holder[0] = _onnx_shapes(holder[0], step)
-        model = holder[0]
-        model.metadata_props[_METADATA[0]] = _METADATA[1]
-        tick = time.perf_counter()
-        report.external_data = _save(model, output, options, protected)
-        logger.info(
-            "Saved %s%s [%.2f s]",
-            output,
-            " with external data" if report.external_data else "",
-            time.perf_counter() - tick,
-            extra=SUMMARY,
-        )
-    if genai is not None:
-        genai.write(model)
-        report.genai = genai
-    _check_result(input_model, output, report)
-    report.seconds = time.perf_counter() - start
-    return report
+    return TOOL.run_file(input_model, output_model_path, options=options)
 
 
 _CHECK_RTOL = 1e-3

@@ -40,7 +40,8 @@ from onnxprec._arg_groups import (
     read_args,
     regexes_option,
 )
-from onnxprec._options import ToolOptions, option, options_from_call
+from onnxprec._options import ToolOptions, option, options_or_keywords
+from onnxprec._tool import FileRun, ModelTool
 from onnxprec.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
     import onnx_ir as ir
 
-    from onnxprec._io import ModelSource
+    from onnxprec._io import ModelSource, WrittenModel
 
 __all__ = [
     "QuantizationOptions",
@@ -171,14 +172,7 @@ class QuantizationOptions(ToolOptions):
         Raises:
             InvalidArgumentError: Both were given, an unknown keyword (with the closest field's name), or a bad value.
         """
-        if options is None:
-            return options_from_call(cls, params, kwargs, cls.TOOL)
-        if kwargs:
-            raise InvalidArgumentError(
-                f"quantize_file got both options= and {', '.join(sorted(kwargs))}=: pass the settings one way, "
-                "e.g. dataclasses.replace(options, ...)."
-            )
-        return options
+        return options_or_keywords(cls, options, kwargs, what=cls.TOOL, function="quantize_file", params=params)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -384,6 +378,18 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
 
         return sibling_path(onnx_path, self.options.OUTPUT_SUFFIX)
 
+    @property
+    def base(self) -> ModelTool[OptionsT, ReportT]:
+        """The tool base's path-to-path run (:class:`onnxprec._tool.ModelTool`) with this quantizer's write."""
+        return ModelTool(
+            self.options,
+            self._write,
+            suffix=lambda settings: settings.OUTPUT_SUFFIX,
+            name=self.options.TOOL,
+            function="quantize_file",
+            finish=_raise_guard_failure,
+        )
+
     def quantize_file(
         self,
         onnx_path: str | Path,
@@ -411,54 +417,44 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
                 error carries the report).
             OnnxprecError: A bad argument, model, calibration data or output path; the message says how to fix it.
         """
-        from onnxprec._genai import GenaiCarry
-        from onnxprec._io import WrittenModel, check_output_path, external_data_paths, save_model
-        from onnxprec._options import log_level_during
-        from onnxprec.validate import load_in_ort, proved_by_run
-
         settings: OptionsT = self.options.from_call(options, kwargs)
-        source = Path(onnx_path)
-        output = Path(output_path) if output_path is not None else self.default_output_path(source)
-        if output_path is None and settings.FORMER_SUFFIX and source.exists():  # a bad path gets its one line
+        if output_path is None and settings.FORMER_SUFFIX and Path(onnx_path).exists():  # a bad path gets its one line
             logger.warning(
                 "Writing %s: the default output is now <name>%s.onnx, as ModelOpt's (it was <name>%s.onnx); "
-                "pass --output_path to choose", output.name, settings.OUTPUT_SUFFIX, settings.FORMER_SUFFIX,
+                "pass --output_path to choose", self.default_output_path(onnx_path).name, settings.OUTPUT_SUFFIX,
+                settings.FORMER_SUFFIX,
             )  # fmt: skip
-        protected = {source.resolve()} if source.exists() else set()
-        check_output_path(output, protected)  # fail before the work, not after
-        genai = None
-        if hasattr(settings, "genai_provider"):  # a tool with the flag carries an onnxruntime-genai folder's files
-            genai = GenaiCarry.plan(source, output, settings.genai_provider)
-        if external_data is None and settings.use_external_data_format:
-            external_data = True
-        with log_level_during(settings.log_level):
-            model, report = self.pipeline(source, settings)
-            report.input_path = source
-            protected |= external_data_paths(model)
+        return self.base.run_file(onnx_path, output_path, external_data=external_data, options=settings)
 
-            def check(written: WrittenModel) -> None:
-                # A measurement that ran the output proves what loading it would (a session of the whole output
-                # would hold all its weights, where the measurement runs a large one segment by segment).
-                if self.check_written is not None and self.check_written(source, written.path, settings, report):
-                    proved_by_run(report.ort_only)
-                else:
-                    load_in_ort(str(written.path), report.ort_only, providers=list(settings.calibration_eps))
-                if self.inspect is not None:
-                    self.inspect(written.path, settings, report)
+    def _write(self, run: FileRun[OptionsT]) -> tuple[ir.Model, ReportT]:
+        """The pipeline, then the save: the written model loaded in ONNX Runtime (and measured or inspected when the
+        tool asks) before it replaces the output."""
+        from onnxprec.validate import load_in_ort, proved_by_run
 
-            with report.step("quantize+save"), self._progress(report):
-                report.output_path = save_model(
-                    model, output, external_data=external_data, protected=protected, check=check
-                )
-            logger.info("%s; saved %s", report.summary, output, extra=_report.SUMMARY)
-            if genai is not None:
-                genai.write(model)
-                report.genai = genai
-        if report.guard_failure:
-            from onnxprec.errors import AccuracyGuardError
+        settings, source = run.options, run.source_path
+        assert source is not None
+        model, report = self.pipeline(source, settings)
 
-            raise AccuracyGuardError(f"{report.guard_failure}; written for inspection to {output}", report)
-        return report
+        def check(written: WrittenModel) -> None:
+            # A measurement that ran the output proves what loading it would (a session of the whole output
+            # would hold all its weights, where the measurement runs a large one segment by segment).
+            if self.check_written is not None and self.check_written(source, written.path, settings, report):
+                proved_by_run(report.ort_only)
+            else:
+                load_in_ort(str(written.path), report.ort_only, providers=list(settings.calibration_eps))
+            if self.inspect is not None:
+                self.inspect(written.path, settings, report)
+
+        with self._progress(report):
+            run.save(
+                model,
+                report,
+                check=check,
+                step="quantize+save",
+                external_data=settings.use_external_data_format or None,
+            )
+        logger.info("%s; saved %s", report.summary, run.output, extra=_report.SUMMARY)
+        return model, report
 
     def _progress(self, report: ReportT) -> Any:
         import contextlib
@@ -478,6 +474,18 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
                     report.progress = None
 
         return bar()
+
+
+def _raise_guard_failure(run: FileRun[Any], model: ir.Model, report: QuantizationReport) -> None:
+    """Raises when the written result misses the accuracy guard's bound (the model stays written, for inspection).
+
+    Raises:
+        AccuracyGuardError: ``report.guard_failure`` is set; the error carries the report.
+    """
+    if report.guard_failure:
+        from onnxprec.errors import AccuracyGuardError
+
+        raise AccuracyGuardError(f"{report.guard_failure}; written for inspection to {run.output}", report)
 
 
 # ---------------------------------------------------------------------------------------------------

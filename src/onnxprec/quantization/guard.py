@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from onnxprec._report import Timer
 from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, TaskMetrics, batch_size, measure_outputs
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def measure_task(
     against ``target`` and its task metrics against the float outputs, in one pass."""
     from onnxprec import _ort
 
-    tick = time.perf_counter()
+    clock = Timer()
     session = _ort.create_session(model, providers=providers, optimization=optimization, what="the quantized model")
     metrics = TaskMetrics(producers)
     references = iter(kept.outputs)
@@ -177,5 +177,5 @@ def measure_task(
         return outputs
 
     measurement = measure_outputs(target, kept, run)
-    measurement = dataclasses.replace(measurement, seconds=time.perf_counter() - tick)
+    measurement = dataclasses.replace(measurement, seconds=clock.seconds)
     return Checked(measurement, metrics.summary(), len(kept.outputs))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 import onnx_ir as ir
 
+from onnxprec._report import Timer
 from onnxprec._tensors import release
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.methods import Recipe
@@ -75,17 +75,17 @@ class LazyQuantizedWeight:
         k, n = self.shape
         step = max(1, CHUNK_BYTES // (4 * k))
         if n <= step or self.recipe.result is not None or not isinstance(self.source, ir.ExternalTensor):
-            tick = time.perf_counter()
+            clock = Timer()
             w = self.weight()
             self.release()
             qw = self.recipe.quantize(w)
             if on_done is not None:
-                on_done(w, qw, time.perf_counter() - tick)
+                on_done(w, qw, clock.seconds)
             return qw
         q = scales = zero_points = None
         block_size, bits = k, self.recipe.bits
         for start in range(0, n, step):
-            tick = time.perf_counter()
+            clock = Timer()
             columns = slice(start, min(start + step, n))
             w = self._columns(columns)
             part = self.recipe.quantize(w, columns)
@@ -99,7 +99,7 @@ class LazyQuantizedWeight:
             if zero_points is not None and part.zero_points is not None:
                 zero_points[:, columns] = part.zero_points
             if on_done is not None:
-                on_done(w, part, time.perf_counter() - tick)
+                on_done(w, part, clock.seconds)
             del w, part
         assert q is not None and scales is not None
         return QuantizedWeight(q, scales, zero_points, block_size, bits)

@@ -13,9 +13,9 @@ streams path to path (memory-mapped weights in, each weight quantized as it is w
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,10 @@ from onnxprec._ops import (
 )
 from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
-from onnxprec._report import SUMMARY
+from onnxprec._report import SUMMARY, Step, Timer, timed
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
-from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass
+from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir, streams
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
@@ -46,7 +46,7 @@ from onnxprec.quantization.formats.qdq import MIN_OPSET
 from onnxprec.quantization.int4._budget import choose_precisions, logits_head, writes_text, written_text
 from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
-from onnxprec.quantization.methods import METHODS, GroupStats, Recipe, decide_group
+from onnxprec.quantization.methods import METHODS, GroupStats, QuantConfig, Recipe, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
 from onnxprec.quantization.select import (
     FLOAT_WEIGHT_TYPES,
@@ -89,9 +89,7 @@ def _upgrade_opset(model: ir.Model) -> None:
     try:
         UpgradeOpsetPass(MIN_OPSET)(model)
     except Exception as e:
-        cause: BaseException | None = e
-        while cause is not None and not isinstance(cause, OnnxprecError):
-            cause = cause.__cause__ or cause.__context__
+        cause = user_error(e)
         reason = str(cause).split("; ")[0] if cause is not None else str(e).splitlines()[0]
         raise UnsupportedModelError(
             f"{reason}; --output_format matmulnbits needs no opset change, or upgrade the model to opset "
@@ -171,28 +169,29 @@ def _calibrate_and_decide(
         decided = [0.0]  # seconds spent deciding during the runs (on_ready), not counted as calibration runs
 
         def decide(stats: dict[InputGroup, GroupStats]) -> None:
-            tick = time.perf_counter()
-            for group in [g for g in groups if g in stats]:  # graph order
-                group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
-                if group_scales is not None:
-                    scales[group] = group_scales
-                if stand_ins is not None:  # the next chunks see this group's weights quantized
-                    for target in owned[group]:
-                        file = Path(stand_ins.name) / f"w{len(floats)}.bin"
-                        floats[target] = _set_dequantized(target, recipes[target], file)
-                bar.update()
-            decided[0] += time.perf_counter() - tick
+            with timed() as deciding:
+                for group in [g for g in groups if g in stats]:  # graph order
+                    group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
+                    if group_scales is not None:
+                        scales[group] = group_scales
+                    if stand_ins is not None:  # the next chunks see this group's weights quantized
+                        for target in owned[group]:
+                            file = Path(stand_ins.name) / f"w{len(floats)}.bin"
+                            floats[target] = _set_dequantized(target, recipes[target], file)
+                    bar.update()
+            decided[0] += deciding.seconds
 
         try:
             for chunk in chunks:
-                tick, before = time.perf_counter(), decided[0]
-                left = collect_stats(
-                    model, chunk, replay, spec, sample_tokens=options.sample_tokens, providers=options.calibration_eps,
-                    segment_bytes=options.segment_bytes, on_ready=decide if streaming else None,
-                )  # fmt: skip
-                report.seconds["calibration runs"] = (
-                    report.seconds.get("calibration runs", 0.0) + time.perf_counter() - tick - (decided[0] - before)
-                )
+                before = decided[0]
+                with timed() as running:
+                    left = collect_stats(
+                        model, chunk, replay, spec, sample_tokens=options.sample_tokens,
+                        providers=options.calibration_eps, segment_bytes=options.segment_bytes,
+                        on_ready=decide if streaming else None,
+                    )  # fmt: skip
+                runs = running.seconds - (decided[0] - before)  # less the deciding done while they ran
+                report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
                 decide(left)
         finally:
             for target, tensor in floats.items():
@@ -203,13 +202,11 @@ def _calibrate_and_decide(
             report.calibration.update({"batches": replay.batches, "samples": replay.samples})
             replay.close()
 
-    tick = time.perf_counter()
     shapes = calibration.parse_input_shapes(options.input_shapes)
     run_on_data(model, source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size)
     report.calibration.update(
         {"passes": len(chunks), "random": source is None, "written": written is not None, "inputs": len(groups)}
     )
-    report.seconds["calibration"] = time.perf_counter() - tick
     return scales
 
 
@@ -249,7 +246,7 @@ def _decide(
     entries: dict[WeightGroup, LayerReport],
 ) -> np.ndarray | None:
     """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ)."""
-    tick = time.perf_counter()
+    clock = Timer()
     allowed = _awq_allowed(group, targets, selection)
     if options.spec.awq_scales and not allowed:
         logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
@@ -259,7 +256,7 @@ def _decide(
         block_sizes=[block_of(t, options) for t in targets],
     )  # fmt: skip
     del weights
-    seconds = (time.perf_counter() - tick) / len(targets)
+    seconds = clock.seconds / len(targets)
     for target, recipe in zip(targets, decision.recipes):
         recipes[target] = recipe
         entries[target].info.update(recipe.info)
@@ -323,23 +320,51 @@ def _llm_head_bits(model: ir.Model, selection: Selection) -> None:
     )  # fmt: skip
 
 
-def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model, Int4Report]:
-    """Runs the pipeline up to (not including) saving; the returned model's quantized weights are lazy tensors.
-    ``options`` is left as given: the default method's choice for this model goes into a copy."""
-    options = copy.copy(options)
-    config = options.quant_config()
-    report = Int4Report(options.method, config.block_size, options.use_zero_point, options.format)
-    tick = time.perf_counter()
+@dataclasses.dataclass
+class Int4Run:
+    """One INT4 run's state, which the steps of :data:`STEPS` fill in order."""
+
+    source: ModelSource
+    options: Int4Options
+    """A copy of the caller's options: the defaults chosen for this model (an LLM's, the method without data) go
+    here, never into the caller's object."""
+    report: Int4Report
+    config: QuantConfig
+    """The numerics of ``options`` once an LLM's defaults are taken."""
+    model: ir.Model = dataclasses.field(init=False)
+    selection: Selection = dataclasses.field(init=False)
+    written: dict[str, np.ndarray] | None = None
+    """Without calibration data, the text an LLM wrote itself."""
+    recipes: dict[WeightGroup, Recipe] = dataclasses.field(default_factory=dict)
+    entries: dict[WeightGroup, LayerReport] = dataclasses.field(default_factory=dict)
+    scales: dict[InputGroup, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    @property
+    def needs_data(self) -> bool:
+        """Whether the method calibrates (AWQ, GPTQ...) and some weight goes to 4 bits."""
+        return self.options.spec.needs_data and any(t.bits == 4 for t in self.selection.targets)
+
+    @property
+    def writes_its_data(self) -> bool:
+        """Whether the model writes the text it calibrates on: no data, and the size budget or the method needs
+        some."""
+        options = self.options
+        return options.calibration_data_reader is None and (options.size_budget_mb is not None or self.needs_data)
+
+
+def _load_and_select(run: Int4Run) -> None:
+    """Loads and sanitizes the model, takes an LLM's defaults, selects the layers and the method without data."""
+    options, report = run.options, run.report
     _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
-    model = load_model(source)
+    run.model = model = load_model(run.source)
     check_float_model(model)
     llm = options.llm_defaults and writes_text(model)
     if llm:
         options.use_llm_defaults()
-        config = options.quant_config()
-        report.output_format, report.block_size = options.format, config.block_size
+        run.config = options.quant_config()
+        report.output_format, report.block_size = options.format, run.config.block_size
     _sanitize(model, options)
-    selection = select_layers(
+    run.selection = selection = select_layers(
         model,
         exclude=options.exclude_patterns,
         eight_bit=options.eight_bit_patterns,
@@ -347,8 +372,8 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         gather_types=GATHER_TYPES[options.format],
     )
     default = tuple(options.nodes_to_exclude or ()) == DEFAULT_EXCLUDE  # a model without an lm_head is no mistake
-    excluded = [] if default else options.exclude_patterns
-    patterns = {"nodes_to_exclude": excluded, "layers_8bit": options.eight_bit_patterns}
+    patterns = {"nodes_to_exclude": [] if default else options.exclude_patterns,
+                "layers_8bit": options.eight_bit_patterns}  # fmt: skip
     check_selection(model, patterns, {}, ("MatMul", "Gemm", "Gather"), pattern_names)
     if llm:
         _llm_head_bits(model, selection)
@@ -360,71 +385,68 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         if selection.in_subgraphs:
             skipped += f", of which {report.subgraph_text()}"
         raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
-    report.seconds["load+select"] = time.perf_counter() - tick
-    written = None  # without data, an LLM calibrates on text it writes itself
     if options.default_method and options.calibration_data_reader is None and writes_text(model):
-        options.use_method(NO_DATA_LLM_METHOD)
-    needs_data = options.spec.needs_data and any(t.bits == 4 for t in selection.targets)
-    if options.calibration_data_reader is None and (options.size_budget_mb is not None or needs_data):
-        tick = time.perf_counter()
-        written = written_text(model, options)
-        report.seconds["written text"] = time.perf_counter() - tick
-        if written is None and options.default_method:  # it could not write: the no-data default
-            options.use_method("kquant")
+        options.use_method(NO_DATA_LLM_METHOD)  # without data, an LLM calibrates on text it writes itself
+
+
+def _write_text(run: Int4Run) -> None:
+    """The text the LLM writes itself to calibrate on (if it cannot, the no-data default method)."""
+    run.written = written_text(run.model, run.options)
+    if run.written is None and run.options.default_method:
+        run.options.use_method("kquant")
+
+
+def _size_budget(run: Int4Run) -> None:
+    """The precision of each layer under ``size_budget_mb`` (the most sensitive at 8 bits)."""
+    run.report.budget = choose_precisions(run.model, run.selection, run.options, run.written)
+    run.report.excluded, run.report.skipped = run.selection.excluded, run.selection.skipped
+
+
+def _plan_layers(run: Int4Run) -> None:
+    """Each layer's report entry, with the size budget's choice."""
+    options, report, selection = run.options, run.report, run.selection
     report.method = options.method
-    if options.size_budget_mb is not None:
-        report.budget = choose_precisions(model, selection, options, written)
-        report.seconds["size budget"] = report.budget.seconds
-        report.excluded, report.skipped = selection.excluded, selection.skipped
     logger.info(
         "Quantizing %d weights of %d layers with %s (block %s, %s)",
-        len(selection.targets), len(selection.layers), options.method, config.block_size,
+        len(selection.targets), len(selection.layers), options.method, run.config.block_size,
         "zero points" if options.use_zero_point else "symmetric",
     )  # fmt: skip
-
-    recipes: dict[WeightGroup, Recipe] = {}
-    entries = {t: _layer_entry(t, options.method, options) for t in selection.targets}
+    run.entries = {t: _layer_entry(t, options.method, options) for t in selection.targets}
     if report.budget is not None:
-        for target, entry in entries.items():
+        for target, entry in run.entries.items():
             chosen = report.budget.layers[target.name]
             entry.info.update(sensitivity=chosen["sensitivity"], bytes=chosen["bytes"])
-    scales: dict[InputGroup, np.ndarray] = {}
-    if options.spec.needs_data and any(t.bits == 4 for t in selection.targets):
-        scales = _calibrate_and_decide(model, selection, options, recipes, entries, report, written)
-    for target in selection.targets:
-        if target not in recipes:
-            if target.bits == 8:
-                recipes[target] = Recipe(
-                    "rtn",
-                    bits=8,
-                    block_size=block_of(target, options),
-                    symmetric=config.symmetric,
-                    positive_scales=config.positive_scales,
-                    backend=config.backend,
-                )
-            else:
-                clip = options.spec.clip == "mse"
-                recipes[target] = Recipe(
-                    options.method,
-                    block_size=block_of(target, options),
-                    symmetric=config.symmetric,
-                    positive_scales=config.positive_scales,
-                    clip_search=clip,
-                    search=options.spec.search,
-                    backend=config.backend,
-                )
 
-    tick = time.perf_counter()
-    graph = model.graph
-    names = NameAllocator(model)
-    applied = {group: apply_input_scales(graph, group, s, names) for group, s in scales.items()}
-    target_of = {layer: target for target in selection.targets for layer in target.layers}
+
+def _calibrate(run: Int4Run) -> None:
+    """Activation statistics and the recipes (and AWQ scales) they decide."""
+    run.scales = _calibrate_and_decide(
+        run.model, run.selection, run.options, run.recipes, run.entries, run.report, run.written
+    )
+
+
+def _recipe(target: WeightGroup, options: Int4Options, config: QuantConfig) -> Recipe:
+    """The recipe of a weight calibration did not decide: RTN at 8 bits, else the method's without statistics."""
+    if target.bits == 8:
+        return Recipe("rtn", bits=8, block_size=block_of(target, options), symmetric=config.symmetric,
+                      positive_scales=config.positive_scales, backend=config.backend)  # fmt: skip
+    return Recipe(options.method, block_size=block_of(target, options), symmetric=config.symmetric,
+                  positive_scales=config.positive_scales, clip_search=options.spec.clip == "mse",
+                  search=options.spec.search, backend=config.backend)  # fmt: skip
+
+
+def _rewrite(run: Int4Run) -> None:
+    """AWQ input scales, then each weight replaced by its quantized form (QDQ or MatMulNBits), quantized lazily."""
+    options, report, graph = run.options, run.report, run.model.graph
+    names = NameAllocator(run.model)
+    applied = {group: apply_input_scales(graph, group, s, names) for group, s in run.scales.items()}
+    target_of = {layer: target for target in run.selection.targets for layer in target.layers}
     for group, how in applied.items():
         for layer in group.layers:
-            entries[target_of[layer]].awq = how
-    for target in selection.targets:
-        recipe = recipes[target]
-        entry = entries[target]
+            run.entries[target_of[layer]].awq = how
+    for target in run.selection.targets:
+        recipe = run.recipes.get(target) or _recipe(target, options, run.config)
+        entry = run.entries[target]
         tensor = target.weight.const_value
         assert tensor is not None
 
@@ -448,10 +470,35 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
         report.ideal_bytes += ideal
         report.layers.append(entry)
     if options.format == "matmulnbits":
-        model.opset_imports.setdefault(MS_DOMAIN, 1)
-    report.seconds["rewrite"] = time.perf_counter() - tick
-    report.ort_only = check_structure(model)
-    return model, report
+        run.model.opset_imports.setdefault(MS_DOMAIN, 1)
+
+
+def _validate(run: Int4Run) -> None:
+    """The nodes only ONNX Runtime can check (the output is loaded in it when written)."""
+    run.report.ort_only = check_structure(run.model)
+
+
+STEPS: tuple[Step[Int4Run], ...] = (
+    Step("load+select", _load_and_select),
+    Step("written text", _write_text, when=lambda run: run.writes_its_data),
+    Step("size budget", _size_budget, when=lambda run: run.options.size_budget_mb is not None),
+    Step("layers", _plan_layers),
+    Step("calibration", _calibrate, when=lambda run: run.needs_data),
+    Step("rewrite", _rewrite),
+    Step("validate", _validate),
+)
+"""INT4's pipeline, each step timed in the report under its name."""
+
+
+def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model, Int4Report]:
+    """Runs the pipeline (:data:`STEPS`) up to (not including) saving; the returned model's quantized weights are lazy
+    tensors. ``options`` is left as given: the defaults chosen for this model go into a copy."""
+    options = copy.copy(options)
+    config = options.quant_config()
+    report = Int4Report(options.method, config.block_size, options.use_zero_point, options.format)
+    run = Int4Run(source, options, report, config)
+    run.report.run_steps(STEPS, run)
+    return run.model, run.report
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -510,9 +557,8 @@ def quantize(
     options = Int4Options.from_call(None, kwargs, fields_in(Int4Options, locals()))
     with log_level_during(options.log_level):
         model, report = quantize_model(onnx_path, options)
-        tick = time.perf_counter()
-        proto = to_model_proto(model)
-        report.seconds["quantize weights"] = time.perf_counter() - tick
+        with report.step("quantize weights"):
+            proto = to_model_proto(model)
         logger.info(report.summary, extra=SUMMARY)
         if report.ort_only and proto.ByteSize() < 2_000_000_000:
             load_in_ort(proto.SerializeToString(), report.ort_only, providers=list(options.calibration_eps))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ import onnx_ir as ir
 from onnxprec import calibration
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
+from onnxprec._report import Timer, timed
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, streams
@@ -391,25 +391,15 @@ WRITTEN_WINDOWS = 8
 WRITTEN_LENGTH = 256
 
 
-def _add(steps: dict[str, float], step: str, since: float) -> None:
-    steps[step] = steps.get(step, 0.0) + time.perf_counter() - since
-
-
-def choose_precisions(
-    model: ir.Model, selection: Selection, options: Int4Options, written: dict[str, np.ndarray] | None = None
-) -> BudgetReport:
-    """Sets each selected weight's precision within ``options.size_budget_mb``; returns what was chosen.
-
-    ``written``: without calibration data, the text the model wrote itself (:func:`written_text`), else random data.
-
-    Raises:
-        InvalidArgumentError: The budget is below the smallest reachable size (named in the message).
-    """
-    assert options.size_budget_mb is not None
-    tick = time.perf_counter()
-    budget = round(options.size_budget_mb * 1e6)
-    fixed = _fixed_bytes(model, selection, options)
-    report = BudgetReport(budget, fixed)
+def _measure_candidates(
+    model: ir.Model,
+    selection: Selection,
+    options: Int4Options,
+    written: dict[str, np.ndarray] | None,
+    report: BudgetReport,
+) -> dict[WeightGroup, list[Candidate]]:
+    """Each weight's candidate precisions with their estimated loss: one pass over the data for the ``XᵀX`` of
+    each layer input (then, for an LLM, real runs that calibrate the estimate), their times in ``report.steps``."""
     all_groups = selection.groups()  # new objects on each call: keep one list
     owner = _owner_groups(selection, all_groups)
     owned: dict[InputGroup, list[WeightGroup]] = {}
@@ -437,33 +427,35 @@ def choose_precisions(
         try:
 
             def score(stats: dict[InputGroup, GroupStats]) -> None:
-                tick = time.perf_counter()
-                for group in list(stats):
-                    gram = stats.pop(group).gram
-                    for target in owned[group]:
-                        candidates[target] = _candidates(target, gram, options)
-                    del gram
-                    bar.update()
-                _add(report.steps, "candidates", tick)
+                with timed() as scoring:
+                    for group in list(stats):
+                        gram = stats.pop(group).gram
+                        for target in owned[group]:
+                            candidates[target] = _candidates(target, gram, options)
+                        del gram
+                        bar.update()
+                _add(report.steps, "candidates", scoring.seconds)
 
             for chunk in chunks:
-                tick, scored = time.perf_counter(), report.steps.get("candidates", 0.0)
-                left = collect_stats(
-                    model, chunk, replay, spec, providers=options.calibration_eps,
-                    segment_bytes=options.segment_bytes, on_ready=score,
-                )  # fmt: skip
-                _add(report.steps, "statistics", tick + report.steps.get("candidates", 0.0) - scored)
+                scored = report.steps.get("candidates", 0.0)
+                with timed() as running:
+                    left = collect_stats(
+                        model, chunk, replay, spec, providers=options.calibration_eps,
+                        segment_bytes=options.segment_bytes, on_ready=score,
+                    )  # fmt: skip
+                # the runs' time, less the scoring done while they ran
+                _add(report.steps, "statistics", running.seconds - (report.steps.get("candidates", 0.0) - scored))
                 score(left)
             bar.close()
-            tick = time.perf_counter()
-            for target in selection.targets:
-                if target not in candidates:
-                    candidates[target] = _candidates(target, None, options)
-            _add(report.steps, "candidates", tick)
+            with timed() as scoring:
+                for target in selection.targets:
+                    if target not in candidates:
+                        candidates[target] = _candidates(target, None, options)
+            _add(report.steps, "candidates", scoring.seconds)
             if llm:
-                tick = time.perf_counter()
-                _calibrate_gains(model, replay, candidates, options, report)
-                _add(report.steps, "real runs", tick)
+                with timed() as real_runs:
+                    _calibrate_gains(model, replay, candidates, options, report)
+                _add(report.steps, "real runs", real_runs.seconds)
         finally:
             bar.close()
             replay.close()
@@ -472,6 +464,29 @@ def choose_precisions(
     run_on_data(model, source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size)
     if not llm:
         logger.info("No real runs to check the estimate: the model has no 'logits' output")
+    return candidates
+
+
+def _add(steps: dict[str, float], step: str, seconds: float) -> None:
+    steps[step] = steps.get(step, 0.0) + seconds
+
+
+def choose_precisions(
+    model: ir.Model, selection: Selection, options: Int4Options, written: dict[str, np.ndarray] | None = None
+) -> BudgetReport:
+    """Sets each selected weight's precision within ``options.size_budget_mb``; returns what was chosen.
+
+    ``written``: without calibration data, the text the model wrote itself (:func:`written_text`), else random data.
+
+    Raises:
+        InvalidArgumentError: The budget is below the smallest reachable size (named in the message).
+    """
+    assert options.size_budget_mb is not None
+    clock = Timer()
+    budget = round(options.size_budget_mb * 1e6)
+    fixed = _fixed_bytes(model, selection, options)
+    report = BudgetReport(budget, fixed)
+    candidates = _measure_candidates(model, selection, options, written, report)
     try:
         allocation: Allocation[WeightGroup] = allocate(candidates, budget - fixed)
     except ValueError:
@@ -495,7 +510,7 @@ def choose_precisions(
         else:
             target.bits = candidate.precision.bits
             target.block_size = candidate.precision.block_size
-    report.seconds = time.perf_counter() - tick
+    report.seconds = clock.seconds
     counts: dict[str, int] = {}
     for candidate in allocation.choice.values():
         counts[candidate.precision.label] = counts.get(candidate.precision.label, 0) + 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset
 from onnxprec._ort_profile import unfused_qdq
 from onnxprec._progress import Progress
+from onnxprec._report import Step
 from onnxprec.accuracy import ReferenceOutputs, output_producers
 from onnxprec.calibration_data import CalibrationData, run_on_data
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
@@ -291,30 +291,44 @@ def _apply(
     return copy, plan
 
 
-def quantize_model(
-    source: ModelSource, options: Int8Options, report_type: type[Int8Report] = Int8Report
-) -> tuple[ir.Model, Int8Report]:
-    """Runs the pipeline up to (not including) saving; the returned model's INT8 (FP8) weights are lazy tensors.
+@dataclasses.dataclass
+class Int8Run:
+    """One INT8 run's state, which the steps of :data:`STEPS` fill in order."""
 
-    Args:
-        source: The float model.
-        options: The settings (:class:`Int8Options`, or a subclass with other Q/DQ types: FP8's).
-        report_type: The report to fill (FP8's says FP8).
-    """
-    target = options.target
-    report = report_type(
-        options.runtime, options.method, options.float_type, target=None if target is None else str(target)
-    )
-    tick = time.perf_counter()
+    source: ModelSource
+    options: Int8Options
+    report: Int8Report
+    target: AccuracyTarget | None
+    """The user's accuracy target; with none and the guard on, the guard's (set once the outputs are known)."""
+    model: ir.Model = dataclasses.field(init=False)
+    declared: set[str] = dataclasses.field(default_factory=set)
+    """The intermediate shapes the input declares, kept in the output (not on ort-cpu)."""
+    plan: Plan = dataclasses.field(init=False)
+    keep: ReferenceOutputs = dataclasses.field(default_factory=guard.BoundedOutputs)
+    """The float outputs of the calibration runs: every result is measured against them (nothing silent)."""
+    stats: Statistics | None = None
+    data: CalibrationData | None = None
+    held_out: ReferenceOutputs | None = None
+    producers: Mapping[str, Producer | None] = dataclasses.field(default_factory=dict)
+    decisions: Decisions = dataclasses.field(init=False)
+    cost: dict[str, float] = dataclasses.field(default_factory=dict)
+    proxy: dict[str, float] = dataclasses.field(default_factory=dict)
+    float_layers: list[str] = dataclasses.field(default_factory=list)
+    result: ir.Model = dataclasses.field(init=False)
+
+
+def _load_and_place(run: Int8Run) -> None:
+    """Loads and sanitizes the model and places the Q/DQ for the runtime."""
+    options, report = run.options, run.report
     _ort.resolve_providers(options.calibration_eps)  # an EP that is not installed fails now, not after the work
-    model = load_model(source)
+    run.model = model = load_model(run.source)
     check_float_model(model)
     report.preprocessed = PREPROCESSED_KEY in model.metadata_props
     # ONNX Runtime's CPU provider infers every shape itself: the output declares none in between (the fusions they
     # steer include the slow SkipLayerNormalization); on other runtimes it keeps the ones the input declared
-    declared = _declared_shapes(model) if options.runtime != "ort-cpu" else set()
+    run.declared = _declared_shapes(model) if options.runtime != "ort-cpu" else set()
     report.structure = _sanitize(model, options)
-    plan = plan_for(model, options)
+    run.plan = plan = plan_for(model, options)
     check_selection(
         model,
         {"nodes_to_exclude": options.exclude_patterns, "nodes_to_quantize": options.include_patterns},
@@ -331,66 +345,115 @@ def quantize_model(
         if plan.in_subgraphs:
             skipped += f", of which {report.subgraph_text()}"
         raise nothing_to_quantize(layers, skipped, excluded_by)
-    report.seconds["load+place"] = time.perf_counter() - tick
+
+
+def _calibration(run: Int8Run) -> None:
+    """One pass over the data: the statistics, the float outputs (the held-out runs' too) and each output's task."""
+    plan, options = run.plan, run.options
     logger.info(
         "%s for %s: %d layers (%d dynamic), %d static tensors", options.TOOL, options.runtime, len(plan.layers),
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
+    _refuse_random_data(run.model, plan, options)
+    run.stats, run.data, run.held_out = _calibrate(run.model, plan, options, run.report, run.keep)
 
-    _refuse_random_data(model, plan, options)
-    tick = time.perf_counter()
-    keep = guard.BoundedOutputs()  # every result is measured against the float outputs (nothing silent)
-    stats, data, held_out = _calibrate(model, plan, options, report, keep)
-    report.seconds["calibration"] = time.perf_counter() - tick
-    producers = output_producers(model)  # each output's task metric follows the op that writes it
-    if target is None and options.accuracy_guard:
-        target = guard.RANKING  # the float fallback runs until the guard's verdict holds
+
+def _decisions(run: Int8Run) -> None:
+    """The decisions from the statistics (ranges, weight rounding, channel fixes), each layer's compute and, for a
+    target search over many layers, their estimated sensitivity; the statistics are dropped then."""
+    assert run.stats is not None
+    run.producers = output_producers(run.model)  # each output's task metric follows the op that writes it
+    if run.target is None and run.options.accuracy_guard:
+        run.target = guard.RANKING  # the float fallback runs until the guard's verdict holds
+    run.decisions = decide(run.model, run.plan, run.stats, run.options)
+    run.cost = _costs(run.plan, run.stats)
+    if run.target is not None and len(run.plan.layers) > fallback.MAX_ISOLATED:
+        run.proxy = estimated_sensitivity(run.plan.layers, _sample_errors(run.decisions), run.stats.hessians.hessians)
+    run.stats = None
+
+
+def _widen_step(run: Int8Run) -> None:
+    """A16W8: 16 bits where 8 cost the most (:func:`_widen`)."""
+    assert run.target is not None
+    run.decisions = _widen(run.model, run.options, run.plan, run.decisions, run.target, run.producers, run.keep,
+                           run.report)  # fmt: skip
+
+
+def _target_search(run: Int8Run) -> None:
+    """The float fallback: the fewest most sensitive layers in float for the target."""
+    assert run.target is not None
+    run.float_layers = _search(run.model, run.options, run.plan, run.decisions, run.target, run.producers, run.keep,
+                               run.proxy, run.cost, run.report)  # fmt: skip
+
+
+def _build(run: Int8Run) -> None:
+    """The Q/DQ model as decided (the fallback's layers in float), each layer's entry, the float remainder in
+    FP16/BF16 when asked, the shapes the runtime infers itself dropped."""
+    options, report, decisions = run.options, run.report, run.decisions
+    result, applied = _apply(run.model, options, decisions, run.float_layers)
+    report.static_tensors = len(applied.static_tensors)
+    present = {str(value.name) for value in applied.static_tensors}  # the float fallback may have removed some
+    report.wide_tensors = [name for name in report.wide_tensors if name in present]
+    report.passthrough = [str(node.name) for node in applied.passthrough]
+    fallen = set(run.float_layers)
+    for layer in run.plan.layers:
+        entry = decisions.layers[layer.name].entry
+        if entry is None:
+            continue
+        if layer.name in fallen:
+            entry.mode = "float"
+            entry.info["fallback"] = f"kept in float for {report.target or 'the accuracy guard'}"
+        elif layer.name in decisions.kept_float:
+            entry.mode = "float"
+            entry.info["kept_float"] = decisions.kept_float[layer.name]
+        report.layers.append(entry)
+    if options.float_type != "fp32":
+        result = _autocast(result, options, report)
+    _forget_inferred_shapes(result, run.declared)
+    report.ort_only = check_structure(result)
+    run.result = result
+
+
+def _accuracy_check(run: Int8Run) -> None:
+    """The result measured as it will be saved (see :func:`_check`)."""
+    _check(run.result, run.options, run.producers, run.keep, run.held_out, run.report)
+
+
+STEPS: tuple[Step[Int8Run], ...] = (
+    Step("load+place", _load_and_place),
+    Step("calibration", _calibration),
+    Step("decisions", _decisions),
+    Step("16-bit search", _widen_step, when=lambda run: run.target is not None and run.options.wide_qtype is not None),
+    Step("target search", _target_search,
+         when=lambda run: run.target is not None and run.options.max_float_compute > 0),  # 0: no layer in float
+    Step("build", _build),
+    Step("accuracy check", _accuracy_check),
+)  # fmt: skip
+"""INT8's pipeline, each step timed in the report under its name."""
+
+
+def quantize_model(
+    source: ModelSource, options: Int8Options, report_type: type[Int8Report] = Int8Report
+) -> tuple[ir.Model, Int8Report]:
+    """Runs the pipeline (:data:`STEPS`) up to (not including) saving; the returned model's INT8 (FP8) weights are
+    lazy tensors.
+
+    Args:
+        source: The float model.
+        options: The settings (:class:`Int8Options`, or a subclass with other Q/DQ types: FP8's).
+        report_type: The report to fill (FP8's says FP8).
+    """
+    target = options.target
+    report = report_type(
+        options.runtime, options.method, options.float_type, target=None if target is None else str(target)
+    )
+    run = Int8Run(source, options, report, target)
     try:
-        tick = time.perf_counter()
-        decisions = decide(model, plan, stats, options)
-        cost = _costs(plan, stats)
-        proxy: dict[str, float] = {}
-        if target is not None and len(plan.layers) > fallback.MAX_ISOLATED:
-            proxy = estimated_sensitivity(plan.layers, _sample_errors(decisions), stats.hessians.hessians)
-        del stats
-        report.seconds["decisions"] = time.perf_counter() - tick
-        if target is not None and options.wide_qtype is not None:  # A16W8: 16 bits where 8 cost the most
-            tick = time.perf_counter()
-            decisions = _widen(model, options, plan, decisions, target, producers, keep, report)
-            report.seconds["16-bit search"] = time.perf_counter() - tick
-        float_layers: list[str] = []
-        if target is not None and options.max_float_compute > 0:  # 0: no layer may go back to float
-            tick = time.perf_counter()
-            float_layers = _search(model, options, plan, decisions, target, producers, keep, proxy, cost, report)
-            report.seconds["target search"] = time.perf_counter() - tick
-        result, applied = _apply(model, options, decisions, float_layers)
-        report.static_tensors = len(applied.static_tensors)
-        present = {str(value.name) for value in applied.static_tensors}  # the float fallback may have removed some
-        report.wide_tensors = [name for name in report.wide_tensors if name in present]
-        report.passthrough = [str(node.name) for node in applied.passthrough]
-        fallen = set(float_layers)
-        for layer in plan.layers:
-            entry = decisions.layers[layer.name].entry
-            if entry is None:
-                continue
-            if layer.name in fallen:
-                entry.mode = "float"
-                entry.info["fallback"] = f"kept in float for {report.target or 'the accuracy guard'}"
-            elif layer.name in decisions.kept_float:
-                entry.mode = "float"
-                entry.info["kept_float"] = decisions.kept_float[layer.name]
-            report.layers.append(entry)
-        if options.float_type != "fp32":
-            result = _autocast(result, options, report)
-        _forget_inferred_shapes(result, declared)
-        report.ort_only = check_structure(result)
-        tick = time.perf_counter()
-        _check(result, options, producers, keep, held_out, report)
-        report.seconds["accuracy check"] = time.perf_counter() - tick
+        report.run_steps(STEPS, run)
     finally:
-        if data is not None:
-            data.close()
-    return result, report
+        if run.data is not None:
+            run.data.close()
+    return run.result, report
 
 
 def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
@@ -539,7 +602,6 @@ def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.M
     """The float remainder to FP16/BF16 by AutoCast (Q/DQ scales and INT8 weights untouched), as ModelOpt does."""
     from onnxprec.autocast import AutoCastOptions, convert_model
 
-    tick = time.perf_counter()
     settings = AutoCastOptions(
         low_precision_type=options.float_type,
         calibration_data=options.source,
@@ -550,13 +612,13 @@ def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.M
         op_types_to_exclude=_INT8_OPS,
         keep_io_types=True,
     )
-    converted, autocast_report, _ = convert_model(model, settings)
-    if options.runtime == "trt" and default_opset(converted) >= LOW_QDQ_OPSET:
-        # not on ort-cuda: ONNX Runtime's CPU fusions mis-run FP16 Q/DQ (ours and ModelOpt's alike, only with graph
-        # optimizations on: experiments/design_notes.md); its Casts keep them apart
-        fold_casts_into_qdq(converted.graph, NameAllocator(converted))
-    report.autocast = autocast_report.summary
-    report.seconds["autocast"] = time.perf_counter() - tick
+    with report.step("autocast"):
+        converted, autocast_report, _ = convert_model(model, settings)
+        if options.runtime == "trt" and default_opset(converted) >= LOW_QDQ_OPSET:
+            # not on ort-cuda: ONNX Runtime's CPU fusions mis-run FP16 Q/DQ (ours and ModelOpt's alike, only with
+            # graph optimizations on: experiments/design_notes.md); its Casts keep them apart
+            fold_casts_into_qdq(converted.graph, NameAllocator(converted))
+        report.autocast = autocast_report.summary
     return converted
 
 
@@ -572,13 +634,12 @@ def _count_unfused(path: Path, options: Int8Options, report: Int8Report) -> None
     if size > MAX_UNFUSED_COUNT_BYTES:
         logger.debug("Unfused Q/DQ not counted: the output has %d bytes (an optimizing session holds them)", size)
         return
-    tick = time.perf_counter()
     try:
-        report.unfused = unfused_qdq(path, what="the output")
+        with report.step("unfused count"):
+            report.unfused = unfused_qdq(path, what="the output")
     except UnsupportedModelError as e:  # the count is information: the output's own checks say what is wrong
         logger.warning("Unfused Q/DQ not counted: %s", e)
         return
-    report.seconds["unfused count"] = time.perf_counter() - tick
     logger.debug("Q/DQ left unfused by ONNX Runtime's CPU provider, by the op beside them: %s", report.unfused)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
@@ -31,6 +30,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import NameAllocator
+from onnxprec._report import Timer
 from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, measure_outputs
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision
 from onnxprec.quantization.int8._options import Int8Options
@@ -96,7 +96,7 @@ class Int8Emulator:
         layers: Sequence[str],
         providers: Sequence[str] | None = None,
     ) -> None:
-        tick = time.perf_counter()
+        clock = Timer()
         self.layers = list(layers)
         self.model, self.options, self.decisions = model, options, decisions
         clone = model.clone()
@@ -141,7 +141,7 @@ class Int8Emulator:
             "INT8 emulation session: %d switchable layers, %d quantized tensor reads (%.1f s)",
             len(self.switches),
             len(self.edges),
-            time.perf_counter() - tick,
+            clock.seconds,
         )
 
     def close(self) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec import _ort
+from onnxprec._report import Timer
 from onnxprec._tensors import float32_copy
 from onnxprec.accuracy import (
     METRICS,
@@ -93,12 +93,12 @@ def measure(
 ) -> Measurement:
     """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every calibration batch
     against the kept outputs."""
-    tick = time.perf_counter()
+    clock = Timer()
     session = _ort.create_session(model, providers=providers, optimization=optimization, what="the INT8 model")
     measurement = measure_outputs(
         target, calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
     )
-    return dataclasses.replace(measurement, seconds=time.perf_counter() - tick)
+    return dataclasses.replace(measurement, seconds=clock.seconds)
 
 
 def estimated_sensitivity(
@@ -192,11 +192,63 @@ def search(
     """
 
     w = words or SearchWords()
+    checks = _Checks(check, target, steps, w)
+    first = checks.real((), w.none)
+    if first.ok or not layers:
+        return [], first
+    emulated = checks.start_emulation(emulate, first) if emulate is not None else None
+    metric = target.bounds[0].metric if target.bounds else "rel_l2"
+    order, ranked = _order(
+        layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute
+    )
+    if not order:
+        why = f"{w.budget} {max_float_compute:g} allows no {w.item} {w.promoted}" if ranked else (
+            "no layer's float form helps")  # fmt: skip
+        logger.log(miss_level, "The accuracy target %s is not met (%s) and %s", target, first.summary(), why)
+        return [], first
+    checked: dict[int, Measurement] = {}
 
-    def record(measurement: Measurement, floats: Collection[str], what: str, kind: str) -> Measurement:
-        steps.append({"what": what, "kind": kind, "float_layers": len(floats), "ok": measurement.ok,
-                      **{m: measurement.worst(m) for m in METRICS if measurement.worst(m) is not None},
-                      "seconds": measurement.seconds})  # fmt: skip
+    def holds(count: int) -> bool:
+        checked[count] = checks.trial(order[:count], f"{count} most sensitive {w.promoted}")
+        return checked[count].ok
+
+    high = fewest(holds, len(order))
+    if checks.scale is not None:  # the emulation's choice, checked for real
+        if release is not None:
+            release()
+        high, best = confirm(
+            high, len(order), lambda k: checks.real(order[:k], f"{k} most sensitive {w.promoted}"), strategy="gallop"
+        )
+    else:
+        best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}")
+    if not best.ok:
+        logger.log(
+            miss_level,
+            "The accuracy target %s is not met (%s) with the %d most sensitive %ss %s, all that %s %g allows",
+            target, best.summary(), high, w.item, w.promoted, w.budget, max_float_compute,
+        )  # fmt: skip
+    return order[:high], best
+
+
+class _Checks:
+    """The search's checks, each recorded in its ``steps``: real ones (the model built and run) and, once
+    :meth:`start_emulation` succeeded, emulated ones whose verdicts are scaled to the real all-INT8 error."""
+
+    def __init__(
+        self,
+        check: Callable[[Collection[str]], Measurement],
+        target: AccuracyTarget,
+        steps: list[dict[str, Any]],
+        words: SearchWords,
+    ) -> None:
+        self.check, self.target, self.steps, self.words = check, target, steps, words
+        self.emulate: Callable[[Collection[str]], Measurement] | None = None
+        self.scale: ErrorScale | None = None
+
+    def record(self, measurement: Measurement, floats: Collection[str], what: str, kind: str) -> Measurement:
+        self.steps.append({"what": what, "kind": kind, "float_layers": len(floats), "ok": measurement.ok,
+                           **{m: measurement.worst(m) for m in METRICS if measurement.worst(m) is not None},
+                           "seconds": measurement.seconds})  # fmt: skip
         logger.debug(
             "Target check (%s, %s): %s -> %s",
             what,
@@ -206,78 +258,63 @@ def search(
         )
         return measurement
 
-    def real(floats: Collection[str], what: str) -> Measurement:
-        return record(check(floats), floats, what, "real")
+    def real(self, floats: Collection[str], what: str) -> Measurement:
+        return self.record(self.check(floats), floats, what, "real")
 
-    first = real((), w.none)
-    if first.ok or not layers:
-        return [], first
-    trial = real
-    emulated: Measurement | None = None
-    if emulate is not None:
+    def trial(self, floats: Collection[str], what: str) -> Measurement:
+        """An emulated check once the emulation runs, else a real one."""
+        if self.emulate is None or self.scale is None:
+            return self.real(floats, what)
+        measurement = self.emulate(floats)
+        measurement = dataclasses.replace(measurement, ok=self.scale.holds(self.target, measurement))
+        return self.record(measurement, floats, what, "emulated")
+
+    def start_emulation(
+        self, emulate: Callable[[Collection[str]], Measurement], first: Measurement
+    ) -> Measurement | None:
+        """The all-INT8 model in the emulation session, its errors scaled to ``first`` (the real ones) from then on;
+        None when the session fails (the emulation is an accelerator: without it every check is real, as before)."""
         try:
             emulated = emulate(())
-        except Exception as e:  # the emulation is an accelerator: without it every check is real, as before
+        except Exception as e:
             logger.warning("The INT8 emulation session failed (%s): every target check runs the real model", e)
-            emulate = None
-    if emulate is not None and emulated is not None:
-        record(emulated, (), w.none, "emulated")
-        scale = ErrorScale(emulated, first)
+            return None
+        if emulated is None:
+            return None
+        self.record(emulated, (), self.words.none, "emulated")
+        self.emulate, self.scale = emulate, ErrorScale(emulated, first)
         agreement = {m: emulated.worst(m) for m in METRICS if emulated.worst(m) is not None}
         logger.info("INT8 emulation against the real all-INT8 model: %s emulated, %s real",
                     emulated.summary(), first.summary())  # fmt: skip
-        steps[-1]["real"] = {m: first.worst(m) for m in agreement}
+        self.steps[-1]["real"] = {m: first.worst(m) for m in agreement}
+        return emulated
 
-        def trial(floats: Collection[str], what: str) -> Measurement:
-            assert emulate is not None
-            measurement = emulate(floats)
-            measurement = dataclasses.replace(measurement, ok=scale.holds(target, measurement))
-            return record(measurement, floats, what, "emulated")
 
-        base = _badness(emulated, target.bounds[0].metric if target.bounds else "rel_l2")
-    else:
-        base = None
-    metric = target.bounds[0].metric if target.bounds else "rel_l2"
+def _order(
+    layers: Sequence[str],
+    checks: _Checks,
+    baseline: Measurement,
+    metric: str,
+    proxy: Mapping[str, float],
+    cost: Mapping[str, float] | None,
+    max_float_compute: float,
+) -> tuple[list[str], list[str]]:
+    """The layers most sensitive first (the gain of each alone in float with at most :data:`MAX_ISOLATED` layers,
+    measured from ``baseline``, else ``proxy``), and the first of them that fit in ``max_float_compute``."""
+    w = checks.words
     if len(layers) <= MAX_ISOLATED:
         sensitivity = isolated_gains(
-            layers, lambda name: _badness(trial({name}, f"{name} alone {w.promoted}"), metric),
-            _badness(first, metric) if base is None else base,
-            squared=metric in ("rel_l2", "max_abs"), progress="INT8 sensitivity",
+            layers, lambda name: _badness(checks.trial({name}, f"{name} alone {w.promoted}"), metric),
+            _badness(baseline, metric), squared=metric in ("rel_l2", "max_abs"), progress="INT8 sensitivity",
         )  # fmt: skip
-        steps.append({"what": f"gain of each {w.item} alone {w.promoted} ({metric})", "checks": len(layers)})
+        checks.steps.append({"what": f"gain of each {w.item} alone {w.promoted} ({metric})", "checks": len(layers)})
     else:
         sensitivity = {name: proxy.get(name, 0.0) for name in layers}
     order = ranked = rank(sensitivity, layers, positive=True)
-    steps.append({"what": f"most sensitive {w.item}s", "layers": ranked[:8]})  # the layers that carry the error
+    checks.steps.append({"what": f"most sensitive {w.item}s", "layers": ranked[:8]})  # the layers that carry the error
     if cost and max_float_compute < 1.0:  # the most sensitive layers that fit in the compute budget, in order
         order = within(order, cost, max_float_compute * (sum(cost.get(name, 0.0) for name in layers) or 1.0))
-    if not order:
-        why = f"{w.budget} {max_float_compute:g} allows no {w.item} {w.promoted}" if ranked else (
-            "no layer's float form helps")  # fmt: skip
-        logger.log(miss_level, "The accuracy target %s is not met (%s) and %s", target, first.summary(), why)
-        return [], first
-    checked: dict[int, Measurement] = {}
-
-    def holds(count: int) -> bool:
-        checked[count] = trial(order[:count], f"{count} most sensitive {w.promoted}")
-        return checked[count].ok
-
-    high = fewest(holds, len(order))
-    if emulate is not None:
-        if release is not None:
-            release()
-        high, best = confirm(
-            high, len(order), lambda k: real(order[:k], f"{k} most sensitive {w.promoted}"), strategy="gallop"
-        )
-    else:
-        best = checked.get(high) or real(order[:high], f"{high} most sensitive {w.promoted}")
-    if not best.ok:
-        logger.log(
-            miss_level,
-            "The accuracy target %s is not met (%s) with the %d most sensitive %ss %s, all that %s %g allows",
-            target, best.summary(), high, w.item, w.promoted, w.budget, max_float_compute,
-        )  # fmt: skip
-    return order[:high], best
+    return order, ranked
 
 
 def worst_errors(measurement: Measurement) -> dict[str, float]:
