@@ -321,8 +321,11 @@ def _cases(tmp: Path, models: Path) -> dict[str, Callable[[], dict[str, Any]]]:
         )
         add(
             f"{tag}/dump",
-            ["dump", "--onnx_path", m, "--calibration_data", d, "--dump_float", "--output_dir", f"{o}/dump"],
-        )
+            [
+                "dump", "--onnx_path", m, "--calibration_data", d, "--dump_float", "--output_dir", f"{o}/dump",
+                "--text_values", "0",  # every value in the .txt, as when the snapshot was taken
+            ],
+        )  # fmt: skip
     # Pairs for evaluate and compare: the model and its AutoCast conversion, made here first.
     for model, data, tag in ((tiny, tiny_npz, "tiny"), (eff, eff_npz, "eff"), (minilm, minilm_npz, "minilm")):
         m, d = str(model), str(data)
