@@ -112,7 +112,12 @@ def test_merge_takes_later_cells_and_cites_each_run(tmp_path: Path) -> None:
     for i, data in enumerate((first, second)):
         paths.append(tmp_path / f"corpus-{i}.json")
         paths[-1].write_text(json.dumps(data))
+    first["models"]["a"]["cells"]["compare"] = {"outcome": "ok", "command": "onnxprec compare ...", "rc": 0}
+    second["models"]["a"]["cells"]["compare"] = {"outcome": "skipped", "reason": "no int8 result to read"}
+    paths[0].write_text(json.dumps(first))
+    paths[1].write_text(json.dumps(second))
     merged = report_corpus.merge(paths)
+    assert merged["models"]["a"]["cells"]["compare"]["outcome"] == "ok"  # a later 'skipped' hides nothing
     assert merged["models"]["b"]["cells"]["int8"]["outcome"] == "pass"  # the later run's cell
     assert merged["models"]["b"]["cells"]["int4"]["outcome"] == "refused"  # kept from the first
     assert merged["models"]["b"]["cells"]["int8"]["run"] == 2 and merged["models"]["b"]["cells"]["int4"]["run"] == 1

@@ -196,6 +196,8 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
         for name, block in data["models"].items():
             into = merged["models"].setdefault(name, {k: v for k, v in block.items() if k != "cells"} | {"cells": {}})
             for tool, cell in block.get("cells", {}).items():
+                if cell.get("outcome") == "skipped" and tool in into["cells"]:
+                    continue  # a run that did not run what the tool reads does not hide an earlier run's cell
                 into["cells"][tool] = dict(cell, run=len(runs))
     merged["runs"] = runs
     return merged
