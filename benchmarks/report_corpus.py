@@ -189,7 +189,12 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
     for path in paths:
         data = json.loads(path.read_text())
         file = Path(os.path.relpath(path, REPO_ROOT)).as_posix()
-        ran = {t for b in data["models"].values() for t, c in b.get("cells", {}).items() if not c.get("cached")}
+        ran = {
+            t
+            for b in data["models"].values()
+            for t, c in b.get("cells", {}).items()
+            if not c.get("cached") and c.get("outcome") != "skipped"
+        }
         runs.append({k: v for k, v in data.items() if k != "models"} | {"file": file, "contributed": sorted(ran)})
         if not merged:
             merged = {k: v for k, v in data.items() if k != "models"} | {"models": {}}
