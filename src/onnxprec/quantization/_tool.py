@@ -432,7 +432,11 @@ class QuantizationTool(Generic[OptionsT, ReportT]):
         from onnxprec.validate import load_in_ort, proved_by_run
 
         settings, source = run.options, run.source_path
-        assert source is not None
+        if source is None:
+            raise InvalidArgumentError(
+                "An output path needs the model as a file: save the in-memory model first, or call the tool's "
+                "quantize_model to get the quantized model back."
+            )
         model, report = self.pipeline(source, settings)
 
         def check(written: WrittenModel) -> None:

@@ -148,3 +148,20 @@ def test_levels_match_onnx_runtime_quantize_linear(tmp_path: Path, mlp_file: Pat
     )  # fmt: skip
     (expected,) = create_session(proto, optimization="none").run({"w": source["Wo"]})
     assert np.array_equal(expected.view(np.uint8), levels.view(np.uint8))
+
+
+def test_a_one_shot_reader_serves_the_fp16_remainder_too(tmp_path: Path, mlp_file: Path) -> None:
+    """ModelOpt's and ORT's readers are read once: AutoCast's FP16 remainder reuses the data INT8 already read."""
+
+    class Reader:  # ONNX Runtime's CalibrationDataReader protocol
+        def __init__(self) -> None:
+            self.batches = iter(_tokens(0))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    out = tmp_path / "fp8.onnx"
+    report = quantize_file(mlp_file, out, calibration_data=Reader(), high_precision_dtype="fp16")
+    assert report.summary.startswith("FP8 for trt: 4/4 layers quantized")
+    feeds = _tokens(9, 1)[0]
+    assert _rel(_run(mlp_file, feeds), _run(out, feeds)) < 0.1

@@ -408,7 +408,7 @@ def _build(run: Int8Run) -> None:
             entry.info["kept_float"] = decisions.kept_float[layer.name]
         report.layers.append(entry)
     if options.float_type != "fp32":
-        result = _autocast(result, options, report)
+        result = _autocast(result, options, report, run.data)
     _forget_inferred_shapes(result, run.declared)
     report.ort_only = check_structure(result)
     run.result = result
@@ -598,13 +598,14 @@ def _check(
         logger.warning("%s", line)
 
 
-def _autocast(model: ir.Model, options: Int8Options, report: Int8Report) -> ir.Model:
-    """The float remainder to FP16/BF16 by AutoCast (Q/DQ scales and INT8 weights untouched), as ModelOpt does."""
+def _autocast(model: ir.Model, options: Int8Options, report: Int8Report, data: CalibrationData | None) -> ir.Model:
+    """The float remainder to FP16/BF16 by AutoCast (Q/DQ scales and INT8 weights untouched), as ModelOpt does, on
+    the calibration data already read (a one-shot reader given by the user is spent by then)."""
     from onnxprec.autocast import AutoCastOptions, convert_model
 
     settings = AutoCastOptions(
         low_precision_type=options.float_type,
-        calibration_data=options.source,
+        calibration_data=data if data is not None else options.source,
         providers=tuple(options.calibration_eps),
         input_shapes=options.input_shapes,
         # The INT8 nodes keep their FP32 scales and outputs (DequantizeLinear writes FP16 only from opset 19);
