@@ -168,8 +168,7 @@ def _calibrate(
         held.append(data)
         # static ranges fit few runs; without the guard (quantize_static, --no_accuracy_guard) every run calibrates,
         # as ONNX Runtime's quantizer does
-        guarded = options.accuracy_guard or options.target_accuracy is not None
-        calibration, rest = data.held_out(split=bool(plan.static_tensors)) if guarded else (data, None)
+        calibration, rest = data.held_out(split=bool(plan.static_tensors)) if options.bounded else (data, None)
         observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(model, calibration)]
         result = run_reference(
             model,

@@ -325,13 +325,18 @@ class Int8Options(_tool.QuantizationOptions):
         return INT8 if self.symmetric else UINT8
 
     @property
+    def bounded(self) -> bool:
+        """The result is held to a bound: the user's ``target_accuracy`` or the accuracy guard's."""
+        return self.target_accuracy is not None or self.accuracy_guard
+
+    @property
     def wide_qtype(self) -> QType | None:
         """With a 16-bit ``activation_type`` and an accuracy target or the guard: the 16-bit type the most sensitive
         static tensors are promoted to (the others 8 bits); else None (one type for every static tensor)."""
         from onnxprec.quantization.algorithms.qtypes import qtype
 
         wide = self.activation_type in ("int16", "uint16")
-        if not wide or (self.target_accuracy is None and not self.accuracy_guard):
+        if not wide or not self.bounded:
             return None
         return qtype(str(self.activation_type))
 
