@@ -234,77 +234,90 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     clock = Timer()
     report = TargetReport(str(problem.target))
     with Progress("AutoCast target search", "check", count=lambda: len(report.steps)):
-        fixed_low, candidates, overflow = _split(problem)
-        report.candidates = len(candidates)
-        logger.info(
-            "Target %s: %d candidate nodes (%d converted by default), %d kept FP32 as they overflow %s",
-            report.target,
-            len(candidates),
-            sum(problem.decisions[n].low for n in candidates),
-            len(overflow),
-            problem.low.name.lower(),
-        )
-        report.default = report.final = _run_for_real(problem, problem.decisions, "default classification", report)
-        upward = report.default.ok
-        report.mode = "upward" if upward else "downward"
-        moving = [n for n in candidates if problem.decisions[n].low != upward]
-        fixed_low |= {n for n in candidates if problem.decisions[n].low and upward}
-        sensitivity = structural(problem.model)
-        # Least sensitive first upward; downward, the most sensitive go back to FP32 first.
-        ranked = rank(sensitivity, moving, least_first=upward)
-        report.sensitivity = {n: sensitivity[n] for n in moving}
-        chosen = problem.decisions
-        if not moving:
-            report.note = "no candidate to move"
-        elif (
-            upward
-            and _run_for_real(problem, _decisions(problem, set(moving), set(moving)), "every candidate low", report).ok
-        ):
-            report.final, report.moved = report.steps[-1].measurement, len(moving)
-            chosen = _decisions(problem, set(moving), set(moving))
-        else:
-            emulator = Emulator(
-                problem.model,
-                fixed_low,
-                ranked,
-                problem.low,
-                keep_io_types=problem.keep_io_types,
-                providers=problem.providers,
-            )
-            report.sessions += 1
-            try:
-                ranked, k, emulated_ok = _bisect(problem, emulator, upward, report)
-            finally:
-                report.runs += emulator.runs
-                emulator.close()
-            chosen = _confirm_for_real(problem, ranked, k, emulated_ok, upward, report)
-        report.reached = report.final.ok
+        fixed_low, moving, ranked = _start(problem, report)
+        chosen = _move(problem, fixed_low, moving, ranked, report)
+        final = report.final
+        assert final is not None
+        report.reached = final.ok
         report.seconds = clock.seconds
-        logger.log(
-            logging.INFO if report.reached else logging.WARNING,
-            "Target %s %s (%s): %d of %d candidates moved (%s), %d sessions, %d runs, %.1f s",
-            report.target,
-            "reached" if report.reached else "NOT reached",
-            report.final.summary(),
-            report.moved,
-            len(moving),
-            report.mode,
-            report.sessions,
-            report.runs,
-            report.seconds,
-        )
-        numeric = NumericReport(
-            {
-                name: {
-                    "max_abs": e["max_abs"],
-                    "rel_l2": e["rel_l2"],
-                    "cosine": e["cosine"],
-                    "finite": e["nonfinite"] == 0,
-                }
-                for name, e in report.final.errors.items()
-            }
-        )
-        return chosen, report, numeric
+        _log_result(report, final, len(moving))
+        return chosen, report, _numeric(final)
+
+
+def _start(problem: Problem, report: TargetReport) -> tuple[set[ir.Node], list[ir.Node], list[ir.Node]]:
+    """Measures the default classification for real and sets the direction: the fixed low nodes, the candidates
+    that move, and those ranked by structural sensitivity (least sensitive first upward)."""
+    fixed_low, candidates, overflow = _split(problem)
+    report.candidates = len(candidates)
+    logger.info(
+        "Target %s: %d candidate nodes (%d converted by default), %d kept FP32 as they overflow %s",
+        report.target,
+        len(candidates),
+        sum(problem.decisions[n].low for n in candidates),
+        len(overflow),
+        problem.low.name.lower(),
+    )
+    report.default = report.final = _run_for_real(problem, problem.decisions, "default classification", report)
+    upward = report.default.ok
+    report.mode = "upward" if upward else "downward"
+    moving = [n for n in candidates if problem.decisions[n].low != upward]
+    fixed_low |= {n for n in candidates if problem.decisions[n].low and upward}
+    sensitivity = structural(problem.model)
+    # Least sensitive first upward; downward, the most sensitive go back to FP32 first.
+    ranked = rank(sensitivity, moving, least_first=upward)
+    report.sensitivity = {n: sensitivity[n] for n in moving}
+    return fixed_low, moving, ranked
+
+
+def _move(
+    problem: Problem, fixed_low: set[ir.Node], moving: list[ir.Node], ranked: list[ir.Node], report: TargetReport
+) -> dict[ir.Node, Decision]:
+    """The chosen decisions: the default when nothing moves; upward, every candidate low when that meets the
+    target for real; else the emulation's bisection, confirmed for real."""
+    upward = report.mode == "upward"
+    if not moving:
+        report.note = "no candidate to move"
+        return problem.decisions
+    every = _decisions(problem, set(moving), set(moving))
+    if upward and _run_for_real(problem, every, "every candidate low", report).ok:
+        report.final, report.moved = report.steps[-1].measurement, len(moving)
+        return every
+    emulator = Emulator(
+        problem.model, fixed_low, ranked, problem.low, keep_io_types=problem.keep_io_types, providers=problem.providers
+    )
+    report.sessions += 1
+    try:
+        ranked, k, emulated_ok = _bisect(problem, emulator, upward, report)
+    finally:
+        report.runs += emulator.runs
+        emulator.close()
+    return _confirm_for_real(problem, ranked, k, emulated_ok, upward, report)
+
+
+def _log_result(report: TargetReport, final: Measurement, moving: int) -> None:
+    logger.log(
+        logging.INFO if report.reached else logging.WARNING,
+        "Target %s %s (%s): %d of %d candidates moved (%s), %d sessions, %d runs, %.1f s",
+        report.target,
+        "reached" if report.reached else "NOT reached",
+        final.summary(),
+        report.moved,
+        moving,
+        report.mode,
+        report.sessions,
+        report.runs,
+        report.seconds,
+    )
+
+
+def _numeric(final: Measurement) -> NumericReport:
+    """The final measurement's errors per output, as AutoCast's numeric report."""
+    return NumericReport(
+        {
+            name: {"max_abs": e["max_abs"], "rel_l2": e["rel_l2"], "cosine": e["cosine"], "finite": e["nonfinite"] == 0}
+            for name, e in final.errors.items()
+        }
+    )
 
 
 def _run_for_real(problem: Problem, decisions: dict[ir.Node, Decision], what: str, report: TargetReport) -> Measurement:
