@@ -355,19 +355,7 @@ def evaluate_models(
 
 def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOptions) -> EvaluationReport:
     """:func:`evaluate_models` with the settings as one object (e.g. built from command-line flags)."""
-    sources = [models] if isinstance(models, (str, os.PathLike, onnx.ModelProto, ir.Model)) else list(models)
-    if not sources:
-        raise InvalidArgumentError("No model to evaluate: pass at least one model.")
-    named = [_name_of(source, i) for i, source in enumerate(sources)]
-    index = _reference_index(sources, [n for n, _ in named], options.reference)
-    if index is None:  # another model: evaluated first, as the reference
-        sources.insert(0, options.reference)
-        named.insert(0, _name_of(options.reference, len(sources)))
-        index = 0
-    names = [n for n, _ in named]
-    for i, name in enumerate(names):
-        if names.count(name) > 1:
-            names[i] = f"{name}#{i}"
+    sources, names, named, index = _sources(models, options)
     for what, path in (("--calibration_data", options.data), ("--labels", options.labels)):
         if isinstance(path, (str, os.PathLike)) and not Path(path).exists():
             raise CalibrationDataError(f"{what} '{path}' does not exist: check the path.")
@@ -381,6 +369,47 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
         logger.debug("Model %s: fetch %s%s", name, loaded[-1].fetch, " (causal LM)" if loaded[-1].ppl else "")
     ref = loaded[index]
     order = [ref] + [m for m in loaded if m is not ref]
+    _check_inputs(order, ref)
+    _evaluate_data(order, ref, labels, options)
+    for model in loaded:
+        _collect(model, labels)
+    if options.latency_runs:
+        _latency(order, int(options.latency_runs))
+        assert ref.first_feeds is not None
+        report.latency_batch = {k: list(v.shape) for k, v in ref.first_feeds.items()}
+    if options.profile_runs:
+        for model in loaded:
+            model.session = None  # the profiled sessions do not sit beside the timed ones (an LLM's weights twice)
+        for source, model in zip(sources, loaded):
+            _profile(source, model, options)
+    for model in loaded:
+        logger.info("%s", _summary(model.result), extra=SUMMARY)  # the table says it too
+    return report
+
+
+def _sources(
+    models: ModelLike | Sequence[ModelLike], options: EvaluateOptions
+) -> tuple[list[Any], list[str], list[tuple[str, str | None]], int]:
+    """The models to evaluate (the reference first when it is another model), their unique names, their
+    ``(name, description)`` pairs and the reference's index."""
+    sources = [models] if isinstance(models, (str, os.PathLike, onnx.ModelProto, ir.Model)) else list(models)
+    if not sources:
+        raise InvalidArgumentError("No model to evaluate: pass at least one model.")
+    named = [_name_of(source, i) for i, source in enumerate(sources)]
+    index = _reference_index(sources, [n for n, _ in named], options.reference)
+    if index is None:  # another model: evaluated first, as the reference
+        sources.insert(0, options.reference)
+        named.insert(0, _name_of(options.reference, len(sources)))
+        index = 0
+    names = [n for n, _ in named]
+    for i, name in enumerate(names):
+        if names.count(name) > 1:
+            names[i] = f"{name}#{i}"
+    return sources, names, named, index
+
+
+def _check_inputs(order: Sequence[_Model], ref: _Model) -> None:
+    """Raises when a model needs an input the reference does not have (and cannot be synthesized)."""
     for model in order:
         missing = [n for n in model.inputs if n not in ref.inputs and not _synthesizable(model, n)]
         if missing:
@@ -388,6 +417,10 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
                 f"Model '{model.result.name}' needs inputs {missing} that the reference "
                 f"'{ref.result.name}' does not have: evaluate models with the same inputs."
             )
+
+
+def _evaluate_data(order: list[_Model], ref: _Model, labels: np.ndarray | None, options: EvaluateOptions) -> None:
+    """Runs every model on every batch of the data (one batch of realistic random inputs without data)."""
     if options.data is None:
         logger.info("No --data: one batch of realistic random inputs")
     offset = 0
@@ -401,28 +434,19 @@ def run_evaluation(models: ModelLike | Sequence[ModelLike], options: EvaluateOpt
         raise CalibrationDataError(
             f"--labels has {labels.shape[0]} entries but the data has {offset} samples: give one label per sample."
         )
-    for model in loaded:
-        result = model.result
-        if model.ppl is not None:
-            result.perplexity, result.tokens = model.ppl.value, model.ppl.tokens
-        if labels is not None and model.labelled:
-            result.top1_accuracy = model.top1 / model.labelled
-            result.top5_accuracy = None if model.top5 is None else model.top5 / model.labelled
-            result.labelled = model.labelled
-        if not result.is_reference:
-            result.agreement = {name: stats.as_dict() for name, stats in model.agreement.items()}
-    if options.latency_runs:
-        _latency(order, int(options.latency_runs))
-        assert ref.first_feeds is not None
-        report.latency_batch = {k: list(v.shape) for k, v in ref.first_feeds.items()}
-    if options.profile_runs:
-        for model in loaded:
-            model.session = None  # the profiled sessions do not sit beside the timed ones (an LLM's weights twice)
-        for source, model in zip(sources, loaded):
-            _profile(source, model, options)
-    for model in loaded:
-        logger.info("%s", _summary(model.result), extra=SUMMARY)  # the table says it too
-    return report
+
+
+def _collect(model: _Model, labels: np.ndarray | None) -> None:
+    """Writes a model's accumulated perplexity, label accuracy and agreement into its result."""
+    result = model.result
+    if model.ppl is not None:
+        result.perplexity, result.tokens = model.ppl.value, model.ppl.tokens
+    if labels is not None and model.labelled:
+        result.top1_accuracy = model.top1 / model.labelled
+        result.top5_accuracy = None if model.top5 is None else model.top5 / model.labelled
+        result.labelled = model.labelled
+    if not result.is_reference:
+        result.agreement = {name: stats.as_dict() for name, stats in model.agreement.items()}
 
 
 def _profile(source: ModelLike, model: _Model, options: EvaluateOptions) -> None:
