@@ -322,9 +322,25 @@ def _upgrade_opset(model: ir.Model, options: PreprocessOptions, step: StepReport
         )
         return
     resize = _resize_outputs(model) if old else set()
-    providers = list(options.providers)
+    feeds, expected = _outputs_before_upgrade(model, options, step, current, target)
+    UpgradeOpsetPass(target)(model)
+    if resize:
+        logger.info(
+            "%d Upsample/Resize nodes keep their opset-%d sampling (asymmetric, floor)",
+            _keep_resize_semantics(model, resize),
+            current,
+        )
+    if feeds:
+        _verify_upgrade(model, options, feeds, expected, current, target, old)
+
+
+def _outputs_before_upgrade(
+    model: ir.Model, options: PreprocessOptions, step: StepReport, current: int, target: int
+) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """Random feeds and the model's outputs on them before the upgrade; none (with a warning) when the model does
+    not run on random inputs and the upgrade is ORT's automatic one (an explicit ``--opset`` raises instead)."""
     try:
-        feeds, expected = _random_outputs(model, providers)
+        return _random_outputs(model, list(options.providers))
     except CalibrationDataError as error:
         e = error.__cause__ or error  # the run's own failure, not advice about flags this tool lacks
         if options.opset is not None:
@@ -337,18 +353,21 @@ def _upgrade_opset(model: ir.Model, options: PreprocessOptions, step: StepReport
             f"The opset {current} -> {target} conversion is not verified: the model does not run on "
             f"random inputs ({e}).",
         )
-        feeds, expected = {}, []
-    UpgradeOpsetPass(target)(model)
-    if resize:
-        logger.info(
-            "%d Upsample/Resize nodes keep their opset-%d sampling (asymmetric, floor)",
-            _keep_resize_semantics(model, resize),
-            current,
-        )
-    if not feeds:
-        return
+        return {}, []
+
+
+def _verify_upgrade(
+    model: ir.Model,
+    options: PreprocessOptions,
+    feeds: dict[str, np.ndarray],
+    expected: list[np.ndarray],
+    current: int,
+    target: int,
+    old: bool,
+) -> None:
+    """Runs the upgraded model on the same feeds; its outputs must agree with ``expected`` within the tolerance."""
     session = _ort.create_session(
-        model, providers=providers, optimization="none", low_memory=True, what="the upgraded model"
+        model, providers=list(options.providers), optimization="none", low_memory=True, what="the upgraded model"
     )
     try:
         got = [np.asarray(out) for out in session.run(feeds)]
