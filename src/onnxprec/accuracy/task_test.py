@@ -388,3 +388,19 @@ def test_the_snr_of_a_waveform_is_its_relative_error_in_db() -> None:
     assert out.kind == "signal" and out.value is not None and abs(out.value - 20.0) < 0.01
     assert out.cosine is not None and out.cosine > 0.99
     assert out.describe() == "audio SNR 20.0 dB of 32768 samples"
+
+
+def test_an_objectness_score_multiplies_the_class_scores() -> None:
+    """YOLOv5/YOLOX: one objectness score before the class scores; a box needs both."""
+    producer = Producer("Concat", 2, parts=(("Add", 4), ("Sigmoid", 1), ("Sigmoid", 2)))
+    kind = kind_of("output", [1, 3, 7], True, producer)
+    assert kind.kind == "detections"
+    head = np.zeros((1, 3, 7), np.float32)
+    head[0, :, :4] = [[10, 10, 4, 4], [30, 30, 4, 4], [50, 50, 4, 4]]  # three anchors, apart
+    head[0, :, 4:] = [[0.9, 0.9, 0.1], [0.1, 0.9, 0.1], [0.9, 0.1, 0.6]]  # boxes: anchor 0 (class 0), 2 (class 1)
+    cand = head.copy()
+    cand[0, 2, 4] = 0.3  # objectness 0.3 x 0.6 = 0.18: anchor 2's box is lost at either threshold
+    metrics = TaskMetrics({"output": producer})
+    metrics.update({"output": head}, {"output": cand})
+    out = metrics.summary().outputs[0]
+    assert (out.value, out.count) == (0.5, 2)
