@@ -190,7 +190,8 @@ def check_structure(model: ir.Model) -> dict[str, int]:
     prove in ONNX Runtime (:func:`load_in_ort`, or the run of :func:`numeric_check`). Intermediate values keep
     their declared element types and lose their declared shapes in the copy: exporters declare wrong ones (the
     onnxruntime-genai builder gives rank-0 shapes to rank-1 Constants), which ONNX Runtime ignores, while inference
-    still derives and checks every shape from the graph inputs and weights.
+    still derives and checks every shape from the graph inputs and weights. Entries that declare an initializer or
+    a graph input are dropped from the copy, as the tensor or input declares it.
 
     Strict inference is relaxed only for a model with ops no runtime here knows (plugins of custom domains).
 
@@ -201,6 +202,12 @@ def check_structure(model: ir.Model) -> dict[str, int]:
         The nodes only ONNX Runtime can check, by op (:func:`ort_only_ops`); empty for a pure ONNX model.
     """
     proto = structure_proto(model)
+    # Initializers and graph inputs carry their own type and shape: a shapeless value_info entry of one (onnx-ir
+    # writes one for every typed initializer) hides the data of a Slice's axes or a Squeeze's axes from inference.
+    declared = {i.name for i in proto.graph.initializer} | {i.name for i in proto.graph.input}
+    kept = [info for info in proto.graph.value_info if info.name not in declared]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept)
     for info in proto.graph.value_info:  # see the docstring
         if info.type.HasField("tensor_type"):
             info.type.tensor_type.ClearField("shape")

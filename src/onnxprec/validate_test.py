@@ -54,6 +54,32 @@ def test_checker_covers_every_other_node_and_returns_the_ort_only_ones() -> None
     assert check_structure(load_model(plain)) == {}
 
 
+def _sliced(consumer: str) -> onnx.ModelProto:
+    """Slice(X [2, 2, 4]) on axis 1 with step 2, its axes and steps one shared initializer (as torch exports them),
+    then Squeeze of the sliced axis or Concat with a second Slice: inference gets every shape wrong if it loses the
+    axes, as a shapeless value_info entry of the initializer made it do (ddddocr's Concat_40, openWakeWord's
+    Squeeze__106)."""
+    nodes = [helper.make_node("Slice", ["X", "one", "end", "one", "two"], ["s"], name="slice")]
+    if consumer == "Squeeze":
+        nodes.append(helper.make_node("Squeeze", ["s", "one"], ["Y"], name="squeeze"))
+        shape = [2, 4]
+    else:
+        nodes.append(helper.make_node("Slice", ["X", "zero", "end", "one", "two"], ["t"], name="slice2"))
+        nodes.append(helper.make_node("Concat", ["s", "t"], ["Y"], name="concat", axis=2))
+        shape = [2, 1, 8]
+    consts = {k: np.array([v], np.int64) for k, v in (("zero", 0), ("one", 1), ("two", 2), ("end", 2**63 - 1))}
+    return make_model(nodes, [tensor_info("X", F, [2, 2, 4])], [tensor_info("Y", F, shape)], consts, opset=13)
+
+
+@pytest.mark.parametrize("consumer", ["Squeeze", "Concat"])
+def test_strict_inference_sees_the_data_of_initializers_onnx_ir_declares(consumer: str) -> None:
+    model = load_model(_sliced(consumer))
+    assert model.graph.initializers["one"].type is not None  # onnx-ir writes value_info entries for these
+    assert check_structure(model) == {}
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    load_in_ort(_sliced(consumer).SerializeToString(), {})
+
+
 def test_onnx_runtime_proves_or_rejects_the_ort_only_nodes(caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
     model = _model()

@@ -32,9 +32,13 @@ binary        ``decision_agreement``  from Sigmoid, rank <= 2 (``[N]``, ``[N, 1]
 mask          ``mask_iou``            from Sigmoid, rank >= 3 (``[N, 1, H, W]``: text detection, matting;
                                       ``[N, A, K]``: a detector's confidences): IoU of the ``p >= 0.5``
                                       entries (1 when both are empty).
-values        ``part_cosine``         a Concat of scores (Sigmoid/Softmax) beside other values, sizes known (a YOLOv8
-                                      head's ``[N, 4 + K, A]``: boxes in pixels, class probabilities): the cosine of
-                                      its worst part (the whole one hides the scores behind the boxes' magnitude).
+detections    ``box_agreement``       a rank-3 Concat of 4 box values (centre, size) then only scores (Sigmoid/Softmax),
+                                      sizes known (a YOLOv8 head's ``[N, 4 + K, A]``): the boxes it decodes to
+                                      (:mod:`onnxprec.accuracy._boxes`), matched, at the worst confidence threshold.
+values        ``part_cosine``         another Concat of scores beside other values, sizes known: the cosine of its
+                                      worst part (the whole one hides the scores behind the other values' magnitude).
+signal        ``snr``                 a waveform: ``[N, T]`` or ``[N, 1, T]``, ``T >=`` :data:`MIN_SAMPLES`, not from
+                                      Gemm/MatMul nor named like an embedding: the signal-to-noise ratio in dB.
 values        ``cosine``              everything else: hidden states, embeddings, ``[N, 1]`` scores or
                                       regressions, boxes, images, audio.
 ============  ======================  ==========================================================================
@@ -58,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from onnxprec.accuracy._boxes import box_counts
 from onnxprec.metrics import ErrorStats
 
 if TYPE_CHECKING:
@@ -80,7 +85,7 @@ __all__ = [
     "task_metrics",
 ]
 
-Kind = Literal["labels", "classes", "sequence", "positions", "binary", "mask", "values"]
+Kind = Literal["labels", "classes", "sequence", "positions", "binary", "mask", "detections", "signal", "values"]
 
 _PASS_THROUGH = frozenset({"Identity", "Cast"})
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
@@ -91,12 +96,16 @@ _NOT_SCORES = re.compile(r"emb|feat|hidden|pool|vec|encod|latent|repr|proj|box|c
 BLANK_SHARE = 0.3
 """A CTC head's blank is the argmax of most steps (the corpus's recognizers: 44-80 %; an LM's commonest next token
 is far rarer): the share of steps above which raw ``[., ., C]`` scores count as a CTC sequence."""
+MIN_SAMPLES = 4096
+"""The fewest samples of a waveform output (a quarter second at 16 kHz); an embedding is far shorter."""
 MAX_ALPHABET = 16384
 """The most classes a CTC alphabet has here (PP-OCRv4's 6625, ddddocr's 8210); an LM's vocabulary is larger."""
 _LABELS = {
     "top1": ("top-1 agreement", "rows"),
     "string_agreement": ("identical strings", "sequences"),
     "part_cosine": ("cosine of its worst part", "values"),
+    "box_agreement": ("boxes matched", "boxes"),
+    "snr": ("SNR", "samples"),
     "step_agreement": ("per-step agreement", "steps"),
     "position_agreement": ("per-position agreement", "positions"),
     "decision_agreement": ("decision agreement", "decisions"),
@@ -259,7 +268,10 @@ def kind_of(
             ops = ", ".join(
                 f"{o} [{start}:{stop}]" for o, (_, start, stop) in zip((p[0] for p in producer.parts), parts)
             )
-            return OutputKind("values", "part_cosine", why=f"Concat of {ops} along axis {parts[0][0]}", parts=parts)
+            why = f"Concat of {ops} along axis {parts[0][0]}"
+            if _boxes_then_scores(producer, parts, rank):
+                return OutputKind("detections", "box_agreement", why=why, parts=parts)
+            return OutputKind("values", "part_cosine", why=why, parts=parts)
     scores, not_scores = bool(_SCORES.search(name)), bool(_NOT_SCORES.search(name))
     if rank == 2 and shape[1] >= 2 and (op in _LINEAR or scores) and not not_scores:
         return OutputKind("classes", "top1", 1, f"logits from {op}" if op in _LINEAR else "named like scores")
@@ -269,7 +281,17 @@ def kind_of(
             return _sequence(shape, sample, batch, f"{op} scores with a CTC blank ({100 * share:.0f} % of steps)")
         if scores:
             return OutputKind("sequence", "step_agreement", 2, "named like logits")
+    waveform = rank in (2, 3) and shape[-1] >= MIN_SAMPLES and all(d == 1 for d in shape[1:-1])
+    if waveform and op not in _LINEAR and not not_scores:
+        return OutputKind("signal", "snr", why=f"{op}, {list(shape)}: a waveform")
     return OutputKind("values", "cosine", why=f"{op}, {list(shape)}")
+
+
+def _boxes_then_scores(producer: Producer, parts: tuple[tuple[int, int, int], ...], rank: int) -> bool:
+    """Whether a rank-3 Concat's parts are 4 box values, then scores only."""
+    scores = [op in _DISTRIBUTIONS or op == "Sigmoid" for op, _ in producer.parts]
+    first = scores.index(True)
+    return rank == 3 and parts[first][1] == 4 and all(scores[first:])
 
 
 def _score_parts(producer: Producer, shape: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
@@ -357,6 +379,8 @@ class OutputMetric:
             return f"{self.name} {label} n/a"
         if self.metric in ("cosine", "part_cosine"):
             shown = _cosine_text(self.value)
+        elif self.metric == "snr":
+            shown = f"{self.value:.1f} dB"
         else:
             shown = f"{self.value:.4f}" if self.metric == "mask_iou" else f"{100 * self.value:.1f}%"
         if self.observed is not None:
@@ -445,6 +469,7 @@ class TaskMetrics:
         self._seen: dict[str, int] = {}
         self._margins: dict[str, StepMargins] = {}
         self._part_errors: dict[tuple[str, int], ErrorStats] = {}
+        self._boxes: dict[str, np.ndarray] = {}  # per threshold: [matched, compared]
 
     @classmethod
     def of(cls, model: ir.Model) -> TaskMetrics:
@@ -470,6 +495,12 @@ class TaskMetrics:
             for i, (axis, start, stop) in enumerate(kind.parts if ref.shape == cand.shape else ()):
                 part = tuple(slice(start, stop) if d == axis else slice(None) for d in range(ref.ndim))
                 self._part_errors.setdefault((name, i), ErrorStats()).update(ref[part], cand[part].astype(np.float32))
+            if kind.kind == "detections":
+                scores = tuple((start, stop) for _, start, stop in kind.parts if start >= 4)  # the box is [0:4]
+                counts = box_counts(ref, cand, kind.parts[0][0], scores) if ref.shape == cand.shape else None
+                if counts is None:  # nothing matched: every float box is lost
+                    counts = box_counts(ref, ref, kind.parts[0][0], scores) * [0, 1]
+                self._boxes[name] = self._boxes.get(name, 0) + counts
             if kind.time is not None and ref.shape == cand.shape and ref.ndim == 3:
                 self._margins.setdefault(name, StepMargins()).update(ref, cand, kind.time)
             hits, count = _agreement(kind, ref, cand)
@@ -484,10 +515,16 @@ class TaskMetrics:
             rel_l2 = cosine = None
             if errors is not None:
                 rel_l2, cosine = errors.rel_l2, errors.cosine
-            if kind.parts:
-                value: float | None = min(
-                    (e.cosine for (n, _), e in self._part_errors.items() if n == name), default=cosine
-                )
+            value: float | None
+            count = self._seen[name]
+            if kind.kind == "detections":  # the worst threshold, counted in boxes
+                shares = [float(m) / float(n) if n else 1.0 for m, n in self._boxes[name]]
+                worst = int(np.argmin(shares))
+                value, count = shares[worst], int(self._boxes[name][worst][1])
+            elif kind.kind == "signal":
+                value = None if rel_l2 is None else (-20 * math.log10(rel_l2) if rel_l2 > 0 else math.inf)
+            elif kind.parts:
+                value = min((e.cosine for (n, _), e in self._part_errors.items() if n == name), default=cosine)
             elif kind.kind == "values":
                 value = cosine
             elif kind.kind == "mask":
@@ -499,7 +536,7 @@ class TaskMetrics:
             if value is not None and predicted is not None and predicted < value:
                 value, observed = predicted, value
             outputs.append(OutputMetric(
-                name, kind.kind, kind.metric, value, self._seen[name], rel_l2, cosine, kind.why, observed
+                name, kind.kind, kind.metric, value, count, rel_l2, cosine, kind.why, observed
             ))  # fmt: skip
         return TaskSummary(tuple(outputs))
 

@@ -297,31 +297,110 @@ def test_few_identical_strings_with_close_margins_predict_a_lower_share() -> Non
     assert exact.summary().outputs[0].value == 1.0 and exact.summary().outputs[0].observed is None
 
 
-def test_a_concat_of_boxes_and_scores_is_judged_by_its_worst_part() -> None:
-    """A YOLOv8 head (nudenet): boxes in pixels beside Sigmoid class probabilities, [N, 4 + K, A]."""
+def _yolo_head(box_part: int = 4) -> onnx.ModelProto:
+    """A YOLOv8 head (nudenet): ``box_part`` values in pixels beside 3 Sigmoid class probabilities, [N, 4 + K, A]."""
     nodes = [
         helper.make_node("Mul", ["box", "stride"], ["pixels"]),
         helper.make_node("Sigmoid", ["cls"], ["probs"]),
         helper.make_node("Concat", ["pixels", "probs"], ["output0"], axis=1),
     ]
-    inputs = [tensor_info("box", F, [1, 4, 50]), tensor_info("cls", F, [1, 3, 50])]
-    model = make_model(nodes, inputs, [tensor_info("output0", F, None)], {"stride": np.array(8.0, np.float32)})
+    inputs = [tensor_info("box", F, [1, box_part, 50]), tensor_info("cls", F, [1, 3, 50])]
+    return make_model(nodes, inputs, [tensor_info("output0", F, None)], {"stride": np.array(8.0, np.float32)})
+
+
+def _head_outputs(model: onnx.ModelProto) -> tuple[Producer | None, np.ndarray]:
     producer = output_producers(_ir(onnx.shape_inference.infer_shapes(model)))["output0"]
-    assert producer == Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 3)))
     rng = np.random.default_rng(0)
-    session = create_session(model)
-    feeds = {
-        "box": rng.uniform(0, 40, (1, 4, 50)).astype(np.float32),
-        "cls": rng.normal(-4, 2, (1, 3, 50)).astype(np.float32),
-    }
-    ref = session.run(feeds)[0]
+    box = rng.uniform(0, 40, (1, model.graph.input[0].type.tensor_type.shape.dim[1].dim_value, 50))
+    box[:, 2:4] = rng.uniform(2, 6, (1, 2, 50))  # widths and heights: boxes that rarely overlap
+    feeds = {"box": box.astype(np.float32), "cls": rng.normal(-4, 2, (1, 3, 50)).astype(np.float32)}
+    return producer, create_session(model).run(feeds)[0]
+
+
+def test_a_detection_head_is_judged_by_the_boxes_it_decodes_to() -> None:
+    producer, ref = _head_outputs(_yolo_head())
+    assert producer == Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 3)))
+    kind = kind_of("output0", ref.shape, True, producer)
+    assert (kind.kind, kind.metric) == ("detections", "box_agreement")
+    metrics = TaskMetrics({"output0": producer})
+    metrics.update({"output0": ref}, {"output0": ref})
+    exact = metrics.summary().outputs[0]
+    assert exact.value == 1.0 and exact.count >= 4  # counted in boxes
+    # nudenet's INT8 case: every score moves by at most 0.005 (the cosine stays near 1), and the one box whose score
+    # sat just above the 0.25 threshold falls below it.
+    probs = ref[0, 4:]
+    near = np.unravel_index(np.argmin(np.where(probs >= 0.25, probs, 9.0)), probs.shape)
     cand = ref.copy()
-    cand[:, 4:] = np.roll(cand[:, 4:], 1, axis=2)  # the scores moved to other anchors; the boxes exact
+    cand[0, 4:] += np.random.default_rng(1).uniform(-0.005, 0.005, probs.shape).astype(np.float32)
+    cand[0, 4 + near[0], near[1]] = 0.24
+    metrics = TaskMetrics({"output0": producer})
+    metrics.update({"output0": ref}, {"output0": cand})
+    out = metrics.summary().outputs[0]
+    assert out.cosine is not None and out.cosine > 0.9999 and out.value is not None and out.value < 0.95
+    assert out.value == (out.count - 1) / out.count
+    assert out.describe() == f"output0 boxes matched {100 * out.value:.1f}% of {out.count} boxes"
+    moved = ref.copy()
+    moved[:, 4:] = np.roll(moved[:, 4:], 1, axis=2)  # the scores moved to other anchors; the boxes exact
+    metrics = TaskMetrics({"output0": producer})
+    metrics.update({"output0": ref}, {"output0": moved})
+    assert metrics.summary().outputs[0].value == 0.0
+
+
+def test_another_concat_of_scores_beside_values_is_judged_by_its_worst_part() -> None:
+    producer, ref = _head_outputs(_yolo_head(box_part=5))  # 5 values: no box
+    assert producer == Producer("Concat", 1, parts=(("Mul", 5), ("Sigmoid", 3)))
+    cand = ref.copy()
+    cand[:, 5:] = np.roll(cand[:, 5:], 1, axis=2)
     metrics = TaskMetrics({"output0": producer})
     metrics.update({"output0": ref}, {"output0": cand})
     out = metrics.summary().outputs[0]
     assert out.metric == "part_cosine" and out.cosine is not None and out.cosine > 0.99
     assert out.value is not None and out.value < 0.5
     assert metrics.summary().describe().startswith("output0 cosine of its worst part 0.")
-    unknown = Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 2)))  # sizes that do not add up: the whole
+    unknown = Producer("Concat", 1, parts=(("Mul", 5), ("Sigmoid", 2)))  # sizes that do not add up: the whole
     assert kind_of("output0", ref.shape, True, unknown).metric == "cosine"
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "producer", "kind"),
+    [
+        ("audio", [1, 1, 32768], "Tanh", "signal"),  # hifigan
+        ("wav", [2, 16000], "Conv", "signal"),
+        ("audio", [1, 2, 32768], "Tanh", "values"),  # two channels
+        ("audio", [1, 1, 1024], "Tanh", "values"),  # too short for a waveform
+        ("features", [2, 4096], "Relu", "values"),  # named like an embedding
+        ("y", [2, 4096], "Gemm", "classes"),  # a linear layer's scores
+    ],
+)
+def test_a_waveform_is_judged_by_its_snr(name: str, shape: list[int], producer: str, kind: str) -> None:
+    assert kind_of(name, shape, True, Producer(producer)).kind == kind
+
+
+def test_the_snr_of_a_waveform_is_its_relative_error_in_db() -> None:
+    """hifigan's INT8 case: a waveform cosine 0.9947 (the old bound 0.99 held) is 19.8 dB."""
+    t = np.arange(32768, dtype=np.float32)
+    ref = (0.5 * np.sin(t / 20.0))[None, None]
+    noise = np.random.default_rng(0).standard_normal(ref.shape).astype(np.float32)
+    cand = ref + noise * 0.1 * np.linalg.norm(ref) / np.linalg.norm(noise)  # rel L2 0.1
+    metrics = TaskMetrics({"audio": Producer("Tanh")})
+    metrics.update({"audio": ref}, {"audio": cand})
+    out = metrics.summary().outputs[0]
+    assert out.kind == "signal" and out.value is not None and abs(out.value - 20.0) < 0.01
+    assert out.cosine is not None and out.cosine > 0.99
+    assert out.describe() == "audio SNR 20.0 dB of 32768 samples"
+
+
+def test_an_objectness_score_multiplies_the_class_scores() -> None:
+    """YOLOv5/YOLOX: one objectness score before the class scores; a box needs both."""
+    producer = Producer("Concat", 2, parts=(("Add", 4), ("Sigmoid", 1), ("Sigmoid", 2)))
+    kind = kind_of("output", [1, 3, 7], True, producer)
+    assert kind.kind == "detections"
+    head = np.zeros((1, 3, 7), np.float32)
+    head[0, :, :4] = [[10, 10, 4, 4], [30, 30, 4, 4], [50, 50, 4, 4]]  # three anchors, apart
+    head[0, :, 4:] = [[0.9, 0.9, 0.1], [0.1, 0.9, 0.1], [0.9, 0.1, 0.6]]  # boxes: anchor 0 (class 0), 2 (class 1)
+    cand = head.copy()
+    cand[0, 2, 4] = 0.3  # objectness 0.3 x 0.6 = 0.18: anchor 2's box is lost at either threshold
+    metrics = TaskMetrics({"output": producer})
+    metrics.update({"output": head}, {"output": cand})
+    out = metrics.summary().outputs[0]
+    assert (out.value, out.count) == (0.5, 2)

@@ -52,3 +52,15 @@ def test_a_ctc_sequence_is_held_to_identical_strings() -> None:
     assert describe_bounds(TaskSummary((ctc,))) == "softmax_11.tmp_0 string_agreement >= 0.99"
     assert not holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.976, 0.999),)))
     assert holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.995, 0.9),)))
+
+
+def test_detections_and_waveforms_are_held_to_the_task_bounds() -> None:
+    """nudenet kept a part cosine of 0.9966 with one of 7 boxes changed; hifigan kept a cosine of 0.9947 at 19.8 dB:
+    both passed the old cosine bound, neither passes its task bound."""
+    boxes = _output("output0", "detections", "box_agreement", 6 / 7, 0.99997)
+    assert not holds(TaskSummary((boxes,)))
+    assert describe_bounds(TaskSummary((boxes,))) == "output0 box_agreement >= 0.95"
+    assert holds(TaskSummary((_output("output0", "detections", "box_agreement", 1.0, 0.98),)))
+    audio = _output("audio", "signal", "snr", 19.8, 0.9947)
+    assert not holds(TaskSummary((audio,))) and describe_bounds(TaskSummary((audio,))) == "audio snr >= 25"
+    assert holds(TaskSummary((_output("audio", "signal", "snr", 25.5, 0.9986),)))
