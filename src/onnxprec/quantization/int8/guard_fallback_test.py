@@ -1,0 +1,60 @@
+"""The accuracy guard's float fallback (issue 24): its verdict holds on the held-out runs too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.quantization.int8 import quantize_file
+
+
+def _stem_body(head: int = 0, offset: float = 0.0, width: int = 64) -> onnx.ModelProto:
+    """A 1x1 stem Conv (it reads the model input: float on ort-cpu) whose channel 0 is offset by ``offset``, a 3x3
+    body Conv that never reads channel 0 and holds nearly all the compute, and with ``head`` > 0 a Relu and a cheap
+    1x1 head Conv to ``head`` channels. The offset makes the body's one UINT8 input range round every other channel
+    to zero."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((8, 3, 1, 1)) * 0.5).astype(np.float32)
+    b1 = np.zeros(8, np.float32)
+    b1[0] = offset
+    w2 = (rng.standard_normal((width, 8, 3, 3)) * 0.3).astype(np.float32)
+    w2[:, 0] = 0
+    body_out = "b" if head else "y"
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="/stem/Conv", kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["c1", "w2"], [body_out], name="/body/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    ]
+    weights = {"w1": w1, "b1": b1, "w2": w2}
+    if head:
+        weights["w3"] = (rng.standard_normal((head, width, 1, 1)) * 0.2).astype(np.float32)
+        nodes += [
+            helper.make_node("Relu", ["b"], ["r"], name="/relu/Relu"),
+            helper.make_node("Conv", ["r", "w3"], ["y"], name="/head/Conv", kernel_shape=[1, 1]),
+        ]
+    inputs, outputs = [tensor_info("x", F, ["N", 3, 16, 16])], [tensor_info("y", F, ["N", head or width, 16, 16])]
+    return make_model(nodes, inputs, outputs, weights)
+
+
+def _runs(loud_from: int = 8, runs: int = 8) -> list[dict[str, np.ndarray]]:
+    """``runs`` batches of 2 images; from ``loud_from`` on (the guard holds out the last quarter) 8x louder."""
+    rng = np.random.default_rng(1)
+    return [
+        {"x": (rng.standard_normal((2, 3, 16, 16)) * (8.0 if i >= loud_from else 1.0)).astype(np.float32)}
+        for i in range(runs)
+    ]
+
+
+def test_the_guards_search_holds_the_held_out_runs_too(tmp_path: Path) -> None:
+    """Every layer INT8 meets the bound on the calibration runs and misses it on the held-out ones (their values pass
+    the ranges fitted to the others): the search sends the layer back to float, as the final check asks."""
+    source = tmp_path / "m.onnx"
+    onnx.save(_stem_body(), source)
+    report = quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs(loud_from=6), max_float_compute=1.0)
+    assert report.check["passed"], report.check
+    assert report.check["held_out"]["runs"] == 2 and report.count("float") == 1
+    first = report.fallback_steps[0]
+    assert first["what"] == "every layer INT8" and not first["ok"] and first["cosine"] >= 0.99  # calibration holds
