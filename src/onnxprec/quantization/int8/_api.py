@@ -424,7 +424,7 @@ STEPS: tuple[Step[Int8Run], ...] = (
     Step("decisions", _decisions),
     Step("16-bit search", _widen_step, when=lambda run: run.target is not None and run.options.wide_qtype is not None),
     Step("target search", _target_search,
-         when=lambda run: run.target is not None and run.options.max_float_compute > 0),  # 0: no layer in float
+         when=lambda run: run.target is not None and run.options.float_compute > 0),  # 0: no layer in float
     Step("build", _build),
     Step("accuracy check", _accuracy_check),
 )  # fmt: skip
@@ -535,8 +535,9 @@ def _search(
         # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
         emulated = fallback.emulates([layer for layer in plan.layers if layer.name in names])
         float_layers, _ = search(
-            names, check, target, proxy, steps, cost, options.max_float_compute,
+            names, check, target, proxy, steps, cost, options.float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
+            beyond=options.float_compute_extends,
         )  # fmt: skip
     return float_layers
 

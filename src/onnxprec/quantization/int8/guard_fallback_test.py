@@ -1,4 +1,6 @@
-"""The accuracy guard's float fallback (issue 24): its verdict holds on the held-out runs too."""
+"""The accuracy guard's float fallback (issue 24): its verdict holds on the held-out runs too, and when the layers
+within the default --max_float_compute miss the guard's bound, more of the most sensitive go back to float (never
+every layer); a --max_float_compute the user gives stays a limit."""
 
 from __future__ import annotations
 
@@ -6,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.errors import AccuracyGuardError
 from onnxprec.quantization.int8 import quantize_file
 
 
@@ -58,3 +62,25 @@ def test_the_guards_search_holds_the_held_out_runs_too(tmp_path: Path) -> None:
     assert report.check["held_out"]["runs"] == 2 and report.count("float") == 1
     first = report.fallback_steps[0]
     assert first["what"] == "every layer INT8" and not first["ok"] and first["cosine"] >= 0.99  # calibration holds
+
+
+def test_the_guard_goes_beyond_max_float_compute_when_its_default_misses(tmp_path: Path) -> None:
+    source = tmp_path / "m.onnx"
+    onnx.save(_stem_body(head=4, offset=1e4), source)
+    report = quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs())
+    assert report.check["passed"], report.check
+    modes = {entry.name: entry.mode for entry in report.layers}
+    assert modes == {"/body/Conv": "float", "/head/Conv": "static"}  # the head stays INT8
+    assert any("beyond --max_float_compute" in step.get("what", "") for step in report.fallback_steps)
+    # a limit the user gives is kept: the guard refuses
+    with pytest.raises(AccuracyGuardError, match="misses the accuracy guard"):
+        quantize_file(source, tmp_path / "limited.onnx", calibration_data=_runs(), max_float_compute=0.25)
+
+
+def test_the_guard_never_sends_every_layer_back(tmp_path: Path) -> None:
+    """The body is the only INT8 layer: beyond the budget the guard would keep no INT8 layer, so it refuses."""
+    source = tmp_path / "m.onnx"
+    onnx.save(_stem_body(offset=1e4), source)
+    with pytest.raises(AccuracyGuardError) as raised:
+        quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs())
+    assert raised.value.report.count("float") == 0  # type: ignore[attr-defined]
