@@ -246,11 +246,14 @@ def _beyond(
     ranked: Sequence[str], within_budget: Sequence[str], count: int, checks: _Checks, max_float_compute: float
 ) -> tuple[list[str], Measurement] | None:
     """The fewest of the ``ranked`` layers (most sensitive first, at most ``count - 1``: one layer at least stays
-    INT8) in float that meet the target, when the ones ``within_budget`` did not; None when none does. The ones
-    within the budget were checked already: this only runs where a layer beyond it is in the order."""
+    INT8) in float that meet the target, when all the ones ``within_budget`` did not; None when none does. The
+    search starts after the first layers the two orders share (those counts missed already)."""
     w = checks.words
     order = list(ranked[: max(count - 1, 0)])
-    if not order or list(order) == list(within_budget[: len(order)]):
+    shared = 0
+    while shared < min(len(order), len(within_budget)) and order[shared] == within_budget[shared]:
+        shared += 1
+    if shared >= len(order):
         return None
     logger.info("The %ss %s within %s %g miss the accuracy guard: more of the most sensitive go back",
                 w.item, w.promoted, w.budget, max_float_compute)  # fmt: skip
@@ -260,7 +263,7 @@ def _beyond(
         checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, beyond {w.budget}")
         return checked[k].ok
 
-    high = fewest(holds, len(order))
+    high = shared + fewest(lambda extra: holds(shared + extra), len(order) - shared)
     best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}, beyond {w.budget}")
     if not best.ok:
         return None

@@ -4,6 +4,7 @@ every layer); a --max_float_compute the user gives stays a limit."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,9 @@ import pytest
 from onnx import helper
 
 from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.accuracy import AccuracyTarget, Measurement
 from onnxprec.errors import AccuracyGuardError
-from onnxprec.quantization.int8 import quantize_file
+from onnxprec.quantization.int8 import fallback, quantize_file
 
 
 def _stem_body(head: int = 0, offset: float = 0.0, width: int = 64) -> onnx.ModelProto:
@@ -84,3 +86,26 @@ def test_the_guard_never_sends_every_layer_back(tmp_path: Path) -> None:
     with pytest.raises(AccuracyGuardError) as raised:
         quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs())
     assert raised.value.report.count("float") == 0  # type: ignore[attr-defined]
+
+
+def test_beyond_the_budget_the_search_goes_on_after_what_it_checked_within() -> None:
+    """l1 holds most of the compute: within 0.25 of it, l0, l2 and l3 in float miss; beyond it the search starts
+    after l0 (the first layer both orders share, already checked), never repeats a check, and never floats every
+    layer."""
+    errors = {"l0": 0.05, "l1": 0.04, "l2": 0.01, "l3": 0.005}
+    target = AccuracyTarget.parse("rel_l2<=0.02")
+    tried: list[frozenset[str]] = []
+
+    def check(floats: Collection[str]) -> Measurement:
+        tried.append(frozenset(floats))
+        value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
+        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
+
+    cost = {"l0": 1.0, "l1": 100.0, "l2": 1.0, "l3": 1.0}
+    floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25)  # the budget as a limit
+    assert not final.ok and "l1" not in floats
+    within = len(tried)
+    tried.clear()
+    floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25, beyond=True)
+    assert final.ok and floats == ["l0", "l1"]
+    assert tried[within:] == [frozenset({"l0", "l1"})]  # one check beyond: {l0} missed within already
