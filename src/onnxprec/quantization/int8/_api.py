@@ -375,14 +375,14 @@ def _widen_step(run: Int8Run) -> None:
     """A16W8: 16 bits where 8 cost the most (:func:`_widen`)."""
     assert run.target is not None
     run.decisions = _widen(run.model, run.options, run.plan, run.decisions, run.target, run.producers, run.keep,
-                           run.report)  # fmt: skip
+                           run.held_out, run.report)  # fmt: skip
 
 
 def _target_search(run: Int8Run) -> None:
     """The float fallback: the fewest most sensitive layers in float for the target."""
     assert run.target is not None
     run.float_layers = _search(run.model, run.options, run.plan, run.decisions, run.target, run.producers, run.keep,
-                               run.proxy, run.cost, run.report)  # fmt: skip
+                               run.held_out, run.proxy, run.cost, run.report)  # fmt: skip
 
 
 def _build(run: Int8Run) -> None:
@@ -424,7 +424,7 @@ STEPS: tuple[Step[Int8Run], ...] = (
     Step("decisions", _decisions),
     Step("16-bit search", _widen_step, when=lambda run: run.target is not None and run.options.wide_qtype is not None),
     Step("target search", _target_search,
-         when=lambda run: run.target is not None and run.options.max_float_compute > 0),  # 0: no layer in float
+         when=lambda run: run.target is not None and run.options.float_compute > 0),  # 0: no layer in float
     Step("build", _build),
     Step("accuracy check", _accuracy_check),
 )  # fmt: skip
@@ -477,14 +477,21 @@ def _measure(
     target: AccuracyTarget,
     producers: Mapping[str, Producer | None],
     keep: ReferenceOutputs,
+    held_out: ReferenceOutputs | None = None,
 ) -> Measurement:
     """A candidate of a target search against the kept float outputs: the user's target, or the guard's verdict (the
-    task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
+    task metric of each output: :func:`onnxprec.quantization.guard.holds`). The guard's verdict holds on the
+    held-out runs too (measured only once the calibration runs hold), as the final check asks: a choice that fits
+    the runs the ranges were fitted to and misses the others is not taken; the errors that rank the layers stay the
+    calibration runs'."""
     providers = list(options.calibration_eps)
     if options.target is not None:
         return measure(candidate, target, keep, providers, options.check_optimization)
     checked = guard.measure_task(candidate, keep, producers, providers, target, options.check_optimization)
-    return dataclasses.replace(checked.measurement, ok=checked.ok)
+    ok = checked.ok
+    if ok and held_out is not None:
+        ok = guard.measure_task(candidate, held_out, producers, providers, target, options.check_optimization).ok
+    return dataclasses.replace(checked.measurement, ok=ok)
 
 
 def _search(
@@ -495,6 +502,7 @@ def _search(
     target: AccuracyTarget,
     producers: Mapping[str, Producer | None],
     keep: ReferenceOutputs,
+    held_out: ReferenceOutputs | None,
     proxy: dict[str, float],
     cost: dict[str, float],
     report: Int8Report,
@@ -508,7 +516,7 @@ def _search(
     steps = report.fallback_steps
 
     def check(floats: Collection[str]) -> Measurement:
-        return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, keep)
+        return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, keep, held_out)
 
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
         emulators: list[Int8Emulator] = []
@@ -527,8 +535,9 @@ def _search(
         # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
         emulated = fallback.emulates([layer for layer in plan.layers if layer.name in names])
         float_layers, _ = search(
-            names, check, target, proxy, steps, cost, options.max_float_compute,
+            names, check, target, proxy, steps, cost, options.float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
+            beyond=options.float_compute_extends,
         )  # fmt: skip
     return float_layers
 
@@ -541,6 +550,7 @@ def _widen(
     target: AccuracyTarget,
     producers: Mapping[str, Producer | None],
     keep: ReferenceOutputs,
+    held_out: ReferenceOutputs | None,
     report: Int8Report,
 ) -> Decisions:
     """A16W8: the fewest static tensors at 16 bits (the others 8) for ``target``, the noisiest at 8 bits first
@@ -550,7 +560,7 @@ def _widen(
 
     def check(wide: Collection[str]) -> Measurement:
         candidate, _ = _apply(model, options, dataclasses.replace(decisions, widened=frozenset(wide)))
-        return _measure(candidate, options, target, producers, keep)
+        return _measure(candidate, options, target, producers, keep, held_out)
 
     steps: list[dict[str, Any]] = []
     words = SearchWords("static tensor", "at 16 bits", "every static tensor at 8 bits", "--max_wide_tensors")

@@ -30,6 +30,7 @@ __all__ = [
     "ACTIVATION_TYPES",
     "ACTIVATION_TYPE_ALIASES",
     "CALIBRATION_METHODS",
+    "DEFAULT_FLOAT_COMPUTE",
     "HIGH_PRECISION_TYPES",
     "RUNTIMES",
     "WEIGHT_ROUNDINGS",
@@ -43,6 +44,9 @@ WEIGHT_ROUNDINGS = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
 ACTIVATION_TYPES = ("int8", "uint8", "int16", "uint16")
+DEFAULT_FLOAT_COMPUTE = 0.25
+"""The share of the quantized layers' multiply-adds the float fallback may send back to float unless
+``max_float_compute`` is given (speed first)."""
 ACTIVATION_TYPE_ALIASES = {"qint8": "int8", "quint8": "uint8", "qint16": "int16", "quint16": "uint16"}
 """The anchors' spellings of ``activation_type``: ONNX Runtime's and AMD Quark's ``QuantType`` names (``QInt16``...),
 any case."""
@@ -164,14 +168,16 @@ class Int8Options(_tool.QuantizationOptions):
         "the default bound of its task metric (top-1 agreement >= 0.98 for class scores, identical decoded "
         "strings >= 0.99, seen or predicted from the step margins, for a CTC sequence, mask IoU >= 0.9 for a "
         "Sigmoid map, cosine >= 0.99 otherwise; docs/tools/int8.md lists them), the most sensitive layers go back "
-        "to float within --max_float_compute; when that is not enough "
+        "to float within --max_float_compute (beyond its default when needed, never every layer), until the bound "
+        "holds on the calibration and the held-out runs; when that is not enough "
         "the model is written for inspection and the command exits with code 3, naming the metric and the layers "
         "that carry the error). Off, the measured accuracy is still printed and recorded.",
         doc="Hold the result to the default bound of each output's task metric (top-1 agreement >= 0.98 for class "
         "scores, identical decoded strings >= 0.99, seen or predicted from the step margins, for a CTC sequence, "
         "mask IoU >= 0.9 for a Sigmoid map, cosine >= 0.99 otherwise: "
         "``onnxprec.quantization.guard.DEFAULT_BOUNDS``) on the calibration inputs and the "
-        "held-out runs: the float fallback runs to meet it within ``max_float_compute``; a result that still misses "
+        "held-out runs: the float fallback runs to meet it on both within ``max_float_compute`` (beyond its default "
+        "when needed, never every layer); a result that still misses "
         "it is written for inspection and :class:`~onnxprec.errors.AccuracyGuardError` (carrying the report) is "
         "raised. False: the accuracy is measured and reported only.",
     )
@@ -183,12 +189,14 @@ class Int8Options(_tool.QuantizationOptions):
         "default: refuse in one line, as they would be fitted to noise and the check would judge noise). Image "
         "inputs get synthetic images (smooth fields, edges, textures, strokes) and need no flag.",
     )
-    max_float_compute: float = option(
-        0.25,
+    max_float_compute: float | None = option(
+        None,
         group=EXTRAS,
         metavar="FRACTION",
         help="The accuracy target sends at most this fraction of the quantized layers' multiply-adds back to float "
-        "(speed first; a target it cannot meet within it is reported with what was reached); 1: no limit.",
+        "(speed first; a target it cannot meet within it is reported with what was reached); 1: no limit (default: "
+        "0.25; under the accuracy guard, when the layers within 0.25 miss its bound, more of the most sensitive go "
+        "back, never every layer).",
     )
     smoothquant: bool = option(
         True,
@@ -270,7 +278,7 @@ class Int8Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(f"activations='dynamic' is for --runtime ort-cpu, not {self.runtime}.")
         if not 0 <= self.max_wide_tensors <= 1:
             raise InvalidArgumentError(f"max_wide_tensors must be in [0, 1], got {self.max_wide_tensors!r}.")
-        if not 0 <= self.max_float_compute <= 1:
+        if self.max_float_compute is not None and not 0 <= self.max_float_compute <= 1:
             raise InvalidArgumentError(f"max_float_compute must be in [0, 1], got {self.max_float_compute!r}.")
         if not 0 < self.percentile <= 100:
             raise InvalidArgumentError(f"percentile must be in (0, 100], got {self.percentile!r}.")
@@ -328,6 +336,18 @@ class Int8Options(_tool.QuantizationOptions):
     def bounded(self) -> bool:
         """The result is held to a bound: the user's ``target_accuracy`` or the accuracy guard's."""
         return self.target_accuracy is not None or self.accuracy_guard
+
+    @property
+    def float_compute(self) -> float:
+        """The share of the quantized layers' multiply-adds the float fallback sends back to float first:
+        ``max_float_compute``, :data:`DEFAULT_FLOAT_COMPUTE` unless given."""
+        return DEFAULT_FLOAT_COMPUTE if self.max_float_compute is None else self.max_float_compute
+
+    @property
+    def float_compute_extends(self) -> bool:
+        """Whether the float fallback may go beyond :attr:`float_compute` when the layers within it miss the bound:
+        under the accuracy guard (no ``target_accuracy``) with ``max_float_compute`` not given."""
+        return self.max_float_compute is None and self.target_accuracy is None and self.accuracy_guard
 
     @property
     def wide_qtype(self) -> QType | None:

@@ -165,6 +165,7 @@ def search(
     *,
     miss_level: int = logging.WARNING,
     words: SearchWords | None = None,
+    beyond: bool = False,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -186,6 +187,9 @@ def search(
             session, so that it and the real model's are never held together.
         miss_level: The level of the line that says the target is not met (the accuracy guard says it itself).
         words: What is promoted and how, in the steps and log lines (default: layers in float).
+        beyond: When the layers within ``max_float_compute`` miss the target (real checks only), the search goes on
+            over every ranked layer, most sensitive first, but never all of them (:func:`_beyond`): the accuracy
+            guard's bound before speed, while some layers stay INT8.
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
@@ -202,6 +206,10 @@ def search(
         layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute
     )
     if not order:
+        if beyond and checks.scale is None:
+            chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
+            if chosen is not None:
+                return chosen
         why = f"{w.budget} {max_float_compute:g} allows no {w.item} {w.promoted}" if ranked else (
             "no layer's float form helps")  # fmt: skip
         logger.log(miss_level, "The accuracy target %s is not met (%s) and %s", target, first.summary(), why)
@@ -221,12 +229,46 @@ def search(
         )
     else:
         best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}")
+    if not best.ok and beyond and checks.scale is None:
+        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
+        if chosen is not None:
+            return chosen
     if not best.ok:
         logger.log(
             miss_level,
             "The accuracy target %s is not met (%s) with the %d most sensitive %ss %s, all that %s %g allows",
             target, best.summary(), high, w.item, w.promoted, w.budget, max_float_compute,
         )  # fmt: skip
+    return order[:high], best
+
+
+def _beyond(
+    ranked: Sequence[str], within_budget: Sequence[str], count: int, checks: _Checks, max_float_compute: float
+) -> tuple[list[str], Measurement] | None:
+    """The fewest of the ``ranked`` layers (most sensitive first, at most ``count - 1``: one layer at least stays
+    INT8) in float that meet the target, when all the ones ``within_budget`` did not; None when none does. The
+    search starts after the first layers the two orders share (those counts missed already)."""
+    w = checks.words
+    order = list(ranked[: max(count - 1, 0)])
+    shared = 0
+    while shared < min(len(order), len(within_budget)) and order[shared] == within_budget[shared]:
+        shared += 1
+    if shared >= len(order):
+        return None
+    logger.info("The %ss %s within %s %g miss the accuracy guard: more of the most sensitive go back",
+                w.item, w.promoted, w.budget, max_float_compute)  # fmt: skip
+    checked: dict[int, Measurement] = {}
+
+    def holds(k: int) -> bool:
+        checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, beyond {w.budget}")
+        return checked[k].ok
+
+    high = shared + fewest(lambda extra: holds(shared + extra), len(order) - shared)
+    best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}, beyond {w.budget}")
+    if not best.ok:
+        return None
+    logger.info("%d %ss %s beyond %s %g for the accuracy guard", high, w.item, w.promoted, w.budget,
+                max_float_compute)  # fmt: skip
     return order[:high], best
 
 

@@ -1,0 +1,111 @@
+"""The accuracy guard's float fallback (issue 24): its verdict holds on the held-out runs too, and when the layers
+within the default --max_float_compute miss the guard's bound, more of the most sensitive go back to float (never
+every layer); a --max_float_compute the user gives stays a limit."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from onnxprec._testing import F, make_model, tensor_info
+from onnxprec.accuracy import AccuracyTarget, Measurement
+from onnxprec.errors import AccuracyGuardError
+from onnxprec.quantization.int8 import fallback, quantize_file
+
+
+def _stem_body(head: int = 0, offset: float = 0.0, width: int = 64) -> onnx.ModelProto:
+    """A 1x1 stem Conv (it reads the model input: float on ort-cpu) whose channel 0 is offset by ``offset``, a 3x3
+    body Conv that never reads channel 0 and holds nearly all the compute, and with ``head`` > 0 a Relu and a cheap
+    1x1 head Conv to ``head`` channels. The offset makes the body's one UINT8 input range round every other channel
+    to zero."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((8, 3, 1, 1)) * 0.5).astype(np.float32)
+    b1 = np.zeros(8, np.float32)
+    b1[0] = offset
+    w2 = (rng.standard_normal((width, 8, 3, 3)) * 0.3).astype(np.float32)
+    w2[:, 0] = 0
+    body_out = "b" if head else "y"
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="/stem/Conv", kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["c1", "w2"], [body_out], name="/body/Conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    ]
+    weights = {"w1": w1, "b1": b1, "w2": w2}
+    if head:
+        weights["w3"] = (rng.standard_normal((head, width, 1, 1)) * 0.2).astype(np.float32)
+        nodes += [
+            helper.make_node("Relu", ["b"], ["r"], name="/relu/Relu"),
+            helper.make_node("Conv", ["r", "w3"], ["y"], name="/head/Conv", kernel_shape=[1, 1]),
+        ]
+    inputs, outputs = [tensor_info("x", F, ["N", 3, 16, 16])], [tensor_info("y", F, ["N", head or width, 16, 16])]
+    return make_model(nodes, inputs, outputs, weights)
+
+
+def _runs(loud_from: int = 8, runs: int = 8) -> list[dict[str, np.ndarray]]:
+    """``runs`` batches of 2 images; from ``loud_from`` on (the guard holds out the last quarter) 8x louder."""
+    rng = np.random.default_rng(1)
+    return [
+        {"x": (rng.standard_normal((2, 3, 16, 16)) * (8.0 if i >= loud_from else 1.0)).astype(np.float32)}
+        for i in range(runs)
+    ]
+
+
+def test_the_guards_search_holds_the_held_out_runs_too(tmp_path: Path) -> None:
+    """Every layer INT8 meets the bound on the calibration runs and misses it on the held-out ones (their values pass
+    the ranges fitted to the others): the search sends the layer back to float, as the final check asks."""
+    source = tmp_path / "m.onnx"
+    onnx.save(_stem_body(), source)
+    report = quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs(loud_from=6), max_float_compute=1.0)
+    assert report.check["passed"], report.check
+    assert report.check["held_out"]["runs"] == 2 and report.count("float") == 1
+    first = report.fallback_steps[0]
+    assert first["what"] == "every layer INT8" and not first["ok"] and first["cosine"] >= 0.99  # calibration holds
+
+
+def test_the_guard_goes_beyond_max_float_compute_when_its_default_misses(tmp_path: Path) -> None:
+    source = tmp_path / "m.onnx"
+    onnx.save(_stem_body(head=4, offset=1e4), source)
+    report = quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs())
+    assert report.check["passed"], report.check
+    modes = {entry.name: entry.mode for entry in report.layers}
+    assert modes == {"/body/Conv": "float", "/head/Conv": "static"}  # the head stays INT8
+    assert any("beyond --max_float_compute" in step.get("what", "") for step in report.fallback_steps)
+    # a limit the user gives is kept: the guard refuses
+    with pytest.raises(AccuracyGuardError, match="misses the accuracy guard"):
+        quantize_file(source, tmp_path / "limited.onnx", calibration_data=_runs(), max_float_compute=0.25)
+
+
+def test_the_guard_never_sends_every_layer_back(tmp_path: Path) -> None:
+    """The body is the only INT8 layer: beyond the budget the guard would keep no INT8 layer, so it refuses."""
+    source = tmp_path / "m.onnx"
+    onnx.save(_stem_body(offset=1e4), source)
+    with pytest.raises(AccuracyGuardError) as raised:
+        quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs())
+    assert raised.value.report.count("float") == 0  # type: ignore[attr-defined]
+
+
+def test_beyond_the_budget_the_search_goes_on_after_what_it_checked_within() -> None:
+    """l1 holds most of the compute: within 0.25 of it, l0, l2 and l3 in float miss; beyond it the search starts
+    after l0 (the first layer both orders share, already checked), never repeats a check, and never floats every
+    layer."""
+    errors = {"l0": 0.05, "l1": 0.04, "l2": 0.01, "l3": 0.005}
+    target = AccuracyTarget.parse("rel_l2<=0.02")
+    tried: list[frozenset[str]] = []
+
+    def check(floats: Collection[str]) -> Measurement:
+        tried.append(frozenset(floats))
+        value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
+        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
+
+    cost = {"l0": 1.0, "l1": 100.0, "l2": 1.0, "l3": 1.0}
+    floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25)  # the budget as a limit
+    assert not final.ok and "l1" not in floats
+    within = len(tried)
+    tried.clear()
+    floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25, beyond=True)
+    assert final.ok and floats == ["l0", "l1"]
+    assert tried[within:] == [frozenset({"l0", "l1"})]  # one check beyond: {l0} missed within already
