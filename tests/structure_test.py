@@ -60,21 +60,20 @@ def _body_lines(function: Function, lines: list[str]) -> int:
     return sum(1 for line in lines[start - 1 : function.end_lineno] if line.strip())
 
 
-def _top_functions(tree: ast.Module) -> list[Function]:
-    """Functions at the top level and methods of top-level classes."""
-    found: list[Function] = []
+def _top_functions(tree: ast.Module) -> dict[str, Function]:
+    """Functions at the top level and methods of top-level classes, by qualified name."""
+    found: dict[str, Function] = {}
     for node in tree.body:
-        members = node.body if isinstance(node, ast.ClassDef) else [node]
-        found += [n for n in members if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            found.update({f"{node.name}.{method.name}": method for method in methods})
     return found
 
 
-def _key(path: Path, function: Function) -> str:
-    return f"{path.relative_to(PACKAGE).as_posix()}::{function.name}"
-
-
-def _entry_points() -> dict[str, tuple[Path, int]]:
-    """Each tool's exported functions: key -> (file, line of the ``def``)."""
+def _entry_points() -> dict[str, Path]:
+    """Each tool's exported functions (``__all__``, imported): key -> the file in ``src/`` that defines it."""
     found = {}
     for tool in TOOLS:
         module = importlib.import_module(f"onnxprec.{tool}")
@@ -82,35 +81,32 @@ def _entry_points() -> dict[str, tuple[Path, int]]:
             obj = getattr(module, name)
             if inspect.isfunction(obj):
                 obj = inspect.unwrap(obj)
-                path = Path(inspect.getsourcefile(obj) or "").resolve()
-                found[f"{path.relative_to(PACKAGE).as_posix()}::{obj.__name__}"] = (path, obj.__code__.co_firstlineno)
+                stem = SRC / obj.__module__.replace(".", "/")
+                path = stem / "__init__.py" if stem.is_dir() else stem.with_suffix(".py")
+                found[f"{path.relative_to(PACKAGE).as_posix()}::{obj.__qualname__}"] = path
     return found
 
 
 def _pipeline_functions() -> dict[str, int]:
     """Every pipeline function (see the module docstring): key -> body lines."""
     sizes: dict[str, int] = {}
-    trees: dict[Path, tuple[ast.Module, list[str]]] = {}
-
-    def parsed(path: Path) -> tuple[ast.Module, list[str]]:
-        if path not in trees:
-            text = path.read_text()
-            trees[path] = ast.parse(text), text.splitlines()
-        return trees[path]
-
     for tool in TOOLS:
         for name in PIPELINE_MODULES:
             path = PACKAGE / tool.replace(".", "/") / name
             if path.exists():
-                tree, lines = parsed(path)
-                sizes.update({_key(path, f): _body_lines(f, lines) for f in _top_functions(tree)})
-    for key, (path, line) in _entry_points().items():
-        tree, lines = parsed(path)
-        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        at = [f for f in defs if min([f.lineno, *(d.lineno for d in f.decorator_list)]) == line]
-        assert len(at) == 1, f"{key}: no single def at line {line}"
-        sizes[key] = _body_lines(at[0], lines)
+                sizes.update(_sizes(path))
+    for key, path in _entry_points().items():
+        sizes[key] = _sizes(path)[key]
     return sizes
+
+
+def _sizes(path: Path) -> dict[str, int]:
+    """Body lines of the top-level functions and methods of one file, by key."""
+    text = path.read_text()
+    where = path.relative_to(PACKAGE).as_posix()
+    return {
+        f"{where}::{name}": _body_lines(f, text.splitlines()) for name, f in _top_functions(ast.parse(text)).items()
+    }
 
 
 SIZES = _pipeline_functions()
@@ -145,7 +141,7 @@ def test_the_line_count_skips_the_docstring_and_blank_lines() -> None:
         'def f(x):\n    """Doc.\n\n    More."""\n\n    y = x  # one\n\n    # two\n'
         "    def g():\n        return y\n\n    return g\n"
     )
-    (function,) = _top_functions(ast.parse(source))
+    (function,) = _top_functions(ast.parse(source)).values()
     assert _body_lines(function, source.splitlines()) == 5
 
 
