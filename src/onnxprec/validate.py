@@ -403,7 +403,7 @@ def task_check(
     source: Any = None,
     *,
     providers: Sequence[str] | None = None,
-    input_shapes: Mapping[str, Any] | None = None,
+    input_shapes: Mapping[str, Any] | str | None = None,
 ) -> tuple[TaskSummary, bool]:
     """Runs the float ``reference`` and the written ``candidate`` on the first batch of ``source`` (any calibration
     source; None: realistic random data) and compares each output by its task metric
