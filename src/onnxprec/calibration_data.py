@@ -14,11 +14,14 @@ causal LM; None for realistic random data) and gives validated feed dicts:
   position ids and past keys/values (empty; or, with ``past_length``, the ``present.*`` of a prefix run, so that
   decode-like activations are measured too).
 
-:func:`run_on_data` runs a tool's step on the user's data, or on random data with retries.
+:class:`CalibrationArgs` is a run's data as a tool's options give it (source, sizes of dynamic inputs, batch size):
+it builds the :class:`CalibrationData`, and runs a tool's step on the user's data or on random data with retries
+(:func:`run_on_data` is the same call in one line).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -41,6 +44,7 @@ __all__ = [
     "RANDOM_ATTEMPTS",
     "UNNAMED_ATTEMPTS",
     "BatchStore",
+    "CalibrationArgs",
     "CalibrationData",
     "copy_value",
     "run_on_data",
@@ -366,66 +370,123 @@ _COMMON_SIZES = (32, 64, 128, 256, 16, 8, 512, 4, 2, 3)
 _T = TypeVar("_T")
 
 
+@dataclasses.dataclass(frozen=True)
+class CalibrationArgs:
+    """A run's data as a tool's options give it, built into :class:`CalibrationData` here, in one place (as
+    Polygraphy's argument groups build their data loaders; the options themselves are declared once by
+    :func:`onnxprec._arg_groups.calibration_data_option` and :func:`~onnxprec._arg_groups.input_shapes_option`).
+
+    Attributes:
+        source: The user's data (any :mod:`onnxprec.calibration` source, or a :class:`CalibrationData` already made,
+            used as it is and left open); None: realistic random data.
+        input_shapes: Sizes of dynamic inputs for random data, ``"name:1x3x224x224,ids:1x128"`` or a mapping; parsed
+            when the group is made (:class:`InvalidArgumentError` on a bad entry), None when empty.
+        batch_size: Runs of at most this many samples (:class:`CalibrationData`'s ``batch_size``).
+        lenient: Accept any float (integer) type for a float (integer) input (:class:`CalibrationData`'s).
+    """
+
+    source: Any = None
+    input_shapes: Mapping[str, Any] | str | None = None
+    batch_size: int | None = None
+    lenient: bool = False
+
+    def __post_init__(self) -> None:
+        shapes = calibration.parse_input_shapes(self.input_shapes) if self.input_shapes else None
+        object.__setattr__(self, "input_shapes", shapes or None)
+
+    @property
+    def random(self) -> bool:
+        """Whether the run reads realistic random data (no source given)."""
+        return self.source is None
+
+    def open(self, model: ir.Model) -> CalibrationData:
+        """The :class:`CalibrationData` of ``model``: the source's (as it is when it is one already), or one batch of
+        random data (no retries: :meth:`run` retries); the caller closes it."""
+        if isinstance(self.source, CalibrationData):
+            return self.source
+        return CalibrationData(
+            self.source, model, batch_size=self.batch_size, lenient=self.lenient, input_shapes=self.input_shapes
+        )
+
+    def run(
+        self,
+        model: ir.Model,
+        run: Callable[[CalibrationData], _T],
+        *,
+        keep: bool = False,
+        attempts: int = RANDOM_ATTEMPTS,
+    ) -> _T:
+        """Calls ``run(data)`` on the user's data, or on realistic random data with retries (any tool).
+
+        The :class:`CalibrationData` made here is closed when ``run`` returns (its spooled batches removed), unless
+        ``keep`` (the caller reads it again later and closes it); a ``source`` that is one already is left open.
+
+        Random data is tried again when ``run`` raises :class:`CalibrationDataError` (the model did not run on it):
+        each attempt has its own seed and other sizes for the dynamic dims (attempt 1 sets every dynamic dim to 1,
+        as ModelOpt does), unless the user fixed the sizes. When a dim has no name, the sizes that the last error
+        message and the model's constants suggest are tried for it (at most :data:`UNNAMED_ATTEMPTS`). A causal LM
+        with a KV cache gets random token ids inside its vocabulary, completed as its data would be.
+
+        Raises:
+            CalibrationDataError: The user's data does not fit, or no random attempt ran; says how to fix it.
+        """
+        if isinstance(self.source, CalibrationData):
+            return run(self.source)
+        if self.source is not None:
+            return _run(run, self.open(model), keep)
+        shapes, batch_size = self.input_shapes, self.batch_size
+        last_error: Exception | None = None
+        for attempt in range(attempts):
+            data = CalibrationData(
+                None, model, input_shapes=shapes, attempt=attempt, seed=attempt, batch_size=batch_size
+            )
+            try:
+                return _run(run, data, keep)
+            except CalibrationDataError as e:
+                last_error = e
+                if shapes:
+                    break
+                logger.info("Random inputs of attempt %d did not run (%s); trying other inputs", attempt, e)
+        if not shapes and _has_unnamed_dims(model):
+            for i, size in enumerate(_unnamed_candidates(model, str(last_error))[:UNNAMED_ATTEMPTS]):
+                data = CalibrationData(None, model, attempt=0, seed=attempts + i, unnamed=size, batch_size=batch_size)
+                try:
+                    result = _run(run, data, keep)
+                except CalibrationDataError as e:
+                    logger.info("Random inputs with unnamed dims of size %d did not run (%s)", size, e)
+                    continue
+                logger.info("The model runs on random inputs whose unnamed dynamic dims have size %d", size)
+                return result
+        raise CalibrationDataError(
+            f"The model does not run on random inputs ({last_error}); {_advice(model)}."
+        ) from last_error
+
+
+def _advice(model: ir.Model) -> str:
+    """How to make a model that did not run on random inputs run: the sizes of its dynamic inputs, or real data."""
+    dynamic = [s.describe() for s in input_specs(model) if any(not (isinstance(d, int) and d >= 0) for d in s.dims)]
+    if not dynamic:  # every size is fixed: only real values can help
+        return "pass real inputs with --calibration_data (or skip the reference run with --data_max inf)"
+    named = ", ".join(dynamic[:3]) + (f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else "")
+    return (
+        f"set the sizes of the dynamic inputs ({named}) with --input_shapes name:1x3x320x320,... (API: "
+        "input_shapes=) or pass real inputs with --calibration_data"
+    )
+
+
 def run_on_data(
     model: ir.Model,
     source: CalibrationSource | CalibrationData | None,
     run: Callable[[CalibrationData], _T],
     *,
-    input_shapes: dict | None = None,
+    input_shapes: Mapping[str, Any] | str | None = None,
     attempts: int = RANDOM_ATTEMPTS,
     batch_size: int | None = None,
     keep: bool = False,
 ) -> _T:
-    """Calls ``run(data)`` on the user's data, or on realistic random data with retries (any tool).
-
-    The :class:`CalibrationData` made here is closed when ``run`` returns (its spooled batches removed), unless
-    ``keep`` (the caller reads it again later and closes it); a ``source`` that is one already is left open.
-
-    Random data is tried again when ``run`` raises :class:`CalibrationDataError` (the model did not run on it):
-    each attempt has its own seed and other sizes for the dynamic dims (attempt 1 sets every dynamic dim to 1,
-    as ModelOpt does), unless the user fixed the sizes. When a dim has no name, the sizes that the last error
-    message and the model's constants suggest are tried for it (at most :data:`UNNAMED_ATTEMPTS`). A causal LM
-    with a KV cache gets random token ids inside its vocabulary, completed as its data would be.
-
-    Raises:
-        CalibrationDataError: The user's data does not fit, or no random attempt ran; says how to fix it.
-    """
-    if isinstance(source, CalibrationData):
-        return run(source)
-    if source is not None:
-        return _run(run, CalibrationData(source, model, batch_size=batch_size), keep)
-    last_error: Exception | None = None
-    for attempt in range(attempts):
-        data = CalibrationData(
-            None, model, input_shapes=input_shapes, attempt=attempt, seed=attempt, batch_size=batch_size
-        )
-        try:
-            return _run(run, data, keep)
-        except CalibrationDataError as e:
-            last_error = e
-            if input_shapes:
-                break
-            logger.info("Random inputs of attempt %d did not run (%s); trying other inputs", attempt, e)
-    if not input_shapes and _has_unnamed_dims(model):
-        for i, size in enumerate(_unnamed_candidates(model, str(last_error))[:UNNAMED_ATTEMPTS]):
-            data = CalibrationData(None, model, attempt=0, seed=attempts + i, unnamed=size, batch_size=batch_size)
-            try:
-                result = _run(run, data, keep)
-            except CalibrationDataError as e:
-                logger.info("Random inputs with unnamed dims of size %d did not run (%s)", size, e)
-                continue
-            logger.info("The model runs on random inputs whose unnamed dynamic dims have size %d", size)
-            return result
-    dynamic = [s.describe() for s in input_specs(model) if any(not (isinstance(d, int) and d >= 0) for d in s.dims)]
-    if dynamic:
-        named = ", ".join(dynamic[:3]) + (f" and {len(dynamic) - 3} more" if len(dynamic) > 3 else "")
-        advice = (
-            f"set the sizes of the dynamic inputs ({named}) with --input_shapes name:1x3x320x320,... (API: "
-            "input_shapes=) or pass real inputs with --calibration_data"
-        )
-    else:  # every size is fixed: only real values can help
-        advice = "pass real inputs with --calibration_data (or skip the reference run with --data_max inf)"
-    raise CalibrationDataError(f"The model does not run on random inputs ({last_error}); {advice}.") from last_error
+    """``CalibrationArgs(source, input_shapes, batch_size).run(model, run, keep=keep, attempts=attempts)``
+    (:meth:`CalibrationArgs.run`)."""
+    return CalibrationArgs(source, input_shapes, batch_size).run(model, run, keep=keep, attempts=attempts)
 
 
 def _run(run: Callable[[CalibrationData], _T], data: CalibrationData, keep: bool) -> _T:

@@ -13,8 +13,8 @@ from onnx import helper
 
 from onnxprec._io import load_model
 from onnxprec._testing import F, make_model, run, tensor_info, tiny_decoder
-from onnxprec.calibration_data import BatchStore, CalibrationData, run_on_data
-from onnxprec.errors import CalibrationDataError
+from onnxprec.calibration_data import BatchStore, CalibrationArgs, CalibrationData, run_on_data
+from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.observers import RangeObserver
 from onnxprec.reference import run_reference
 
@@ -197,3 +197,35 @@ def test_batch_store_keeps_arrays_in_memory_up_to_its_bound_and_the_rest_in_file
     assert store.spilled == 0 and store.names(0) == ["c"]
     store.close()
     assert store.names(1) == []
+
+
+def test_calibration_args_build_the_data_from_source_shapes_and_batch_size() -> None:
+    args = CalibrationArgs({"X": X}, "X:4x3", batch_size=2)
+    assert args.input_shapes == {"X": (4, 3)} and not args.random  # parsed once, when the group is made
+    with args.open(_relu()) as data:
+        assert [b["X"].shape[0] for b in data] == [2, 2, 1]  # the user's data, split by the batch size
+    assert args.run(_relu(), lambda data: data.samples or len(data)) == 3
+    assert CalibrationArgs(None, {}).input_shapes is None and CalibrationArgs().random
+    with pytest.raises(InvalidArgumentError, match="input_shapes entry"):
+        CalibrationArgs(None, "X:4by3")
+    random = CalibrationArgs(None, "X:4x3")  # random data of the sizes given
+    assert random.run(_relu(), lambda data: data.first["X"].shape) == (4, 3)
+    opened = CalibrationData({"X": X}, _relu())
+    assert CalibrationArgs(opened).open(_relu()) is opened  # a CalibrationData already made is used as it is
+    assert CalibrationArgs(opened).run(_relu(), lambda data: data) is opened and opened.first is not None
+
+
+def test_calibration_args_retry_random_data_until_the_step_runs() -> None:
+    sizes: list[int] = []
+
+    def step(data: CalibrationData) -> int:
+        sizes.append(data.first["X"].shape[0])
+        if len(sizes) < 2:
+            raise CalibrationDataError("did not run")
+        return sizes[-1]
+
+    assert CalibrationArgs().run(_relu(), step) == sizes[1] and len(sizes) == 2
+    sizes.clear()
+    with pytest.raises(CalibrationDataError, match="does not run on random inputs"):
+        CalibrationArgs(None, "X:2x3").run(_relu(), step)
+    assert sizes == [2]  # the sizes the user fixed: one attempt only

@@ -403,7 +403,7 @@ def task_check(
     source: Any = None,
     *,
     providers: Sequence[str] | None = None,
-    input_shapes: Mapping[str, Any] | None = None,
+    input_shapes: Mapping[str, Any] | str | None = None,
 ) -> tuple[TaskSummary, bool]:
     """Runs the float ``reference`` and the written ``candidate`` on the first batch of ``source`` (any calibration
     source; None: realistic random data) and compares each output by its task metric
@@ -413,7 +413,7 @@ def task_check(
         The task metrics and whether the batch was random data.
     """
     from onnxprec.accuracy import task_metrics
-    from onnxprec.calibration_data import CalibrationData, run_on_data
+    from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 
     def run(data: CalibrationData) -> tuple[TaskSummary, bool]:
         feeds = [data.first]
@@ -423,4 +423,4 @@ def task_check(
                             what="the result")  # fmt: skip
         return task_metrics(reference, [ref.first_outputs], [got.first_outputs]), data.random
 
-    return run_on_data(reference, source, run, input_shapes=dict(input_shapes) if input_shapes else None)
+    return CalibrationArgs(source, input_shapes).run(reference, run)

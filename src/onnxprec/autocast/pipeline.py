@@ -49,7 +49,7 @@ from onnxprec.autocast.rules import (
     RuleContext,
     UserRule,
 )
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import InvalidArgumentError, UnsupportedModelError, ValidationError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
 from onnxprec.passes import (
@@ -194,7 +194,7 @@ def _reference_run(
         return run_reference(model, batches, observers=observers, providers=options.providers)
 
     hold = keep is not None  # the batches are read again by the target search
-    return run_on_data(model, options.calibration_data, run, input_shapes=options.input_shape_map, keep=hold)
+    return CalibrationArgs(options.calibration_data, options.input_shape_map).run(model, run, keep=hold)
 
 
 def _fill_types(model: ir.Model, reference: ReferenceResult) -> None:

@@ -39,7 +39,7 @@ from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
 from onnxprec._report import SUMMARY
 from onnxprec._tensors import SENTINEL, SENTINEL_MIN
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.debug._common import depths, model_path, prepare
 from onnxprec.debug._options import DEFAULT_ATOL, DEFAULT_RTOL, CompareOptions
 from onnxprec.debug.compare_report import (
@@ -362,15 +362,14 @@ def _fill(
     return result
 
 
-def _compare(reference: ir.Model, candidate: ir.Model, options: CompareOptions, data: Any) -> CompareReport:
+def _compare(reference: ir.Model, candidate: ir.Model, options: CompareOptions, data: CalibrationArgs) -> CompareReport:
     _check_inputs(reference, candidate)
     plan = _plan(reference, candidate)
 
     def run(batches: CalibrationData) -> tuple[Any, ...]:
         return _stream(reference, candidate, plan, batches, options)
 
-    shapes = calibration.parse_input_shapes(options.input_shapes) if options.input_shapes else None
-    rows, outputs, batches, chunks = run_on_data(reference, data, run, input_shapes=shapes)
+    rows, outputs, batches, chunks = data.run(reference, run)
     report = CompareReport(plan.rows, _fill(plan, rows, outputs, options), options.atol, options.rtol, batches, chunks)
     subgraphs = sum(1 for _ in reference.graph.subgraphs())
     if subgraphs:
@@ -555,7 +554,7 @@ def _verify(
     candidate: ir.Model,
     report: CompareReport,
     options: CompareOptions,
-    data: Any,
+    data: CalibrationArgs,
 ) -> Verification | None:
     first = report.first_divergence_row
     if first is None:
@@ -576,7 +575,7 @@ def _verify(
     settings: dict[str, Any] = {
         "low_precision_type": low,
         "keep_io_types": keep_io,
-        "calibration_data": data,
+        "calibration_data": data.source,
         "input_shapes": options.input_shapes,
         "providers": options.providers,
         **dict(options.autocast_options or {}),
@@ -659,10 +658,10 @@ def compare_models(
     options = CompareOptions(**fields_in(CompareOptions, locals()))
     ref_model = prepare(reference, "reference")
     cand_model = prepare(candidate, "candidate")
+    data = CalibrationArgs(options.calibration_data, options.input_shapes)
     with contextlib.ExitStack() as stack:
-        data = None
-        if options.calibration_data is not None:
-            data = stack.enter_context(CalibrationData(options.calibration_data, ref_model))
+        if not data.random:  # read by the comparison and again by the verification: made once
+            data = replace(data, source=stack.enter_context(data.open(ref_model)))
         report = _compare(ref_model, cand_model, options, data)
         ref_path, cand_path = model_path(reference), model_path(candidate)
         report.reference = str(ref_path) if ref_path is not None else None

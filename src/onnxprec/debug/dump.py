@@ -37,7 +37,7 @@ from onnxprec._io import ModelSource, check_output_path
 from onnxprec._ops import QUANTIZED_OPS
 from onnxprec._options import fields_in
 from onnxprec._report import SUMMARY, header
-from onnxprec.calibration_data import run_on_data
+from onnxprec.calibration_data import CalibrationArgs
 from onnxprec.debug._arrays import statistics, write_binary, write_text
 from onnxprec.debug._common import fetchable, model_path, prepare
 from onnxprec.debug._options import DEFAULT_TEXT_VALUES, DumpOptions
@@ -393,8 +393,7 @@ def dump_model(
     check_output_path(out, flag="--output_dir", folder=True)
     _check_folder(out, options.overwrite)
     loaded = prepare(model)
-    shapes = _input_shapes(options.random_data_reader_input_shape, loaded)
-    source = options.dump_data_reader
+    data = CalibrationArgs(options.dump_data_reader, _input_shapes(options.random_data_reader_input_shape, loaded))
     parent = out.resolve().parent
 
     def run(batches: Iterable[Mapping[str, np.ndarray]]) -> tuple[dict, Path]:
@@ -405,7 +404,7 @@ def dump_model(
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
-    dumped, staging = run_on_data(loaded, source, run, input_shapes=shapes)
+    dumped, staging = data.run(loaded, run)
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, staging, True)
         index = {

@@ -39,7 +39,7 @@ from onnxprec._options import fields_in
 from onnxprec._ort_profile import profile_kernels
 from onnxprec._report import SUMMARY, Timer
 from onnxprec.calibration import InputSpec
-from onnxprec.calibration_data import CalibrationData
+from onnxprec.calibration_data import CalibrationArgs
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
 from onnxprec.evaluate._options import EvaluateOptions
 from onnxprec.evaluate._report import EvaluationReport, ModelResult, ModelsReport, fmt, integer_nodes
@@ -424,7 +424,7 @@ def _evaluate_data(order: list[_Model], ref: _Model, labels: np.ndarray | None, 
     if options.data is None:
         logger.info("No --data: one batch of realistic random inputs")
     offset = 0
-    with CalibrationData(options.data, ref.graph, batch_size=options.batch_size, lenient=True) as data:
+    with CalibrationArgs(options.data, batch_size=options.batch_size, lenient=True).open(ref.graph) as data:
         for number, batch in enumerate(data):
             _evaluate_batch(order, batch, labels, offset, data.completed)
             first = next(iter(batch.values()))

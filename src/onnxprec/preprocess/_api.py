@@ -52,7 +52,7 @@ from onnxprec._options import fields_in
 from onnxprec._protobuf import proto_graphs, structure_proto
 from onnxprec._report import SUMMARY, header
 from onnxprec._tool import FileRun, ModelTool
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
 from onnxprec.preprocess._options import PreprocessOptions
@@ -251,7 +251,7 @@ def _random_outputs(model: ir.Model, providers: list[str]) -> tuple[dict[str, np
         except Exception as e:  # ONNX Runtime's own exception types: try other sizes
             raise CalibrationDataError(_ort.first_line(e)) from None
 
-    return run_on_data(model, None, run)
+    return CalibrationArgs().run(model, run)
 
 
 def _check_same_outputs(

@@ -33,7 +33,7 @@ from onnxprec._ops import (
 from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
 from onnxprec._report import SUMMARY, Step, Timer, timed
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
@@ -202,8 +202,7 @@ def _calibrate_and_decide(
             report.calibration.update({"batches": replay.batches, "samples": replay.samples})
             replay.close()
 
-    shapes = calibration.parse_input_shapes(options.input_shapes)
-    run_on_data(model, source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size)
+    CalibrationArgs(source, options.input_shapes, options.calibration_batch_size).run(model, run)
     report.calibration.update(
         {"passes": len(chunks), "random": source is None, "written": written is not None, "inputs": len(groups)}
     )

@@ -28,11 +28,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnxprec import calibration
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
 from onnxprec._report import Timer, timed
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, streams
 from onnxprec.quantization.algorithms.rtn import quantize_rtn
@@ -460,8 +459,7 @@ def _measure_candidates(
             bar.close()
             replay.close()
 
-    shapes = calibration.parse_input_shapes(options.input_shapes)
-    run_on_data(model, source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size)
+    CalibrationArgs(source, options.input_shapes, options.calibration_batch_size).run(model, run)
     if not llm:
         logger.info("No real runs to check the estimate: the model has no 'logits' output")
     return candidates

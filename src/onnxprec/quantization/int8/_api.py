@@ -32,7 +32,7 @@ from onnxprec._ort_profile import unfused_qdq
 from onnxprec._progress import Progress
 from onnxprec._report import Step
 from onnxprec.accuracy import ReferenceOutputs, output_producers
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import ChannelStatsObserver, HistogramObserver, Observer, RunSampleObserver
 from onnxprec.passes import (
@@ -192,10 +192,7 @@ def _calibrate(
             "No calibration data: INT8 ranges and decisions are fitted to realistic random inputs; pass "
             "representative inputs (--calibration_data, API: calibration_data=)."
         )
-    shapes = calibration.parse_input_shapes(options.input_shapes)
-    run_on_data(
-        model, options.source, run, input_shapes=shapes or None, batch_size=options.calibration_batch_size, keep=True
-    )  # fmt: skip
+    CalibrationArgs(options.source, options.input_shapes, options.calibration_batch_size).run(model, run, keep=True)
     stats = Statistics(hist.histograms, channels, samples, hessians)
     return stats, (held[-1] if held else None), (held_out[-1] if held_out else None)
 
