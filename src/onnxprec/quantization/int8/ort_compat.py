@@ -130,6 +130,24 @@ def quantize_static(
     Raises:
         OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
     """
+    _check_static_arguments(calibration_cache_path, calibration_data_reader, quant_format, weight_type, reduce_range)
+    options = _static_options(activation_type, calibrate_method, extra_options, calibration_providers)
+    return _quantize(
+        model_input,
+        model_output,
+        calibration_data_reader=calibration_data_reader,
+        op_types_to_quantize=op_types_to_quantize,
+        nodes_to_quantize=nodes_to_quantize,
+        nodes_to_exclude=nodes_to_exclude,
+        use_external_data_format=use_external_data_format,
+        **options,
+    )
+
+
+def _check_static_arguments(
+    calibration_cache_path: Any, calibration_data_reader: Any, quant_format: Any, weight_type: Any, reduce_range: bool
+) -> None:
+    """Raises on the ``quantize_static`` arguments onnxprec does not take, each with how to fix it."""
     if calibration_cache_path is not None:
         raise InvalidArgumentError(
             "calibration_cache_path is not supported (onnxprec keeps no calibration cache): drop it and pass "
@@ -146,21 +164,29 @@ def quantize_static(
         raise InvalidArgumentError(f"weight_type {_name(weight_type)} is not supported: use QuantType.QInt8.")
     if reduce_range:
         raise InvalidArgumentError("reduce_range=True (7-bit weights) is not supported: drop it.")
+
+
+def _static_options(
+    activation_type: Any,
+    calibrate_method: Any,
+    extra_options: Mapping[str, Any] | None,
+    calibration_providers: Sequence[str] | None,
+) -> dict[str, Any]:
+    """The INT8 tool's options for ``quantize_static``'s activation type, calibration method, extra options and
+    providers (ONNX Runtime's behaviour: no accuracy guard; a result that misses its bound is only warned about)."""
     if _name(activation_type) not in _ACTIVATION_TYPES:
         raise InvalidArgumentError(
             f"activation_type {_name(activation_type)} is not supported: use QuantType.QUInt8, QInt8, QInt16 or "
             "QUInt16."
         )
-    activations = _ACTIVATION_TYPES[_name(activation_type)]
     method = _METHODS.get(_name(calibrate_method))
     if method is None:
         raise InvalidArgumentError(
             f"calibrate_method {_name(calibrate_method)} is not supported: use MinMax, Entropy or Percentile."
         )
-    # ONNX Runtime's behaviour: no accuracy guard; a result that misses its bound is only warned about
     options: dict[str, Any] = {"activations": "static", "target_accuracy": None, "calibration_method": method,
                                "float_linear_outputs": False, "accuracy_guard": False,
-                               "activation_type": activations}  # fmt: skip
+                               "activation_type": _ACTIVATION_TYPES[_name(activation_type)]}  # fmt: skip
     extras = dict(extra_options or {})
     if "CalibPercentile" in extras:
         options["percentile"] = float(extras.pop("CalibPercentile"))
@@ -176,16 +202,7 @@ def quantize_static(
         names = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "trt",
                  "DmlExecutionProvider": "dml"}  # fmt: skip
         options["calibration_eps"] = tuple(names.get(p, p) for p in calibration_providers)
-    return _quantize(
-        model_input,
-        model_output,
-        calibration_data_reader=calibration_data_reader,
-        op_types_to_quantize=op_types_to_quantize,
-        nodes_to_quantize=nodes_to_quantize,
-        nodes_to_exclude=nodes_to_exclude,
-        use_external_data_format=use_external_data_format,
-        **options,
-    )
+    return options
 
 
 def _quantize(
