@@ -15,8 +15,10 @@ __all__ = [
     "NameAllocator",
     "all_graphs",
     "all_values",
+    "bodies_of",
     "cast_graph_output",
     "dtype_name",
+    "graph_of",
     "insert_after_producer",
     "insert_cast",
     "make_cast",
@@ -82,6 +84,17 @@ def all_graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     found: dict[ir.Graph, None] = {}
     _collect_subgraphs(graph, graph, found)
     yield from list(found)
+
+
+def bodies_of(node: ir.Node) -> list[tuple[str, ir.Graph]]:
+    """The graph attributes of ``node`` (an If's two branches, a Loop's or Scan's body), with the attribute name."""
+    bodies = []
+    for name, attr in node.attributes.items():
+        if isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPH:
+            bodies.append((name, attr.as_graph()))
+        elif isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPHS:
+            bodies.extend((name, graph) for graph in attr.as_graphs())
+    return bodies
 
 
 def subgraph_nodes(graph: ir.Graph) -> Iterator[tuple[ir.Node, ir.Node]]:
@@ -219,6 +232,19 @@ def insert_cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, names: NameAl
     cast = make_cast(value, to, names)
     insert_after_producer(graph, value, [cast])
     return cast
+
+
+def graph_of(value: ir.Value, readers: Iterable[ir.Node] = ()) -> ir.Graph:
+    """The graph where nodes that rewrite ``value`` for ``readers`` go: the readers' graph when they share one (an If
+    branch that reads a value of the enclosing graph gets its own Q/DQ, beside the layer that reads it), else the
+    graph that holds ``value``."""
+    graphs = {id(node.graph): node.graph for node in readers if node.graph is not None}
+    if len(graphs) == 1:
+        return next(iter(graphs.values()))
+    producer = value.producer()
+    graph = producer.graph if producer is not None else value.graph
+    assert graph is not None, f"'{value.name}' belongs to no graph"
+    return graph
 
 
 def insert_after_producer(graph: ir.Graph, value: ir.Value, nodes: Sequence[ir.Node]) -> None:

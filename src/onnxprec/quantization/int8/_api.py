@@ -53,6 +53,7 @@ from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8 import fallback
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
+from onnxprec.quantization.int8.branches import BranchView, branch_view
 from onnxprec.quantization.int8.decide import Decisions, Statistics, build, decide, plan_for
 from onnxprec.quantization.int8.emulation import Int8Emulator
 from onnxprec.quantization.int8.fallback import SearchWords, estimated_sensitivity, measure, search, worst_errors
@@ -72,6 +73,7 @@ logger = logging.getLogger(__name__)
 MAX_UNFUSED_COUNT_BYTES = 1 << 30  # larger outputs: no optimizing session to count the unfused Q/DQ
 PREPROCESSED_KEY = "onnx.quant.pre_process"  # the metadata ONNX Runtime's quant_pre_process (our preprocess) writes
 LOW_QDQ_OPSET = 19  # QuantizeLinear/DequantizeLinear on FP16/BF16 values with FP16/BF16 scales
+_LAYERS = "Conv, MatMul or Gemm whose weight is a float (FP32, FP16, BF16) initializer and input computed"
 _INT8_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "Cast")
 
 
@@ -151,27 +153,37 @@ def _observers(
 
 def _calibrate(
     model: ir.Model, plan: Plan, options: Int8Options, report: Int8Report, keep: ReferenceOutputs
-) -> tuple[Statistics, CalibrationData | None, ReferenceOutputs | None]:
+) -> tuple[Statistics, CalibrationData | None, ReferenceOutputs | None, Plan, BranchView | None]:
     """One pass over the calibration data (or realistic random data) with every observer the decisions need, the
     float outputs of each run kept in ``keep``; the held-out runs (the last quarter of 8 or more,
-    :meth:`~onnxprec.calibration_data.CalibrationData.held_out`) are only run for their float outputs.
+    :meth:`~onnxprec.calibration_data.CalibrationData.held_out`) are only run for their float outputs. A model with
+    layers inside If branches runs a copy with the branches the data takes inlined (:func:`branch_view`), and is
+    placed again with the layers of the other branches in float.
 
     Returns:
-        The statistics, the data (to close once the outputs are no longer needed) and the held-out float outputs.
+        The statistics, the data (to close once the outputs are no longer needed), the held-out float outputs, the
+        placement and the branches calibration saw (None: no layer inside an If branch).
     """
-    hist, channels, samples, hessians = _observers(plan, options)
-    wanted = set(hist.names or ()) | set(channels.axes) | set(samples.names or ())
     held: list[CalibrationData] = []
     held_out: list[ReferenceOutputs] = []
+    made: dict[str, Any] = {"plan": plan, "view": None}
 
     def run(data: CalibrationData) -> None:
         held.append(data)
         # static ranges fit few runs; without the guard (quantize_static, --no_accuracy_guard) every run calibrates,
         # as ONNX Runtime's quantizer does
         calibration, rest = data.held_out(split=bool(plan.static_tensors)) if options.bounded else (data, None)
-        observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(model, calibration)]
+        observed, placed = model, plan
+        if plan.in_branches:
+            view = branch_view(model, calibration, lambda node: node.name in _names(plan), options.calibration_eps)
+            placed = plan_for(model, options, calibrated=view.calibrated(), varying=view.varying)
+            observed, made["view"] = view.model, view
+        made["plan"] = placed
+        made["observers"] = hist, channels, samples, hessians = _observers(placed, options)
+        wanted = set(hist.names or ()) | set(channels.axes) | set(samples.names or ())
+        observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(observed, calibration)]
         result = run_reference(
-            model,
+            observed,
             calibration,
             select=lambda value: str(value.name) in wanted,
             observers=observers,
@@ -193,8 +205,13 @@ def _calibrate(
             "representative inputs (--calibration_data, API: calibration_data=)."
         )
     CalibrationArgs(options.source, options.input_shapes, options.calibration_batch_size).run(model, run, keep=True)
+    hist, channels, samples, hessians = made["observers"]
     stats = Statistics(hist.histograms, channels, samples, hessians)
-    return stats, (held[-1] if held else None), (held_out[-1] if held_out else None)
+    return stats, (held[-1] if held else None), (held_out[-1] if held_out else None), made["plan"], made["view"]
+
+
+def _names(plan: Plan) -> set[str]:
+    return {layer.name for layer in plan.layers}
 
 
 def _fits_activations(plan: Plan, options: Int8Options) -> bool:
@@ -300,6 +317,8 @@ class Int8Run:
     declared: set[str] = dataclasses.field(default_factory=set)
     """The intermediate shapes the input declares, kept in the output (not on ort-cpu)."""
     plan: Plan = dataclasses.field(init=False)
+    branches: BranchView | None = None
+    """The If branches calibration saw (None: no layer inside an If branch)."""
     keep: ReferenceOutputs = dataclasses.field(default_factory=guard.BoundedOutputs)
     """The float outputs of the calibration runs: every result is measured against them (nothing silent)."""
     stats: Statistics | None = None
@@ -336,11 +355,10 @@ def _load_and_place(run: Int8Run) -> None:
     report.in_subgraphs = dict(plan.in_subgraphs)
     if not plan.layers:
         excluded_by = "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
-        layers = "Conv, MatMul or Gemm whose weight is a float (FP32, FP16, BF16) initializer and input computed"
         skipped = f"{len(plan.skipped)} skipped"
         if plan.in_subgraphs:
             skipped += f", of which {report.subgraph_text()}"
-        raise nothing_to_quantize(layers, skipped, excluded_by)
+        raise nothing_to_quantize(_LAYERS, skipped, excluded_by)
 
 
 def _calibration(run: Int8Run) -> None:
@@ -351,7 +369,24 @@ def _calibration(run: Int8Run) -> None:
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
     _refuse_random_data(run.model, plan, options)
-    run.stats, run.data, run.held_out = _calibrate(run.model, plan, options, run.report, run.keep)
+    run.stats, run.data, run.held_out, run.plan, run.branches = _calibrate(
+        run.model, plan, options, run.report, run.keep
+    )
+    if run.branches is not None:
+        _report_branches(run)
+
+
+def _report_branches(run: Int8Run) -> None:
+    """The placement calibration left once it knew the If branches the data takes."""
+    plan, report = run.plan, run.report
+    report.excluded, report.skipped = plan.excluded, plan.skipped
+    report.in_subgraphs = dict(plan.in_subgraphs)
+    report.in_branches = plan.in_branches
+    if not plan.layers:
+        skipped = f"{len(plan.skipped)} skipped, of which {report.subgraph_text()}"
+        raise nothing_to_quantize(
+            _LAYERS, skipped, "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
+        )
 
 
 def _decisions(run: Int8Run) -> None:
@@ -362,6 +397,9 @@ def _decisions(run: Int8Run) -> None:
     if run.target is None and run.options.accuracy_guard:
         run.target = guard.RANKING  # the float fallback runs until the guard's verdict holds
     run.decisions = decide(run.model, run.plan, run.stats, run.options)
+    if run.branches is not None:  # every build places the layers of the branches calibration saw
+        run.decisions.calibrated_branches = frozenset(run.branches.calibrated())
+        run.decisions.varying_branches = frozenset(run.branches.varying)
     run.cost = _costs(run.plan, run.stats)
     if run.target is not None and len(run.plan.layers) > fallback.MAX_ISOLATED:
         run.proxy = estimated_sensitivity(run.plan.layers, _sample_errors(run.decisions), run.stats.hessians.hessians)
@@ -530,7 +568,8 @@ def _search(
             emulators.clear()
 
         # the emulation where the INT8 kernels compute what Q/DQ does and its memory is small (fallback.py)
-        emulated = fallback.emulates([layer for layer in plan.layers if layer.name in names])
+        # (its session is of the main graph: not with layers inside If branches)
+        emulated = not plan.in_branches and fallback.emulates([layer for layer in plan.layers if layer.name in names])
         float_layers, _ = search(
             names, check, target, proxy, steps, cost, options.float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,

@@ -65,7 +65,9 @@ class Int8Report(QuantizationReportBase):
     TOOL: ClassVar[str] = "quantize int8"
     FORMAT: ClassVar[str] = "INT8"
     """The quantized type the summary names."""
-    SUBGRAPH_WHY: ClassVar[str] = "calibration observes the main graph's tensors only"
+    SUBGRAPH_WHY: ClassVar[str] = (
+        "no calibrated ranges: an If branch the data never takes or takes only on some batches, a Loop/Scan body"
+    )
 
     runtime: str
     calibration_method: str
@@ -89,6 +91,8 @@ class Int8Report(QuantizationReportBase):
     """A16W8: the static tensors written at 16 bits (the others 8)."""
     wide_steps: list[dict[str, Any]] = field(default_factory=list)
     """A16W8: each configuration the 16-bit search tried."""
+    in_branches: int = 0
+    """Layers placed inside the If branches the calibration data takes (calibrated on a copy with them inlined)."""
 
     def count(self, mode: str) -> int:
         return sum(1 for entry in self.layers if entry.mode == mode)
@@ -118,19 +122,13 @@ class Int8Report(QuantizationReportBase):
             text += f"; on calibration data {shown}"
         if self.autocast:
             text += f"; float remainder {self.float_type}"
+        if self.in_branches:
+            text += f"; {self.in_branches} of the layers inside the If branches the calibration data takes"
         if self.in_subgraphs:
             text += "; " + self.subgraph_text()
         if self.unfused is not None:
             text += "; " + unfused_text(self.unfused, self.preprocessed)
         return text
-
-    def subgraph_text(self) -> str:
-        """``6 layers inside If bodies kept float (calibration observes the main graph's tensors only)``."""
-        count = sum(self.in_subgraphs.values())
-        return (
-            f"{count} layer{'s' if count != 1 else ''} inside {'/'.join(sorted(self.in_subgraphs))} bodies kept float "
-            "(calibration observes the main graph's tensors only)"
-        )
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready data: settings, ``counts``, ``accuracy`` (worst output errors on the calibration data),
@@ -152,6 +150,7 @@ class Int8Report(QuantizationReportBase):
                 "excluded": len(self.excluded),
                 "skipped": len(self.skipped),
                 "in_subgraphs": sum(self.in_subgraphs.values()),
+                "in_branches": self.in_branches,
             },
             "accuracy": json_number(self.accuracy),
             "accuracy_check": json_number(self.check),

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from onnxprec._graph import NameAllocator
+from onnxprec._graph import NameAllocator, all_graphs, graph_of
 from onnxprec._progress import progress
 from onnxprec._tensors import float32_copy
 from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
@@ -48,6 +48,7 @@ from onnxprec.quantization.int8.rewrite import (
     WeightRecipe,
     add_bias,
     add_initializer,
+    feeds_a_body,
     fold_smoothing,
     gather_channels,
     insert_qdq,
@@ -120,10 +121,22 @@ class Decisions:
     """A16W8: each static tensor's relative RMS error at 8 bits on the calibration data (the promotion's proxy)."""
     widened: frozenset[str] = frozenset()
     """The static tensors a build writes at 16 bits."""
+    calibrated_branches: frozenset[tuple[str, str]] | None = None
+    """The If branches calibration saw, as ``(If name, branch attribute)`` (None: the model has no layer in one);
+    every build places layers there and keeps the other bodies' layers float."""
+    varying_branches: frozenset[str] = frozenset()
+    """The If nodes whose condition changed across the calibration data."""
 
 
-def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[str] = ()) -> Plan:
-    """The placement with the options' selection, plus ``extra_excluded`` node names kept in float."""
+def plan_for(
+    model: ir.Model,
+    options: Int8Options,
+    extra_excluded: Collection[str] = (),
+    calibrated: Collection[tuple[str, str]] | None = None,
+    varying: Collection[str] = (),
+) -> Plan:
+    """The placement with the options' selection, plus ``extra_excluded`` node names kept in float; ``calibrated``
+    and ``varying``: the If branches calibration saw (:func:`~onnxprec.quantization.int8.place.place`)."""
     import re
 
     patterns = [*options.exclude_patterns, *(re.compile(f"^{re.escape(name)}$") for name in extra_excluded)]
@@ -137,6 +150,8 @@ def plan_for(model: ir.Model, options: Int8Options, extra_excluded: Collection[s
         nodes_to_exclude=patterns,
         float_linear_outputs=options.float_linear_outputs and options.activation_qtype.bits == 8,  # MatMulInteger..
         fp8=options.weight_qtype.is_float,
+        calibrated=calibrated,
+        varying=varying,
     )
 
 
@@ -412,9 +427,7 @@ def _path_values(activation: ir.Value, values: ir.Value) -> list[ir.Value]:
     return path
 
 
-def _fold_into_values(
-    plan: Plan, decisions: Decisions, names: NameAllocator, graph: ir.Graph
-) -> tuple[Decisions, set[str]]:
+def _fold_into_values(plan: Plan, decisions: Decisions, names: NameAllocator) -> tuple[Decisions, set[str]]:
     """Folds the smoothing of each attention context into the V layer that feeds it (:func:`_attention_values`):
     V's weight columns, bias, bias correction and outlier rows times ``1/s``, its INT8 levels unchanged.
 
@@ -455,7 +468,8 @@ def _fold_into_values(
             split_rows=None if decision.split_rows is None else decision.split_rows * factors[None, :],
         )
         scaled = np.asarray(bias.const_value.numpy(), dtype=np.float32) * factors
-        new_bias = add_initializer(graph, names(f"{bias.name}_smoothed"), scaled)
+        assert add.graph is not None
+        new_bias = add_initializer(add.graph, names(f"{bias.name}_smoothed"), scaled)
         add.replace_input_with(list(add.inputs).index(bias), new_bias)
         folded.add(str(activation.name))
         for value in _path_values(activation, values):  # type: ignore[arg-type]
@@ -499,25 +513,31 @@ def build(
     Returns:
         The placement that was applied.
     """
-    plan = plan_for(model, options, [*float_layers, *decisions.kept_float])
-    graph = model.graph
+    plan = plan_for(model, options, [*float_layers, *decisions.kept_float], decisions.calibrated_branches,
+                    decisions.varying_branches)  # fmt: skip
     names = NameAllocator(model)
     inputs = {layer.name: str(layer.activation.name) for layer in plan.layers}  # before the rewrites rewire them
     group_names = {id(activation): str(activation.name) for activation in plan.dynamic_groups}  # before any rename
-    decisions, folded = _fold_into_values(plan, decisions, names, graph)
+    decisions, folded = _fold_into_values(plan, decisions, names)
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic} | set(plan.passthrough)
-    read = [name for name, value in graph.initializers.items() if value.uses()]
+    graphs = list(all_graphs(model.graph))
+    read = [(graph, name) for graph in graphs for name, value in graph.initializers.items() if value.uses()]
     for value in list(plan.static_tensors):
         params = decisions.tensors.get(str(value.name))
         if params is None:
             plan.static_tensors.remove(value)
             continue
         # a float op reads a tensor a float op wrote as it is (a residual stream kept float by MatMulIntegerToFloat)
-        readers = static_nodes.__contains__ if value in plan.float_sourced else None
+        static = value in plan.float_sourced
+        readers = [node for node, _ in value.uses() if (node in static_nodes or not static) and not feeds_a_body(node)]
+        if not readers:
+            plan.static_tensors.remove(value)
+            continue
         qtype = options.activation_qtype
         if str(value.name) in decisions.widened and options.wide_qtype is not None:
             params, qtype = decisions.wide[str(value.name)], options.wide_qtype
-        insert_qdq(graph, value, params[0], params[1], qtype=qtype, names=names, readers=readers)
+        insert_qdq(graph_of(value, readers), value, params[0], params[1], qtype=qtype, names=names,
+                   readers=set(readers).__contains__)  # fmt: skip
     gathered: dict[str, ir.Value] = {}
     dynamic: dict[str, tuple[ir.Value, ir.Value, ir.Value]] = {}
     merged: set[str] = set()
@@ -532,7 +552,9 @@ def build(
         if key in folded:
             factors = None
         nodes = {layer.node for layer in layers}
-        if factors is not None and not channel.split.size and fold_smoothing(graph, activation, factors, nodes, names):
+        graph = graph_of(activation, nodes)
+        own = graph_of(activation)  # a folded factor changes the op that writes the activation
+        if factors is not None and not channel.split.size and fold_smoothing(own, activation, factors, nodes, names):
             factors = None
         dynamic[key] = insert_dynamic(graph, activation, names, factors)
         if channel.split.size:
@@ -548,6 +570,7 @@ def build(
         params = decisions.tensors.get(inputs[layer.name])
         wide_input = inputs[layer.name] in decisions.widened  # a 16-bit input: no QLinear kernel, a float bias
         int32_bias = not wide_input and takes_int32_bias(layer, decision, params, options)
+        graph = graph_of(layer.activation, [layer.node])  # the layer's own graph (an If branch's, or the main one)
         if layer.float_output and params is not None and not wide_input:
             replace_with_matmul_integer_to_float(
                 graph, layer.node, decision.recipe, decision.bias, names, residual=decision.residual
@@ -573,8 +596,9 @@ def build(
             add_bias(graph, product, decision.bias, names)
         if decision.split_rows is not None:
             insert_split(graph, product, gathered[inputs[layer.name]], decision.split_rows, names)
-    keep_float_readers_float(graph, names)
-    for name in read:  # weights and biases that nothing reads any more (replaced by their INT8 or merged forms)
+    for graph in graphs:
+        keep_float_readers_float(graph, names)
+    for graph, name in read:  # weights and biases that nothing reads any more (replaced by their INT8 or merged forms)
         initializer = graph.initializers.get(name)
         if initializer is not None and not initializer.uses() and not initializer.is_graph_output():
             graph.initializers.pop(name)

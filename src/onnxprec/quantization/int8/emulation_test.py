@@ -41,7 +41,7 @@ def _prepared(
     _api._sanitize(model, options)
     plan = plan_for(model, options)
     report = Int8Report("ort-cpu", options.method, "fp32")
-    stats, data, _ = _api._calibrate(model, plan, options, report, ReferenceOutputs())
+    stats, data, _, plan, _ = _api._calibrate(model, plan, options, report, ReferenceOutputs())
     if data is not None:
         data.close()
     return model, plan, decide(model, plan, stats, options), options

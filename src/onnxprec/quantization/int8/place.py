@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
 
-from onnxprec._graph import subgraph_nodes
+from onnxprec._graph import bodies_of, subgraph_nodes
 from onnxprec._ops import is_default_domain
 from onnxprec._options import first_match
 from onnxprec.passes.fold_pad_into_conv import constant_value
@@ -107,7 +107,9 @@ class Plan:
     excluded: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     in_subgraphs: dict[str, int] = field(default_factory=dict)
-    """Layers inside If/Loop/Scan bodies (kept float, also in ``skipped``), by the op that owns the body."""
+    """Layers inside If/Loop/Scan bodies kept float (also in ``skipped``), by the op that owns the body."""
+    in_branches: int = 0
+    """Layers placed inside If branches (those calibration sees)."""
 
     @property
     def dynamic_groups(self) -> dict[ir.Value, list[Layer]]:
@@ -307,10 +309,43 @@ def _kept_float(node: ir.Node, float_outputs: set[ir.Value]) -> str | None:
     return f"a depthwise Conv reading the float '{value.name}'"
 
 
-_SUBGRAPH_REASON = (
-    "inside the {op} body of '{name}': kept float (calibration observes the main graph's tensors only; the "
-    "values inside If/Loop/Scan bodies have no ranges)"
+_LOOP_REASON = (
+    "inside the {op} body of '{name}': kept float (a body that runs many times per run has no calibrated ranges; "
+    "calibration sees the main graph and the If branches the data takes)"
 )
+_UNTAKEN_REASON = "inside the {branch} of If '{name}', which the calibration data never takes: kept float (no ranges)"
+_VARYING_REASON = (
+    "inside the {branch} of If '{name}', whose condition changes from batch to batch on the calibration data: kept "
+    "float (calibrate on data that takes one branch)"
+)
+
+
+def _placed_nodes(
+    graph: ir.Graph,
+    plan: Plan,
+    calibrated: Collection[tuple[str, str]] | None,
+    varying: Collection[str],
+) -> Iterator[ir.Node]:
+    """The nodes the placement considers, each If branch calibration sees before its If (``calibrated``: the
+    ``(If name, branch)`` pairs; None: every If branch, as placed before calibration); the layers of the other bodies
+    go to ``plan.skipped``."""
+    for node in graph:
+        for attr_name, body in bodies_of(node):
+            branch = node.op_type == "If" and is_default_domain(node.domain)
+            if branch and (calibrated is None or (str(node.name), attr_name) in calibrated):
+                yield from _placed_nodes(body, plan, calibrated, varying)
+                continue
+            if not branch:
+                reason = _LOOP_REASON.format(op=node.op_type, name=node.name)
+            elif str(node.name) in varying:
+                reason = _VARYING_REASON.format(branch=attr_name, name=node.name)
+            else:
+                reason = _UNTAKEN_REASON.format(branch=attr_name, name=node.name)
+            for inner in [*body, *(n for n, _ in subgraph_nodes(body))]:
+                if _weight_layer(inner)[0] is not None:
+                    plan.skipped.append((str(inner.name), reason))
+                    plan.in_subgraphs[node.op_type] = plan.in_subgraphs.get(node.op_type, 0) + 1
+        yield node
 
 
 def place(
@@ -324,6 +359,8 @@ def place(
     nodes_to_exclude: Sequence[re.Pattern[str]] = (),
     float_linear_outputs: bool = True,
     fp8: bool = False,
+    calibrated: Collection[tuple[str, str]] | None = None,
+    varying: Collection[str] = (),
 ) -> Plan:
     """The INT8 placement of ``model`` for ``runtime`` (see the module docstring).
 
@@ -339,6 +376,11 @@ def place(
             reads (a MobileNet's project Conv before a residual Add) writes a float output by
             ``MatMulIntegerToFloat``, so the residual stream stays float.
         fp8: FP8 on trt/ort-cuda: ModelOpt's FP8 rules for Convs (:func:`_fp8_conv_unsupported`) instead of INT8's.
+        calibrated: The If branches whose tensors calibration sees, as ``(If name, branch attribute)``; the layers of
+            the others (and of Loop/Scan bodies) stay float. None: every If branch (the placement before the data
+            is read).
+        varying: The If nodes whose condition changes across the calibration data (the reason their layers stay
+            float).
     """
     plan = Plan()
     wanted_types = set(op_types_to_quantize) if op_types_to_quantize else None
@@ -358,7 +400,8 @@ def place(
         return not nodes_to_quantize or _matches(node, nodes_to_quantize) is not None
 
     float_outputs: set[ir.Value] = set()  # outputs of the layers the two float rules keep in float
-    for node in model.graph:
+    nodes = list(_placed_nodes(model.graph, plan, calibrated, varying))
+    for node in nodes:
         if node.op_type not in WEIGHT_OPS or not is_default_domain(node.domain):
             continue
         weight, axis, reason = _weight_layer(node)
@@ -380,28 +423,20 @@ def place(
         linear = (cpu and float_linear_outputs and not dynamic and pointwise(node)
                   and _absorbed_activation(node) is None and not _read_only_by_layers(node.outputs[0]))  # fmt: skip
         plan.layers.append(Layer(node, weight, axis, dynamic, float_output=linear))
-    _skip_subgraph_layers(model.graph, plan)
     if cpu:
-        _static_region(model, plan, allowed)
+        _static_region(nodes, plan, allowed)
     else:
         seen: set[ir.Value] = set()
         for layer in plan.layers:
             if layer.activation not in seen:
                 seen.add(layer.activation)
                 plan.static_tensors.append(layer.activation)
-        _residual_adds(model, plan, allowed)
+        _residual_adds(nodes, plan, allowed)
+    plan.in_branches = sum(1 for layer in plan.layers if layer.node.graph is not model.graph)
     return plan
 
 
-def _skip_subgraph_layers(graph: ir.Graph, plan: Plan) -> None:
-    """Adds the Conv/MatMul/Gemm layers with a constant weight inside If/Loop/Scan bodies to ``plan.skipped``."""
-    for node, owner in subgraph_nodes(graph):
-        if _weight_layer(node)[0] is not None:
-            plan.skipped.append((str(node.name), _SUBGRAPH_REASON.format(op=owner.op_type, name=owner.name)))
-            plan.in_subgraphs[owner.op_type] = plan.in_subgraphs.get(owner.op_type, 0) + 1
-
-
-def _residual_adds(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
+def _residual_adds(nodes: Sequence[ir.Node], plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
     """TensorRT-style: the inputs of an Add of two computed tensors, one of them written by a quantized layer (or its
     bias Add), get Q/DQ too, as ModelOpt places them: both for a transformer's residual Add, all but one Conv branch
     where a Conv writes one (TensorRT fuses the Add into that Conv)."""
@@ -416,7 +451,7 @@ def _residual_adds(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], boo
                 producer = computed[0].producer()
         return producer if producer in layers else None
 
-    for node in model.graph:
+    for node in nodes:
         if node.op_type != "Add" or not is_default_domain(node.domain) or not allowed(node):
             continue
         inputs = [v for v in node.inputs if v is not None and v.const_value is None]
@@ -432,12 +467,12 @@ def _residual_adds(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], boo
                 plan.static_tensors.append(value)
 
 
-def _static_region(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
+def _static_region(nodes: Sequence[ir.Node], plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
     """ort-cpu: the static tensors of the static layers, the passthrough ops joined to them, absorbed activations."""
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic}
     float_output = {layer.node for layer in plan.layers if layer.float_output}
     outputs_of: dict[ir.Node, ir.Value | None] = {}
-    for node in model.graph:
+    for node in nodes:
         if node in static_nodes:
             absorbed = _absorbed_activation(node)
             # QLinearConv writes INT8; QGemm and MatMulIntegerToFloat write float, so their outputs stay float
@@ -447,7 +482,7 @@ def _static_region(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], boo
     changed = True
     while changed:  # join passthrough ops whose every float input comes from the static region
         changed = False
-        for node in model.graph:
+        for node in nodes:
             if node in static_nodes or node.op_type not in STATIC_PASSTHROUGH_OPS or not is_default_domain(node.domain):
                 continue
             inputs = [v for v in node.inputs if v is not None and v.const_value is None]
@@ -463,7 +498,7 @@ def _static_region(model: ir.Model, plan: Plan, allowed: Callable[[ir.Node], boo
             changed = True
     tensors: list[ir.Value] = []
     seen: set[ir.Value] = set()
-    for node in model.graph:
+    for node in nodes:
         if node not in static_nodes:
             continue
         values = [node.inputs[0]] if node.op_type in WEIGHT_OPS else list(node.inputs)

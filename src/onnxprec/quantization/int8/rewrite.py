@@ -22,7 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator, insert_after_producer
-from onnxprec._ops import normalized_domain
+from onnxprec._ops import is_default_domain, normalized_domain
 from onnxprec._tensors import release
 from onnxprec.quantization.algorithms.int8 import QMAX
 from onnxprec.quantization.algorithms.qtypes import INT8, QType
@@ -174,6 +174,26 @@ def insert_qdq(
     for node, index in users:
         node.replace_input_with(index, dequantized)
     return dequantized
+
+
+_PROPAGATED = frozenset({"Transpose", "Reshape", "MaxPool", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather"})
+"""Ops ONNX Runtime's ``QDQPropagationTransformer`` moves a DequantizeLinear across."""
+
+
+def feeds_a_body(node: ir.Node, depth: int = 8) -> bool:
+    """Whether ``node`` is an op whose DequantizeLinear input ONNX Runtime's ``QDQPropagationTransformer`` would move
+    towards a value that an If/Loop/Scan body reads from its enclosing graph (directly, or through more such ops).
+
+    ONNX Runtime (1.32) aborts the process (``std::vector`` index assertion in ``qdq_propagation.cc``) when that
+    propagation reaches such an implicit subgraph input, so these readers read the float value instead.
+    """
+    if depth == 0 or node.op_type not in _PROPAGATED or not is_default_domain(node.domain):
+        return False
+    for out in node.outputs:
+        for use in out.uses():
+            if use.node.graph is not node.graph or feeds_a_body(use.node, depth - 1):
+                return True
+    return False
 
 
 def _channels(node: ir.Node) -> int | None:

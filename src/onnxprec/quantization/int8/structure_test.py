@@ -1,5 +1,6 @@
 """Model structures the quantizers meet: a TensorFlow-style NHWC CNN (Transposes and BatchNorm chains folded first,
-the unfused Q/DQ counted) and layers inside If bodies (counted, kept float, said so) in INT8 and INT4."""
+the unfused Q/DQ counted) and layers inside If bodies (INT8: the branch the data takes quantized, the others counted
+and said to stay float; INT4: counted and kept float)."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def _if_model(main_conv: bool) -> onnx.ModelProto:
     return make_model(nodes, inputs, [tensor_info("y", F, None)], inits)
 
 
-def test_layers_inside_if_bodies_are_counted_and_said_to_stay_float(tmp_path: Path) -> None:
+def test_the_branch_the_data_takes_is_quantized_and_the_other_said_to_stay_float(tmp_path: Path) -> None:
     from onnxprec.errors import UnsupportedModelError
 
     source = tmp_path / "if.onnx"
@@ -82,14 +83,16 @@ def test_layers_inside_if_bodies_are_counted_and_said_to_stay_float(tmp_path: Pa
     rng = np.random.default_rng(3)
     data = [{"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32), "flag": np.array(True)} for _ in range(2)]
     report = quantize_file(source, tmp_path / "q.onnx", calibration_data=data, nodes_to_quantize=[".*"])
-    assert report.count("static") == 1 and report.in_subgraphs == {"If": 2}
-    assert "2 layers inside If bodies kept float" in report.summary
-    assert {node for node, _ in report.skipped} == {"then/Conv", "else/Conv"}
-    assert report.to_json()["counts"]["in_subgraphs"] == 2
+    assert report.count("static") == 2 and report.in_subgraphs == {"If": 1} and report.in_branches == 1
+    assert "1 layer inside If bodies kept float" in report.summary
+    assert report.skipped == [("else/Conv", "inside the else_branch of If 'If_0', which the calibration data never "
+                                            "takes: kept float (no ranges)")]  # fmt: skip
+    assert report.to_json()["counts"]["in_subgraphs"] == 1
 
     onnx.save(_if_model(main_conv=False), source)
+    both = [{**batch, "flag": np.array(i % 2 == 0)} for i, batch in enumerate(data)]
     with pytest.raises(UnsupportedModelError, match="2 skipped, of which 2 layers inside If bodies kept float"):
-        quantize_file(source, tmp_path / "q2.onnx", calibration_data=data)
+        quantize_file(source, tmp_path / "q2.onnx", calibration_data=both)
 
 
 def test_the_unfused_summary_suggests_preprocess_only_where_it_removes_the_op_and_has_not_run() -> None:
