@@ -138,3 +138,27 @@ def test_inlining_the_taken_branch_keeps_inputs_outputs_and_values(tmp_path: Pat
     batch = _data(True, 1)[0]
     (ref,), (got,) = run(source, batch), run(tmp_path / "inlined.onnx", batch)
     np.testing.assert_array_equal(ref, got)
+
+
+def test_a_conv_reading_the_model_input_through_an_if_that_only_relays_it_stays_float(tmp_path: Path) -> None:
+    """Silero VAD v4 squeezes its audio in one branch of an If and passes it on in the other, then its STFT Conv
+    reads it: the rule that keeps a layer reading the model input float sees through that If."""
+    identity = {name: helper.make_node("Identity", ["x"], [f"{name}_x"], name=f"{name}/Identity") for name in "ab"}
+    relay = [
+        helper.make_graph([node], name, [], [tensor_info(f"{name}_x", F, None)]) for name, node in identity.items()
+    ]
+    conv, weight = _conv("first", "xr", "h")
+    nodes = [
+        helper.make_node("If", ["flag"], ["xr"], name="If_relay", then_branch=relay[0], else_branch=relay[1]),
+        conv,
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        _conv("second", "r", "y")[0],
+    ]
+    inits = {"first_w": onnx.numpy_helper.to_array(weight),
+             "second_w": (_RNG.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32)}  # fmt: skip
+    inputs = [tensor_info("x", F, [1, 4, 8, 8]), tensor_info("flag", onnx.TensorProto.BOOL, [])]
+    source = tmp_path / "relay.onnx"
+    onnx.save(make_model(nodes, inputs, [tensor_info("y", F, [1, 4, 8, 8])], inits), source)
+    report = quantize_file(source, tmp_path / "q.onnx", calibration_data=_data(True))
+    assert ("first/Conv", "reads the model input 'x': kept float (name it in nodes_to_quantize)") in report.skipped
+    assert report.count("static") == 1

@@ -165,18 +165,35 @@ def _matches(node: ir.Node, patterns: Sequence[re.Pattern[str]]) -> str | None:
 
 
 def _through_layout(value: ir.Value | None, found: Callable[[ir.Value], bool]) -> ir.Value | None:
-    """The first of ``value`` and the values it re-lays out (through Pad, Transpose, Reshape..., at most 8 values)
-    for which ``found`` holds; else None."""
+    """The first of ``value`` and the values it re-lays out (through Pad, Transpose, Reshape..., and an If whose
+    branches each re-lay out the same value; at most 8 values) for which ``found`` holds; else None."""
     for _ in range(8):
         if value is None:
             return None
         if found(value):
             return value
         producer = value.producer()
+        if producer is not None and producer.op_type == "If" and is_default_domain(producer.domain):
+            value = _relaid_by_branches(producer, value)
+            continue
         if producer is None or producer.op_type not in _LAYOUT_OPS or not is_default_domain(producer.domain):
             return None
         value = producer.inputs[0] if producer.inputs else None
     return None
+
+
+def _relaid_by_branches(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    """The value of the enclosing graph that each branch of the If ``node`` only re-lays out into its output
+    ``value`` (as Silero VAD v4 squeezes its audio in one branch and passes it on in the other), or None."""
+    index = list(node.outputs).index(value)
+    sources = set()
+    for _, branch in bodies_of(node):
+        result = branch.outputs[index] if index < len(branch.outputs) else None
+        producer = result.producer() if result is not None else None
+        if producer is None or producer.op_type not in _LAYOUT_OPS or not is_default_domain(producer.domain):
+            return None
+        sources.add(producer.inputs[0] if producer.inputs else None)
+    return sources.pop() if len(sources) == 1 else None  # one value of the enclosing graph (a branch's own differ)
 
 
 def _absorbed_activation(node: ir.Node) -> ir.Node | None:
