@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from onnxprec._graph import NameAllocator, all_graphs, graph_of
+from onnxprec._graph import NameAllocator, all_graphs, graph_of, insert_after_producer
 from onnxprec._progress import progress
 from onnxprec._tensors import float32_copy
 from onnxprec.observers import ChannelStatsObserver, Histogram, RunSampleObserver
@@ -79,6 +79,14 @@ calibration data stays float (:func:`noisy_depthwise`); the inputs it was set be
 "INT8 placement"."""
 
 
+EQUALIZE_MIN_SPREAD = 16.0
+"""ort-cpu: a channel of a float-written Conv input whose largest magnitude is this many times below the input's
+largest keeps fewer than 256 / 16 UINT8 levels (:func:`equalized_inputs`)."""
+EQUALIZE_MIN_SHARE = 0.02
+"""... and when such channels carry at least this share of the Conv's output (``(max|x_c| * ||W[:, c]||)^2``;
+Silero VAD's first Conv after its STFT: 0.053; the same model's decoder Conv: 0.0), the channels are equalized."""
+
+
 @dataclass
 class Statistics:
     """What one calibration pass measured."""
@@ -126,6 +134,9 @@ class Decisions:
     every build places layers there and keeps the other bodies' layers float."""
     varying_branches: frozenset[str] = frozenset()
     """The If nodes whose condition changed across the calibration data."""
+    equalized: dict[str, np.ndarray] = field(default_factory=dict)
+    """Static Convs whose input is equalized per channel (:func:`equalized_inputs`): the factors ``s`` by node name
+    (the input divided by them, the weight's input channels multiplied)."""
 
 
 def plan_for(
@@ -204,6 +215,12 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
             decisions.noise[str(value.name)] = quantization_noise(hist, lo, hi, symmetric=qtype.symmetric)
     if options.runtime == "ort-cpu" and not options.include_patterns:
         decisions.kept_float = noisy_depthwise(plan, stats, ranges)
+    if options.runtime == "ort-cpu" and qtype.bits == 8:
+        decisions.equalized = equalized_inputs(plan, stats)
+        for layer_name, factors in decisions.equalized.items():
+            name = str(next(layer for layer in plan.layers if layer.name == layer_name).activation.name)
+            top = float(np.max(stats.channels.absmax(name) / factors))  # every channel's maximum (inputs >= 0)
+            decisions.tensors[name] = qtype.scale_zero_point(0.0, top)
     groups = plan.dynamic_groups
     for activation, layers in progress(groups.items(), "INT8 decisions", "input"):
         _decide_group(activation, layers, stats, options, decisions)
@@ -211,6 +228,42 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         if not layer.dynamic:
             _decide_static(layer, stats, options, decisions)
     return decisions
+
+
+def equalized_inputs(plan: Plan, stats: Statistics) -> dict[str, np.ndarray]:
+    """The static Convs (one group) whose non-negative input, written by a float op and read by that Conv alone, has
+    channels that per-tensor UINT8 leaves few levels (:data:`EQUALIZE_MIN_SPREAD`) and that carry a share of the
+    output (:data:`EQUALIZE_MIN_SHARE`), with the factors ``s`` that equalize the channels' largest magnitudes.
+
+    The build divides the input by ``s`` per channel before its QuantizeLinear (a Mul) and multiplies the weight's
+    input channels by ``s``, which is exact in float; every channel then spans the whole UINT8 grid. Per-tensor
+    levels over such an input round its small channels to a few levels or to 0: Silero VAD's first Conv after its
+    STFT reads the magnitudes of 129 frequencies whose maxima are 36x apart.
+    """
+    found = {}
+    for layer in plan.layers:
+        value, node = layer.activation, layer.node
+        name = str(value.name)
+        group = node.attributes.get("group")
+        if layer.dynamic or node.op_type != "Conv" or (group is not None and int(group.value) != 1):
+            continue
+        if value not in plan.float_sourced or len(value.uses()) != 1 or value.is_graph_output():
+            continue
+        hist = stats.histograms.get(name)
+        if name not in stats.channels.counts or layer.weight.const_value is None or hist is None or hist.min < 0:
+            continue  # non-negative inputs only (magnitudes: after Sqrt, Abs, Relu), until measured more widely
+        top = np.asarray(stats.channels.absmax(name), dtype=np.float64)
+        live = top[top > 0]
+        weight = np.asarray(layer.weight.const_value.numpy(), dtype=np.float64)
+        if top.shape[0] != weight.shape[1] or live.size < 2:
+            continue
+        share = (top * np.sqrt(np.sum(weight**2, axis=(0, *range(2, weight.ndim))))) ** 2
+        small = top < top.max() / EQUALIZE_MIN_SPREAD
+        if share.sum() <= 0 or share[small].sum() / share.sum() < EQUALIZE_MIN_SHARE:
+            continue
+        target = float(np.exp(np.mean(np.log(live))))
+        found[layer.name] = np.where(top > 0, top / target, 1.0)
+    return found
 
 
 def noisy_depthwise(plan: Plan, stats: Statistics, ranges: dict[str, tuple[float, float]]) -> dict[str, str]:
@@ -302,6 +355,12 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     axis = 0 if conv else 1
     name = str(layer.activation.name)
     hessian = stats.hessians.hessians.get(name)
+    equalized = decisions.equalized.get(layer.name)
+    if equalized is not None:  # the layer reads x / s: its weight is W * s, its Hessian that of x / s
+        weight = weight * equalized.astype(np.float32).reshape(1, -1, *[1] * (weight.ndim - 2))
+        if hessian is not None:
+            d = np.repeat(equalized, int(np.prod(weight.shape[2:], dtype=np.int64)))
+            hessian = hessian / np.outer(d, d)
     k = hessian.shape[-1] if hessian is not None else 0
     groups_match = hessian is not None and (not conv or hessian.shape[0] * k == weight[0].size * _groups(layer.node))
     entry = _entry(layer, weight.shape)
@@ -318,7 +377,7 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     source = layer.weight.const_value
     assert source is not None
     recipe = WeightRecipe(source, layer.axis if gemm else axis, scales, transpose=layer.transposed and not gemm,
-                          levels=levels, qtype=qtype)  # fmt: skip
+                          levels=levels, qtype=qtype, inputs=equalized)  # fmt: skip
     decision = LayerDecision(recipe, False, entry=entry)
     if layer.float_output:
         entry.info["output"] = "float (MatMulIntegerToFloat)"
@@ -332,6 +391,9 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
         entry.info["rounding"] = "rtn, two INT8 parts"
         return _store(decisions, layer, decision)
     mean_x = stats.channels.mean(name) if name in stats.channels.counts else None
+    if mean_x is not None and equalized is not None:
+        mean_x = mean_x / equalized
+        entry.info["equalized_spread"] = float(equalized.max() / equalized.min())
     bias = _bias(layer.node)
     if options.bias_correction and mean_x is not None:
         delta = dequantize_weight(q, scales, axis=axis).astype(np.float64) - weight
@@ -480,6 +542,30 @@ def _fold_into_values(plan: Plan, decisions: Decisions, names: NameAllocator) ->
     return replace(decisions, layers={**decisions.layers, **changed}), folded
 
 
+def _equalize(plan: Plan, decisions: Decisions, names: NameAllocator) -> dict[ir.Value, str]:
+    """Divides the input of each equalized layer by its factors (a Mul the layer alone reads, which takes the input's
+    place among the static tensors). Returns the name of the input each Mul output stands for."""
+    renamed = {}
+    for layer in plan.layers:
+        factors = decisions.equalized.get(layer.name)
+        value = layer.activation
+        if factors is None or layer.dynamic or value not in plan.static_tensors:
+            continue
+        graph = graph_of(value, [layer.node])
+        assert layer.weight.const_value is not None
+        shape = (1, -1, *[1] * (len(layer.weight.const_value.shape) - 2))  # [1, C, 1...] as the Conv's input
+        inverse = add_initializer(
+            graph, names(f"{layer.name}_equalize"), (1 / factors).astype(np.float32).reshape(shape)
+        )
+        out = ir.Value(name=names(f"{value.name}_equalized"), type=value.type, shape=value.shape)
+        mul = ir.Node("", "Mul", [value, inverse], outputs=[out], name=names.node(f"{layer.name}_equalize"))
+        insert_after_producer(graph, value, [mul])
+        layer.node.replace_input_with(0, out)
+        plan.static_tensors[plan.static_tensors.index(value)] = out
+        renamed[out] = str(value.name)
+    return renamed
+
+
 def takes_int32_bias(
     layer: Layer, decision: LayerDecision, params: tuple[float, int] | None, options: Int8Options
 ) -> bool:
@@ -520,10 +606,11 @@ def build(
     group_names = {id(activation): str(activation.name) for activation in plan.dynamic_groups}  # before any rename
     decisions, folded = _fold_into_values(plan, decisions, names)
     static_nodes = {layer.node for layer in plan.layers if not layer.dynamic} | set(plan.passthrough)
+    renamed = _equalize(plan, decisions, names)
     graphs = list(all_graphs(model.graph))
     read = [(graph, name) for graph in graphs for name, value in graph.initializers.items() if value.uses()]
     for value in list(plan.static_tensors):
-        params = decisions.tensors.get(str(value.name))
+        params = decisions.tensors.get(renamed.get(value, str(value.name)))
         if params is None:
             plan.static_tensors.remove(value)
             continue

@@ -73,6 +73,8 @@ class WeightRecipe:
     output; :attr:`scales` carry them too, so the levels are those of the unscaled weight)."""
     qtype: QType = INT8
     """The levels' type: INT8, or FP8 E4M3FN (``quantize fp8``)."""
+    inputs: np.ndarray | None = None
+    """``[C]`` factors on a Conv weight's input channels (axis 1): its input equalized per channel."""
 
     def matrix(self) -> np.ndarray:
         """The float32 weight to quantize (the source's mapping released)."""
@@ -84,6 +86,8 @@ class WeightRecipe:
             weight = weight * self.rows.astype(np.float32)[:, None]
         if self.columns is not None:
             weight = weight * self.columns.astype(np.float32)[None, :]
+        if self.inputs is not None:
+            weight = weight * self.inputs.astype(np.float32).reshape(1, -1, *[1] * (weight.ndim - 2))
         return weight
 
     def quantized(self, weight: np.ndarray | None = None) -> np.ndarray:
