@@ -116,11 +116,24 @@ def _deserialize(proto: onnx.ModelProto, where: str) -> ir.Model:
         if isinstance(cause, NotImplementedError) and "Map types" in str(cause):
             raise UnsupportedModelError(
                 f"{where} has a value of map type (such as sklearn-onnx's ZipMap output), which onnx-ir cannot "
-                "represent yet: convert it without the map (sklearn-onnx: options={'zipmap': False})."
+                f"represent yet{_ml_nodes(proto)}"
             ) from e
         raise ModelLoadError(
             f"{where} cannot be read into onnx-ir ({_short(cause)}): check it with onnx.checker."
         ) from e
+
+
+def _ml_nodes(proto: onnx.ModelProto) -> str:
+    """The end of the map-type refusal: what of the main graph a tool could convert, and what to do."""
+    advice = ": convert it without the map (sklearn-onnx: options={'zipmap': False})."
+    ml = sorted({node.op_type for node in proto.graph.node if node.domain == "ai.onnx.ml"})
+    if not ml:
+        return advice
+    others = sum(1 for node in proto.graph.node if node.domain in ("", "ai.onnx"))
+    text = f"; its ai.onnx.ml nodes ({', '.join(ml)}) compute in float32 or float64 only (no FP16, BF16 or INT8 form)"
+    if not others:
+        return text + " and it has no other node: nothing in it has a lower-precision form."
+    return text + f", so only its {others} of {len(proto.graph.node)} ai.onnx nodes could be converted" + advice
 
 
 def _read_proto(path: Path) -> onnx.ModelProto:
