@@ -366,6 +366,16 @@ def _gptq_by_block_size(
     return [r for r in results if r is not None]
 
 
+def _scaled_gram(gram: np.ndarray, scales: np.ndarray, rows: int = 512) -> np.ndarray:
+    """``gram / np.outer(scales, scales)``, the same values, made a few rows at a time: a ``[K, K]`` float64 Gram is
+    1.6 GB at K = 14336, and the outer product would be another."""
+    result = np.empty(gram.shape, np.result_type(gram, scales))
+    for start in range(0, gram.shape[0], rows):
+        part = slice(start, start + rows)
+        np.divide(gram[part], np.outer(scales[part], scales), out=result[part])
+    return result
+
+
 def _gptq_jointly(
     weights: Sequence[np.ndarray], stats: GroupStats, scales: np.ndarray | None, config: QuantConfig
 ) -> list[QuantizedWeight]:
@@ -376,13 +386,14 @@ def _gptq_jointly(
     With AWQ scales, the weights are ``diag(s) W`` and the Hessian that of ``x / s``: ``diag(1/s) H diag(1/s)``.
     """
     assert stats.gram is not None
-    hessian = stats.gram if scales is None else stats.gram / np.outer(scales, scales)
+    hessian = stats.gram if scales is None else _scaled_gram(stats.gram, scales)
     scaled = [w if scales is None else w * scales[:, None] for w in weights]
     joint = gptq(
         np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
         symmetric=config.symmetric, damp=config.gptq_damp, act_order=config.gptq_act_order,
-        positive_scales=config.positive_scales, backend=config.backend,
+        positive_scales=config.positive_scales, backend=config.backend, overwrite_hessian=scales is not None,
     )  # fmt: skip
+    del hessian
     results = []
     start = 0
     for w in scaled:
