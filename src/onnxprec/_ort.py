@@ -49,6 +49,7 @@ __all__ = [
     "model_proto",
     "ort_model",
     "resolve_providers",
+    "session_weight_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -331,6 +332,18 @@ def _cast_session() -> Any:
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 19)], ir_version=9)
     ort = import_onnxruntime()
     return ort.InferenceSession(model.SerializeToString(), session_options("none"), providers=["CPUExecutionProvider"])
+
+
+DEVICE_SESSION_BYTES = 1024 * 1024 * 1024
+"""Weights per session of a segmented run on a device provider, where a session costs seconds whatever its size (the
+provider's handles, the weights copied to the device): about one decoder layer of an 8B model in FP32 (832 MiB)."""
+
+
+def session_weight_bytes(providers: Sequence[str] | None, cpu_bytes: int) -> int:
+    """Weights per session of a run cut into segments on ModelOpt-style ``providers``: ``cpu_bytes`` when the first is
+    the CPU (or none is given), :data:`DEVICE_SESSION_BYTES` on a device (``cuda``, ``trt``, ``dml``)."""
+    first = str(providers[0]).lower().partition(":")[0] if providers else "cpu"
+    return cpu_bytes if first == "cpu" else DEVICE_SESSION_BYTES
 
 
 def session_options(

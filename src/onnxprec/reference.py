@@ -9,8 +9,8 @@ each chunk only adds its outputs to the same small message.
 
 ONNX Runtime maps external weights rather than copying them, but every page a run touches stays resident (as
 file-backed memory) while the session lives, so one session over a 4 GB model peaks at 4 GB of RSS. Models whose
-weights exceed ``segment_bytes`` (192 MiB by default) are therefore run **segment by segment** when no node
-has a subgraph: the nodes, in graph order, are cut into pieces of at most ``segment_bytes`` of weights; each piece
+weights exceed ``segment_bytes`` (192 MiB on the CPU, 1 GiB on a GPU by default) are therefore run **segment by
+segment** when no node has a subgraph: the nodes, in graph order, are cut into pieces of at most that; each piece
 is a session of its own (with the range reductions of the tensors it produces), run over every batch and released
 before the next is created, and only the activations that later pieces read are carried over (per batch, in
 memory up to ``CARRY_MEMORY_BYTES`` in all, in temporary files beyond). Peak RSS is then one piece's weights plus
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ class ReferenceResult:
     stats: dict[str, TensorStats] | None = None
     segments: int = 1
     """Sessions the graph was cut into (1: the whole graph at once)."""
+    session_seconds: float = 0.0  # spent making the sessions of a segmented run (0 for a whole one)
 
 
 def float_tensors(value: ir.Value) -> bool:
@@ -191,7 +193,7 @@ def run_reference(
         budget_bytes: Upper bound on the estimated bytes of the tensors fetched in one run.
         observe_inputs: Also hand the graph inputs of every batch to the observers.
         segment_bytes: Weights per session when the model is run in segments (see the module docstring); None:
-            ``DEFAULT_SEGMENT_BYTES``.
+            ``DEFAULT_SEGMENT_BYTES`` on the CPU (:func:`onnxprec._ort.session_weight_bytes`).
         what: How errors name the model (default: the model for the reference run, with advice on how to skip
             that run).
         on_done: Called with the names of observed tensors as soon as every batch of them has been handed to the
@@ -203,7 +205,7 @@ def run_reference(
         CalibrationDataError: ONNX Runtime fails on the given inputs.
     """
     if segment_bytes is None:
-        segment_bytes = DEFAULT_SEGMENT_BYTES
+        segment_bytes = _ort.session_weight_bytes(providers, DEFAULT_SEGMENT_BYTES)
     data = CalibrationData.of(batches)
     marked = _selected(model, select)
     # Ranges need no tensor out of the runtime: it reduces each FP32 tensor to min/max/sum/shape itself. Only the
@@ -237,8 +239,8 @@ def _log_run(result: ReferenceResult, marked: int, segment_bytes: int) -> None:
     logger.log(
         logging.INFO if marked else logging.DEBUG,  # a plain run of a model (e.g. a numeric check) is no step
         "Reference run: %d tensors over %d batch(es) in %s", marked, result.num_batches,
-        f"{result.segments} segments of <= {segment_bytes / (1 << 20):.4g} MiB of weights" if result.segments > 1
-        else f"{result.chunks} chunk(s)",
+        f"{result.segments} segments of <= {segment_bytes / (1 << 20):.4g} MiB of weights (sessions made in "
+        f"{result.session_seconds:.1f} s)" if result.segments > 1 else f"{result.chunks} chunk(s)",
     )  # fmt: skip
 
 
@@ -260,7 +262,8 @@ def run_message(
         CalibrationDataError: ONNX Runtime fails on the given inputs.
     """
     data = CalibrationData.of(batches)
-    segment_bytes = DEFAULT_SEGMENT_BYTES if segment_bytes is None else segment_bytes
+    if segment_bytes is None:
+        segment_bytes = _ort.session_weight_bytes(providers, DEFAULT_SEGMENT_BYTES)
     base = onnx.ModelProto()
     base.CopyFrom(message)
     graph = base.graph
@@ -311,8 +314,8 @@ class _Run:
         )  # fmt: skip
         if done is None:
             return None
-        first_outputs, count = done
-        return ReferenceResult(self.data.first, first_outputs, count, 1, None, len(segments))
+        first_outputs, count, seconds = done
+        return ReferenceResult(self.data.first, first_outputs, count, 1, None, len(segments), seconds)
 
     def whole(
         self,
@@ -429,9 +432,9 @@ def _run_segmented(
     n_outputs: int | None = None,
     what: str | None = None,
     on_done: Callable[[list[str]], None] | None = None,
-) -> tuple[dict[str, np.ndarray], int] | None:
+) -> tuple[dict[str, np.ndarray], int, float] | None:
     """Runs the graph piece by piece over every batch (see the module docstring); returns the first batch's graph
-    outputs and the number of batches, or None (nothing run) when a tensor crossing pieces has no known type.
+    outputs, the batches and the seconds making sessions, or None (nothing run) when a crossing tensor has no type.
 
     ``base`` holds the range reductions of ``in_graph`` (``reductions``: tensor -> outputs), its first ``n_outputs``
     graph outputs are the model's own (default: all); each piece computes the reductions of the tensors it produces.
@@ -483,12 +486,13 @@ def _run_segmented(
         del proto
     carried = BatchStore(CARRY_MEMORY_BYTES)
     first_outputs: dict[str, np.ndarray] = {}
-    count = 0
+    count, making = 0, 0.0
     with (
         contextlib.closing(carried),
         Progress("Reference run (segments)", "segment", len(pieces)) as bar,
     ):
         for number, (s, payload, inputs, outputs, here) in enumerate(pieces):
+            start = time.perf_counter()
             session = _ort.create_session(
                 payload,
                 providers=providers,
@@ -497,6 +501,7 @@ def _run_segmented(
                 external_data_folder=folder,
                 what=f"segment {s + 1}/{len(segments)} of {what or 'the model for the reference run'}",
             )
+            making += time.perf_counter() - start
             count = 0
             for i, batch in enumerate(replay):
                 if number == 0 and observe_inputs:
@@ -523,7 +528,7 @@ def _run_segmented(
             if on_done is not None:
                 inputs_done = [i.name for i in base.graph.input] if number == 0 and observe_inputs else []
                 on_done(inputs_done + [name for name in outputs if name in fetch or name in graph_outputs])
-    return first_outputs, count
+    return first_outputs, count, making
 
 
 def _constant_producers(nodes: Sequence[onnx.NodeProto], initializers: Collection[str]) -> dict[str, int]:

@@ -404,10 +404,12 @@ def task_check(
     *,
     providers: Sequence[str] | None = None,
     input_shapes: Mapping[str, Any] | str | None = None,
+    segment_bytes: int | None = None,
 ) -> tuple[TaskSummary, bool]:
     """Runs the float ``reference`` and the written ``candidate`` on the first batch of ``source`` (any calibration
     source; None: realistic random data) and compares each output by its task metric
-    (:func:`onnxprec.accuracy.task_metrics`); each model runs alone (segment by segment when large).
+    (:func:`onnxprec.accuracy.task_metrics`); each model runs alone (segment by segment when large, in sessions of at
+    most ``segment_bytes`` of weights: None, the runner's default for ``providers``).
 
     Returns:
         The task metrics and whether the batch was random data.
@@ -418,9 +420,9 @@ def task_check(
     def run(data: CalibrationData) -> tuple[TaskSummary, bool]:
         feeds = [data.first]
         ref = run_reference(reference, feeds, select=(), providers=providers, observe_inputs=False,
-                            what="the float model")  # fmt: skip
+                            segment_bytes=segment_bytes, what="the float model")  # fmt: skip
         got = run_reference(load_model(str(candidate)), feeds, select=(), providers=providers, observe_inputs=False,
-                            what="the result")  # fmt: skip
+                            segment_bytes=segment_bytes, what="the result")  # fmt: skip
         return task_metrics(reference, [ref.first_outputs], [got.first_outputs]), data.random
 
     return CalibrationArgs(source, input_shapes).run(reference, run)

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -50,6 +52,8 @@ __all__ = [
     "MethodSpec",
     "QuantConfig",
     "Recipe",
+    "Spill",
+    "SpilledWeight",
     "decide_group",
     "method_spec",
 ]
@@ -168,6 +172,59 @@ class CompactWeight:
         zp = 0 if self.zero_points is None else self.zero_points.nbytes
         return int(self.levels.nbytes + self.scales.nbytes + zp)
 
+    def spill(self, to: Spill) -> SpilledWeight:
+        """This weight written to ``to``'s file (its arrays then dropped by the caller)."""
+        arrays = (self.levels, self.scales, self.zero_points)
+        layout = tuple(None if a is None else (a.dtype, a.shape) for a in arrays)
+        return SpilledWeight(to, to.write([a for a in arrays if a is not None]), layout, self.shape,
+                             self.block_size, self.bits)  # fmt: skip
+
+
+class Spill:
+    """One temporary file that :class:`CompactWeight` results are appended to as they are made (the GPTQ results of
+    a large model wait for the save on disk, not in memory); the file goes when the last weight in it is collected."""
+
+    def __init__(self) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="onnxprec-results-")
+        self.path = Path(self._folder.name) / "results.bin"
+        self.path.touch()
+
+    def write(self, arrays: Sequence[np.ndarray]) -> int:
+        """Appends ``arrays`` (C order); returns the offset of the first."""
+        with self.path.open("ab") as stream:
+            offset = stream.tell()
+            for array in arrays:
+                np.ascontiguousarray(array).tofile(stream)
+        return offset
+
+
+@dataclass
+class SpilledWeight:
+    """A :class:`CompactWeight` in a :class:`Spill` file: :meth:`expand` reads it back (a copy, no mapping kept)."""
+
+    spill: Spill
+    offset: int
+    layout: tuple[tuple[np.dtype, tuple[int, ...]] | None, ...]
+    """(dtype, shape) of the levels, the scales and the zero points (None: none)."""
+    shape: tuple[int, int]
+    block_size: int
+    bits: int
+
+    def expand(self) -> QuantizedWeight:
+        arrays: list[np.ndarray | None] = []
+        offset = self.offset
+        for part in self.layout:
+            if part is None:
+                arrays.append(None)
+                continue
+            dtype, shape = part
+            count = math.prod(shape)
+            arrays.append(np.fromfile(self.spill.path, dtype, count, offset=offset).reshape(shape))
+            offset += count * dtype.itemsize
+        levels, scales, zero_points = arrays
+        assert levels is not None and scales is not None
+        return CompactWeight(levels, self.shape, scales, zero_points, self.block_size, self.bits).expand()
+
 
 @dataclass
 class Recipe:
@@ -186,8 +243,8 @@ class Recipe:
     """Per-block weight-MSE clip search (``rtn_clip``)."""
     search: str | None = None
     """Calibration-free parameter search: ``"kquant"`` or ``"hqq"``."""
-    result: CompactWeight | None = None
-    """A result computed during calibration (GPTQ)."""
+    result: CompactWeight | SpilledWeight | None = None
+    """A result computed during calibration (GPTQ), in memory or spilled to a file."""
     info: dict[str, object] = field(default_factory=dict)
     """Report entries decided with the recipe (alpha, errors on calibration data...)."""
     backend: ArrayBackend = field(default=NUMPY, repr=False)
@@ -309,6 +366,16 @@ def _gptq_by_block_size(
     return [r for r in results if r is not None]
 
 
+def _scaled_gram(gram: np.ndarray, scales: np.ndarray, rows: int = 512) -> np.ndarray:
+    """``gram / np.outer(scales, scales)``, the same values, made a few rows at a time: a ``[K, K]`` float64 Gram is
+    1.6 GB at K = 14336, and the outer product would be another."""
+    result = np.empty(gram.shape, np.result_type(gram, scales))
+    for start in range(0, gram.shape[0], rows):
+        part = slice(start, start + rows)
+        np.divide(gram[part], np.outer(scales[part], scales), out=result[part])
+    return result
+
+
 def _gptq_jointly(
     weights: Sequence[np.ndarray], stats: GroupStats, scales: np.ndarray | None, config: QuantConfig
 ) -> list[QuantizedWeight]:
@@ -319,13 +386,14 @@ def _gptq_jointly(
     With AWQ scales, the weights are ``diag(s) W`` and the Hessian that of ``x / s``: ``diag(1/s) H diag(1/s)``.
     """
     assert stats.gram is not None
-    hessian = stats.gram if scales is None else stats.gram / np.outer(scales, scales)
+    hessian = stats.gram if scales is None else _scaled_gram(stats.gram, scales)
     scaled = [w if scales is None else w * scales[:, None] for w in weights]
     joint = gptq(
         np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
         symmetric=config.symmetric, damp=config.gptq_damp, act_order=config.gptq_act_order,
-        positive_scales=config.positive_scales, backend=config.backend,
+        positive_scales=config.positive_scales, backend=config.backend, overwrite_hessian=scales is not None,
     )  # fmt: skip
+    del hessian
     results = []
     start = 0
     for w in scaled:

@@ -98,3 +98,23 @@ def test_the_reported_output_error_of_a_wide_weight_is_the_whole_weights_on_ever
     expected = _output_error(x, w[:, ::3], dq[:, ::3])
     assert recipe.info["output_rel_error"] == pytest.approx(expected, rel=1e-4)
     assert recipe.info["output_rel_error"] != pytest.approx(_output_error(x, w, dq), rel=1e-6)
+
+
+def test_spilled_results_and_the_row_wise_scaled_gram_equal_the_in_memory_ones() -> None:
+    from onnxprec.quantization.methods import Spill, _scaled_gram
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 1100))
+    gram, scales = x.T @ x, (rng.random(1100) + 0.5).astype(np.float32)
+    assert np.array_equal(_scaled_gram(gram, scales), gram / np.outer(scales, scales))  # bit for bit
+    spill = Spill()
+    for symmetric in (True, False):
+        qw = quantize_rtn(rng.standard_normal((96, 40)).astype(np.float32), 32, symmetric=symmetric)
+        spilled = CompactWeight.of(qw).spill(spill)
+        back = spilled.expand()
+        for name in ("q", "scales", "zero_points"):
+            a, b = getattr(qw, name), getattr(back, name)
+            assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), name
+    path = spill.path
+    del spill, spilled
+    assert not path.exists()  # the file goes with its last weight

@@ -94,6 +94,7 @@ def gptq(
     bits: int = 4,
     positive_scales: bool = False,
     backend: ArrayBackend = NUMPY,
+    overwrite_hessian: bool = False,
 ) -> QuantizedWeight:
     """Quantizes ``w`` ``[K, N]`` with GPTQ, given ``hessian = sum_t x_t x_t^T`` ``[K, K]`` over ``n_tokens`` tokens.
 
@@ -116,13 +117,15 @@ def gptq(
     ``symmetric`` and ``positive_scales``).
 
     ``backend`` runs the factorisation and the walk (numpy when they would not fit its memory limit); the
-    statistics of dead channels and ``act_order``'s order are found on the host first.
+    statistics of dead channels and ``act_order``'s order are found on the host first. ``overwrite_hessian``: a
+    float64 ``hessian`` the caller no longer needs is worked on in place, not copied (a ``[K, K]`` float64 matrix).
     """
     weight = as_float32_matrix(w)
     if np.may_share_memory(weight, np.asarray(w)):
         weight = weight.copy()
     k, n = weight.shape
-    h = np.array(hessian, dtype=np.float64)
+    h = np.asarray(hessian, dtype=np.float64) if overwrite_hessian else np.array(hessian, dtype=np.float64)
+    del hessian
     if h.shape != (k, k):
         raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h.shape}")
     if n_tokens <= 0:

@@ -139,3 +139,16 @@ def test_indefinite_hessian_gets_more_damping(caplog: pytest.LogCaptureFixture) 
     result = gptq(w, hessian, 1, 16)
     assert np.isfinite(result.dequantize()).all()
     assert "not positive definite" in caplog.text
+
+
+def test_overwrite_hessian_works_in_place_with_the_same_result() -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 64))
+    w = rng.standard_normal((64, 24)).astype(np.float32)
+    kept = x.T @ x
+    copied = gptq(w, kept, 300, 16)
+    assert np.array_equal(kept, x.T @ x)  # the caller's Hessian is left as it was
+    worked = x.T @ x
+    in_place = gptq(w, worked, 300, 16, overwrite_hessian=True)
+    assert not np.array_equal(worked, x.T @ x)  # used as the workspace
+    assert np.array_equal(copied.q, in_place.q) and np.array_equal(copied.scales, in_place.scales)

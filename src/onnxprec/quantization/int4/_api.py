@@ -46,7 +46,7 @@ from onnxprec.quantization.formats.qdq import MIN_OPSET
 from onnxprec.quantization.int4._budget import choose_precisions, logits_head, writes_text, written_text
 from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
-from onnxprec.quantization.methods import METHODS, GroupStats, QuantConfig, Recipe, decide_group
+from onnxprec.quantization.methods import METHODS, CompactWeight, GroupStats, QuantConfig, Recipe, Spill, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
 from onnxprec.quantization.select import (
     FLOAT_WEIGHT_TYPES,
@@ -140,8 +140,8 @@ def _calibrate_and_decide(
     budget = options.stats_memory_mb * 1024 * 1024
     # A segmented model is calibrated in one forward walk: each segment runs on the activations the previous one left,
     # and the groups whose inputs it computed are decided (and their statistics dropped) before the next segment, so
-    # the statistics held are one segment's, whatever the depth. --gptq_sequential needs the earlier layers quantized
-    # before the later ones run: one pass per few groups.
+    # the statistics held are one segment's, whatever the depth, and the GPTQ results go to a file as they are made.
+    # --gptq_sequential needs the earlier layers quantized before the later ones run: one pass per few groups.
     streaming = not options.gptq_sequential and streams(model, options.segment_bytes)
     chunks = [groups] if streaming else plan_chunks(groups, spec, options.sample_tokens, budget)
     if options.gptq_sequential:
@@ -156,6 +156,7 @@ def _calibrate_and_decide(
         WeightGroup, ir.TensorProtocol
     ] = {}  # --gptq_sequential: float weights while dequantized ones stand in
     stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-") if options.gptq_sequential else None
+    spill = Spill() if streaming else None  # a walk's GPTQ results wait for the save in a file, not in memory
     source = options.calibration_data_reader if written is None else written
     if source is None:
         logger.warning(
@@ -174,6 +175,10 @@ def _calibrate_and_decide(
                     group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
                     if group_scales is not None:
                         scales[group] = group_scales
+                    for target in owned[group]:
+                        result = recipes[target].result
+                        if spill is not None and isinstance(result, CompactWeight):
+                            recipes[target].result = result.spill(spill)
                     if stand_ins is not None:  # the next chunks see this group's weights quantized
                         for target in owned[group]:
                             file = Path(stand_ins.name) / f"w{len(floats)}.bin"
@@ -545,7 +550,7 @@ def quantize(
             ``awqlite_alpha_step``, ``awqclip_alpha_step``, ``awqclip_alpha_min``, ``awqclip_bsz_col``,
             ``gptq_damp``, ``gptq_act_order``, ``gptq_sequential``, ``layers_8bit``, ``block_size_8bit``,
             ``size_budget_mb``, ``calibration_batch_size``, ``sample_tokens``,
-            ``stats_memory_mb``, ``input_shapes``.
+            ``stats_memory_mb``, ``segment_mb``, ``input_shapes``.
 
     Returns:
         The quantized model.
@@ -574,7 +579,8 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
     shapes = calibration.parse_input_shapes(options.input_shapes) or None
     try:
         summary, random = task_check(load_model(source), written, options.calibration_data_reader,
-                                     providers=list(options.calibration_eps), input_shapes=shapes)  # fmt: skip
+                                     providers=list(options.calibration_eps), input_shapes=shapes,
+                                     segment_bytes=options.check_segment_bytes)  # fmt: skip
     except OnnxprecError as e:  # the check is information (a one-shot reader, say, was read by the quantization)
         logger.warning("INT4 result not measured against the float model: %s", e)
         return False

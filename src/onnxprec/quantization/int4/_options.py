@@ -162,6 +162,13 @@ class Int4Options(_tool.QuantizationOptions):
         help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
         "several passes over the data; a model with more weights than this runs in segments of half as many.",
     )
+    segment_mb: int | None = option(
+        None,
+        group=EXTRAS,
+        help="Weights per ONNX Runtime session (MiB) when a large model runs segment by segment (calibration, the "
+        "check of the output); default: half of --stats_memory_mb on the CPU, 1024 on a GPU provider, where each "
+        "session costs seconds.",
+    )
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=EXTRAS)
     gpu_memory_mb: int = option(
         DEFAULT_GPU_MEMORY_MB,
@@ -206,6 +213,8 @@ class Int4Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(f"awqclip_alpha_min must be in (0, 1], got {self.awqclip_alpha_min!r}.")
         if self.gpu_memory_mb < 0:
             raise InvalidArgumentError(f"gpu_memory_mb must be 0 or positive, got {self.gpu_memory_mb!r}.")
+        if self.segment_mb is not None and self.segment_mb < 1:
+            raise InvalidArgumentError(f"segment_mb must be a positive integer, got {self.segment_mb!r}.")
         for name in ("awqclip_bsz_col", "stats_memory_mb"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
@@ -248,10 +257,21 @@ class Int4Options(_tool.QuantizationOptions):
 
     @property
     def segment_bytes(self) -> int:
-        """Weights per ONNX Runtime session in the calibration runs: half of ``--stats_memory_mb``, so that the
-        statistics and one session's weights stay within about twice that (a model up to twice this size runs in
-        one session; larger ones segment by segment)."""
-        return self.stats_memory_mb * 1024 * 1024 // 2
+        """Weights per ONNX Runtime session in the calibration runs: ``--segment_mb``, else on the CPU half of
+        ``--stats_memory_mb``, so that the statistics and one session's weights stay within about twice that (a model
+        up to twice this size runs in one session; larger ones segment by segment), and on a GPU provider
+        :data:`onnxprec._ort.DEVICE_SESSION_BYTES`."""
+        from onnxprec import _ort
+
+        if self.segment_mb is not None:
+            return self.segment_mb * 1024 * 1024
+        return _ort.session_weight_bytes(self.calibration_eps, self.stats_memory_mb * 1024 * 1024 // 2)
+
+    @property
+    def check_segment_bytes(self) -> int | None:
+        """Weights per session when the written output is checked: ``--segment_mb``, else None (the runner's
+        default for the providers)."""
+        return None if self.segment_mb is None else self.segment_mb * 1024 * 1024
 
     @property
     def format(self) -> str:

@@ -3,6 +3,7 @@ with the same output as one pass per chunk of statistics."""
 
 from __future__ import annotations
 
+import gc
 import re
 from pathlib import Path
 
@@ -112,3 +113,53 @@ def test_large_weights_quantized_in_column_chunks_equal_the_whole(
     for a, b in zip(whole_layers, chunked_layers):
         for key in ("weight_rel_error", "scale_min", "scale_max", "scale_mean"):
             assert a[key] == pytest.approx(b[key], rel=1e-5), (a["weight"], key)
+
+
+def test_segments_sized_by_provider_and_by_segment_mb() -> None:
+    from onnxprec.quantization.int4 import Int4Options
+
+    cpu = Int4Options(stats_memory_mb=256)
+    assert cpu.segment_bytes == 128 * 2**20 and cpu.check_segment_bytes is None  # the CPU's sizes as before
+    assert Int4Options(calibration_eps=["cuda:0"]).segment_bytes == _ort.DEVICE_SESSION_BYTES
+    assert Int4Options(calibration_eps=["trt", "cpu"], segment_mb=3).segment_bytes == 3 * 2**20
+    assert Int4Options(segment_mb=3).check_segment_bytes == 3 * 2**20
+    assert _ort.session_weight_bytes(None, 7) == _ort.session_weight_bytes(["cpu", "cuda"], 7) == 7
+    assert _ort.session_weight_bytes(["dml:1"], 7) == _ort.DEVICE_SESSION_BYTES
+
+
+def test_segment_sizes_and_spilled_gptq_results_write_byte_identical_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnxprec.quantization import methods
+    from onnxprec.quantization.int4 import _api
+
+    src = tmp_path / "m.onnx"
+    onnx.save(_decoder(3), src, save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=1024)
+    ids = np.random.default_rng(0).integers(3, 250, (2, 12))
+    made = _segment_sessions(monkeypatch)
+    spilled = []
+    spill = methods.CompactWeight.spill
+
+    def spy(self: methods.CompactWeight, to: methods.Spill) -> methods.SpilledWeight:
+        spilled.append(to.path)
+        return spill(self, to)
+
+    monkeypatch.setattr(methods.CompactWeight, "spill", spy)
+    written = {}
+    # The old path: one session (a segment as large as the model), then segments of 1 MiB with the GPTQ results kept
+    # in memory and written to a file as they are made.
+    for name, segment_mb, spills in (("whole", 1024, True), ("segments", 1, False), ("spilled", 1, True)):
+        made.clear(), spilled.clear()
+        monkeypatch.setattr(_api, "Spill", methods.Spill if spills else lambda: None)
+        dst = tmp_path / name / "q.onnx"
+        dst.parent.mkdir()
+        report = quantize_file(
+            src, dst, external_data=True, calibration_method="gptq", calibration_data_reader={"input_ids": ids},
+            block_size=32, nodes_to_exclude=[], segment_mb=segment_mb,
+        )  # fmt: skip
+        written[name] = (dst.read_bytes(), (dst.parent / "q.onnx.data").read_bytes())
+        assert (len(made) >= 3) == (segment_mb == 1)
+        assert len(spilled) == (len(report.layers) if name == "spilled" else 0) and len(report.layers) >= 7
+        gc.collect()  # the model's graph holds reference cycles
+        assert not any(path.exists() for path in spilled)  # the spill file goes with the results that read it
+    assert written["whole"] == written["segments"] == written["spilled"]
