@@ -117,15 +117,14 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
     """Every precision of ``target`` with its bytes and loss (RTN; the table part of a tied weight unweighted).
 
     Blocks run along K, so output columns are quantized independently: the losses are summed over slices of about
-    ``_SLICE_BYTES`` of columns, and a 262k-row tied table never has a full-size dequantized copy beside it."""
-    w = target.read()
+    ``_SLICE_BYTES`` of columns, each read on its own: a 262k-row tied table is never all in memory."""
     config = options.quant_config()
     precisions = _precisions(target, options)
     errors = np.zeros((len(precisions), 2))  # per precision: tr(ΔWᵀ H ΔW), tr(ΔWᵀ ΔW)
     energy = np.zeros(2)  # tr(Wᵀ H W), tr(Wᵀ W)
     step = max(1, _SLICE_BYTES // (4 * target.k))
     for start in range(0, target.n, step):
-        part = w[:, start : start + step]
+        part = target.read(slice(start, start + step))  # one slice in memory, however large the weight
         energy += [hessian_energy(part, gram) if target.matmuls else 0.0, hessian_energy(part, None)]
         for i, precision in enumerate(precisions):
             if not precision.bits:
@@ -136,7 +135,7 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
             ).dequantize()  # fmt: skip
             errors[i] += [hessian_energy(diff, gram) if target.matmuls else 0.0, hessian_energy(diff, None)]
             del diff
-    del w
+        del part
     result = []
     for precision, (weighted, plain) in zip(precisions, errors):
         size, _ = stored_bytes(
