@@ -359,11 +359,12 @@ def writes_text(model: ir.Model) -> bool:
     return LLMInputs.of(model) is not None and _has_logits(model)
 
 
-def written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray] | None:
+def written_text(model: ir.Model, options: Int4Options, writer: ir.Model | None = None) -> dict[str, np.ndarray] | None:
     """Without calibration data: token windows the LLM writes itself, or None (random data) for other models.
 
     Used for the size budget's sensitivities and for the methods that calibrate (AWQ, GPTQ): the model's own text is
-    in its distribution, random token ids are not text.
+    in its distribution, random token ids are not text. ``writer``: a quantized copy of ``model`` that samples the
+    tokens in its place (:func:`~onnxprec.quantization.generated.generated_token_windows`).
     """
     from onnxprec.llm_inputs import LLMInputs
     from onnxprec.quantization.generated import generated_token_windows
@@ -371,7 +372,9 @@ def written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray]
     llm = LLMInputs.of(model)
     if llm is not None and _has_logits(model):
         try:
-            ids = generated_token_windows(model, WRITTEN_WINDOWS, WRITTEN_LENGTH, providers=options.calibration_eps)
+            ids = generated_token_windows(
+                model, WRITTEN_WINDOWS, WRITTEN_LENGTH, providers=options.calibration_eps, writer=writer
+            )
         except CalibrationDataError as e:
             logger.warning("The model cannot write its own calibration text (%s)", e)
         else:
