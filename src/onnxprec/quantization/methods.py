@@ -319,13 +319,17 @@ def _gptq_jointly(
     With AWQ scales, the weights are ``diag(s) W`` and the Hessian that of ``x / s``: ``diag(1/s) H diag(1/s)``.
     """
     assert stats.gram is not None
-    hessian = stats.gram if scales is None else stats.gram / np.outer(scales, scales)
+    hessian = stats.gram
+    if scales is not None:  # divided into the buffer of the outer product: one new K x K matrix, handed over to GPTQ
+        hessian = np.outer(scales, scales)
+        np.divide(stats.gram, hessian, out=hessian)
     scaled = [w if scales is None else w * scales[:, None] for w in weights]
     joint = gptq(
         np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
         symmetric=config.symmetric, damp=config.gptq_damp, act_order=config.gptq_act_order,
-        positive_scales=config.positive_scales, backend=config.backend,
+        positive_scales=config.positive_scales, backend=config.backend, overwrite_hessian=scales is not None,
     )  # fmt: skip
+    del hessian
     results = []
     start = 0
     for w in scaled:

@@ -74,8 +74,9 @@ def _inverse_cholesky_upper(h: np.ndarray, damp: float, backend: ArrayBackend = 
         except np.linalg.LinAlgError:
             logger.warning("GPTQ: Hessian not positive definite with damping %g; retrying with %g", factor, factor * 10)
             continue
-        upper = xp.triu(xp.linalg.inv(reversed_lower[::-1, ::-1]))
+        upper = xp.linalg.inv(reversed_lower[::-1, ::-1])
         del reversed_lower
+        upper[xp.tri(upper.shape[0], k=-1, dtype=bool)] = 0  # triu in place: no second K x K matrix
         if xp.isfinite(upper).all():
             return upper
     raise np.linalg.LinAlgError(f"GPTQ: Hessian not positive definite even with damping {damp * 10**_MAX_DAMP_RETRIES}")
@@ -94,6 +95,7 @@ def gptq(
     bits: int = 4,
     positive_scales: bool = False,
     backend: ArrayBackend = NUMPY,
+    overwrite_hessian: bool = False,
 ) -> QuantizedWeight:
     """Quantizes ``w`` ``[K, N]`` with GPTQ, given ``hessian = sum_t x_t x_t^T`` ``[K, K]`` over ``n_tokens`` tokens.
 
@@ -116,13 +118,14 @@ def gptq(
     ``symmetric`` and ``positive_scales``).
 
     ``backend`` runs the factorisation and the walk (numpy when they would not fit its memory limit); the
-    statistics of dead channels and ``act_order``'s order are found on the host first.
+    statistics of dead channels and ``act_order``'s order are found on the host first. ``overwrite_hessian``: a
+    float64 ``hessian`` is the factorisation's work matrix (changed; one ``K x K`` copy fewer).
     """
     weight = as_float32_matrix(w)
     if np.may_share_memory(weight, np.asarray(w)):
         weight = weight.copy()
     k, n = weight.shape
-    h = np.array(hessian, dtype=np.float64)
+    h = np.asarray(hessian, dtype=np.float64) if overwrite_hessian else np.array(hessian, dtype=np.float64)
     if h.shape != (k, k):
         raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h.shape}")
     if n_tokens <= 0:

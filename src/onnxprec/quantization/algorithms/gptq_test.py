@@ -139,3 +139,17 @@ def test_indefinite_hessian_gets_more_damping(caplog: pytest.LogCaptureFixture) 
     result = gptq(w, hessian, 1, 16)
     assert np.isfinite(result.dequantize()).all()
     assert "not positive definite" in caplog.text
+
+
+def test_a_handed_over_hessian_is_the_work_matrix_and_gives_the_same_result() -> None:
+    # A billion-parameter down_proj's K x K float64 Hessian is 642 MB: GPTQ may factorise in the caller's array
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 96)) @ rng.standard_normal((96, 96))
+    hessian = x.T @ x
+    w = rng.standard_normal((96, 40)).astype(np.float32)
+    kept = gptq(w, hessian, 300, 32)
+    handed = hessian.copy()
+    result = gptq(w, handed, 300, 32, overwrite_hessian=True)
+    np.testing.assert_array_equal(result.q, kept.q)
+    np.testing.assert_array_equal(result.scales, kept.scales)
+    assert not np.array_equal(handed, hessian)  # used as the work matrix
