@@ -33,6 +33,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES
+from onnxprec._pieces import gather_columns, is_matmulnbits
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import BatchStore, CalibrationData, copy_value
@@ -302,9 +303,10 @@ class _Run:
     ) -> ReferenceResult | None:
         """The run segment by segment (see the module docstring), or None when the model runs whole (``added``:
         the outputs of every node of the range reductions, :func:`_ort_model_with_reductions`)."""
-        segments = _segments(base, segment_bytes, added)
-        if segments is None:
+        if _segments(base, segment_bytes, added) is None:
             return None
+        info_of = gather_columns(base, {str(v.name) for v in marked}, info_of)  # no whole transposed table in a piece
+        segments = _segments(base, segment_bytes, added) or []
         done = _run_segmented(
             base, segments, folder, info_of, marked, self.data, self.observers, self.providers, self.observe_inputs,
             in_graph, reductions, self.n_outputs, self.what, self.on_done,
@@ -481,9 +483,8 @@ def _run_segmented(
         if outputs or here:  # a piece nothing later reads (only constants, or an unread branch) is not run
             pieces.append((s, proto.SerializeToString(), inputs, outputs, here))
         del proto
-    # A piece with MatMulNBits pre-packs its weights: unpacked, MatMulNBits dequantizes its whole weight to float32 on
-    # every run (an 8-bit 151,936 x 1,536 head: 933 MB beside its 262 MB of quantized bytes).
-    packed = {s for s, piece in enumerate(segments) if any(_is_matmulnbits(nodes[i]) for i in piece)}
+    # Pieces with MatMulNBits pre-pack: unpacked, it dequantizes all its weight to float32 (session_options)
+    packed = {s for s, piece in enumerate(segments) if any(is_matmulnbits(nodes[i]) for i in piece)}
     carried = BatchStore(CARRY_MEMORY_BYTES)
     first_outputs: dict[str, np.ndarray] = {}
     count = 0
@@ -528,10 +529,6 @@ def _run_segmented(
                 inputs_done = [i.name for i in base.graph.input] if number == 0 and observe_inputs else []
                 on_done(inputs_done + [name for name in outputs if name in fetch or name in graph_outputs])
     return first_outputs, count
-
-
-def _is_matmulnbits(node: onnx.NodeProto) -> bool:
-    return node.op_type == "MatMulNBits" and node.domain == "com.microsoft"
 
 
 def _constant_producers(nodes: Sequence[onnx.NodeProto], initializers: Collection[str]) -> dict[str, int]:

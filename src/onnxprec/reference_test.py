@@ -330,3 +330,25 @@ def test_pieces_with_matmulnbits_run_its_pre_packed_kernel(tmp_path: Path) -> No
     unpacked = _ort.create_session(str(path), low_memory=True).run(x, [name])[0]
     np.testing.assert_array_equal(pieces.first_outputs[name], packed)
     assert not np.array_equal(packed, unpacked)  # the two kernels differ (int8 activations when pre-packed)
+
+
+def test_a_table_tied_through_a_transpose_is_gathered_by_columns_in_pieces() -> None:
+    # Transpose(head weight) -> Gather would compute the whole transposed table in the Gather's piece (671 MB for
+    # Gemma-3's 262k x 640): the pieces gather the weight's columns instead, with the same values.
+    from onnxprec._pieces import gather_columns
+    from onnxprec.quantization._testing import tiny_lm
+
+    proto = tiny_lm("transpose")[0]
+    model = ir.serde.deserialize_model(proto)
+    ShapeInferencePass()(model)
+    rng = np.random.default_rng(2)
+    batches = [{"ids": rng.integers(0, 80, (2, 5))} for _ in range(2)]
+    whole = run_reference(model, batches, select=(), observe_inputs=False)
+    pieces = run_reference(model, batches, select=(), observe_inputs=False, segment_bytes=1)
+    assert whole.segments == 1 and pieces.segments >= 2
+    np.testing.assert_array_equal(pieces.first_outputs["logits"], whole.first_outputs["logits"])
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "T"])
+    gather_columns(proto, (), {"ids": ids}.get)
+    ops = [(n.op_type, list(n.input)) for n in proto.graph.node]
+    assert ("Gather", ["lm_head.weight", "ids"]) in ops and not any(op == "Transpose" and "lm_head.weight" in i
+                                                                    for op, i in ops)  # fmt: skip
