@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 
 import onnx
+import onnx_ir as ir
 
-__all__ = ["gather_columns", "is_matmulnbits"]
+__all__ = ["gather_columns", "gather_model_columns", "is_matmulnbits"]
 
 
 def is_matmulnbits(node: onnx.NodeProto) -> bool:
@@ -69,3 +70,32 @@ def gather_columns(
     del graph.node[:]
     graph.node.extend(kept)
     return lambda name: infos.get(name) or info_of(name)
+
+
+def gather_model_columns(model: ir.Model) -> int:
+    """:func:`gather_columns` on an ``ir.Model`` (whose weights stay as they are: mapped or lazy), for a session of
+    the whole model, where ONNX Runtime would fold ``Transpose(weight)`` into a transposed copy. Returns how many
+    Gathers now read columns."""
+    graph, done = model.graph, 0
+    for node in list(graph):
+        data, ids = (
+            (node.inputs[0], node.inputs[1]) if node.op_type == "Gather" and len(node.inputs) == 2 else (None, None)
+        )
+        source = data.producer() if data is not None else None
+        if source is None or source.op_type != "Transpose" or ids is None or ids.shape is None:
+            continue
+        table = source.inputs[0]
+        perm = source.attributes.get_ints("perm", (1, 0))
+        if node.attributes.get_int("axis", 0) != 0 or tuple(perm) != (1, 0) or table is None:
+            continue
+        if not table.is_initializer() or table.shape is None or len(table.shape) != 2 or data.is_graph_output():
+            continue
+        gather = ir.node("Gather", [table, ids], {"axis": 1}, name=f"{node.name}__columns")
+        rows = ir.node(
+            "Transpose", gather.outputs, {"perm": [*range(1, len(ids.shape) + 1), 0]}, name=f"{node.name}__rows"
+        )
+        ir.convenience.replace_nodes_and_values(graph, node, [node], [gather, rows], node.outputs, rows.outputs)
+        if not data.uses():
+            graph.remove(source, safe=True)
+        done += 1
+    return done

@@ -352,3 +352,18 @@ def test_a_table_tied_through_a_transpose_is_gathered_by_columns_in_pieces() -> 
     ops = [(n.op_type, list(n.input)) for n in proto.graph.node]
     assert ("Gather", ["lm_head.weight", "ids"]) in ops and not any(op == "Transpose" and "lm_head.weight" in i
                                                                     for op, i in ops)  # fmt: skip
+
+
+def test_a_whole_model_gathers_a_transposed_table_by_columns_with_the_same_logits() -> None:
+    # For a session of the whole model (the size budget's real runs), where ORT would fold the Transpose into a copy
+    from onnxprec._pieces import gather_model_columns
+    from onnxprec.quantization._testing import tiny_lm
+
+    proto = tiny_lm("transpose")[0]
+    before, after = ir.serde.deserialize_model(proto), ir.serde.deserialize_model(proto)
+    assert gather_model_columns(after) == 1
+    assert [n.op_type for n in after.graph] == ["Gather", "Transpose", "MatMul", "Relu", "MatMul"]
+    ids = {"ids": np.random.default_rng(0).integers(0, 80, (2, 7))}
+    np.testing.assert_array_equal(
+        _ort.create_session(after).run(ids, ["logits"])[0], _ort.create_session(before).run(ids, ["logits"])[0]
+    )

@@ -268,6 +268,7 @@ def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray
 def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Options) -> ir.Model:
     """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits)."""
     from onnxprec._graph import NameAllocator
+    from onnxprec._pieces import gather_model_columns
     from onnxprec.quantization.activation_stats import pruned_copy
     from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits
     from onnxprec.quantization.formats.matmulnbits import DOMAIN
@@ -292,6 +293,7 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
             if not value.uses() and value.name in copy.graph.initializers:
                 copy.graph.initializers.pop(str(value.name))
     copy.opset_imports.setdefault(DOMAIN, 1)
+    gather_model_columns(copy)  # no folded transposed copy of a float table tied through a Transpose
     return copy
 
 
