@@ -78,11 +78,11 @@ def gather_model_columns(model: ir.Model) -> int:
     Gathers now read columns."""
     graph, done = model.graph, 0
     for node in list(graph):
-        data, ids = (
-            (node.inputs[0], node.inputs[1]) if node.op_type == "Gather" and len(node.inputs) == 2 else (None, None)
-        )
+        if node.op_type != "Gather" or len(node.inputs) != 2:
+            continue
+        data, ids = node.inputs
         source = data.producer() if data is not None else None
-        if source is None or source.op_type != "Transpose" or ids is None or ids.shape is None:
+        if data is None or source is None or source.op_type != "Transpose" or ids is None or ids.shape is None:
             continue
         table = source.inputs[0]
         perm = source.attributes.get_ints("perm", (1, 0))
