@@ -350,6 +350,7 @@ def session_options(
     optimization: Optimization = "basic",
     *,
     low_memory: bool = False,
+    prepacking: bool | None = None,
     custom_op_libraries: Sequence[str] = (),
 ) -> Any:
     """Session options: quiet logs, the graph optimization level, and optional memory savings.
@@ -359,6 +360,8 @@ def session_options(
             ``basic`` for reference runs (semantics-preserving rewrites only), ``all`` for latency.
         low_memory: Do not pre-pack weights (pre-packing keeps a second copy of every MatMul weight) and
             execute nodes in list order, so that observed activations are freed early.
+        prepacking: Pre-pack weights (None: unless ``low_memory``). MatMulNBits without its pre-packed weight
+            dequantizes the whole weight to float32 on each run: a quantized model runs in less memory with it.
         custom_op_libraries: Shared libraries with custom op kernels to register.
     """
     ort = import_onnxruntime()
@@ -369,8 +372,9 @@ def session_options(
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
-    if low_memory:
+    if low_memory if prepacking is None else not prepacking:
         options.add_session_config_entry("session.disable_prepacking", "1")
+    if low_memory:
         # Kahn order over the node list: a tensor's consumers run soon after it (the default reverse-DFS
         # order can keep every observed activation alive until the end of the run).
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
@@ -508,6 +512,7 @@ def create_session(
     providers: Sequence[str] | None = None,
     optimization: Optimization = "basic",
     low_memory: bool = False,
+    prepacking: bool | None = None,
     trt_plugins: Sequence[str] = (),
     custom_op_libraries: Sequence[str] = (),
     what: str = "the model",
@@ -522,6 +527,7 @@ def create_session(
         providers: ``cpu``, ``cuda:N``, ``trt``, ``dml``; the CPU provider is always the fallback.
         optimization: ``none``, ``basic`` or ``all`` (see :func:`session_options`).
         low_memory: Skip weight pre-packing (reference runs on large models).
+        prepacking: Pre-pack weights whatever ``low_memory`` says (None: as it says; see :func:`session_options`).
         trt_plugins: TensorRT plugin libraries for the TensorRT provider.
         custom_op_libraries: Custom op libraries registered on the session.
         what: How error messages name the model.
@@ -536,7 +542,9 @@ def create_session(
     """
     ort = import_onnxruntime()
     provider_list = resolve_providers(providers, trt_plugins=trt_plugins)
-    options = session_options(optimization, low_memory=low_memory, custom_op_libraries=custom_op_libraries)
+    options = session_options(
+        optimization, low_memory=low_memory, prepacking=prepacking, custom_op_libraries=custom_op_libraries
+    )
     if optimized_model_path is not None:
         optimized = Path(optimized_model_path)
         options.optimized_model_filepath = str(optimized)

@@ -83,14 +83,15 @@ def release(tensor: ir.TensorProtocol) -> None:
             tensor.release()
 
 
-def float32_copy(tensor: ir.TensorProtocol, *, transposed: bool = False) -> np.ndarray:
-    """A float32 copy of a weight (transposed: ``[K, N]`` from a Gemm's ``[N, K]``); an external one is unmapped.
+def float32_copy(tensor: ir.TensorProtocol, *, transposed: bool = False, columns: slice = slice(None)) -> np.ndarray:
+    """A float32 copy of a weight (transposed: ``[K, N]`` from a Gemm's ``[N, K]``), or of ``columns`` of it; an
+    external one is unmapped (a weight read in slices of columns is never all in memory).
 
     The view of the mapping is dropped before :func:`release`: while it lives the mapping cannot be closed, and the
     tensor would keep the whole file mapped with every page read so far resident.
     """
     array = np.asarray(tensor.numpy())
-    copy = (array.T if transposed else array).astype(np.float32)
+    copy = (array.T if transposed else array)[:, columns].astype(np.float32)
     del array
     release(tensor)
     return copy

@@ -34,6 +34,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES
+from onnxprec._pieces import gather_columns, is_matmulnbits
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
 from onnxprec.calibration_data import BatchStore, CalibrationData, copy_value
@@ -305,9 +306,10 @@ class _Run:
     ) -> ReferenceResult | None:
         """The run segment by segment (see the module docstring), or None when the model runs whole (``added``:
         the outputs of every node of the range reductions, :func:`_ort_model_with_reductions`)."""
-        segments = _segments(base, segment_bytes, added)
-        if segments is None:
+        if _segments(base, segment_bytes, added) is None:
             return None
+        info_of = gather_columns(base, {str(v.name) for v in marked}, info_of)  # no whole transposed table in a piece
+        segments = _segments(base, segment_bytes, added) or []
         done = _run_segmented(
             base, segments, folder, info_of, marked, self.data, self.observers, self.providers, self.observe_inputs,
             in_graph, reductions, self.n_outputs, self.what, self.on_done,
@@ -484,6 +486,8 @@ def _run_segmented(
         if outputs or here:  # a piece nothing later reads (only constants, or an unread branch) is not run
             pieces.append((s, proto.SerializeToString(), inputs, outputs, here))
         del proto
+    # Pieces with MatMulNBits pre-pack: unpacked, it dequantizes all its weight to float32 (session_options)
+    packed = {s for s, piece in enumerate(segments) if any(is_matmulnbits(nodes[i]) for i in piece)}
     carried = BatchStore(CARRY_MEMORY_BYTES)
     first_outputs: dict[str, np.ndarray] = {}
     count, making = 0, 0.0
@@ -498,6 +502,7 @@ def _run_segmented(
                 providers=providers,
                 optimization="none",
                 low_memory=True,
+                prepacking=s in packed,
                 external_data_folder=folder,
                 what=f"segment {s + 1}/{len(segments)} of {what or 'the model for the reference run'}",
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
@@ -302,3 +303,67 @@ def test_segmented_run_of_a_builder_graph_equals_the_whole_graph(
     assert set(first_p.arrays) == set(first_w.arrays) and "back2" in first_w.arrays
     for name, array in first_w.arrays.items():
         np.testing.assert_array_equal(first_p.arrays[name], array, err_msg=name)
+
+
+def test_pieces_with_matmulnbits_run_its_pre_packed_kernel(tmp_path: Path) -> None:
+    # Unpacked, MatMulNBits dequantizes its whole weight to float32 on every run (933 MB for a 1.5B model's 8-bit
+    # head); a piece holding one pre-packs it, and so computes what a default session computes.
+    import onnx
+
+    from onnxprec.passes import InferTypesPass
+    from onnxprec.quantization import int4
+    from onnxprec.quantization._testing import mlp
+
+    onnx.save(mlp(k=64, h=96, n=48), tmp_path / "f.onnx")
+    path = tmp_path / "q.onnx"
+    int4.quantize_file(tmp_path / "f.onnx", path, output_format="matmulnbits", nodes_to_exclude=[],
+                       calibration_method="rtn", log_level="WARNING")  # fmt: skip
+    model = ir.load(path)
+    assert sum(n.op_type == "MatMulNBits" for n in model.graph) >= 2
+    InferTypesPass()(model)  # the types crossing pieces (ONNX's inference does not know MatMulNBits)
+    rng = np.random.default_rng(0)
+    x = {"X": rng.standard_normal((2, 4, 64)).astype(np.float32)}
+    pieces = run_reference(model, [x], select=(), observe_inputs=False, segment_bytes=1)
+    assert pieces.segments >= 2
+    name = str(model.graph.outputs[0].name)
+    packed = _ort.create_session(str(path)).run(x, [name])[0]
+    unpacked = _ort.create_session(str(path), low_memory=True).run(x, [name])[0]
+    np.testing.assert_array_equal(pieces.first_outputs[name], packed)
+    assert not np.array_equal(packed, unpacked)  # the two kernels differ (int8 activations when pre-packed)
+
+
+def test_a_table_tied_through_a_transpose_is_gathered_by_columns_in_pieces() -> None:
+    # Transpose(head weight) -> Gather would compute the whole transposed table in the Gather's piece (671 MB for
+    # Gemma-3's 262k x 640): the pieces gather the weight's columns instead, with the same values.
+    from onnxprec._pieces import gather_columns
+    from onnxprec.quantization._testing import tiny_lm
+
+    proto = tiny_lm("transpose")[0]
+    model = ir.serde.deserialize_model(proto)
+    ShapeInferencePass()(model)
+    rng = np.random.default_rng(2)
+    batches = [{"ids": rng.integers(0, 80, (2, 5))} for _ in range(2)]
+    whole = run_reference(model, batches, select=(), observe_inputs=False)
+    pieces = run_reference(model, batches, select=(), observe_inputs=False, segment_bytes=1)
+    assert whole.segments == 1 and pieces.segments >= 2
+    np.testing.assert_array_equal(pieces.first_outputs["logits"], whole.first_outputs["logits"])
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "T"])
+    gather_columns(proto, (), {"ids": ids}.get)
+    ops = [(n.op_type, list(n.input)) for n in proto.graph.node]
+    assert ("Gather", ["lm_head.weight", "ids"]) in ops and not any(op == "Transpose" and "lm_head.weight" in i
+                                                                    for op, i in ops)  # fmt: skip
+
+
+def test_a_whole_model_gathers_a_transposed_table_by_columns_with_the_same_logits() -> None:
+    # For a session of the whole model (the size budget's real runs), where ORT would fold the Transpose into a copy
+    from onnxprec._pieces import gather_model_columns
+    from onnxprec.quantization._testing import tiny_lm
+
+    proto = tiny_lm("transpose")[0]
+    before, after = ir.serde.deserialize_model(proto), ir.serde.deserialize_model(proto)
+    assert gather_model_columns(after) == 1
+    assert [n.op_type for n in after.graph] == ["Gather", "Transpose", "MatMul", "Relu", "MatMul"]
+    ids = {"ids": np.random.default_rng(0).integers(0, 80, (2, 7))}
+    np.testing.assert_array_equal(
+        _ort.create_session(after).run(ids, ["logits"])[0], _ort.create_session(before).run(ids, ["logits"])[0]
+    )

@@ -42,8 +42,12 @@ def generated_token_windows(
     seed: int = 0,
     temperature: float = 1.0,
     providers: Sequence[str] | None = None,
+    writer: ir.Model | None = None,
 ) -> np.ndarray:
     """``windows`` token windows ``[windows, length]`` (int64) sampled from ``model`` (an LLM with a ``logits`` output).
+
+    ``writer``: the model whose session samples the tokens, with ``model``'s inputs and outputs (a quantized copy of
+    a large ``model``: one session holds all the weights it runs); default ``model`` itself.
 
     Raises:
         CalibrationDataError: The model has no token ids input, no ``logits`` output or an unknown vocabulary size.
@@ -57,7 +61,12 @@ def generated_token_windows(
     if vocab is None:
         raise CalibrationDataError("The model's vocabulary size is unknown: it cannot write calibration text.")
     rng = np.random.default_rng(seed)
-    session = create_session(model, providers=providers, optimization="all", what="the model writing calibration text")
+    session = create_session(
+        model if writer is None else writer,
+        providers=providers,
+        optimization="all",
+        what="the model writing calibration text",
+    )
     ids = rng.integers(0, vocab, (windows, 1))
     name = llm.ids.name
     if llm.has_past:

@@ -125,6 +125,10 @@ def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
     return out.reshape(*packed.shape[:-1], -1)
 
 
+# Bytes of int16 levels widened at once while packing MatMulNBits' B.
+_PACK_CHUNK_BYTES = 32 << 20
+
+
 def pack_matmulnbits(
     qw: QuantizedWeight, k: int | None = None, *, scale_dtype: DTypeLike = np.float32
 ) -> MatMulNBitsWeights:
@@ -140,7 +144,9 @@ def pack_matmulnbits(
     n_blocks = math.ceil(rows / bs)
     offset = -level_range(bits, True)[0] if qw.symmetric else 0  # 8 (or 128): the implicit zero point
     unsigned = np.empty((n, n_blocks * bs), dtype=np.uint8)
-    unsigned[:, :rows] = (qw.q.astype(np.int16) + offset).T
+    step = max(1, _PACK_CHUNK_BYTES // (2 * rows))  # columns widened to int16 at once: an LLM head's 151,936 x 1,536
+    for start in range(0, n, step):  # levels would otherwise take two int16 copies (0.9 GB) beside their result
+        unsigned[start : start + step, :rows] = (qw.q[:, start : start + step].astype(np.int16) + offset).T
     if n_blocks * bs > rows:
         if qw.zero_points is None:
             unsigned[:, rows:] = offset

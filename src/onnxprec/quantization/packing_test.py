@@ -218,3 +218,20 @@ def test_qdq_table_dequantizes_along_axis_1_before_gather(bits: int, bs: int, sy
     for optimize in (False, True):
         (y,) = _session(model, optimize).run(None, {"I": ids})
         np.testing.assert_array_equal(y, qw.dequantize().T[ids])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_matmulnbits_packing_in_column_chunks_is_the_same(
+    bits: int, symmetric: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An LLM head's levels are widened a chunk of columns at a time (not two int16 copies of the whole weight)
+    from onnxprec.quantization import packing
+
+    w = np.random.default_rng(4).standard_normal((96, 1000)).astype(np.float32)
+    qw = quantize_rtn(w, 32, symmetric=symmetric, bits=bits)
+    whole = pack_matmulnbits(qw)
+    monkeypatch.setattr(packing, "_PACK_CHUNK_BYTES", 500)  # 2 columns a chunk
+    chunked = pack_matmulnbits(qw)
+    for a, b in zip(whole, chunked):
+        assert (a is None and b is None) or np.array_equal(a, b)

@@ -81,11 +81,11 @@ class WeightGroup:
     block_size: int | None = None
     """The block size chosen for this weight (a size budget's choice); None: the run's."""
 
-    def read(self) -> np.ndarray:
-        """The float32 ``[K, N]`` weight (a copy; the initializer's mapping is released)."""
+    def read(self, columns: slice = slice(None)) -> np.ndarray:
+        """The float32 ``[K, N]`` weight, or ``columns`` of it (a copy; the initializer's mapping is released)."""
         tensor = self.weight.const_value
         assert tensor is not None
-        return float32_copy(tensor, transposed=self.transposed)
+        return float32_copy(tensor, transposed=self.transposed, columns=columns)
 
     @property
     def gathers(self) -> list[Layer]:

@@ -33,7 +33,7 @@ from onnxprec.quantization.algorithms.rtn import (
     to_blocks,
 )
 
-__all__ = ["gptq", "hessian_from_tokens"]
+__all__ = ["gptq", "hessian_from_tokens", "work_dtype"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,14 @@ _MAX_DAMP_RETRIES = 6
 _FACTOR_MATRICES = 5
 # K x N float32 arrays the walk holds at once (the weight, its levels, the inverse factor counts as K x K above).
 _WALK_ARRAYS = 3
+# Weights with more input channels than this factorise their Hessian in float32, as GPTQ's reference implementation
+# does (torch float32): a K = 8,960 float64 matrix is 642 MB, and the factorisation holds several.
+FLOAT64_MAX_K = 4096
+
+
+def work_dtype(k: int) -> type[np.floating]:
+    """The dtype GPTQ factorises a ``K x K`` Hessian in: float64, float32 above :data:`FLOAT64_MAX_K`."""
+    return np.float64 if k <= FLOAT64_MAX_K else np.float32
 
 
 def hessian_from_tokens(x: ArrayLike) -> tuple[np.ndarray, int]:
@@ -74,8 +82,9 @@ def _inverse_cholesky_upper(h: np.ndarray, damp: float, backend: ArrayBackend = 
         except np.linalg.LinAlgError:
             logger.warning("GPTQ: Hessian not positive definite with damping %g; retrying with %g", factor, factor * 10)
             continue
-        upper = xp.triu(xp.linalg.inv(reversed_lower[::-1, ::-1]))
+        upper = xp.linalg.inv(reversed_lower[::-1, ::-1])
         del reversed_lower
+        upper[xp.tri(upper.shape[0], k=-1, dtype=bool)] = 0  # triu in place: no second K x K matrix
         if xp.isfinite(upper).all():
             return upper
     raise np.linalg.LinAlgError(f"GPTQ: Hessian not positive definite even with damping {damp * 10**_MAX_DAMP_RETRIES}")
@@ -118,13 +127,15 @@ def gptq(
 
     ``backend`` runs the factorisation and the walk (numpy when they would not fit its memory limit); the
     statistics of dead channels and ``act_order``'s order are found on the host first. ``overwrite_hessian``: a
-    float64 ``hessian`` the caller no longer needs is worked on in place, not copied (a ``[K, K]`` float64 matrix).
+    ``hessian`` of :func:`work_dtype` is the factorisation's work matrix, worked on in place, not copied (one
+    ``K x K`` copy fewer).
     """
     weight = as_float32_matrix(w)
     if np.may_share_memory(weight, np.asarray(w)):
         weight = weight.copy()
     k, n = weight.shape
-    h = np.asarray(hessian, dtype=np.float64) if overwrite_hessian else np.array(hessian, dtype=np.float64)
+    dtype = work_dtype(k)
+    h = np.asarray(hessian, dtype=dtype) if overwrite_hessian else np.array(hessian, dtype=dtype)
     del hessian
     if h.shape != (k, k):
         raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h.shape}")
@@ -160,7 +171,7 @@ def gptq(
         logger.info("GPTQ: a [%d, %d] weight does not fit %r; it runs in numpy", k, n, backend)
         backend = NUMPY
     xp = backend.xp
-    upper = _inverse_cholesky_upper(backend.from_host(h), damp, backend).astype(np.float32)
+    upper = _inverse_cholesky_upper(backend.from_host(h), damp, backend).astype(np.float32, copy=False)
     del h
     weight = backend.from_host(weight)
     scales = backend.from_host(scales)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec._report import Timer
-from onnxprec._tensors import release
+from onnxprec._tensors import float32_copy, release
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.methods import Recipe
 
@@ -112,11 +112,7 @@ class LazyQuantizedWeight:
 
     def _columns(self, columns: slice) -> np.ndarray:
         """A float32 copy of ``columns`` of the ``[K, N]`` weight; the source's mapping is released."""
-        array = np.asarray(self.source.numpy())
-        part = (array[columns].T if self.transposed else array[:, columns]).astype(np.float32)
-        del array
-        self.release()
-        return part
+        return float32_copy(self.source, transposed=self.transposed, columns=columns)
 
     def set_packer(self, packer: Packer, keys: Collection[str]) -> None:
         self._packer = packer

@@ -25,7 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort, calibration
-from onnxprec._graph import NameAllocator
+from onnxprec._graph import FLOAT_TYPES, NameAllocator
 from onnxprec._io import ModelSource, load_model, to_model_proto
 from onnxprec._ops import (
     default_opset,
@@ -37,7 +37,7 @@ from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
-from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir, streams
+from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, pruned_copy, quiet_onnx_ir, streams
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
@@ -395,9 +395,32 @@ def _load_and_select(run: Int4Run) -> None:
 
 def _write_text(run: Int4Run) -> None:
     """The text the LLM writes itself to calibrate on (if it cannot, the no-data default method)."""
-    run.written = written_text(run.model, run.options)
+    writer = _text_writer(run.model, run.options) if writes_text(run.model) else None
+    run.written = written_text(run.model, run.options, writer=writer)
     if run.written is None and run.options.default_method:
         run.options.use_method("kquant")
+
+
+WRITER_FLOAT_BYTES = 1 << 30
+"""An LLM whose float weights take more bytes than this writes its calibration text through an INT4 copy of itself:
+a session of the float model would hold all its weights at once."""
+
+
+def _text_writer(model: ir.Model, options: Int4Options) -> ir.Model | None:
+    """A copy of ``model`` with RTN INT4 weights as an LLM's defaults write them (MatMulNBits, embedding and head
+    quantized; weights quantized while its session is made, one at a time) when its float weights exceed
+    :data:`WRITER_FLOAT_BYTES`; else None (the model writes with its own weights)."""
+    floats = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
+    size = sum(t.nbytes for t in floats if t.dtype in FLOAT_TYPES)
+    if size <= WRITER_FLOAT_BYTES:
+        return None
+    logger.info(
+        "The model writes its calibration text through an INT4 (RTN) copy: %.2f GB of float weights", size / 1e9
+    )
+    copy = pruned_copy(model, [str(v.name) for v in model.graph.outputs])  # the graph copied, weights file references
+    with log_level_during("WARNING"):
+        writer, _ = quantize_model(copy, Int4Options(calibration_method="rtn", calibration_eps=options.calibration_eps))
+    return writer
 
 
 def _size_budget(run: Int4Run) -> None:

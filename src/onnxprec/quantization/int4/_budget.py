@@ -116,15 +116,14 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
     """Every precision of ``target`` with its bytes and loss (RTN; the table part of a tied weight unweighted).
 
     Blocks run along K, so output columns are quantized independently: the losses are summed over slices of about
-    ``_SLICE_BYTES`` of columns, and a 262k-row tied table never has a full-size dequantized copy beside it."""
-    w = target.read()
+    ``_SLICE_BYTES`` of columns, each read on its own: a 262k-row tied table is never all in memory."""
     config = options.quant_config()
     precisions = _precisions(target, options)
     errors = np.zeros((len(precisions), 2))  # per precision: tr(ΔWᵀ H ΔW), tr(ΔWᵀ ΔW)
     energy = np.zeros(2)  # tr(Wᵀ H W), tr(Wᵀ W)
     step = max(1, _SLICE_BYTES // (4 * target.k))
     for start in range(0, target.n, step):
-        part = w[:, start : start + step]
+        part = target.read(slice(start, start + step))  # one slice in memory, however large the weight
         energy += [hessian_energy(part, gram) if target.matmuls else 0.0, hessian_energy(part, None)]
         for i, precision in enumerate(precisions):
             if not precision.bits:
@@ -135,7 +134,7 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
             ).dequantize()  # fmt: skip
             errors[i] += [hessian_energy(diff, gram) if target.matmuls else 0.0, hessian_energy(diff, None)]
             del diff
-    del w
+        del part
     result = []
     for precision, (weighted, plain) in zip(precisions, errors):
         size, _ = stored_bytes(
@@ -268,6 +267,7 @@ def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray
 def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Options) -> ir.Model:
     """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits)."""
     from onnxprec._graph import NameAllocator
+    from onnxprec._pieces import gather_model_columns
     from onnxprec.quantization.activation_stats import pruned_copy
     from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits
     from onnxprec.quantization.formats.matmulnbits import DOMAIN
@@ -292,6 +292,7 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
             if not value.uses() and value.name in copy.graph.initializers:
                 copy.graph.initializers.pop(str(value.name))
     copy.opset_imports.setdefault(DOMAIN, 1)
+    gather_model_columns(copy)  # no folded transposed copy of a float table tied through a Transpose
     return copy
 
 
@@ -359,11 +360,12 @@ def writes_text(model: ir.Model) -> bool:
     return LLMInputs.of(model) is not None and _has_logits(model)
 
 
-def written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray] | None:
+def written_text(model: ir.Model, options: Int4Options, writer: ir.Model | None = None) -> dict[str, np.ndarray] | None:
     """Without calibration data: token windows the LLM writes itself, or None (random data) for other models.
 
     Used for the size budget's sensitivities and for the methods that calibrate (AWQ, GPTQ): the model's own text is
-    in its distribution, random token ids are not text.
+    in its distribution, random token ids are not text. ``writer``: a quantized copy of ``model`` that samples the
+    tokens in its place (:func:`~onnxprec.quantization.generated.generated_token_windows`).
     """
     from onnxprec.llm_inputs import LLMInputs
     from onnxprec.quantization.generated import generated_token_windows
@@ -371,7 +373,9 @@ def written_text(model: ir.Model, options: Int4Options) -> dict[str, np.ndarray]
     llm = LLMInputs.of(model)
     if llm is not None and _has_logits(model):
         try:
-            ids = generated_token_windows(model, WRITTEN_WINDOWS, WRITTEN_LENGTH, providers=options.calibration_eps)
+            ids = generated_token_windows(
+                model, WRITTEN_WINDOWS, WRITTEN_LENGTH, providers=options.calibration_eps, writer=writer
+            )
         except CalibrationDataError as e:
             logger.warning("The model cannot write its own calibration text (%s)", e)
         else:
