@@ -238,6 +238,7 @@ def test_a_real_inline_model_above_1_gib(tmp_path: Path) -> None:
         _peak_rss("owns", str(output), str(src), str(tmp_path / "feeds.npz"), str(tmp_path / f"{tool}_elsewhere"))
         shutil.rmtree(out_dir)
         shutil.rmtree(tmp_path / f"{tool}_elsewhere")
+    src.unlink()  # pytest keeps the folders of its last runs: not 1.1 GB each
 
 
 if __name__ == "__main__":  # the processes of test_a_real_inline_model_above_1_gib
