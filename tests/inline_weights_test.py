@@ -3,12 +3,16 @@ single files from _MAP_FILE_BYTES up, and their tensors from 1 KiB up become ref
 tool and method writes an output that owns its data and never names the input file as external data.
 
 The cheap tests force the mapping on a small model (the mapping threshold is a module constant); the slow one runs a
-real 1.1 GB inline model."""
+real 1.1 GB inline model, written one tensor at a time, through each tool in a process of its own whose peak memory
+it measures."""
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,21 +21,25 @@ import pytest
 from onnx import helper, numpy_helper
 
 import onnxprec._io as io_module
+from onnxprec._ort import create_session
 from onnxprec._testing import F, run, tensor_info
 
 HIDDEN = 64
 
 
-def _inline_model(path: Path, hidden: int = HIDDEN, layers: int = 2, ffn: int = 256) -> dict[str, np.ndarray]:
-    """MatMul -> Add(bias) -> Relu -> MatMul blocks, weights inline. Each bias has ``ffn`` floats: 256 make exactly
-    1 KiB, the size the mapper maps and the structure copies embedded (the off-by-one behind the bug)."""
+def _weights(hidden: int, layers: int, ffn: int) -> Iterator[tuple[str, np.ndarray]]:
+    """The initializers of :func:`_graph`, one at a time."""
     rng = np.random.default_rng(0)
-    nodes, inits, prev = [], [], "X"
     for i in range(layers):
-        up = (rng.standard_normal((hidden, ffn)) * np.sqrt(2 / hidden)).astype(np.float32)  # keeps the scale
-        down = (rng.standard_normal((ffn, hidden)) / np.sqrt(ffn)).astype(np.float32)
-        bias = rng.uniform(-0.1, 0.1, ffn).astype(np.float32)
-        inits += [numpy_helper.from_array(a, n) for a, n in ((up, f"up{i}"), (down, f"down{i}"), (bias, f"b{i}"))]
+        yield f"up{i}", rng.standard_normal((hidden, ffn), np.float32) * np.float32(np.sqrt(2 / hidden))  # scale kept
+        yield f"down{i}", rng.standard_normal((ffn, hidden), np.float32) / np.float32(np.sqrt(ffn))
+        yield f"b{i}", rng.uniform(-0.1, 0.1, ffn).astype(np.float32)
+
+
+def _graph(hidden: int, layers: int) -> onnx.ModelProto:
+    """MatMul -> Add(bias) -> Relu -> MatMul blocks, without their weights (:func:`_weights`)."""
+    nodes, prev = [], "X"
+    for i in range(layers):
         nodes += [
             helper.make_node("MatMul", [prev, f"up{i}"], [f"u{i}"], name=f"up_proj{i}"),
             helper.make_node("Add", [f"u{i}", f"b{i}"], [f"a{i}"], name=f"bias{i}"),
@@ -40,27 +48,94 @@ def _inline_model(path: Path, hidden: int = HIDDEN, layers: int = 2, ffn: int = 
         ]
         prev = f"d{i}"
     graph = helper.make_graph(
-        nodes, "inline", [tensor_info("X", F, ["batch", hidden])], [tensor_info(prev, F, ["batch", hidden])], inits
+        nodes, "inline", [tensor_info("X", F, ["batch", hidden])], [tensor_info(prev, F, ["batch", hidden])]
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _feeds(hidden: int) -> dict[str, np.ndarray]:
+    return {"X": np.random.default_rng(1).standard_normal((4, hidden)).astype(np.float32)}
+
+
+def _inline_model(path: Path, hidden: int = HIDDEN, layers: int = 2, ffn: int = 256) -> dict[str, np.ndarray]:
+    """MatMul -> Add(bias) -> Relu -> MatMul blocks, weights inline (onnx.save). Each bias has ``ffn`` floats: 256
+    make exactly 1 KiB, the size the mapper maps and the structure copies embedded (the off-by-one behind the bug)."""
+    model = _graph(hidden, layers)
+    model.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in _weights(hidden, layers, ffn))
     onnx.save(model, path)  # one file, weights inside
-    x = np.random.default_rng(1).standard_normal((4, hidden)).astype(np.float32)
-    return {"X": x}
+    return _feeds(hidden)
 
 
-def _owns_its_data(output: Path, source: Path, feeds: dict[str, np.ndarray], elsewhere: Path) -> None:
-    """The output passes the checker from its path, names no external file, and runs alone in another folder."""
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes([*out, value])
+
+
+def _write_inline_model_streaming(path: Path, hidden: int, layers: int, ffn: int = 256) -> dict[str, np.ndarray]:
+    """The model of :func:`_inline_model` with its weights inside one .onnx file, written one initializer at a time
+    (the protobuf wire format by hand: graph field 7 with a length known in advance), so that a model above 1 GiB
+    is made without being held in memory. The bytes are those ``onnx.save`` writes."""
+    model = _graph(hidden, layers)
+    # The graph's fields in onnx's order: nodes and name (1, 2), the initializers (5), inputs and outputs (11, 12).
+    head = onnx.GraphProto(node=model.graph.node, name=model.graph.name).SerializeToString()
+    tail = onnx.GraphProto(input=model.graph.input, output=model.graph.output).SerializeToString()
+    opsets = onnx.ModelProto(opset_import=model.opset_import).SerializeToString()  # field 8, after the graph
+    model.ClearField("graph")
+    model.ClearField("opset_import")
+
+    def header(name: str, dims: tuple[int, ...]) -> bytes:  # a float32 TensorProto up to its raw_data (field 9)
+        proto = onnx.TensorProto(name=name, dims=dims, data_type=onnx.TensorProto.FLOAT).SerializeToString()
+        return proto + b"\x4a" + _varint(4 * int(np.prod(dims)))
+
+    def initializer(name: str, dims: tuple[int, ...]) -> bytes:  # graph field 5, up to the tensor's bytes
+        body = header(name, dims)
+        return b"\x2a" + _varint(len(body) + 4 * int(np.prod(dims))) + body
+
+    shapes = [(n, s) for i in range(layers) for n, s in ((f"up{i}", (hidden, ffn)), (f"down{i}", (ffn, hidden)),
+                                                         (f"b{i}", (ffn,)))]  # fmt: skip
+    length = len(head) + sum(len(initializer(n, s)) + 4 * int(np.prod(s)) for n, s in shapes) + len(tail)
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString() + b"\x3a" + _varint(length))  # model field 7: the graph
+        f.write(head)
+        for name, array in _weights(hidden, layers, ffn):
+            f.write(initializer(name, array.shape))
+            array.tofile(f)
+        f.write(tail + opsets)
+    return _feeds(hidden)
+
+
+def _external_locations(path: Path) -> set[str]:
+    proto = onnx.load(path, load_external_data=False)
+    return {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+
+
+def _owns_its_data(
+    output: Path,
+    source: Path,
+    feeds: dict[str, np.ndarray],
+    elsewhere: Path,
+    runner: Callable[[Path, dict[str, np.ndarray]], list[np.ndarray]] = run,
+) -> None:
+    """The output passes the checker from its path, names no external file, and runs alone in another folder (on
+    ``runner``; each step frees its copy of the model before the next)."""
     onnx.checker.check_model(str(output), full_check=True)
-    proto = onnx.load(output, load_external_data=False)
-    locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+    locations = _external_locations(output)
     assert source.name not in locations
     elsewhere.mkdir()
     moved = elsewhere / output.name
     shutil.copy(output, moved)
     for location in locations:  # its own data file, if any, travels with it
         shutil.copy(output.parent / location, elsewhere / location)
-    outputs = run(moved, feeds)
+    outputs = runner(moved, feeds)
     assert all(np.isfinite(np.asarray(o, np.float32)).all() for o in outputs)
+
+
+def _run_in_little_memory(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX Runtime without graph rewrites and weight pre-packing, which copy weights (FP16 ones to float32)."""
+    return create_session(path, optimization="none", low_memory=True, what="the output").run(feeds)
 
 
 def _autocast(src: Path, out: Path, feeds: dict[str, np.ndarray]) -> None:
@@ -126,15 +201,51 @@ def test_dump_compare_and_evaluate_run_on_mapped_inline_models(tmp_path: Path, m
     assert len(evaluated.models) == 2
 
 
+def test_the_streamed_model_is_the_one_onnx_save_writes(tmp_path: Path) -> None:
+    _inline_model(tmp_path / "saved.onnx", hidden=96, layers=3)
+    _write_inline_model_streaming(tmp_path / "streamed.onnx", hidden=96, layers=3)
+    assert (tmp_path / "saved.onnx").read_bytes() == (tmp_path / "streamed.onnx").read_bytes()
+
+
+def _peak_rss(*args: str) -> int:
+    """Runs ``python <this file> <args>`` and returns its peak resident memory in bytes (Linux: wait4's rusage)."""
+    with subprocess.Popen([sys.executable, __file__, *args], stderr=subprocess.PIPE, text=True) as process:
+        errors = process.stderr.read() if process.stderr else ""
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    assert process.returncode == 0, errors[-3000:]
+    return usage.ru_maxrss * 1024
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory is read from Linux's rusage")
 def test_a_real_inline_model_above_1_gib(tmp_path: Path) -> None:
     """~1.1 GB of weights inside one .onnx file (136 blocks of 4096 x 256 and 256 x 4096 MatMuls, each with a 1 KiB
-    bias): AutoCast and INT4 RTN in both formats write outputs that own their data."""
+    bias): AutoCast and INT4 RTN in both formats, each in a process of its own, write outputs that own their data
+    (checked in another process), and none holds the model twice. The file is written one tensor at a time, so this
+    process never holds it either."""
     src = tmp_path / "model.onnx"
-    feeds = _inline_model(src, hidden=4096, layers=136)
-    assert src.stat().st_size > 2**30 and src.stat().st_size >= io_module._MAP_FILE_BYTES
+    feeds = _write_inline_model_streaming(src, hidden=4096, layers=136)
+    size = src.stat().st_size
+    assert size > 2**30 and size >= io_module._MAP_FILE_BYTES
+    np.savez(tmp_path / "feeds.npz", **feeds)
     for tool in ("autocast", "int4_rtn_qdq", "int4_rtn_matmulnbits"):
         out_dir = tmp_path / tool
         out_dir.mkdir()
-        TOOLS[tool](src, out_dir / "model.onnx", feeds)
-        _owns_its_data(out_dir / "model.onnx", src, feeds, tmp_path / f"{tool}_elsewhere")
+        output = out_dir / "model.onnx"
+        peak = _peak_rss("tool", tool, str(src), str(output), str(tmp_path / "feeds.npz"))
+        assert peak < 2 * size, f"{tool} held {peak / 2**30:.2f} GiB for a {size / 2**30:.2f} GiB model"
+        _peak_rss("owns", str(output), str(src), str(tmp_path / "feeds.npz"), str(tmp_path / f"{tool}_elsewhere"))
+        shutil.rmtree(out_dir)
+        shutil.rmtree(tmp_path / f"{tool}_elsewhere")
+    src.unlink()  # pytest keeps the folders of its last runs: not 1.1 GB each
+
+
+if __name__ == "__main__":  # the processes of test_a_real_inline_model_above_1_gib
+    action, *paths = sys.argv[1:]
+    if action == "tool":
+        tool, source, output, data = paths
+        TOOLS[tool](Path(source), Path(output), dict(np.load(data)))
+    else:
+        output, source, data, elsewhere = paths
+        _owns_its_data(Path(output), Path(source), dict(np.load(data)), Path(elsewhere), _run_in_little_memory)

@@ -2,11 +2,12 @@
 by node input (every difference listed and explained in docs/tools/fp8.md) and the accuracy, both models run by ONNX
 Runtime's CPU provider with graph optimizations off (the Q/DQ graphs as written: docs/tools/fp8.md says why).
 
-Slow (ModelOpt takes about two minutes on MiniLM); skipped without ../shared or the anchors venv
-(``python -m zoo.anchors_env``)."""
+Slow (ModelOpt takes about two minutes on MiniLM; its result is cached by input, flags and anchors venv); skipped
+without ../shared or the anchors venv (``python -m zoo.anchors_env``)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -24,6 +25,7 @@ from onnxprec.quantization.fp8 import quantize_file
 pytestmark = pytest.mark.slow
 
 ANCHORS = Path(os.environ.get("ONNXPREC_ANCHORS_VENV", "~/.cache/onnxprec/anchors-venv")).expanduser()
+ANCHOR_RESULTS = Path(os.environ.get("ONNXPREC_CACHE", Path.home() / ".cache" / "onnxprec")) / "anchor-results"
 
 EXPLAINED: dict[str, dict[tuple[str, int], str]] = {
     "minilm": {},
@@ -66,16 +68,40 @@ def differences(ours: Path, theirs: Path) -> dict[tuple[str, int], str]:
     return {k: "ours" if a.get(k) else "modelopt" for k in sorted(set(a) | set(b)) if bool(a.get(k)) != bool(b.get(k))}
 
 
-def _modelopt(model: Path, data: Path, tmp_path: Path) -> Path:
-    """ModelOpt 0.47's FP8 result, run on a writable copy (it rewrites its input in place)."""
+def _anchor_key(model: Path, feeds: dict[str, np.ndarray], command: list[str]) -> str:
+    """What ModelOpt's result depends on: the model's bytes, the calibration arrays, the command line's flags and
+    the anchors venv's installed distributions (their versions)."""
+    digest = hashlib.sha256()
+    digest.update(model.read_bytes())
+    for name in sorted(feeds):
+        array = np.ascontiguousarray(feeds[name])
+        digest.update(f"{name}:{array.dtype}:{array.shape}".encode() + array.tobytes())
+    digest.update(" ".join(command).encode())
+    digest.update(" ".join(sorted(p.name for p in ANCHORS.glob("lib/python*/site-packages/*.dist-info"))).encode())
+    return digest.hexdigest()[:32]
+
+
+def _modelopt(model: Path, feeds: dict[str, np.ndarray], data: Path, tmp_path: Path) -> Path:
+    """ModelOpt 0.47's FP8 result, run on a writable copy (it rewrites its input in place); kept in the cache
+    (``$ONNXPREC_CACHE/anchor-results``) under :func:`_anchor_key`, so a later run reuses it instead of running
+    ModelOpt again (about two minutes on MiniLM)."""
+    flags = ["--quantize_mode", "fp8", "--calibration_eps", "cpu"]
+    cached = ANCHOR_RESULTS / f"modelopt_fp8_{_anchor_key(model, feeds, flags)}.onnx"
+    if cached.is_file():
+        return cached
     copy, out = tmp_path / f"modelopt_{model.name}", tmp_path / f"modelopt_{model.stem}.fp8.onnx"
     shutil.copyfile(model, copy)
     copy.chmod(copy.stat().st_mode | stat.S_IWUSR)
-    command = [str(ANCHORS / "bin" / "python"), "-m", "modelopt.onnx.quantization", "--quantize_mode", "fp8",
-               "--onnx_path", str(copy), "--output_path", str(out), "--calibration_data_path", str(data),
-               "--calibration_eps", "cpu"]  # fmt: skip
+    command = [str(ANCHORS / "bin" / "python"), "-m", "modelopt.onnx.quantization", *flags,
+               "--onnx_path", str(copy), "--output_path", str(out), "--calibration_data_path", str(data)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert result.returncode == 0 and out.exists(), result.stderr[-2000:]
+    if any(p.name.startswith(out.name) and p != out for p in tmp_path.iterdir()):
+        return out  # external data beside it: not cached (the cache keeps one self-contained file)
+    ANCHOR_RESULTS.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.tmp")
+    shutil.copyfile(out, partial)
+    partial.replace(cached)
     return out
 
 
@@ -114,7 +140,7 @@ def test_placement_and_accuracy_against_modelopt(tmp_path: Path, case: str) -> N
     ours = tmp_path / "ours.fp8.onnx"
     report = quantize_file(model, ours, calibration_data=str(data))
     guarded = {entry.name for entry in report.layers if entry.mode == "float"}  # the guard's float fallback
-    theirs = _modelopt(model, data, tmp_path)
+    theirs = _modelopt(model, feeds, data, tmp_path)
     found = differences(ours, theirs)
     unexplained = {k: v for k, v in found.items() if k not in EXPLAINED[case] and k[0] not in guarded}
     assert not unexplained, f"placement differences not explained in docs/tools/fp8.md: {unexplained}"
