@@ -496,7 +496,9 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
     where = ["calibration data", "held-out runs"]
     measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
-    text = f"{report.FORMAT} result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
+    missed = next(c for c in checked if not c.ok)
+    bounds = guard.describe_bounds(missed.summary, missed.held_out)
+    text = f"{report.FORMAT} result misses the accuracy guard ({bounds}): {measured}"
     steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
     ranked: list[str] = steps[-1] if steps else []
     floats = report.count("float")
@@ -527,7 +529,8 @@ def _measure(
     checked = guard.measure_task(candidate, keep, producers, providers, target, options.check_optimization)
     ok = checked.ok
     if ok and held_out is not None:
-        ok = guard.measure_task(candidate, held_out, producers, providers, target, options.check_optimization).ok
+        measured = guard.measure_task(candidate, held_out, producers, providers, target, options.check_optimization)
+        ok = dataclasses.replace(measured, held_out=True).ok  # the held-out runs' bounds
     return dataclasses.replace(checked.measurement, ok=ok)
 
 
@@ -631,7 +634,8 @@ def _check(
     optimization = options.check_optimization
     checked = [guard.measure_task(result, keep, producers, providers, optimization=optimization)]
     if held_out is not None:
-        checked.append(guard.measure_task(result, held_out, producers, providers, optimization=optimization))
+        measured = guard.measure_task(result, held_out, producers, providers, optimization=optimization)
+        checked.append(dataclasses.replace(measured, held_out=True))
     report.accuracy = worst_errors(checked[0].measurement)
     passed = all(c.ok for c in checked)
     report.check = {
