@@ -496,9 +496,7 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
     where = ["calibration data", "held-out runs"]
     measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
-    missed = next(c for c in checked if not c.ok)
-    bounds = guard.describe_bounds(missed.summary, missed.held_out)
-    text = f"{report.FORMAT} result misses the accuracy guard ({bounds}): {measured}"
+    text = f"{report.FORMAT} result misses the accuracy guard ({report.check['bound']}): {measured}"
     steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
     ranked: list[str] = steps[-1] if steps else []
     floats = report.count("float")
@@ -638,10 +636,11 @@ def _check(
         checked.append(dataclasses.replace(measured, held_out=True))
     report.accuracy = worst_errors(checked[0].measurement)
     passed = all(c.ok for c in checked)
+    missed = next((c for c in checked if not c.ok), checked[0])
     report.check = {
         "random_data": bool(report.calibration.get("random")),
         "guard": "on" if options.accuracy_guard else "off",
-        "bound": guard.describe_bounds(checked[0].summary),
+        "bound": guard.describe_bounds(missed.summary, missed.held_out),  # the calibration runs' unless they held
         "passed": passed,
         "calibration": checked[0].to_json(),
         "held_out": checked[1].to_json() if len(checked) > 1 else None,
