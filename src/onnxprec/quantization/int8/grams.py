@@ -26,10 +26,9 @@ __all__ = ["EXACT_MULTIPLY_ADDS", "ROWS_PER_INPUT", "ConvGeometry", "HessianObse
 EXACT_MULTIPLY_ADDS = 1 << 30
 """A tensor's ``XᵀX`` multiply-adds over the whole calibration up to which every row is taken."""
 ROWS_PER_INPUT = 32
-"""Past :data:`EXACT_MULTIPLY_ADDS`, the rows sampled per input of the layer (``K``), over the whole calibration: on
-PP-OCRv4's recognizer (31 Convs, every Hessian sampled), GPTQ's error on the held-out crops' Hessians was 0.271 of
-rounding to nearest from the exact Hessians, 0.273 from 32 rows per input, 0.291 from 8 (``experiments/
-int8_hessian_rows.py``)."""
+"""Past :data:`EXACT_MULTIPLY_ADDS`, the rows sampled per input of the layer (``K``), over the whole calibration (how
+close GPTQ gets to its rounding from the exact Hessian: experiments/design_notes.md, "INT8 speed on large feature
+maps")."""
 _SEED = 0
 
 
