@@ -207,12 +207,6 @@ class ReferenceOutputs:
         if isinstance(self.batches, CalibrationData):
             self.batches.close()
 
-    def first(self, runs: int) -> ReferenceOutputs:
-        """The first ``runs`` runs: their batches read from the same source, their kept outputs shared."""
-        view = ReferenceOutputs()
-        view.batches, view.outputs, view._names = self.batches, self.outputs[:runs], self._names
-        return view
-
     def observer(self, model: ir.Model, batches: CalibrationData) -> ReferenceOutputs:
         self.batches = batches
         self._names = frozenset(str(v.name) for v in model.graph.outputs)

@@ -556,11 +556,6 @@ def _search(
     def check(floats: Collection[str]) -> Measurement:
         return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, keep, held_out)
 
-    ranking = keep.first(fallback.RANKING_RUNS)
-
-    def rank_check(floats: Collection[str]) -> Measurement:  # a layer's isolated gain: on the first runs only
-        return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, ranking)
-
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
         emulators: list[Int8Emulator] = []
 
@@ -582,7 +577,6 @@ def _search(
             names, check, target, proxy, steps, cost, options.float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
             beyond=options.float_compute_extends,
-            rank_check=rank_check if len(ranking.outputs) < len(keep.outputs) else None,
         )  # fmt: skip
     return float_layers
 

@@ -9,12 +9,11 @@ fusions, as the user will: what is measured is what is saved.
 2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers,
    how much the output error drops when that layer alone goes back to float (:func:`~onnxprec.sensitivity.
    isolated_gains`: one check per layer; it sees the interactions that the error of a layer quantized alone
-   misses), real checks measured on the first :data:`RANKING_RUNS` calibration runs only (the ranking compares
-   layers with one another; the verdicts of step 3 run on every run); with more, an estimate
-   (:func:`estimated_sensitivity`): the layer's own output error on the calibration sample where the channel
-   decisions measured it, else the Hessian-weighted error of its INT8 weight (:func:`~onnxprec.sensitivity.
-   hessian_loss` with the ``XᵀX`` the observers collected, unweighted without it). With ``max_float_compute``, only
-   the most sensitive layers that fit in that share of the multiply-adds (:func:`~onnxprec.sensitivity.within`).
+   misses); with more, an estimate (:func:`estimated_sensitivity`): the layer's own output error on the
+   calibration sample where the channel decisions measured it, else the Hessian-weighted error of its INT8 weight
+   (:func:`~onnxprec.sensitivity.hessian_loss` with the ``XᵀX`` the observers collected, unweighted without it). With
+   ``max_float_compute``, only the most sensitive layers that fit in that share of the multiply-adds
+   (:func:`~onnxprec.sensitivity.within`).
 3. How many of the most sensitive layers go back to float (:func:`~onnxprec.sensitivity.fewest`): 1, 2, 4...
    until the target holds, then a bisection in between (about ``2 log2(count)`` checks) finds the fewest that
    meet it.
@@ -62,7 +61,6 @@ from onnxprec.sensitivity import fewest, hessian_energy, isolated_gains, rank, w
 __all__ = [
     "EMULATION_MAX_BYTES",
     "MAX_ISOLATED",
-    "RANKING_RUNS",
     "SearchWords",
     "emulates",
     "estimated_sensitivity",
@@ -73,8 +71,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_ISOLATED = 64
-RANKING_RUNS = 2
-"""The calibration runs a real check of a layer's isolated gain is measured on (the ranking's, not a verdict)."""
 EMULATION_MAX_BYTES = 256 * 1024 * 1024
 """The float weight bytes of the quantized layers up to which the target search emulates (a small transformer's fit)."""
 
@@ -170,7 +166,6 @@ def search(
     miss_level: int = logging.WARNING,
     words: SearchWords | None = None,
     beyond: bool = False,
-    rank_check: Callable[[Collection[str]], Measurement] | None = None,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -195,8 +190,6 @@ def search(
         beyond: When the layers within ``max_float_compute`` miss the target (real checks only), the search goes on
             over every ranked layer, most sensitive first, but never all of them (:func:`_beyond`): the accuracy
             guard's bound before speed, while some layers stay INT8.
-        rank_check: ``check`` on fewer calibration runs, for the real checks of the isolated gains (their baseline, the
-            all-INT8 model, measured on the same runs); None: ``check``.
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
@@ -210,7 +203,7 @@ def search(
     emulated = checks.start_emulation(emulate, first) if emulate is not None else None
     metric = target.bounds[0].metric if target.bounds else "rel_l2"
     order, ranked = _order(
-        layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute, rank_check
+        layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute
     )
     if not order:
         if beyond and checks.scale is None:
@@ -347,25 +340,13 @@ def _order(
     proxy: Mapping[str, float],
     cost: Mapping[str, float] | None,
     max_float_compute: float,
-    rank_check: Callable[[Collection[str]], Measurement] | None = None,
 ) -> tuple[list[str], list[str]]:
     """The layers most sensitive first (the gain of each alone in float with at most :data:`MAX_ISOLATED` layers,
-    measured from ``baseline``, or with real checks on fewer runs by ``rank_check`` from the all-INT8 model's error
-    there, else ``proxy``), and the first of them that fit in ``max_float_compute``."""
+    measured from ``baseline``, else ``proxy``), and the first of them that fit in ``max_float_compute``."""
     w = checks.words
     if len(layers) <= MAX_ISOLATED:
-        trial = checks.trial
-        if rank_check is not None and checks.scale is None:  # real checks: the ranking's, on fewer runs
-            fewer = rank_check
-
-            def trial(floats: Collection[str], what: str) -> Measurement:
-                measurement = checks.record(fewer(floats), floats, what, "real")
-                checks.steps[-1]["runs"] = "ranking"  # on the first RANKING_RUNS runs
-                return measurement
-
-            baseline = trial((), f"{w.none} (ranking runs)")
         sensitivity = isolated_gains(
-            layers, lambda name: _badness(trial({name}, f"{name} alone {w.promoted}"), metric),
+            layers, lambda name: _badness(checks.trial({name}, f"{name} alone {w.promoted}"), metric),
             _badness(baseline, metric), squared=metric in ("rel_l2", "max_abs"), progress="INT8 sensitivity",
         )  # fmt: skip
         checks.steps.append({"what": f"gain of each {w.item} alone {w.promoted} ({metric})", "checks": len(layers)})

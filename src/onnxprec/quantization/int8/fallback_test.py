@@ -78,27 +78,3 @@ def test_an_emulated_choice_that_misses_for_real_sends_more_layers_back() -> Non
     floats, final = fallback.search(list(errors), check, target, {}, [], emulate=emulated)
     assert calls == [0, 1, 2, 4][: 1 + MAX_REAL_CHECKS]  # all-INT8, the emulation's choice, then doubling
     assert final.ok == (MAX_REAL_CHECKS >= 3) and floats[0] == "l7"  # 3 are needed: 4 hold, 2 do not
-
-
-def test_the_isolated_gains_rank_on_fewer_runs_and_the_verdicts_use_every_run() -> None:
-    errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}
-    target, real = _measured(errors, "rel_l2<=0.08")
-    _, fewer_runs = _measured({k: 0.9 * v for k, v in errors.items()}, "rel_l2<=0.08")  # the same order, other values
-    calls: list[tuple[str, int]] = []
-
-    def check(floats: Collection[str]) -> Measurement:
-        calls.append(("every run", len(floats)))
-        return real(floats)
-
-    def rank_check(floats: Collection[str]) -> Measurement:
-        calls.append(("ranking runs", len(floats)))
-        return fewer_runs(floats)
-
-    steps: list[dict[str, Any]] = []
-    floats, final = fallback.search(list(errors), check, target, {}, steps, rank_check=rank_check)
-    assert final.ok and floats == ["l7", "l6", "l5"]
-    ranking = [n for kind, n in calls if kind == "ranking runs"]
-    assert ranking == [0] + [1] * len(errors)  # the all-INT8 baseline on the same runs, then each layer alone
-    verdicts = [n for kind, n in calls if kind == "every run"]
-    assert verdicts[0] == 0 and calls[1 : 2 + len(errors)] == [("ranking runs", n) for n in ranking]
-    assert verdicts[1:] == [1, 2, 4, 3]  # the galloping search and its bisection, each on every run
