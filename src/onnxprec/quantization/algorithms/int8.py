@@ -96,6 +96,10 @@ def bias_correction(mean_x: np.ndarray, w: np.ndarray, w_dequantized: np.ndarray
     return -(np.asarray(mean_x, dtype=np.float64) @ delta)
 
 
+GPTQ_BLOCK = 128
+"""Input rows rounded one by one before the rows after them are updated in one product (GPTQ's lazy batch updates)."""
+
+
 def gptq_per_channel(w: np.ndarray, hessian: np.ndarray, *, damp: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ with per-output-channel symmetric INT8 scales, for ``G`` independent problems at once.
 
@@ -124,10 +128,16 @@ def gptq_per_channel(w: np.ndarray, hessian: np.ndarray, *, damp: float = 0.01) 
     inverse = np.linalg.inv(h)
     upper = np.linalg.cholesky(inverse).transpose(0, 2, 1)  # U with Uᵀ U = H⁻¹
     q = np.empty(weight.shape, dtype=np.int8)
-    for i in range(k):
-        levels = np.clip(np.rint(weight[:, i, :] / scales), -QMAX, QMAX)
-        q[:, i, :] = levels
-        error = (weight[:, i, :] - levels * scales) / upper[:, i, i][:, None]
-        if i + 1 < k:
-            weight[:, i + 1 :, :] -= upper[:, i, i + 1 :][:, :, None] * error[:, None, :]
+    for start in range(0, k, GPTQ_BLOCK):  # GPTQ's lazy batches: the rows after a block get its errors at once
+        stop = min(start + GPTQ_BLOCK, k)
+        block = weight[:, start:stop, :]
+        errors = np.empty(block.shape, dtype=np.float64)
+        for i in range(stop - start):
+            row = start + i
+            levels = np.clip(np.rint(block[:, i, :] / scales), -QMAX, QMAX)
+            q[:, row, :] = levels
+            errors[:, i, :] = (block[:, i, :] - levels * scales) / upper[:, row, row][:, None]
+            block[:, i + 1 :, :] -= upper[:, row, row + 1 : stop][:, :, None] * errors[:, i, None, :]
+        if stop < k:
+            weight[:, stop:, :] -= np.matmul(upper[:, start:stop, stop:].transpose(0, 2, 1), errors)
     return q, scales.astype(np.float32)

@@ -10,6 +10,7 @@ from onnx import helper
 from onnxprec._testing import F, make_model, run, tensor_info
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.observers import Histogram, RunSampleObserver
+from onnxprec.quantization.algorithms import int8 as int8_algorithms
 from onnxprec.quantization.algorithms.int8 import (
     QMAX,
     bias_correction,
@@ -192,3 +193,16 @@ def test_gptq_rounding_lowers_the_output_error_and_keeps_dead_inputs() -> None:
         rtn_error = np.linalg.norm(held_out @ dequantize_weight(*quantize_weight(w[g], axis=1), axis=1) - ref)
         assert gptq_error < 0.8 * rtn_error
     assert np.array_equal(q[0, 3], rtn_q[3])  # the dead input is rounded to nearest, not zeroed
+
+
+def test_gptq_lazy_blocks_round_as_one_row_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((900, 300)) @ rng.standard_normal((300, 300))
+    w = rng.standard_normal((1, 300, 5))
+    h = (x.T @ x)[None]
+    monkeypatch.setattr(int8_algorithms, "GPTQ_BLOCK", 1)  # every row's error applied before the next is rounded
+    single, single_scales = gptq_per_channel(w, h)
+    for block in (7, 128, 300):
+        monkeypatch.setattr(int8_algorithms, "GPTQ_BLOCK", block)
+        q, scales = gptq_per_channel(w, h)
+        assert np.array_equal(q, single) and np.array_equal(scales, single_scales)

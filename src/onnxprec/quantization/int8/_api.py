@@ -181,6 +181,8 @@ def _calibrate(
         made["plan"] = placed
         made["observers"] = hist, channels, samples, hessians = _observers(placed, options)
         wanted = set(hist.names or ()) | set(channels.axes) | set(samples.names or ())
+        if hessians.names:
+            hessians.batches = len(calibration)  # the Hessians' row samples spread over the calibration runs
         observers: list[Observer] = [hist, channels, samples, hessians, keep.observer(observed, calibration)]
         result = run_reference(
             observed,
@@ -494,7 +496,7 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
     where = ["calibration data", "held-out runs"]
     measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
-    text = f"{report.FORMAT} result misses the accuracy guard ({guard.describe_bounds(checked[0].summary)}): {measured}"
+    text = f"{report.FORMAT} result misses the accuracy guard ({report.check['bound']}): {measured}"
     steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
     ranked: list[str] = steps[-1] if steps else []
     floats = report.count("float")
@@ -525,7 +527,8 @@ def _measure(
     checked = guard.measure_task(candidate, keep, producers, providers, target, options.check_optimization)
     ok = checked.ok
     if ok and held_out is not None:
-        ok = guard.measure_task(candidate, held_out, producers, providers, target, options.check_optimization).ok
+        measured = guard.measure_task(candidate, held_out, producers, providers, target, options.check_optimization)
+        ok = dataclasses.replace(measured, held_out=True).ok  # the held-out runs' bounds
     return dataclasses.replace(checked.measurement, ok=ok)
 
 
@@ -623,13 +626,15 @@ def _check(
     optimization = options.check_optimization
     checked = [guard.measure_task(result, keep, producers, providers, optimization=optimization)]
     if held_out is not None:
-        checked.append(guard.measure_task(result, held_out, producers, providers, optimization=optimization))
+        measured = guard.measure_task(result, held_out, producers, providers, optimization=optimization)
+        checked.append(dataclasses.replace(measured, held_out=True))
     report.accuracy = worst_errors(checked[0].measurement)
     passed = all(c.ok for c in checked)
+    missed = next((c for c in checked if not c.ok), checked[0])
     report.check = {
         "random_data": bool(report.calibration.get("random")),
         "guard": "on" if options.accuracy_guard else "off",
-        "bound": guard.describe_bounds(checked[0].summary),
+        "bound": guard.describe_bounds(missed.summary, missed.held_out),  # the calibration runs' unless they held
         "passed": passed,
         "calibration": checked[0].to_json(),
         "held_out": checked[1].to_json() if len(checked) > 1 else None,

@@ -366,7 +366,7 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     entry = _entry(layer, weight.shape)
     qtype = options.weight_qtype
     gptq = qtype.name == "int8" and hessian is not None and groups_match
-    if gptq and stats.hessians.rows[name] >= k:
+    if gptq and stats.hessians.sampled[name] >= k:
         q, scales = _gptq(weight, hessian, conv)  # type: ignore[arg-type]
         levels: np.ndarray | None = q.T if gemm and layer.transposed else q
         entry.info["rounding"] = "gptq"
