@@ -162,6 +162,24 @@ class Int4Options(_tool.QuantizationOptions):
         help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
         "several passes over the data; a model with more weights than this runs in segments of half as many.",
     )
+    accuracy_guard: bool = option(
+        True,
+        group=EXTRAS,
+        help="Turn the accuracy guard off (default: on for a model that is not a language model and holds at most 1 "
+        "GiB of weights: the result is measured against the float model on every calibration batch, or on "
+        "synthetic inputs without data, by INT8's bounds of each output's task metric (top-1 agreement >= 0.98 for "
+        "class scores, identical CTC strings >= 0.99, cosine >= 0.99 otherwise); when it misses them, the weights "
+        "with the largest error go to 8 bits, then to float (at most a quarter of the weights' bytes); when that is "
+        "not enough the model is written for inspection and the command exits with code 3. A language model or a "
+        "larger one is checked on its first calibration batch and warned about). Off, the check still runs and "
+        "warns.",
+        doc="Hold a model that is not a language model, with at most 1 GiB of weights, to INT8's guard bounds "
+        "(``onnxprec.quantization.guard.DEFAULT_BOUNDS``) on every calibration batch (synthetic inputs without "
+        "data): the weights with the largest error go to 8 bits, then to float (at most a quarter of the weights' "
+        "bytes); a result that still misses them is written for inspection and "
+        ":class:`~onnxprec.errors.AccuracyGuardError` (carrying the report) is raised. False, and for language "
+        "models and larger ones: the written result is checked on one batch and a miss is warned about.",
+    )
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=EXTRAS)
     gpu_memory_mb: int = option(
         DEFAULT_GPU_MEMORY_MB,
