@@ -35,7 +35,7 @@ from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
 from onnxprec._report import SUMMARY, Step, Timer, timed
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
-from onnxprec.errors import OnnxprecError, UnsupportedModelError
+from onnxprec.errors import AccuracyGuardError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, quiet_onnx_ir, streams
@@ -594,11 +594,15 @@ def quantize(
         The quantized model.
 
     Raises:
+        AccuracyGuardError: The result misses the accuracy guard's bounds (:mod:`onnxprec.quantization.int4._guard`,
+            a model file that is not a language model); the error carries the report.
         OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
     """
     options = Int4Options.from_call(None, kwargs, fields_in(Int4Options, locals()))
     with log_level_during(options.log_level):
         model, report = quantize_model(onnx_path, options)
+        if report.guard_failure:
+            raise AccuracyGuardError(report.guard_failure, report)
         with report.step("quantize weights"):
             proto = to_model_proto(model)
         logger.info(report.summary, extra=SUMMARY)
@@ -608,10 +612,11 @@ def quantize(
 
 
 def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> bool:
-    """Measures the written INT4 model against the float one on the first calibration batch (realistic random data
-    without one) with each output's task metric; a result that misses INT8's guard bounds
-    (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback), and so is a
-    measurement that cannot run: the output is written either way. Returns whether the output ran."""
+    """Where the accuracy guard did not measure the result (a language model, a larger model, the guard off): measures
+    the written INT4 model against the float one on the first calibration batch (realistic random data without one)
+    with each output's task metric; a result that misses INT8's guard bounds (:mod:`onnxprec.quantization.guard`) is
+    warned about in one line, and so is a measurement that cannot run: the output is written either way. Returns
+    whether the output ran."""
     from onnxprec.quantization import guard
 
     if report.check.get("guard") == "on":  # the accuracy guard measured it, on every batch

@@ -83,9 +83,9 @@ class _Search:
 def guarded(source: ModelSource, options: Int4Options, model: ir.Model, report: Int4Report,
             pipeline: Pipeline) -> tuple[ir.Model, Int4Report]:  # fmt: skip
     """The guard on the pipeline's result (the module docstring). Returns the result the guard chose, with its report
-    (``check``, ``guard_steps`` and, when no candidate kept the bounds, ``guard_failure`` filled in); a guard that
-    cannot read the data again (a one-shot reader) is skipped with a WARNING, leaving the check on the written
-    result."""
+    (``check`` with each candidate in its ``steps`` and, when no candidate kept the bounds, ``guard_failure``); a
+    guard that cannot read the data again (a one-shot reader) is skipped with a WARNING, leaving the check on the
+    written result."""
     clock = Timer()
     float_model = load_model(source)  # the file again: the pipeline rewrote its copy
     shapes = calibration.parse_input_shapes(options.input_shapes) or None
@@ -110,7 +110,12 @@ def _guard(source: ModelSource, options: Int4Options, model: ir.Model, report: I
     first = checked
     if not checked.ok:
         model, report, checked = _fallback(search, model, report, checked)
-    _record(report, checked, data, search.steps)
+    _record(
+        report,
+        checked,
+        data,
+        [{"8bit": [], "float": [], "metric": first.summary.describe(), "ok": first.ok}, *search.steps],
+    )
     if not checked.ok:
         where = "synthetic inputs: pass representative inputs (--calibration_data)" if data.random else (
             "calibration data")  # fmt: skip

@@ -14,8 +14,8 @@ import pytest
 from onnx import helper
 
 from onnxprec._testing import F, make_model, run_cli, tensor_info
-from onnxprec.errors import ACCURACY_GUARD_EXIT
-from onnxprec.quantization.int4 import quantize_file
+from onnxprec.errors import ACCURACY_GUARD_EXIT, AccuracyGuardError
+from onnxprec.quantization.int4 import quantize, quantize_file
 
 
 def _outlier_blocks() -> onnx.ModelProto:
@@ -43,6 +43,9 @@ def test_a_broken_result_that_8_bits_cannot_save_exits_3_and_is_written_for_insp
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: INT4 result misses the accuracy guard (Y top1 >= 0.98): Y top-1 agreement ")
     assert "with 1 weights at 8 bits and 0 in float still Y top-1 agreement" in line and out.exists()
+    with pytest.raises(AccuracyGuardError, match=r"^INT4 result misses the accuracy guard") as raised:  # the API
+        quantize(str(source), calibration_method="rtn", block_size=16, calibration_data_reader=_data())
+    assert raised.value.report.check["passed"] is False  # type: ignore[attr-defined]
 
 
 def test_with_the_guard_off_a_broken_result_is_warned_about_with_its_measured_error(
@@ -82,8 +85,8 @@ def test_the_guard_keeps_the_worst_weights_at_8_bits_until_the_task_metric_holds
     report = quantize_file(source, out, calibration_method="rtn", block_size=16, calibration_data_reader=[{"X": x}])
     check = report.check
     assert check["guard"] == "on" and check["passed"] and not check["random_data"]
-    steps = check["steps"]  # the worst weight first, then both: each candidate measured
-    assert [len(step["8bit"]) for step in steps] == [1, 2] and [step["ok"] for step in steps] == [False, True]
+    steps = check["steps"]  # all at 4 bits, the worst weight at 8, then both: each candidate measured
+    assert [len(step["8bit"]) for step in steps] == [0, 1, 2] and [step["ok"] for step in steps] == [False] * 2 + [True]
     assert sorted((entry.weight, entry.bits) for entry in report.layers) == [("W1", 8), ("W2", 8)]
     assert (
         "2 at 8 bits; checked on calibration data (1 run): logits top-1 agreement 100.0% of 64 rows" in report.summary
