@@ -116,3 +116,18 @@ def test_without_data_the_summary_says_the_check_ran_on_random_data(tmp_path: Pa
     onnx.save(mlp(), source)
     report = quantize_file(source, tmp_path / "q.onnx", calibration_method="rtn", block_size=16)
     assert report.check["random_data"] and "no calibration data: checked on random data (1 run): " in report.summary
+
+
+def test_a_model_above_the_guard_size_keeps_the_one_batch_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnxprec.quantization.int4 import _guard
+
+    monkeypatch.setattr(_guard, "MAX_GUARD_BYTES", 1000)  # the classifier's 18 KB of weights count as large
+    source = tmp_path / "m.onnx"
+    onnx.save(_classifier(), source)
+    x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    report = quantize_file(source, tmp_path / "q.onnx", calibration_method="rtn", block_size=16,
+                           calibration_data_reader=[{"X": x}])  # fmt: skip
+    assert report.check["guard"] == "warn" and "accuracy guard" not in report.seconds
+    assert all(entry.bits == 4 for entry in report.layers)
