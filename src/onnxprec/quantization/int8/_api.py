@@ -201,7 +201,7 @@ def _fits_activations(plan: Plan, options: Int8Options) -> bool:
     return bool(fitted) or options.target_accuracy is not None
 
 
-def _refuse_random_data(model: ir.Model, plan: Plan, options: Int8Options) -> None:
+def _refuse_random_data(plan: Plan, options: Int8Options) -> None:
     """Without calibration data, refuses in one line when the data would decide anything (static ranges, SmoothQuant,
     the fallback: :func:`_fits_activations`), unless ``random_calibration_data``: ranges fitted to synthetic inputs
     are not the ranges of real ones, and the accuracy check on the same inputs cannot see it (docs/tools/int8.md,
@@ -361,7 +361,7 @@ def _calibration(run: Int8Run) -> None:
         "%s for %s: %d layers (%d dynamic), %d static tensors", options.TOOL, options.runtime, len(plan.layers),
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
-    _refuse_random_data(run.model, plan, options)
+    _refuse_random_data(plan, options)
     run.stats, run.data, run.held_out = _calibrate(run.model, plan, options, run.report, run.keep)
 
 
