@@ -36,6 +36,7 @@ from zoo import corpus as zcorpus  # noqa: E402
 
 MERGED = ROOT / "benchmarks/results/corpus-merged-2026-11-29.json"
 _Q8 = [sys.executable, "-m", "onnxprec.cli", "quantize", "int8", "--log_level", "WARNING"]
+TIMEOUT_S = 900
 
 
 def task_error(judged: dict[str, Any]) -> float:
@@ -64,7 +65,10 @@ def _make(rec: dict[str, Any], work: Path, extra: list[str]) -> tuple[Path | Non
     work.mkdir(parents=True, exist_ok=True)
     out = work / "out.onnx"
     argv = [*_Q8, "--onnx_path", rec["path"], "--output_path", str(out), *extra]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return None, -9, f"stopped after {TIMEOUT_S} s"
     last = (proc.stderr.strip().splitlines() or [""])[-1][:200]
     return (out if out.exists() else None), proc.returncode, last
 
