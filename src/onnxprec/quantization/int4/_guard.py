@@ -23,11 +23,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from onnxprec import calibration
 from onnxprec._io import ModelSource, load_model
 from onnxprec._report import Timer
 from onnxprec.accuracy import output_producers
-from onnxprec.calibration_data import CalibrationData, run_on_data
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import OnnxprecError
 from onnxprec.quantization import guard
 from onnxprec.reference import run_reference
@@ -88,11 +87,11 @@ def guarded(source: ModelSource, options: Int4Options, model: ir.Model, report: 
     written result."""
     clock = Timer()
     float_model = load_model(source)  # the file again: the pipeline rewrote its copy
-    shapes = calibration.parse_input_shapes(options.input_shapes) or None
     try:
-        model, report = run_on_data(float_model, options.calibration_data_reader,
-                                    lambda data: _guard(source, options, model, report, pipeline, float_model, data),
-                                    input_shapes=shapes)  # fmt: skip
+        args = CalibrationArgs(options.calibration_data_reader, options.input_shapes)
+        model, report = args.run(
+            float_model, lambda data: _guard(source, options, model, report, pipeline, float_model, data)
+        )
     except OnnxprecError as e:
         logger.warning("INT4 accuracy guard not run (%s): the written result is checked on one batch", e)
     report.seconds["accuracy guard"] = clock.seconds
