@@ -109,19 +109,19 @@ class BoundedOutputs(ReferenceOutputs):
         super().update(name, array)
 
 
-def bound_of(output: OutputMetric) -> tuple[str, float] | None:
+def bound_of(output: OutputMetric, bounds: Mapping[str, float] = DEFAULT_BOUNDS) -> tuple[str, float] | None:
     """(metric, lowest value) the guard holds ``output`` to, or None for an output it does not judge."""
     if _STATE.match(output.name):
         return None
     if output.kind == "sequence" and output.metric == "step_agreement":  # a language model's logits
-        return "cosine", DEFAULT_BOUNDS["values"]
-    return output.metric, DEFAULT_BOUNDS[output.kind]
+        return "cosine", bounds["values"]
+    return output.metric, bounds[output.kind]
 
 
-def holds(summary: TaskSummary) -> bool:
+def holds(summary: TaskSummary, bounds: Mapping[str, float] = DEFAULT_BOUNDS) -> bool:
     """Whether every judged output keeps its bound (a non-finite error never does)."""
     for output in summary.outputs:
-        bound = bound_of(output)
+        bound = bound_of(output, bounds)
         if bound is None:
             continue
         metric, lowest = bound
@@ -133,11 +133,11 @@ def holds(summary: TaskSummary) -> bool:
     return True
 
 
-def describe_bounds(summary: TaskSummary) -> str:
+def describe_bounds(summary: TaskSummary, bounds: Mapping[str, float] = DEFAULT_BOUNDS) -> str:
     """The bounds the guard holds the outputs to, e.g. ``logits top1 >= 0.98``."""
     parts = []
     for output in summary.outputs:
-        bound = bound_of(output)
+        bound = bound_of(output, bounds)
         if bound is not None:
             parts.append(f"{output.name} {bound[0]} >= {bound[1]:g}")
     return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more" if len(parts) > 4 else "")
@@ -151,10 +151,11 @@ class Checked:
     measurement: Measurement
     summary: TaskSummary
     runs: int
+    bounds: Mapping[str, float] = dataclasses.field(default_factory=lambda: DEFAULT_BOUNDS)
 
     @property
     def ok(self) -> bool:
-        return holds(self.summary)
+        return holds(self.summary, self.bounds)
 
     def to_json(self) -> dict[str, Any]:
         return {"runs": self.runs, "metric": self.summary.describe(), **self.summary.to_json()}
@@ -167,6 +168,7 @@ def measure_task(
     providers: Sequence[str] | None = None,
     target: AccuracyTarget = RANKING,
     optimization: Optimization = "all",
+    bounds: Mapping[str, float] = DEFAULT_BOUNDS,
 ) -> Checked:
     """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every kept batch: its errors
     against ``target`` and its task metrics against the float outputs, in one pass."""
@@ -184,4 +186,4 @@ def measure_task(
 
     measurement = measure_outputs(target, kept, run)
     measurement = dataclasses.replace(measurement, seconds=clock.seconds)
-    return Checked(measurement, metrics.summary(), len(kept.outputs))
+    return Checked(measurement, metrics.summary(), len(kept.outputs), bounds)

@@ -614,7 +614,7 @@ def quantize(
 def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> bool:
     """Where the accuracy guard did not measure the result (a language model, a larger model, the guard off): measures
     the written INT4 model against the float one on the first calibration batch (realistic random data without one)
-    with each output's task metric; a result that misses INT8's guard bounds (:mod:`onnxprec.quantization.guard`) is
+    with each output's task metric; a result that misses INT4's guard bounds (:data:`_guard.BOUNDS`) is
     warned about in one line, and so is a measurement that cannot run: the output is written either way. Returns
     whether the output ran."""
     from onnxprec.quantization import guard
@@ -628,11 +628,11 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
     except OnnxprecError as e:  # the check is information (a one-shot reader, say, was read by the quantization)
         logger.warning("INT4 result not measured against the float model: %s", e)
         return False
-    passed = guard.holds(summary)
+    passed = guard.holds(summary, _guard.BOUNDS)
     report.check = {
         "random_data": random,
         "guard": "warn",
-        "bound": guard.describe_bounds(summary),
+        "bound": guard.describe_bounds(summary, _guard.BOUNDS),
         "passed": passed,
         "calibration": {"runs": 1, "metric": summary.describe(), **summary.to_json()},
         "held_out": None,
