@@ -37,8 +37,9 @@ def test_minilm_every_method_beats_or_matches_onnxruntime_rtn(tmp_path: Path) ->
     calibration = [{k: v[i : i + 1] for k, v in feeds.items()} for i in range(len(feeds["input_ids"]))]
     errors = {}
     for method in ("rtn", "awq_lite", "awq_clip", "awq_full", "gptq"):
+        # the methods' numerics at 4 bits: the accuracy guard off (it would put most weights at 8 bits)
         model = quantize(path, calibration_method=method, calibration_data_reader=calibration, block_size=32,
-                         use_zero_point=True)  # fmt: skip
+                         use_zero_point=True, accuracy_guard=False)  # fmt: skip
         onnx.checker.check_model(model, full_check=True)
         assert sum(n.op_type == "DequantizeLinear" for n in model.graph.node) == 36
         errors[method] = rel_l2(reference, run(model, feeds)[0])

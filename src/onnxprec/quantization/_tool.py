@@ -316,7 +316,7 @@ def checked(check: Mapping[str, Any]) -> str:
     if held:
         text += f", held out ({runs(held)}): {held['metric']}"
     if check.get("random_data"):
-        text += " (random inputs: the distance from FP32 on them, not the accuracy on real data)"
+        text += " (synthetic inputs: the distance from FP32 on them; it cannot judge the task on real data)"
     if check.get("guard") == "on" and not check.get("passed"):
         text += f"; misses the accuracy guard's {check.get('bound')}"
     return text

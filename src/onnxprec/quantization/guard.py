@@ -118,21 +118,25 @@ class BoundedOutputs(ReferenceOutputs):
         super().update(name, array)
 
 
-def bound_of(output: OutputMetric, held_out: bool = False) -> tuple[str, float] | None:
-    """(metric, lowest value) the guard holds ``output`` to on the calibration runs (``held_out``: on held-out runs),
-    or None for an output it does not judge."""
+def bound_of(
+    output: OutputMetric, held_out: bool = False, bounds: Mapping[str, float] | None = None
+) -> tuple[str, float] | None:
+    """(metric, lowest value) the guard holds ``output`` to on the calibration runs (``held_out``: on held-out runs;
+    ``bounds``: a tool's own bounds per output kind, e.g. INT4's), or None for an output it does not judge."""
     if _STATE.match(output.name):
         return None
-    bounds = HELD_OUT_BOUNDS if held_out else DEFAULT_BOUNDS
+    if bounds is None:
+        bounds = HELD_OUT_BOUNDS if held_out else DEFAULT_BOUNDS
     if output.kind == "sequence" and output.metric == "step_agreement":  # a language model's logits
         return "cosine", bounds["values"]
     return output.metric, bounds[output.kind]
 
 
-def holds(summary: TaskSummary, held_out: bool = False) -> bool:
-    """Whether every judged output keeps its bound (on held-out runs: ``held_out``; a non-finite error never does)."""
+def holds(summary: TaskSummary, held_out: bool = False, bounds: Mapping[str, float] | None = None) -> bool:
+    """Whether every judged output keeps its bound (on held-out runs: ``held_out``; a tool's own ``bounds``; a
+    non-finite error never does)."""
     for output in summary.outputs:
-        bound = bound_of(output, held_out)
+        bound = bound_of(output, held_out, bounds)
         if bound is None:
             continue
         metric, lowest = bound
@@ -144,11 +148,12 @@ def holds(summary: TaskSummary, held_out: bool = False) -> bool:
     return True
 
 
-def describe_bounds(summary: TaskSummary, held_out: bool = False) -> str:
-    """The bounds the guard holds the outputs to (on held-out runs: ``held_out``), e.g. ``logits top1 >= 0.98``."""
+def describe_bounds(summary: TaskSummary, held_out: bool = False, bounds: Mapping[str, float] | None = None) -> str:
+    """The bounds the guard holds the outputs to (on held-out runs: ``held_out``; a tool's own ``bounds``), e.g.
+    ``logits top1 >= 0.98``."""
     parts = []
     for output in summary.outputs:
-        bound = bound_of(output, held_out)
+        bound = bound_of(output, held_out, bounds)
         if bound is not None:
             parts.append(f"{output.name} {bound[0]} >= {bound[1]:g}")
     return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more" if len(parts) > 4 else "")
@@ -163,10 +168,11 @@ class Checked:
     summary: TaskSummary
     runs: int
     held_out: bool = False
+    bounds: Mapping[str, float] | None = None
 
     @property
     def ok(self) -> bool:
-        return holds(self.summary, self.held_out)
+        return holds(self.summary, self.held_out, self.bounds)
 
     def to_json(self) -> dict[str, Any]:
         return {"runs": self.runs, "metric": self.summary.describe(), **self.summary.to_json()}
@@ -179,6 +185,7 @@ def measure_task(
     providers: Sequence[str] | None = None,
     target: AccuracyTarget = RANKING,
     optimization: Optimization = "all",
+    bounds: Mapping[str, float] | None = None,
 ) -> Checked:
     """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every kept batch: its errors
     against ``target`` and its task metrics against the float outputs, in one pass."""
@@ -196,4 +203,4 @@ def measure_task(
 
     measurement = measure_outputs(target, kept, run)
     measurement = dataclasses.replace(measurement, seconds=clock.seconds)
-    return Checked(measurement, metrics.summary(), len(kept.outputs))
+    return Checked(measurement, metrics.summary(), len(kept.outputs), bounds=bounds)

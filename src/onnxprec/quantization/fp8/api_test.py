@@ -165,3 +165,13 @@ def test_a_one_shot_reader_serves_the_fp16_remainder_too(tmp_path: Path, mlp_fil
     assert report.summary.startswith("FP8 for trt: 4/4 layers quantized")
     feeds = _tokens(9, 1)[0]
     assert _rel(_run(mlp_file, feeds), _run(out, feeds)) < 0.1
+
+
+def test_without_data_fp8_refuses_in_one_line_as_int8_does(tmp_path: Path) -> None:
+    from onnxprec.errors import CalibrationDataError
+
+    source = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), source)
+    with pytest.raises(CalibrationDataError, match=r"^No calibration data: FP8.s activation ranges .* pass"):
+        quantize_file(source, tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists()

@@ -15,8 +15,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
 from onnxprec._report import SUMMARY, Step, Timer, timed
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
-from onnxprec.errors import OnnxprecError, UnsupportedModelError
+from onnxprec.errors import AccuracyGuardError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, pruned_copy, quiet_onnx_ir, streams
@@ -43,6 +44,7 @@ from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
+from onnxprec.quantization.int4 import _guard
 from onnxprec.quantization.int4._budget import choose_precisions, logits_head, writes_text, written_text
 from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
@@ -342,6 +344,11 @@ class Int4Run:
     recipes: dict[WeightGroup, Recipe] = dataclasses.field(default_factory=dict)
     entries: dict[WeightGroup, LayerReport] = dataclasses.field(default_factory=dict)
     scales: dict[InputGroup, np.ndarray] = dataclasses.field(default_factory=dict)
+    precisions: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Weights the accuracy guard set to 8 bits (8) or kept in float (0), by name."""
+    guardable: bool = False
+    """Whether the accuracy guard may run (:mod:`onnxprec.quantization.int4._guard`): not a language model, at most
+    ``MAX_GUARD_BYTES`` of float weights."""
 
     @property
     def needs_data(self) -> bool:
@@ -381,6 +388,9 @@ def _load_and_select(run: Int4Run) -> None:
     check_selection(model, patterns, {}, ("MatMul", "Gemm", "Gather"), pattern_names)
     if llm:
         _llm_head_bits(model, selection)
+    _set_precisions(selection, run.precisions)
+    weights = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+    run.guardable = not writes_text(model) and weights <= _guard.MAX_GUARD_BYTES
     report.excluded, report.skipped = selection.excluded, selection.skipped
     report.in_subgraphs = dict(selection.in_subgraphs)
     if not selection.targets:
@@ -391,6 +401,23 @@ def _load_and_select(run: Int4Run) -> None:
         raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
     if options.default_method and options.calibration_data_reader is None and writes_text(model):
         options.use_method(NO_DATA_LLM_METHOD)  # without data, an LLM calibrates on text it writes itself
+
+
+def _set_precisions(selection: Selection, precisions: Mapping[str, int]) -> None:
+    """The accuracy guard's choices: its weights at 8 bits, or kept in float (excluded, the pattern naming the
+    guard)."""
+    if not precisions:
+        return
+    kept = []
+    for target in selection.targets:
+        bits = precisions.get(target.name)
+        if bits == 0:
+            selection.excluded.extend((layer.name, "accuracy guard") for layer in target.layers)
+            continue
+        if bits == 8:
+            target.bits = 8
+        kept.append(target)
+    selection.targets[:] = kept
 
 
 def _write_text(run: Int4Run) -> None:
@@ -518,13 +545,29 @@ STEPS: tuple[Step[Int4Run], ...] = (
 
 
 def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model, Int4Report]:
-    """Runs the pipeline (:data:`STEPS`) up to (not including) saving; the returned model's quantized weights are lazy
-    tensors. ``options`` is left as given: the defaults chosen for this model go into a copy."""
+    """Runs the pipeline (:data:`STEPS`) up to (not including) saving, and the accuracy guard where it applies
+    (:mod:`onnxprec.quantization.int4._guard`: a model file that is not a language model, at most 1 GiB of weights);
+    the returned model's quantized weights are lazy tensors. ``options`` is left as given: the defaults chosen for
+    this model go into a copy."""
+    run = _pipeline(source, options, {})
+    if options.accuracy_guard and run.guardable and isinstance(source, (str, os.PathLike)):
+        return _guard.guarded(source, options, run.model, run.report, _run_pipeline)
+    return run.model, run.report
+
+
+def _pipeline(source: ModelSource, options: Int4Options, precisions: Mapping[str, int]) -> Int4Run:
     options = copy.copy(options)
     config = options.quant_config()
     report = Int4Report(options.method, config.block_size, options.use_zero_point, options.format)
-    run = Int4Run(source, options, report, config)
+    run = Int4Run(source, options, report, config, precisions=precisions)
     run.report.run_steps(STEPS, run)
+    return run
+
+
+def _run_pipeline(
+    source: ModelSource, options: Int4Options, precisions: Mapping[str, int]
+) -> tuple[ir.Model, Int4Report]:
+    run = _pipeline(source, options, precisions)
     return run.model, run.report
 
 
@@ -579,11 +622,15 @@ def quantize(
         The quantized model.
 
     Raises:
+        AccuracyGuardError: The result misses the accuracy guard's bounds (:mod:`onnxprec.quantization.int4._guard`,
+            a model file that is not a language model); the error carries the report.
         OnnxprecError: A bad argument, model or calibration data; the message says how to fix it.
     """
     options = Int4Options.from_call(None, kwargs, fields_in(Int4Options, locals()))
     with log_level_during(options.log_level):
         model, report = quantize_model(onnx_path, options)
+        if report.guard_failure:
+            raise AccuracyGuardError(report.guard_failure, report)
         with report.step("quantize weights"):
             proto = to_model_proto(model)
         logger.info(report.summary, extra=SUMMARY)
@@ -593,12 +640,15 @@ def quantize(
 
 
 def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> bool:
-    """Measures the written INT4 model against the float one on the first calibration batch (realistic random data
-    without one) with each output's task metric; a result that misses INT8's guard bounds
-    (:mod:`onnxprec.quantization.guard`) is warned about in one line (INT4 has no float fallback), and so is a
-    measurement that cannot run: the output is written either way. Returns whether the output ran."""
+    """Where the accuracy guard did not measure the result (a language model, a larger model, the guard off): measures
+    the written INT4 model against the float one on the first calibration batch (realistic random data without one)
+    with each output's task metric; a result that misses INT4's guard bounds (:data:`_guard.BOUNDS`) is
+    warned about in one line, and so is a measurement that cannot run: the output is written either way. Returns
+    whether the output ran."""
     from onnxprec.quantization import guard
 
+    if report.check.get("guard") == "on":  # the accuracy guard measured it, on every batch
+        return False
     shapes = calibration.parse_input_shapes(options.input_shapes) or None
     try:
         summary, random = task_check(load_model(source), written, options.calibration_data_reader,
@@ -607,11 +657,11 @@ def _check_written(source: Path, written: Path, options: Int4Options, report: In
     except OnnxprecError as e:  # the check is information (a one-shot reader, say, was read by the quantization)
         logger.warning("INT4 result not measured against the float model: %s", e)
         return False
-    passed = guard.holds(summary)
+    passed = guard.holds(summary, bounds=_guard.BOUNDS)
     report.check = {
         "random_data": random,
         "guard": "warn",
-        "bound": guard.describe_bounds(summary),
+        "bound": guard.describe_bounds(summary, bounds=_guard.BOUNDS),
         "passed": passed,
         "calibration": {"runs": 1, "metric": summary.describe(), **summary.to_json()},
         "held_out": None,

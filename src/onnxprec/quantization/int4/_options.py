@@ -169,6 +169,25 @@ class Int4Options(_tool.QuantizationOptions):
         "check of the output); default: half of --stats_memory_mb on the CPU, 1024 on a GPU provider, where each "
         "session costs seconds.",
     )
+    accuracy_guard: bool = option(
+        True,
+        group=EXTRAS,
+        help="Turn the accuracy guard off (default: on for a model that is not a language model and holds at most 1 GiB"
+        " of weights: the result is measured against the float model on every calibration batch, or on synthetic "
+        "inputs without data, by the bounds of each output's task metric (top-1 agreement >= 0.98 for class "
+        "scores, identical CTC strings >= 0.99; cosine >= 0.95 for plain float outputs); when it misses them, the "
+        "weights with the largest error go to 8 bits, then to float (at most a quarter of the weights' bytes); "
+        "when that is not enough the model is written for inspection and the command exits with code 3. A language"
+        " model or a larger one is checked on its first calibration batch and warned about). Off, the check still "
+        "runs and warns.",
+        doc="Hold a model that is not a language model, with at most 1 GiB of weights, to INT4's guard bounds "
+        "(``onnxprec.quantization.int4._guard.BOUNDS``: INT8's, plain float outputs at cosine >= 0.95) on every "
+        "calibration batch (synthetic inputs without data): the weights with the largest error go to 8 bits, then "
+        "to float (at most a quarter of the weights' bytes); a result that still misses them is written for "
+        "inspection and :class:`~onnxprec.errors.AccuracyGuardError` (carrying the report) is raised. False, and "
+        "for language models and larger ones: the written result is checked on one batch and a miss is warned "
+        "about.",
+    )
     input_shapes: str | Mapping[str, Sequence[int]] | None = input_shapes_option(group=EXTRAS)
     gpu_memory_mb: int = option(
         DEFAULT_GPU_MEMORY_MB,

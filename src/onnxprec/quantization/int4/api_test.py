@@ -183,8 +183,9 @@ def test_awq_never_folds_into_a_quantized_parent() -> None:
     # form, which silently loses the compensation. Here the scales go into an explicit Mul.
     model = _chain()
     x = correlated(512, 64, seed=8)
+    # the numerics of the folding (the accuracy guard would send the weights of this small chain to 8 bits)
     report = quantize_file_in_memory(model, calibration_method="awq_lite", calibration_data_reader=[{"X": x}],
-                                     block_size=16)  # fmt: skip
+                                     block_size=16, accuracy_guard=False)  # fmt: skip
     proto, entries = report
     assert entries["W2"]["awq"] == "Mul" and entries["W1"]["awq"] in (None, "Mul")
     weights = dequantized_weights(proto)

@@ -201,11 +201,8 @@ def _calibrate(
             held_out.append(outputs)
             report.calibration["held_out_batches"] = rest.batches
 
-    if options.source is None and _fits_activations(plan, options):  # not for weights alone
-        logger.warning(
-            "No calibration data: INT8 ranges and decisions are fitted to realistic random inputs; pass "
-            "representative inputs (--calibration_data, API: calibration_data=)."
-        )
+    if options.source is None and _fits_activations(plan, options):  # not for weights alone (asked for: the flag)
+        logger.warning("%s", _synthetic_warning(model, options))
     CalibrationArgs(options.source, options.input_shapes, options.calibration_batch_size).run(model, run, keep=True)
     hist, channels, samples, hessians = made["observers"]
     stats = Statistics(hist.histograms, channels, samples, hessians)
@@ -223,21 +220,35 @@ def _fits_activations(plan: Plan, options: Int8Options) -> bool:
     return bool(fitted) or options.target_accuracy is not None
 
 
-def _refuse_random_data(model: ir.Model, plan: Plan, options: Int8Options) -> None:
-    """Without calibration data, refuses a model one of whose inputs has no realistic synthetic form
-    (:func:`onnxprec.calibration.inputs_without_synthetic_form`), unless ``random_calibration_data``."""
+def _refuse_random_data(plan: Plan, options: Int8Options) -> None:
+    """Without calibration data, refuses in one line when the data would decide anything (static ranges, SmoothQuant,
+    the fallback: :func:`_fits_activations`), unless ``random_calibration_data``: ranges fitted to synthetic inputs
+    are not the ranges of real ones, and the accuracy check on the same inputs cannot see it (docs/tools/int8.md,
+    "Without calibration data")."""
     if options.source is not None or options.random_calibration_data or not _fits_activations(plan, options):
         return
+    raise CalibrationDataError(
+        f"No calibration data: {options.TOOL}'s activation ranges would be fitted to synthetic inputs and its "
+        "accuracy check could not judge the task on them; pass representative inputs with --calibration_data "
+        "(API: calibration_data=), or --random_calibration_data to quantize on synthetic inputs anyway."
+    )
+
+
+def _synthetic_warning(model: ir.Model, options: Int8Options) -> str:
+    """The WARNING of a run on synthetic inputs (``random_calibration_data``): what they are, and that the check on
+    them cannot judge the task."""
     unlike = calibration.inputs_without_synthetic_form(calibration.input_specs(model))
+    inputs = "synthetic images, or random values"
     if unlike:
-        names = ", ".join(spec.describe() for spec in unlike[:3]) + (
+        names = ", ".join(spec.name for spec in unlike[:3]) + (
             f" and {len(unlike) - 3} more" if len(unlike) > 3 else ""
         )
-        raise CalibrationDataError(
-            f"No calibration data, and random values are no realistic input for {names}: INT8's ranges and its "
-            "accuracy check would be fitted to noise; pass representative inputs with --calibration_data (API: "
-            "calibration_data=), or --random_calibration_data to quantize on random data anyway."
-        )
+        inputs = f"random values for {names}, which have no synthetic form"
+    return (
+        f"No calibration data: {options.TOOL}'s ranges and decisions are fitted to synthetic inputs ({inputs}); the "
+        "accuracy check runs on them too and cannot judge the task: measure the result on real inputs (onnxprec "
+        "evaluate FLOAT QUANTIZED -d DIR) or pass --calibration_data."
+    )
 
 
 def _costs(plan: Plan, stats: Statistics) -> dict[str, float]:
@@ -370,7 +381,7 @@ def _calibration(run: Int8Run) -> None:
         "%s for %s: %d layers (%d dynamic), %d static tensors", options.TOOL, options.runtime, len(plan.layers),
         sum(layer.dynamic for layer in plan.layers), len(plan.static_tensors),
     )  # fmt: skip
-    _refuse_random_data(run.model, plan, options)
+    _refuse_random_data(plan, options)
     run.stats, run.data, run.held_out, run.plan, run.branches = _calibrate(
         run.model, plan, options, run.report, run.keep
     )
@@ -504,7 +515,7 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
         text += f"; the error is carried most by {', '.join(repr(n) for n in ranked[:4])}"
     text += f"; {floats} layers in float within --max_float_compute did not meet it" if floats else ""
     if report.calibration.get("random"):
-        text += "; measured on random data: pass representative inputs (--calibration_data)"
+        text += "; measured on synthetic inputs: pass representative inputs (--calibration_data)"
     return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"
 
 

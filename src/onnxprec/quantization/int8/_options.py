@@ -184,10 +184,11 @@ class Int8Options(_tool.QuantizationOptions):
     random_calibration_data: bool = option(
         False,
         group=EXTRAS,
-        help="Without --calibration_data, fit INT8's activation ranges and decisions to random data even when an "
-        "input has no realistic synthetic form (audio, spectrograms, token ids, bytes, tabular or feature inputs; "
-        "default: refuse in one line, as they would be fitted to noise and the check would judge noise). Image "
-        "inputs get synthetic images (smooth fields, edges, textures, strokes) and need no flag.",
+        help="Without --calibration_data, fit the activation ranges and decisions to synthetic inputs (synthetic "
+        "images for image inputs, random values for the others) instead of refusing (the default: refuse in one line; "
+        "on the corpus, ranges fitted to synthetic inputs gave several times the error of real ones, docs/tools/"
+        "int8.md). The accuracy check then runs on the same synthetic inputs and cannot judge the task: the summary "
+        "and a WARNING say so.",
     )
     max_float_compute: float | None = option(
         None,

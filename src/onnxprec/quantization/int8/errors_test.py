@@ -57,21 +57,27 @@ def test_modelopt_keywords_of_other_names(tmp_path: Path, model_path: Path) -> N
     assert not (tmp_path / "no.onnx").exists()
 
 
-def test_without_data_an_input_with_no_synthetic_form_is_refused_in_one_line(
+def test_without_data_int8_is_refused_in_one_line_unless_synthetic_inputs_are_asked_for(
     tmp_path: Path, model_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A [B, T, 64] float input (features) has no realistic random form: refused, naming --calibration_data and the
-    flag that accepts random data; the flag quantizes it and the summary says the check was on random data."""
+    """Without data INT8 refuses in one line naming --calibration_data and the flag that accepts synthetic inputs;
+    with the flag it quantizes, and a WARNING and the summary say the check ran on synthetic inputs and cannot judge
+    the task (here a [B, T, 64] feature input: random values, named in the WARNING)."""
     from onnxprec.cli import main
 
     message = _fails(tmp_path, CalibrationDataError, "--calibration_data", model_path)
-    assert "X: float32" in message and "--random_calibration_data" in message
+    assert (
+        message.startswith("No calibration data: INT8's activation ranges") and "--random_calibration_data" in message
+    )
     out = tmp_path / "random.onnx"
     argv = ["quantize", "int8", "--onnx_path", str(model_path), "--output_path", str(out)]
     assert main(argv) == 2 and not out.exists()
     assert capsys.readouterr().err.count("error:") == 1
     assert main([*argv, "--random_calibration_data"]) == 0 and out.exists()
-    assert "no calibration data: checked on random data" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "no calibration data: checked on random data" in printed.out and "cannot judge the task" in printed.out
+    (warning,) = [line for line in printed.err.splitlines() if "No calibration data" in line]
+    assert "random values for X, which have no synthetic form" in warning and "cannot judge the task" in warning
 
 
 def test_empty_calibration_set(tmp_path: Path, model_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from onnx import helper
 
 from onnxprec._testing import F, make_model, run_cli, tensor_info
-from onnxprec.errors import ACCURACY_GUARD_EXIT, AccuracyGuardError
+from onnxprec.errors import ACCURACY_GUARD_EXIT, AccuracyGuardError, CalibrationDataError
 from onnxprec.quantization._testing import tiny_cnn
 from onnxprec.quantization.int8 import quantize_file
 
@@ -107,9 +107,13 @@ def test_a_result_that_meets_the_bound_is_not_refused_and_says_how_it_was_checke
     assert "checked on calibration data (6 runs): logits top-1 agreement 100.0% of 6 rows" in report.summary
     assert "held out (2 runs): logits top-1 agreement 100.0% of 2 rows" in report.summary
     assert report.to_json()["accuracy"]  # no longer {}
-    # without data: random data, said so
-    random = quantize_file(source, tmp_path / "random.onnx")
+    # without data: refused, unless synthetic inputs are asked for, and then said so
+    with pytest.raises(CalibrationDataError, match=r"^No calibration data: .* pass representative inputs with --cal"):
+        quantize_file(source, tmp_path / "random.onnx")
+    assert not (tmp_path / "random.onnx").exists()
+    random = quantize_file(source, tmp_path / "random.onnx", random_calibration_data=True)
     assert random.check["random_data"] and "no calibration data: checked on random data (" in random.summary
+    assert "synthetic inputs: the distance from FP32 on them; it cannot judge the task" in random.summary
 
 
 def test_ort_quantize_static_keeps_onnx_runtimes_behaviour_and_only_warns(

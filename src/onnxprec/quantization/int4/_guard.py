@@ -1,0 +1,181 @@
+"""INT4's accuracy guard: the result measured against the float model by each output's task metric, and the layers
+that miss it kept at 8 bits or in float.
+
+For a model that is not a language model and whose float weights hold at most :data:`MAX_GUARD_BYTES`, the result
+(in memory, its weights quantized as it is serialized) and the float model run on every calibration batch (on
+synthetic inputs without data: :class:`~onnxprec.calibration_data.CalibrationData`'s random data) and are judged by
+:data:`BOUNDS` (INT8's guard bounds, :mod:`onnxprec.quantization.guard`: top-1 agreement >= 0.98 for class scores,
+identical CTC strings >= 0.99...; plain float values cosine >= 0.95). When the result misses them, the 4-bit weights
+with the largest relative error go to 8 bits, 1, 2, 4... of them and then all, each candidate a new run of the
+pipeline; then to float, within :data:`MAX_FLOAT_SHARE` of the quantized weights' float bytes. The first candidate
+that keeps the bounds is the result; when none does, the last is, and the report's ``guard_failure`` line makes the
+tool raise :class:`~onnxprec.errors.AccuracyGuardError` once it is written (exit 3).
+
+A language model, or a larger model, keeps the cheap check on the written result (:func:`check_written`: its first
+calibration batch, warn only): the guard would hold a second whole-model session and run the pipeline again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from onnxprec._io import ModelSource, load_model
+from onnxprec._report import Timer
+from onnxprec.accuracy import output_producers
+from onnxprec.calibration_data import CalibrationArgs, CalibrationData
+from onnxprec.errors import OnnxprecError
+from onnxprec.quantization import guard
+from onnxprec.reference import run_reference
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from onnxprec.quantization.int4._options import Int4Options
+    from onnxprec.quantization.int4._report import Int4Report
+
+__all__ = ["BOUNDS", "MAX_FLOAT_SHARE", "MAX_GUARD_BYTES", "Pipeline", "guarded"]
+
+logger = logging.getLogger(__name__)
+
+MAX_GUARD_BYTES = 1 << 30
+"""Float weight bytes above which the guard does not run (a second whole-model session and pipeline run)."""
+
+MAX_FLOAT_SHARE = 0.25
+"""The share of the quantized weights' float bytes the guard may keep in float (INT8's ``max_float_compute``)."""
+
+BOUNDS: dict[str, float] = {**guard.DEFAULT_BOUNDS, "values": 0.95}
+"""INT4's bounds: INT8's per output kind (each a task metric: classes, strings, boxes, SNR...), except plain float
+outputs (an encoder's embedding, a hidden state), held to cosine >= 0.95 rather than 0.99. Four-bit weights round
+about 16 times as coarsely as eight-bit ones: ONNX Runtime's own RTN (block 32) keeps MiniLM's embedding at a
+cosine near 0.98, which INT4 is asked for; 0.95 catches a result that no longer points where the float one does."""
+
+Pipeline = Callable[[ModelSource, "Int4Options", Mapping[str, int]], tuple["ir.Model", "Int4Report"]]
+"""The INT4 pipeline with each named weight's precision (8 bits, or 0 for float) set."""
+
+
+@dataclasses.dataclass
+class _Search:
+    """The guard's state over one set of data."""
+
+    source: ModelSource
+    options: Int4Options
+    pipeline: Pipeline
+    data: CalibrationData
+    kept: guard.BoundedOutputs
+    producers: Mapping[str, Any]
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def measure(self, model: ir.Model) -> guard.Checked:
+        return guard.measure_task(model, self.kept, self.producers, list(self.options.calibration_eps), bounds=BOUNDS)
+
+    def candidate(self, precisions: Mapping[str, int]) -> tuple[ir.Model, Int4Report, guard.Checked]:
+        options = copy.copy(self.options)  # not dataclasses.replace: the data is read already
+        options.calibration_data_reader = None if self.data.random else self.data
+        model, report = self.pipeline(self.source, options, precisions)
+        checked = self.measure(model)
+        eight = sorted(name for name, bits in precisions.items() if bits == 8)
+        floats = sorted(name for name, bits in precisions.items() if bits == 0)
+        self.steps.append({"8bit": eight, "float": floats, "metric": checked.summary.describe(), "ok": checked.ok})
+        logger.info("INT4 accuracy guard: %d weights at 8 bits, %d in float: %s", len(eight), len(floats),
+                    checked.summary.describe())  # fmt: skip
+        return model, report, checked
+
+
+def guarded(source: ModelSource, options: Int4Options, model: ir.Model, report: Int4Report,
+            pipeline: Pipeline) -> tuple[ir.Model, Int4Report]:  # fmt: skip
+    """The guard on the pipeline's result (the module docstring). Returns the result the guard chose, with its report
+    (``check`` with each candidate in its ``steps`` and, when no candidate kept the bounds, ``guard_failure``); a
+    guard that cannot read the data again (a one-shot reader) is skipped with a WARNING, leaving the check on the
+    written result."""
+    clock = Timer()
+    float_model = load_model(source)  # the file again: the pipeline rewrote its copy
+    try:
+        args = CalibrationArgs(options.calibration_data_reader, options.input_shapes)
+        model, report = args.run(
+            float_model, lambda data: _guard(source, options, model, report, pipeline, float_model, data)
+        )
+    except OnnxprecError as e:
+        logger.warning("INT4 accuracy guard not run (%s): the written result is checked on one batch", e)
+    report.seconds["accuracy guard"] = clock.seconds
+    return model, report
+
+
+def _guard(source: ModelSource, options: Int4Options, model: ir.Model, report: Int4Report, pipeline: Pipeline,
+           float_model: ir.Model, data: CalibrationData) -> tuple[ir.Model, Int4Report]:  # fmt: skip
+    providers = list(options.calibration_eps)
+    kept = guard.BoundedOutputs()
+    run_reference(float_model, data, select=(), observers=[kept.observer(float_model, data)], providers=providers,
+                  what="the float model")  # fmt: skip
+    search = _Search(source, options, pipeline, data, kept, output_producers(float_model))
+    checked = search.measure(model)
+    first = checked
+    if not checked.ok:
+        model, report, checked = _fallback(search, model, report, checked)
+    _record(
+        report,
+        checked,
+        data,
+        [{"8bit": [], "float": [], "metric": first.summary.describe(), "ok": first.ok}, *search.steps],
+    )
+    if not checked.ok:
+        where = "synthetic inputs: pass representative inputs (--calibration_data)" if data.random else (
+            "calibration data")  # fmt: skip
+        report.guard_failure = (
+            f"INT4 result misses the accuracy guard ({guard.describe_bounds(checked.summary, bounds=BOUNDS)}): "
+            f"{first.summary.describe()} on {where}; with {_held(search.steps)} still {checked.summary.describe()}; "
+            "--layers_8bit or --nodes_to_exclude keep layers wider, --no_accuracy_guard accepts the result"
+        )
+    return model, report
+
+
+def _fallback(search: _Search, model: ir.Model, report: Int4Report,
+              checked: guard.Checked) -> tuple[ir.Model, Int4Report, guard.Checked]:  # fmt: skip
+    """The 4-bit weights with the largest relative error to 8 bits (1, 2, 4... then all), then to float within
+    :data:`MAX_FLOAT_SHARE`: the first candidate that keeps the bounds, else the last one."""
+    four = [entry for entry in report.layers if entry.bits == 4]
+    ranked = [e.weight for e in sorted(four, key=lambda e: -float(e.info.get("weight_rel_error", 0.0)))]
+    sizes = {e.weight: e.k * e.n for e in four}
+    fixed = {e.weight: 8 for e in report.layers if e.bits == 8}  # the pipeline's own 8-bit choices stay
+    best = (model, report, checked)
+    for count in _counts(len(ranked)):
+        best = search.candidate({**fixed, **dict.fromkeys(ranked[:count], 8)})
+        if best[2].ok:
+            return best
+    budget = MAX_FLOAT_SHARE * sum(sizes.values())
+    for count in _counts(len(ranked)):
+        if sum(sizes[name] for name in ranked[:count]) > budget:
+            break
+        best = search.candidate({**fixed, **dict.fromkeys(ranked, 8), **dict.fromkeys(ranked[:count], 0)})
+        if best[2].ok:
+            return best
+    return best
+
+
+def _counts(total: int) -> list[int]:
+    """1, 2, 4... up to ``total``, and ``total``."""
+    counts, count = [], 1
+    while count < total:
+        counts.append(count)
+        count *= 2
+    return [*counts, total] if total else []
+
+
+def _held(steps: list[dict[str, Any]]) -> str:
+    last = steps[-1] if steps else {"8bit": [], "float": []}
+    return f"{len(last['8bit'])} weights at 8 bits and {len(last['float'])} in float"
+
+
+def _record(report: Int4Report, checked: guard.Checked, data: CalibrationData, steps: list[dict[str, Any]]) -> None:
+    report.check = {
+        "random_data": data.random,
+        "guard": "on",
+        "bound": guard.describe_bounds(checked.summary, bounds=BOUNDS),
+        "passed": checked.ok,
+        "calibration": checked.to_json(),
+        "held_out": None,
+        "steps": steps,
+    }
