@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from onnxprec._graph import FLOAT_TYPES
 from onnxprec._pieces import gather_columns, is_matmulnbits
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
+from onnxprec._report import Timer
 from onnxprec.calibration_data import BatchStore, CalibrationData, copy_value
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
@@ -496,7 +496,7 @@ def _run_segmented(
         Progress("Reference run (segments)", "segment", len(pieces)) as bar,
     ):
         for number, (s, payload, inputs, outputs, here) in enumerate(pieces):
-            start = time.perf_counter()
+            making_one = Timer()
             session = _ort.create_session(
                 payload,
                 providers=providers,
@@ -506,7 +506,7 @@ def _run_segmented(
                 external_data_folder=folder,
                 what=f"segment {s + 1}/{len(segments)} of {what or 'the model for the reference run'}",
             )
-            making += time.perf_counter() - start
+            making += making_one.seconds
             count = 0
             for i, batch in enumerate(replay):
                 if number == 0 and observe_inputs:
