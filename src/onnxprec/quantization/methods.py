@@ -37,7 +37,6 @@ from onnxprec._array import NUMPY, ArrayBackend
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
-from onnxprec.quantization.algorithms.gptq import work_dtype
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
 from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
@@ -324,7 +323,6 @@ def _gptq_jointly(
     if scales is not None:  # divided into the buffer of the outer product: one new K x K matrix, handed over to GPTQ
         hessian = np.outer(scales, scales)
         np.divide(stats.gram, hessian, out=hessian)
-        hessian = hessian.astype(work_dtype(len(scales)), copy=False)
     scaled = [w if scales is None else w * scales[:, None] for w in weights]
     joint = gptq(
         np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
