@@ -39,7 +39,6 @@ from onnxprec._array import NUMPY, ArrayBackend
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
-from onnxprec.quantization.algorithms.gptq import work_dtype
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
 from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
@@ -389,7 +388,7 @@ def _gptq_jointly(
     assert stats.gram is not None
     hessian = stats.gram
     if scales is not None:  # built a few rows at a time, then handed over to GPTQ as its work matrix
-        hessian = _scaled_gram(stats.gram, scales).astype(work_dtype(len(scales)), copy=False)
+        hessian = _scaled_gram(stats.gram, scales)
     scaled = [w if scales is None else w * scales[:, None] for w in weights]
     joint = gptq(
         np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,

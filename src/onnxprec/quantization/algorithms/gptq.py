@@ -33,7 +33,7 @@ from onnxprec.quantization.algorithms.rtn import (
     to_blocks,
 )
 
-__all__ = ["gptq", "hessian_from_tokens", "work_dtype"]
+__all__ = ["gptq", "hessian_from_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +42,6 @@ _MAX_DAMP_RETRIES = 6
 _FACTOR_MATRICES = 5
 # K x N float32 arrays the walk holds at once (the weight, its levels, the inverse factor counts as K x K above).
 _WALK_ARRAYS = 3
-# Weights with more input channels than this factorise their Hessian in float32, as GPTQ's reference implementation
-# does (torch float32): a K = 8,960 float64 matrix is 642 MB, and the factorisation holds several.
-FLOAT64_MAX_K = 4096
-
-
-def work_dtype(k: int) -> type[np.floating]:
-    """The dtype GPTQ factorises a ``K x K`` Hessian in: float64, float32 above :data:`FLOAT64_MAX_K`."""
-    return np.float64 if k <= FLOAT64_MAX_K else np.float32
 
 
 def hessian_from_tokens(x: ArrayLike) -> tuple[np.ndarray, int]:
@@ -127,15 +119,13 @@ def gptq(
 
     ``backend`` runs the factorisation and the walk (numpy when they would not fit its memory limit); the
     statistics of dead channels and ``act_order``'s order are found on the host first. ``overwrite_hessian``: a
-    ``hessian`` of :func:`work_dtype` is the factorisation's work matrix, worked on in place, not copied (one
-    ``K x K`` copy fewer).
+    float64 ``hessian`` is the factorisation's work matrix (changed; one ``K x K`` copy fewer).
     """
     weight = as_float32_matrix(w)
     if np.may_share_memory(weight, np.asarray(w)):
         weight = weight.copy()
     k, n = weight.shape
-    dtype = work_dtype(k)
-    h = np.asarray(hessian, dtype=dtype) if overwrite_hessian else np.array(hessian, dtype=dtype)
+    h = np.asarray(hessian, dtype=np.float64) if overwrite_hessian else np.array(hessian, dtype=np.float64)
     del hessian
     if h.shape != (k, k):
         raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h.shape}")
@@ -171,7 +161,7 @@ def gptq(
         logger.info("GPTQ: a [%d, %d] weight does not fit %r; it runs in numpy", k, n, backend)
         backend = NUMPY
     xp = backend.xp
-    upper = _inverse_cholesky_upper(backend.from_host(h), damp, backend).astype(np.float32, copy=False)
+    upper = _inverse_cholesky_upper(backend.from_host(h), damp, backend).astype(np.float32)
     del h
     weight = backend.from_host(weight)
     scales = backend.from_host(scales)
