@@ -218,6 +218,8 @@ _BIGLLM_ONLY = (
     # onnxprec without options: with the calibration windows and without data
     Int4Tool("onnxprec:default", "onnxprec_int4", "project", "default", exclude=""),
     Int4Tool("onnxprec:default:nodata", "onnxprec_int4", "project", "default", calibrated=False, exclude=""),
+    # under a size budget equal to the builder's k_quant_mixed output on the 1.5B (its build.json: 2,182.3 MB)
+    Int4Tool("onnxprec:default:budget_kqm", "onnxprec_int4", "project", "default", exclude="", budget_mb=2182.3),
     Int4Tool("onnxprec:int8", "onnxprec_int8", "project", "int8", exclude=""),
 )
 _SMOLLM2_TOOLS = [t for t in TOOLS if not t.endswith(":random")]
