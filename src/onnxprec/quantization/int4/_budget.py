@@ -239,9 +239,10 @@ def _reference_top(model: ir.Model, data: CalibrationData, options: Int4Options)
     """Per batch: the float model's top-k token indices and log-probabilities of every position."""
     tops = []
     for logits in _logits(model, data, options):
-        index = np.empty((logits.shape[0], _TOP_K), np.int64)
+        top_k = min(_TOP_K, logits.shape[1])  # a classifier's few classes: all of them
+        index = np.empty((logits.shape[0], top_k), np.int64)
         for start in range(0, logits.shape[0], _ROWS):
-            index[start : start + _ROWS] = np.argpartition(logits[start : start + _ROWS], -_TOP_K, axis=1)[:, -_TOP_K:]
+            index[start : start + _ROWS] = np.argpartition(logits[start : start + _ROWS], -top_k, axis=1)[:, -top_k:]
         top = np.take_along_axis(logits, index, axis=1).astype(np.float64) - _log_normalizer(logits)[:, None]
         tops.append((index, top))
     return tops

@@ -57,6 +57,14 @@ Pipeline = Callable[[ModelSource, "Int4Options", Mapping[str, int]], tuple["ir.M
 """The INT4 pipeline with each named weight's precision (8 bits, or 0 for float) set."""
 
 
+_Result = tuple["ir.Model", "Int4Report", guard.Checked]
+"""A candidate: the model, its report and its measurement."""
+
+
+class _CandidateFailed(Exception):
+    """A candidate of the fallback that the pipeline could not build (recorded as a failed step)."""
+
+
 @dataclasses.dataclass
 class _Search:
     """The guard's state over one set of data."""
@@ -68,6 +76,7 @@ class _Search:
     kept: guard.BoundedOutputs
     producers: Mapping[str, Any]
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    last: _Result | None = None  # the last candidate built
 
     def measure(self, model: ir.Model) -> guard.Checked:
         return guard.measure_task(model, self.kept, self.producers, list(self.options.calibration_eps), bounds=BOUNDS)
@@ -75,10 +84,17 @@ class _Search:
     def candidate(self, precisions: Mapping[str, int]) -> tuple[ir.Model, Int4Report, guard.Checked]:
         options = copy.copy(self.options)  # not dataclasses.replace: the data is read already
         options.calibration_data_reader = None if self.data.random else self.data
-        model, report = self.pipeline(self.source, options, precisions)
-        checked = self.measure(model)
         eight = sorted(name for name, bits in precisions.items() if bits == 8)
         floats = sorted(name for name, bits in precisions.items() if bits == 0)
+        try:
+            model, report = self.pipeline(self.source, options, precisions)
+        except OnnxprecError as e:  # e.g. a size budget these precisions cannot meet: the search ends here
+            self.steps.append({"8bit": eight, "float": floats, "metric": f"not built: {e}", "ok": False})
+            logger.warning("INT4 accuracy guard: %d weights at 8 bits, %d in float: not built (%s)", len(eight),
+                           len(floats), e)  # fmt: skip
+            raise _CandidateFailed from e
+        checked = self.measure(model)
+        self.last = (model, report, checked)
         self.steps.append({"8bit": eight, "float": floats, "metric": checked.summary.describe(), "ok": checked.ok})
         logger.info("INT4 accuracy guard: %d weights at 8 bits, %d in float: %s", len(eight), len(floats),
                     checked.summary.describe())  # fmt: skip
@@ -94,7 +110,7 @@ def guarded(source: ModelSource, options: Int4Options, model: ir.Model, report: 
     clock = Timer()
     float_model = load_model(source)  # the file again: the pipeline rewrote its copy
     try:
-        args = CalibrationArgs(options.calibration_data_reader, options.input_shapes)
+        args = CalibrationArgs(options.calibration_data_reader, options.input_shapes, options.calibration_batch_size)
         model, report = args.run(
             float_model, lambda data: _guard(source, options, model, report, pipeline, float_model, data)
         )
@@ -141,6 +157,16 @@ def _fallback(search: _Search, model: ir.Model, report: Int4Report,
     sizes = {e.weight: e.k * e.n for e in four}
     fixed = {e.weight: 8 for e in report.layers if e.bits == 8}  # the pipeline's own 8-bit choices stay
     best = (model, report, checked)
+    try:
+        return _candidates(search, ranked, sizes, fixed, best)
+    except _CandidateFailed:
+        return search.last or best
+
+
+def _candidates(
+    search: _Search, ranked: list[str], sizes: dict[str, int], fixed: dict[str, int], best: _Result
+) -> _Result:
+    """The fallback's candidates in order (:func:`_fallback`); the first that keeps the bounds, else the last."""
     for count in _counts(len(ranked)):
         best = search.candidate({**fixed, **dict.fromkeys(ranked[:count], 8)})
         if best[2].ok:

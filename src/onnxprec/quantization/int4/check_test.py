@@ -1,6 +1,6 @@
 """INT4 measures its result against the float model (issue 24: nothing silent, nothing destroyed): the accuracy guard
-keeps the worst weights at 8 bits (then in float) until INT8's guard bounds hold, and refuses with exit 3 when they
-do not; off, or on a language model, the written result is checked on one batch and a miss is warned about."""
+keeps the worst weights at 8 bits (then in float) until its bounds (INT8's task bounds, plain float outputs at
+cosine >= 0.95) hold, and refuses with exit 3 when they do not; off, or on a language model, the written result is checked on one batch and a miss is warned about."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def test_the_guard_keeps_the_worst_weights_at_8_bits_until_the_task_metric_holds
     assert [len(step["8bit"]) for step in steps] == [0, 1, 2] and [step["ok"] for step in steps] == [False] * 2 + [True]
     assert sorted((entry.weight, entry.bits) for entry in report.layers) == [("W1", 8), ("W2", 8)]
     assert (
-        "2 at 8 bits; checked on calibration data (1 run): logits top-1 agreement 100.0% of 64 rows" in report.summary
+        # 64 runs: the guard reads the data at --calibration_batch_size (1 sample a run), as the calibration does
+        "2 at 8 bits; checked on calibration data (64 runs): logits top-1 agreement 100.0% of 64 rows" in report.summary
     )
     # the written model is the one measured
     ref = ort.InferenceSession(str(source)).run(None, {"X": x})[0].argmax(-1)
@@ -131,3 +132,26 @@ def test_a_model_above_the_guard_size_keeps_the_one_batch_check(
                            calibration_data_reader=[{"X": x}])  # fmt: skip
     assert report.check["guard"] == "warn" and "accuracy guard" not in report.seconds
     assert all(entry.bits == 4 for entry in report.layers)
+
+
+def test_a_candidate_the_pipeline_cannot_build_ends_the_search_as_a_refusal(tmp_path: Path) -> None:
+    """The guard's search reruns the pipeline per candidate; one that raises (a size budget the forced 8 bits cannot
+    meet, say) is a failed step: the result it measured as broken is still refused, never passed as 'guard not
+    run' to a warn-only check and exit 0."""
+    from onnxprec.errors import InvalidArgumentError
+    from onnxprec.quantization.int4 import _api, _guard
+    from onnxprec.quantization.int4._options import Int4Options
+
+    source = tmp_path / "m.onnx"
+    onnx.save(_outlier_blocks(), source)
+    options = Int4Options(calibration_method="rtn", block_size=16, calibration_data_reader=_data())
+    first = _api._pipeline(source, options, {})
+
+    def failing(src: object, opts: Int4Options, precisions: object) -> tuple[object, object]:
+        raise InvalidArgumentError("size_budget_mb cannot hold these precisions")
+
+    model, report = _guard.guarded(source, options, first.model, first.report, failing)  # type: ignore[arg-type]
+    assert report.guard_failure and report.guard_failure.startswith("INT4 result misses the accuracy guard")
+    assert report.check["passed"] is False and report.check["guard"] == "on"
+    assert report.check["steps"][-1]["metric"].startswith("not built: size_budget_mb cannot hold")
+    assert model is first.model
