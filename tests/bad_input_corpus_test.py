@@ -595,13 +595,13 @@ WARNINGS: dict[str, Case] = {
         "op_types_to_exclude op type 'LSTM' matches no node of the model; closest: 'Transpose', 'Reshape', 'Relu'.",
     ),
     "int8: a name pattern that matches nothing": Case(
-        _with_model(_cnn_named("/layer1"), "--nodes_to_exclude", "NoSuchNode"),
+        _with_model(_cnn_named("/layer1"), "--nodes_to_exclude", "NoSuchNode", "--random_calibration_data"),
         "nodes_to_exclude pattern 'NoSuchNode' matches no layer this tool quantizes (Conv, MatMul, Gemm); closest: "
         "'/layer1/Conv_5', '/layer1/fc/Gemm'.",
         tool=INT8,
     ),
     "int8: compare's old advice names a Transpose before a Conv": Case(
-        _with_model(_cnn_named(""), "--nodes_to_exclude", "^/Transpose_2$"),
+        _with_model(_cnn_named(""), "--nodes_to_exclude", "^/Transpose_2$", "--random_calibration_data"),
         "nodes_to_exclude pattern '^/Transpose_2$' matches no layer this tool quantizes (Conv, MatMul, Gemm); it "
         "matches '/Transpose_2' (Transpose), which this tool does not select; closest: '/Conv_5', '/fc/Gemm'.",
         tool=INT8,

@@ -155,11 +155,11 @@ def test_int4_output_with_contrib_ops_is_loaded_in_onnx_runtime(
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="onnxprec"):
             report = quantize_file(source, tmp_path / f"{fmt}.onnx", calibration_method="rtn", output_format=fmt,
-                                   block_size=32, nodes_to_exclude=[])  # fmt: skip
+                                   block_size=32, nodes_to_exclude=[], accuracy_guard=False)  # fmt: skip
         expected = {"SimplifiedLayerNormalization": 1} | ({"com.microsoft::MatMulNBits": 1} if fmt != "qdq" else {})
         assert report.ort_only == expected
-        # INT4's measurement of the written output runs it (segment by segment when large): that proves the nodes,
-        # with no session of the whole output
+        # INT4's measurement of the written output (the guard off; on, the guard runs the result in memory) runs it
+        # (segment by segment when large): that proves the nodes, with no session of the whole output
         assert "ONNX Runtime ran the output" in caplog.text and "ONNX Runtime loads the output" not in caplog.text
         assert TensorProto.FLOAT in {
             o.type.tensor_type.elem_type for o in onnx.load(tmp_path / f"{fmt}.onnx").graph.output
