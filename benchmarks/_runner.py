@@ -135,6 +135,7 @@ def _onnxprec_int4(args: argparse.Namespace) -> Convert:
     argv += ["--calibration_data", args.calib] if args.calib else []
     argv += ["--report_json", args.report_json] if args.report_json else []
     argv += ["--size_budget_mb", str(args.size_budget_mb)] if args.size_budget_mb else []
+    argv += ["--no_accuracy_guard"] if args.no_accuracy_guard else []
     ap = argparse.ArgumentParser()
     add_arguments(ap)
     return lambda: int4_run(ap.parse_args(argv))
@@ -291,6 +292,7 @@ def main() -> int:
     ap.add_argument("--zero-point", action="store_true", help="INT4: asymmetric (zero points)")
     ap.add_argument("--format", default="qdq", help="onnxprec_int4, ort_int4: qdq or matmulnbits")
     ap.add_argument("--size-budget-mb", type=float, default=None, help="onnxprec_int4: --size_budget_mb")
+    ap.add_argument("--no-accuracy-guard", action="store_true", help="onnxprec_int4: --no_accuracy_guard")
     ap.add_argument("--calib", default=None, help="INT4: folder of .npz feeds, read in name order (default: random)")
     ap.add_argument("--exclude", nargs="*", default=[".*/lm_head"], help="INT4: regexes of layers kept in float")
     args = ap.parse_args()

@@ -76,7 +76,8 @@ def test_storage_of_a_quantized_model_matches_its_tensors(tiny_stack: Path, tmp_
 
     src = zoo.model_path("matmul_0.002gb", tiny_stack)
     dst = tmp_path / "q.onnx"
-    quantize_file(src, dst, calibration_method="rtn", block_size=32, use_zero_point=True)
+    # random weights: every layer at 4 bits (the accuracy guard would keep some at 8 on random data)
+    quantize_file(src, dst, calibration_method="rtn", block_size=32, use_zero_point=True, accuracy_guard=False)
     storage = quantized_storage(dst)
     weights = quantizable_weights(src)
     assert storage["layers"] == len(weights)
