@@ -49,9 +49,9 @@ MAX_FLOAT_SHARE = 0.25
 
 BOUNDS: dict[str, float] = {**guard.DEFAULT_BOUNDS, "values": 0.95}
 """INT4's bounds: INT8's per output kind (each a task metric: classes, strings, boxes, SNR...), except plain float
-outputs (an encoder's embedding, a hidden state), held to cosine >= 0.95 rather than 0.99. Four-bit weights round
-about 16 times as coarsely as eight-bit ones: ONNX Runtime's own RTN (block 32) keeps MiniLM's embedding at a
-cosine near 0.98, which INT4 is asked for; 0.95 catches a result that no longer points where the float one does."""
+outputs (an encoder's embedding, a hidden state), held to cosine >= 0.95 rather than 0.99: four-bit weights round
+about 16 times as coarsely as eight-bit ones. The measurement behind it: experiments/design_notes.md, "INT4 accuracy
+guard"."""
 
 Pipeline = Callable[[ModelSource, "Int4Options", Mapping[str, int]], tuple["ir.Model", "Int4Report"]]
 """The INT4 pipeline with each named weight's precision (8 bits, or 0 for float) set."""

@@ -159,15 +159,16 @@ class Int4Options(_tool.QuantizationOptions):
     stats_memory_mb: int = option(
         256,
         group=EXTRAS,
-        help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
-        "several passes over the data; a model with more weights than this runs in segments of half as many.",
+        help="Memory for activation statistics (MiB); layers whose statistics do not fit together are calibrated in "
+        "several passes over the data. On the CPU it also sets --segment_mb's default, half of it.",
     )
     segment_mb: int | None = option(
         None,
         group=EXTRAS,
-        help="Weights per ONNX Runtime session (MiB) when a large model runs segment by segment (calibration, the "
-        "check of the output); default: half of --stats_memory_mb on the CPU, 1024 on a GPU provider, where each "
-        "session costs seconds.",
+        help="Weights per ONNX Runtime session (MiB): a model with more weights runs segment by segment, in pieces "
+        "of at most this many, in calibration and in the check of the output (default: on the CPU half of "
+        "--stats_memory_mb in calibration and 192 in the check; 1024 on a GPU provider, where each session costs "
+        "seconds).",
     )
     accuracy_guard: bool = option(
         True,
@@ -277,9 +278,9 @@ class Int4Options(_tool.QuantizationOptions):
     @property
     def segment_bytes(self) -> int:
         """Weights per ONNX Runtime session in the calibration runs: ``--segment_mb``, else on the CPU half of
-        ``--stats_memory_mb``, so that the statistics and one session's weights stay within about twice that (a model
-        up to twice this size runs in one session; larger ones segment by segment), and on a GPU provider
-        :data:`onnxprec._ort.DEVICE_SESSION_BYTES`."""
+        ``--stats_memory_mb``, so that the statistics and one session's weights stay within about the whole of it (a
+        model with at most this many bytes of weights runs in one session; a larger one segment by segment), and on
+        a GPU provider :data:`onnxprec._ort.DEVICE_SESSION_BYTES`."""
         from onnxprec import _ort
 
         if self.segment_mb is not None:
