@@ -32,7 +32,7 @@ from onnxprec._ops import (
 )
 from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
-from onnxprec._report import SUMMARY, Step, Timer, timed
+from onnxprec._report import SUMMARY, Step, timed
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import AccuracyGuardError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
@@ -273,16 +273,16 @@ def _decide(
     entries: dict[WeightGroup, LayerReport],
 ) -> np.ndarray | None:
     """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ)."""
-    clock = Timer()
-    allowed = _awq_allowed(group, targets, selection)
-    if options.spec.awq_scales and not allowed:
-        logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
-    weights = [t.read() for t in targets]
-    decision = decide_group(
-        weights, stats, options.method, options.quant_config(), awq_allowed=allowed,
-        block_sizes=[options.block_of(t) for t in targets],
-    )  # fmt: skip
-    del weights
+    with timed() as clock:
+        allowed = _awq_allowed(group, targets, selection)
+        if options.spec.awq_scales and not allowed:
+            logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
+        weights = [t.read() for t in targets]
+        decision = decide_group(
+            weights, stats, options.method, options.quant_config(), awq_allowed=allowed,
+            block_sizes=[options.block_of(t) for t in targets],
+        )  # fmt: skip
+        del weights
     seconds = clock.seconds / len(targets)
     for target, recipe in zip(targets, decision.recipes):
         recipes[target] = recipe
