@@ -24,7 +24,7 @@ from onnxprec.quantization import _tool
 from onnxprec.quantization._tool import EXTRAS
 
 if TYPE_CHECKING:
-    from onnxprec.quantization.methods import MethodSpec, QuantConfig
+    from onnxprec.quantization.methods import QuantConfig
     from onnxprec.quantization.select import WeightGroup
 
 __all__ = [
@@ -376,13 +376,8 @@ class Int4Plan:
     @property
     def method(self) -> str:
         """The resolved method (aliases mapped to the method they run)."""
-        return str(self.options.method)
-
-    @property
-    def spec(self) -> MethodSpec:
-        """What the resolved method does (needs data, AWQ scales, clip search...)."""
-        spec: MethodSpec = self.options.spec
-        return spec
+        method: str = self.options.method
+        return method
 
 
 def _grid(low: float, high: float, step: float) -> tuple[float, ...]:
