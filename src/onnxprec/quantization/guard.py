@@ -9,17 +9,18 @@ mask IoU after a Sigmoid, cosine otherwise).
 INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS`):
 
 - classes and labels: agreement >= 0.98 (issue 24's classification bound: top-1 agreement >= 98 %);
-- sequences (a CTC recognizer's ``[N, T, C]`` or ``[T, N, C]`` scores, Softmax or raw): >= 0.97 of the greedily
+- sequences (a CTC recognizer's ``[N, T, C]`` or ``[T, N, C]`` scores, Softmax or raw): >= 0.99 of the greedily
   decoded strings identical, or predicted so by the steps' margins (:class:`onnxprec.accuracy.StepMargins`), on the
   calibration runs; >= 0.98 on the held-out runs (:data:`HELD_OUT_BOUNDS`). No per-step bound implies issue 24's
-  0.95 of held-out strings (PP-OCRv4's recognizer kept 99.1 % of its steps with 91.7 % of its strings). The
-  prediction on the calibration runs, the strings the ranges were fitted to, overstates: of the corpus's INT8
-  results (prediction on the calibration runs -> identical strings of the 48 held-out crops) ddddocr's went 95.8 %
-  -> 91.7 % and 96.3 % -> 91.7 %, while 97.6 % -> 97.9 % and PP-OCRv4's 99.1 % -> 95.8 % met the task; 0.97 lies
-  between the best that missed and the worst that met it (0.99 refused ddddocr's 97.9 %). A PP-OCRv4 result
-  predicted 98.2 % on its calibration runs kept 93.75 %: the held-out runs, which nothing was fitted to, refuse it
-  (97.8 % predicted on its 4 held-out crops); their bound is 0.95 plus 3 points, what a result predicted 98.9 % on
-  those 4 crops overstated (95.8 % of the 48 kept);
+  0.95 of held-out strings (PP-OCRv4's recognizer kept 99.1 % of its steps with 91.7 % of its strings). The bound
+  sits above 0.95 by what the prediction overstated: on the calibration runs, the strings the ranges were fitted
+  to, PP-OCRv4's recognizer was predicted 97.6 % on its 16 calibration crops and kept 93.75 % of 48 held-out ones
+  (3.85 points: their margins moved 2.3x as much); on held-out runs, which nothing was fitted to, a result of it
+  predicted 98.9 % on its 4 held-out crops kept 95.8 % (46) of the 48 (3.1 points), so the held-out bound is 0.95
+  plus 3 points (at 0.99 the guard refused that result, which meets the task's 0.95). A lower bound on the
+  calibration runs lets destroyed results through: ddddocr's recognizer predicted 97.1 % there (100 % on its 12
+  held-out crops) kept 93.75 % of the corpus's 48 held-out strings, while one predicted 97.6 % kept 97.9 % (refused
+  at 0.99); no bound on the prediction separates them with room;
 - positions (segmentation) and binary decisions (a VAD's speech probability): agreement >= 0.95 (a decision near 0.5
   flips with any error);
 - masks (a text detector's Sigmoid map): IoU >= 0.9;
@@ -70,7 +71,7 @@ __all__ = [
 DEFAULT_BOUNDS: dict[str, float] = {
     "classes": 0.98,
     "labels": 0.98,
-    "sequence": 0.97,
+    "sequence": 0.99,
     "positions": 0.95,
     "binary": 0.95,
     "mask": 0.90,
@@ -82,7 +83,7 @@ DEFAULT_BOUNDS: dict[str, float] = {
 (module docstring)."""
 
 HELD_OUT_BOUNDS: dict[str, float] = {**DEFAULT_BOUNDS, "sequence": 0.98}
-"""The same on held-out runs, except a sequence's (module docstring)."""
+"""The same on held-out runs, where the bound needs no room for the fit to the calibration runs (module docstring)."""
 
 RANKING = AccuracyTarget.parse("cosine>=-1")
 """The target the float fallback searches with under the guard: it always holds (the guard's verdict replaces it),

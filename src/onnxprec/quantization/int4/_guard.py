@@ -5,7 +5,7 @@ For a model that is not a language model and whose float weights hold at most :d
 (in memory, its weights quantized as it is serialized) and the float model run on every calibration batch (on
 synthetic inputs without data: :class:`~onnxprec.calibration_data.CalibrationData`'s random data) and are judged by
 :data:`BOUNDS` (INT8's guard bounds, :mod:`onnxprec.quantization.guard`: top-1 agreement >= 0.98 for class scores,
-identical CTC strings >= 0.97...; plain float values cosine >= 0.95). When the result misses them, the 4-bit weights
+identical CTC strings >= 0.99...; plain float values cosine >= 0.95). When the result misses them, the 4-bit weights
 with the largest relative error go to 8 bits, 1, 2, 4... of them and then all, each candidate a new run of the
 pipeline; then to float, within :data:`MAX_FLOAT_SHARE` of the quantized weights' float bytes. The first candidate
 that keeps the bounds is the result; when none does, the last is, and the report's ``guard_failure`` line makes the

@@ -175,7 +175,7 @@ class Int4Options(_tool.QuantizationOptions):
         help="Turn the accuracy guard off (default: on for a model that is not a language model and holds at most 1 GiB"
         " of weights: the result is measured against the float model on every calibration batch, or on synthetic "
         "inputs without data, by the bounds of each output's task metric (top-1 agreement >= 0.98 for class "
-        "scores, identical CTC strings >= 0.97; cosine >= 0.95 for plain float outputs); when it misses them, the "
+        "scores, identical CTC strings >= 0.99; cosine >= 0.95 for plain float outputs); when it misses them, the "
         "weights with the largest error go to 8 bits, then to float (at most a quarter of the weights' bytes); "
         "when that is not enough the model is written for inspection and the command exits with code 3. A language"
         " model or a larger one is checked on its first calibration batch and warned about). Off, the check still "
