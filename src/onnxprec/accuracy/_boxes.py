@@ -125,7 +125,7 @@ class ScoreMargins:
     past it. Scores change in logit units (a Sigmoid's input, where the error is alike at every score): each box's
     margin is its float score's logit minus the threshold's, and the changes of every anchor's score (of its float
     class, where either model scores at least :data:`SCORE_FLOOR`) are the noise, as :class:`~onnxprec.accuracy.
-    StepMargins` does for a CTC step. A box of margin ``m`` survives with probability ``P(change > -m)``; an anchor
+    StepMargins` does for a CTC step. A box of margin ``m`` survives with probability ``P(change >= -m)``; an anchor
     below the threshold by ``d`` that NMS would keep (no float box of its class covers it at IoU >= :data:`NMS_IOU`)
     appears with probability ``P(change >= d)``. The share is the boxes expected kept over the float boxes plus the
     ones expected to appear.
@@ -166,7 +166,7 @@ class ScoreMargins:
         shares = []
         for threshold in THRESHOLDS:
             margins, below = np.concatenate(self.kept[threshold]), np.concatenate(self.below[threshold])
-            survive = 1.0 - np.searchsorted(changes, -margins, side="right") / changes.size
+            survive = 1.0 - np.searchsorted(changes, -margins, side="left") / changes.size  # lost: < -m
             appear = 1.0 - np.searchsorted(changes, below, side="left") / changes.size
             total = margins.size + float(appear.sum())
             shares.append(float(survive.sum()) / total if total else 1.0)

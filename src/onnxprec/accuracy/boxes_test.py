@@ -113,3 +113,15 @@ def test_anchors_below_the_threshold_may_appear() -> None:
     still = ScoreMargins()
     still.update(ref, ref, 1, ((4, 6),))
     assert still.predicted() == 1.0
+
+
+def test_a_box_exactly_at_the_threshold_that_does_not_move_is_kept() -> None:
+    """A score equal to the threshold is a box (``>=``); unchanged, it stays one: predicted 1."""
+    session = create_session(_head())
+    box = np.zeros((1, 4, _ANCHORS), np.float32)
+    box[0, 0], box[0, 1], box[0, 2:] = (np.arange(_ANCHORS) % 20) * 4.0, (np.arange(_ANCHORS) // 20) * 4.0, 1.0
+    ref = session.run({"box": box, "cls": _logits({3: 0.25}, np.random.default_rng(0))})[0]
+    ref[0, 4, 3] = 0.25
+    margins = ScoreMargins()
+    margins.update(ref, ref.copy(), 1, ((4, 6),))
+    assert margins.predicted() == 1.0
