@@ -128,7 +128,7 @@ class ScoreMargins:
     StepMargins` does for a CTC step. A box of margin ``m`` survives with probability ``P(change >= -m)``; an anchor
     below the threshold by ``d`` that NMS would keep (no float box of its class covers it at IoU >= :data:`NMS_IOU`)
     appears with probability ``P(change >= d)``. The share is the boxes expected kept over the float boxes plus the
-    ones expected to appear.
+    ones expected to appear (without a float box: 1 minus the chances that one appears).
     """
 
     def __init__(self) -> None:
@@ -168,6 +168,8 @@ class ScoreMargins:
             margins, below = np.concatenate(self.kept[threshold]), np.concatenate(self.below[threshold])
             survive = 1.0 - np.searchsorted(changes, -margins, side="left") / changes.size  # lost: < -m
             appear = 1.0 - np.searchsorted(changes, below, side="left") / changes.size
-            total = margins.size + float(appear.sum())
-            shares.append(float(survive.sum()) / total if total else 1.0)
+            if margins.size:
+                shares.append(float(survive.sum()) / (margins.size + float(appear.sum())))
+            else:  # no float box: the share is 1 unless one appears (at most the sum of their chances)
+                shares.append(max(0.0, 1.0 - float(appear.sum())))
         return min(shares)

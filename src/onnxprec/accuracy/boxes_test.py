@@ -125,3 +125,19 @@ def test_a_box_exactly_at_the_threshold_that_does_not_move_is_kept() -> None:
     margins = ScoreMargins()
     margins.update(ref, ref.copy(), 1, ((4, 6),))
     assert margins.predicted() == 1.0
+
+
+def test_without_a_float_box_a_faint_chance_of_one_appearing_costs_little() -> None:
+    """No float box, one anchor at 0.24 whose logit may move by 1e-3: the share is 1 unless a box appears."""
+    session = create_session(_head())
+    box = np.zeros((1, 4, _ANCHORS), np.float32)
+    box[0, 0], box[0, 1], box[0, 2:] = (np.arange(_ANCHORS) % 20) * 4.0, (np.arange(_ANCHORS) // 20) * 4.0, 1.0
+    rng = np.random.default_rng(0)
+    logits = _logits({3: 0.2499}, rng)
+    ref = session.run({"box": box, "cls": logits})[0]
+    moved = logits.copy()
+    moved[0, 0] += rng.normal(0.0, 1e-3, _ANCHORS).astype(np.float32)
+    margins = ScoreMargins()
+    margins.update(ref, session.run({"box": box, "cls": moved})[0], 1, ((4, 6),))
+    predicted = margins.predicted()
+    assert predicted is not None and 0.5 <= predicted < 1.0
