@@ -34,7 +34,8 @@ mask          ``mask_iou``            from Sigmoid, rank >= 3 (``[N, 1, H, W]``:
                                       entries (1 when both are empty).
 detections    ``box_agreement``       a rank-3 Concat of 4 box values (centre, size) then only scores (Sigmoid/Softmax),
                                       sizes known (a YOLOv8 head's ``[N, 4 + K, A]``): the boxes it decodes to
-                                      (:mod:`onnxprec.accuracy._boxes`), matched, at the worst confidence threshold.
+                                      (:mod:`onnxprec.accuracy._boxes`), matched, at the worst confidence threshold
+                                      (under 60 boxes: or the share their score margins predict, if lower).
 values        ``part_cosine``         another Concat of scores beside other values, sizes known: the cosine of its
                                       worst part (the whole one hides the scores behind the other values' magnitude).
 signal        ``snr``                 a waveform: ``[N, T]`` or ``[N, 1, T]``, ``T >=`` :data:`MIN_SAMPLES`, not from
@@ -66,7 +67,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from onnxprec.accuracy._boxes import box_counts
+from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, box_counts
 from onnxprec.metrics import ErrorStats
 
 if TYPE_CHECKING:
@@ -385,8 +386,9 @@ class OutputMetric:
         count: How many rows, steps, positions, decisions, pixels, labels or values were compared.
         rel_l2: Relative L2 error (None for integer outputs).
         cosine: Cosine similarity (None for integer outputs).
-        observed: A sequence's share of identical strings as counted, when ``value`` is the lower share the
-            steps' margins predict (:class:`StepMargins`).
+        observed: A sequence's share of identical strings (a detection head's of boxes matched) as counted, when
+            ``value`` is the lower share the steps' margins predict (:class:`StepMargins`; the boxes' score margins,
+            :class:`~onnxprec.accuracy._boxes.ScoreMargins`, when fewer than ``MIN_BOXES`` were seen).
     """
 
     name: str
@@ -410,7 +412,8 @@ class OutputMetric:
         else:
             shown = f"{self.value:.4f}" if self.metric == "mask_iou" else f"{100 * self.value:.1f}%"
         if self.observed is not None:
-            return f"{self.name} {label} {shown} of {self.count} {unit} predicted from step margins " \
+            margins = "score" if self.metric == "box_agreement" else "step"
+            return f"{self.name} {label} {shown} of {self.count} {unit} predicted from {margins} margins " \
                    f"({100 * self.observed:.1f}% seen)"  # fmt: skip
         return f"{self.name} {label} {shown} of {self.count} {unit}"
 
@@ -496,6 +499,7 @@ class TaskMetrics:
         self._margins: dict[str, StepMargins] = {}
         self._part_errors: dict[tuple[str, int], ErrorStats] = {}
         self._boxes: dict[str, np.ndarray] = {}  # per threshold: [matched, compared]
+        self._box_margins: dict[str, ScoreMargins] = {}
 
     @classmethod
     def of(cls, model: ir.Model) -> TaskMetrics:
@@ -526,6 +530,8 @@ class TaskMetrics:
                 counts = box_counts(ref, cand, kind.parts[0][0], scores) if ref.shape == cand.shape else None
                 if counts is None:  # nothing matched: every float box is lost
                     counts = box_counts(ref, ref, kind.parts[0][0], scores) * [0, 1]
+                else:
+                    self._box_margins.setdefault(name, ScoreMargins()).update(ref, cand, kind.parts[0][0], scores)
                 self._boxes[name] = self._boxes.get(name, 0) + counts
             if kind.time is not None and ref.shape == cand.shape and ref.ndim == 3:
                 self._margins.setdefault(name, StepMargins()).update(ref, cand, kind.time)
@@ -559,6 +565,8 @@ class TaskMetrics:
                 value = self._hits[name] / self._counts[name] if self._counts[name] else None
             observed = None
             predicted = self._margins[name].predicted() if name in self._margins else None
+            if name in self._box_margins and count < MIN_BOXES:  # few boxes seen: their score margins too
+                predicted = self._box_margins[name].predicted()
             if value is not None and predicted is not None and predicted < value:
                 value, observed = predicted, value
             outputs.append(OutputMetric(

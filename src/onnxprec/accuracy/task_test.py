@@ -337,8 +337,8 @@ def test_a_detection_head_is_judged_by_the_boxes_it_decodes_to() -> None:
     metrics.update({"output0": ref}, {"output0": cand})
     out = metrics.summary().outputs[0]
     assert out.cosine is not None and out.cosine > 0.9999 and out.value is not None and out.value < 0.95
-    assert out.value == (out.count - 1) / out.count
-    assert out.describe() == f"output0 boxes matched {100 * out.value:.1f}% of {out.count} boxes"
+    assert out.observed == (out.count - 1) / out.count and out.value <= out.observed  # few boxes: margins too
+    assert out.describe().startswith(f"output0 boxes matched {100 * out.value:.1f}% of {out.count} boxes predicted")
     moved = ref.copy()
     moved[:, 4:] = np.roll(moved[:, 4:], 1, axis=2)  # the scores moved to other anchors; the boxes exact
     metrics = TaskMetrics({"output0": producer})

@@ -18,7 +18,8 @@ INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS
   flips with any error);
 - masks (a text detector's Sigmoid map): IoU >= 0.9;
 - detections (a YOLO head's Concat of 4 box values and scores): >= 0.95 of the boxes it decodes to matched at the
-  worst of two confidence thresholds (issue 24's box bound);
+  worst of two confidence thresholds (issue 24's box bound); under 60 boxes seen, the share their score margins
+  predict when lower (:data:`onnxprec.accuracy._boxes.MIN_BOXES`);
 - another Concat of scores beside other values: cosine >= 0.99 of each part;
 - signals (a vocoder's waveform): SNR >= 25 dB, rel L2 <= 0.056, the same bound (issue 24's vocoder bound);
 - values (embeddings, boxes, hidden states, audio) and a language model's ``[N, T, vocab]`` logits (named like

@@ -513,7 +513,11 @@ def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
     floats = report.count("float")
     if ranked:
         text += f"; the error is carried most by {', '.join(repr(n) for n in ranked[:4])}"
-    text += f"; {floats} layers in float within --max_float_compute did not meet it" if floats else ""
+    beyond = [s["float_layers"] for s in report.fallback_steps if "beyond" in str(s.get("what", ""))]
+    if beyond:  # the fallback went past --max_float_compute (the guard's default budget) and missed too
+        text += f"; {floats} layers in float within --max_float_compute did not meet it, nor {max(beyond)} beyond it"
+    elif floats:
+        text += f"; {floats} layers in float within --max_float_compute did not meet it"
     if report.calibration.get("random"):
         text += "; measured on synthetic inputs: pass representative inputs (--calibration_data)"
     return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"

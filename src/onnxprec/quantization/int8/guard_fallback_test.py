@@ -15,7 +15,7 @@ from onnx import helper
 from onnxprec._testing import F, make_model, tensor_info
 from onnxprec.accuracy import AccuracyTarget, Measurement
 from onnxprec.errors import AccuracyGuardError
-from onnxprec.quantization.int8 import fallback, quantize_file
+from onnxprec.quantization.int8 import Int8Report, fallback, quantize_file
 
 
 def _stem_body(head: int = 0, offset: float = 0.0, width: int = 64) -> onnx.ModelProto:
@@ -109,3 +109,20 @@ def test_beyond_the_budget_the_search_goes_on_after_what_it_checked_within() -> 
     floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25, beyond=True)
     assert final.ok and floats == ["l0", "l1"]
     assert tried[within:] == [frozenset({"l0", "l1"})]  # one check beyond: {l0} missed within already
+
+
+def test_the_guards_line_says_when_the_fallback_went_beyond_the_budget(tmp_path: Path) -> None:
+    """The body's range is lost to the stem's offset channel and the held-out runs are 8x louder than the ones the
+    head's range was fitted to: the cheap head in float (within 0.25 of the compute) misses, and so does the body
+    beyond it (the head stays INT8); the line says both, not only 'within --max_float_compute'."""
+    source = tmp_path / "m.onnx"
+    onnx.save(_stem_body(head=4, offset=1e4), source)
+    with pytest.raises(AccuracyGuardError) as raised:
+        quantize_file(source, tmp_path / "q.onnx", calibration_data=_runs(loud_from=6))
+    report = raised.value.report
+    assert isinstance(report, Int8Report)
+    beyond = [s["float_layers"] for s in report.fallback_steps if "beyond --max_float_compute" in s.get("what", "")]
+    assert beyond, report.fallback_steps
+    line = str(raised.value)
+    floats = report.count("float")
+    assert f"{floats} layers in float within --max_float_compute did not meet it, nor {max(beyond)} beyond it" in line

@@ -230,3 +230,36 @@ def test_the_ctc_recognizer_of_the_corpus_keeps_its_strings_or_is_refused(tmp_pa
         for ref, got in pairs:
             same, total = same + (ref == got), total + 1
     assert same / total >= 0.95
+
+
+@pytest.mark.slow
+def test_the_corpus_detector_seeing_few_boxes_is_refused(tmp_path: Path) -> None:
+    """nudenet's YOLOv8 head (issue 24: INT8 with its 4 most sensitive layers in float kept every box of its
+    calibration images and exited 0, with 7 of 9 held-out boxes kept): its calibration images show 4 boxes and the
+    held-out runs 2, under MIN_BOXES, so their score margins judge, and the guard refuses that result in one line."""
+    import onnx_ir as ir
+
+    from onnxprec._ort import create_session
+    from onnxprec.accuracy import TaskMetrics, output_producers
+
+    cached = Path.home() / ".cache/onnxprec/corpus/models/nudenet-320n"
+    if not (cached / "model.onnx").is_file():
+        pytest.skip("the corpus cache (nudenet-320n) is absent: python -m zoo.corpus build builds it")
+    source = tmp_path / "det.onnx"
+    source.write_bytes((cached / "model.onnx").read_bytes())
+    floats = ["/model.2/cv1/conv/Conv", "/model.4/cv1/conv/Conv", "/model.22/dfl/conv/Conv", "/model.1/conv/Conv"]
+    with pytest.raises(AccuracyGuardError) as raised:  # the search's choice then, without the search (minutes)
+        quantize_file(source, tmp_path / "det.int8.onnx", calibration_data=cached / "calib", max_float_compute=0.0,
+                      nodes_to_exclude=[f"^{re.escape(name)}$" for name in floats])  # fmt: skip
+    line = str(raised.value)
+    assert "output0 box_agreement >= 0.95" in line and "predicted from score margins (100.0% seen)" in line, line
+    check = raised.value.report.check  # type: ignore[attr-defined]
+    assert check["calibration"]["outputs"]["output0"]["count"] < 60
+    # the refusal is right: the corpus's 32 held-out photos lose boxes
+    reference, candidate = create_session(onnx.load(source)), create_session(onnx.load(tmp_path / "det.int8.onnx"))
+    metrics = TaskMetrics(output_producers(ir.load(str(source))))
+    for batch in sorted((cached / "heldout").glob("*.npz")):
+        feeds = dict(np.load(batch))
+        metrics.update({"output0": reference.run(feeds)[0]}, {"output0": candidate.run(feeds)[0]})
+    held = metrics.summary().outputs[0]
+    assert held.value is not None and held.value < 0.95
