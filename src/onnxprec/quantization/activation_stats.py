@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from onnxprec._array import NUMPY, ArrayBackend
 from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
 from onnxprec.passes import InferTypesPass
+from onnxprec.quantization.algorithms.gptq import FACTOR_MATRICES
 from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup
 from onnxprec.reference import DEFAULT_SEGMENT_BYTES, run_reference
@@ -26,6 +29,7 @@ from onnxprec.reference import DEFAULT_SEGMENT_BYTES, run_reference
 __all__ = [
     "Float32GramObserver",
     "collect_stats",
+    "device_gram",
     "plan_chunks",
     "pruned_copy",
     "quiet_onnx_ir",
@@ -51,10 +55,27 @@ def quiet_onnx_ir() -> Iterator[None]:
 class Float32GramObserver(GramObserver):
     """:class:`~onnxprec.observers.GramObserver` with each batch's ``XᵀX`` computed in float32 and summed in
     float64: twice as fast (a float32 symmetric rank-k update), with per-batch sums exact to about 1e-7; the batch's
-    float32 term is widened as it is added, so a ``[K, K]`` Gram costs its float64 sum and one float32 term."""
+    float32 term is widened as it is added, so a ``[K, K]`` Gram costs its float64 sum and one float32 term.
 
-    def term(self, rows: np.ndarray) -> np.ndarray:
+    On a device ``backend`` the batch's token rows go there (``[T, K]`` float32) and the Gram is made and kept there,
+    ready for GPTQ on the same device: no ``[K, K]`` matrix in host memory. A Gram whose GPTQ would not fit the
+    backend's memory (:func:`device_gram`) is made on the host as on numpy."""
+
+    def __init__(self, names: Collection[str] | None = None, backend: ArrayBackend = NUMPY) -> None:
+        super().__init__(names)
+        self.backend = backend
+
+    def term(self, rows: np.ndarray) -> Any:
+        if device_gram(self.backend, rows.shape[1]):
+            rows = self.backend.from_host(rows)
         return rows.T @ rows
+
+
+def device_gram(backend: ArrayBackend, k: int) -> bool:
+    """Whether a ``[k, k]`` Gram is made and kept on ``backend``: a device one that can hold it beside GPTQ's
+    factorisation of it (:data:`~onnxprec.quantization.algorithms.gptq.FACTOR_MATRICES` ``[k, k]`` float64
+    matrices); never on numpy."""
+    return not backend.on_host and backend.fits((FACTOR_MATRICES + 1) * 8 * k * k)
 
 
 SAMPLE_DTYPE = np.float16
@@ -152,6 +173,7 @@ def collect_stats(
     providers: Iterable[str] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     on_ready: Callable[[dict[InputGroup, GroupStats]], None] | None = None,
+    backend: ArrayBackend = NUMPY,
 ) -> dict[InputGroup, GroupStats]:
     """One pass over ``batches``: the statistics ``spec`` needs of every group's input.
 
@@ -162,6 +184,9 @@ def collect_stats(
     ``on_ready``: called with the statistics of the groups whose inputs are complete as soon as they are (after each
     segment), which the observers then drop: one pass holds the statistics of one segment's groups at a time
     (:func:`streams`). Returns the statistics not handed to ``on_ready``.
+
+    ``backend``: where the ``XᵀX`` are made and kept (:class:`Float32GramObserver`); the other statistics stay on the
+    host.
     """
     names = [group.name for group in groups]
     sinks = _sinks(model, names)
@@ -175,7 +200,7 @@ def collect_stats(
             InferTypesPass()(calibration_model)
     absmean = ChannelAbsMeanObserver(names) if spec.needs_absmean else None
     sample = TokenSampleObserver(sample_tokens, names, dtype=SAMPLE_DTYPE) if spec.needs_sample else None
-    gram = Float32GramObserver(names) if spec.needs_gram else None
+    gram = Float32GramObserver(names, backend) if spec.needs_gram else None
     observers: list[Observer] = [o for o in (absmean, sample, gram) if o is not None]
     wanted = set(names) - set(sinks)
     pending = {group.name: group for group in groups}

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxprec._array import NUMPY, ArrayBackend
+from onnxprec._array import NUMPY, ArrayBackend, namespace
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
@@ -288,7 +288,8 @@ class GroupStats:
     sample: np.ndarray | None = None
     """``[T, K]`` sampled tokens (float16 or float32 as stored; :meth:`tokens_f32` for the math)."""
     gram: np.ndarray | None = None
-    """``[K, K]`` float64 ``XᵀX`` over every token."""
+    """``[K, K]`` float64 ``XᵀX`` over every token (on the host, or on the device of the run's backend when it was made
+    there: :class:`~onnxprec.quantization.activation_stats.Float32GramObserver`)."""
     tokens: int = 0
 
     def tokens_f32(self) -> np.ndarray | None:
@@ -368,11 +369,13 @@ def _gptq_by_block_size(
 
 def _scaled_gram(gram: np.ndarray, scales: np.ndarray, rows: int = 512) -> np.ndarray:
     """``gram / np.outer(scales, scales)``, the same values, made a few rows at a time: a ``[K, K]`` float64 Gram is
-    1.6 GB at K = 14336, and the outer product would be another."""
-    result = np.empty(gram.shape, np.result_type(gram, scales))
+    1.6 GB at K = 14336, and the outer product would be another. Made where ``gram`` is (a device's Gram there)."""
+    xp = namespace(gram)
+    scales = xp.asarray(scales)
+    result = xp.empty(gram.shape, np.result_type(gram.dtype, scales.dtype))
     for start in range(0, gram.shape[0], rows):
         part = slice(start, start + rows)
-        np.divide(gram[part], np.outer(scales[part], scales), out=result[part])
+        xp.divide(gram[part], xp.outer(scales[part], scales), out=result[part])
     return result
 
 

@@ -159,6 +159,7 @@ def _calibrate_and_decide(
     ] = {}  # --gptq_sequential: float weights while dequantized ones stand in
     stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-") if options.gptq_sequential else None
     spill = Spill() if streaming else None  # a walk's GPTQ results wait for the save in a file, not in memory
+    backend = options.quant_config().backend  # the Gram matrices are made where GPTQ will use them
     source = options.calibration_data_reader if written is None else written
     if source is None:
         logger.warning(
@@ -195,7 +196,7 @@ def _calibrate_and_decide(
                     left = collect_stats(
                         model, chunk, replay, spec, sample_tokens=options.sample_tokens,
                         providers=options.calibration_eps, segment_bytes=options.segment_bytes,
-                        on_ready=decide if streaming else None,
+                        on_ready=decide if streaming else None, backend=backend,
                     )  # fmt: skip
                 runs = running.seconds - (decided[0] - before)  # less the deciding done while they ran
                 report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
