@@ -335,18 +335,25 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: Arr
     return None
 
 
-def _error_columns(w: np.ndarray, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
+def _error_columns(
+    w: np.ndarray, recipe: Recipe, computed: QuantizedWeight | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The columns of ``w`` the reported output error is measured on, and their quantized values in the original
     basis: every ``ceil(N / SEARCH_COLUMNS)``-th column (all of them when ``N <= SEARCH_COLUMNS``), the subset AWQ-lite
     scores its candidates on. Each column is quantized as in the whole weight, so the error is the whole weight's
-    on those columns, at a fraction of the cost of quantizing and measuring every column of a wide weight."""
+    on those columns, at a fraction of the cost of quantizing and measuring every column of a wide weight.
+    ``computed``: the recipe's result as computed (GPTQ), whose columns are dequantized alone (the same values as
+    those columns of the whole weight dequantized: each value depends on its own column only)."""
     n = w.shape[1]
     if n <= SEARCH_COLUMNS:
-        return w, recipe.dequantized(recipe.quantize(w))
+        return w, recipe.dequantized(computed if computed is not None else recipe.quantize(w))
     columns = slice(None, None, -(-n // SEARCH_COLUMNS))
     part = np.ascontiguousarray(w[:, columns])
     if recipe.result is not None:  # computed whole (GPTQ)
-        return part, np.ascontiguousarray(recipe.dequantized(recipe.quantize(w))[:, columns])
+        qw = computed if computed is not None else recipe.quantize(w)
+        zero_points = None if qw.zero_points is None else qw.zero_points[:, columns]
+        picked = QuantizedWeight(qw.q[:, columns], qw.scales[:, columns], zero_points, qw.block_size, qw.bits)
+        return part, np.ascontiguousarray(recipe.dequantized(picked))
     return part, recipe.dequantized(recipe.quantize(part, columns))
 
 
@@ -473,7 +480,8 @@ def decide_group(
             recipe.clip_search = True
         if alpha is not None:
             recipe.info["awq_alpha"] = alpha
-        error = _output_error(*_error_columns(w, recipe), stats, config.backend)
+        computed = None if gptq_results is None else gptq_results[index]
+        error = _output_error(*_error_columns(w, recipe, computed), stats, config.backend)
         if error is not None:
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)

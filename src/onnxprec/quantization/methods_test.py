@@ -118,3 +118,22 @@ def test_spilled_results_and_the_row_wise_scaled_gram_equal_the_in_memory_ones()
     path = spill.path
     del spill, spilled
     assert not path.exists()  # the file goes with its last weight
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_error_columns_of_a_computed_result_are_those_of_the_whole_weight_bit_for_bit(symmetric: bool) -> None:
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+    from onnxprec.quantization.methods import _error_columns
+
+    rng = np.random.default_rng(4)
+    x = correlated(256, 64, seed=4)
+    w = rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)
+    gram, tokens = hessian_from_tokens(x)
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, gram=gram, tokens=tokens)
+    (recipe,) = decide_group([w], stats, "awq_gptq", QuantConfig(block_size=16, symmetric=symmetric)).recipes
+    assert recipe.result is not None and recipe.awq_scales is not None
+    computed = recipe.quantize(w)
+    whole = recipe.dequantized(computed)
+    for given in (computed, None):
+        part, dq = _error_columns(w, recipe, given)
+        assert np.array_equal(part, w[:, ::3]) and np.array_equal(dq, whole[:, ::3]) and dq.flags.c_contiguous
