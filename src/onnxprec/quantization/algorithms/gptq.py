@@ -206,15 +206,23 @@ def gptq(
                 block = int(perm[row]) // bs
             s_row = scales[block]
             z_row = None if zero_points is None else zero_points[block]
-            q = xp.rint(batch[i] / s_row)
+            # The row's levels and error are made in place in their rows of ``levels`` and ``errors`` (on a device,
+            # each operation is a kernel launch: the walk makes about 10 per row of the weight).
+            q = levels[row]
+            xp.divide(batch[i], s_row, out=q)
+            xp.rint(q, out=q)
             if z_row is not None:
                 q += z_row
             xp.clip(q, qmin, qmax, out=q)
-            levels[row] = q
-            dq = (q - z_row) * s_row if z_row is not None else q * s_row
-            err = (batch[i] - dq) / u_batch[i, i]
+            err = errors[i]
+            if z_row is not None:
+                xp.subtract(q, z_row, out=err)
+                err *= s_row
+            else:
+                xp.multiply(q, s_row, out=err)
+            xp.subtract(batch[i], err, out=err)
+            err /= u_batch[i, i]
             batch[i + 1 :] -= xp.outer(u_batch[i, i + 1 :], err)
-            errors[i] = err
         if i2 < k:
             weight[i2:] -= upper[i1:i2, i2:].T @ errors
 
