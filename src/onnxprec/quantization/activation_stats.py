@@ -19,6 +19,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxprec._array import NUMPY, ArrayBackend
+from onnxprec._report import timed
 from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
 from onnxprec.passes import InferTypesPass
 from onnxprec.quantization.algorithms.gptq import FACTOR_MATRICES
@@ -69,6 +70,23 @@ class Float32GramObserver(GramObserver):
         if device_gram(self.backend, rows.shape[1]):
             rows = self.backend.from_host(rows)
         return rows.T @ rows
+
+
+class _TimedObservers:
+    """Hands each tensor to ``observers`` (those that want it) and counts the wall seconds they take in ``seconds``."""
+
+    def __init__(self, observers: list[Observer]) -> None:
+        self.observers = observers
+        self.seconds = 0.0
+
+    def wants(self, name: str) -> bool:
+        return any(getattr(o, "wants", lambda _: True)(name) for o in self.observers)
+
+    def update(self, name: str, array: np.ndarray) -> None:
+        with timed() as observing:
+            for observer in self.observers:
+                observer.update(name, array)
+        self.seconds += observing.seconds
 
 
 def device_gram(backend: ArrayBackend, k: int) -> bool:
@@ -174,6 +192,7 @@ def collect_stats(
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     on_ready: Callable[[dict[InputGroup, GroupStats]], None] | None = None,
     backend: ArrayBackend = NUMPY,
+    seconds: dict[str, float] | None = None,
 ) -> dict[InputGroup, GroupStats]:
     """One pass over ``batches``: the statistics ``spec`` needs of every group's input.
 
@@ -186,7 +205,8 @@ def collect_stats(
     (:func:`streams`). Returns the statistics not handed to ``on_ready``.
 
     ``backend``: where the ``XᵀX`` are made and kept (:class:`Float32GramObserver`); the other statistics stay on the
-    host.
+    host. ``seconds``: the pass adds the wall seconds its observers took (``statistics``) and those making segment
+    sessions took (``sessions``) to it.
     """
     names = [group.name for group in groups]
     sinks = _sinks(model, names)
@@ -202,6 +222,7 @@ def collect_stats(
     sample = TokenSampleObserver(sample_tokens, names, dtype=SAMPLE_DTYPE) if spec.needs_sample else None
     gram = Float32GramObserver(names, backend) if spec.needs_gram else None
     observers: list[Observer] = [o for o in (absmean, sample, gram) if o is not None]
+    timed_observers = _TimedObservers(observers)
     wanted = set(names) - set(sinks)
     pending = {group.name: group for group in groups}
 
@@ -228,16 +249,19 @@ def collect_stats(
         if on_ready is not None and ready:
             on_ready({group: finish(group) for group in ready})
 
-    run_reference(
+    result = run_reference(
         calibration_model,
         batches,
         select=lambda value: str(value.name) in wanted,
-        observers=observers,
+        observers=[timed_observers],
         providers=list(providers) if providers is not None else None,
         segment_bytes=segment_bytes,
         on_done=done if on_ready is not None else None,
     )
-    del calibration_model
+    if seconds is not None:
+        seconds["statistics"] = seconds.get("statistics", 0.0) + timed_observers.seconds
+        seconds["sessions"] = seconds.get("sessions", 0.0) + result.session_seconds
+    del calibration_model, result
     return {group: finish(group) for group in groups if group.name in pending}
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxprec._array import NUMPY, ArrayBackend, namespace
+from onnxprec._report import timed
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
@@ -305,6 +306,8 @@ class GroupDecision:
     scales: np.ndarray | None = None
     """The group's AWQ scales ``[K]`` (the input must be divided by them), or None."""
     alpha: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of the parts that ran: ``awq`` (the scale search), ``gptq``, ``output errors``."""
 
 
 def _relative(num: float, den: float) -> float:
@@ -443,16 +446,23 @@ def decide_group(
     grid = config.grid
     scales: np.ndarray | None = None
     alpha: float | None = None
+    seconds: dict[str, float] = {}
     if spec.awq_scales and awq_allowed:
         sample = stats.tokens_f32()
         assert stats.absmean is not None and sample is not None
-        result = awq_lite(
-            weights, stats.absmean, sample, min(blocks), grid, alpha_grid=config.alpha_grid, backend=config.backend
-        )
+        with timed() as searching:
+            result = awq_lite(
+                weights, stats.absmean, sample, min(blocks), grid, alpha_grid=config.alpha_grid, backend=config.backend
+            )
+        seconds["awq"] = searching.seconds
         del sample
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
-    gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None
+    gptq_results = None
+    if spec.gptq:
+        with timed() as solving:
+            gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks)
+        seconds["gptq"] = solving.seconds
     recipes = []
     for index, w in enumerate(weights):
         recipe = Recipe(
@@ -481,8 +491,10 @@ def decide_group(
         if alpha is not None:
             recipe.info["awq_alpha"] = alpha
         computed = None if gptq_results is None else gptq_results[index]
-        error = _output_error(*_error_columns(w, recipe, computed), stats, config.backend)
+        with timed() as measuring:
+            error = _output_error(*_error_columns(w, recipe, computed), stats, config.backend)
+        seconds["output errors"] = seconds.get("output errors", 0.0) + measuring.seconds
         if error is not None:
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)
-    return GroupDecision(recipes, scales, alpha)
+    return GroupDecision(recipes, scales, alpha, seconds)

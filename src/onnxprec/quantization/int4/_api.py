@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort, calibration
 from onnxprec._graph import FLOAT_TYPES, NameAllocator
-from onnxprec._io import ModelSource, load_model, to_model_proto
+from onnxprec._io import ModelSource, load_model, to_model_proto, trim_heap
 from onnxprec._ops import (
     default_opset,
 )
@@ -160,6 +160,7 @@ def _calibrate_and_decide(
     stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-") if options.gptq_sequential else None
     spill = Spill() if streaming else None  # a walk's GPTQ results wait for the save in a file, not in memory
     backend = options.quant_config().backend  # the Gram matrices are made where GPTQ will use them
+    walk: dict[str, float] = {}  # seconds of the statistics passes' parts (collect_stats)
     source = options.calibration_data_reader if written is None else written
     if source is None:
         logger.warning(
@@ -175,7 +176,9 @@ def _calibrate_and_decide(
         def decide(stats: dict[InputGroup, GroupStats]) -> None:
             with timed() as deciding:
                 for group in [g for g in groups if g in stats]:  # graph order
-                    group_scales = _decide(group, owned[group], stats.pop(group), selection, options, recipes, entries)
+                    group_scales = _decide(
+                        group, owned[group], stats.pop(group), selection, options, recipes, entries, report.seconds
+                    )
                     if group_scales is not None:
                         scales[group] = group_scales
                     for target in owned[group]:
@@ -187,6 +190,7 @@ def _calibrate_and_decide(
                             file = Path(stand_ins.name) / f"w{len(floats)}.bin"
                             floats[target] = _set_dequantized(target, recipes[target], file)
                     bar.update()
+                trim_heap(collect=False)  # the segment's activations and arrays, freed in blocks the heap keeps
             decided[0] += deciding.seconds
 
         try:
@@ -196,11 +200,15 @@ def _calibrate_and_decide(
                     left = collect_stats(
                         model, chunk, replay, spec, sample_tokens=options.sample_tokens,
                         providers=options.calibration_eps, segment_bytes=options.segment_bytes,
-                        on_ready=decide if streaming else None, backend=backend,
+                        on_ready=decide if streaming else None, backend=backend, seconds=walk,
                     )  # fmt: skip
                 runs = running.seconds - (decided[0] - before)  # less the deciding done while they ran
                 report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
                 decide(left)
+            # where the runs' time went (the rest: ONNX Runtime's runs and the activations carried between segments)
+            for part, spent in walk.items():
+                report.seconds[f"calibration runs: {part}"] = spent
+            report.seconds["calibration deciding"] = decided[0]
         finally:
             for target, tensor in floats.items():
                 target.weight.const_value = tensor
@@ -251,8 +259,10 @@ def _decide(
     options: Int4Options,
     recipes: dict[WeightGroup, Recipe],
     entries: dict[WeightGroup, LayerReport],
+    seconds: dict[str, float],
 ) -> np.ndarray | None:
-    """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ)."""
+    """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ). The
+    seconds of the decision's parts are added to ``seconds`` (``calibration: awq``...)."""
     clock = Timer()
     allowed = _awq_allowed(group, targets, selection)
     if options.spec.awq_scales and not allowed:
@@ -263,11 +273,13 @@ def _decide(
         block_sizes=[block_of(t, options) for t in targets],
     )  # fmt: skip
     del weights
-    seconds = clock.seconds / len(targets)
+    for part, spent in decision.seconds.items():
+        seconds[f"calibration: {part}"] = seconds.get(f"calibration: {part}", 0.0) + spent
+    share = clock.seconds / len(targets)
     for target, recipe in zip(targets, decision.recipes):
         recipes[target] = recipe
         entries[target].info.update(recipe.info)
-        entries[target].info["seconds"] = seconds
+        entries[target].info["seconds"] = share
     return decision.scales
 
 
@@ -425,6 +437,9 @@ def _write_text(run: Int4Run) -> None:
     """The text the LLM writes itself to calibrate on (if it cannot, the no-data default method)."""
     writer = _text_writer(run.model, run.options) if writes_text(run.model) else None
     run.written = written_text(run.model, run.options, writer=writer)
+    if writer is not None:  # the copy's session freed its weights in blocks the heap keeps: give them back
+        del writer
+        trim_heap()
     if run.written is None and run.options.default_method:
         run.options.use_method("kquant")
 
