@@ -378,3 +378,28 @@ def test_an_int4_walk_on_a_fake_device_writes_the_numpy_walks_weights(monkeypatc
         written[where] = {i.name: i.raw_data for i in proto.graph.initializer}
         assert grams and set(grams) == {DeviceArray if where == "fake" else np.ndarray}
     assert written["numpy"] == written["fake"]
+
+
+def test_a_device_gram_and_awq_gptq_on_cupy_equal_numpy_to_rounding() -> None:
+    from onnxprec.quantization.activation_stats import Float32GramObserver
+
+    backend = _gpu_backend()
+    if backend is None:
+        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
+    x = _tokens(2048, 512, seed=26) * np.linspace(0.2, 3, 512, dtype=np.float32)
+    weights = [_weight(k=512, n=256, seed=27), _weight(k=512, n=128, seed=28)]
+    observer = Float32GramObserver(["x"], backend)
+    for start in range(0, 2048, 256):
+        observer.update("x", x[start : start + 256])
+    gram = observer.gram["x"]
+    assert not isinstance(gram, np.ndarray)  # made and kept on the device
+    host_gram, n = hessian_from_tokens(x)
+    np.testing.assert_allclose(backend.to_host(gram), host_gram, rtol=1e-4, atol=1e-3 * np.abs(host_gram).max())
+    sample, absmean = x[:512].astype(np.float16), np.abs(x).mean(axis=0)
+    on_gpu = decide_group(
+        weights, GroupStats(absmean, sample, gram, n), "awq_gptq", QuantConfig(block_size=128, backend=backend)
+    )
+    on_host = decide_group(weights, GroupStats(absmean, sample, host_gram, n), "awq_gptq", QuantConfig(block_size=128))
+    assert on_gpu.alpha == on_host.alpha
+    for got, expected in zip(on_gpu.recipes, on_host.recipes):
+        assert got.info["output_rel_error"] == pytest.approx(expected.info["output_rel_error"], rel=2e-2)
