@@ -392,7 +392,7 @@ def test_a_device_gram_and_awq_gptq_on_cupy_equal_numpy_to_rounding() -> None:
     for start in range(0, 2048, 256):
         observer.update("x", x[start : start + 256])
     gram = observer.gram["x"]
-    assert not isinstance(gram, np.ndarray)  # made and kept on the device
+    assert type(gram) is not np.ndarray  # made and kept on the device
     host_gram, n = hessian_from_tokens(x)
     np.testing.assert_allclose(backend.to_host(gram), host_gram, rtol=1e-4, atol=1e-3 * np.abs(host_gram).max())
     sample, absmean = x[:512].astype(np.float16), np.abs(x).mean(axis=0)
