@@ -402,16 +402,18 @@ def _gptq_jointly(
     hessian = stats.gram
     if scales is not None:  # built a few rows at a time, then handed over to GPTQ as its work matrix
         hessian = _scaled_gram(stats.gram, scales)
-    scaled = [w if scales is None else w * scales[:, None] for w in weights]
+    # The joint weight is made in the call and handed over (GPTQ changes it, no copy): only GPTQ holds it, and on a
+    # device it is freed on the host once it is there.
     joint = gptq(
-        np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
-        symmetric=config.symmetric, damp=config.gptq_damp, act_order=config.gptq_act_order,
-        positive_scales=config.positive_scales, backend=config.backend, overwrite_hessian=scales is not None,
+        np.concatenate([w if scales is None else w * scales[:, None] for w in weights], axis=1), hessian,
+        max(stats.tokens, 1), config.block_size, symmetric=config.symmetric, damp=config.gptq_damp,
+        act_order=config.gptq_act_order, positive_scales=config.positive_scales, backend=config.backend,
+        overwrite_hessian=scales is not None, overwrite_weight=True,
     )  # fmt: skip
     del hessian
     results = []
     start = 0
-    for w in scaled:
+    for w in weights:
         cols = slice(start, start + w.shape[1])
         zero_points = None if joint.zero_points is None else joint.zero_points[:, cols].copy()
         results.append(
@@ -474,10 +476,10 @@ def decide_group(
             awq_scales=scales,
             backend=config.backend,
         )
-        scaled = w if scales is None else w * scales[:, None]
         if gptq_results is not None:
             recipe.result = CompactWeight.of(gptq_results[index])
         elif spec.clip == "output":
+            scaled = w if scales is None else w * scales[:, None]
             x = stats.tokens_f32()
             assert x is not None
             x = x if scales is None else x / scales[None, :]

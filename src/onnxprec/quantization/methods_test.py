@@ -137,3 +137,17 @@ def test_the_error_columns_of_a_computed_result_are_those_of_the_whole_weight_bi
     for given in (computed, None):
         part, dq = _error_columns(w, recipe, given)
         assert np.array_equal(part, w[:, ::3]) and np.array_equal(dq, whole[:, ::3]) and dq.flags.c_contiguous
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq_gptq"])
+def test_gptq_decisions_leave_the_callers_weights_as_they_were(method: str) -> None:
+    rng = np.random.default_rng(6)
+    x = correlated(256, 64, seed=6)
+    x[:, 2] = 0.0  # a dead input channel: GPTQ zeroes its row in the weight it works on
+    weights = [rng.standard_normal((64, 40)).astype(np.float32)]  # one weight: the joint weight is still a copy
+    before = [w.copy() for w in weights]
+    gram, tokens = hessian_from_tokens(x)
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, gram=gram, tokens=tokens)
+    (recipe,) = decide_group(weights, stats, method, QuantConfig(block_size=16)).recipes
+    assert np.array_equal(weights[0], before[0]) and recipe.result is not None
+    assert np.array_equal(recipe.quantize(weights[0]).q[2], np.zeros(40, np.int8))

@@ -102,6 +102,7 @@ def gptq(
     positive_scales: bool = False,
     backend: ArrayBackend = NUMPY,
     overwrite_hessian: bool = False,
+    overwrite_weight: bool = False,
 ) -> QuantizedWeight:
     """Quantizes ``w`` ``[K, N]`` with GPTQ, given ``hessian = sum_t x_t x_t^T`` ``[K, K]`` over ``n_tokens`` tokens.
 
@@ -127,11 +128,13 @@ def gptq(
     then copied to the host); ``hessian`` is a host array or one of ``backend``'s (a Gram made on the device stays
     there); dead channels and ``act_order``'s order are found from its diagonal, copied to the host.
     ``overwrite_hessian``: a float64 ``hessian`` is the factorisation's work matrix (changed; one ``K x K`` copy
+    fewer). ``overwrite_weight``: a float32 ``w`` is the walk's work matrix on the host (changed; one ``K x N`` copy
     fewer).
     """
     weight = as_float32_matrix(w)
-    if np.may_share_memory(weight, np.asarray(w)):
+    if not overwrite_weight and np.may_share_memory(weight, np.asarray(w)):
         weight = weight.copy()
+    del w  # with overwrite_weight, a caller that handed its array over leaves it to this function alone
     k, n = weight.shape
     hx = namespace(hessian)  # the Hessian stays where it is given (a backend's device, or the host)
     h = hx.asarray(hessian, dtype=np.float64) if overwrite_hessian else hx.array(hessian, dtype=np.float64)
