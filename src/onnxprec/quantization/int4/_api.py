@@ -159,7 +159,6 @@ def _calibrate_and_decide(
     ] = {}  # --gptq_sequential: float weights while dequantized ones stand in
     stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-") if options.gptq_sequential else None
     spill = Spill() if streaming else None  # a walk's GPTQ results wait for the save in a file, not in memory
-    backend = options.quant_config().backend  # the Gram matrices are made where GPTQ will use them
     walk: dict[str, float] = {}  # seconds of the statistics passes' parts (collect_stats)
     source = options.calibration_data_reader if written is None else written
     if source is None:
@@ -200,15 +199,13 @@ def _calibrate_and_decide(
                     left = collect_stats(
                         model, chunk, replay, spec, sample_tokens=options.sample_tokens,
                         providers=options.calibration_eps, segment_bytes=options.segment_bytes,
-                        on_ready=decide if streaming else None, backend=backend, seconds=walk,
+                        on_ready=decide if streaming else None, backend=options.quant_config().backend,
+                        seconds=walk,
                     )  # fmt: skip
                 runs = running.seconds - (decided[0] - before)  # less the deciding done while they ran
                 report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
                 decide(left)
-            # where the runs' time went (the rest: ONNX Runtime's runs and the activations carried between segments)
-            for part, spent in walk.items():
-                report.seconds[f"calibration runs: {part}"] = spent
-            report.seconds["calibration deciding"] = decided[0]
+            report.add_walk_seconds(walk, decided[0])
         finally:
             for target, tensor in floats.items():
                 target.weight.const_value = tensor
