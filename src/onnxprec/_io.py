@@ -138,7 +138,8 @@ def _ml_nodes(proto: onnx.ModelProto) -> str:
     text = f"; its ai.onnx.ml nodes ({', '.join(ml)}) compute in float32 or float64 only (no FP16, BF16 or INT8 form)"
     if not others:
         return text + " and it has no other node: nothing in it has a lower-precision form."
-    return text + f", so only its {others} of {len(proto.graph.node)} ai.onnx nodes could be converted" + advice
+    which = "the ai.onnx one" if others == 1 else "the ai.onnx ones"
+    return text + f", so only {others} of its {len(proto.graph.node)} nodes ({which}) could be converted" + advice
 
 
 def _read_proto(path: Path) -> onnx.ModelProto:

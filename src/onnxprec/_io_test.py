@@ -97,14 +97,27 @@ def test_a_map_typed_output_is_refused_in_one_line(tmp_path: Path) -> None:
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)], ir_version=8
     )
-    onnx.checker.check_model(model)
     path = tmp_path / "zipmap.onnx"
-    onnx.save(model, path)
-    with pytest.raises(UnsupportedModelError, match="map type") as raised:
-        load_model(path)
-    assert str(raised.value).endswith(
+
+    def refusal() -> str:
+        onnx.checker.check_model(model)
+        onnx.save(model, path)
+        with pytest.raises(UnsupportedModelError, match="map type") as raised:
+            load_model(path)
+        return str(raised.value)
+
+    assert refusal().endswith(
         "its ai.onnx.ml nodes (ZipMap) compute in float32 or float64 only (no FP16, BF16 or INT8 form) and it has no "
         "other node: nothing in it has a lower-precision form."
+    )
+    # With ai.onnx nodes before it (a scaler as sklearn-onnx writes it: Mul, Add), the line says how many.
+    model.graph.node.insert(0, helper.make_node("Add", ["m", "X"], ["s"]))
+    model.graph.node.insert(0, helper.make_node("Mul", ["X", "X"], ["m"]))
+    model.graph.node[2].input[0] = "s"
+    assert refusal().endswith(
+        "its ai.onnx.ml nodes (ZipMap) compute in float32 or float64 only (no FP16, BF16 or INT8 form), so only 2 of "
+        "its 3 nodes (the ai.onnx ones) could be converted: convert it without the map (sklearn-onnx: "
+        "options={'zipmap': False})."
     )
 
 

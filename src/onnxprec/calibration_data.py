@@ -266,8 +266,8 @@ class CalibrationData:
         """The runs to calibrate on and the runs held out to check the result on: with at least
         :data:`HELD_OUT_MIN_BATCHES` runs, the last quarter is held out (rounded down); fewer runs of at least as
         many samples, stored as they are and split along a dynamic batch axis, are first split (``split``) into runs of
-        ``samples // HELD_OUT_MIN_BATCHES`` samples (ranges fitted to a few runs fit those runs: PP-OCRv4's
-        recognizer, calibrated on 2 runs of 8 crops, moved its held-out crops' step margins 2.3x as much); with
+        ``samples // HELD_OUT_MIN_BATCHES`` samples (ranges fitted to a few runs fit those runs, and only runs they
+        were not fitted to show how far they moved; experiments/design_notes.md, "INT8 accuracy guard"); with
         fewer, every run calibrates and none is held out. Reads the source once (a one-shot source is spooled
         whole); both parts share this object's spool, which :meth:`close` of this object removes.
         """

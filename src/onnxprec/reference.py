@@ -36,7 +36,7 @@ from onnxprec._graph import FLOAT_TYPES
 from onnxprec._pieces import gather_columns, is_matmulnbits
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec.calibration_data import BatchStore, CalibrationData, copy_value
 from onnxprec.errors import CalibrationDataError, UnsupportedModelError
 from onnxprec.observers import Observer, RangeObserver, TensorStats
@@ -496,16 +496,16 @@ def _run_segmented(
         Progress("Reference run (segments)", "segment", len(pieces)) as bar,
     ):
         for number, (s, payload, inputs, outputs, here) in enumerate(pieces):
-            making_one = Timer()
-            session = _ort.create_session(
-                payload,
-                providers=providers,
-                optimization="none",
-                low_memory=True,
-                prepacking=s in packed,
-                external_data_folder=folder,
-                what=f"segment {s + 1}/{len(segments)} of {what or 'the model for the reference run'}",
-            )
+            with timed() as making_one:
+                session = _ort.create_session(
+                    payload,
+                    providers=providers,
+                    optimization="none",
+                    low_memory=True,
+                    prepacking=s in packed,
+                    external_data_folder=folder,
+                    what=f"segment {s + 1}/{len(segments)} of {what or 'the model for the reference run'}",
+                )
             making += making_one.seconds
             count = 0
             for i, batch in enumerate(replay):

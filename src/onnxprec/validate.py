@@ -187,11 +187,13 @@ def check_structure(model: ir.Model) -> dict[str, int]:
     Weights above 1 KB are stripped before the C++ call, so this is cheap and works above 2 GB. ONNX Runtime's
     contrib ops registered in the ONNX domain are moved to a private domain in that copy, so the checker and strict
     inference cover every other node; the nodes that only ONNX Runtime can check are returned, for the caller to
-    prove in ONNX Runtime (:func:`load_in_ort`, or the run of :func:`numeric_check`). Intermediate values keep
-    their declared element types and lose their declared shapes in the copy: exporters declare wrong ones (the
-    onnxruntime-genai builder gives rank-0 shapes to rank-1 Constants), which ONNX Runtime ignores, while inference
-    still derives and checks every shape from the graph inputs and weights. Entries that declare an initializer or
-    a graph input are dropped from the copy, as the tensor or input declares it.
+    prove in ONNX Runtime (:func:`load_in_ort`, or the run of :func:`numeric_check`). Intermediate values and graph
+    outputs keep their declared element types and lose their declared shapes in the copy: exporters declare wrong
+    ones (the onnxruntime-genai builder gives rank-0 shapes to rank-1 Constants; a torch export can declare a rank-2
+    output that its Reshape makes rank 3, which Reshape-14's inference sees after an opset upgrade), and ONNX Runtime
+    loads such a model, merging the declared shape leniently with the one it infers, while inference here still
+    derives and checks every shape from the graph inputs and weights. Entries that declare an initializer or a graph
+    input are dropped from the copy, as the tensor or input declares it.
 
     Strict inference is relaxed only for a model with ops no runtime here knows (plugins of custom domains).
 
@@ -208,9 +210,7 @@ def check_structure(model: ir.Model) -> dict[str, int]:
     kept = [info for info in proto.graph.value_info if info.name not in declared]
     del proto.graph.value_info[:]
     proto.graph.value_info.extend(kept)
-    for info in proto.graph.value_info:  # see the docstring
-        if info.type.HasField("tensor_type"):
-            info.type.tensor_type.ClearField("shape")
+    _clear_shapes(proto.graph.value_info)  # see the docstring
     if _set_aside(proto.graph, default_opset(model)):
         proto.opset_import.append(onnx.helper.make_opsetid(_SET_ASIDE_DOMAIN, 1))
     ort_only = ort_only_ops(model)
@@ -220,15 +220,22 @@ def check_structure(model: ir.Model) -> dict[str, int]:
         for n in model.graph.all_nodes()
     )
     try:
-        onnx.checker.check_model(proto, full_check=not has_custom_ops)
-        if has_custom_ops:
-            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False)
+        onnx.checker.check_model(proto)  # a graph output must declare a shape here: the checker's rule
+        _clear_shapes(proto.graph.output)
+        # What check_model(full_check=True) runs, without the declared shapes of the graph outputs
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=not has_custom_ops)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise ValidationError(
             f"Converted model fails onnx.checker/type inference ({_ort.first_line(e, 400)}). This is a bug in "
             "onnxprec: please report it; meanwhile exclude the node it names with --nodes_to_exclude."
         ) from e
     return ort_only
+
+
+def _clear_shapes(infos: Sequence[onnx.ValueInfoProto]) -> None:
+    for info in infos:
+        if info.type.HasField("tensor_type"):
+            info.type.tensor_type.ClearField("shape")
 
 
 def _chain_text(error: BaseException) -> str:

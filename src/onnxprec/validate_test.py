@@ -187,3 +187,66 @@ def test_numeric_check_runs_a_large_output_in_segments_like_the_reference_run(
     assert len(runs) == 2 and "in 4 segments" in runs[0] and "in 2 segments" in runs[1], runs
     assert report.numeric is not None and not report.numeric.skipped
     assert 0 < report.numeric.errors["y"]["rel_l2"] < 1e-2
+
+
+def _declared_rank_2(opset: int, output_type: int = F) -> onnx.ModelProto:
+    """``X [N, 32] @ W -> [N, 16]``, reshaped to ``[N, 4, 4]`` by a shape computed from its own Shape (as ddddocr's
+    recognizer ends), while the graph output declares ``[N, 16]``: Reshape-14's inference sees the rank-3 result,
+    Reshape-5's does not. ONNX Runtime runs it either way, merging the declared shape leniently."""
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["h"], name="/fc"),
+        helper.make_node("Shape", ["h"], ["hs"], name="/shape"),
+        helper.make_node("Gather", ["hs", "zero"], ["n"], name="/gather", axis=0),
+        helper.make_node("Unsqueeze", ["n"], ["n1"], name="/unsqueeze", axes=[0]),
+        helper.make_node("Concat", ["n1", "four", "four"], ["dims"], name="/concat", axis=0),
+        helper.make_node("Reshape", ["h", "dims"], ["Y"], name="/reshape"),
+    ]
+    if opset >= 13:
+        nodes[3] = helper.make_node("Unsqueeze", ["n", "axes"], ["n1"], name="/unsqueeze")
+    weights = {
+        "W": np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32),
+        "zero": np.array(0, np.int64),
+        "four": np.array([4], np.int64),
+        "axes": np.array([0], np.int64),
+    }
+    inputs, outputs = [tensor_info("X", F, ["N", 32])], [tensor_info("Y", output_type, ["N", 16])]
+    return make_model(nodes, inputs, outputs, weights, opset=opset)
+
+
+def test_a_wrong_declared_output_shape_passes_as_onnx_runtime_loads_it_and_types_are_still_checked() -> None:
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    model = _declared_rank_2(opset=14)
+    with pytest.raises(onnx.shape_inference.InferenceError, match="differ in rank"):
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    assert check_structure(load_model(model)) == {}
+    load_in_ort(model.SerializeToString(), {})
+    with pytest.raises(ValidationError, match=r"fails onnx.checker/type inference \(.*Reshape"):
+        check_structure(load_model(_declared_rank_2(opset=14, output_type=F16)))  # a declared FP16 output
+
+
+@pytest.mark.parametrize("mode", ["int4", "fp8"])
+def test_quantizers_upgrading_the_opset_keep_a_model_whose_declared_output_rank_is_wrong(
+    tmp_path: Path, mode: str
+) -> None:
+    """ddddocr's recognizer (opset 12) was refused by INT4 and FP8 after their opset upgrade made Reshape's
+    inference see the rank its graph output misdeclares."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    from onnxprec.quantization import quantize
+
+    source, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    model = _declared_rank_2(opset=12)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)  # passes at opset 12
+    onnx.save(model, source)
+    x = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
+    extra = {"block_size": 16} if mode == "int4" else {}
+    quantize(str(source), quantize_mode=mode, output_path=str(out), calibration_data=[{"X": x}], accuracy_guard=False,
+             **extra)  # fmt: skip
+    written = onnx.load(out)
+    assert written.graph.output[0] == model.graph.output[0]  # the user's interface, as declared
+    assert next(o.version for o in written.opset_import if o.domain in ("", "ai.onnx")) >= 14
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"X": x})
+    expected = (x @ onnx.numpy_helper.to_array(model.graph.initializer[0])).reshape(8, 4, 4)
+    assert y.shape == (8, 4, 4) and np.linalg.norm(y - expected) / np.linalg.norm(expected) < 0.2

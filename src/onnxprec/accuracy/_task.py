@@ -38,7 +38,11 @@ detections    ``box_agreement``       a rank-3 Concat of 4 box values (centre, s
 values        ``part_cosine``         another Concat of scores beside other values, sizes known: the cosine of its
                                       worst part (the whole one hides the scores behind the other values' magnitude).
 signal        ``snr``                 a waveform: ``[N, T]`` or ``[N, 1, T]``, ``T >=`` :data:`MIN_SAMPLES`, not from
-                                      Gemm/MatMul nor named like an embedding: the signal-to-noise ratio in dB.
+                                      Gemm/MatMul, not a feature map flattened (a Flatten or Reshape that merges
+                                      axes) nor named like an embedding, whose float values move together from one
+                                      sample to the next as band-limited audio does (lag-1 autocorrelation >=
+                                      :data:`MIN_CORRELATION`; a feature vector or logits do not): the
+                                      signal-to-noise ratio in dB.
 values        ``cosine``              everything else: hidden states, embeddings, ``[N, 1]`` scores or
                                       regressions, boxes, images, audio.
 ============  ======================  ==========================================================================
@@ -98,6 +102,10 @@ BLANK_SHARE = 0.3
 is far rarer): the share of steps above which raw ``[., ., C]`` scores count as a CTC sequence."""
 MIN_SAMPLES = 4096
 """The fewest samples of a waveform output (a quarter second at 16 kHz); an embedding is far shorter."""
+MIN_CORRELATION = 0.5
+"""The lowest correlation of a waveform's neighbouring samples (its mean removed, over every row of the first batch):
+sampled audio is band-limited, so each sample is close to the one before; the units of a feature vector and the
+classes of logits have no such order (their correlation is near 0)."""
 MAX_ALPHABET = 16384
 """The most classes a CTC alphabet has here (PP-OCRv4's 6625, ddddocr's 8210); an LM's vocabulary is larger."""
 _LABELS = {
@@ -126,25 +134,31 @@ class Producer:
         flattens: The axis is an opset < 13 Softmax's of an input of unknown rank: it normalizes over every axis
             from ``axis`` on, so it is the class axis only if the runtime shape has ones after it.
         parts: Concat (``axis``: its axis): each input's producer op and size along the axis, when all are known.
+        merged: A Flatten or Reshape between it and the output merges axes that are not 1 after the first (a
+            feature map flattened to ``[N, C * H * W]``; not a ``[N, 1, T]`` waveform reshaped to ``[N, T]``).
     """
 
     op: str
     axis: int | None = None
     flattens: bool = False
     parts: tuple[tuple[str, int], ...] = ()
+    merged: bool = False
 
 
-def _through(value: ir.Value) -> tuple[ir.Node | None, bool]:
-    """The producer of ``value`` past Identity/Cast and reshapes, and whether a reshape came between."""
-    reshaped = False
+def _through(value: ir.Value) -> tuple[ir.Node | None, bool, bool]:
+    """The producer of ``value`` past Identity/Cast and reshapes, whether a reshape came between, and whether one
+    merged axes (:attr:`Producer.merged`)."""
+    reshaped = merged = False
     node = value.producer()
     while node is not None and (node.op_type in _PASS_THROUGH or node.op_type in _RESHAPES) and node.inputs:
         reshaped |= node.op_type in _RESHAPES
         source = node.inputs[0]
         if source is None:
             break
+        if node.op_type in ("Flatten", "Reshape") and source.shape is not None:
+            merged |= sum(1 for d in list(source.shape)[1:] if d != 1) >= 2
         node = source.producer()
-    return node, reshaped
+    return node, reshaped, merged
 
 
 def _softmax_axis(node: ir.Node, opset: int, reshaped: bool) -> int | None:
@@ -170,7 +184,7 @@ def _softmax_axis(node: ir.Node, opset: int, reshaped: bool) -> int | None:
 
 
 def _producer(value: ir.Value, opset: int) -> Producer | None:
-    node, reshaped = _through(value)
+    node, reshaped, merged = _through(value)
     if node is None:
         return None
     if node.op_type in _DISTRIBUTIONS:
@@ -187,7 +201,7 @@ def _producer(value: ir.Value, opset: int) -> Producer | None:
             feeder = None if source is None else source.producer()
             if feeder is not None and feeder.op_type in _LINEAR:
                 return Producer(feeder.op_type)
-    return Producer(node.op_type)
+    return Producer(node.op_type, merged=merged)
 
 
 def _concat(node: ir.Node) -> Producer:
@@ -201,7 +215,7 @@ def _concat(node: ir.Node) -> Producer:
         size = shape[axis]
         if not isinstance(size, int):
             return Producer("Concat", axis)
-        feeder, _ = _through(source)
+        feeder, _, _ = _through(source)
         parts.append((feeder.op_type if feeder is not None else "none", size))
     return Producer("Concat", axis, parts=tuple(parts))
 
@@ -282,9 +296,21 @@ def kind_of(
         if scores:
             return OutputKind("sequence", "step_agreement", 2, "named like logits")
     waveform = rank in (2, 3) and shape[-1] >= MIN_SAMPLES and all(d == 1 for d in shape[1:-1])
-    if waveform and op not in _LINEAR and not not_scores:
+    flattened = producer is not None and producer.merged
+    if waveform and op not in _LINEAR and not not_scores and not flattened and _band_limited(sample):
         return OutputKind("signal", "snr", why=f"{op}, {list(shape)}: a waveform")
     return OutputKind("values", "cosine", why=f"{op}, {list(shape)}")
+
+
+def _band_limited(sample: np.ndarray | None) -> bool:
+    """Whether neighbouring values along the last axis correlate by at least :data:`MIN_CORRELATION` (False without
+    a sample)."""
+    if sample is None or sample.ndim < 1 or sample.shape[-1] < 2:
+        return False
+    rows = np.asarray(sample, dtype=np.float64).reshape(-1, sample.shape[-1])
+    rows = rows - rows.mean(axis=-1, keepdims=True)
+    power = float(np.sum(rows * rows))
+    return power > 0 and float(np.sum(rows[:, 1:] * rows[:, :-1])) >= MIN_CORRELATION * power
 
 
 def _boxes_then_scores(producer: Producer, parts: tuple[tuple[int, int, int], ...], rank: int) -> bool:

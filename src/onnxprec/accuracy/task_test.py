@@ -361,6 +361,14 @@ def test_another_concat_of_scores_beside_values_is_judged_by_its_worst_part() ->
     assert kind_of("output0", ref.shape, True, unknown).metric == "cosine"
 
 
+def _speech_like(shape: list[int]) -> np.ndarray:
+    """A sum of tones under 1 kHz at 16 kHz plus a little white noise: band-limited, as audio is."""
+    t = np.arange(shape[-1]) / 16000.0
+    rng = np.random.default_rng(0)
+    tones = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6)) for f in (120.0, 240.0, 610.0, 930.0))
+    return np.broadcast_to(0.2 * tones + 0.05 * rng.standard_normal(shape[-1]), shape).astype(np.float32)
+
+
 @pytest.mark.parametrize(
     ("name", "shape", "producer", "kind"),
     [
@@ -373,7 +381,46 @@ def test_another_concat_of_scores_beside_values_is_judged_by_its_worst_part() ->
     ],
 )
 def test_a_waveform_is_judged_by_its_snr(name: str, shape: list[int], producer: str, kind: str) -> None:
-    assert kind_of(name, shape, True, Producer(producer)).kind == kind
+    assert kind_of(name, shape, True, Producer(producer), _speech_like(shape)).kind == kind
+
+
+@pytest.mark.parametrize(
+    ("shape", "producer"),
+    [
+        ([2, 8192], Producer("Relu")),  # a wide feature vector (VGG's fc7-like [N, 4096+])
+        ([2, 32000], Producer("Div")),  # logits divided by a temperature
+        ([1, 1, 8192], Producer("LayerNormalization")),  # a pooled hidden state kept [N, 1, D]
+    ],
+)
+def test_a_wide_feature_or_logit_output_is_not_a_waveform(shape: list[int], producer: Producer) -> None:
+    """Its units have no order in time: neighbouring values do not move together, so it is judged by cosine."""
+    rows = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    assert kind_of("output", shape, True, producer, np.maximum(rows, 0) + 0.1).kind == "values"
+    assert kind_of("output", shape, True, producer).kind == "values"  # without a sample to show it
+    assert kind_of("output", shape, True, producer, _speech_like(shape)).kind == "signal"  # the same, band-limited
+
+
+def test_a_flattened_feature_map_is_not_a_waveform() -> None:
+    """``Conv [N, 16, 32, 32] -> Flatten`` is ``[N, 16384]`` of smooth values, but a map, not a signal; a vocoder's
+    ``[N, 1, T] -> Reshape -> [N, T]`` merges nothing and stays one."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="/conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Flatten", ["c"], ["flat"], name="/flatten"),
+        helper.make_node("Conv", ["a", "k"], ["wave3"], name="/post", pads=[1, 1]),
+        helper.make_node("Reshape", ["wave3", "to2"], ["wave"], name="/reshape"),
+    ]
+    inputs = [tensor_info("x", F, ["N", 3, 32, 32]), tensor_info("a", F, ["N", 1, "T"])]
+    outputs = [tensor_info("flat", F, ["N", 16384]), tensor_info("wave", F, ["N", "T"])]
+    weights = {"w": np.ones((16, 3, 3, 3), np.float32), "k": np.ones((1, 1, 3), np.float32),
+               "to2": np.array([0, -1], np.int64)}  # fmt: skip
+    model = ir.serde.deserialize_model(
+        onnx.shape_inference.infer_shapes(make_model(nodes, inputs, outputs, weights, opset=17))
+    )
+    producers = output_producers(model)
+    assert producers["flat"] == Producer("Conv", merged=True) and producers["wave"] == Producer("Conv")
+    smooth = _speech_like([2, 16384])
+    assert kind_of("flat", smooth.shape, True, producers["flat"], smooth).kind == "values"
+    assert kind_of("wave", smooth.shape, True, producers["wave"], smooth).kind == "signal"
 
 
 def test_the_snr_of_a_waveform_is_its_relative_error_in_db() -> None:

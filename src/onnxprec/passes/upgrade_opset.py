@@ -23,8 +23,33 @@ class OpsetUpgradeError(UnsupportedModelError):
 
 def _interface(model: ir.Model) -> list[tuple[str, str, str]]:
     """Name, type and shape of each graph input (initializers left out) and output."""
-    values = [v for v in model.graph.inputs if not v.is_initializer()] + list(model.graph.outputs)
-    return [(str(v.name), str(v.type), str(v.shape)) for v in values]
+    return [(str(v.name), str(v.type), str(v.shape)) for v in _interface_values(model)]
+
+
+def _interface_values(model: ir.Model) -> list[ir.Value]:
+    return [v for v in model.graph.inputs if not v.is_initializer()] + list(model.graph.outputs)
+
+
+def _keep_declared_shapes(model: ir.Model, declared: dict[str, tuple[str, ir.Shape | None]]) -> None:
+    """Gives back each input's and output's declared shape where the conversion only refined it (a symbolic or
+    unknown dim made static, or a shape added), so that the user's interface stays as it was written."""
+    for value in _interface_values(model):
+        if str(value.name) not in declared:
+            continue
+        kind, shape = declared[str(value.name)]
+        if kind != str(value.type) or value.shape == shape or not _refines(value.shape, shape):
+            continue
+        logger.debug("Kept %s's declared shape %s (the upgrade inferred %s)", value.name, shape, value.shape)
+        value.shape = None if shape is None else ir.Shape(list(shape))
+
+
+def _refines(new: ir.Shape | None, old: ir.Shape | None) -> bool:
+    """Whether ``new`` only says more than ``old``: the same static dims where ``old`` has them."""
+    if old is None:
+        return True
+    if new is None or len(new) != len(old):
+        return False
+    return all(not isinstance(o, int) or o == n for o, n in zip(old, new))
 
 
 def _imports_default_domain(model: ir.Model) -> bool:
@@ -37,7 +62,8 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
     """Converts the model to ``target`` opset with onnxscript's version converter when it is lower.
 
     Raises :class:`OpsetUpgradeError` when the conversion fails or changes the model's inputs or outputs (the
-    model is then left half converted: load it again). A model that does not use the default domain (an
+    model is then left half converted: load it again); a declared shape the conversion only refined (a symbolic
+    dim it inferred as static) is given back as declared. A model that does not use the default domain (an
     ``ai.onnx.ml``-only model) only gets the import, for the Casts a conversion may add. The IR version is kept
     unless the new opset needs a newer one (ONNX Runtime releases reject IR versions newer than they know, so we
     never raise it gratuitously).
@@ -63,6 +89,7 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
         level = converter_logger.level
         converter_logger.setLevel(logging.ERROR)  # it warns when it falls back to the C API: not our user's concern
         before = _interface(model)
+        declared = {str(v.name): (str(v.type), v.shape) for v in _interface_values(model)}
         # ONNX Runtime's contrib ops of the ONNX domain are no ONNX ops: the converter would fail on them. They keep
         # their meaning at any opset (LayerNormalization became ONNX's own at 17 with the same contract), so they
         # wait in a private domain meanwhile.
@@ -91,6 +118,7 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
                 f"Could not upgrade the model from opset {current} to {self.target} (the ONNX version converter "
                 f"failed); upgrade it yourself or pass --opset {current} to convert at the model's own opset."
             )
+        _keep_declared_shapes(model, declared)
         after = _interface(model)
         if after != before:
             changed = (

@@ -70,3 +70,20 @@ def test_onnx_runtime_ops_of_the_onnx_domain_survive_the_upgrade() -> None:
     x = np.array([[1.0, -2.0, 3.0]], np.float32)
     (y,) = run(ir.to_proto(model), {"X": x})
     np.testing.assert_allclose(y, x[0] / np.sqrt(np.mean(x**2) + 1e-5), rtol=1e-5)
+
+
+def test_a_declared_shape_the_conversion_only_refined_is_given_back() -> None:
+    """ONNX's converter (opset 21 goes through it) infers shapes and writes them into the graph outputs: a symbolic
+    width of a Concat became static in paraphrase-MiniLM's pooled output, which refused INT4 as an interface change."""
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["h"], name="/fc"),
+        helper.make_node("Concat", ["h", "h"], ["Y"], name="/concat", axis=1),
+    ]
+    weights = {"W": np.ones((8, 4), np.float32)}
+    proto = make_model(nodes, [tensor_info("X", F, ["N", 8])], [tensor_info("Y", F, ["N", "D"])], weights, opset=17)
+    model = ir.from_proto(proto)
+    assert UpgradeOpsetPass(21)(model).modified and model.opset_imports[""] == 21
+    assert model.graph.outputs[0].shape == ir.Shape(["N", "D"])
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    (y,) = run(ir.to_proto(model), {"X": x})
+    np.testing.assert_allclose(y, np.concatenate([x @ weights["W"]] * 2, axis=1), rtol=1e-6)

@@ -48,7 +48,7 @@ class Fp8Options(Int8Options):
         False,
         group="onnxprec extras",
         help="Correct each layer's bias for the mean output shift of its FP8 weight on the calibration data (default: "
-        "off, as ModelOpt: on MiniLM it costs accuracy, FP8's rounding errors having no mean to cancel).",
+        "off, as ModelOpt: FP8's relative rounding errors have no mean to cancel).",
     )
     runtime: str = option(
         "trt",

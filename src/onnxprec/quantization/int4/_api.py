@@ -12,7 +12,6 @@ streams path to path (memory-mapped weights in, each weight quantized as it is w
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -25,7 +24,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxprec import _ort, calibration
+from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES, NameAllocator
 from onnxprec._io import ModelSource, load_model, to_model_proto, trim_heap
 from onnxprec._ops import (
@@ -33,9 +32,9 @@ from onnxprec._ops import (
 )
 from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
-from onnxprec._report import SUMMARY, Step, Timer, timed
+from onnxprec._report import SUMMARY, Step, timed
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
-from onnxprec.errors import AccuracyGuardError, OnnxprecError, UnsupportedModelError
+from onnxprec.errors import AccuracyGuardError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, pruned_copy, quiet_onnx_ir, streams
@@ -46,7 +45,7 @@ from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
 from onnxprec.quantization.int4 import _guard
 from onnxprec.quantization.int4._budget import choose_precisions, logits_head, writes_text, written_text
-from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options
+from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options, Int4Plan
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, CompactWeight, GroupStats, QuantConfig, Recipe, Spill, decide_group
 from onnxprec.quantization.scaling import apply_input_scales
@@ -58,7 +57,7 @@ from onnxprec.quantization.select import (
     pattern_names,
     select_layers,
 )
-from onnxprec.validate import check_structure, load_in_ort, task_check
+from onnxprec.validate import check_structure, load_in_ort
 
 __all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
 
@@ -123,43 +122,11 @@ def _awq_allowed(group: InputGroup, owned: list[WeightGroup], selection: Selecti
     )
 
 
-def _calibrate_and_decide(
-    model: ir.Model,
-    selection: Selection,
-    options: Int4Options,
-    recipes: dict[WeightGroup, Recipe],
-    entries: dict[WeightGroup, LayerReport],
-    report: Int4Report,
-    written: dict[str, np.ndarray] | None = None,
-) -> dict[InputGroup, np.ndarray]:
-    """Statistics per chunk of input groups and the recipes they decide; returns the groups' AWQ scales.
-
-    ``written``: without calibration data, the text an LLM wrote itself (else random inputs)."""
-    spec = options.spec
-    groups = [g for g in selection.groups() if any(t.bits == 4 for t in _targets_of(g, selection))]
-    owned = _owned_targets(groups, selection)
-    groups = [g for g in groups if owned[g]]
-    budget = options.stats_memory_mb * 1024 * 1024
-    # A segmented model is calibrated in one forward walk: each segment runs on the activations the previous one left,
-    # and the groups whose inputs it computed are decided (and their statistics dropped) before the next segment, so
-    # the statistics held are one segment's, whatever the depth, and the GPTQ results go to a file as they are made.
-    # --gptq_sequential needs the earlier layers quantized before the later ones run: one pass per few groups.
-    streaming = not options.gptq_sequential and streams(model, options.segment_bytes)
-    chunks = [groups] if streaming else plan_chunks(groups, spec, options.sample_tokens, budget)
-    if options.gptq_sequential:
-        chunks = [chunk[i : i + SEQUENTIAL_GROUPS] for chunk in chunks for i in range(0, len(chunk), SEQUENTIAL_GROUPS)]
-    if len(chunks) > 1:
-        logger.info(
-            "Activation statistics of %d layer inputs exceed --stats_memory_mb %d: calibrating in %d passes",
-            len(groups), options.stats_memory_mb, len(chunks),
-        )  # fmt: skip
-    scales: dict[InputGroup, np.ndarray] = {}
-    floats: dict[
-        WeightGroup, ir.TensorProtocol
-    ] = {}  # --gptq_sequential: float weights while dequantized ones stand in
-    stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-") if options.gptq_sequential else None
-    spill = Spill() if streaming else None  # a walk's GPTQ results wait for the save in a file, not in memory
-    walk: dict[str, float] = {}  # seconds of the statistics passes' parts (collect_stats)
+def _calibrate(run: Int4Run) -> None:
+    """Activation statistics per chunk of input groups and the recipes (and AWQ scales) they decide, on the
+    calibration data, else on the text an LLM wrote itself, else on random inputs."""
+    options, report, written = run.options, run.report, run.written
+    calibration = _plan_calibration(run)
     source = options.calibration_data_reader if written is None else written
     if source is None:
         logger.warning(
@@ -167,59 +134,114 @@ def _calibrate_and_decide(
             "calibration data; pass representative inputs (--calibration_data, API: calibration_data_reader=).",
             options.method,
         )
+    CalibrationArgs(source, options.input_shapes, options.calibration_batch_size).run(run.model, calibration.run)
+    report.calibration.update(
+        {"passes": len(calibration.chunks), "random": source is None, "written": written is not None,
+         "inputs": len(calibration.groups)}
+    )  # fmt: skip
+    run.scales = calibration.scales
 
-    def run(replay: CalibrationData) -> None:
-        bar = Progress(f"Calibrating ({options.method})", "input", len(groups), leave=True).open()
-        decided = [0.0]  # seconds spent deciding during the runs (on_ready), not counted as calibration runs
 
-        def decide(stats: dict[InputGroup, GroupStats]) -> None:
-            with timed() as deciding:
-                for group in [g for g in groups if g in stats]:  # graph order
-                    group_scales = _decide(
-                        group, owned[group], stats.pop(group), selection, options, recipes, entries, report.seconds
-                    )
-                    if group_scales is not None:
-                        scales[group] = group_scales
-                    for target in owned[group]:
-                        result = recipes[target].result
-                        if spill is not None and isinstance(result, CompactWeight):
-                            recipes[target].result = result.spill(spill)
-                    if stand_ins is not None:  # the next chunks see this group's weights quantized
-                        for target in owned[group]:
-                            file = Path(stand_ins.name) / f"w{len(floats)}.bin"
-                            floats[target] = _set_dequantized(target, recipes[target], file)
-                    bar.update()
-                trim_heap(collect=False)  # the segment's activations and arrays, freed in blocks the heap keeps
-            decided[0] += deciding.seconds
+def _plan_calibration(run: Int4Run) -> _Calibration:
+    """The input groups that decide a 4-bit weight, in chunks of one pass over the data each.
 
+    A segmented model is calibrated in one forward walk: each segment runs on the activations the previous one left,
+    and the groups whose inputs it computed are decided (and their statistics dropped) before the next segment, so
+    the statistics held are one segment's, whatever the depth, and the GPTQ results go to a file as they are made.
+    --gptq_sequential needs the earlier layers quantized before the later ones run: one pass per few groups."""
+    model, selection, options = run.model, run.selection, run.options
+    groups = [g for g in selection.groups() if any(t.bits == 4 for t in _targets_of(g, selection))]
+    owned = _owned_targets(groups, selection)
+    groups = [g for g in groups if owned[g]]
+    budget = options.stats_memory_mb * 1024 * 1024
+    streaming = not options.gptq_sequential and streams(model, options.segment_bytes)
+    chunks = [groups] if streaming else plan_chunks(groups, options.spec, options.sample_tokens, budget)
+    if options.gptq_sequential:
+        chunks = [chunk[i : i + SEQUENTIAL_GROUPS] for chunk in chunks for i in range(0, len(chunk), SEQUENTIAL_GROUPS)]
+    if len(chunks) > 1:
+        logger.info(
+            "Activation statistics of %d layer inputs exceed --stats_memory_mb %d: calibrating in %d passes",
+            len(groups), options.stats_memory_mb, len(chunks),
+        )  # fmt: skip
+    spill = Spill() if streaming else None  # a walk's GPTQ results wait for the save in a file, not in memory
+    return _Calibration(run, groups, owned, chunks, streaming, spill)
+
+
+@dataclasses.dataclass
+class _Calibration:
+    """One calibration (:func:`_plan_calibration`): its runs over the data, chunk by chunk, and the decisions each
+    group's statistics make as they are ready; fills the run's ``recipes`` and ``entries``, and :attr:`scales`."""
+
+    state: Int4Run
+    groups: list[InputGroup]
+    owned: dict[InputGroup, list[WeightGroup]]
+    chunks: list[list[InputGroup]]
+    streaming: bool
+    """One forward walk: each group is decided as soon as the segments that compute its input have run."""
+    spill: Spill | None
+    """Where a walk's GPTQ results wait for the save (a file), or None (in memory)."""
+    scales: dict[InputGroup, np.ndarray] = dataclasses.field(default_factory=dict)
+    floats: dict[WeightGroup, ir.TensorProtocol] = dataclasses.field(default_factory=dict)
+    """--gptq_sequential: the float weights while dequantized ones stand in."""
+    stand_ins: tempfile.TemporaryDirectory[str] | None = None
+    bar: Progress | None = None
+    decided: float = 0.0
+    """Seconds spent deciding during the runs (on_ready), not counted as calibration runs."""
+    walk: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds of the statistics passes' parts (``collect_stats(seconds=)``)."""
+
+    def run(self, replay: CalibrationData) -> None:
+        """Each chunk's pass over ``replay`` and its decisions; the float weights are put back at the end."""
+        options, report = self.state.options, self.state.report
+        self.bar = Progress(f"Calibrating ({options.method})", "input", len(self.groups), leave=True).open()
+        if options.gptq_sequential:
+            self.stand_ins = tempfile.TemporaryDirectory(prefix="onnxprec-sequential-")
         try:
-            for chunk in chunks:
-                before = decided[0]
+            for chunk in self.chunks:
+                before = self.decided
                 with timed() as running:
                     left = collect_stats(
-                        model, chunk, replay, spec, sample_tokens=options.sample_tokens,
+                        self.state.model, chunk, replay, options.spec, sample_tokens=options.sample_tokens,
                         providers=options.calibration_eps, segment_bytes=options.segment_bytes,
-                        on_ready=decide if streaming else None, backend=options.quant_config().backend,
-                        seconds=walk,
+                        on_ready=self.decide if self.streaming else None,
+                        backend=options.quant_config().backend, seconds=self.walk,  # Grams made where GPTQ runs
                     )  # fmt: skip
-                runs = running.seconds - (decided[0] - before)  # less the deciding done while they ran
+                runs = running.seconds - (self.decided - before)  # less the deciding done while they ran
                 report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
-                decide(left)
-            report.add_walk_seconds(walk, decided[0])
+                self.decide(left)
+            report.add_walk_seconds(self.walk, self.decided)
         finally:
-            for target, tensor in floats.items():
+            for target, tensor in self.floats.items():
                 target.weight.const_value = tensor
-            if stand_ins is not None:
-                stand_ins.cleanup()
-            bar.close()
+            if self.stand_ins is not None:
+                self.stand_ins.cleanup()
+            self.bar.close()
             report.calibration.update({"batches": replay.batches, "samples": replay.samples})
             replay.close()
 
-    CalibrationArgs(source, options.input_shapes, options.calibration_batch_size).run(model, run)
-    report.calibration.update(
-        {"passes": len(chunks), "random": source is None, "written": written is not None, "inputs": len(groups)}
-    )
-    return scales
+    def decide(self, stats: dict[InputGroup, GroupStats]) -> None:
+        """The recipes (and AWQ scales) of the groups whose statistics are ready, in graph order."""
+        run, recipes = self.state, self.state.recipes
+        with timed() as deciding:
+            for group in [g for g in self.groups if g in stats]:
+                owned = self.owned[group]
+                group_scales = _decide(
+                    group, owned, stats.pop(group), run.selection, run.options, recipes, run.entries, run.report.seconds
+                )
+                if group_scales is not None:
+                    self.scales[group] = group_scales
+                for target in owned:
+                    result = recipes[target].result
+                    if self.spill is not None and isinstance(result, CompactWeight):
+                        recipes[target].result = result.spill(self.spill)
+                if self.stand_ins is not None:  # the next chunks see this group's weights quantized
+                    for target in owned:
+                        file = Path(self.stand_ins.name) / f"w{len(self.floats)}.bin"
+                        self.floats[target] = _set_dequantized(target, recipes[target], file)
+                assert self.bar is not None
+                self.bar.update()
+            trim_heap(collect=False)  # the segment's activations and arrays, freed in blocks the heap keeps
+        self.decided += deciding.seconds
 
 
 # --gptq_sequential: layer inputs calibrated per pass (q/k/v, o, gate/up and down: one transformer block).
@@ -260,16 +282,16 @@ def _decide(
 ) -> np.ndarray | None:
     """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ). The
     seconds of the decision's parts are added to ``seconds`` (``calibration: awq``...)."""
-    clock = Timer()
-    allowed = _awq_allowed(group, targets, selection)
-    if options.spec.awq_scales and not allowed:
-        logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
-    weights = [t.read() for t in targets]
-    decision = decide_group(
-        weights, stats, options.method, options.quant_config(), awq_allowed=allowed,
-        block_sizes=[block_of(t, options) for t in targets],
-    )  # fmt: skip
-    del weights
+    with timed() as clock:
+        allowed = _awq_allowed(group, targets, selection)
+        if options.spec.awq_scales and not allowed:
+            logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
+        weights = [t.read() for t in targets]
+        decision = decide_group(
+            weights, stats, options.method, options.quant_config(), awq_allowed=allowed,
+            block_sizes=[options.block_of(t) for t in targets],
+        )  # fmt: skip
+        del weights
     for part, spent in decision.seconds.items():
         seconds[f"calibration: {part}"] = seconds.get(f"calibration: {part}", 0.0) + spent
     share = clock.seconds / len(targets)
@@ -285,13 +307,6 @@ def _targets_of(group: InputGroup, selection: Selection) -> list[WeightGroup]:
     return [target_of[layer] for layer in group.layers]
 
 
-def block_of(target: WeightGroup, options: Int4Options) -> int:
-    """The block size of a weight: a budget's choice, else the run's (INT4) or ``--block_size_8bit``'s (INT8)."""
-    if target.block_size is not None:
-        return target.block_size
-    return options.quant_config().block_size if target.bits == 4 else options.block_8bit(target.k)
-
-
 def _layer_entry(target: WeightGroup, method: str, options: Int4Options) -> LayerReport:
     if (not target.matmuls and METHODS[method].needs_data) or target.bits == 8:
         method = "rtn"  # an embedding table has no input activations to calibrate on
@@ -302,7 +317,7 @@ def _layer_entry(target: WeightGroup, method: str, options: Int4Options) -> Laye
         n=target.n,
         bits=target.bits,
         method=method,
-        block_size=block_of(target, options),
+        block_size=options.block_of(target),
         dtype=target.dtype.name.lower(),
     )
 
@@ -341,12 +356,10 @@ class Int4Run:
     """One INT4 run's state, which the steps of :data:`STEPS` fill in order."""
 
     source: ModelSource
-    options: Int4Options
-    """A copy of the caller's options: the defaults chosen for this model (an LLM's, the method without data) go
-    here, never into the caller's object."""
+    plan: Int4Plan
+    """The caller's options with the defaults chosen for this model (an LLM's, the method without data): a value
+    the steps replace, never the caller's object changed."""
     report: Int4Report
-    config: QuantConfig
-    """The numerics of ``options`` once an LLM's defaults are taken."""
     model: ir.Model = dataclasses.field(init=False)
     selection: Selection = dataclasses.field(init=False)
     written: dict[str, np.ndarray] | None = None
@@ -359,6 +372,16 @@ class Int4Run:
     guardable: bool = False
     """Whether the accuracy guard may run (:mod:`onnxprec.quantization.int4._guard`): not a language model, at most
     ``MAX_GUARD_BYTES`` of float weights."""
+
+    @property
+    def options(self) -> Int4Options:
+        """The settings the steps read: the plan's."""
+        return self.plan.options
+
+    @property
+    def config(self) -> QuantConfig:
+        """The numerics of the plan's options."""
+        return self.plan.config
 
     @property
     def needs_data(self) -> bool:
@@ -381,8 +404,8 @@ def _load_and_select(run: Int4Run) -> None:
     check_float_model(model)
     llm = options.llm_defaults and writes_text(model)
     if llm:
-        options.use_llm_defaults()
-        run.config = options.quant_config()
+        run.plan = run.plan.for_llm()
+        options = run.options
         report.output_format, report.block_size = options.format, run.config.block_size
     _sanitize(model, options)
     run.selection = selection = select_layers(
@@ -409,8 +432,8 @@ def _load_and_select(run: Int4Run) -> None:
         if selection.in_subgraphs:
             skipped += f", of which {report.subgraph_text()}"
         raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
-    if options.default_method and options.calibration_data_reader is None and writes_text(model):
-        options.use_method(NO_DATA_LLM_METHOD)  # without data, an LLM calibrates on text it writes itself
+    if run.plan.default_method and options.calibration_data_reader is None and writes_text(model):
+        run.plan = run.plan.with_method(NO_DATA_LLM_METHOD)  # without data, an LLM calibrates on text it writes itself
 
 
 def _set_precisions(selection: Selection, precisions: Mapping[str, int]) -> None:
@@ -437,8 +460,8 @@ def _write_text(run: Int4Run) -> None:
     if writer is not None:  # the copy's session freed its weights in blocks the heap keeps: give them back
         del writer
         trim_heap()
-    if run.written is None and run.options.default_method:
-        run.options.use_method("kquant")
+    if run.written is None and run.plan.default_method:
+        run.plan = run.plan.with_method("kquant")
 
 
 WRITER_FLOAT_BYTES = 1 << 30
@@ -472,7 +495,7 @@ def _size_budget(run: Int4Run) -> None:
 def _plan_layers(run: Int4Run) -> None:
     """Each layer's report entry, with the size budget's choice."""
     options, report, selection = run.options, run.report, run.selection
-    report.method = options.method
+    report.method = run.plan.method
     logger.info(
         "Quantizing %d weights of %d layers with %s (block %s, %s)",
         len(selection.targets), len(selection.layers), options.method, run.config.block_size,
@@ -485,19 +508,12 @@ def _plan_layers(run: Int4Run) -> None:
             entry.info.update(sensitivity=chosen["sensitivity"], bytes=chosen["bytes"])
 
 
-def _calibrate(run: Int4Run) -> None:
-    """Activation statistics and the recipes (and AWQ scales) they decide."""
-    run.scales = _calibrate_and_decide(
-        run.model, run.selection, run.options, run.recipes, run.entries, run.report, run.written
-    )
-
-
 def _recipe(target: WeightGroup, options: Int4Options, config: QuantConfig) -> Recipe:
     """The recipe of a weight calibration did not decide: RTN at 8 bits, else the method's without statistics."""
     if target.bits == 8:
-        return Recipe("rtn", bits=8, block_size=block_of(target, options), symmetric=config.symmetric,
+        return Recipe("rtn", bits=8, block_size=options.block_of(target), symmetric=config.symmetric,
                       positive_scales=config.positive_scales, backend=config.backend)  # fmt: skip
-    return Recipe(options.method, block_size=block_of(target, options), symmetric=config.symmetric,
+    return Recipe(options.method, block_size=options.block_of(target), symmetric=config.symmetric,
                   positive_scales=config.positive_scales, clip_search=options.spec.clip == "mse",
                   search=options.spec.search, backend=config.backend)  # fmt: skip
 
@@ -561,7 +577,7 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
     """Runs the pipeline (:data:`STEPS`) up to (not including) saving, and the accuracy guard where it applies
     (:mod:`onnxprec.quantization.int4._guard`: a model file that is not a language model, at most 1 GiB of weights);
     the returned model's quantized weights are lazy tensors. ``options`` is left as given: the defaults chosen for
-    this model go into a copy."""
+    this model go into the run's :class:`Int4Plan`, whose method, block size and format the report names."""
     run = _pipeline(source, options, {})
     if options.accuracy_guard and run.guardable and isinstance(source, (str, os.PathLike)):
         return _guard.guarded(source, options, run.model, run.report, _run_pipeline)
@@ -569,10 +585,9 @@ def quantize_model(source: ModelSource, options: Int4Options) -> tuple[ir.Model,
 
 
 def _pipeline(source: ModelSource, options: Int4Options, precisions: Mapping[str, int]) -> Int4Run:
-    options = copy.copy(options)
-    config = options.quant_config()
-    report = Int4Report(options.method, config.block_size, options.use_zero_point, options.format)
-    run = Int4Run(source, options, report, config, precisions=precisions)
+    plan = Int4Plan.of(options)
+    report = Int4Report(plan.method, plan.config.block_size, options.use_zero_point, options.format)
+    run = Int4Run(source, plan, report, precisions=precisions)
     run.report.run_steps(STEPS, run)
     return run
 
@@ -652,42 +667,8 @@ def quantize(
     return proto
 
 
-def _check_written(source: Path, written: Path, options: Int4Options, report: Int4Report) -> bool:
-    """Where the accuracy guard did not measure the result (a language model, a larger model, the guard off): measures
-    the written INT4 model against the float one on the first calibration batch (realistic random data without one)
-    with each output's task metric; a result that misses INT4's guard bounds (:data:`_guard.BOUNDS`) is
-    warned about in one line, and so is a measurement that cannot run: the output is written either way. Returns
-    whether the output ran."""
-    from onnxprec.quantization import guard
-
-    if report.check.get("guard") == "on":  # the accuracy guard measured it, on every batch
-        return False
-    shapes = calibration.parse_input_shapes(options.input_shapes) or None
-    try:
-        summary, random = task_check(load_model(source), written, options.calibration_data_reader,
-                                     providers=list(options.calibration_eps), input_shapes=shapes,
-                                     segment_bytes=options.check_segment_bytes)  # fmt: skip
-    except OnnxprecError as e:  # the check is information (a one-shot reader, say, was read by the quantization)
-        logger.warning("INT4 result not measured against the float model: %s", e)
-        return False
-    passed = guard.holds(summary, bounds=_guard.BOUNDS)
-    report.check = {
-        "random_data": random,
-        "guard": "warn",
-        "bound": guard.describe_bounds(summary, bounds=_guard.BOUNDS),
-        "passed": passed,
-        "calibration": {"runs": 1, "metric": summary.describe(), **summary.to_json()},
-        "held_out": None,
-    }
-    if not passed:
-        where = "random data" if random else "the first calibration batch"
-        logger.warning("INT4 result misses the accuracy bound (%s): %s on %s", report.check["bound"],
-                       summary.describe(), where)  # fmt: skip
-    return True
-
-
 TOOL: QuantizationTool[Int4Options, Int4Report] = QuantizationTool(
-    Int4Options, quantize_model, progress=True, check_written=_check_written
+    Int4Options, quantize_model, progress=True, check_written=_guard.check_written
 )
 default_output_path = TOOL.default_output_path
 quantize_file = TOOL.quantize_file

@@ -5,9 +5,10 @@ Imports nothing heavy, so the command line can print ``--help`` without loading 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxprec._arg_groups import (
     calibration_data_option,
@@ -22,18 +23,22 @@ from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
 from onnxprec.quantization._tool import EXTRAS
 
+if TYPE_CHECKING:
+    from onnxprec.quantization.methods import QuantConfig
+    from onnxprec.quantization.select import WeightGroup
+
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "LLM_BLOCK_SIZE", "METHOD_NAMES", "NO_DATA_LLM_METHOD", "OUTPUT_FORMATS",
-    "Int4Options",
+    "Int4Options", "Int4Plan",
 ]  # fmt: skip
 
 DEFAULT_BLOCK_SIZE = 128
 LLM_BLOCK_SIZE = 32
-"""An LLM's default block size (:meth:`Int4Options.use_llm_defaults`), as onnxruntime-genai's builder and ONNX
+"""An LLM's default block size (:meth:`Int4Options.for_llm`), as onnxruntime-genai's builder and ONNX
 Runtime's command line quantize."""
 DEFAULT_EXCLUDE = (".*/lm_head",)
 """ModelOpt's default ``nodes_to_exclude`` (its ``/lm_head``, written for ``re.match``): ours for models that are not
-LLMs. An LLM's default quantizes its head (:meth:`Int4Options.use_llm_defaults`); ``--nodes_to_exclude '.*/lm_head'``
+LLMs. An LLM's default quantizes its head (:meth:`Int4Options.for_llm`); ``--nodes_to_exclude '.*/lm_head'``
 gives ModelOpt's behaviour back."""
 NO_DATA_LLM_METHOD = "awq_gptq"
 """The default method without calibration data for an LLM that writes its own calibration text (BENCHMARKS.md,
@@ -159,15 +164,16 @@ class Int4Options(_tool.QuantizationOptions):
     stats_memory_mb: int = option(
         256,
         group=EXTRAS,
-        help="Memory for activation statistics; layers whose statistics do not fit together are calibrated in "
-        "several passes over the data; a model with more weights than this runs in segments of half as many.",
+        help="Memory for activation statistics (MiB); layers whose statistics do not fit together are calibrated in "
+        "several passes over the data. On the CPU it also sets --segment_mb's default, half of it.",
     )
     segment_mb: int | None = option(
         None,
         group=EXTRAS,
-        help="Weights per ONNX Runtime session (MiB) when a large model runs segment by segment (calibration, the "
-        "check of the output); default: half of --stats_memory_mb on the CPU, 1024 on a GPU provider, where each "
-        "session costs seconds.",
+        help="Weights per ONNX Runtime session (MiB): a model with more weights runs segment by segment, in pieces "
+        "of at most this many, in calibration and in the check of the output (default: on the CPU half of "
+        "--stats_memory_mb in calibration and 192 in the check; 1024 on a GPU provider, where each session costs "
+        "seconds).",
     )
     accuracy_guard: bool = option(
         True,
@@ -200,13 +206,14 @@ class Int4Options(_tool.QuantizationOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         from onnxprec.quantization.algorithms.rtn import effective_block_size
+        from onnxprec.quantization.methods import method_spec
 
         # Without data: kquant (AWQ on random data is worse than RTN), unless the pipeline finds an LLM that writes
-        # its own calibration text: then NO_DATA_LLM_METHOD on that text (quantize_model calls use_method).
+        # its own calibration text: then NO_DATA_LLM_METHOD on that text (the run's Int4Plan.with_method).
         self.default_method = self.calibration_method is None
         if self.calibration_method is None:
             self.calibration_method = "awq_lite" if self.calibration_data_reader is not None else "kquant"
-        self.use_method(self.calibration_method)
+        self.method, self.spec = method_spec(self.calibration_method)
         self.block_given = self.block_size is not None
         if self.block_size is None:
             self.block_size = DEFAULT_BLOCK_SIZE
@@ -241,7 +248,7 @@ class Int4Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(f"gptq_damp must be in [0, 10), got {self.gptq_damp!r}.")
         if self.size_budget_mb is not None and not self.size_budget_mb > 0:
             raise InvalidArgumentError(f"size_budget_mb must be a positive number, got {self.size_budget_mb!r}.")
-        # Nothing said about which layers and how: an LLM gets use_llm_defaults() once the pipeline has seen it
+        # Nothing said about which layers and how: an LLM gets for_llm() once the pipeline has seen it
         self.llm_defaults = (
             self.nodes_to_exclude is None
             and not self.quantize_embeddings
@@ -253,33 +260,32 @@ class Int4Options(_tool.QuantizationOptions):
         self.exclude_patterns = compile_patterns(self.nodes_to_exclude, "nodes_to_exclude")
         self.eight_bit_patterns = compile_patterns(self.layers_8bit, "layers_8bit")
 
-    def use_llm_defaults(self) -> None:
-        """The defaults for an LLM (a model with ``logits`` that writes its own text), which depart from ModelOpt's
-        ``nodes_to_exclude=[r"/lm_head"]``: every MatMul quantized, the embedding too (a tied head shares its
-        table), at block 32 (onnxruntime-genai's builder's) unless ``block_size`` was given, written as MatMulNBits
-        and GatherBlockQuantized unless ``output_format`` was given (ONNX Runtime dequantizes a QDQ embedding table
-        at every step on CPU). The pipeline then puts an untied head at 8 bits."""
-        self.nodes_to_exclude = ()
-        self.exclude_patterns = []
-        self.quantize_embeddings = True
-        if not self.block_given:
-            self.block_size = LLM_BLOCK_SIZE
-        if not self.format_given:
-            self.output_format = "matmulnbits"
+    def for_llm(self) -> Int4Options:
+        """These options with the defaults for an LLM (a model with ``logits`` that writes its own text), which depart
+        from ModelOpt's ``nodes_to_exclude=[r"/lm_head"]``: every MatMul quantized, the embedding too (a tied head
+        shares its table), at block 32 (onnxruntime-genai's builder's) unless ``block_size`` was given, written as
+        MatMulNBits and GatherBlockQuantized unless ``output_format`` was given (ONNX Runtime dequantizes a QDQ
+        embedding table at every step on CPU); a new object, ``self`` is left as it is. The pipeline then puts an
+        untied head at 8 bits."""
+        return dataclasses.replace(
+            self,
+            nodes_to_exclude=(),
+            quantize_embeddings=True,
+            block_size=self.block_size if self.block_given else LLM_BLOCK_SIZE,
+            output_format=self.output_format if self.format_given else "matmulnbits",
+        )
 
-    def use_method(self, name: str) -> None:
-        """Sets the calibration method (the default's choice once the model is known)."""
-        from onnxprec.quantization.methods import method_spec
-
-        self.calibration_method = name
-        self.method, self.spec = method_spec(name)
+    def with_method(self, name: str) -> Int4Options:
+        """These options with the calibration method ``name`` (the default's choice once the model is known); a new
+        object, ``self`` is left as it is."""
+        return dataclasses.replace(self, calibration_method=name)
 
     @property
     def segment_bytes(self) -> int:
         """Weights per ONNX Runtime session in the calibration runs: ``--segment_mb``, else on the CPU half of
-        ``--stats_memory_mb``, so that the statistics and one session's weights stay within about twice that (a model
-        up to twice this size runs in one session; larger ones segment by segment), and on a GPU provider
-        :data:`onnxprec._ort.DEVICE_SESSION_BYTES`."""
+        ``--stats_memory_mb``, so that the statistics and one session's weights stay within about the whole of it (a
+        model with at most this many bytes of weights runs in one session; a larger one segment by segment), and on
+        a GPU provider :data:`onnxprec._ort.DEVICE_SESSION_BYTES`."""
         from onnxprec import _ort
 
         if self.segment_mb is not None:
@@ -303,6 +309,13 @@ class Int4Options(_tool.QuantizationOptions):
         """The method as given (aliases kept), after the default is resolved."""
         assert self.calibration_method is not None
         return self.calibration_method
+
+    def block_of(self, target: WeightGroup) -> int:
+        """The block size of a weight: a size budget's choice, else the run's (INT4) or ``--block_size_8bit``'s
+        (INT8)."""
+        if target.block_size is not None:
+            return target.block_size
+        return (self.block_size or DEFAULT_BLOCK_SIZE) if target.bits == 4 else self.block_8bit(target.k)
 
     def block_8bit(self, k: int) -> int:
         """The block size of an INT8 weight with ``k`` input channels."""
@@ -328,6 +341,43 @@ class Int4Options(_tool.QuantizationOptions):
             gptq_act_order=self.gptq_act_order,
             backend=backend(self.calibration_eps, memory_limit_mb=self.gpu_memory_mb),
         )
+
+
+@dataclass(frozen=True)
+class Int4Plan:
+    """What one INT4 run does: the caller's options with the defaults chosen for the model resolved, a value that a
+    step replaces (:meth:`for_llm`, :meth:`with_method`) and never changes; the caller's options object is never
+    written. The report's ``method``, ``block_size`` and ``output_format`` are the plan's."""
+
+    options: Int4Options
+    """The settings the steps read: the caller's object until a default is chosen for this model, then a new one."""
+    default_method: bool
+    """No method was given: the run chooses one (without data, an LLM's :data:`NO_DATA_LLM_METHOD`, else kquant)."""
+    config: QuantConfig
+    """The numerics of :attr:`options`."""
+    llm: bool = False
+    """Whether an LLM's defaults were taken (:meth:`Int4Options.for_llm`)."""
+
+    @classmethod
+    def of(cls, options: Int4Options) -> Int4Plan:
+        """The plan of the caller's options, before the model is seen."""
+        return cls(options, options.default_method, options.quant_config())
+
+    def for_llm(self) -> Int4Plan:
+        """This plan with an LLM's defaults (:meth:`Int4Options.for_llm`)."""
+        options = self.options.for_llm()
+        return dataclasses.replace(self, options=options, config=options.quant_config(), llm=True)
+
+    def with_method(self, name: str) -> Int4Plan:
+        """This plan with the calibration method ``name``."""
+        options = self.options.with_method(name)
+        return dataclasses.replace(self, options=options, config=options.quant_config())
+
+    @property
+    def method(self) -> str:
+        """The resolved method (aliases mapped to the method they run)."""
+        method: str = self.options.method
+        return method
 
 
 def _grid(low: float, high: float, step: float) -> tuple[float, ...]:

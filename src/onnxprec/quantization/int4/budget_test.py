@@ -131,16 +131,37 @@ def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Pa
     assert same.method == NO_DATA_LLM_METHOD
 
 
-def test_the_default_method_choice_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
+def test_the_run_resolves_a_plan_and_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
+    # An LLM without data and without layer options: the run takes the LLM defaults (block 32, MatMulNBits, the
+    # embedding quantized) and the no-data method; the report names them, the caller's object keeps every attribute.
     from onnxprec.quantization.int4._api import quantize_model
-    from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD, Int4Options
+    from onnxprec.quantization.int4._options import LLM_BLOCK_SIZE, NO_DATA_LLM_METHOD, Int4Options
 
     source, _ = _lm(tmp_path)
-    options = Int4Options(block_size=16)
-    given = (options.calibration_method, options.method, options.default_method)
+    options = Int4Options()
+    given = {name: list(value) if isinstance(value, list) else value for name, value in vars(options).items()}
     _, report = quantize_model(source, options)
-    assert report.method == NO_DATA_LLM_METHOD != given[0]
-    assert (options.calibration_method, options.method, options.default_method) == given
+    assert vars(options) == given
+    assert (options.method, options.block_size, options.output_format) == ("kquant", 128, "qdq")
+    assert (report.method, report.block_size, report.output_format) == (NO_DATA_LLM_METHOD, LLM_BLOCK_SIZE,
+                                                                         "matmulnbits")  # fmt: skip
+    assert report.to_json()["method"] == NO_DATA_LLM_METHOD and NO_DATA_LLM_METHOD in report.summary
+
+
+def test_a_plan_is_a_value_that_steps_replace() -> None:
+    import dataclasses
+
+    from onnxprec.quantization.int4._options import LLM_BLOCK_SIZE, Int4Options, Int4Plan
+
+    options = Int4Options(output_format="qdq")
+    plan = Int4Plan.of(options)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.llm = True  # type: ignore[misc]
+    llm = plan.for_llm().with_method("gptq")
+    assert (llm.llm, llm.method, llm.config.block_size, llm.options.format) == (True, "gptq", LLM_BLOCK_SIZE, "qdq")
+    assert llm.default_method and llm.options.quantize_embeddings and llm.options.exclude_patterns == []
+    assert (plan.llm, plan.method, plan.config.block_size, plan.options) == (False, "kquant", 128, options)
+    assert plan.options is options and not options.quantize_embeddings
 
 
 def test_candidates_scored_slice_by_slice_equal_whole_weight_losses(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -186,9 +186,8 @@ class Int8Options(_tool.QuantizationOptions):
         group=EXTRAS,
         help="Without --calibration_data, fit the activation ranges and decisions to synthetic inputs (synthetic "
         "images for image inputs, random values for the others) instead of refusing (the default: refuse in one line; "
-        "on the corpus, ranges fitted to synthetic inputs gave several times the error of real ones, docs/tools/"
-        "int8.md). The accuracy check then runs on the same synthetic inputs and cannot judge the task: the summary "
-        "and a WARNING say so.",
+        "docs/tools/int8.md compares the two on the corpus). The accuracy check then runs on the same synthetic "
+        "inputs and cannot judge the task: the summary and a WARNING say so.",
     )
     max_float_compute: float | None = option(
         None,

@@ -83,8 +83,8 @@ EQUALIZE_MIN_SPREAD = 16.0
 """ort-cpu: a channel of a float-written Conv input whose largest magnitude is this many times below the input's
 largest keeps fewer than 256 / 16 UINT8 levels (:func:`equalized_inputs`)."""
 EQUALIZE_MIN_SHARE = 0.02
-"""... and when such channels carry at least this share of the Conv's output (``(max|x_c| * ||W[:, c]||)^2``;
-Silero VAD's first Conv after its STFT: 0.053; the same model's decoder Conv: 0.0), the channels are equalized."""
+"""... and when such channels carry at least this share of the Conv's output (``(max|x_c| * ||W[:, c]||)^2``), the
+channels are equalized; the shares it was set between: experiments/design_notes.md, "INT8 placement"."""
 
 
 @dataclass
@@ -237,8 +237,8 @@ def equalized_inputs(plan: Plan, stats: Statistics) -> dict[str, np.ndarray]:
 
     The build divides the input by ``s`` per channel before its QuantizeLinear (a Mul) and multiplies the weight's
     input channels by ``s``, which is exact in float; every channel then spans the whole UINT8 grid. Per-tensor
-    levels over such an input round its small channels to a few levels or to 0: Silero VAD's first Conv after its
-    STFT reads the magnitudes of 129 frequencies whose maxima are 36x apart.
+    levels over such an input round its small channels to a few levels or to 0 (the magnitudes of an STFT's
+    frequencies, whose maxima lie far apart).
     """
     found = {}
     for layer in plan.layers:
