@@ -10,9 +10,11 @@ child's ``ru_maxrss``. Every 0.5 s the RSS of the command's process tree (``/pro
 device's used GPU memory (NVML, all processes) are sampled: each output line goes to ``OUT_DIR/NAME.log`` prefixed with
 the seconds since the start and the RSS then (``[  12.5s  3.21G]``; progress lines ending in a carriage return
 included), the samples to ``OUT_DIR/NAME.rss.tsv``. ``--phases``: a phase starts at the first output line (after the
-previous phase's start) that matches its regex, the first phase at 0; each phase's wall seconds and peak sampled RSS
-and GPU memory go to the JSON's ``phases`` (a phase whose line never came is absent). The numbers go to
-``OUT_DIR/NAME.json`` and, with the phases as a table, to stdout.
+previous phase's start) that matches its regex, the first phase at 0; a regex that starts with ``>`` is looked for
+only once the phase listed before it has started (a later phase whose lines an earlier one also prints: INT4's check
+and its walk both log "Reference run (segments)"). Each phase's wall seconds and peak sampled RSS and GPU memory go to
+the JSON's ``phases`` (a phase whose line never came is absent). The numbers go to ``OUT_DIR/NAME.json`` and, with
+the phases as a table, to stdout.
 """
 
 from __future__ import annotations
@@ -58,17 +60,17 @@ def tree_rss_kib(root: int) -> int:
     return total
 
 
-def parse_phases(spec: str) -> list[tuple[str, re.Pattern[str]]]:
-    """``'load=^;walk=Quantizing \\d+ weights'`` -> [(name, regex)]."""
+def parse_phases(spec: str) -> list[tuple[str, re.Pattern[str], bool]]:
+    """``'load=^;walk=Quantizing \\d+ weights;check=>Reference'`` -> [(name, regex, after the previous only)]."""
     phases = []
     for item in filter(None, spec.split(";")):
         name, _, pattern = item.partition("=")
-        phases.append((name.strip(), re.compile(pattern)))
+        phases.append((name.strip(), re.compile(pattern.removeprefix(">")), pattern.startswith(">")))
     return phases
 
 
 def phase_table(
-    phases: list[tuple[str, re.Pattern[str]]],
+    phases: list[tuple[str, re.Pattern[str], bool]],
     lines: list[tuple[float, str]],
     samples: list[tuple[float, float, float | None]],
     wall: float,
@@ -76,10 +78,12 @@ def phase_table(
     """Each phase that started: its start, wall seconds, and the peak RSS / GPU memory sampled while it ran."""
     starts: list[tuple[str, float]] = []
     position = 0
-    for index, (name, pattern) in enumerate(phases):
+    for index, (name, pattern, after_previous) in enumerate(phases):
         if index == 0:
             starts.append((name, 0.0))
             continue
+        if after_previous and starts[-1][0] != phases[index - 1][0]:
+            continue  # the phase before it never started
         found = next((i for i in range(position, len(lines)) if pattern.search(lines[i][1])), None)
         if found is not None:
             starts.append((name, lines[found][0]))

@@ -38,3 +38,26 @@ def test_phases_get_their_wall_time_and_peak_rss(tmp_path: Path) -> None:
     log = (tmp_path / "step.log").read_text().splitlines()
     assert any(line.endswith("] walk 2") and line.startswith("[") for line in log)  # progress lines kept, prefixed
     assert (tmp_path / "step.rss.tsv").read_text().startswith("seconds\trss_mib")
+
+
+def test_a_phase_marked_after_the_previous_one_waits_for_it() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("measure", MEASURE)
+    assert spec is not None and spec.loader is not None
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+    lines = [(1.0, "Quantizing 9 weights"), (2.0, "Reference run (segments): 1/9 segments"), (9.0, "Writing weights")]
+    lines += [(10.0, "Reference run (segments): 1/34 segments")]
+    samples = [(float(t), 100.0, None) for t in range(12)]
+    walk = "load=^;walk=Quantizing [0-9]+ weights;after the walk=Reference run: [0-9]+ tensors;save=Writing weights"
+
+    def started(check: str, upto: int) -> list[tuple[str, float]]:
+        table = measure.phase_table(measure.parse_phases(f"{walk};check={check}"), lines[:upto], samples, upto + 1.0)
+        return [(row["phase"], row["start_s"]) for row in table]
+
+    # stopped in the walk: unmarked, the check's pattern matches the walk's progress (the 8B run called its walk
+    # 'check'); marked, the check waits for the save
+    assert started("Reference run \\(segments\\)", 2) == [("load", 0.0), ("walk", 1.0), ("check", 2.0)]
+    assert started(">Reference run \\(segments\\)", 2) == [("load", 0.0), ("walk", 1.0)]
+    assert started(">Reference run \\(segments\\)", 4) == [("load", 0.0), ("walk", 1.0), ("save", 9.0), ("check", 10.0)]

@@ -30,10 +30,11 @@ pick_dir() {  # the non-tmpfs file system with the most free space
 }
 
 # A phase of the INT4 step starts at the first log line (after the previous phase's) that matches its regex; the check's
-# start is its first progress line (within 10 s of it).
+# start is its first progress line (within 10 s of it), looked for only once the save has started ('>': the walk logs
+# the same progress lines; the 2026-11-29b table called the walk 'check').
 INT4_PHASES='load+select=^;written text=An LLM without layer options;calibration walk=Quantizing [0-9]+ weights'
 INT4_PHASES+=';after the walk=Reference run: [0-9]+ tensors;save=Model weights exceed|Saving weights|Writing weights'
-INT4_PHASES+=';check=Reference run \(segments\)|INT4 result|ONNX Runtime ran the output|Quantized [0-9]+ weights'
+INT4_PHASES+=';check=>Reference run \(segments\)|INT4 result|ONNX Runtime ran the output|Quantized [0-9]+ weights'
 
 case "$1" in
 stage)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
+import gc
 import logging
 import os
 import tempfile
@@ -34,6 +38,7 @@ __all__ = [
     "save_model",
     "sibling_path",
     "total_initializer_bytes",
+    "trim_heap",
     "write_atomically",
 ]
 
@@ -531,3 +536,24 @@ def _progress(model: ir.Model) -> Iterator[Callable[[ir.TensorProtocol, ir.exter
         yield callback
     finally:
         bar.close()
+
+
+@functools.cache
+def _libc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+def trim_heap(*, collect: bool = True) -> bool:
+    """Collects Python's garbage (``collect``) and returns the C heap's free pages to the system (glibc
+    ``malloc_trim(0)``): memory freed in many blocks below the allocator's mapping threshold (an ONNX Runtime
+    session's, its arrays') otherwise stays in the process's RSS. Returns whether the C library released any; False
+    where it has no such call."""
+    if collect:
+        gc.collect()
+    trim = _libc_trim()
+    return bool(trim(0)) if trim is not None else False

@@ -119,3 +119,26 @@ def test_a_map_typed_output_is_refused_in_one_line(tmp_path: Path) -> None:
         "its 3 nodes (the ai.onnx ones) could be converted: convert it without the map (sklearn-onnx: "
         "options={'zipmap': False})."
     )
+
+
+def _anonymous_rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon")
+
+
+def test_trim_heap_returns_freed_small_blocks_to_the_system() -> None:
+    from onnxprec import _io
+
+    if _io._libc_trim() is None or not Path("/proc/self/status").is_file():
+        pytest.skip("no glibc malloc_trim (or no /proc) here")
+    blocks = [bytearray(64 * 1024) for _ in range(3200)]  # 200 MiB in blocks the heap serves (under its mmap size)
+    for block in blocks:
+        block[::4096] = b"x" * len(block[::4096])
+    pinned = bytearray(64 * 1024)  # a live block above them: free() alone cannot give their pages back
+    del blocks
+    before = _anonymous_rss_kib()
+    assert _io.trim_heap()
+    assert _anonymous_rss_kib() < before - 150 * 1024
+    del pinned

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from onnxprec._array import NUMPY, ArrayBackend
+from onnxprec._report import timed
 from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
 from onnxprec.passes import InferTypesPass
+from onnxprec.quantization.algorithms.gptq import FACTOR_MATRICES
 from onnxprec.quantization.methods import GroupStats, MethodSpec
 from onnxprec.quantization.select import InputGroup
 from onnxprec.reference import DEFAULT_SEGMENT_BYTES, run_reference
@@ -26,6 +30,7 @@ from onnxprec.reference import DEFAULT_SEGMENT_BYTES, run_reference
 __all__ = [
     "Float32GramObserver",
     "collect_stats",
+    "device_gram",
     "plan_chunks",
     "pruned_copy",
     "quiet_onnx_ir",
@@ -51,10 +56,44 @@ def quiet_onnx_ir() -> Iterator[None]:
 class Float32GramObserver(GramObserver):
     """:class:`~onnxprec.observers.GramObserver` with each batch's ``XᵀX`` computed in float32 and summed in
     float64: twice as fast (a float32 symmetric rank-k update), with per-batch sums exact to about 1e-7; the batch's
-    float32 term is widened as it is added, so a ``[K, K]`` Gram costs its float64 sum and one float32 term."""
+    float32 term is widened as it is added, so a ``[K, K]`` Gram costs its float64 sum and one float32 term.
 
-    def term(self, rows: np.ndarray) -> np.ndarray:
+    On a device ``backend`` the batch's token rows go there (``[T, K]`` float32) and the Gram is made and kept there,
+    ready for GPTQ on the same device: no ``[K, K]`` matrix in host memory. A Gram whose GPTQ would not fit the
+    backend's memory (:func:`device_gram`) is made on the host as on numpy."""
+
+    def __init__(self, names: Collection[str] | None = None, backend: ArrayBackend = NUMPY) -> None:
+        super().__init__(names)
+        self.backend = backend
+
+    def term(self, rows: np.ndarray) -> Any:
+        if device_gram(self.backend, rows.shape[1]):
+            rows = self.backend.from_host(rows)
         return rows.T @ rows
+
+
+class _TimedObservers:
+    """Hands each tensor to ``observers`` (those that want it) and counts the wall seconds they take in ``seconds``."""
+
+    def __init__(self, observers: list[Observer]) -> None:
+        self.observers = observers
+        self.seconds = 0.0
+
+    def wants(self, name: str) -> bool:
+        return any(getattr(o, "wants", lambda _: True)(name) for o in self.observers)
+
+    def update(self, name: str, array: np.ndarray) -> None:
+        with timed() as observing:
+            for observer in self.observers:
+                observer.update(name, array)
+        self.seconds += observing.seconds
+
+
+def device_gram(backend: ArrayBackend, k: int) -> bool:
+    """Whether a ``[k, k]`` Gram is made and kept on ``backend``: a device one that can hold it beside GPTQ's
+    factorisation of it (:data:`~onnxprec.quantization.algorithms.gptq.FACTOR_MATRICES` ``[k, k]`` float64
+    matrices); never on numpy."""
+    return not backend.on_host and backend.fits((FACTOR_MATRICES + 1) * 8 * k * k)
 
 
 SAMPLE_DTYPE = np.float16
@@ -152,6 +191,8 @@ def collect_stats(
     providers: Iterable[str] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     on_ready: Callable[[dict[InputGroup, GroupStats]], None] | None = None,
+    backend: ArrayBackend = NUMPY,
+    seconds: dict[str, float] | None = None,
 ) -> dict[InputGroup, GroupStats]:
     """One pass over ``batches``: the statistics ``spec`` needs of every group's input.
 
@@ -162,6 +203,10 @@ def collect_stats(
     ``on_ready``: called with the statistics of the groups whose inputs are complete as soon as they are (after each
     segment), which the observers then drop: one pass holds the statistics of one segment's groups at a time
     (:func:`streams`). Returns the statistics not handed to ``on_ready``.
+
+    ``backend``: where the ``XᵀX`` are made and kept (:class:`Float32GramObserver`); the other statistics stay on the
+    host. ``seconds``: the pass adds the wall seconds its observers took (``statistics``) and those making segment
+    sessions took (``sessions``) to it.
     """
     names = [group.name for group in groups]
     sinks = _sinks(model, names)
@@ -175,8 +220,9 @@ def collect_stats(
             InferTypesPass()(calibration_model)
     absmean = ChannelAbsMeanObserver(names) if spec.needs_absmean else None
     sample = TokenSampleObserver(sample_tokens, names, dtype=SAMPLE_DTYPE) if spec.needs_sample else None
-    gram = Float32GramObserver(names) if spec.needs_gram else None
+    gram = Float32GramObserver(names, backend) if spec.needs_gram else None
     observers: list[Observer] = [o for o in (absmean, sample, gram) if o is not None]
+    timed_observers = _TimedObservers(observers)
     wanted = set(names) - set(sinks)
     pending = {group.name: group for group in groups}
 
@@ -203,16 +249,19 @@ def collect_stats(
         if on_ready is not None and ready:
             on_ready({group: finish(group) for group in ready})
 
-    run_reference(
+    result = run_reference(
         calibration_model,
         batches,
         select=lambda value: str(value.name) in wanted,
-        observers=observers,
+        observers=[timed_observers],
         providers=list(providers) if providers is not None else None,
         segment_bytes=segment_bytes,
         on_done=done if on_ready is not None else None,
     )
-    del calibration_model
+    if seconds is not None:
+        seconds["statistics"] = seconds.get("statistics", 0.0) + timed_observers.seconds
+        seconds["sessions"] = seconds.get("sessions", 0.0) + result.session_seconds
+    del calibration_model, result
     return {group: finish(group) for group in groups if group.name in pending}
 
 

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxprec._array import NUMPY, ArrayBackend
+from onnxprec._array import NUMPY, ArrayBackend, namespace
+from onnxprec._report import timed
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
@@ -288,7 +289,8 @@ class GroupStats:
     sample: np.ndarray | None = None
     """``[T, K]`` sampled tokens (float16 or float32 as stored; :meth:`tokens_f32` for the math)."""
     gram: np.ndarray | None = None
-    """``[K, K]`` float64 ``XᵀX`` over every token."""
+    """``[K, K]`` float64 ``XᵀX`` over every token (on the host, or on the device of the run's backend when it was made
+    there: :class:`~onnxprec.quantization.activation_stats.Float32GramObserver`)."""
     tokens: int = 0
 
     def tokens_f32(self) -> np.ndarray | None:
@@ -304,6 +306,8 @@ class GroupDecision:
     scales: np.ndarray | None = None
     """The group's AWQ scales ``[K]`` (the input must be divided by them), or None."""
     alpha: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of the parts that ran: ``awq`` (the scale search), ``gptq``, ``output errors``."""
 
 
 def _relative(num: float, den: float) -> float:
@@ -334,18 +338,25 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: Arr
     return None
 
 
-def _error_columns(w: np.ndarray, recipe: Recipe) -> tuple[np.ndarray, np.ndarray]:
+def _error_columns(
+    w: np.ndarray, recipe: Recipe, computed: QuantizedWeight | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The columns of ``w`` the reported output error is measured on, and their quantized values in the original
     basis: every ``ceil(N / SEARCH_COLUMNS)``-th column (all of them when ``N <= SEARCH_COLUMNS``), the subset AWQ-lite
     scores its candidates on. Each column is quantized as in the whole weight, so the error is the whole weight's
-    on those columns, at a fraction of the cost of quantizing and measuring every column of a wide weight."""
+    on those columns, at a fraction of the cost of quantizing and measuring every column of a wide weight.
+    ``computed``: the recipe's result as computed (GPTQ), whose columns are dequantized alone (the same values as
+    those columns of the whole weight dequantized: each value depends on its own column only)."""
     n = w.shape[1]
     if n <= SEARCH_COLUMNS:
-        return w, recipe.dequantized(recipe.quantize(w))
+        return w, recipe.dequantized(computed if computed is not None else recipe.quantize(w))
     columns = slice(None, None, -(-n // SEARCH_COLUMNS))
     part = np.ascontiguousarray(w[:, columns])
     if recipe.result is not None:  # computed whole (GPTQ)
-        return part, np.ascontiguousarray(recipe.dequantized(recipe.quantize(w))[:, columns])
+        qw = computed if computed is not None else recipe.quantize(w)
+        zero_points = None if qw.zero_points is None else qw.zero_points[:, columns]
+        picked = QuantizedWeight(qw.q[:, columns], qw.scales[:, columns], zero_points, qw.block_size, qw.bits)
+        return part, np.ascontiguousarray(recipe.dequantized(picked))
     return part, recipe.dequantized(recipe.quantize(part, columns))
 
 
@@ -368,11 +379,13 @@ def _gptq_by_block_size(
 
 def _scaled_gram(gram: np.ndarray, scales: np.ndarray, rows: int = 512) -> np.ndarray:
     """``gram / np.outer(scales, scales)``, the same values, made a few rows at a time: a ``[K, K]`` float64 Gram is
-    1.6 GB at K = 14336, and the outer product would be another."""
-    result = np.empty(gram.shape, np.result_type(gram, scales))
+    1.6 GB at K = 14336, and the outer product would be another. Made where ``gram`` is (a device's Gram there)."""
+    xp = namespace(gram)
+    scales = xp.asarray(scales)
+    result = xp.empty(gram.shape, np.result_type(gram.dtype, scales.dtype))
     for start in range(0, gram.shape[0], rows):
         part = slice(start, start + rows)
-        np.divide(gram[part], np.outer(scales[part], scales), out=result[part])
+        xp.divide(gram[part], xp.outer(scales[part], scales), out=result[part])
     return result
 
 
@@ -389,16 +402,18 @@ def _gptq_jointly(
     hessian = stats.gram
     if scales is not None:  # built a few rows at a time, then handed over to GPTQ as its work matrix
         hessian = _scaled_gram(stats.gram, scales)
-    scaled = [w if scales is None else w * scales[:, None] for w in weights]
+    # The joint weight is made in the call and handed over (GPTQ changes it, no copy): only GPTQ holds it, and on a
+    # device it is freed on the host once it is there.
     joint = gptq(
-        np.concatenate(scaled, axis=1), hessian, max(stats.tokens, 1), config.block_size,
-        symmetric=config.symmetric, damp=config.gptq_damp, act_order=config.gptq_act_order,
-        positive_scales=config.positive_scales, backend=config.backend, overwrite_hessian=scales is not None,
+        np.concatenate([w if scales is None else w * scales[:, None] for w in weights], axis=1), hessian,
+        max(stats.tokens, 1), config.block_size, symmetric=config.symmetric, damp=config.gptq_damp,
+        act_order=config.gptq_act_order, positive_scales=config.positive_scales, backend=config.backend,
+        overwrite_hessian=scales is not None, overwrite_weight=True,
     )  # fmt: skip
     del hessian
     results = []
     start = 0
-    for w in scaled:
+    for w in weights:
         cols = slice(start, start + w.shape[1])
         zero_points = None if joint.zero_points is None else joint.zero_points[:, cols].copy()
         results.append(
@@ -433,16 +448,23 @@ def decide_group(
     grid = config.grid
     scales: np.ndarray | None = None
     alpha: float | None = None
+    seconds: dict[str, float] = {}
     if spec.awq_scales and awq_allowed:
         sample = stats.tokens_f32()
         assert stats.absmean is not None and sample is not None
-        result = awq_lite(
-            weights, stats.absmean, sample, min(blocks), grid, alpha_grid=config.alpha_grid, backend=config.backend
-        )
+        with timed() as searching:
+            result = awq_lite(
+                weights, stats.absmean, sample, min(blocks), grid, alpha_grid=config.alpha_grid, backend=config.backend
+            )
+        seconds["awq"] = searching.seconds
         del sample
         if result.alpha is not None:
             scales, alpha = result.scales, result.alpha
-    gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks) if spec.gptq else None
+    gptq_results = None
+    if spec.gptq:
+        with timed() as solving:
+            gptq_results = _gptq_by_block_size(weights, stats, scales, config, blocks)
+        seconds["gptq"] = solving.seconds
     recipes = []
     for index, w in enumerate(weights):
         recipe = Recipe(
@@ -454,10 +476,10 @@ def decide_group(
             awq_scales=scales,
             backend=config.backend,
         )
-        scaled = w if scales is None else w * scales[:, None]
         if gptq_results is not None:
             recipe.result = CompactWeight.of(gptq_results[index])
         elif spec.clip == "output":
+            scaled = w if scales is None else w * scales[:, None]
             x = stats.tokens_f32()
             assert x is not None
             x = x if scales is None else x / scales[None, :]
@@ -470,8 +492,11 @@ def decide_group(
             recipe.clip_search = True
         if alpha is not None:
             recipe.info["awq_alpha"] = alpha
-        error = _output_error(*_error_columns(w, recipe), stats, config.backend)
+        computed = None if gptq_results is None else gptq_results[index]
+        with timed() as measuring:
+            error = _output_error(*_error_columns(w, recipe, computed), stats, config.backend)
+        seconds["output errors"] = seconds.get("output errors", 0.0) + measuring.seconds
         if error is not None:
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)
-    return GroupDecision(recipes, scales, alpha)
+    return GroupDecision(recipes, scales, alpha, seconds)

@@ -118,3 +118,36 @@ def test_spilled_results_and_the_row_wise_scaled_gram_equal_the_in_memory_ones()
     path = spill.path
     del spill, spilled
     assert not path.exists()  # the file goes with its last weight
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_error_columns_of_a_computed_result_are_those_of_the_whole_weight_bit_for_bit(symmetric: bool) -> None:
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+    from onnxprec.quantization.methods import _error_columns
+
+    rng = np.random.default_rng(4)
+    x = correlated(256, 64, seed=4)
+    w = rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)
+    gram, tokens = hessian_from_tokens(x)
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, gram=gram, tokens=tokens)
+    (recipe,) = decide_group([w], stats, "awq_gptq", QuantConfig(block_size=16, symmetric=symmetric)).recipes
+    assert recipe.result is not None and recipe.awq_scales is not None
+    computed = recipe.quantize(w)
+    whole = recipe.dequantized(computed)
+    for given in (computed, None):
+        part, dq = _error_columns(w, recipe, given)
+        assert np.array_equal(part, w[:, ::3]) and np.array_equal(dq, whole[:, ::3]) and dq.flags.c_contiguous
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq_gptq"])
+def test_gptq_decisions_leave_the_callers_weights_as_they_were(method: str) -> None:
+    rng = np.random.default_rng(6)
+    x = correlated(256, 64, seed=6)
+    x[:, 2] = 0.0  # a dead input channel: GPTQ zeroes its row in the weight it works on
+    weights = [rng.standard_normal((64, 40)).astype(np.float32)]  # one weight: the joint weight is still a copy
+    before = [w.copy() for w in weights]
+    gram, tokens = hessian_from_tokens(x)
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, gram=gram, tokens=tokens)
+    (recipe,) = decide_group(weights, stats, method, QuantConfig(block_size=16)).recipes
+    assert np.array_equal(weights[0], before[0]) and recipe.result is not None
+    assert np.array_equal(recipe.quantize(weights[0]).q[2], np.zeros(40, np.int8))

@@ -290,3 +290,116 @@ def test_gptq_on_cupy_equals_numpy_to_rounding(symmetric: bool, act_order: bool)
     out, out_ref = x @ (result.dequantize() - w), x @ (reference.dequantize() - w)
     assert abs(np.linalg.norm(out) / np.linalg.norm(out_ref) - 1) < 1e-2  # the same output error
     assert (result.q != reference.q).mean() < 0.05  # float32 sums in another order steer a few levels
+
+
+def test_gram_observer_makes_and_keeps_the_gram_on_the_device() -> None:
+    from onnxprec.quantization.activation_stats import Float32GramObserver, device_gram
+
+    batches = [_tokens(24, 32, seed=20 + i).reshape(2, 12, 32) for i in range(3)]
+    backend, device = _fake_backend()
+    on_device, on_host = Float32GramObserver(["x"], backend), Float32GramObserver(["x"])
+    for batch in batches:
+        on_device.update("x", batch)
+        on_host.update("x", batch)
+    gram = on_device.gram["x"]
+    assert isinstance(gram, DeviceArray) and gram.dtype == np.float64 and on_device.tokens["x"] == 72
+    np.testing.assert_array_equal(backend.to_host(gram), on_host.gram["x"])
+    assert device.moved_in == sum(b.nbytes for b in batches)  # only the token rows went there
+    # a Gram whose GPTQ would not fit the device is made on the host, as on numpy
+    small, _ = _fake_backend(memory_limit=6 * 8 * 32 * 32 - 1)
+    assert device_gram(backend, 32) and not device_gram(small, 32) and not device_gram(_array.NUMPY, 32)
+    on_host_too = Float32GramObserver(["x"], small)
+    on_host_too.update("x", batches[0])
+    assert type(on_host_too.gram["x"]) is np.ndarray
+
+
+@pytest.mark.parametrize(
+    ("symmetric", "act_order", "overwrite", "memory_limit"),
+    [(True, False, False, 1 << 30), (False, True, True, 1 << 30), (True, True, False, 64 * 64 * 8)],
+)
+def test_gptq_of_a_device_hessian_equals_numpy(
+    symmetric: bool, act_order: bool, overwrite: bool, memory_limit: int
+) -> None:
+    x = _tokens(256, 64, seed=21)
+    x[:, 5] = 0.0  # a dead input channel
+    w = _weight(k=64, n=24, seed=22)
+    hessian, n = hessian_from_tokens(x)
+    kwargs = {"symmetric": symmetric, "act_order": act_order, "lazy_batch": 24}
+    backend, _ = _fake_backend(memory_limit)  # the last case: the factorisation does not fit, numpy runs it
+    on_device = backend.from_host(hessian)
+    result = gptq(w, on_device, n, 32, backend=backend, overwrite_hessian=overwrite, **kwargs)
+    _assert_same(result, gptq(w, hessian, n, 32, **kwargs))
+    assert overwrite or np.array_equal(backend.to_host(on_device), hessian)  # the caller's Gram is left as it was
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq_gptq"])
+def test_decide_group_with_a_device_gram_equals_numpy(method: str) -> None:
+    x = _tokens(256, 64, seed=23) * np.linspace(0.2, 3, 64, dtype=np.float32)
+    weights = [_weight(k=64, n=24, seed=24), _weight(k=64, n=8, seed=25)]
+    hessian, n = hessian_from_tokens(x)
+    sample, absmean = x[:128].astype(np.float16), np.abs(x).mean(axis=0)
+    backend, _ = _fake_backend()
+    device_stats = GroupStats(absmean=absmean, sample=sample, gram=backend.from_host(hessian), tokens=n)
+    host_stats = GroupStats(absmean=absmean, sample=sample, gram=hessian, tokens=n)
+    on_device = decide_group(weights, device_stats, method, QuantConfig(block_size=32, backend=backend))
+    on_host = decide_group(weights, host_stats, method, QuantConfig(block_size=32))
+    assert on_device.alpha == on_host.alpha
+    for got, expected, w in zip(on_device.recipes, on_host.recipes, weights):
+        assert got.info == expected.info
+        _assert_same(got.quantize(w), expected.quantize(w))
+
+
+def test_an_int4_walk_on_a_fake_device_writes_the_numpy_walks_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxprec._testing import tiny_decoder
+    from onnxprec.quantization import activation_stats
+    from onnxprec.quantization.int4 import quantize
+
+    model = tiny_decoder("gqa", layers=3, heads=8, kv_heads=2, head_size=32, vocab=256, max_positions=64)
+    ids = np.random.default_rng(0).integers(3, 250, (3, 12))
+    grams: list[type] = []
+    term = activation_stats.Float32GramObserver.term
+
+    def spy(self: activation_stats.Float32GramObserver, rows: np.ndarray) -> Any:
+        result = term(self, rows)
+        grams.append(type(result))
+        return result
+
+    monkeypatch.setattr(activation_stats.Float32GramObserver, "term", spy)
+    written = {}
+    fake, _ = _fake_backend()
+    for where in ("numpy", "fake"):
+        if where == "fake":  # what a GPU provider's run gets (its ONNX Runtime runs stay on the CPU here)
+            monkeypatch.setattr(_array, "backend", lambda providers, memory_limit_mb: fake)
+        grams.clear()
+        proto = quantize(
+            model, calibration_method="awq_gptq", calibration_data_reader={"input_ids": ids}, block_size=32,
+            nodes_to_exclude=[], segment_mb=1,
+        )  # fmt: skip
+        written[where] = {i.name: i.raw_data for i in proto.graph.initializer}
+        assert grams and set(grams) == {DeviceArray if where == "fake" else np.ndarray}
+    assert written["numpy"] == written["fake"]
+
+
+def test_a_device_gram_and_awq_gptq_on_cupy_equal_numpy_to_rounding() -> None:
+    from onnxprec.quantization.activation_stats import Float32GramObserver
+
+    backend = _gpu_backend()
+    if backend is None:
+        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
+    x = _tokens(2048, 512, seed=26) * np.linspace(0.2, 3, 512, dtype=np.float32)
+    weights = [_weight(k=512, n=256, seed=27), _weight(k=512, n=128, seed=28)]
+    observer = Float32GramObserver(["x"], backend)
+    for start in range(0, 2048, 256):
+        observer.update("x", x[start : start + 256])
+    gram = observer.gram["x"]
+    assert type(gram) is not np.ndarray  # made and kept on the device
+    host_gram, n = hessian_from_tokens(x)
+    np.testing.assert_allclose(backend.to_host(gram), host_gram, rtol=1e-4, atol=1e-3 * np.abs(host_gram).max())
+    sample, absmean = x[:512].astype(np.float16), np.abs(x).mean(axis=0)
+    on_gpu = decide_group(
+        weights, GroupStats(absmean, sample, gram, n), "awq_gptq", QuantConfig(block_size=128, backend=backend)
+    )
+    on_host = decide_group(weights, GroupStats(absmean, sample, host_gram, n), "awq_gptq", QuantConfig(block_size=128))
+    assert on_gpu.alpha == on_host.alpha
+    for got, expected in zip(on_gpu.recipes, on_host.recipes):
+        assert got.info["output_rel_error"] == pytest.approx(expected.info["output_rel_error"], rel=2e-2)

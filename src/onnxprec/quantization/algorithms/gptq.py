@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from onnxprec._array import NUMPY, ArrayBackend
+from onnxprec._array import NUMPY, ArrayBackend, namespace
 from onnxprec.quantization.algorithms.rtn import (
     QuantGrid,
     QuantizedWeight,
@@ -33,13 +34,13 @@ from onnxprec.quantization.algorithms.rtn import (
     to_blocks,
 )
 
-__all__ = ["gptq", "hessian_from_tokens"]
+__all__ = ["FACTOR_MATRICES", "gptq", "hessian_from_tokens"]
 
 logger = logging.getLogger(__name__)
 
 _MAX_DAMP_RETRIES = 6
 # K x K float64 matrices the factorisation holds at once (the Hessian, its factor, the inverse and its workspace).
-_FACTOR_MATRICES = 5
+FACTOR_MATRICES = 5
 # K x N float32 arrays the walk holds at once (the weight, its levels, the inverse factor counts as K x K above).
 _WALK_ARRAYS = 3
 
@@ -82,6 +83,11 @@ def _inverse_cholesky_upper(h: np.ndarray, damp: float, backend: ArrayBackend = 
     raise np.linalg.LinAlgError(f"GPTQ: Hessian not positive definite even with damping {damp * 10**_MAX_DAMP_RETRIES}")
 
 
+def _host(backend: ArrayBackend, array: Any) -> np.ndarray:
+    """``array`` on the host: itself when it is a numpy array, else copied from ``backend``'s device."""
+    return array if isinstance(array, np.ndarray) else backend.to_host(array)
+
+
 def gptq(
     w: ArrayLike,
     hessian: ArrayLike,
@@ -96,6 +102,7 @@ def gptq(
     positive_scales: bool = False,
     backend: ArrayBackend = NUMPY,
     overwrite_hessian: bool = False,
+    overwrite_weight: bool = False,
 ) -> QuantizedWeight:
     """Quantizes ``w`` ``[K, N]`` with GPTQ, given ``hessian = sum_t x_t x_t^T`` ``[K, K]`` over ``n_tokens`` tokens.
 
@@ -117,15 +124,20 @@ def gptq(
     With ``H`` diagonal nothing is propagated and the result equals :func:`~.rtn.quantize_rtn` (with the same
     ``symmetric`` and ``positive_scales``).
 
-    ``backend`` runs the factorisation and the walk (numpy when they would not fit its memory limit); the
-    statistics of dead channels and ``act_order``'s order are found on the host first. ``overwrite_hessian``: a
-    float64 ``hessian`` is the factorisation's work matrix (changed; one ``K x K`` copy fewer).
+    ``backend`` runs the factorisation and the walk (numpy when they would not fit its memory limit, the Hessian
+    then copied to the host); ``hessian`` is a host array or one of ``backend``'s (a Gram made on the device stays
+    there); dead channels and ``act_order``'s order are found from its diagonal, copied to the host.
+    ``overwrite_hessian``: a float64 ``hessian`` is the factorisation's work matrix (changed; one ``K x K`` copy
+    fewer). ``overwrite_weight``: a float32 ``w`` is the walk's work matrix on the host (changed; one ``K x N`` copy
+    fewer).
     """
     weight = as_float32_matrix(w)
-    if np.may_share_memory(weight, np.asarray(w)):
+    if not overwrite_weight and np.may_share_memory(weight, np.asarray(w)):
         weight = weight.copy()
+    del w  # with overwrite_weight, a caller that handed its array over leaves it to this function alone
     k, n = weight.shape
-    h = np.asarray(hessian, dtype=np.float64) if overwrite_hessian else np.array(hessian, dtype=np.float64)
+    hx = namespace(hessian)  # the Hessian stays where it is given (a backend's device, or the host)
+    h = hx.asarray(hessian, dtype=np.float64) if overwrite_hessian else hx.array(hessian, dtype=np.float64)
     del hessian
     if h.shape != (k, k):
         raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h.shape}")
@@ -139,11 +151,14 @@ def gptq(
     qmin, qmax = grid.levels
 
     h *= 2.0 / n_tokens
-    dead = np.diag(h) == 0
+    diagonal = np.array(_host(backend, hx.diag(h)))  # a copy: the dead channels' entries change below
+    dead = diagonal == 0
     if dead.any():
-        h[dead, dead] = 1.0
+        index = np.flatnonzero(dead)
+        h[hx.asarray(index), hx.asarray(index)] = 1.0
         weight[dead, :] = 0.0
         logger.debug("GPTQ: %d dead input channels", int(dead.sum()))
+        diagonal[dead] = 1.0
 
     scales = np.empty((n_blocks, n), dtype=np.float32)
     zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.float32)
@@ -153,12 +168,14 @@ def gptq(
         scales[:] = s_all
         if zero_points is not None and z_all is not None:
             zero_points[:] = z_all
-        perm = np.argsort(-np.diag(h), kind="stable")
+        perm = np.argsort(-diagonal, kind="stable")
         weight = weight[perm]
-        h = h[np.ix_(perm, perm)]
+        on = hx.asarray(perm)
+        h = h[hx.ix_(on, on)]
 
-    if not backend.fits(_FACTOR_MATRICES * k * k * 8 + _WALK_ARRAYS * k * n * 4):
+    if not backend.fits(FACTOR_MATRICES * k * k * 8 + _WALK_ARRAYS * k * n * 4):
         logger.info("GPTQ: a [%d, %d] weight does not fit %r; it runs in numpy", k, n, backend)
+        h = _host(backend, h)
         backend = NUMPY
     xp = backend.xp
     upper = _inverse_cholesky_upper(backend.from_host(h), damp, backend).astype(np.float32)
@@ -192,15 +209,23 @@ def gptq(
                 block = int(perm[row]) // bs
             s_row = scales[block]
             z_row = None if zero_points is None else zero_points[block]
-            q = xp.rint(batch[i] / s_row)
+            # The row's levels and error are made in place in their rows of ``levels`` and ``errors`` (on a device,
+            # each operation is a kernel launch: the walk makes about 10 per row of the weight).
+            q = levels[row]
+            xp.divide(batch[i], s_row, out=q)
+            xp.rint(q, out=q)
             if z_row is not None:
                 q += z_row
             xp.clip(q, qmin, qmax, out=q)
-            levels[row] = q
-            dq = (q - z_row) * s_row if z_row is not None else q * s_row
-            err = (batch[i] - dq) / u_batch[i, i]
+            err = errors[i]
+            if z_row is not None:
+                xp.subtract(q, z_row, out=err)
+                err *= s_row
+            else:
+                xp.multiply(q, s_row, out=err)
+            xp.subtract(batch[i], err, out=err)
+            err /= u_batch[i, i]
             batch[i + 1 :] -= xp.outer(u_batch[i, i + 1 :], err)
-            errors[i] = err
         if i2 < k:
             weight[i2:] -= upper[i1:i2, i2:].T @ errors
 

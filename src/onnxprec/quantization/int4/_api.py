@@ -26,7 +26,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES, NameAllocator
-from onnxprec._io import ModelSource, load_model, to_model_proto
+from onnxprec._io import ModelSource, load_model, to_model_proto, trim_heap
 from onnxprec._ops import (
     default_opset,
 )
@@ -187,6 +187,8 @@ class _Calibration:
     bar: Progress | None = None
     decided: float = 0.0
     """Seconds spent deciding during the runs (on_ready), not counted as calibration runs."""
+    walk: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds of the statistics passes' parts (``collect_stats(seconds=)``)."""
 
     def run(self, replay: CalibrationData) -> None:
         """Each chunk's pass over ``replay`` and its decisions; the float weights are put back at the end."""
@@ -202,10 +204,12 @@ class _Calibration:
                         self.state.model, chunk, replay, options.spec, sample_tokens=options.sample_tokens,
                         providers=options.calibration_eps, segment_bytes=options.segment_bytes,
                         on_ready=self.decide if self.streaming else None,
+                        backend=options.quant_config().backend, seconds=self.walk,  # Grams made where GPTQ runs
                     )  # fmt: skip
                 runs = running.seconds - (self.decided - before)  # less the deciding done while they ran
                 report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
                 self.decide(left)
+            report.add_walk_seconds(self.walk, self.decided)
         finally:
             for target, tensor in self.floats.items():
                 target.weight.const_value = tensor
@@ -221,7 +225,9 @@ class _Calibration:
         with timed() as deciding:
             for group in [g for g in self.groups if g in stats]:
                 owned = self.owned[group]
-                group_scales = _decide(group, owned, stats.pop(group), run.selection, run.options, recipes, run.entries)
+                group_scales = _decide(
+                    group, owned, stats.pop(group), run.selection, run.options, recipes, run.entries, run.report.seconds
+                )
                 if group_scales is not None:
                     self.scales[group] = group_scales
                 for target in owned:
@@ -234,6 +240,7 @@ class _Calibration:
                         self.floats[target] = _set_dequantized(target, recipes[target], file)
                 assert self.bar is not None
                 self.bar.update()
+            trim_heap(collect=False)  # the segment's activations and arrays, freed in blocks the heap keeps
         self.decided += deciding.seconds
 
 
@@ -271,8 +278,10 @@ def _decide(
     options: Int4Options,
     recipes: dict[WeightGroup, Recipe],
     entries: dict[WeightGroup, LayerReport],
+    seconds: dict[str, float],
 ) -> np.ndarray | None:
-    """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ)."""
+    """Recipes for the weights one input group decides; returns the group's AWQ scales (None without AWQ). The
+    seconds of the decision's parts are added to ``seconds`` (``calibration: awq``...)."""
     with timed() as clock:
         allowed = _awq_allowed(group, targets, selection)
         if options.spec.awq_scales and not allowed:
@@ -283,11 +292,13 @@ def _decide(
             block_sizes=[options.block_of(t) for t in targets],
         )  # fmt: skip
         del weights
-    seconds = clock.seconds / len(targets)
+    for part, spent in decision.seconds.items():
+        seconds[f"calibration: {part}"] = seconds.get(f"calibration: {part}", 0.0) + spent
+    share = clock.seconds / len(targets)
     for target, recipe in zip(targets, decision.recipes):
         recipes[target] = recipe
         entries[target].info.update(recipe.info)
-        entries[target].info["seconds"] = seconds
+        entries[target].info["seconds"] = share
     return decision.scales
 
 
@@ -446,6 +457,9 @@ def _write_text(run: Int4Run) -> None:
     """The text the LLM writes itself to calibrate on (if it cannot, the no-data default method)."""
     writer = _text_writer(run.model, run.options) if writes_text(run.model) else None
     run.written = written_text(run.model, run.options, writer=writer)
+    if writer is not None:  # the copy's session freed its weights in blocks the heap keeps: give them back
+        del writer
+        trim_heap()
     if run.written is None and run.plan.default_method:
         run.plan = run.plan.with_method("kquant")
 

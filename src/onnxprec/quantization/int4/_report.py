@@ -94,6 +94,14 @@ class Int4Report(QuantizationReportBase):
     budget: Any = None
     """The size budget's choice (:class:`~onnxprec.quantization.int4._budget.BudgetReport`), or None."""
 
+    def add_walk_seconds(self, walk: dict[str, float], deciding: float) -> None:
+        """Where the calibration's time went, into ``seconds``: its statistics passes' parts (``walk``: the observers',
+        the segment sessions'; the rest of ``calibration runs`` is ONNX Runtime's runs and the activations carried
+        between segments) and the deciding (its parts, ``calibration: awq``..., come with each decision)."""
+        for part, spent in walk.items():
+            self.seconds[f"calibration runs: {part}"] = spent
+        self.seconds["calibration deciding"] = deciding
+
     @property
     def summary(self) -> str:
         zp = "asymmetric with zero points" if self.use_zero_point else "symmetric"

@@ -163,3 +163,22 @@ def test_segment_sizes_and_spilled_gptq_results_write_byte_identical_files(
         gc.collect()  # the model's graph holds reference cycles
         assert not any(path.exists() for path in spilled)  # the spill file goes with the results that read it
     assert written["whole"] == written["segments"] == written["spilled"]
+
+
+def test_the_report_says_where_a_walks_time_went(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(_decoder(3), src, save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=1024)
+    ids = np.random.default_rng(0).integers(3, 250, (2, 12))
+    report = quantize_file(
+        src, tmp_path / "q.onnx", calibration_method="awq_gptq", calibration_data_reader={"input_ids": ids},
+        block_size=32, nodes_to_exclude=[], segment_mb=1,
+    )  # fmt: skip
+    seconds = report.to_json()["seconds"]
+    parts = ("calibration runs: statistics", "calibration runs: sessions", "calibration deciding", "calibration: awq",
+             "calibration: gptq", "calibration: output errors")  # fmt: skip
+    assert all(isinstance(seconds[part], float) and seconds[part] >= 0 for part in parts), seconds
+    # parts of their wholes (each rounded to 0.1 ms in the report)
+    runs = seconds["calibration runs: statistics"] + seconds["calibration runs: sessions"]
+    assert runs <= seconds["calibration runs"] + 1e-3
+    decided = seconds["calibration: awq"] + seconds["calibration: gptq"] + seconds["calibration: output errors"]
+    assert decided <= seconds["calibration deciding"] + 1e-3 <= seconds["calibration"] + 2e-3
