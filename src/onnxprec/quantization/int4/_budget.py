@@ -154,6 +154,21 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
 _SLICE_BYTES = 64 << 20
 
 
+def _most_precise(selection: Selection, options: Int4Options) -> dict[WeightGroup, Candidate]:
+    """Each weight's most precise candidate (float for a tiny weight, else INT8) with its bytes; its loss is not
+    measured (0)."""
+    symmetric = options.quant_config().symmetric
+    result = {}
+    for target in selection.targets:
+        precision = _precisions(target, options)[-1]
+        size, _ = stored_bytes(
+            target.k, target.n, int(target.dtype.itemsize), precision, symmetric=symmetric,
+            output_format=options.format,
+        )  # fmt: skip
+        result[target] = Candidate(precision, size, 0.0)
+    return result
+
+
 def _fixed_bytes(model: ir.Model, selection: Selection, options: Int4Options) -> int:
     """Bytes of the output that are not quantized weights: the graph, the other initializers, AWQ scale vectors."""
     replaced = {target.weight for target in selection.targets} | {
@@ -489,7 +504,13 @@ def choose_precisions(
     budget = round(options.size_budget_mb * 1e6)
     fixed = _fixed_bytes(model, selection, options)
     report = BudgetReport(budget, fixed)
-    candidates = _measure_candidates(model, selection, options, written, report)
+    ceiling = _most_precise(selection, options)
+    measured = fixed + sum(c.bytes for c in ceiling.values()) > budget
+    if measured:
+        candidates = _measure_candidates(model, selection, options, written, report)
+    else:  # nothing to choose: no statistics, no real runs
+        candidates = {target: [candidate] for target, candidate in ceiling.items()}
+        report.probes = {"skipped": "the budget holds every weight at its most precise candidate"}
     try:
         allocation: Allocation[WeightGroup] = allocate(candidates, budget - fixed)
     except ValueError:
@@ -504,8 +525,8 @@ def choose_precisions(
         report.layers[target.name] = {
             "precision": candidate.precision.label,
             "bytes": candidate.bytes,
-            "sensitivity": candidate.loss,
-            "candidates": {c.precision.label: c.loss for c in candidates[target]},
+            "sensitivity": candidate.loss if measured else None,
+            "candidates": {c.precision.label: c.loss for c in candidates[target]} if measured else {},
         }
         if candidate.precision.bits == 0:
             selection.targets.remove(target)
@@ -519,7 +540,8 @@ def choose_precisions(
         counts[candidate.precision.label] = counts.get(candidate.precision.label, 0) + 1
     chosen = ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
     logger.info(
-        "Size budget %.2f MB: estimated %.2f MB (%s), estimated loss %.4g",
-        budget / 1e6, (allocation.bytes + fixed) / 1e6, chosen, allocation.loss,
+        "Size budget %.2f MB: estimated %.2f MB (%s)%s", budget / 1e6, (allocation.bytes + fixed) / 1e6, chosen,
+        f", estimated loss {allocation.loss:.4g}" if measured
+        else ": it holds every weight at its most precise candidate, no sensitivity measured",
     )  # fmt: skip
     return report

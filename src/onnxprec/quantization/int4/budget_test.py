@@ -96,6 +96,30 @@ def test_explicit_exclusions_still_apply_and_tiny_weights_may_stay_float(tmp_pat
     assert weights["Wbig"].bits == 8
 
 
+def test_a_budget_that_holds_every_weight_at_int8_measures_nothing(tmp_path: Path) -> None:
+    # Nothing to choose: the output is the all-INT8 one, without statistics or real runs (a 1.5B LLM's budget at the
+    # builder's k_quant_mixed size is above its all-INT8 size).
+    model, _ = tiny_lm("untied", v=512, h=160)  # W1 has 25,600 values: no float candidate
+    source = tmp_path / "lm.onnx"
+    onnx.save(model, source)
+    data = [{"ids": np.random.default_rng(0).integers(0, 512, (1, 32))} for _ in range(2)]
+    everything8 = tmp_path / "all8.onnx"
+    quantize_file(
+        source, everything8, calibration_method="rtn", nodes_to_exclude=[], layers_8bit=[""], quantize_embeddings=True,
+    )  # fmt: skip
+    output = tmp_path / "budget.onnx"
+    budget = _files(everything8) / 1e6 + 0.02  # the estimate's margin for names and nodes
+    report = quantize_file(source, output, calibration_data_reader=data, size_budget_mb=budget)
+    assert output.read_bytes() == everything8.read_bytes()
+    assert {(layer.weight, layer.bits) for layer in report.layers} == {
+        ("embed.weight", 8), ("W1", 8), ("lm_head.weight", 8)
+    }  # fmt: skip
+    size = report.to_json()["size_budget"]
+    assert size["real_runs"] == {"skipped": "the budget holds every weight at its most precise candidate"}
+    assert size["seconds"] == {} and "calibration" not in report.seconds
+    assert all(layer["sensitivity"] is None for layer in report.budget.layers.values())
+
+
 def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) -> None:
     from onnxprec._io import load_model
     from onnxprec.quantization.generated import generated_token_windows
