@@ -43,7 +43,7 @@ from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hes
 
 __all__ = [
     "BLOCK_CHOICES", "TINY_ELEMENTS", "WRITTEN_LENGTH", "WRITTEN_WINDOWS", "BudgetReport", "choose_precisions",
-    "logits_head", "writes_text", "written_text",
+    "holds_most_precise", "logits_head", "writes_text", "written_text",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -167,6 +167,18 @@ def _most_precise(selection: Selection, options: Int4Options) -> dict[WeightGrou
         )  # fmt: skip
         result[target] = Candidate(precision, size, 0.0)
     return result
+
+
+def _holds(fixed: int, ceiling: dict[WeightGroup, Candidate], budget: int) -> bool:
+    return fixed + sum(c.bytes for c in ceiling.values()) <= budget
+
+
+def holds_most_precise(model: ir.Model, selection: Selection, options: Int4Options) -> bool:
+    """Whether ``options.size_budget_mb`` holds every selected weight at its most precise candidate: nothing to
+    choose, so no sensitivity is measured and no calibration text is needed."""
+    assert options.size_budget_mb is not None
+    budget = round(options.size_budget_mb * 1e6)
+    return _holds(_fixed_bytes(model, selection, options), _most_precise(selection, options), budget)
 
 
 def _fixed_bytes(model: ir.Model, selection: Selection, options: Int4Options) -> int:
@@ -505,7 +517,7 @@ def choose_precisions(
     fixed = _fixed_bytes(model, selection, options)
     report = BudgetReport(budget, fixed)
     ceiling = _most_precise(selection, options)
-    measured = fixed + sum(c.bytes for c in ceiling.values()) > budget
+    measured = not _holds(fixed, ceiling, budget)
     if measured:
         candidates = _measure_candidates(model, selection, options, written, report)
     else:  # nothing to choose: no statistics, no real runs

@@ -118,6 +118,10 @@ def test_a_budget_that_holds_every_weight_at_int8_measures_nothing(tmp_path: Pat
     assert size["real_runs"] == {"skipped": "the budget holds every weight at its most precise candidate"}
     assert size["seconds"] == {} and "calibration" not in report.seconds
     assert all(layer["sensitivity"] is None for layer in report.budget.layers.values())
+    # without data the LLM writes no calibration text either
+    free = quantize_file(source, tmp_path / "free.onnx", size_budget_mb=budget)
+    assert (tmp_path / "free.onnx").read_bytes() == everything8.read_bytes()
+    assert "written text" not in free.seconds and free.budget.probes == size["real_runs"]
 
 
 def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) -> None:
