@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -294,8 +296,11 @@ def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray
     return total / max(count, 1)
 
 
-def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Options) -> ir.Model:
-    """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits)."""
+def _probe_model(
+    model: ir.Model, chosen: dict[str, Precision], options: Int4Options
+) -> tuple[ir.Model, dict[str, list[ir.Value]]]:
+    """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits), and
+    the initializers each quantized weight became, by weight name."""
     from onnxprec._graph import NameAllocator
     from onnxprec._pieces import gather_model_columns
     from onnxprec.quantization.activation_stats import pruned_copy
@@ -307,6 +312,7 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
     copy = pruned_copy(model, ["logits"])  # the probes measure the logits only
     config = options.quant_config()
     names = NameAllocator(copy)
+    pieces: dict[str, list[ir.Value]] = {}
     for target in select_layers(copy).targets:
         precision = chosen.get(target.name)
         if precision is None or precision.bits == 0:
@@ -317,13 +323,42 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
         )  # fmt: skip
         assert target.weight.const_value is not None
         lazy = LazyQuantizedWeight(target.weight.const_value, recipe, transposed=target.transposed)
-        rewrite_matmulnbits(copy.graph, target, lazy, names, accuracy_level=0)
+        nodes = rewrite_matmulnbits(copy.graph, target, lazy, names, accuracy_level=0)
+        inputs = (v for node in nodes for v in node.inputs if v is not None and v.is_initializer())
+        pieces[target.name] = list({id(v): v for v in inputs}.values())
         for value in (target.weight, *target.duplicates):
             if not value.uses() and value.name in copy.graph.initializers:
                 copy.graph.initializers.pop(str(value.name))
     copy.opset_imports.setdefault(DOMAIN, 1)
     gather_model_columns(copy)  # no folded transposed copy of a float table tied through a Transpose
-    return copy
+    return copy, pieces
+
+
+def _saved(model: ir.Model, folder: Path, name: str) -> ir.Model:
+    """``model`` saved as ``folder/name.onnx`` (each initializer of 1 KB or more in ``name.onnx.data``), loaded back
+    with its weights mapped from there."""
+    path = folder / f"{name}.onnx"
+    ir.save(model, path, external_data=f"{name}.onnx.data", size_threshold_bytes=1024)
+    return ir.load(path)
+
+
+def _on_base(probe: ir.Model, pieces: dict[str, list[ir.Value]], own: set[str], base: ir.Model, folder: Path) -> None:
+    """Points the quantized weights of ``probe`` but those named in ``own`` (quantized its own way), and its weights
+    read from files, at ``base``'s saved tensors of the same name, type and shape, and writes the ``own`` weights to
+    ``folder/probe.data``: ONNX Runtime then maps every large weight from ``folder``, and no weight of the base is
+    quantized or written again."""
+    shared = [v for name, values in pieces.items() if name not in own for v in values]
+    shared += [v for v in probe.graph.initializers.values() if isinstance(v.const_value, ir.ExternalTensor)]
+    for value in shared:
+        tensor, saved = value.const_value, base.graph.initializers.get(str(value.name))
+        if tensor is None or saved is None or saved.const_value is None:
+            continue
+        if (saved.const_value.dtype, tuple(saved.const_value.shape)) == (tensor.dtype, tuple(tensor.shape)):
+            value.const_value = saved.const_value
+    values = [v for name in own for v in pieces[name] if v.const_value is not None]
+    written = ir.external_data.convert_tensors_to_external([v.const_value for v in values], folder, "probe.data")
+    for value, tensor in zip(values, written):
+        value.const_value = tensor
 
 
 def _calibrate_gains(
@@ -332,25 +367,36 @@ def _calibrate_gains(
 ) -> None:  # fmt: skip
     """Scales each weight's estimated losses by the measured KL divergence of its probe set (in place).
 
-    The reference is the model with every weight at INT8 (near the float model's logits, at a quarter of its memory);
-    each probe quantizes one set at its smallest precision on top of it.
+    The reference is the model with every weight at INT8 (near the float model's logits, at a quarter of its memory),
+    quantized and saved once; each probe quantizes one set at its smallest precision and reads every other weight
+    from the saved reference.
     """
     eight = {t.name: Precision(8, options.block_8bit(t.k)) for t in candidates}
-    reference = _reference_top(_probe_model(model, eight, options), data, options)
 
     def smallest(targets: Sequence[WeightGroup]) -> dict[WeightGroup, Candidate]:
         return {t: min(candidates[t], key=lambda c: c.bytes) for t in targets}
 
-    def measure(targets: Sequence[WeightGroup]) -> float:
-        chosen = {t.name: c.precision for t, c in smallest(targets).items()}
-        probe = _probe_model(model, {**eight, **chosen}, options)
-        try:
-            return _kl(probe, data, reference, options)
-        finally:
-            del probe
+    with tempfile.TemporaryDirectory(prefix="onnxprec-probes-") as tmp:
+        folder = Path(tmp)
+        base = _saved(_probe_model(model, eight, options)[0], folder, "int8")
+        reference = _reference_top(base, data, options)
 
+        def measure(targets: Sequence[WeightGroup]) -> float:
+            chosen = {t.name: c.precision for t, c in smallest(targets).items()}
+            probe, pieces = _probe_model(model, {**eight, **chosen}, options)
+            _on_base(probe, pieces, {t.name for t in targets}, base, folder)
+            try:
+                return _kl(probe, data, reference, options)
+            finally:
+                del probe
+                (folder / "probe.data").unlink()
+
+        checked = calibrate(_probe_sets(candidates), lambda ts: sum(c.loss for c in smallest(ts).values()), measure)
+        for value in base.graph.initializers.values():  # unmapped before the folder goes
+            if isinstance(value.const_value, ir.ExternalTensor):
+                value.const_value.release()
     probes = []
-    for probe in calibrate(_probe_sets(candidates), lambda ts: sum(c.loss for c in smallest(ts).values()), measure):
+    for probe in checked:
         targets = probe.items
         for target in targets:
             candidates[target] = [Candidate(c.precision, c.bytes, c.loss * probe.gain) for c in candidates[target]]

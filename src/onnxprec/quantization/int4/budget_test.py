@@ -209,3 +209,35 @@ def test_probe_logits_are_reduced_a_few_positions_at_a_time(monkeypatch: pytest.
     logits = (np.random.default_rng(0).standard_normal((10, 1000)) * 8).astype(np.float32)
     exact = logits.astype(np.float64)
     np.testing.assert_allclose(_budget._log_normalizer(logits), np.log(np.exp(exact).sum(axis=1)), rtol=1e-6)
+
+
+def test_probes_on_the_saved_int8_reference_measure_what_whole_copies_measure(tmp_path: Path) -> None:
+    # Each real run reads every weight but its own set from the INT8 reference saved once; the KL divergences equal
+    # those of probe models built and quantized whole, in memory.
+    import onnx_ir as ir
+
+    from onnxprec.calibration_data import CalibrationArgs
+    from onnxprec.quantization.int4 import _budget
+    from onnxprec.quantization.int4._options import Int4Options
+    from onnxprec.quantization.select import select_layers
+
+    source, data = _lm(tmp_path)
+    model = ir.load(source)
+    options = Int4Options(size_budget_mb=1.0, output_format="matmulnbits")
+    selection = select_layers(model, gathers=True)
+    candidates = {t: _budget._candidates(t, None, options) for t in selection.targets}
+    report = _budget.BudgetReport(1_000_000, 0)
+    expected: list[float] = []
+
+    def run(replay: object) -> None:
+        _budget._calibrate_gains(model, replay, candidates, options, report)  # type: ignore[arg-type]
+        eight = {t.name: _budget.Precision(8, options.block_8bit(t.k)) for t in selection.targets}
+        reference = _budget._reference_top(_budget._probe_model(model, eight, options)[0], replay, options)  # type: ignore[arg-type]
+        for targets in _budget._probe_sets(candidates):
+            chosen = {t.name: min(candidates[t], key=lambda c: c.bytes).precision for t in targets}
+            probe, _ = _budget._probe_model(model, {**eight, **chosen}, options)
+            expected.append(_budget._kl(probe, replay, reference, options))  # type: ignore[arg-type]
+
+    CalibrationArgs(data, None, None).run(model, run)
+    measured = [s["measured_kl"] for s in report.probes["sets"]]
+    assert len(measured) == 2 and measured == expected  # the tied table and head, W1
