@@ -355,9 +355,9 @@ def _on_base(probe: ir.Model, pieces: dict[str, list[ir.Value]], own: set[str], 
             continue
         if (saved.const_value.dtype, tuple(saved.const_value.shape)) == (tensor.dtype, tuple(tensor.shape)):
             value.const_value = saved.const_value
-    values = [v for name in own for v in pieces[name] if v.const_value is not None]
-    written = ir.external_data.convert_tensors_to_external([v.const_value for v in values], folder, "probe.data")
-    for value, tensor in zip(values, written):
+    mine = [(v, v.const_value) for name in own for v in pieces[name] if v.const_value is not None]
+    written = ir.external_data.convert_tensors_to_external([t for _, t in mine], folder, "probe.data")
+    for (value, _), tensor in zip(mine, written):
         value.const_value = tensor
 
 
