@@ -44,7 +44,13 @@ from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbi
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
 from onnxprec.quantization.int4 import _guard
-from onnxprec.quantization.int4._budget import choose_precisions, logits_head, writes_text, written_text
+from onnxprec.quantization.int4._budget import (
+    choose_precisions,
+    holds_most_precise,
+    logits_head,
+    writes_text,
+    written_text,
+)
 from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options, Int4Plan
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
 from onnxprec.quantization.methods import METHODS, CompactWeight, GroupStats, QuantConfig, Recipe, Spill, decide_group
@@ -390,10 +396,14 @@ class Int4Run:
 
     @property
     def writes_its_data(self) -> bool:
-        """Whether the model writes the text it calibrates on: no data, and the size budget or the method needs
-        some."""
+        """Whether the model writes the text it calibrates on: no data, and the size budget (unless it holds every
+        weight at its most precise candidate) or the method needs some."""
         options = self.options
-        return options.calibration_data_reader is None and (options.size_budget_mb is not None or self.needs_data)
+        if options.calibration_data_reader is not None:
+            return False
+        if options.size_budget_mb is not None:
+            return not holds_most_precise(self.model, self.selection, options)
+        return self.needs_data
 
 
 def _load_and_select(run: Int4Run) -> None:

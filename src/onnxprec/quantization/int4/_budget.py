@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,7 +45,7 @@ from onnxprec.sensitivity import Allocation, Candidate, allocate, calibrate, hes
 
 __all__ = [
     "BLOCK_CHOICES", "TINY_ELEMENTS", "WRITTEN_LENGTH", "WRITTEN_WINDOWS", "BudgetReport", "choose_precisions",
-    "logits_head", "writes_text", "written_text",
+    "holds_most_precise", "logits_head", "writes_text", "written_text",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -121,6 +123,8 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
     precisions = _precisions(target, options)
     errors = np.zeros((len(precisions), 2))  # per precision: tr(ΔWᵀ H ΔW), tr(ΔWᵀ ΔW)
     energy = np.zeros(2)  # tr(Wᵀ H W), tr(Wᵀ W)
+    if gram is not None:  # the float32 copy each product reads, made once (a [K, K] array: 321 MB at K = 8,960)
+        gram = np.asarray(gram, np.float32)
     step = max(1, _SLICE_BYTES // (4 * target.k))
     for start in range(0, target.n, step):
         part = target.read(slice(start, start + step))  # one slice in memory, however large the weight
@@ -152,6 +156,33 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
 
 # Output columns of a weight scored at once (float32 bytes).
 _SLICE_BYTES = 64 << 20
+
+
+def _most_precise(selection: Selection, options: Int4Options) -> dict[WeightGroup, Candidate]:
+    """Each weight's most precise candidate (float for a tiny weight, else INT8) with its bytes; its loss is not
+    measured (0)."""
+    symmetric = options.quant_config().symmetric
+    result = {}
+    for target in selection.targets:
+        precision = _precisions(target, options)[-1]
+        size, _ = stored_bytes(
+            target.k, target.n, int(target.dtype.itemsize), precision, symmetric=symmetric,
+            output_format=options.format,
+        )  # fmt: skip
+        result[target] = Candidate(precision, size, 0.0)
+    return result
+
+
+def _holds(fixed: int, ceiling: dict[WeightGroup, Candidate], budget: int) -> bool:
+    return fixed + sum(c.bytes for c in ceiling.values()) <= budget
+
+
+def holds_most_precise(model: ir.Model, selection: Selection, options: Int4Options) -> bool:
+    """Whether ``options.size_budget_mb`` holds every selected weight at its most precise candidate: nothing to
+    choose, so no sensitivity is measured and no calibration text is needed."""
+    assert options.size_budget_mb is not None
+    budget = round(options.size_budget_mb * 1e6)
+    return _holds(_fixed_bytes(model, selection, options), _most_precise(selection, options), budget)
 
 
 def _fixed_bytes(model: ir.Model, selection: Selection, options: Int4Options) -> int:
@@ -265,8 +296,11 @@ def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray
     return total / max(count, 1)
 
 
-def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Options) -> ir.Model:
-    """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits)."""
+def _probe_model(
+    model: ir.Model, chosen: dict[str, Precision], options: Int4Options
+) -> tuple[ir.Model, dict[str, list[ir.Value]]]:
+    """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits), and
+    the initializers each quantized weight became, by weight name."""
     from onnxprec._graph import NameAllocator
     from onnxprec._pieces import gather_model_columns
     from onnxprec.quantization.activation_stats import pruned_copy
@@ -278,6 +312,7 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
     copy = pruned_copy(model, ["logits"])  # the probes measure the logits only
     config = options.quant_config()
     names = NameAllocator(copy)
+    pieces: dict[str, list[ir.Value]] = {}
     for target in select_layers(copy).targets:
         precision = chosen.get(target.name)
         if precision is None or precision.bits == 0:
@@ -288,13 +323,42 @@ def _probe_model(model: ir.Model, chosen: dict[str, Precision], options: Int4Opt
         )  # fmt: skip
         assert target.weight.const_value is not None
         lazy = LazyQuantizedWeight(target.weight.const_value, recipe, transposed=target.transposed)
-        rewrite_matmulnbits(copy.graph, target, lazy, names, accuracy_level=0)
+        nodes = rewrite_matmulnbits(copy.graph, target, lazy, names, accuracy_level=0)
+        inputs = (v for node in nodes for v in node.inputs if v is not None and v.is_initializer())
+        pieces[target.name] = list({id(v): v for v in inputs}.values())
         for value in (target.weight, *target.duplicates):
             if not value.uses() and value.name in copy.graph.initializers:
                 copy.graph.initializers.pop(str(value.name))
     copy.opset_imports.setdefault(DOMAIN, 1)
     gather_model_columns(copy)  # no folded transposed copy of a float table tied through a Transpose
-    return copy
+    return copy, pieces
+
+
+def _saved(model: ir.Model, folder: Path, name: str) -> ir.Model:
+    """``model`` saved as ``folder/name.onnx`` (each initializer of 1 KB or more in ``name.onnx.data``), loaded back
+    with its weights mapped from there."""
+    path = folder / f"{name}.onnx"
+    ir.save(model, path, external_data=f"{name}.onnx.data", size_threshold_bytes=1024)
+    return ir.load(path)
+
+
+def _on_base(probe: ir.Model, pieces: dict[str, list[ir.Value]], own: set[str], base: ir.Model, folder: Path) -> None:
+    """Points the quantized weights of ``probe`` but those named in ``own`` (quantized its own way), and its weights
+    read from files, at ``base``'s saved tensors of the same name, type and shape, and writes the ``own`` weights to
+    ``folder/probe.data``: ONNX Runtime then maps every large weight from ``folder``, and no weight of the base is
+    quantized or written again."""
+    shared = [v for name, values in pieces.items() if name not in own for v in values]
+    shared += [v for v in probe.graph.initializers.values() if isinstance(v.const_value, ir.ExternalTensor)]
+    for value in shared:
+        tensor, saved = value.const_value, base.graph.initializers.get(str(value.name))
+        if tensor is None or saved is None or saved.const_value is None:
+            continue
+        if (saved.const_value.dtype, tuple(saved.const_value.shape)) == (tensor.dtype, tuple(tensor.shape)):
+            value.const_value = saved.const_value
+    mine = [(v, v.const_value) for name in own for v in pieces[name] if v.const_value is not None]
+    written = ir.external_data.convert_tensors_to_external([t for _, t in mine], folder, "probe.data")
+    for (value, _), tensor in zip(mine, written):
+        value.const_value = tensor
 
 
 def _calibrate_gains(
@@ -303,25 +367,36 @@ def _calibrate_gains(
 ) -> None:  # fmt: skip
     """Scales each weight's estimated losses by the measured KL divergence of its probe set (in place).
 
-    The reference is the model with every weight at INT8 (near the float model's logits, at a quarter of its memory);
-    each probe quantizes one set at its smallest precision on top of it.
+    The reference is the model with every weight at INT8 (near the float model's logits, at a quarter of its memory),
+    quantized and saved once; each probe quantizes one set at its smallest precision and reads every other weight
+    from the saved reference.
     """
     eight = {t.name: Precision(8, options.block_8bit(t.k)) for t in candidates}
-    reference = _reference_top(_probe_model(model, eight, options), data, options)
 
     def smallest(targets: Sequence[WeightGroup]) -> dict[WeightGroup, Candidate]:
         return {t: min(candidates[t], key=lambda c: c.bytes) for t in targets}
 
-    def measure(targets: Sequence[WeightGroup]) -> float:
-        chosen = {t.name: c.precision for t, c in smallest(targets).items()}
-        probe = _probe_model(model, {**eight, **chosen}, options)
-        try:
-            return _kl(probe, data, reference, options)
-        finally:
-            del probe
+    with tempfile.TemporaryDirectory(prefix="onnxprec-probes-") as tmp:
+        folder = Path(tmp)
+        base = _saved(_probe_model(model, eight, options)[0], folder, "int8")
+        reference = _reference_top(base, data, options)
 
+        def measure(targets: Sequence[WeightGroup]) -> float:
+            chosen = {t.name: c.precision for t, c in smallest(targets).items()}
+            probe, pieces = _probe_model(model, {**eight, **chosen}, options)
+            _on_base(probe, pieces, {t.name for t in targets}, base, folder)
+            try:
+                return _kl(probe, data, reference, options)
+            finally:
+                del probe
+                (folder / "probe.data").unlink()
+
+        checked = calibrate(_probe_sets(candidates), lambda ts: sum(c.loss for c in smallest(ts).values()), measure)
+        for value in base.graph.initializers.values():  # unmapped before the folder goes
+            if isinstance(value.const_value, ir.ExternalTensor):
+                value.const_value.release()
     probes = []
-    for probe in calibrate(_probe_sets(candidates), lambda ts: sum(c.loss for c in smallest(ts).values()), measure):
+    for probe in checked:
         targets = probe.items
         for target in targets:
             candidates[target] = [Candidate(c.precision, c.bytes, c.loss * probe.gain) for c in candidates[target]]
@@ -489,7 +564,13 @@ def choose_precisions(
     budget = round(options.size_budget_mb * 1e6)
     fixed = _fixed_bytes(model, selection, options)
     report = BudgetReport(budget, fixed)
-    candidates = _measure_candidates(model, selection, options, written, report)
+    ceiling = _most_precise(selection, options)
+    measured = not _holds(fixed, ceiling, budget)
+    if measured:
+        candidates = _measure_candidates(model, selection, options, written, report)
+    else:  # nothing to choose: no statistics, no real runs
+        candidates = {target: [candidate] for target, candidate in ceiling.items()}
+        report.probes = {"skipped": "the budget holds every weight at its most precise candidate"}
     try:
         allocation: Allocation[WeightGroup] = allocate(candidates, budget - fixed)
     except ValueError:
@@ -504,8 +585,8 @@ def choose_precisions(
         report.layers[target.name] = {
             "precision": candidate.precision.label,
             "bytes": candidate.bytes,
-            "sensitivity": candidate.loss,
-            "candidates": {c.precision.label: c.loss for c in candidates[target]},
+            "sensitivity": candidate.loss if measured else None,
+            "candidates": {c.precision.label: c.loss for c in candidates[target]} if measured else {},
         }
         if candidate.precision.bits == 0:
             selection.targets.remove(target)
@@ -519,7 +600,8 @@ def choose_precisions(
         counts[candidate.precision.label] = counts.get(candidate.precision.label, 0) + 1
     chosen = ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
     logger.info(
-        "Size budget %.2f MB: estimated %.2f MB (%s), estimated loss %.4g",
-        budget / 1e6, (allocation.bytes + fixed) / 1e6, chosen, allocation.loss,
+        "Size budget %.2f MB: estimated %.2f MB (%s)%s", budget / 1e6, (allocation.bytes + fixed) / 1e6, chosen,
+        f", estimated loss {allocation.loss:.4g}" if measured
+        else ": it holds every weight at its most precise candidate, no sensitivity measured",
     )  # fmt: skip
     return report

@@ -96,6 +96,34 @@ def test_explicit_exclusions_still_apply_and_tiny_weights_may_stay_float(tmp_pat
     assert weights["Wbig"].bits == 8
 
 
+def test_a_budget_that_holds_every_weight_at_int8_measures_nothing(tmp_path: Path) -> None:
+    # Nothing to choose: the output is the all-INT8 one, without statistics or real runs (a 1.5B LLM's budget at the
+    # builder's k_quant_mixed size is above its all-INT8 size).
+    model, _ = tiny_lm("untied", v=512, h=160)  # W1 has 25,600 values: no float candidate
+    source = tmp_path / "lm.onnx"
+    onnx.save(model, source)
+    data = [{"ids": np.random.default_rng(0).integers(0, 512, (1, 32))} for _ in range(2)]
+    everything8 = tmp_path / "all8.onnx"
+    quantize_file(
+        source, everything8, calibration_method="rtn", nodes_to_exclude=[], layers_8bit=[""], quantize_embeddings=True,
+    )  # fmt: skip
+    output = tmp_path / "budget.onnx"
+    budget = _files(everything8) / 1e6 + 0.02  # the estimate's margin for names and nodes
+    report = quantize_file(source, output, calibration_data_reader=data, size_budget_mb=budget)
+    assert output.read_bytes() == everything8.read_bytes()
+    assert {(layer.weight, layer.bits) for layer in report.layers} == {
+        ("embed.weight", 8), ("W1", 8), ("lm_head.weight", 8)
+    }  # fmt: skip
+    size = report.to_json()["size_budget"]
+    assert size["real_runs"] == {"skipped": "the budget holds every weight at its most precise candidate"}
+    assert size["seconds"] == {} and "calibration" not in report.seconds
+    assert all(layer["sensitivity"] is None for layer in report.budget.layers.values())
+    # without data the LLM writes no calibration text either
+    free = quantize_file(source, tmp_path / "free.onnx", size_budget_mb=budget)
+    assert (tmp_path / "free.onnx").read_bytes() == everything8.read_bytes()
+    assert "written text" not in free.seconds and free.budget.probes == size["real_runs"]
+
+
 def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) -> None:
     from onnxprec._io import load_model
     from onnxprec.quantization.generated import generated_token_windows
@@ -202,3 +230,35 @@ def test_probe_logits_are_reduced_a_few_positions_at_a_time(monkeypatch: pytest.
     logits = (np.random.default_rng(0).standard_normal((10, 1000)) * 8).astype(np.float32)
     exact = logits.astype(np.float64)
     np.testing.assert_allclose(_budget._log_normalizer(logits), np.log(np.exp(exact).sum(axis=1)), rtol=1e-6)
+
+
+def test_probes_on_the_saved_int8_reference_measure_what_whole_copies_measure(tmp_path: Path) -> None:
+    # Each real run reads every weight but its own set from the INT8 reference saved once; the KL divergences equal
+    # those of probe models built and quantized whole, in memory.
+    import onnx_ir as ir
+
+    from onnxprec.calibration_data import CalibrationArgs
+    from onnxprec.quantization.int4 import _budget
+    from onnxprec.quantization.int4._options import Int4Options
+    from onnxprec.quantization.select import select_layers
+
+    source, data = _lm(tmp_path)
+    model = ir.load(source)
+    options = Int4Options(size_budget_mb=1.0, output_format="matmulnbits")
+    selection = select_layers(model, gathers=True)
+    candidates = {t: _budget._candidates(t, None, options) for t in selection.targets}
+    report = _budget.BudgetReport(1_000_000, 0)
+    expected: list[float] = []
+
+    def run(replay: object) -> None:
+        _budget._calibrate_gains(model, replay, candidates, options, report)  # type: ignore[arg-type]
+        eight = {t.name: _budget.Precision(8, options.block_8bit(t.k)) for t in selection.targets}
+        reference = _budget._reference_top(_budget._probe_model(model, eight, options)[0], replay, options)  # type: ignore[arg-type]
+        for targets in _budget._probe_sets(candidates):
+            chosen = {t.name: min(candidates[t], key=lambda c: c.bytes).precision for t in targets}
+            probe, _ = _budget._probe_model(model, {**eight, **chosen}, options)
+            expected.append(_budget._kl(probe, replay, reference, options))  # type: ignore[arg-type]
+
+    CalibrationArgs(data, None, None).run(model, run)
+    measured = [s["measured_kl"] for s in report.probes["sets"]]
+    assert len(measured) == 2 and measured == expected  # the tied table and head, W1
