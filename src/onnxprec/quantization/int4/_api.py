@@ -443,7 +443,13 @@ def _load_and_select(run: Int4Run) -> None:
             skipped += f", of which {report.subgraph_text()}"
         raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
     if run.plan.default_method and options.calibration_data_reader is None and writes_text(model):
-        run.plan = run.plan.with_method(NO_DATA_LLM_METHOD)  # without data, an LLM calibrates on text it writes itself
+        # without data, an LLM calibrates on text it writes itself
+        widest = max((t.k for t in selection.targets if t.bits == 4), default=0)
+        on_host = run.config.backend.name == "numpy"  # a GPU backend keeps GPTQ's Hessians in device memory
+        method, why = options.no_data_llm_method(widest) if on_host else (NO_DATA_LLM_METHOD, "")
+        run.plan = run.plan.with_method(method)
+        if why:
+            logger.info("No calibration data: %s, not %s: %s", method, NO_DATA_LLM_METHOD, why)
 
 
 def _set_precisions(selection: Selection, precisions: Mapping[str, int]) -> None:
@@ -634,7 +640,8 @@ def quantize(
             scale search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with
             error propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt
             are ModelOpt aliases; None: awq_lite with calibration data (as ModelOpt); without data, awq_gptq on
-            text an LLM writes itself (:data:`NO_DATA_LLM_METHOD`), kquant for other models.
+            text an LLM writes itself (:data:`NO_DATA_LLM_METHOD`; :data:`NO_DATA_LARGE_LLM_METHOD` when GPTQ's
+            Hessian would exceed ``stats_memory_mb``), kquant for other models.
         calibration_data_reader: Calibration inputs: a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
             ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
             ``CalibrationDataReader``; None: text an LLM writes itself (AWQ, GPTQ, size budget), else realistic

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from onnxprec.quantization.select import WeightGroup
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "LLM_BLOCK_SIZE", "METHOD_NAMES", "NO_DATA_LLM_METHOD", "OUTPUT_FORMATS",
-    "Int4Options", "Int4Plan",
+    "DEFAULT_BLOCK_SIZE", "DEFAULT_EXCLUDE", "LLM_BLOCK_SIZE", "METHOD_NAMES", "NO_DATA_LARGE_LLM_METHOD",
+    "NO_DATA_LLM_METHOD", "OUTPUT_FORMATS", "Int4Options", "Int4Plan",
 ]  # fmt: skip
 
 DEFAULT_BLOCK_SIZE = 128
@@ -43,6 +43,10 @@ gives ModelOpt's behaviour back."""
 NO_DATA_LLM_METHOD = "awq_gptq"
 """The default method without calibration data for an LLM that writes its own calibration text (BENCHMARKS.md,
 "The default INT4 method without calibration data", compares it with kquant and awq_lite)."""
+NO_DATA_LARGE_LLM_METHOD = "awq_lite"
+"""The no-data default of an LLM whose widest 4-bit weight's float64 ``[K, K]`` Gram (GPTQ's Hessian) exceeds
+``--stats_memory_mb`` (:meth:`Int4Options.no_data_llm_method`): the calibrated default's method, which needs no
+``K x K`` matrix."""
 METHOD_NAMES = (
     "rtn", "rtn_clip", "kquant", "hqq", "awq_lite", "awq_clip", "awq_full", "gptq", "awq_gptq",
     "rtn_dq", "rtn_trt", "rtn_trt_dq", "awq_clip_trt",
@@ -66,7 +70,8 @@ class Int4Options(_tool.QuantizationOptions):
         "search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with error "
         "propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt are "
         "ModelOpt aliases (default: awq_lite with calibration data, as ModelOpt; without data, awq_gptq on text an LLM "
-        "writes itself, kquant for other models). Without data, an LLM calibrates AWQ and GPTQ on text it writes "
+        "writes itself (awq_lite when GPTQ's float64 KxK Hessian would exceed --stats_memory_mb), kquant for other "
+        "models). Without data, an LLM calibrates AWQ and GPTQ on text it writes "
         "itself (other models on random inputs).",
     )
     calibration_data_reader: Any = calibration_data_option(
@@ -279,6 +284,19 @@ class Int4Options(_tool.QuantizationOptions):
         """These options with the calibration method ``name`` (the default's choice once the model is known); a new
         object, ``self`` is left as it is."""
         return dataclasses.replace(self, calibration_method=name)
+
+    def no_data_llm_method(self, widest_k: int) -> tuple[str, str]:
+        """The default method of an LLM without calibration data whose widest 4-bit weight has ``widest_k`` input
+        channels, and why: :data:`NO_DATA_LLM_METHOD`, or :data:`NO_DATA_LARGE_LLM_METHOD` when that weight's
+        float64 Gram (GPTQ factorises several such matrices at once) exceeds ``--stats_memory_mb``."""
+        gram = widest_k * widest_k * 8
+        if gram <= self.stats_memory_mb * 1024 * 1024:
+            return NO_DATA_LLM_METHOD, ""
+        return NO_DATA_LARGE_LLM_METHOD, (
+            f"{NO_DATA_LLM_METHOD}'s GPTQ needs a float64 [K, K] Hessian of {gram / 2**20:.0f} MiB for a weight with "
+            f"K={widest_k} input channels (and about five such matrices to factorise it), over --stats_memory_mb "
+            f"{self.stats_memory_mb}; raise it or pass --calibration_method {NO_DATA_LLM_METHOD} to use GPTQ"
+        )
 
     @property
     def segment_bytes(self) -> int:
