@@ -299,8 +299,10 @@ def _kl(model: ir.Model, data: CalibrationData, reference: list[tuple[np.ndarray
 def _probe_model(
     model: ir.Model, chosen: dict[str, Precision], options: Int4Options
 ) -> tuple[ir.Model, dict[str, list[ir.Value]]]:
-    """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits), and
-    the initializers each quantized weight became, by weight name."""
+    """A copy of ``model`` whose weights named in ``chosen`` are RTN-quantized at that precision (MatMulNBits at
+    ``--accuracy_level``, as the output computes: at 0, ONNX Runtime's CPU kernel dequantizes an 8-bit weight whole
+    for every run, a float copy of a large head or tied table), and the initializers each quantized weight became, by
+    weight name."""
     from onnxprec._graph import NameAllocator
     from onnxprec._pieces import gather_model_columns
     from onnxprec.quantization.activation_stats import pruned_copy
@@ -323,7 +325,7 @@ def _probe_model(
         )  # fmt: skip
         assert target.weight.const_value is not None
         lazy = LazyQuantizedWeight(target.weight.const_value, recipe, transposed=target.transposed)
-        nodes = rewrite_matmulnbits(copy.graph, target, lazy, names, accuracy_level=0)
+        nodes = rewrite_matmulnbits(copy.graph, target, lazy, names, accuracy_level=options.accuracy_level)
         inputs = (v for node in nodes for v in node.inputs if v is not None and v.is_initializer())
         pieces[target.name] = list({id(v): v for v in inputs}.values())
         for value in (target.weight, *target.duplicates):

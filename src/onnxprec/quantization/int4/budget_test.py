@@ -276,3 +276,28 @@ def test_probes_on_the_saved_int8_reference_measure_what_whole_copies_measure(tm
     CalibrationArgs(data, None, None).run(model, run)
     measured = [s["measured_kl"] for s in report.probes["sets"]]
     assert len(measured) == 2 and measured == expected  # the tied table and head, W1
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_probes_compute_at_the_outputs_accuracy_level(accuracy_level: int) -> None:
+    # At accuracy_level 0 ONNX Runtime's CPU MatMulNBits dequantizes an 8-bit weight whole at every run (on a
+    # 262k-token tied table, a float copy of the table per probe): the probes take --accuracy_level, as the output.
+    import onnx_ir as ir
+
+    from onnxprec._ort import create_session
+    from onnxprec.quantization.budget import Precision
+    from onnxprec.quantization.int4 import _budget
+    from onnxprec.quantization.int4._options import Int4Options
+    from onnxprec.quantization.select import select_layers
+
+    model, _ = tiny_lm("tied", v=512, h=64)
+    float_model = ir.serde.deserialize_model(model)
+    options = Int4Options(size_budget_mb=1.0, accuracy_level=accuracy_level)
+    chosen = {t.name: Precision(8, 32) for t in select_layers(float_model, gathers=True).targets}
+    probe, _ = _budget._probe_model(float_model, chosen, options)
+    levels = {node.attributes.get_int("accuracy_level", 0) for node in probe.graph if node.op_type == "MatMulNBits"}
+    assert levels == {accuracy_level}
+    ids = np.random.default_rng(0).integers(0, 512, (1, 16))
+    expected = create_session(float_model).run({"ids": ids}, ["logits"])[0]
+    got = create_session(probe).run({"ids": ids}, ["logits"])[0]
+    assert np.corrcoef(expected.ravel(), got.ravel())[0, 1] > 0.999  # INT8 weights (and activations at level 4)
