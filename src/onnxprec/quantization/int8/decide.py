@@ -367,7 +367,7 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     qtype = options.weight_qtype
     gptq = qtype.name == "int8" and hessian is not None and groups_match
     if gptq and stats.hessians.sampled[name] >= k:
-        q, scales = _gptq(weight, hessian, conv, options.gptq_damp)  # type: ignore[arg-type]
+        q, scales = _gptq(weight, hessian, conv, options.damp)  # type: ignore[arg-type]
         levels: np.ndarray | None = q.T if gemm and layer.transposed else q
         entry.info["rounding"] = "gptq"
     else:

@@ -13,6 +13,7 @@ from onnxprec._testing import F, make_model, run, tensor_info
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms.int8 import quantize_weight
 from onnxprec.quantization.int8 import Int8Options, quantize_file
+from onnxprec.quantization.int8._options import GPTQ_DAMP, WIDE_GPTQ_DAMP
 
 # 16-bit activations: the output error is the weights' rounding (nothing else fitted to the data)
 _COMMON = {"activation_type": "int16", "accuracy_guard": False, "smoothquant": False, "bias_correction": False,
@@ -61,3 +62,9 @@ def test_more_damping_rounds_nearer_and_fits_the_calibration_data_less(tmp_path:
 def test_gptq_damp_must_be_positive() -> None:
     with pytest.raises(InvalidArgumentError, match="gptq_damp must be > 0"):
         Int8Options(gptq_damp=0.0)
+
+
+def test_the_default_damping_follows_the_activation_bits() -> None:
+    assert Int8Options().damp == GPTQ_DAMP == 0.01
+    assert Int8Options(activation_type="QInt16").damp == Int8Options(activation_type="uint16").damp == WIDE_GPTQ_DAMP
+    assert Int8Options(activation_type="int16", gptq_damp=0.1).damp == 0.1
