@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,8 +17,8 @@ from onnxprec.quantization.int8 import Int8Options, quantize_file
 from onnxprec.quantization.int8._options import GPTQ_DAMP, WIDE_GPTQ_DAMP
 
 # 16-bit activations: the output error is the weights' rounding (nothing else fitted to the data)
-_COMMON = {"activation_type": "int16", "accuracy_guard": False, "smoothquant": False, "bias_correction": False,
-           "nodes_to_quantize": [".*"], "log_level": "WARNING"}  # fmt: skip
+_COMMON: dict[str, Any] = {"activation_type": "int16", "accuracy_guard": False, "smoothquant": False,
+                           "bias_correction": False, "nodes_to_quantize": [".*"], "log_level": "WARNING"}  # fmt: skip
 
 
 def _conv(path: Path) -> None:
