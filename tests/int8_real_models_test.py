@@ -77,3 +77,26 @@ def test_minilm_int8_fuses_no_float_op_its_fp32_model_does_not(tmp_path: Path) -
     (ref, *_), (got, *_) = run(source, x), run(out, x)
     cosine = float((ref.astype(np.float64) * got).sum() / np.linalg.norm(ref) / np.linalg.norm(got))
     assert cosine >= 0.999, cosine
+
+
+def test_efficientnet_a16w8_holds_rel_l2_003_on_images_it_did_not_see(tmp_path: Path) -> None:
+    """Issue 29's A16W8 goal: calibrated on the 7 images, held-out rel L2 <= 0.03 on 25 others (15 other photos and
+    crops, ``~/.cache/onnxprec/int8fix/effnet_hold.npz``, skipped where absent) with at most a quarter of the static
+    activation tensors at 16 bits (GPTQ damping 1, the 16-bit default; some layers back in float)."""
+    source = _shared_model("efficientnet_lite0.onnx", "EfficientNet-Lite0")
+    held_out = Path.home() / ".cache" / "onnxprec" / "int8fix" / "effnet_hold.npz"
+    if not held_out.is_file():
+        pytest.skip(f"{held_out} is absent: the A16W8 held-out test is skipped")
+    images = np.load(source.parent / "efficientnet_lite0_input.npy")
+    out = tmp_path / "a16w8.onnx"
+    quantize_file(source, out, calibration_data=[{"input": images}], activation_type="uint16",
+                  target_accuracy="rel_l2<=0.02")  # fmt: skip
+    model = onnx.load(out)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    types = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits]
+    wide = types.count(onnx.TensorProto.UINT16)
+    assert 0 < wide <= len(types) / 4 and types.count(onnx.TensorProto.UINT8) == len(types) - wide, types
+    x = np.load(held_out)["input"]
+    ref = np.concatenate([run(source, {"input": x[i : i + 1]})[0] for i in range(len(x))])
+    got = np.concatenate([run(out, {"input": x[i : i + 1]})[0] for i in range(len(x))])
+    assert float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) <= 0.03

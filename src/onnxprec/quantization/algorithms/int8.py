@@ -100,25 +100,30 @@ GPTQ_BLOCK = 128
 """Input rows rounded one by one before the rows after them are updated in one product (GPTQ's lazy batch updates)."""
 
 
-def gptq_per_channel(w: np.ndarray, hessian: np.ndarray, *, damp: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
+def gptq_per_channel(
+    w: np.ndarray, hessian: np.ndarray, *, damp: float = 0.01, scales: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ with per-output-channel symmetric INT8 scales, for ``G`` independent problems at once.
 
     Args:
         w: ``[G, K, N]`` float weights (``Y_g = X_g @ W_g``).
         hessian: ``[G, K, K]`` ``X_gᵀ X_g`` summed over the calibration rows.
         damp: Added to the diagonal, as a fraction of its mean (per group).
+        scales: ``[G, N]`` the grid of each column; None: RTN's (``max|W| / 127`` per column). A finer grid clips
+            the largest weights, and their clipping error is pushed onto the rows not yet rounded as any other.
 
     Returns:
-        ``(q [G, K, N] int8 in -127..127, scales [G, N] float32)``: the scales are RTN's (``max|W| / 127`` per
-        column); GPTQ only chooses the roundings, each input row's error pushed onto the rows not yet rounded.
-        An input that never fired (zero diagonal) keeps its weights, rounded to nearest: calibration data that
-        misses a channel says nothing about it.
+        ``(q [G, K, N] int8 in -127..127, scales [G, N] float32)``: GPTQ only chooses the roundings, each input
+        row's error pushed onto the rows not yet rounded. An input that never fired (zero diagonal) keeps its
+        weights, rounded to nearest: calibration data that misses a channel says nothing about it.
     """
     weight = np.array(w, dtype=np.float64)
     h = np.array(hessian, dtype=np.float64)
     k = weight.shape[1]
-    scales = np.abs(weight).max(axis=1) / QMAX  # [G, N]
-    scales[scales <= 0] = 1.0
+    if scales is None:
+        scales = np.abs(weight).max(axis=1) / QMAX  # [G, N]
+        scales[scales <= 0] = 1.0
+    scales = np.asarray(scales, dtype=np.float64)
     diagonal = np.einsum("gii->gi", h)
     mean = np.maximum(diagonal.mean(axis=1, keepdims=True), 1e-12)
     dead = diagonal <= 0

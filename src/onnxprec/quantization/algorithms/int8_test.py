@@ -206,3 +206,19 @@ def test_gptq_lazy_blocks_round_as_one_row_at_a_time(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(int8_algorithms, "GPTQ_BLOCK", block)
         q, scales = gptq_per_channel(w, h)
         assert np.array_equal(q, single) and np.array_equal(scales, single_scales)
+
+
+def test_gptq_on_a_given_grid_keeps_it_and_carries_the_clipped_error_onward() -> None:
+    rng = np.random.default_rng(12)
+    mixing = rng.standard_normal((32, 32))
+    x = rng.standard_normal((3000, 32)) @ mixing
+    w = rng.standard_normal((1, 32, 6))
+    h = (x.T @ x)[None]
+    grid = (np.abs(w).max(axis=1) / QMAX * 0.7).astype(np.float32)  # the largest weights clip
+    q, scales = gptq_per_channel(w, h, scales=grid)
+    assert np.array_equal(scales, grid) and np.abs(q).max() <= QMAX
+    assert (np.abs(q) == QMAX).any()
+    rtn = np.clip(np.rint(w[0] / grid[0]), -QMAX, QMAX) * grid[0]
+    ref = x @ w[0]
+    gptq_error = np.linalg.norm(x @ (q[0] * grid[0]) - ref)
+    assert gptq_error < 0.9 * np.linalg.norm(x @ rtn - ref)

@@ -31,9 +31,11 @@ __all__ = [
     "ACTIVATION_TYPE_ALIASES",
     "CALIBRATION_METHODS",
     "DEFAULT_FLOAT_COMPUTE",
+    "GPTQ_DAMP",
     "HIGH_PRECISION_TYPES",
     "RUNTIMES",
     "WEIGHT_ROUNDINGS",
+    "WIDE_GPTQ_DAMP",
     "Int8Options",
     "activation_type_name",
 ]
@@ -47,6 +49,11 @@ ACTIVATION_TYPES = ("int8", "uint8", "int16", "uint16")
 DEFAULT_FLOAT_COMPUTE = 0.25
 """The share of the quantized layers' multiply-adds the float fallback may send back to float unless
 ``max_float_compute`` is given (speed first)."""
+GPTQ_DAMP = 0.01
+"""GPTQ's damping of INT8 Conv weights (a fraction of the Hessian diagonal's mean) unless ``gptq_damp`` is given."""
+WIDE_GPTQ_DAMP = 1.0
+"""... with a 16-bit ``activation_type``: EfficientNet-Lite0's A16W8 held-out error drops with it and its INT8 error
+rises (docs/tools/fp8.md, "A16W8")."""
 ACTIVATION_TYPE_ALIASES = {"qint8": "int8", "quint8": "uint8", "qint16": "int16", "quint16": "uint16"}
 """The anchors' spellings of ``activation_type``: ONNX Runtime's and AMD Quark's ``QuantType`` names (``QInt16``...),
 any case."""
@@ -240,6 +247,15 @@ class Int8Options(_tool.QuantizationOptions):
         "calibration data, for layers whose calibration saw at least as many input rows as the layer has inputs), "
         "auto (gptq for Conv layers, rtn for MatMul/Gemm).",
     )
+    gptq_damp: float | None = option(
+        None,
+        group=EXTRAS,
+        metavar="FRACTION",
+        help="GPTQ's damping: this fraction of the mean of a layer's Hessian diagonal is added to the diagonal before "
+        "the weights are rounded; larger rounds closer to nearest and fits the calibration data less (default: 1 with "
+        "a 16-bit --activation_type, where the weights carry most of the error and a rounding fitted to the "
+        "calibration data generalizes worse; 0.01 otherwise).",
+    )
     percentile: float = option(
         99.999, group=EXTRAS, metavar="P", help="The percentile of |x| kept by --calibration_method percentile."
     )
@@ -280,6 +296,8 @@ class Int8Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(f"max_wide_tensors must be in [0, 1], got {self.max_wide_tensors!r}.")
         if self.max_float_compute is not None and not 0 <= self.max_float_compute <= 1:
             raise InvalidArgumentError(f"max_float_compute must be in [0, 1], got {self.max_float_compute!r}.")
+        if self.gptq_damp is not None and not self.gptq_damp > 0:
+            raise InvalidArgumentError(f"gptq_damp must be > 0, got {self.gptq_damp!r}.")
         if not 0 < self.percentile <= 100:
             raise InvalidArgumentError(f"percentile must be in (0, 100], got {self.percentile!r}.")
         if self.outlier_channels < 0:
@@ -359,6 +377,14 @@ class Int8Options(_tool.QuantizationOptions):
         if not wide or not self.bounded:
             return None
         return qtype(str(self.activation_type))
+
+    @property
+    def damp(self) -> float:
+        """GPTQ's damping: ``gptq_damp``, else :data:`WIDE_GPTQ_DAMP` with a 16-bit ``activation_type`` and
+        :data:`GPTQ_DAMP` otherwise."""
+        if self.gptq_damp is not None:
+            return self.gptq_damp
+        return WIDE_GPTQ_DAMP if self.activation_type in ("int16", "uint16") else GPTQ_DAMP
 
     @property
     def weight_qtype(self) -> QType:

@@ -336,15 +336,15 @@ def _decide_group(
     del weights
 
 
-def _gptq(weight: np.ndarray, hessian: np.ndarray, conv: bool) -> tuple[np.ndarray, np.ndarray]:
+def _gptq(weight: np.ndarray, hessian: np.ndarray, conv: bool, damp: float) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ levels and scales of a Conv ``[M, C/g, kh, kw]`` (``g`` Hessians) or MatMul ``[K, N]`` weight."""
     groups = hessian.shape[0]
     if not conv:
-        q, scales = gptq_per_channel(weight[None], hessian)
+        q, scales = gptq_per_channel(weight[None], hessian, damp=damp)
         return q[0], scales[0]
     m = weight.shape[0]
     per_group = weight.reshape(groups, m // groups, -1).transpose(0, 2, 1)  # [G, K, M/G]
-    q, scales = gptq_per_channel(per_group, hessian)
+    q, scales = gptq_per_channel(per_group, hessian, damp=damp)
     return q.transpose(0, 2, 1).reshape(weight.shape), scales.reshape(m)
 
 
@@ -367,7 +367,7 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     qtype = options.weight_qtype
     gptq = qtype.name == "int8" and hessian is not None and groups_match
     if gptq and stats.hessians.sampled[name] >= k:
-        q, scales = _gptq(weight, hessian, conv)  # type: ignore[arg-type]
+        q, scales = _gptq(weight, hessian, conv, options.damp)  # type: ignore[arg-type]
         levels: np.ndarray | None = q.T if gemm and layer.transposed else q
         entry.info["rounding"] = "gptq"
     else:
