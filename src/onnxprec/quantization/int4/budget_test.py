@@ -159,9 +159,6 @@ def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Pa
     assert same.method == NO_DATA_LLM_METHOD
 
 
-def test_the_run_resolves_a_plan_and_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
-    # An LLM without data and without layer options: the run takes the LLM defaults (block 32, MatMulNBits, the
-    # embedding quantized) and the no-data method; the report names them, the caller's object keeps every attribute.
 @pytest.mark.parametrize(("stats_memory_mb", "method"), [(1, "awq_lite"), (2, "awq_gptq")])
 def test_the_default_without_data_takes_awq_lite_when_gptqs_hessian_exceeds_the_stats_memory(
     tmp_path: Path, stats_memory_mb: int, method: str
@@ -175,7 +172,9 @@ def test_the_default_without_data_takes_awq_lite_when_gptqs_hessian_exceeds_the_
     assert {layer.method for layer in report.layers if layer.bits == 4} == {method}
 
 
-def test_the_default_method_choice_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
+def test_the_run_resolves_a_plan_and_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
+    # An LLM without data and without layer options: the run takes the LLM defaults (block 32, MatMulNBits, the
+    # embedding quantized) and the no-data method; the report names them, the caller's object keeps every attribute.
     from onnxprec.quantization.int4._api import quantize_model
     from onnxprec.quantization.int4._options import LLM_BLOCK_SIZE, NO_DATA_LLM_METHOD, Int4Options
 
