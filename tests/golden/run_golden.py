@@ -12,6 +12,9 @@ records the sha256 of the input files it was made from.
     python tests/golden/run_golden.py snapshot     # rewrites golden.json (after a change meant to change results)
 
 ``golden_test.py`` (slow) runs ``compare`` where the inputs are present and skips with a message otherwise.
+
+Linear algebra runs on one OpenBLAS thread, as in the test suite (conftest.py): GPTQ's results depend on the number
+of threads (their sums in another order), so a snapshot taken on one machine compares equal on another.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see the module docstring
 
 import numpy as np
 import onnx
