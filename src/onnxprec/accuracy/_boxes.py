@@ -26,8 +26,8 @@ MAX_BOXES = 300
 MIN_BOXES = 60
 """The fewest boxes whose share, all seen matched, shows a loss under 5 %: with none lost among ``n``, a loss rate
 of ``3 / n`` is still likely (the rule of three, 95 % confidence), and ``3 / 60`` is 5 %. Fewer boxes are judged by
-the lower of the share seen and the share :class:`ScoreMargins` predicts (nudenet's INT8 result kept all 6 boxes of
-its 16 calibration images and 7 of the 9 of 32 held-out ones)."""
+the lower of the share seen and the share :class:`ScoreMargins` predicts (the result that set it:
+experiments/design_notes.md, "INT8 accuracy guard")."""
 SCORE_FLOOR = 0.01
 """The lowest float score of an anchor whose score change counts (:class:`ScoreMargins`), and of a box below the
 threshold that could cross it; below it a Sigmoid's logit is the background's, far from any threshold."""

@@ -37,7 +37,14 @@ from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import AccuracyGuardError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
-from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, pruned_copy, quiet_onnx_ir, streams
+from onnxprec.quantization.activation_stats import (
+    collect_stats,
+    device_gram,
+    plan_chunks,
+    pruned_copy,
+    quiet_onnx_ir,
+    streams,
+)
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
@@ -445,7 +452,7 @@ def _load_and_select(run: Int4Run) -> None:
     if run.plan.default_method and options.calibration_data_reader is None and writes_text(model):
         # without data, an LLM calibrates on text it writes itself
         widest = max((t.k for t in selection.targets if t.bits == 4), default=0)
-        on_host = run.config.backend.name == "numpy"  # a GPU backend keeps GPTQ's Hessians in device memory
+        on_host = not device_gram(run.config.backend, widest)  # where GPTQ's Hessians and their factors would live
         method, why = options.no_data_llm_method(widest) if on_host else (NO_DATA_LLM_METHOD, "")
         run.plan = run.plan.with_method(method)
         if why:
@@ -641,7 +648,7 @@ def quantize(
             error propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt
             are ModelOpt aliases; None: awq_lite with calibration data (as ModelOpt); without data, awq_gptq on
             text an LLM writes itself (:data:`NO_DATA_LLM_METHOD`; :data:`NO_DATA_LARGE_LLM_METHOD` when GPTQ's
-            Hessian would exceed ``stats_memory_mb``), kquant for other models.
+            Hessian, held on the host, would exceed ``stats_memory_mb``), kquant for other models.
         calibration_data_reader: Calibration inputs: a path (an ``.npz`` file, a folder of ``.npz`` files, a Polygraphy
             ``.json``), a dict of arrays, a list or iterator of feed dicts, or an ONNX Runtime
             ``CalibrationDataReader``; None: text an LLM writes itself (AWQ, GPTQ, size budget), else realistic

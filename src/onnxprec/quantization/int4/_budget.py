@@ -123,7 +123,7 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
     precisions = _precisions(target, options)
     errors = np.zeros((len(precisions), 2))  # per precision: tr(ΔWᵀ H ΔW), tr(ΔWᵀ ΔW)
     energy = np.zeros(2)  # tr(Wᵀ H W), tr(Wᵀ W)
-    if gram is not None:  # the float32 copy each product reads, made once (a [K, K] array: 321 MB at K = 8,960)
+    if gram is not None:  # the float32 copy each product reads, made once (a [K, K] float32 array)
         gram = np.asarray(gram, np.float32)
     step = max(1, _SLICE_BYTES // (4 * target.k))
     for start in range(0, target.n, step):
@@ -357,7 +357,7 @@ def _on_base(probe: ir.Model, pieces: dict[str, list[ir.Value]], own: set[str], 
             continue
         if (saved.const_value.dtype, tuple(saved.const_value.shape)) == (tensor.dtype, tuple(tensor.shape)):
             value.const_value = saved.const_value
-    mine = [(v, v.const_value) for name in own for v in pieces[name] if v.const_value is not None]
+    mine = [(v, v.const_value) for name in own for v in pieces.get(name, ()) if v.const_value is not None]
     written = ir.external_data.convert_tensors_to_external([t for _, t in mine], folder, "probe.data")
     for (value, _), tensor in zip(mine, written):
         value.const_value = tensor
@@ -391,7 +391,7 @@ def _calibrate_gains(
                 return _kl(probe, data, reference, options)
             finally:
                 del probe
-                (folder / "probe.data").unlink()
+                (folder / "probe.data").unlink(missing_ok=True)
 
         checked = calibrate(_probe_sets(candidates), lambda ts: sum(c.loss for c in smallest(ts).values()), measure)
         for value in base.graph.initializers.values():  # unmapped before the folder goes

@@ -70,8 +70,8 @@ class Int4Options(_tool.QuantizationOptions):
         "search), awq_clip (output-aware clip search), awq_full (awq_lite then awq_clip), gptq (GPTQ with error "
         "propagation), awq_gptq (awq_lite scales then GPTQ); rtn_dq, rtn_trt, rtn_trt_dq and awq_clip_trt are "
         "ModelOpt aliases (default: awq_lite with calibration data, as ModelOpt; without data, awq_gptq on text an LLM "
-        "writes itself (awq_lite when GPTQ's float64 KxK Hessian would exceed --stats_memory_mb), kquant for other "
-        "models). Without data, an LLM calibrates AWQ and GPTQ on text it writes "
+        "writes itself (awq_lite when GPTQ's float64 KxK Hessian, held on the host, would exceed "
+        "--stats_memory_mb), kquant for other models). Without data, an LLM calibrates AWQ and GPTQ on text it writes "
         "itself (other models on random inputs).",
     )
     calibration_data_reader: Any = calibration_data_option(

@@ -172,6 +172,24 @@ def test_the_default_without_data_takes_awq_lite_when_gptqs_hessian_exceeds_the_
     assert {layer.method for layer in report.layers if layer.bits == 4} == {method}
 
 
+@pytest.mark.parametrize(("device_mb", "method"), [(1, "awq_lite"), (1024, "awq_gptq")])
+def test_on_a_gpu_backend_the_no_data_choice_asks_where_the_hessian_would_live(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device_mb: int, method: str
+) -> None:
+    # --stats_memory_mb 1 is below the 1.125 MiB Hessian (H = 384): a device that holds GPTQ's factorisation keeps
+    # awq_gptq; one too small for it would put the Hessians on the host, so the run takes awq_lite there too.
+    from onnxprec import _array
+    from onnxprec.quantization.algorithms.backend_test import _fake_backend
+
+    fake, _ = _fake_backend(memory_limit=device_mb << 20)
+    monkeypatch.setattr(_array, "backend", lambda providers, memory_limit_mb: fake)
+    model, _ = tiny_lm("copies", v=512, h=384)
+    source = tmp_path / "lm.onnx"
+    onnx.save(model, source)
+    report = quantize_file(source, tmp_path / "out.onnx", block_size=16, stats_memory_mb=1)
+    assert report.method == method
+
+
 def test_the_run_resolves_a_plan_and_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
     # An LLM without data and without layer options: the run takes the LLM defaults (block 32, MatMulNBits, the
     # embedding quantized) and the no-data method; the report names them, the caller's object keeps every attribute.

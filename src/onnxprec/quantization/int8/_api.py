@@ -503,26 +503,6 @@ def quantize_model(
     return run.result, report
 
 
-def _guard_line(report: Int8Report, checked: list[guard.Checked]) -> str:
-    """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
-    where = ["calibration data", "held-out runs"]
-    measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
-    text = f"{report.FORMAT} result misses the accuracy guard ({report.check['bound']}): {measured}"
-    steps = [s["layers"] for s in report.fallback_steps if s.get("what") == "most sensitive layers"]
-    ranked: list[str] = steps[-1] if steps else []
-    floats = report.count("float")
-    if ranked:
-        text += f"; the error is carried most by {', '.join(repr(n) for n in ranked[:4])}"
-    beyond = [s["float_layers"] for s in report.fallback_steps if "beyond" in str(s.get("what", ""))]
-    if beyond:  # the fallback went past --max_float_compute (the guard's default budget) and missed too
-        text += f"; {floats} layers in float within --max_float_compute did not meet it, nor {max(beyond)} beyond it"
-    elif floats:
-        text += f"; {floats} layers in float within --max_float_compute did not meet it"
-    if report.calibration.get("random"):
-        text += "; measured on synthetic inputs: pass representative inputs (--calibration_data)"
-    return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"
-
-
 def _measure(
     candidate: ir.Model,
     options: Int8Options,
@@ -656,7 +636,7 @@ def _check(
     }
     if passed:
         return
-    line = _guard_line(report, checked)
+    line = report.guard_line(checked)
     if options.accuracy_guard:
         report.guard_failure = line
     else:

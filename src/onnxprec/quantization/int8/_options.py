@@ -52,8 +52,7 @@ DEFAULT_FLOAT_COMPUTE = 0.25
 GPTQ_DAMP = 0.01
 """GPTQ's damping of INT8 Conv weights (a fraction of the Hessian diagonal's mean) unless ``gptq_damp`` is given."""
 WIDE_GPTQ_DAMP = 1.0
-"""... with a 16-bit ``activation_type``: EfficientNet-Lite0's A16W8 held-out error drops with it and its INT8 error
-rises (docs/tools/fp8.md, "A16W8")."""
+"""... with a 16-bit ``activation_type`` (the results that set both: docs/tools/fp8.md, "A16W8")."""
 ACTIVATION_TYPE_ALIASES = {"qint8": "int8", "quint8": "uint8", "qint16": "int16", "quint16": "uint16"}
 """The anchors' spellings of ``activation_type``: ONNX Runtime's and AMD Quark's ``QuantType`` names (``QInt16``...),
 any case."""

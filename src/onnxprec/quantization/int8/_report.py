@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from onnxprec._report import fields_of, json_number
 from onnxprec.quantization._tool import QuantizationReportBase, checked, json_start
+
+if TYPE_CHECKING:
+    from onnxprec.quantization import guard
 
 __all__ = ["Int8Report", "LayerEntry", "unfused_text"]
 
@@ -167,3 +170,23 @@ class Int8Report(QuantizationReportBase):
             "ort_only_nodes": self.ort_only,
             "layers": [entry.to_json() for entry in self.layers],
         }
+
+    def guard_line(self, checked: list[guard.Checked]) -> str:
+        """The guard's one line: the bound, what was measured where, the layers that carry the error and what to do."""
+        where = ["calibration data", "held-out runs"]
+        measured = "; ".join(f"{c.summary.describe()} on {w}" for c, w in zip(checked, where) if not c.ok)
+        text = f"{self.FORMAT} result misses the accuracy guard ({self.check['bound']}): {measured}"
+        steps = [s["layers"] for s in self.fallback_steps if s.get("what") == "most sensitive layers"]
+        ranked: list[str] = steps[-1] if steps else []
+        floats = self.count("float")
+        if ranked:
+            text += f"; the error is carried most by {', '.join(repr(n) for n in ranked[:4])}"
+        beyond = [s["float_layers"] for s in self.fallback_steps if "beyond" in str(s.get("what", ""))]
+        within = f"{floats} {'layer' if floats == 1 else 'layers'} in float within --max_float_compute"
+        if beyond:  # the fallback went past --max_float_compute (the guard's default budget) and missed too
+            text += f"; {within} did not meet it, nor {max(beyond)} beyond it"
+        elif floats:
+            text += f"; {within} did not meet it"
+        if self.calibration.get("random"):
+            text += "; measured on synthetic inputs: pass representative inputs (--calibration_data)"
+        return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"

@@ -125,4 +125,5 @@ def test_the_guards_line_says_when_the_fallback_went_beyond_the_budget(tmp_path:
     assert beyond, report.fallback_steps
     line = str(raised.value)
     floats = report.count("float")
-    assert f"{floats} layers in float within --max_float_compute did not meet it, nor {max(beyond)} beyond it" in line
+    noun = "layer" if floats == 1 else "layers"
+    assert f"{floats} {noun} in float within --max_float_compute did not meet it, nor {max(beyond)} beyond it" in line
