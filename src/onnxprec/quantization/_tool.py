@@ -26,6 +26,7 @@ import copy
 import dataclasses
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
@@ -322,19 +323,30 @@ def checked(check: Mapping[str, Any]) -> str:
     return text
 
 
-def nothing_to_quantize(layers: str, skipped: str, excluded_by: str | None) -> Exception:
-    """The error when no layer is left to quantize.
+def nothing_to_quantize(
+    layers: str, skipped: str, excluded_by: str | None, reasons: Sequence[tuple[str, str]] = ()
+) -> Exception:
+    """The error when no layer is left to quantize; each skipped layer and its reason is logged at DEBUG.
 
     Args:
         layers: The layers the tool quantizes, e.g. "Conv, MatMul or Gemm whose weight is a float32 initializer".
         skipped: How many candidates were skipped, e.g. "3 skipped".
         excluded_by: The options that excluded every candidate, or None when none was excluded.
+        reasons: The skipped layers as ``(node name, reason)``; the most frequent reason is named in the message.
 
     Returns:
         An :class:`~onnxprec.errors.UnsupportedModelError` to raise.
     """
     from onnxprec.errors import UnsupportedModelError
 
+    for name, reason in reasons:
+        logger.debug("Skipped '%s': %s", name, reason)
+    if reasons:
+        counts = Counter(reason for _, reason in reasons)
+        reason, count = counts.most_common(1)[0]
+        name = next(n for n, r in reasons if r == reason)
+        more = f" and {count - 1} more" if count > 1 else ""
+        skipped += f"; '{name}'{more}: {reason}"
     hint = f" (all excluded by {excluded_by})" if excluded_by else ""
     return UnsupportedModelError(
         f"Nothing to quantize{hint}: the model has no {layers} ({skipped}; see --log_level DEBUG)."

@@ -448,7 +448,8 @@ def _load_and_select(run: Int4Run) -> None:
         skipped = f"{len(selection.skipped)} MatMul/Gemm skipped"
         if selection.in_subgraphs:
             skipped += f", of which {report.subgraph_text()}"
-        raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None)
+        raise nothing_to_quantize(layers, skipped, "nodes_to_exclude" if selection.excluded else None,
+                                  selection.skipped)  # fmt: skip
     if run.plan.default_method and options.calibration_data_reader is None and writes_text(model):
         # without data, an LLM calibrates on text it writes itself
         widest = max((t.k for t in selection.targets if t.bits == 4), default=0)

@@ -371,7 +371,7 @@ def _load_and_place(run: Int8Run) -> None:
         skipped = f"{len(plan.skipped)} skipped"
         if plan.in_subgraphs:
             skipped += f", of which {report.subgraph_text()}"
-        raise nothing_to_quantize(_LAYERS, skipped, excluded_by)
+        raise nothing_to_quantize(_LAYERS, skipped, excluded_by, plan.skipped)
 
 
 def _calibration(run: Int8Run) -> None:
@@ -398,7 +398,7 @@ def _report_branches(run: Int8Run) -> None:
     if not plan.layers:
         skipped = f"{len(plan.skipped)} skipped, of which {report.subgraph_text()}"
         raise nothing_to_quantize(
-            _LAYERS, skipped, "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
+            _LAYERS, skipped, "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None, plan.skipped
         )
 
 
