@@ -7,9 +7,29 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   by the processes the tests start. A value the caller set is kept.
 - ONNX Runtime's sessions made in the test processes do not spin their intra-op threads
   (``session.intra_op.allow_spinning`` 0); the threads, the kernels and the results are the same.
+- Under ``pytest -n 2 --dist loadfile`` (CI), each test file is one unit of work given to one worker (so that
+  module-scoped fixtures are built once), except the files of ``HEAVY_TEST_FILES``, which together are one unit:
+  they run one after another on one worker, never two at the same time on both workers. (A scheduler of its own:
+  pytest-xdist 3.8's ``--dist loadgroup`` sets ``item._nodeid``, which pytest 9 no longer reads, so its groups
+  are lost and every test is scheduled on its own.)
 """
 
 import os
+
+import pytest
+
+# Test files whose tests (or the processes they start) hold 0.9-1.9 GB: the run holds one of them at a time, not two.
+HEAVY_TEST_FILES = frozenset(
+    {
+        "experiments/llm_corpus/segments_test.py",
+        "src/onnxprec/quantization/fp8/modelopt_test.py",
+        "src/onnxprec/quantization/generated_test.py",
+        "src/onnxprec/quantization/int8/decide_test.py",
+        "tests/golden/golden_test.py",
+        "tests/inline_weights_test.py",
+        "tests/llm_data_test.py",
+    }
+)
 
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
@@ -30,3 +50,18 @@ def _sessions_without_spinning() -> None:
 
 
 _sessions_without_spinning()
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``--dist loadfile``: each file one unit of work, the files of ``HEAVY_TEST_FILES`` together one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _HeavyFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return "heavy" if path in HEAVY_TEST_FILES else path
+
+    return _HeavyFilesTogether(config, log)
