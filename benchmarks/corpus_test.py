@@ -105,6 +105,8 @@ def test_section_replaces_itself_and_keeps_the_rest() -> None:
 def test_merge_takes_later_cells_and_cites_each_run(tmp_path: Path) -> None:
     first, second = _results(), _results()
     second["models"]["b"]["cells"] = {"int8": dict(second["models"]["b"]["cells"]["int8"], outcome="pass")}
+    first["tools"], second["tools"] = ["int4", "int8"], ["int8", "fp8"]
+    second["models"]["b"]["cells"]["fp8"] = {"outcome": "refused", "rc": 2, "message": "error: no"}
     for name in ("a", "c"):
         second["models"][name]["cells"]["int4"]["cached"] = True  # reported, not run, by the second run
     second["command"] = "python -m benchmarks corpus --tools int8"
@@ -121,6 +123,7 @@ def test_merge_takes_later_cells_and_cites_each_run(tmp_path: Path) -> None:
     assert merged["models"]["b"]["cells"]["int8"]["outcome"] == "pass"  # the later run's cell
     assert merged["models"]["b"]["cells"]["int4"]["outcome"] == "refused"  # kept from the first
     assert merged["models"]["b"]["cells"]["int8"]["run"] == 2 and merged["models"]["b"]["cells"]["int4"]["run"] == 1
-    assert merged["runs"][1]["contributed"] == ["int8"]
+    assert merged["runs"][1]["contributed"] == ["fp8", "int8"]
+    assert merged["tools"] == ["int4", "int8", "fp8"]  # a column only a later run has is in the table
     text = "\n".join(report_corpus.section(merged, "benchmarks/results/corpus-merged.json"))
-    assert "Merged from 2 runs" in text and "--tools int8" in text and "columns run here: `int8`" in text
+    assert "Merged from 2 runs" in text and "--tools int8" in text and "columns run here: `fp8`, `int8`" in text and "| `fp8` |" in text

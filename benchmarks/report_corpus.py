@@ -205,6 +205,8 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
                     continue  # a run that did not run what the tool reads does not hide an earlier run's cell
                 into["cells"][tool] = dict(cell, run=len(runs))
     merged["runs"] = runs
+    listed = [t for r in runs for t in r.get("tools", [])]  # every run's columns, first listed first
+    merged["tools"] = list(dict.fromkeys(listed))
     return merged
 
 
