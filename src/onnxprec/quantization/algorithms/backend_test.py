@@ -244,18 +244,17 @@ def test_the_fake_device_catches_host_arrays_and_numpy_calls() -> None:
     np.testing.assert_array_equal(backend.to_host(backend.xp.einsum("ij->i", on_device)), [2.0, 2.0])
 
 
-def _gpu_backend() -> _array.ArrayBackend | None:
-    if importlib.util.find_spec("cupy") is None:
-        return None
-    backend = _array.backend(["cuda:0"], memory_limit_mb=1024)
-    return None if backend.on_host else backend
+def _gpu_backend() -> _array.ArrayBackend:
+    """The CuPy backend on the first GPU; the test is skipped where there is none."""
+    backend = _array.backend(["cuda:0"], memory_limit_mb=1024) if importlib.util.find_spec("cupy") else None
+    if backend is None or backend.on_host:
+        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
+    return backend
 
 
 @pytest.mark.parametrize("case", list(RTN_CASES))
 def test_rtn_and_searches_on_cupy_equal_numpy_to_rounding(case: str) -> None:
     backend = _gpu_backend()
-    if backend is None:
-        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
     w = _weight(k=1000, n=300, seed=8)
     result, reference = RTN_CASES[case](w, backend=backend), RTN_CASES[case](w)
     # sums in another order may move a value across a rounding boundary or a search's choice, rarely
@@ -267,8 +266,6 @@ def test_rtn_and_searches_on_cupy_equal_numpy_to_rounding(case: str) -> None:
 
 def test_awq_lite_on_cupy_equals_numpy_to_rounding() -> None:
     backend = _gpu_backend()
-    if backend is None:
-        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
     x = _tokens(1024, 512, seed=14) * np.linspace(0.1, 4, 512, dtype=np.float32)
     weights = [_weight(k=512, n=384, seed=15), _weight(k=512, n=128, seed=16)]
     absmean = np.abs(x).mean(axis=0)
@@ -280,8 +277,6 @@ def test_awq_lite_on_cupy_equals_numpy_to_rounding() -> None:
 @pytest.mark.parametrize(("symmetric", "act_order"), [(True, False), (False, False), (True, True)])
 def test_gptq_on_cupy_equals_numpy_to_rounding(symmetric: bool, act_order: bool) -> None:
     backend = _gpu_backend()
-    if backend is None:
-        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
     x = _tokens(2048, 512, seed=9)
     w = _weight(k=512, n=256, seed=10)
     hessian, n = hessian_from_tokens(x)
@@ -384,8 +379,6 @@ def test_a_device_gram_and_awq_gptq_on_cupy_equal_numpy_to_rounding() -> None:
     from onnxprec.quantization.activation_stats import Float32GramObserver
 
     backend = _gpu_backend()
-    if backend is None:
-        pytest.skip("no CuPy GPU backend (onnxprec[gpu-math] and a CUDA GPU)")
     x = _tokens(2048, 512, seed=26) * np.linspace(0.2, 3, 512, dtype=np.float32)
     weights = [_weight(k=512, n=256, seed=27), _weight(k=512, n=128, seed=28)]
     observer = Float32GramObserver(["x"], backend)
