@@ -141,10 +141,7 @@ def _candidates(target: WeightGroup, gram: np.ndarray | None, options: Int4Optio
         del part
     result = []
     for precision, (weighted, plain) in zip(precisions, errors):
-        size, _ = stored_bytes(
-            target.k, target.n, int(target.dtype.itemsize), precision, symmetric=config.symmetric,
-            output_format=options.format,
-        )  # fmt: skip
+        size = _stored(target, precision, options)
         loss = 0.0
         if target.matmuls and energy[0] > 0:
             loss += max(weighted, 0.0) / energy[0]
@@ -161,16 +158,20 @@ _SLICE_BYTES = 64 << 20
 def _most_precise(selection: Selection, options: Int4Options) -> dict[WeightGroup, Candidate]:
     """Each weight's most precise candidate (float for a tiny weight, else INT8) with its bytes; its loss is not
     measured (0)."""
-    symmetric = options.quant_config().symmetric
     result = {}
     for target in selection.targets:
         precision = _precisions(target, options)[-1]
-        size, _ = stored_bytes(
-            target.k, target.n, int(target.dtype.itemsize), precision, symmetric=symmetric,
-            output_format=options.format,
-        )  # fmt: skip
-        result[target] = Candidate(precision, size, 0.0)
+        result[target] = Candidate(precision, _stored(target, precision, options), 0.0)
     return result
+
+
+def _stored(target: WeightGroup, precision: Precision, options: Int4Options) -> int:
+    """Bytes of ``target`` written at ``precision`` in the run's output format."""
+    size, _ = stored_bytes(
+        target.k, target.n, int(target.dtype.itemsize), precision, symmetric=not options.use_zero_point,
+        output_format=options.format,
+    )  # fmt: skip
+    return size
 
 
 def _holds(fixed: int, ceiling: dict[WeightGroup, Candidate], budget: int) -> bool:
