@@ -217,7 +217,7 @@ class _Calibration:
                         self.state.model, chunk, replay, options.spec, sample_tokens=options.sample_tokens,
                         providers=options.calibration_eps, segment_bytes=options.segment_bytes,
                         on_ready=self.decide if self.streaming else None,
-                        backend=options.quant_config().backend, seconds=self.walk,  # Grams made where GPTQ runs
+                        backend=self.state.config.backend, seconds=self.walk,  # Grams made where GPTQ runs
                     )  # fmt: skip
                 runs = running.seconds - (self.decided - before)  # less the deciding done while they ran
                 report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
