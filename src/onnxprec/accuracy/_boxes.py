@@ -112,6 +112,11 @@ def _matched(want: tuple[np.ndarray, ...], got: tuple[np.ndarray, ...]) -> int:
     return matched
 
 
+def share_at_least(changes: np.ndarray, values: np.ndarray | float) -> np.ndarray:
+    """Per value, the share of the sorted ``changes`` at least that large: the chance a change reaches it."""
+    return 1.0 - np.searchsorted(changes, values, side="left") / changes.size
+
+
 def _logit(p: np.ndarray | float) -> np.ndarray:
     q = np.clip(np.asarray(p, np.float64), 1e-7, 1 - 1e-7)
     return np.log(q / (1 - q))
@@ -166,8 +171,8 @@ class ScoreMargins:
         shares = []
         for threshold in THRESHOLDS:
             margins, below = np.concatenate(self.kept[threshold]), np.concatenate(self.below[threshold])
-            survive = 1.0 - np.searchsorted(changes, -margins, side="left") / changes.size  # lost: < -m
-            appear = 1.0 - np.searchsorted(changes, below, side="left") / changes.size
+            survive = share_at_least(changes, -margins)  # lost: < -m
+            appear = share_at_least(changes, below)
             if margins.size:
                 shares.append(float(survive.sum()) / (margins.size + float(appear.sum())))
             else:  # no float box: the share is 1 unless one appears (at most the sum of their chances)

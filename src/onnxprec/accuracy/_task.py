@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, box_counts
+from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, box_counts, share_at_least
 from onnxprec.metrics import ErrorStats
 
 if TYPE_CHECKING:
@@ -603,7 +603,7 @@ class StepMargins:
         if not self.margins:
             return None
         changes = np.sort(np.concatenate(self.changes))
-        survive = [np.prod(1.0 - np.searchsorted(changes, -m) / changes.size) for m in self.margins]
+        survive = [np.prod(share_at_least(changes, -m)) for m in self.margins]
         return float(np.mean(survive))
 
 
