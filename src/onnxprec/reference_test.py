@@ -282,10 +282,10 @@ def test_segmented_run_of_a_builder_graph_equals_the_whole_graph(
     # Pieces of one weight each: the shape constants are computed by every piece that reads them (their scalar value
     # info is never a piece's input), the mask's length and the tied table cross pieces by element type. With no
     # memory for them, the carried activations go through temporary files.
-    import onnxprec.reference
+    import onnxprec.segments
 
     if carry_memory is not None:
-        monkeypatch.setattr(onnxprec.reference, "CARRY_MEMORY_BYTES", carry_memory)
+        monkeypatch.setattr(onnxprec.segments, "CARRY_MEMORY_BYTES", carry_memory)
     model = _builder_like(3)
     rng = np.random.default_rng(2)
     batches = [

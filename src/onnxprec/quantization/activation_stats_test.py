@@ -170,20 +170,20 @@ def test_side_by_side_branches_are_all_observed(method: str) -> None:
 def test_a_model_above_twice_the_segment_size_runs_in_segments_with_the_same_statistics(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from onnxprec import reference
+    from onnxprec import segments
 
     model = _model()
     groups = select_layers(model).groups()
     spec = METHODS["gptq"]
     whole = collect_stats(model, groups, CalibrationData([{"X": X}], model, batch_size=1), spec)
     runs: list[int] = []
-    original = reference._run_segmented
+    original = segments.run_segmented
 
     def spy(base: onnx.ModelProto, segments: list[list[int]], *args: object, **kwargs: object) -> object:
         runs.append(len(segments))
         return original(base, segments, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(reference, "_run_segmented", spy)
+    monkeypatch.setattr(segments, "run_segmented", spy)
     parts = collect_stats(model, groups, CalibrationData([{"X": X}], model, batch_size=1), spec, segment_bytes=16384)
     assert runs and runs[0] >= 2  # mlp's weights (about 80 KB) in pieces of at most 16 KB
     for group in groups:
