@@ -13,6 +13,9 @@ count). A function over :data:`MAX_LINES` is split into named steps (``_report.S
 (``_latency``) and the progress line (``_progress``): no other module of ``src/`` (tests included) reads a clock
 (``time.perf_counter``, ``time.time``, ``time.monotonic``, ``time.process_time`` and their ``_ns`` forms).
 
+No **product file** (a module of ``src/onnxprec``, its tests aside) is over :data:`MAX_FILE_LINES` lines: a longer
+one is split along its concepts.
+
 The modules are read as source (``ast``); only the packages' ``__init__`` are imported, for their ``__all__``.
 """
 
@@ -29,6 +32,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "onnxprec"
 
 MAX_LINES = 50
+MAX_FILE_LINES = 700
 TOOLS = ("autocast", "quantization", "quantization.int4", "quantization.int8", "quantization.fp8", "preprocess",
          "evaluate", "debug")  # fmt: skip
 PIPELINE_MODULES = ("_api.py", "pipeline.py", "target.py", "fallback.py")
@@ -169,3 +173,12 @@ def test_no_hand_written_timing_in_src() -> None:
 def test_a_clock_read_is_seen() -> None:
     tree = ast.parse("import time\nfrom time import monotonic\ntick = time.perf_counter()\nt = time.sleep(1)\n")
     assert _clock_reads(tree) == [2, 3]
+
+
+def test_no_product_file_over_700_lines() -> None:
+    long = {
+        path.relative_to(SRC).as_posix(): n
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not path.name.endswith("_test.py") and (n := len(path.read_text().splitlines())) > MAX_FILE_LINES
+    }
+    assert not long, f"product files over {MAX_FILE_LINES} lines (split them along their concepts): {long}"

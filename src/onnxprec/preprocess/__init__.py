@@ -13,14 +13,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from onnxprec.preprocess._api import (
-        PreprocessOptions,
-        PreprocessReport,
-        StepReport,
-        default_output_path,
-        preprocess_file,
-        quant_pre_process,
-    )
+    from onnxprec.preprocess._api import PreprocessOptions, default_output_path, preprocess_file, quant_pre_process
+    from onnxprec.preprocess.report import PreprocessReport, StepReport
 
 __all__ = [
     "PreprocessOptions",

@@ -21,22 +21,18 @@ Its public names are listed once, in ``onnxprec.preprocess.__all__``.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
 from onnxprec import _ort, _report, metrics
-from onnxprec._genai import GenaiCarry
 from onnxprec._graph import FileNames, all_graphs
 from onnxprec._io import (
     ModelSource,
@@ -50,12 +46,13 @@ from onnxprec._io import (
 from onnxprec._ops import default_opset, normalized_domain, opsets_by_domain
 from onnxprec._options import fields_in
 from onnxprec._protobuf import proto_graphs, structure_proto
-from onnxprec._report import SUMMARY, header
+from onnxprec._report import SUMMARY
 from onnxprec._tool import FileRun, ModelTool
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, OnnxprecError, UnsupportedModelError
 from onnxprec.passes import UpgradeOpsetPass
 from onnxprec.preprocess._options import PreprocessOptions
+from onnxprec.preprocess.report import PreprocessReport, StepReport, measured_step
 from onnxprec.validate import task_check
 
 logger = logging.getLogger(__name__)
@@ -65,141 +62,6 @@ logger = logging.getLogger(__name__)
 _OPSET_RTOL = 1e-4
 # Metadata ONNX Runtime's quantizer looks for (``model_has_pre_process_metadata``).
 _METADATA = ("onnx.quant.pre_process", "onnxruntime.quant")
-
-
-# --------------------------------------------------------------------------------------------------
-# Reports
-
-
-@dataclass
-class StepReport:
-    """What one step changed: nodes and op-type counts before and after, and shapes newly known."""
-
-    name: str
-    skipped: str = ""
-    warnings: list[str] = field(default_factory=list)
-    nodes_before: int = 0
-    nodes_after: int = 0
-    op_changes: dict[str, tuple[int, int]] = field(default_factory=dict)
-    shapes_before: int = 0
-    shapes_after: int = 0
-    shapes_new: int = 0
-    values_before: int = 0
-    values_after: int = 0
-    seconds: float = 0.0
-
-    def describe(self) -> str:
-        """One line for the log: node counts, op-type changes and shapes newly known (or why it was skipped)."""
-        if self.skipped:
-            return f"{self.name}: skipped ({self.skipped})"
-        parts = [f"{self.nodes_before} -> {self.nodes_after} nodes"]
-        if self.op_changes:
-            changes = sorted(self.op_changes.items(), key=lambda kv: (-abs(kv[1][1] - kv[1][0]), kv[0]))
-            parts.append(", ".join(f"{op} {b}->{a}" for op, (b, a) in changes))
-        parts.append(f"{self.shapes_new} shapes newly known ({self.shapes_after} known)")
-        return f"{self.name}: " + "; ".join(parts) + f" [{self.seconds:.2f} s]"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "skipped": self.skipped or None,
-            "warnings": list(self.warnings),
-            "nodes_before": self.nodes_before,
-            "nodes_after": self.nodes_after,
-            "op_changes": {op: {"before": b, "after": a} for op, (b, a) in sorted(self.op_changes.items())},
-            "shapes_known_before": self.shapes_before,
-            "shapes_known_after": self.shapes_after,
-            "shapes_newly_known": self.shapes_new,
-            "node_outputs_before": self.values_before,
-            "node_outputs_after": self.values_after,
-            "seconds": round(self.seconds, 4),
-        }
-
-
-@dataclass
-class PreprocessReport:
-    """The steps that ran (or why they were skipped); :meth:`to_json` is the ``--report_json`` file."""
-
-    TOOL: ClassVar[str] = "preprocess"
-
-    steps: list[StepReport] = field(default_factory=list)
-    input_path: Path | None = None
-    output_path: Path | None = None
-    external_data: bool = False
-    seconds: float = 0.0
-    genai: GenaiCarry | None = None  # the onnxruntime-genai files carried beside the output
-    check: dict[str, Any] = field(default_factory=dict)  # the output against the input on random data
-
-    @property
-    def summary(self) -> str:
-        ran = [s for s in self.steps if not s.skipped]
-        if not ran:
-            return "No step ran"
-        first, last = ran[0], ran[-1]
-        text = (
-            f"Pre-processed: {first.nodes_before} -> {last.nodes_after} nodes; shapes known for "
-            f"{last.shapes_after} of {last.values_after} node outputs (before: {first.shapes_before} of "
-            f"{first.values_before})"
-        )
-        if self.check:
-            text += f"; checked on random data (1 run): {self.check['metric']}"
-        return text
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **header(self),
-            "input": None if self.input_path is None else str(self.input_path),
-            "output": None if self.output_path is None else str(self.output_path),
-            "external_data": self.external_data,
-            "seconds": round(self.seconds, 4),
-            "steps": [s.to_json() for s in self.steps],
-            "genai": None if self.genai is None else self.genai.to_json(),
-            "accuracy_check": self.check or None,
-        }
-
-
-def _op_counts(model: ir.Model) -> collections.Counter[str]:
-    return collections.Counter(
-        node.op_type if not node.domain or node.domain == "ai.onnx" else f"{node.domain}.{node.op_type}"
-        for node in model.graph.all_nodes()
-    )
-
-
-def _known_shapes(model: ir.Model) -> tuple[set[str], int]:
-    """Names of node outputs (all graphs) whose shape is known, and the number of node outputs."""
-    outputs = [value for node in model.graph.all_nodes() for value in node.outputs if value.name]
-    return {str(value.name) for value in outputs if value.shape is not None}, len(outputs)
-
-
-@contextlib.contextmanager
-def _step(name: str, report: PreprocessReport, holder: list[ir.Model]) -> Iterator[StepReport]:
-    """Measures a step on ``holder[0]`` (the model before; the step puts the model after in ``holder[0]``)."""
-    step = StepReport(name)
-    before_ops = _op_counts(holder[0])
-    before_shapes, step.values_before = _known_shapes(holder[0])
-    with _report.timed() as timer:
-        yield step
-    step.seconds = timer.seconds
-    report.steps.append(step)
-    if step.skipped:
-        logger.info("%s", step.describe())
-        return
-    after_ops = _op_counts(holder[0])
-    after_shapes, step.values_after = _known_shapes(holder[0])
-    step.nodes_before, step.nodes_after = sum(before_ops.values()), sum(after_ops.values())
-    step.op_changes = {
-        op: (before_ops[op], after_ops[op])
-        for op in set(before_ops) | set(after_ops)
-        if before_ops[op] != after_ops[op]
-    }
-    step.shapes_before, step.shapes_after = len(before_shapes), len(after_shapes)
-    step.shapes_new = len(after_shapes - before_shapes)
-    logger.info("%s", step.describe())
-
-
-def _warn(step: StepReport, message: str) -> None:
-    step.warnings.append(message)
-    logger.warning("%s", message)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -348,8 +210,7 @@ def _outputs_before_upgrade(
                 f"Cannot verify the opset {current} -> {target} conversion: the model does not run on random "
                 f"inputs ({e}); upgrade it yourself with onnx.version_converter and check the result."
             ) from None
-        _warn(
-            step,
+        step.warn(
             f"The opset {current} -> {target} conversion is not verified: the model does not run on "
             f"random inputs ({e}).",
         )
@@ -410,7 +271,7 @@ def _symbolic_shapes(model: ir.Model, options: PreprocessOptions, step: StepRepo
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     except ImportError as e:
         step.skipped = f"it needs sympy and onnxruntime ({e}); pip install sympy"
-        _warn(step, f"Symbolic shape inference skipped: {step.skipped}.")
+        step.warn(f"Symbolic shape inference skipped: {step.skipped}.")
         return model
     stripped = structure_proto(model)  # weights above 1 KiB become graph inputs: nothing is read
     inference = SymbolicShapeInference(options.int_max, options.auto_merge, options.guess_output_rank, options.verbose)
@@ -426,11 +287,10 @@ def _symbolic_shapes(model: ir.Model, options: PreprocessOptions, step: StepRepo
     except Exception as e:  # ORT raises anything from its handlers (AssertionError, KeyError, sympy errors)
         why = f"{type(e).__name__}: {_ort.first_line(e, 200)}"
         step.skipped = f"it failed: {why}"
-        _warn(step, f"Symbolic shape inference failed ({why}); continuing with ONNX shape inference.")
+        step.warn(f"Symbolic shape inference failed ({why}); continuing with ONNX shape inference.")
         return model
     if not complete:
-        _warn(
-            step,
+        step.warn(
             f"Symbolic shape inference is incomplete: it stopped at {_first_unknown_node(result)}; the shapes it "
             "found are kept and ONNX shape inference continues.",
         )
@@ -459,7 +319,7 @@ def _optimize(model: ir.Model, folder: Path, step: StepReport) -> ir.Model:
         del session
     except UnsupportedModelError as e:
         step.skipped = _ort.first_line(e, 240)  # "ONNX Runtime cannot load the model: <its first line>"
-        _warn(step, f"Graph optimization skipped: {step.skipped}.")
+        step.warn(f"Graph optimization skipped: {step.skipped}.")
         return model
     result = load_model(optimized)
     # ORT declares every domain it knows (ai.onnx.ml, com.microsoft.nchwc, ...): keep only those in use.
@@ -476,7 +336,7 @@ def _onnx_shapes(model: ir.Model, step: StepReport) -> ir.Model:
         inferred = onnx.shape_inference.infer_shapes(structure_proto(model))
     except Exception as e:  # onnx raises InferenceError, ValidationError or RuntimeError
         step.skipped = f"it failed: {_ort.first_line(e, 200)}"
-        _warn(step, f"ONNX shape inference {step.skipped}; the model is saved with the shapes known so far.")
+        step.warn(f"ONNX shape inference {step.skipped}; the model is saved with the shapes known so far.")
         return model
     _merge_shapes(model, inferred)
     return model
@@ -586,7 +446,7 @@ def _write(run: FileRun[PreprocessOptions]) -> tuple[ir.Model, PreprocessReport]
     # The optimizer's output (as large as the model) is written beside the output, not to a RAM-backed /tmp.
     with tempfile.TemporaryDirectory(prefix=".onnxprec-preprocess-", dir=run.output.resolve().parent) as tmp:
         for name, skip, function in STEPS:
-            with _step(name, report, holder) as step:
+            with measured_step(name, report, holder) as step:
                 if skip is not None and getattr(options, skip):
                     step.skipped = skip
                 else:
