@@ -131,48 +131,19 @@ def gptq(
     fewer). ``overwrite_weight``: a float32 ``w`` is the walk's work matrix on the host (changed; one ``K x N`` copy
     fewer).
     """
-    weight = as_float32_matrix(w)
-    if not overwrite_weight and np.may_share_memory(weight, np.asarray(w)):
-        weight = weight.copy()
-    del w  # with overwrite_weight, a caller that handed its array over leaves it to this function alone
+    weight, h, hx = _work_matrices(w, hessian, overwrite_weight, overwrite_hessian)
+    del w, hessian  # with overwrite_weight, a caller that handed its array over leaves it to this function alone
     k, n = weight.shape
-    hx = namespace(hessian)  # the Hessian stays where it is given (a backend's device, or the host)
-    h = hx.asarray(hessian, dtype=np.float64) if overwrite_hessian else hx.array(hessian, dtype=np.float64)
-    del hessian
-    if h.shape != (k, k):
-        raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h.shape}")
-    if n_tokens <= 0:
-        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
-    if lazy_batch < 1:
-        raise ValueError(f"lazy_batch must be positive, got {lazy_batch}")
+    _check_arguments(h.shape, k, n_tokens, lazy_batch)
     bs = effective_block_size(k, block_size)
-    n_blocks = math.ceil(k / bs)
     grid = QuantGrid(bits, symmetric, positive_scales)
-    qmin, qmax = grid.levels
-
     h *= 2.0 / n_tokens
-    diagonal = np.array(_host(backend, hx.diag(h)))  # a copy: the dead channels' entries change below
-    dead = diagonal == 0
-    if dead.any():
-        index = np.flatnonzero(dead)
-        h[hx.asarray(index), hx.asarray(index)] = 1.0
-        weight[dead, :] = 0.0
-        logger.debug("GPTQ: %d dead input channels", int(dead.sum()))
-        diagonal[dead] = 1.0
-
-    scales = np.empty((n_blocks, n), dtype=np.float32)
-    zero_points = None if symmetric else np.empty((n_blocks, n), dtype=np.float32)
+    diagonal = _drop_dead_channels(weight, h, hx, backend)
+    scales = np.empty((math.ceil(k / bs), n), dtype=np.float32)
+    zero_points = None if symmetric else np.empty_like(scales)
     perm: np.ndarray | None = None
     if act_order:
-        s_all, z_all = block_params(to_blocks(weight, bs), grid)
-        scales[:] = s_all
-        if zero_points is not None and z_all is not None:
-            zero_points[:] = z_all
-        perm = np.argsort(-diagonal, kind="stable")
-        weight = weight[perm]
-        on = hx.asarray(perm)
-        h = h[hx.ix_(on, on)]
-
+        weight, h, perm = _in_act_order(weight, h, hx, diagonal, bs, grid, scales, zero_points)
     if not backend.fits(FACTOR_MATRICES * k * k * 8 + _WALK_ARRAYS * k * n * 4):
         logger.info("GPTQ: a [%d, %d] weight does not fit %r; it runs in numpy", k, n, backend)
         h = _host(backend, h)
@@ -184,8 +155,94 @@ def gptq(
     scales = backend.from_host(scales)
     if zero_points is not None:
         zero_points = backend.from_host(zero_points)
-    levels = xp.empty((k, n), dtype=np.float32)
+    levels = _walk(xp, weight, upper, scales, zero_points, grid, bs, perm, lazy_batch)
+    del weight, upper
+    if perm is not None:
+        unpermuted = xp.empty_like(levels)
+        unpermuted[backend.from_host(perm)] = levels
+        levels = unpermuted
+    q_out = backend.to_host(levels.astype(np.int8 if grid.levels[0] < 0 else np.uint8))
+    zp_out = None if zero_points is None else backend.to_host(zero_points.astype(np.uint8))
+    result = QuantizedWeight(q=q_out, scales=backend.to_host(scales), zero_points=zp_out, block_size=bs, bits=bits)
+    del levels, scales, zero_points
+    backend.release()
+    return result
 
+
+def _work_matrices(
+    w: ArrayLike, hessian: ArrayLike, overwrite_weight: bool, overwrite_hessian: bool
+) -> tuple[np.ndarray, Any, Any]:
+    """The weight as a float32 host matrix and the Hessian as float64 where it is given (a backend's device, or the
+    host), with its array namespace; each a copy unless its ``overwrite_`` flag hands the caller's array over."""
+    weight = as_float32_matrix(w)
+    if not overwrite_weight and np.may_share_memory(weight, np.asarray(w)):
+        weight = weight.copy()
+    hx = namespace(hessian)
+    h = hx.asarray(hessian, dtype=np.float64) if overwrite_hessian else hx.array(hessian, dtype=np.float64)
+    return weight, h, hx
+
+
+def _check_arguments(h_shape: tuple[int, ...], k: int, n_tokens: int, lazy_batch: int) -> None:
+    if h_shape != (k, k):
+        raise ValueError(f"hessian must be [{k}, {k}] for a weight with K={k}, got {h_shape}")
+    if n_tokens <= 0:
+        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
+    if lazy_batch < 1:
+        raise ValueError(f"lazy_batch must be positive, got {lazy_batch}")
+
+
+def _drop_dead_channels(weight: np.ndarray, h: Any, hx: Any, backend: ArrayBackend) -> np.ndarray:
+    """Dead input channels (``H[i, i] == 0``) get ``H[i, i] = 1`` and ``W[i, :] = 0`` (both changed in place);
+    returns the diagonal of ``H`` so changed, on the host."""
+    diagonal = np.array(_host(backend, hx.diag(h)))  # a copy: the dead channels' entries change below
+    dead = diagonal == 0
+    if dead.any():
+        index = np.flatnonzero(dead)
+        h[hx.asarray(index), hx.asarray(index)] = 1.0
+        weight[dead, :] = 0.0
+        logger.debug("GPTQ: %d dead input channels", int(dead.sum()))
+        diagonal[dead] = 1.0
+    return diagonal
+
+
+def _in_act_order(
+    weight: np.ndarray,
+    h: Any,
+    hx: Any,
+    diagonal: np.ndarray,
+    bs: int,
+    grid: QuantGrid,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None,
+) -> tuple[np.ndarray, Any, np.ndarray]:
+    """``act_order``: every block's scales (and zero points) from the original weights, written into ``scales`` and
+    ``zero_points``, then the weight's rows and the Hessian permuted by descending ``diag(H)``; returns the permuted
+    weight and Hessian and the permutation."""
+    s_all, z_all = block_params(to_blocks(weight, bs), grid)
+    scales[:] = s_all
+    if zero_points is not None and z_all is not None:
+        zero_points[:] = z_all
+    perm = np.argsort(-diagonal, kind="stable")
+    on = hx.asarray(perm)
+    return weight[perm], h[hx.ix_(on, on)], perm
+
+
+def _walk(
+    xp: Any,
+    weight: Any,
+    upper: Any,
+    scales: Any,
+    zero_points: Any | None,
+    grid: QuantGrid,
+    bs: int,
+    perm: np.ndarray | None,
+    lazy_batch: int,
+) -> Any:
+    """The row walk (see the module docstring) in lazy batches of ``lazy_batch`` rows; returns the levels ``[K, N]``
+    (float32, on the backend). ``weight`` is the work matrix (changed); without ``perm`` each block's scales are set
+    when the walk reaches its first row (:func:`_block_params_now`)."""
+    k, n = weight.shape
+    levels = xp.empty((k, n), dtype=np.float32)
     for i1 in range(0, k, lazy_batch):
         i2 = min(i1 + lazy_batch, k)
         batch = weight[i1:i2]  # a view: updated in place
@@ -196,47 +253,58 @@ def gptq(
             if perm is None:
                 block = row // bs
                 if row % bs == 0:
-                    end = min(row + bs, k)
-                    current = weight[row:end]
-                    if end > i2:  # rows after this lazy batch still miss the batch's updates so far
-                        current = current.copy()
-                        current[i2 - row :] -= upper[i1:row, i2:end].T @ errors[:i]
-                    s, z = block_params(current[None], grid)
+                    s, z = _block_params_now(weight, upper, errors[:i], row, i2, bs, grid)
                     scales[block] = s[0]
                     if zero_points is not None and z is not None:
                         zero_points[block] = z[0]
             else:
                 block = int(perm[row]) // bs
-            s_row = scales[block]
             z_row = None if zero_points is None else zero_points[block]
-            # The row's levels and error are made in place in their rows of ``levels`` and ``errors`` (on a device,
-            # each operation is a kernel launch: the walk makes about 10 per row of the weight).
-            q = levels[row]
-            xp.divide(batch[i], s_row, out=q)
-            xp.rint(q, out=q)
-            if z_row is not None:
-                q += z_row
-            xp.clip(q, qmin, qmax, out=q)
-            err = errors[i]
-            if z_row is not None:
-                xp.subtract(q, z_row, out=err)
-                err *= s_row
-            else:
-                xp.multiply(q, s_row, out=err)
-            xp.subtract(batch[i], err, out=err)
-            err /= u_batch[i, i]
-            batch[i + 1 :] -= xp.outer(u_batch[i, i + 1 :], err)
+            _quantize_row(xp, batch, i, u_batch, levels[row], errors[i], scales[block], z_row, grid.levels)
         if i2 < k:
             weight[i2:] -= upper[i1:i2, i2:].T @ errors
+    return levels
 
-    del weight, upper
-    if perm is not None:
-        unpermuted = xp.empty_like(levels)
-        unpermuted[backend.from_host(perm)] = levels
-        levels = unpermuted
-    q_out = backend.to_host(levels.astype(np.int8 if qmin < 0 else np.uint8))
-    zp_out = None if zero_points is None else backend.to_host(zero_points.astype(np.uint8))
-    result = QuantizedWeight(q=q_out, scales=backend.to_host(scales), zero_points=zp_out, block_size=bs, bits=bits)
-    del levels, scales, zero_points
-    backend.release()
-    return result
+
+def _block_params_now(
+    weight: Any, upper: Any, pending: Any, row: int, i2: int, bs: int, grid: QuantGrid
+) -> tuple[Any, Any]:
+    """The scales (and zero points) of the block starting at ``row``, from its current weights: rows after the lazy
+    batch (from ``i2``) get the batch's ``pending`` errors so far (rows ``row - len(pending)`` to ``row``) applied to
+    a copy first."""
+    end = min(row + bs, weight.shape[0])
+    current = weight[row:end]
+    if end > i2:  # rows after this lazy batch still miss the batch's updates so far
+        i1 = row - pending.shape[0]
+        current = current.copy()
+        current[i2 - row :] -= upper[i1:row, i2:end].T @ pending
+    return block_params(current[None], grid)
+
+
+def _quantize_row(
+    xp: Any,
+    batch: Any,
+    i: int,
+    u_batch: Any,
+    q: Any,
+    err: Any,
+    s_row: Any,
+    z_row: Any | None,
+    levels: tuple[int, int],
+) -> None:
+    """Quantizes row ``i`` of the lazy ``batch`` into ``q`` and spreads its error ``err`` (both made in place: on a
+    device, each operation is a kernel launch, about 10 per row) over the batch's rows after it."""
+    qmin, qmax = levels
+    xp.divide(batch[i], s_row, out=q)
+    xp.rint(q, out=q)
+    if z_row is not None:
+        q += z_row
+    xp.clip(q, qmin, qmax, out=q)
+    if z_row is not None:
+        xp.subtract(q, z_row, out=err)
+        err *= s_row
+    else:
+        xp.multiply(q, s_row, out=err)
+    xp.subtract(batch[i], err, out=err)
+    err /= u_batch[i, i]
+    batch[i + 1 :] -= xp.outer(u_batch[i, i + 1 :], err)
