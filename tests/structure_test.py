@@ -11,7 +11,10 @@ count). A function over :data:`MAX_LINES` is split into named steps (``_report.S
 
 **Timing** is done by ``_report.Timer`` / ``_report.timed()`` / ``report.step()``, the latency timer
 (``_latency``) and the progress line (``_progress``): no other module of ``src/`` (tests included) reads a clock
-(``time.perf_counter``, ``time.time``, ``time.monotonic``, ``time.process_time`` and their ``_ns`` forms).
+(``time.perf_counter``, ``time.time``, ``time.monotonic``, ``time.process_time`` and their ``_ns`` forms), no
+product module but ``_report`` starts a ``Timer()`` by hand (a block is timed by ``with timed() as clock:``), and
+seconds spent on one part in several places are added by ``_report.add_seconds`` (no
+``seconds[k] = seconds.get(k, 0) + ...`` written out).
 
 No **product file** (a module of ``src/onnxprec``, its tests aside) is over :data:`MAX_FILE_LINES` lines: a longer
 one is split along its concepts.
@@ -182,3 +185,49 @@ def test_no_product_file_over_700_lines() -> None:
         if not path.name.endswith("_test.py") and (n := len(path.read_text().splitlines())) > MAX_FILE_LINES
     }
     assert not long, f"product files over {MAX_FILE_LINES} lines (split them along their concepts): {long}"
+
+
+def _hand_timing(tree: ast.Module) -> list[int]:
+    """Lines that start a ``Timer()`` by hand or add seconds as ``x[k] = x.get(k, 0) + ...`` (``x`` named
+    ``*seconds`` or ``*steps``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Name) and func.id == "Timer") or (
+                isinstance(func, ast.Attribute) and func.attr == "Timer"
+            ):
+                found.append(node.lineno)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
+            target, value = ast.unparse(node.targets[0].value), node.value
+            if (
+                target.endswith(("seconds", "steps"))
+                and isinstance(value, ast.BinOp)
+                and isinstance(value.op, ast.Add)
+                and isinstance(value.left, ast.Call)
+                and isinstance(value.left.func, ast.Attribute)
+                and value.left.func.attr == "get"
+                and ast.unparse(value.left.func.value) == target
+            ):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def test_no_hand_started_timers_or_added_seconds_in_src() -> None:
+    offenders = [
+        f"{path.relative_to(SRC)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).as_posix() != "_report.py" and not path.name.endswith("_test.py")
+        for line in _hand_timing(ast.parse(path.read_text()))
+    ]
+    assert not offenders, "time a block with _report.timed() and add seconds with _report.add_seconds: " + ", ".join(
+        offenders
+    )
+
+
+def test_a_hand_started_timer_and_added_seconds_are_seen() -> None:
+    tree = ast.parse(
+        "clock = Timer()\nt = _report.Timer()\nreport.seconds['a'] = report.seconds.get('a', 0.0) + s\n"
+        "counts[k] = counts.get(k, 0) + 1\nwith timed() as clock:\n    pass\n"
+    )
+    assert _hand_timing(tree) == [1, 2, 3]

@@ -30,6 +30,7 @@ __all__ = [
     "Step",
     "TimedSteps",
     "Timer",
+    "add_seconds",
     "check_paths",
     "fields_of",
     "header",
@@ -99,6 +100,12 @@ def timed() -> Iterator[Timer]:
         yield timer
     finally:
         timer.stop()
+
+
+def add_seconds(seconds: dict[str, float], name: str, spent: float) -> None:
+    """Adds ``spent`` to ``seconds[name]`` (from 0): the one accumulation of a part of a run timed in several places
+    (each layer's output errors, each pass's statistics, each group's decision)."""
+    seconds[name] = seconds.get(name, 0.0) + spent
 
 
 @dataclasses.dataclass(frozen=True)

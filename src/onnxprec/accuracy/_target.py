@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.metrics import ErrorStats
 
@@ -166,24 +166,24 @@ def measure_outputs(
     run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
 ) -> Measurement:
     """Runs every batch and compares the float outputs with the kept float ones."""
-    clock = Timer()
-    stats: dict[str, ErrorStats] = {}
-    callback_ok = True
-    for batch, reference in zip(kept.batches, kept.outputs):
-        outputs = run(batch)
-        for name, expected in reference.items():
-            if not np.issubdtype(expected.dtype, np.floating):
-                continue
-            stats.setdefault(name, ErrorStats(track_top1=target.needs_top1)).update(
-                expected, np.asarray(outputs[name], dtype=np.float32)
-            )
-        if target.callback is not None and callback_ok:
-            callback_ok = bool(target.callback(reference, {k: np.asarray(v) for k, v in outputs.items()}))
-        del outputs
-    errors = {name: s.as_dict() for name, s in stats.items()}
-    ok = callback_ok and all(
-        e["nonfinite"] == 0 and all(b.holds(e.get(b.metric)) for b in target.bounds) for e in errors.values()
-    )
+    with timed() as clock:
+        stats: dict[str, ErrorStats] = {}
+        callback_ok = True
+        for batch, reference in zip(kept.batches, kept.outputs):
+            outputs = run(batch)
+            for name, expected in reference.items():
+                if not np.issubdtype(expected.dtype, np.floating):
+                    continue
+                stats.setdefault(name, ErrorStats(track_top1=target.needs_top1)).update(
+                    expected, np.asarray(outputs[name], dtype=np.float32)
+                )
+            if target.callback is not None and callback_ok:
+                callback_ok = bool(target.callback(reference, {k: np.asarray(v) for k, v in outputs.items()}))
+            del outputs
+        errors = {name: s.as_dict() for name, s in stats.items()}
+        ok = callback_ok and all(
+            e["nonfinite"] == 0 and all(b.holds(e.get(b.metric)) for b in target.bounds) for e in errors.values()
+        )
     return Measurement(errors, ok, clock.seconds, callback_ok)
 
 

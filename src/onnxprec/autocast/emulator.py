@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import NameAllocator
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec._tensors import finite_max
 
 __all__ = ["EmulateRoundingPass", "EmulationResult", "Emulator", "float_values"]
@@ -177,32 +177,23 @@ class Emulator:
         keep_io_types: bool,
         providers: Sequence[str] | None = None,
     ) -> None:
-        clock = Timer()
         self.candidates = list(candidates)
         self.low = low
-        clone = model.clone()
-        twin = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))  # a clone keeps the graph's order
-        rounding = EmulateRoundingPass(
-            {twin[node] for node in fixed_low if node in twin},
-            [twin[node] for node in self.candidates],
-            low,
-            keep_io_types=keep_io_types,
-        )
-        result = rounding(clone)
-        assert isinstance(result, EmulationResult)
-        self.switches = result.switches
-        self.fetch = result.fetch
-        edges = result.rounded_edges
-        self._stack = contextlib.ExitStack()
-        payload, folder = self._stack.enter_context(_ort.ort_model(clone))
-        del clone, twin, rounding, result
-        self.session = _ort.create_session(
-            payload,
-            providers=providers,
-            optimization="basic",
-            external_data_folder=folder,
-            what="the emulation model",
-        )
+        with timed() as clock:
+            clone, result = self._rounded(model, fixed_low, keep_io_types)
+            self.switches = result.switches
+            self.fetch = result.fetch
+            edges = result.rounded_edges
+            self._stack = contextlib.ExitStack()
+            payload, folder = self._stack.enter_context(_ort.ort_model(clone))
+            del clone, result
+            self.session = _ort.create_session(
+                payload,
+                providers=providers,
+                optimization="basic",
+                external_data_folder=folder,
+                what="the emulation model",
+            )
         self.runs = 0
         self.sessions = 1
         logger.info(
@@ -212,6 +203,23 @@ class Emulator:
             edges,
             clock.seconds,
         )
+
+    def _rounded(
+        self, model: ir.Model, fixed_low: set[ir.Node], keep_io_types: bool
+    ) -> tuple[ir.Model, EmulationResult]:
+        """A clone of ``model`` with the rounding of ``fixed_low`` and a switched rounding of each candidate
+        (:class:`EmulateRoundingPass`), and what the pass added."""
+        clone = model.clone()
+        twin = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))  # a clone keeps the graph's order
+        rounding = EmulateRoundingPass(
+            {twin[node] for node in fixed_low if node in twin},
+            [twin[node] for node in self.candidates],
+            self.low,
+            keep_io_types=keep_io_types,
+        )
+        result = rounding(clone)
+        assert isinstance(result, EmulationResult)
+        return clone, result
 
     def close(self) -> None:
         """Releases the session and the temporary files."""

@@ -20,7 +20,7 @@ from onnxprec._graph import tensor_dtype
 from onnxprec._io import ModelSource
 from onnxprec._ops import opsets_by_domain
 from onnxprec._ort import lacks_kernels
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision
 from onnxprec.autocast.report import AutoCastReport
@@ -102,8 +102,8 @@ def keep_kernel_gaps(
         for node, d in decisions.items()
         if d.low and any(v is not None and tensor_dtype(v) == ir.DataType.FLOAT for v in (*node.inputs, *node.outputs))
     ]
-    clock = Timer()
-    lacking = lacks_kernels(low, opsets_by_domain(model), options.low, provider)
+    with timed() as clock:
+        lacking = lacks_kernels(low, opsets_by_domain(model), options.low, provider)
     kept: dict[str, int] = {}
     for node in lacking:
         kept[node.op_type] = kept.get(node.op_type, 0) + 1

@@ -30,7 +30,7 @@ from onnxprec._graph import FLOAT_TYPES, LOW_FLOAT_TYPES, all_values, tensor_dty
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import check_op_types, check_patterns
-from onnxprec._report import Step, Timer
+from onnxprec._report import Step, timed
 from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.autocast import masks, target
 from onnxprec.autocast._options import AutoCastOptions
@@ -436,14 +436,14 @@ def _details(
 ) -> Details:
     """What the HTML report shows per node; the errors along the graph on the first calibration sample
     (``converted_clone``: :func:`_converted_clone` with the model's interface types)."""
-    clock = Timer()
     found = Details.of(model, seen, measured)
     if reference is None:
         found.error_note = "errors along the graph not measured: no reference run (data_max inf)"
         return found
-    converted = converted_clone(model, decisions, options)
-    feeds = first_sample(reference.first_feeds)
-    found.errors, found.error_note = layer_errors(model, converted, feeds, options.providers)
+    with timed() as clock:
+        converted = converted_clone(model, decisions, options)
+        feeds = first_sample(reference.first_feeds)
+        found.errors, found.error_note = layer_errors(model, converted, feeds, options.providers)
     logger.info("Errors along the graph: %d tensors (%.1f s)", len(found.errors), clock.seconds)
     return found
 

@@ -50,7 +50,7 @@ import onnx_ir as ir
 from onnxprec import _ort
 from onnxprec._ops import CONTROL_FLOW_OPS
 from onnxprec._progress import Progress
-from onnxprec._report import Timer, fields_of, timed
+from onnxprec._report import fields_of, timed
 from onnxprec._tensors import finite_max
 from onnxprec.accuracy import AccuracyTarget, ErrorScale, Measurement, ReferenceOutputs, confirm, measure_outputs
 from onnxprec.autocast.classify import Decision, classify
@@ -231,17 +231,16 @@ def search(problem: Problem) -> tuple[dict[ir.Node, Decision], TargetReport, Num
     number of nodes to keep in FP32. The emulation's verdicts are scaled to the measured error of the default
     (:class:`~onnxprec.accuracy.ErrorScale`); the final choice is checked for real (:func:`_confirm_for_real`).
     """
-    clock = Timer()
     report = TargetReport(str(problem.target))
-    with Progress("AutoCast target search", "check", count=lambda: len(report.steps)):
+    with timed() as clock, Progress("AutoCast target search", "check", count=lambda: len(report.steps)):
         fixed_low, moving, ranked = _start(problem, report)
         chosen = _move(problem, fixed_low, moving, ranked, report)
-        final = report.final
-        assert final is not None
-        report.reached = final.ok
-        report.seconds = clock.seconds
-        _log_result(report, final, len(moving))
-        return chosen, report, _numeric(final)
+    final = report.final
+    assert final is not None
+    report.reached = final.ok
+    report.seconds = clock.seconds
+    _log_result(report, final, len(moving))
+    return chosen, report, _numeric(final)
 
 
 def _start(problem: Problem, report: TargetReport) -> tuple[set[ir.Node], list[ir.Node], list[ir.Node]]:

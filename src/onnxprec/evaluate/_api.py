@@ -37,7 +37,7 @@ from onnxprec._io import load_model
 from onnxprec._latency import time_alternating
 from onnxprec._options import fields_in
 from onnxprec._ort_profile import profile_kernels
-from onnxprec._report import SUMMARY, Timer
+from onnxprec._report import SUMMARY, timed
 from onnxprec.calibration import InputSpec
 from onnxprec.calibration_data import CalibrationArgs
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError, ModelLoadError, UnsupportedModelError
@@ -163,16 +163,16 @@ def _feeds(model: _Model, batch: Mapping[str, np.ndarray], built: frozenset[str]
 
 
 def _run(model: _Model, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], float]:
-    clock = Timer()
     try:
         assert model.session is not None
-        outputs = model.session.run(feeds, model.fetch)
+        with timed() as clock:
+            outputs = model.session.run(feeds, model.fetch)
     except Exception as e:  # ONNX Runtime's own exception types
         shapes = {k: list(v.shape) for k, v in feeds.items()}
         raise UnsupportedModelError(
             f"ONNX Runtime cannot run model '{model.result.name}' on inputs {shapes}: {_ort.first_line(e)}"
         ) from None
-    return outputs, clock.stop()
+    return outputs, clock.seconds
 
 
 def _score(

@@ -19,7 +19,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from onnxprec._array import NUMPY, ArrayBackend
-from onnxprec._report import timed
+from onnxprec._report import add_seconds, timed
 from onnxprec.observers import ChannelAbsMeanObserver, GramObserver, Observer, TokenSampleObserver
 from onnxprec.passes import InferTypesPass
 from onnxprec.quantization.algorithms.gptq import FACTOR_MATRICES
@@ -259,8 +259,8 @@ def collect_stats(
         on_done=done if on_ready is not None else None,
     )
     if seconds is not None:
-        seconds["statistics"] = seconds.get("statistics", 0.0) + timed_observers.seconds
-        seconds["sessions"] = seconds.get("sessions", 0.0) + result.session_seconds
+        add_seconds(seconds, "statistics", timed_observers.seconds)
+        add_seconds(seconds, "sessions", result.session_seconds)
     del calibration_model, result
     return {group: finish(group) for group in groups if group.name in pending}
 

@@ -37,7 +37,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, TaskMetrics, batch_size, measure_outputs
 
 if TYPE_CHECKING:
@@ -186,8 +186,6 @@ def measure_task(
     against ``target`` and its task metrics against the float outputs, in one pass."""
     from onnxprec import _ort
 
-    clock = Timer()
-    session = _ort.create_session(model, providers=providers, optimization=optimization, what="the quantized model")
     metrics = TaskMetrics(producers)
     references = iter(kept.outputs)
 
@@ -196,6 +194,8 @@ def measure_task(
         metrics.update(next(references), outputs, batch_size(batch))
         return outputs
 
-    measurement = measure_outputs(target, kept, run)
+    with timed() as clock:
+        session = _ort.create_session(model, providers=providers, optimization=optimization, what="the quantized model")
+        measurement = measure_outputs(target, kept, run)
     measurement = dataclasses.replace(measurement, seconds=clock.seconds)
     return Checked(measurement, metrics.summary(), len(kept.outputs), bounds=bounds)

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxprec._array import NUMPY, ArrayBackend, namespace
-from onnxprec._report import timed
+from onnxprec._report import add_seconds, timed
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms import awq_clip, awq_lite, gptq, quantize_rtn
 from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
@@ -495,7 +495,7 @@ def decide_group(
         computed = None if gptq_results is None else gptq_results[index]
         with timed() as measuring:
             error = _output_error(*_error_columns(w, recipe, computed), stats, config.backend)
-        seconds["output errors"] = seconds.get("output errors", 0.0) + measuring.seconds
+        add_seconds(seconds, "output errors", measuring.seconds)
         if error is not None:
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Mapping
 import numpy as np
 import onnx_ir as ir
 
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec._tensors import float32_copy, release
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 from onnxprec.quantization.methods import Recipe
@@ -75,29 +75,29 @@ class LazyQuantizedWeight:
         k, n = self.shape
         step = max(1, CHUNK_BYTES // (4 * k))
         if n <= step or self.recipe.result is not None or not isinstance(self.source, ir.ExternalTensor):
-            clock = Timer()
-            w = self.weight()
-            self.release()
-            qw = self.recipe.quantize(w)
+            with timed() as clock:
+                w = self.weight()
+                self.release()
+                qw = self.recipe.quantize(w)
             if on_done is not None:
                 on_done(w, qw, clock.seconds)
             return qw
         q = scales = zero_points = None
         block_size, bits = k, self.recipe.bits
         for start in range(0, n, step):
-            clock = Timer()
-            columns = slice(start, min(start + step, n))
-            w = self._columns(columns)
-            part = self.recipe.quantize(w, columns)
-            if q is None:
-                q = np.empty((k, n), part.q.dtype)
-                scales = np.empty((part.scales.shape[0], n), part.scales.dtype)
-                if part.zero_points is not None:
-                    zero_points = np.empty((part.zero_points.shape[0], n), part.zero_points.dtype)
-            assert scales is not None
-            q[:, columns], scales[:, columns], block_size = part.q, part.scales, part.block_size
-            if zero_points is not None and part.zero_points is not None:
-                zero_points[:, columns] = part.zero_points
+            with timed() as clock:
+                columns = slice(start, min(start + step, n))
+                w = self._columns(columns)
+                part = self.recipe.quantize(w, columns)
+                if q is None:
+                    q = np.empty((k, n), part.q.dtype)
+                    scales = np.empty((part.scales.shape[0], n), part.scales.dtype)
+                    if part.zero_points is not None:
+                        zero_points = np.empty((part.zero_points.shape[0], n), part.zero_points.dtype)
+                assert scales is not None
+                q[:, columns], scales[:, columns], block_size = part.q, part.scales, part.block_size
+                if zero_points is not None and part.zero_points is not None:
+                    zero_points[:, columns] = part.zero_points
             if on_done is not None:
                 on_done(w, part, clock.seconds)
             del w, part

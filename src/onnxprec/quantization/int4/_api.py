@@ -32,7 +32,7 @@ from onnxprec._ops import (
 )
 from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
-from onnxprec._report import SUMMARY, Step, timed
+from onnxprec._report import SUMMARY, Step, add_seconds, timed
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import AccuracyGuardError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
@@ -220,7 +220,7 @@ class _Calibration:
                         backend=self.state.config.backend, seconds=self.walk,  # Grams made where GPTQ runs
                     )  # fmt: skip
                 runs = running.seconds - (self.decided - before)  # less the deciding done while they ran
-                report.seconds["calibration runs"] = report.seconds.get("calibration runs", 0.0) + runs
+                add_seconds(report.seconds, "calibration runs", runs)
                 self.decide(left)
             report.add_walk_seconds(self.walk, self.decided)
         finally:
@@ -306,7 +306,7 @@ def _decide(
         )  # fmt: skip
         del weights
     for part, spent in decision.seconds.items():
-        seconds[f"calibration: {part}"] = seconds.get(f"calibration: {part}", 0.0) + spent
+        add_seconds(seconds, f"calibration: {part}", spent)
     share = clock.seconds / len(targets)
     for target, recipe in zip(targets, decision.recipes):
         recipes[target] = recipe

@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
-from onnxprec._report import Timer, timed
+from onnxprec._report import add_seconds, timed
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import CalibrationDataError, InvalidArgumentError
 from onnxprec.quantization.activation_stats import collect_stats, plan_chunks, streams
@@ -516,7 +516,7 @@ def _measure_candidates(
                             candidates[target] = _candidates(target, gram, options)
                         del gram
                         bar.update()
-                _add(report.steps, "candidates", scoring.seconds)
+                add_seconds(report.steps, "candidates", scoring.seconds)
 
             for chunk in chunks:
                 scored = report.steps.get("candidates", 0.0)
@@ -526,18 +526,20 @@ def _measure_candidates(
                         segment_bytes=options.segment_bytes, on_ready=score,
                     )  # fmt: skip
                 # the runs' time, less the scoring done while they ran
-                _add(report.steps, "statistics", running.seconds - (report.steps.get("candidates", 0.0) - scored))
+                add_seconds(
+                    report.steps, "statistics", running.seconds - (report.steps.get("candidates", 0.0) - scored)
+                )
                 score(left)
             bar.close()
             with timed() as scoring:
                 for target in selection.targets:
                     if target not in candidates:
                         candidates[target] = _candidates(target, None, options)
-            _add(report.steps, "candidates", scoring.seconds)
+            add_seconds(report.steps, "candidates", scoring.seconds)
             if llm:
                 with timed() as real_runs:
                     _calibrate_gains(model, replay, candidates, options, report)
-                _add(report.steps, "real runs", real_runs.seconds)
+                add_seconds(report.steps, "real runs", real_runs.seconds)
         finally:
             bar.close()
             replay.close()
@@ -548,8 +550,19 @@ def _measure_candidates(
     return candidates
 
 
-def _add(steps: dict[str, float], step: str, seconds: float) -> None:
-    steps[step] = steps.get(step, 0.0) + seconds
+def _allocate(
+    candidates: dict[WeightGroup, list[Candidate]], budget: int, fixed: int, options: Int4Options
+) -> Allocation[WeightGroup]:
+    """The candidates' allocation within ``budget`` bytes, ``fixed`` of which the rest of the model takes."""
+    try:
+        return allocate(candidates, budget - fixed)
+    except ValueError:
+        smallest = fixed + sum(min(c.bytes for c in options_) for options_ in candidates.values())
+        raise InvalidArgumentError(
+            f"size_budget_mb {options.size_budget_mb:g} is below the smallest reachable size, {smallest / 1e6:.2f} MB "
+            "(every weight at INT4 block 128, the rest of the model as it is): raise the budget, or let more layers "
+            "be quantized (--nodes_to_exclude)."
+        ) from None
 
 
 def choose_precisions(
@@ -563,40 +576,36 @@ def choose_precisions(
         InvalidArgumentError: The budget is below the smallest reachable size (named in the message).
     """
     assert options.size_budget_mb is not None
-    clock = Timer()
-    budget = round(options.size_budget_mb * 1e6)
-    fixed = _fixed_bytes(model, selection, options)
-    report = BudgetReport(budget, fixed)
-    ceiling = _most_precise(selection, options)
-    measured = not _holds(fixed, ceiling, budget)
-    if measured:
-        candidates = _measure_candidates(model, selection, options, written, report)
-    else:  # nothing to choose: no statistics, no real runs
-        candidates = {target: [candidate] for target, candidate in ceiling.items()}
-        report.probes = {"skipped": "the budget holds every weight at its most precise candidate"}
-    try:
-        allocation: Allocation[WeightGroup] = allocate(candidates, budget - fixed)
-    except ValueError:
-        smallest = fixed + sum(min(c.bytes for c in options_) for options_ in candidates.values())
-        raise InvalidArgumentError(
-            f"size_budget_mb {options.size_budget_mb:g} is below the smallest reachable size, {smallest / 1e6:.2f} MB "
-            "(every weight at INT4 block 128, the rest of the model as it is): raise the budget, or let more layers "
-            "be quantized (--nodes_to_exclude)."
-        ) from None
-    report.estimated_bytes, report.estimated_loss, report.curve = allocation.bytes, allocation.loss, allocation.curve
-    for target, candidate in allocation.choice.items():
-        report.layers[target.name] = {
-            "precision": candidate.precision.label,
-            "bytes": candidate.bytes,
-            "sensitivity": candidate.loss if measured else None,
-            "candidates": {c.precision.label: c.loss for c in candidates[target]} if measured else {},
-        }
-        if candidate.precision.bits == 0:
-            selection.targets.remove(target)
-            selection.skipped.append((target.name, "kept in float by the size budget"))
-        else:
-            target.bits = candidate.precision.bits
-            target.block_size = candidate.precision.block_size
+    with timed() as clock:
+        budget = round(options.size_budget_mb * 1e6)
+        fixed = _fixed_bytes(model, selection, options)
+        report = BudgetReport(budget, fixed)
+        ceiling = _most_precise(selection, options)
+        measured = not _holds(fixed, ceiling, budget)
+        if measured:
+            candidates = _measure_candidates(model, selection, options, written, report)
+        else:  # nothing to choose: no statistics, no real runs
+            candidates = {target: [candidate] for target, candidate in ceiling.items()}
+            report.probes = {"skipped": "the budget holds every weight at its most precise candidate"}
+        allocation = _allocate(candidates, budget, fixed, options)
+        report.estimated_bytes, report.estimated_loss, report.curve = (
+            allocation.bytes,
+            allocation.loss,
+            allocation.curve,
+        )
+        for target, candidate in allocation.choice.items():
+            report.layers[target.name] = {
+                "precision": candidate.precision.label,
+                "bytes": candidate.bytes,
+                "sensitivity": candidate.loss if measured else None,
+                "candidates": {c.precision.label: c.loss for c in candidates[target]} if measured else {},
+            }
+            if candidate.precision.bits == 0:
+                selection.targets.remove(target)
+                selection.skipped.append((target.name, "kept in float by the size budget"))
+            else:
+                target.bits = candidate.precision.bits
+                target.block_size = candidate.precision.block_size
     report.seconds = clock.seconds
     counts: dict[str, int] = {}
     for candidate in allocation.choice.values():

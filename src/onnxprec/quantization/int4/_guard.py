@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnxprec import calibration
 from onnxprec._io import ModelSource, load_model
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec.accuracy import output_producers
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import OnnxprecError
@@ -111,15 +111,17 @@ def guarded(source: ModelSource, options: Int4Options, model: ir.Model, report: 
     (``check`` with each candidate in its ``steps`` and, when no candidate kept the bounds, ``guard_failure``); a
     guard that cannot read the data again (a one-shot reader) is skipped with a WARNING, leaving the check on the
     written result."""
-    clock = Timer()
-    float_model = load_model(source)  # the file again: the pipeline rewrote its copy
-    try:
-        args = CalibrationArgs(options.calibration_data_reader, options.input_shapes, options.calibration_batch_size)
-        model, report = args.run(
-            float_model, lambda data: _guard(source, options, model, report, pipeline, float_model, data)
-        )
-    except OnnxprecError as e:
-        logger.warning("INT4 accuracy guard not run (%s): the written result is checked on one batch", e)
+    with timed() as clock:
+        float_model = load_model(source)  # the file again: the pipeline rewrote its copy
+        try:
+            args = CalibrationArgs(
+                options.calibration_data_reader, options.input_shapes, options.calibration_batch_size
+            )
+            model, report = args.run(
+                float_model, lambda data: _guard(source, options, model, report, pipeline, float_model, data)
+            )
+        except OnnxprecError as e:
+            logger.warning("INT4 accuracy guard not run (%s): the written result is checked on one batch", e)
     report.seconds["accuracy guard"] = clock.seconds
     return model, report
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from onnxprec._report import json_number
+from onnxprec._report import add_seconds, json_number
 from onnxprec.quantization._tool import QuantizationReportBase, checked, json_start
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
 
@@ -99,8 +99,8 @@ class Int4Report(QuantizationReportBase):
         the segment sessions'; the rest of ``calibration runs`` is ONNX Runtime's runs and the activations carried
         between segments) and the deciding (its parts, ``calibration: awq``..., come with each decision)."""
         for part, spent in walk.items():
-            self.seconds[f"calibration runs: {part}"] = spent
-        self.seconds["calibration deciding"] = deciding
+            add_seconds(self.seconds, f"calibration runs: {part}", spent)
+        add_seconds(self.seconds, "calibration deciding", deciding)
 
     @property
     def summary(self) -> str:

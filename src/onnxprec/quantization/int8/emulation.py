@@ -30,7 +30,7 @@ import onnx_ir as ir
 
 from onnxprec import _ort
 from onnxprec._graph import NameAllocator
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, measure_outputs
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision
 from onnxprec.quantization.int8._options import Int8Options
@@ -96,9 +96,29 @@ class Int8Emulator:
         layers: Sequence[str],
         providers: Sequence[str] | None = None,
     ) -> None:
-        clock = Timer()
         self.layers = list(layers)
         self.model, self.options, self.decisions = model, options, decisions
+        with timed() as clock:
+            clone = self._emulation_model(plan)
+            self._stack = contextlib.ExitStack()
+            payload, folder = self._stack.enter_context(_ort.ort_model(clone))
+            del clone
+            self.session = _ort.create_session(
+                payload, providers=providers, optimization="basic", external_data_folder=folder,
+                what="the INT8 emulation model",
+            )  # fmt: skip
+        self.runs = 0
+        logger.info(
+            "INT8 emulation session: %d switchable layers, %d quantized tensor reads (%.1f s)",
+            len(self.switches),
+            len(self.edges),
+            clock.seconds,
+        )
+
+    def _emulation_model(self, plan: Plan) -> ir.Model:
+        """A clone of the model with a quantized twin of every layer, chosen by its switch input (``switches``), and
+        the static tensors' quantized reads (``edges``)."""
+        model, options, decisions = self.model, self.options, self.decisions
         clone = model.clone()
         graph = clone.graph
         nodes = {str(node.name): node for node in graph}
@@ -129,20 +149,7 @@ class Int8Emulator:
             self.switches[name] = str(switch.name)
         graph.sort()
         self.outputs = [str(v.name) for v in graph.outputs]
-        self._stack = contextlib.ExitStack()
-        payload, folder = self._stack.enter_context(_ort.ort_model(clone))
-        del clone, nodes, graph
-        self.session = _ort.create_session(
-            payload, providers=providers, optimization="basic", external_data_folder=folder,
-            what="the INT8 emulation model",
-        )  # fmt: skip
-        self.runs = 0
-        logger.info(
-            "INT8 emulation session: %d switchable layers, %d quantized tensor reads (%.1f s)",
-            len(self.switches),
-            len(self.edges),
-            clock.seconds,
-        )
+        return clone
 
     def close(self) -> None:
         """Releases the session and the temporary files."""

@@ -43,7 +43,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec import _ort
-from onnxprec._report import Timer
+from onnxprec._report import timed
 from onnxprec._tensors import float32_copy
 from onnxprec.accuracy import (
     METRICS,
@@ -93,11 +93,11 @@ def measure(
 ) -> Measurement:
     """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every calibration batch
     against the kept outputs."""
-    clock = Timer()
-    session = _ort.create_session(model, providers=providers, optimization=optimization, what="the INT8 model")
-    measurement = measure_outputs(
-        target, calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
-    )
+    with timed() as clock:
+        session = _ort.create_session(model, providers=providers, optimization=optimization, what="the INT8 model")
+        measurement = measure_outputs(
+            target, calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
+        )
     return dataclasses.replace(measurement, seconds=clock.seconds)
 
 
