@@ -58,6 +58,54 @@ def _imports_default_domain(model: ir.Model) -> bool:
     )
 
 
+def _convert(model: ir.Model, current: int, target: int) -> None:
+    """onnxscript's version converter from ``current`` to ``target`` (its fallback to the C API included), its
+    warnings silenced, with ONNX Runtime's contrib ops of the ONNX domain set aside meanwhile."""
+    from onnxscript import version_converter  # slow import: only when needed
+
+    converter_logger = logging.getLogger("onnxscript.version_converter")
+    level = converter_logger.level
+    converter_logger.setLevel(logging.ERROR)  # it warns when it falls back to the C API: not our user's concern
+    # ONNX Runtime's contrib ops of the ONNX domain are no ONNX ops: the converter would fail on them. They keep
+    # their meaning at any opset (LayerNormalization became ONNX's own at 17 with the same contract), so they
+    # wait in a private domain meanwhile.
+    aside = [n for n in model.graph.all_nodes() if is_ort_onnx_domain_op(n.op_type, n.domain, current)]
+    for node in aside:
+        node.domain = _ASIDE
+    if aside:
+        model.opset_imports[_ASIDE] = 1
+    try:
+        version_converter.convert_version(model, target, fallback=True)
+    except Exception as e:
+        raise OpsetUpgradeError(
+            f"Could not upgrade the model from opset {current} to {target} ({e}); "
+            f"upgrade it yourself (onnx.version_converter) or pass --opset {current} to convert at "
+            "the model's own opset."
+        ) from e
+    finally:
+        converter_logger.setLevel(level)
+        for node in model.graph.all_nodes():  # the converter's C fallback rebuilds the nodes: look them up
+            if node.domain == _ASIDE:
+                node.domain = ""
+        model.opset_imports.pop(_ASIDE, None)
+
+
+def _check_interface(
+    before: list[tuple[str, str, str]], after: list[tuple[str, str, str]], current: int, target: int
+) -> None:
+    """Raises :class:`OpsetUpgradeError` when the conversion changed the graph's inputs or outputs."""
+    if after == before:
+        return
+    changed = (
+        next(f"{a[0]}: {a[1]} {a[2]} -> {b[1]} {b[2]}" for a, b in zip(before, after) if a != b)
+        if len(after) == len(before)
+        else "the number of inputs/outputs"
+    )
+    raise OpsetUpgradeError(
+        f"Upgrading the model from opset {current} to {target} would change its inputs or outputs ({changed})"
+    )
+
+
 class UpgradeOpsetPass(ir.passes.InPlacePass):
     """Converts the model to ``target`` opset with onnxscript's version converter when it is lower.
 
@@ -83,35 +131,9 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             model.ir_version = max(model.ir_version or 0, min_ir_version(self.target))
             logger.info("Added the default domain at opset %d (the model imported only other domains)", self.target)
             return ir.passes.PassResult(model, modified=True)
-        from onnxscript import version_converter  # slow import: only when needed
-
-        converter_logger = logging.getLogger("onnxscript.version_converter")
-        level = converter_logger.level
-        converter_logger.setLevel(logging.ERROR)  # it warns when it falls back to the C API: not our user's concern
         before = _interface(model)
         declared = {str(v.name): (str(v.type), v.shape) for v in _interface_values(model)}
-        # ONNX Runtime's contrib ops of the ONNX domain are no ONNX ops: the converter would fail on them. They keep
-        # their meaning at any opset (LayerNormalization became ONNX's own at 17 with the same contract), so they
-        # wait in a private domain meanwhile.
-        aside = [n for n in model.graph.all_nodes() if is_ort_onnx_domain_op(n.op_type, n.domain, current)]
-        for node in aside:
-            node.domain = _ASIDE
-        if aside:
-            model.opset_imports[_ASIDE] = 1
-        try:
-            version_converter.convert_version(model, self.target, fallback=True)
-        except Exception as e:
-            raise OpsetUpgradeError(
-                f"Could not upgrade the model from opset {current} to {self.target} ({e}); "
-                f"upgrade it yourself (onnx.version_converter) or pass --opset {current} to convert at "
-                "the model's own opset."
-            ) from e
-        finally:
-            converter_logger.setLevel(level)
-            for node in model.graph.all_nodes():  # the converter's C fallback rebuilds the nodes: look them up
-                if node.domain == _ASIDE:
-                    node.domain = ""
-            model.opset_imports.pop(_ASIDE, None)
+        _convert(model, current, self.target)
         reached = default_opset(model)
         if reached != self.target:
             raise OpsetUpgradeError(
@@ -119,17 +141,7 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
                 f"failed); upgrade it yourself or pass --opset {current} to convert at the model's own opset."
             )
         _keep_declared_shapes(model, declared)
-        after = _interface(model)
-        if after != before:
-            changed = (
-                next(f"{a[0]}: {a[1]} {a[2]} -> {b[1]} {b[2]}" for a, b in zip(before, after) if a != b)
-                if len(after) == len(before)
-                else "the number of inputs/outputs"
-            )
-            raise OpsetUpgradeError(
-                f"Upgrading the model from opset {current} to {self.target} would change its inputs or outputs "
-                f"({changed})"
-            )
+        _check_interface(before, _interface(model), current, self.target)
         needed = min_ir_version(self.target)
         if model.ir_version < needed:
             model.ir_version = needed

@@ -181,6 +181,29 @@ def _sinks(model: ir.Model, names: list[str]) -> list[str]:
     return sinks
 
 
+def _finish(
+    name: str,
+    absmean: ChannelAbsMeanObserver | None,
+    sample: TokenSampleObserver | None,
+    gram: Float32GramObserver | None,
+) -> GroupStats:
+    """The statistics of the input ``name`` from the observers a pass has, which then forget it."""
+    result = GroupStats()
+    if absmean is not None:
+        result.absmean = absmean.mean(name)
+        result.tokens = absmean.tokens[name]
+        absmean.drop(name)
+    if sample is not None:
+        result.sample = sample.sample(name)
+        result.tokens = sample.seen(name)
+        sample.drop(name)
+    if gram is not None:
+        result.gram = gram.gram[name]
+        result.tokens = gram.tokens[name]
+        gram.drop(name)
+    return result
+
+
 def collect_stats(
     model: ir.Model,
     groups: list[InputGroup],
@@ -227,22 +250,7 @@ def collect_stats(
     pending = {group.name: group for group in groups}
 
     def finish(group: InputGroup) -> GroupStats:
-        """The statistics of ``group``, which the observers then forget."""
-        name = group.name
-        result = GroupStats()
-        if absmean is not None:
-            result.absmean = absmean.mean(name)
-            result.tokens = absmean.tokens[name]
-            absmean.drop(name)
-        if sample is not None:
-            result.sample = sample.sample(name)
-            result.tokens = sample.seen(name)
-            sample.drop(name)
-        if gram is not None:
-            result.gram = gram.gram[name]
-            result.tokens = gram.tokens[name]
-            gram.drop(name)
-        return result
+        return _finish(group.name, absmean, sample, gram)
 
     def done(names_done: list[str]) -> None:
         ready = [pending.pop(name) for name in dict.fromkeys(names_done) if name in pending]

@@ -467,32 +467,8 @@ def decide_group(
         seconds["gptq"] = solving.seconds
     recipes = []
     for index, w in enumerate(weights):
-        recipe = Recipe(
-            method,
-            bits=grid.bits,
-            block_size=blocks[index],
-            symmetric=grid.symmetric,
-            positive_scales=grid.positive_scales,
-            awq_scales=scales,
-            backend=config.backend,
-        )
-        if gptq_results is not None:
-            recipe.result = CompactWeight.of(gptq_results[index])
-        elif spec.clip == "output":
-            scaled = w if scales is None else w * scales[:, None]
-            x = stats.tokens_f32()
-            assert x is not None
-            x = x if scales is None else x / scales[None, :]
-            recipe.clip_ratios = awq_clip(
-                scaled, x, blocks[index], grid, ratios=config.clip_ratios,
-                chunk_columns=config.clip_chunk_columns,
-            )  # fmt: skip
-            recipe.info["clip_ratio_mean"] = float(recipe.clip_ratios.mean())
-        elif spec.clip == "mse":
-            recipe.clip_search = True
-        if alpha is not None:
-            recipe.info["awq_alpha"] = alpha
         computed = None if gptq_results is None else gptq_results[index]
+        recipe = _recipe(w, stats, method, config, blocks[index], scales, alpha, computed)
         with timed() as measuring:
             error = _output_error(*_error_columns(w, recipe, computed), stats, config.backend)
         add_seconds(seconds, "output errors", measuring.seconds)
@@ -500,3 +476,44 @@ def decide_group(
             recipe.info["output_rel_error"] = error
         recipes.append(recipe)
     return GroupDecision(recipes, scales, alpha, seconds)
+
+
+def _recipe(
+    w: np.ndarray,
+    stats: GroupStats,
+    method: str,
+    config: QuantConfig,
+    block_size: int,
+    scales: np.ndarray | None,
+    alpha: float | None,
+    computed: QuantizedWeight | None,
+) -> Recipe:
+    """The recipe of one weight of a group: its GPTQ result (``computed``), else its clip ratios or clip search, after
+    the group's AWQ ``scales`` (found at ``alpha``) when there are any."""
+    grid = config.grid
+    spec = METHODS[method]
+    recipe = Recipe(
+        method,
+        bits=grid.bits,
+        block_size=block_size,
+        symmetric=grid.symmetric,
+        positive_scales=grid.positive_scales,
+        awq_scales=scales,
+        backend=config.backend,
+    )
+    if computed is not None:
+        recipe.result = CompactWeight.of(computed)
+    elif spec.clip == "output":
+        scaled = w if scales is None else w * scales[:, None]
+        x = stats.tokens_f32()
+        assert x is not None
+        x = x if scales is None else x / scales[None, :]
+        recipe.clip_ratios = awq_clip(
+            scaled, x, block_size, grid, ratios=config.clip_ratios, chunk_columns=config.clip_chunk_columns
+        )
+        recipe.info["clip_ratio_mean"] = float(recipe.clip_ratios.mean())
+    elif spec.clip == "mse":
+        recipe.clip_search = True
+    if alpha is not None:
+        recipe.info["awq_alpha"] = alpha
+    return recipe
