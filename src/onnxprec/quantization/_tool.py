@@ -60,10 +60,12 @@ __all__ = [
     "calibration_batch_size_option",
     "calibration_eps_option",
     "check_float_model",
+    "check_gptq_damp",
     "check_selection",
     "checked",
     "command_line",
     "external_data_option",
+    "gptq_damp_option",
     "json_start",
     "nodes_to_exclude_option",
     "nothing_to_quantize",
@@ -136,6 +138,31 @@ def calibration_batch_size_option(default: int | None, note: str) -> Any:
 def sample_tokens_option(what: str) -> Any:
     """Token rows sampled per layer input for the tool's decisions (``what``: which inputs, for what)."""
     return option(512, flags=("--sample_tokens",), group=EXTRAS, metavar="N", help=f"Tokens sampled per {what}.")
+
+
+def gptq_damp_option(default: float | None, default_doc: str, *, group: str | None = None) -> Any:
+    """GPTQ's damping, for every quantizer that rounds weights with GPTQ (checked by :func:`check_gptq_damp`).
+
+    Args:
+        default: The tool's default.
+        default_doc: What the default is and why, e.g. "default: 0.1, which generalizes better from...".
+        group: The argparse group (default: the tool's own).
+    """
+    return option(
+        default,
+        flags=("--gptq_damp",),
+        group=group,
+        metavar="FRACTION",
+        help="GPTQ's damping: this fraction of the mean of a layer's Hessian diagonal is added to the diagonal before "
+        f"the weights are rounded; larger rounds closer to nearest and fits the calibration data less ({default_doc}).",
+    )
+
+
+def check_gptq_damp(damp: float | None) -> None:
+    """Raises :class:`InvalidArgumentError` unless ``damp`` (None: the tool's default) is positive: a damping of 0
+    leaves a singular Hessian singular (GPTQ's retries multiply the damping); a very large one rounds to nearest."""
+    if damp is not None and not damp > 0:
+        raise InvalidArgumentError(f"gptq_damp must be > 0, got {damp!r}.")
 
 
 class QuantizationOptions(ToolOptions):

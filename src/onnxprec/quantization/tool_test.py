@@ -22,6 +22,8 @@ TOOLS = (int4.Int4Options, int8.Int8Options)
         ({"sample_tokens": 0}, "sample_tokens must be a positive integer, got 0."),
         ({"calibration_batch_size": -1}, "calibration_batch_size must be >= 0, got -1."),
         ({"nodes_to_exclude": ["("]}, "Invalid regular expression '(' in nodes_to_exclude"),
+        ({"gptq_damp": 0.0}, "gptq_damp must be > 0, got 0.0."),
+        ({"gptq_damp": -1.0}, "gptq_damp must be > 0, got -1.0."),
     ],
 )
 def test_shared_settings_are_checked_alike(cls: type[QuantizationOptions], setting: dict, message: str) -> None:
@@ -42,6 +44,8 @@ def test_the_shared_flags_are_declared_once() -> None:
     for name in ("calibration_eps", "log_level", "use_external_data_format"):
         assert specs[0][name].help == specs[1][name].help
     assert specs[0]["nodes_to_exclude"].help.startswith("Regexes of the nodes kept in float, matched")
+    for spec in (specs[0]["gptq_damp"], specs[1]["gptq_damp"]):  # one sentence; each tool's default and why
+        assert spec.help.startswith("GPTQ's damping: this fraction of the mean of a layer's Hessian diagonal")
     assert specs[1]["nodes_to_exclude"].help.startswith("Regexes of the nodes kept in float, matched")
 
 

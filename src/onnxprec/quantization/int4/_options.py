@@ -141,10 +141,8 @@ class Int4Options(_tool.QuantizationOptions):
     awqclip_alpha_step: float = option(0.05, help="Step of the AWQ-clip ratio grid.")
     awqclip_alpha_min: float = option(0.5, help="Smallest AWQ-clip ratio.")
     awqclip_bsz_col: int = option(1024, help="Output columns processed at once by the AWQ-clip search (memory).")
-    gptq_damp: float = option(
-        0.1,
-        help="GPTQ damping, as a fraction of the Hessian's mean diagonal (larger than the usual 0.01: it generalizes "
-        "better from a few thousand calibration tokens).",
+    gptq_damp: float = _tool.gptq_damp_option(
+        0.1, "default: 0.1, larger than the usual 0.01: it generalizes better from a few thousand calibration tokens"
     )
     gptq_act_order: bool = option(False, help="GPTQ: quantize input channels in order of decreasing activation.")
     gptq_sequential: bool = option(
@@ -249,8 +247,7 @@ class Int4Options(_tool.QuantizationOptions):
         for name in ("awqclip_bsz_col", "stats_memory_mb"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
-        if not 0 <= self.gptq_damp < 10:
-            raise InvalidArgumentError(f"gptq_damp must be in [0, 10), got {self.gptq_damp!r}.")
+        _tool.check_gptq_damp(self.gptq_damp)
         if self.size_budget_mb is not None and not self.size_budget_mb > 0:
             raise InvalidArgumentError(f"size_budget_mb must be a positive number, got {self.size_budget_mb!r}.")
         # Nothing said about which layers and how: an LLM gets for_llm() once the pipeline has seen it

@@ -246,14 +246,11 @@ class Int8Options(_tool.QuantizationOptions):
         "calibration data, for layers whose calibration saw at least as many input rows as the layer has inputs), "
         "auto (gptq for Conv layers, rtn for MatMul/Gemm).",
     )
-    gptq_damp: float | None = option(
+    gptq_damp: float | None = _tool.gptq_damp_option(
         None,
+        "default: 1 with a 16-bit --activation_type, where the weights carry most of the error and a rounding fitted "
+        "to the calibration data generalizes worse; 0.01 otherwise",
         group=EXTRAS,
-        metavar="FRACTION",
-        help="GPTQ's damping: this fraction of the mean of a layer's Hessian diagonal is added to the diagonal before "
-        "the weights are rounded; larger rounds closer to nearest and fits the calibration data less (default: 1 with "
-        "a 16-bit --activation_type, where the weights carry most of the error and a rounding fitted to the "
-        "calibration data generalizes worse; 0.01 otherwise).",
     )
     percentile: float = option(
         99.999, group=EXTRAS, metavar="P", help="The percentile of |x| kept by --calibration_method percentile."
@@ -295,8 +292,7 @@ class Int8Options(_tool.QuantizationOptions):
             raise InvalidArgumentError(f"max_wide_tensors must be in [0, 1], got {self.max_wide_tensors!r}.")
         if self.max_float_compute is not None and not 0 <= self.max_float_compute <= 1:
             raise InvalidArgumentError(f"max_float_compute must be in [0, 1], got {self.max_float_compute!r}.")
-        if self.gptq_damp is not None and not self.gptq_damp > 0:
-            raise InvalidArgumentError(f"gptq_damp must be > 0, got {self.gptq_damp!r}.")
+        _tool.check_gptq_damp(self.gptq_damp)
         if not 0 < self.percentile <= 100:
             raise InvalidArgumentError(f"percentile must be in (0, 100], got {self.percentile!r}.")
         if self.outlier_channels < 0:
