@@ -31,6 +31,9 @@ def test_onnxscript_meets_its_minimum_and_has_the_rewriter_api_used() -> None:
     # RewriteRuleClassBase, RewriteRuleSet, MatchResult and _outputs bindings are older. 0.5: a list attribute in a
     # pattern matches onnx-ir 1.x's tuple (the test below; with 0.4.0 and onnx-ir 1.1 INT8's attention-value match
     # and its test in int8/decide_test.py fail: "Attribute perm mismatch: expected [0, 2, 1, 3], got (0, 2, 1, 3)").
+    # With onnxscript 0.5.0 itself (pip install --no-deps --target DIR onnxscript==0.5.0, DIR first on PYTHONPATH),
+    # this file, the passes' rule tests (fold_pad_into_conv, fold_affine_into_weights), int8/decide_test.py,
+    # upgrade_opset_test.py (version_converter.convert_version(fallback=True)) and preprocess_api_test.py pass.
     assert _minimum("onnxscript") == (0, 5)
     assert _version(importlib.metadata.version("onnxscript")) >= _minimum("onnxscript")
     assert "check_nodes_are_removable" in inspect.signature(pattern.PatternBase.match).parameters

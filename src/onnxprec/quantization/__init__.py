@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onnxprec.quantization._api import quantize
-    from onnxprec.quantization.int8.ort_compat import (
+    from onnxprec.quantization.int8 import (
         CalibrationMethod,
         QuantFormat,
         QuantType,
@@ -35,11 +35,11 @@ _HOMES = {
     "llm_feeds": "onnxprec.quantization.llm",
     "token_windows": "onnxprec.quantization.llm",
     "quantize": "onnxprec.quantization._api",
-    "quantize_static": "onnxprec.quantization.int8.ort_compat",
-    "quantize_dynamic": "onnxprec.quantization.int8.ort_compat",
-    "CalibrationMethod": "onnxprec.quantization.int8.ort_compat",
-    "QuantFormat": "onnxprec.quantization.int8.ort_compat",
-    "QuantType": "onnxprec.quantization.int8.ort_compat",
+    "quantize_static": "onnxprec.quantization.int8",
+    "quantize_dynamic": "onnxprec.quantization.int8",
+    "CalibrationMethod": "onnxprec.quantization.int8",
+    "QuantFormat": "onnxprec.quantization.int8",
+    "QuantType": "onnxprec.quantization.int8",
 }
 __all__ = [
     "CalibrationMethod",

@@ -13,7 +13,7 @@ from onnxprec._io import ModelSource
 from onnxprec.quantization._tool import QuantizationTool
 from onnxprec.quantization.fp8._options import Fp8Options
 from onnxprec.quantization.fp8._report import Fp8Report
-from onnxprec.quantization.int8._api import quantize_model as _int8_pipeline
+from onnxprec.quantization.int8 import quantize_model as _int8_pipeline
 
 __all__ = ["Fp8Options", "Fp8Report", "default_output_path", "quantize_file", "quantize_model"]
 

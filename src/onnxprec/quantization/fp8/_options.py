@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from onnxprec._options import option
 from onnxprec.errors import InvalidArgumentError
-from onnxprec.quantization.int8._options import CALIBRATION_METHODS, Int8Options
+from onnxprec.quantization.int8 import CALIBRATION_METHODS, Int8Options
 
 if TYPE_CHECKING:
     from onnxprec._ort import Optimization

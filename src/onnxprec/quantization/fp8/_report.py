@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from onnxprec.quantization.int8._report import Int8Report
+from onnxprec.quantization.int8 import Int8Report
 
 __all__ = ["Fp8Report"]
 
