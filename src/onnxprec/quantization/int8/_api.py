@@ -50,7 +50,7 @@ from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 from onnxprec.quantization import guard
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
-from onnxprec.quantization.int8 import fallback
+from onnxprec.quantization.int8 import fallback, input_layers
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.branches import BranchView, branch_view
@@ -500,6 +500,11 @@ def quantize_model(
     finally:
         if run.data is not None:
             run.data.close()
+    retry = input_layers.retry_options(run.model, run.plan, options, report)
+    if retry is not None:  # the guard missed with the input readers in float, which hold most of the weights
+        result, second = quantize_model(run.model, retry, report_type)
+        second.input_layers = [name for name, why in report.skipped if why.startswith(input_layers.INPUT_REASON)]
+        return result, second
     return run.result, report
 
 
