@@ -500,12 +500,10 @@ def quantize_model(
     finally:
         if run.data is not None:
             run.data.close()
-    retry = input_layers.retry_options(run.model, run.plan, options, report)
-    if retry is not None:  # the guard missed with the input readers in float, which hold most of the weights
-        result, second = quantize_model(run.model, retry, report_type)
-        second.input_layers = [name for name, why in report.skipped if why.startswith(input_layers.INPUT_REASON)]
-        return result, second
-    return run.result, report
+    second = input_layers.second_try(
+        run.model, run.plan, options, report, lambda o: quantize_model(run.model, o, report_type)
+    )
+    return second or (run.result, report)
 
 
 def _measure(

@@ -5,7 +5,8 @@ On ort-cpu a static layer that reads the model's own float input stays float unl
 image's pixel step is about one INT8 step. Where those layers hold most of the weights (a spectrogram's STFT Convs
 before a small filterbank MatMul), the layers left to quantize are the small ones, and when the guard misses with
 them there is no float fallback left that keeps anything INT8. Then the run is repeated once with the input readers
-quantized as well, as if ``nodes_to_quantize`` named every layer, and the guard judges that result as any other.
+quantized as well, as if ``nodes_to_quantize`` named every layer, and the guard judges that result as any other;
+when it misses too, or cannot be built, the first result and its guard line stand.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from onnxprec.errors import OnnxprecError
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -22,9 +26,11 @@ if TYPE_CHECKING:
     from onnxprec.quantization.int8._report import Int8Report
     from onnxprec.quantization.int8.place import Plan
 
-__all__ = ["INPUT_REASON", "retry_options"]
+__all__ = ["INPUT_REASON", "retry_options", "second_try"]
 
 logger = logging.getLogger(__name__)
+
+_Result = TypeVar("_Result")
 
 INPUT_REASON = "reads the model input"
 """How :func:`~onnxprec.quantization.int8.place.place` starts the reason of a layer kept float as an input reader."""
@@ -59,3 +65,28 @@ def retry_options(model: ir.Model, plan: Plan, options: Int8Options, report: Int
         "them quantized", len(readers), ", ".join(sorted(readers)),
     )  # fmt: skip
     return dataclasses.replace(options, nodes_to_quantize=[f"{re.escape(name)}$" for name in names])
+
+
+def second_try(
+    model: ir.Model,
+    plan: Plan,
+    options: Int8Options,
+    report: Int8Report,
+    quantize: Callable[[Int8Options], tuple[_Result, Int8Report]],
+) -> tuple[_Result, Int8Report] | None:
+    """The second try's result and report (``quantize``: the pipeline on the sanitized ``model`` with other
+    options) when :func:`retry_options` makes one and the guard holds it; else None, and the first result stands."""
+    retry = retry_options(model, plan, options, report)
+    if retry is None:
+        return None
+    try:
+        result, second = quantize(retry)
+    except OnnxprecError as e:  # the first result, written for inspection, says more
+        logger.info("The second try with the layers that read the model input quantized failed: %s", e)
+        return None
+    if second.guard_failure:
+        logger.info("The second try with the layers that read the model input quantized missed too: %s",
+                    second.guard_failure)  # fmt: skip
+        return None
+    second.input_layers = [name for name, why in report.skipped if why.startswith(INPUT_REASON)]
+    return result, second
