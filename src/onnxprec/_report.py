@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "SUMMARY",
+    "SYNTHETIC_CHECK",
     "PrintedSummaryFilter",
     "Report",
     "Step",
@@ -43,6 +44,10 @@ logger = logging.getLogger("onnxprec")
 
 SUMMARY: Mapping[str, Any] = {"onnxprec_summary": True}
 """``extra=`` of a log line the command line also prints on stdout: a tool's summary, the path it saved."""
+
+
+SYNTHETIC_CHECK = "synthetic inputs: the distance from FP32 on them; it cannot judge the task on real data"
+"""What a summary adds to a check that ran on random data (no calibration data given)."""
 
 
 class PrintedSummaryFilter(logging.Filter):

@@ -371,7 +371,9 @@ def numeric_check(
             run = run_reference(source, feeds, select=(), providers=providers, observe_inputs=False, what=what)
         outputs = run.first_outputs
         if task is not None:
-            task.update(reference.first_outputs, outputs)
+            from onnxprec.accuracy import batch_size
+
+            task.update(reference.first_outputs, outputs, batch_size(reference.first_feeds))
             report.task = task.summary()
     except Exception as e:  # any failure means "cannot check here", never a failed conversion
         report.skipped = f"ONNX Runtime could not run the converted model: {_ort.first_line(e, 200)}"
@@ -421,7 +423,7 @@ def task_check(
     Returns:
         The task metrics and whether the batch was random data.
     """
-    from onnxprec.accuracy import task_metrics
+    from onnxprec.accuracy import batch_size, task_metrics
     from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 
     def run(data: CalibrationData) -> tuple[TaskSummary, bool]:
@@ -430,6 +432,7 @@ def task_check(
                             segment_bytes=segment_bytes, what="the float model")  # fmt: skip
         got = run_reference(load_model(str(candidate)), feeds, select=(), providers=providers, observe_inputs=False,
                             segment_bytes=segment_bytes, what="the result")  # fmt: skip
-        return task_metrics(reference, [ref.first_outputs], [got.first_outputs]), data.random
+        summary = task_metrics(reference, [ref.first_outputs], [got.first_outputs], [batch_size(data.first)])
+        return summary, data.random
 
     return CalibrationArgs(source, input_shapes).run(reference, run)

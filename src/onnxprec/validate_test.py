@@ -250,3 +250,26 @@ def test_quantizers_upgrading_the_opset_keep_a_model_whose_declared_output_rank_
     (y,) = session.run(None, {"X": x})
     expected = (x @ onnx.numpy_helper.to_array(model.graph.initializer[0])).reshape(8, 4, 4)
     assert y.shape == (8, 4, 4) and np.linalg.norm(y - expected) / np.linalg.norm(expected) < 0.2
+
+
+def test_autocasts_check_decodes_a_time_major_ctc_head_per_sequence(tmp_path: Path) -> None:
+    """A ``[T, N, C]`` CTC head (ddddocr's): the check decodes N strings of T steps (it took each of the T steps for
+    a string of one), and where the float model reads every input as blanks the summary says it read nothing."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 5)) * 0.1).astype(np.float32)
+    b = np.array([4.0, 0, 0, 0, 0], np.float32)  # the blank wins every step: random data decodes to empty strings
+    nodes = [
+        helper.make_node("Transpose", ["X"], ["t"], perm=[1, 0, 2]),  # [N, T, 8] -> [T, N, 8]
+        helper.make_node("MatMul", ["t", "W"], ["m"]),
+        helper.make_node("Add", ["m", "B"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["Y"], axis=-1),
+    ]
+    inputs, outputs = [tensor_info("X", F, [2, 6, 8])], [tensor_info("Y", F, [6, 2, 5])]
+    source = tmp_path / "ctc.onnx"
+    onnx.save(make_model(nodes, inputs, outputs, {"W": w, "B": b}), source)
+    report = convert_file(source, tmp_path / "fp16.onnx", keep_io_types=True)
+    assert report.numeric is not None and report.numeric.task is not None
+    (output,) = report.numeric.task.outputs
+    assert (output.metric, output.count, output.empty) == ("string_agreement", 2, True)
+    assert "of 2 sequences (every FP32 string empty: nothing read)" in report.summary
+    assert "it cannot judge the task on real data" in report.summary

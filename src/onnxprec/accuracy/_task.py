@@ -389,6 +389,8 @@ class OutputMetric:
         observed: A sequence's share of identical strings (a detection head's of boxes matched) as counted, when
             ``value`` is the lower share the steps' margins predict (:class:`StepMargins`; the boxes' score margins,
             :class:`~onnxprec.accuracy._boxes.ScoreMargins`, when fewer than ``MIN_BOXES`` were seen).
+        empty: A sequence whose float strings all decode empty (random inputs a recognizer reads as blanks): the
+            agreement says little of real text, and :meth:`describe` says so.
     """
 
     name: str
@@ -400,6 +402,7 @@ class OutputMetric:
     cosine: float | None
     why: str = ""
     observed: float | None = None
+    empty: bool = False
 
     def describe(self) -> str:
         label, unit = _LABELS[self.metric]
@@ -411,11 +414,12 @@ class OutputMetric:
             shown = f"{self.value:.1f} dB"
         else:
             shown = f"{self.value:.4f}" if self.metric == "mask_iou" else f"{100 * self.value:.1f}%"
+        empty = " (every FP32 string empty: nothing read)" if self.empty else ""
         if self.observed is not None:
             margins = "score" if self.metric == "box_agreement" else "step"
             return f"{self.name} {label} {shown} of {self.count} {unit} predicted from {margins} margins " \
-                   f"({100 * self.observed:.1f}% seen)"  # fmt: skip
-        return f"{self.name} {label} {shown} of {self.count} {unit}"
+                   f"({100 * self.observed:.1f}% seen){empty}"  # fmt: skip
+        return f"{self.name} {label} {shown} of {self.count} {unit}{empty}"
 
 
 def _cosine_text(value: float) -> str:
@@ -472,6 +476,7 @@ class TaskSummary:
                     "cosine": _number(o.cosine),
                     "why": o.why,
                     **({"observed": o.observed} if o.observed is not None else {}),
+                    **({"empty": True} if o.empty else {}),
                 }
                 for o in self.outputs
             },
@@ -500,6 +505,7 @@ class TaskMetrics:
         self._part_errors: dict[tuple[str, int], ErrorStats] = {}
         self._boxes: dict[str, np.ndarray] = {}  # per threshold: [matched, compared]
         self._box_margins: dict[str, ScoreMargins] = {}
+        self._spoken: dict[str, int] = {}  # decoded sequences: the float strings that are not empty
 
     @classmethod
     def of(cls, model: ir.Model) -> TaskMetrics:
@@ -535,6 +541,9 @@ class TaskMetrics:
                 self._boxes[name] = self._boxes.get(name, 0) + counts
             if kind.time is not None and ref.shape == cand.shape and ref.ndim == 3:
                 self._margins.setdefault(name, StepMargins()).update(ref, cand, kind.time)
+            if kind.metric == "string_agreement" and kind.time is not None and kind.blank is not None and ref.ndim == 3:
+                spoken = sum(1 for string in ctc_strings(ref, kind.time, kind.blank) if string)
+                self._spoken[name] = self._spoken.get(name, 0) + spoken
             hits, count = _agreement(kind, ref, cand)
             self._hits[name] = self._hits.get(name, 0) + hits
             self._counts[name] = self._counts.get(name, 0) + count
@@ -569,8 +578,9 @@ class TaskMetrics:
                 predicted = self._box_margins[name].predicted()
             if value is not None and predicted is not None and predicted < value:
                 value, observed = predicted, value
+            empty = name in self._spoken and not self._spoken[name]
             outputs.append(OutputMetric(
-                name, kind.kind, kind.metric, value, count, rel_l2, cosine, kind.why, observed
+                name, kind.kind, kind.metric, value, count, rel_l2, cosine, kind.why, observed, empty
             ))  # fmt: skip
         return TaskSummary(tuple(outputs))
 
@@ -650,9 +660,12 @@ def task_metrics(
     model: ir.Model,
     references: Iterable[Mapping[str, np.ndarray]],
     candidates: Iterable[Mapping[str, np.ndarray]],
+    batches: Iterable[int | None] = (),
 ) -> TaskSummary:
-    """The task metrics of a candidate's outputs against the float ``model``'s, batch by batch."""
+    """The task metrics of a candidate's outputs against the float ``model``'s, batch by batch (``batches``: each
+    batch's inputs' batch size, :func:`batch_size`, which tells a ``[T, N, C]`` sequence's time axis)."""
     metrics = TaskMetrics.of(model)
+    sizes = iter(batches)
     for reference, candidate in zip(references, candidates):
-        metrics.update(reference, candidate)
+        metrics.update(reference, candidate, next(sizes, None))
     return metrics.summary()

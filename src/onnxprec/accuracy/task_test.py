@@ -145,13 +145,15 @@ def test_agreements_are_counted_per_row_step_and_pixel() -> None:
     assert by_name["ids"].value == pytest.approx(2 / 3) and by_name["ids"].rel_l2 is None
     line = summary.describe()
     assert line.startswith(
-        "ctc identical strings 32.8% of 4 sequences predicted from step margins (50.0% seen); "
+        "ctc identical strings 32.8% of 4 sequences predicted from step margins (50.0% seen) (every FP32 string "
+        "empty: nothing read); "
         "ids label agreement 66.7% of 6 labels; logits top-1 agreement 75.0% of 8 rows; "
     )
     assert "1 more" in line and "float outputs rel L2 <= " in line
     data = json.loads(json.dumps(summary.to_json()))
     assert data["outputs"]["ctc"] == {
         "kind": "sequence", "metric": "string_agreement", "value": pytest.approx(0.8**5), "count": 4, "observed": 0.5,
+        "empty": True,
         "rel_l2": pytest.approx(by_name["ctc"].rel_l2), "cosine": pytest.approx(by_name["ctc"].cosine),
         "why": "Softmax over axis 2 of [2, 5, 3]; [N, T, C], blank 0",
     }  # fmt: skip

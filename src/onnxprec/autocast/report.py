@@ -29,7 +29,7 @@ import onnx_ir as ir
 from onnxprec import _ort
 from onnxprec._graph import FLOAT_TYPES, original_name
 from onnxprec._io import PROTOBUF_LIMIT
-from onnxprec._report import TimedSteps, header
+from onnxprec._report import SYNTHETIC_CHECK, TimedSteps, header
 from onnxprec._tensors import finite_max
 from onnxprec.autocast.convert import ConversionStats
 from onnxprec.observers import TensorStats
@@ -373,6 +373,8 @@ class AutoCastReport(TimedSteps):
         if task is not None:
             where = "no calibration data: checked on random data" if self.random_data else "checked on calibration data"
             text += f"; {where} (first run): {task.describe()}"
+            if self.random_data:
+                text += f" ({SYNTHETIC_CHECK})"
         return text
 
     def to_json(self) -> dict[str, Any]:

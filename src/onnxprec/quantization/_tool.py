@@ -344,9 +344,11 @@ def checked(check: Mapping[str, Any]) -> str:
     if held:
         text += f", held out ({runs(held)}): {held['metric']}"
     if check.get("random_data"):
-        text += " (synthetic inputs: the distance from FP32 on them; it cannot judge the task on real data)"
+        text += f" ({_report.SYNTHETIC_CHECK})"
     if check.get("guard") == "on" and not check.get("passed"):
         text += f"; misses the accuracy guard's {check.get('bound')}"
+    elif check.get("short_of_int8"):  # INT4: within its own bound, under the one INT8's guard holds an embedding to
+        text += f"; under INT8's guard bound: {check['short_of_int8']}"
     return text
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "describe_bounds",
     "holds",
     "measure_task",
+    "short_of_defaults",
 ]
 
 DEFAULT_BOUNDS: dict[str, float] = {
@@ -152,6 +153,21 @@ def describe_bounds(summary: TaskSummary, held_out: bool = False, bounds: Mappin
         if bound is not None:
             parts.append(f"{output.name} {bound[0]} >= {bound[1]:g}")
     return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more" if len(parts) > 4 else "")
+
+
+def short_of_defaults(summary: TaskSummary, bounds: Mapping[str, float]) -> str:
+    """The outputs that keep a tool's own ``bounds`` (INT4's cosine >= 0.95 for plain values) but not INT8's
+    (:data:`DEFAULT_BOUNDS`: an embedding at cosine >= 0.99), e.g. ``461 cosine 0.95591 < 0.99``; empty when
+    none."""
+    parts = []
+    for output in summary.outputs:
+        own, default = bound_of(output, bounds=bounds), bound_of(output)
+        if own is None or default is None or own[1] >= default[1]:
+            continue
+        value = output.cosine if default[0] == "cosine" else output.value
+        if value is not None and own[1] <= value < default[1]:
+            parts.append(f"{output.name} {default[0]} {value:.5g} < {default[1]:g}")
+    return ", ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxprec.accuracy import OutputMetric, TaskSummary
-from onnxprec.quantization.guard import BoundedOutputs, describe_bounds, holds
+from onnxprec.quantization.guard import BoundedOutputs, describe_bounds, holds, short_of_defaults
 
 
 def test_bounded_outputs_keep_whole_runs_within_the_budget() -> None:
@@ -31,6 +31,18 @@ def test_bounded_outputs_count_only_the_graph_outputs() -> None:
 
 def _output(name: str, kind: str, metric: str, value: float, cosine: float, why: str = "") -> OutputMetric:
     return OutputMetric(name, kind, metric, value, 10, 1 - cosine, cosine, why)  # type: ignore[arg-type]
+
+
+def test_an_embedding_within_int4s_bound_is_named_short_of_int8s() -> None:
+    """paraphrase-MiniLM's INT4 pooled embedding at cosine 0.956 keeps INT4's 0.95, not the 0.99 an embedding keeps
+    under INT8's guard: named; one at 0.995, a class output and one under INT4's own bound are not."""
+    from onnxprec.quantization.int4._guard import BOUNDS
+
+    embedding = _output("461", "values", "cosine", 0.95591, 0.95591)
+    others = (_output("ok", "values", "cosine", 0.995, 0.995), _output("logits", "classes", "top1", 0.99, 0.96),
+              _output("lost", "values", "cosine", 0.9, 0.9))  # fmt: skip
+    assert short_of_defaults(TaskSummary((embedding, *others)), BOUNDS) == "461 cosine 0.95591 < 0.99"
+    assert short_of_defaults(TaskSummary((embedding,)), {**BOUNDS, "values": 0.99}) == ""
 
 
 def test_the_verdict_follows_each_outputs_kind() -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     import onnx_ir as ir
 
+    from onnxprec.accuracy import TaskSummary
     from onnxprec.quantization.int4._options import Int4Options
     from onnxprec.quantization.int4._report import Int4Report
 
@@ -201,6 +202,16 @@ def _held(steps: list[dict[str, Any]]) -> str:
     return f"{len(last['8bit'])} weights at 8 bits and {len(last['float'])} in float"
 
 
+def _short_of_int8(summary: TaskSummary) -> dict[str, str]:
+    """``short_of_int8`` for a report's ``check`` when an output keeps INT4's bound but not INT8's (an embedding
+    between cosine 0.95 and 0.99: :func:`onnxprec.quantization.guard.short_of_defaults`), the summary says it."""
+    short = guard.short_of_defaults(summary, BOUNDS)
+    if not short:
+        return {}
+    return {"short_of_int8": f"{short} (INT4 accepts cosine >= {BOUNDS['values']:g}; --layers_8bit keeps layers at "
+                             "8 bits)"}  # fmt: skip
+
+
 def _record(report: Int4Report, checked: guard.Checked, data: CalibrationData, steps: list[dict[str, Any]]) -> None:
     report.check = {
         "random_data": data.random,
@@ -210,6 +221,7 @@ def _record(report: Int4Report, checked: guard.Checked, data: CalibrationData, s
         "calibration": checked.to_json(),
         "held_out": None,
         "steps": steps,
+        **_short_of_int8(checked.summary),
     }
 
 
@@ -237,6 +249,7 @@ def check_written(source: Path, written: Path, options: Int4Options, report: Int
         "passed": passed,
         "calibration": {"runs": 1, "metric": summary.describe(), **summary.to_json()},
         "held_out": None,
+        **_short_of_int8(summary),
     }
     if not passed:
         where = "random data" if random else "the first calibration batch"

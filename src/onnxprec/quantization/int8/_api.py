@@ -50,7 +50,7 @@ from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 from onnxprec.quantization import guard
 from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
-from onnxprec.quantization.int8 import fallback
+from onnxprec.quantization.int8 import fallback, input_layers
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
 from onnxprec.quantization.int8.branches import BranchView, branch_view
@@ -500,7 +500,10 @@ def quantize_model(
     finally:
         if run.data is not None:
             run.data.close()
-    return run.result, report
+    second = input_layers.second_try(
+        run.model, run.plan, options, report, lambda o: quantize_model(run.model, o, report_type)
+    )
+    return second or (run.result, report)
 
 
 def _measure(

@@ -96,6 +96,9 @@ class Int8Report(QuantizationReportBase):
     """A16W8: each configuration the 16-bit search tried."""
     in_branches: int = 0
     """Layers placed inside the If branches the calibration data takes (calibrated on a copy with them inlined)."""
+    input_layers: list[str] = field(default_factory=list)
+    """ort-cpu: the layers reading the model input quantized on a second try, the guard having missed with them in
+    float (:mod:`onnxprec.quantization.int8.input_layers`)."""
 
     def count(self, mode: str) -> int:
         return sum(1 for entry in self.layers if entry.mode == mode)
@@ -125,6 +128,8 @@ class Int8Report(QuantizationReportBase):
             text += f"; on calibration data {shown}"
         if self.autocast:
             text += f"; float remainder {self.float_type}"
+        if self.input_layers:
+            text += f"; {len(self.input_layers)} reading the model input quantized too (the guard missed without them)"
         if self.in_branches:
             text += f"; {self.in_branches} of the layers inside the If branches the calibration data takes"
         if self.in_subgraphs:
@@ -160,6 +165,7 @@ class Int8Report(QuantizationReportBase):
             "fallback_steps": [json_number(step) for step in self.fallback_steps],
             "wide_tensors": list(self.wide_tensors),
             "wide_steps": [json_number(step) for step in self.wide_steps],
+            **({"input_layers": list(self.input_layers)} if self.input_layers else {}),
             "calibration": json_number(self.calibration),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "autocast": self.autocast,
