@@ -16,7 +16,7 @@
 #   run_15b.sh wait SECS     follows the pipeline for at most SECS s; copies the results to $OUT
 # The pipeline: GGUF reassembled and its sha256 checked (a mismatch stops it), FP32 rebuilt and model.onnx.data's
 # sha256 compared with the development machine's (a mismatch is reported, the run goes on), then STEPS (default
-# "int4 ortrtn modelopt kquant") in that order within BUDGET_S (default 900 s after the rebuild). Without a GPU
+# "int4 ortrtn modelopt kquant") in that order within BUDGET_S (default 600 s after the rebuild). Without a GPU
 # (the local test) the calibration runs on the CPU and onnxruntime-gpu is neither waited for nor installed.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -109,12 +109,8 @@ pipeline)
     deadline=$((SECONDS + ${BUILD_S:-900}))
     step gguf2hf 600 -- $PY "$G/zoo/_bigllm_venv.py" gguf2hf "$W/$GGUF_NAME" "$W/hf" || { touch "$R/DONE"; exit 1; }
     rm -f "$W/$GGUF_NAME"
-    step builder 600 -- $PY -m onnxruntime_genai.models.builder -i "$W/hf" -o "$W/fp32" -p fp32 -e cpu -c "$W/cache" \
-        || { touch "$R/DONE"; exit 1; }
-    rm -rf "$W/hf" "$W/cache"
-    sha=$(sha256sum "$W/fp32/model.onnx.data" | cut -d' ' -f1); echo "$sha" > "$R/fp32_data_sha256.txt"
-    if [ "$sha" = "$DATA_SHA" ]; then echo "== model.onnx.data identical to the development machine's ($sha)"
-    else echo "== model.onnx.data DIFFERS: $sha here, $DATA_SHA there (going on)"; fi
+    # onnxruntime-gpu 1.31.1 before the builder too: onnxruntime-genai 0.18 asks for onnxruntime >= 1.31 (the device
+    # has 1.30); its pieces travel after the GGUF's, while gguf2hf runs
     eps=cpu; meps=cpu
     if has_gpu && [ -z "${NO_ORT:-}" ]; then
         pieces ortw > "$W/$ORT_WHL_NAME"
@@ -125,23 +121,29 @@ pipeline)
         export LD_LIBRARY_PATH="$nv:${LD_LIBRARY_PATH:-}"
         $PY "$G/gpu/check_ort_cuda.py" && eps=cuda && meps=cuda:0,cpu || echo "== onnxruntime CUDA check failed: CPU calibration"
     fi
-    deadline=$((SECONDS + ${BUDGET_S:-900}))
-    echo "== tools from $(date -u +%T), ${BUDGET_S:-900} s budget"
+    step builder 600 -- $PY -m onnxruntime_genai.models.builder -i "$W/hf" -o "$W/fp32" -p fp32 -e cpu -c "$W/cache" \
+        || { touch "$R/DONE"; exit 1; }
+    rm -rf "$W/hf" "$W/cache"
+    sha=$(sha256sum "$W/fp32/model.onnx.data" | cut -d' ' -f1); echo "$sha" > "$R/fp32_data_sha256.txt"
+    if [ "$sha" = "$DATA_SHA" ]; then echo "== model.onnx.data identical to the development machine's ($sha)"
+    else echo "== model.onnx.data DIFFERS: $sha here, $DATA_SHA there (going on)"; fi
+    deadline=$((SECONDS + ${BUDGET_S:-600}))
+    echo "== tools from $(date -u +%T), ${BUDGET_S:-600} s budget"
     ppl fp32 "$W/fp32/model.onnx"
     if wants int4; then
-        step int4_default_$eps "${INT4_CAP:-420}" --phases "$INT4_PHASES" -- $PY -m onnxprec.quantization.int4 \
+        step int4_default_$eps "${INT4_CAP:-300}" --phases "$INT4_PHASES" -- $PY -m onnxprec.quantization.int4 \
             --onnx_path "$W/fp32/model.onnx" --output_path "$W/int4/model.onnx" --calibration_data "$G/data/calib15" \
             --calibration_eps $eps --log_level INFO --report_json "$R/int4_report.json" \
             && du -sb "$W/int4" > "$R/int4_size.txt" && ppl int4_default "$W/int4/model.onnx"
         rm -rf "$W/int4"
     fi
     if wants ortrtn; then
-        step ort_rtn_b32 300 -- $PY "$G/zoo/_bigllm_venv.py" ort_int4 "$W/fp32/model.onnx" "$W/ortrtn/model.onnx" rtn \
+        step ort_rtn_b32 240 -- $PY "$G/zoo/_bigllm_venv.py" ort_int4 "$W/fp32/model.onnx" "$W/ortrtn/model.onnx" rtn \
             && du -sb "$W/ortrtn" > "$R/ortrtn_size.txt" && ppl ort_rtn_b32 "$W/ortrtn/model.onnx"
         rm -rf "$W/ortrtn"
     fi
     if wants modelopt; then
-        step modelopt_awq_lite 420 -- $PY "$G/gpu/llm15.py" modelopt "$W/fp32/model.onnx" "$W/mo/model.onnx" \
+        step modelopt_awq_lite 360 -- $PY "$G/gpu/llm15.py" modelopt "$W/fp32/model.onnx" "$W/mo/model.onnx" \
             "$G/data/ids15.npy" "$meps" && du -sb "$W/mo" > "$R/modelopt_size.txt" && ppl modelopt_awq_lite "$W/mo/model.onnx"
         rm -rf "$W/mo"
     fi
