@@ -10,14 +10,17 @@
 #                            (src/onnxprec, gpu/ = this folder, zoo/_bigllm_venv.py, whl/, data/ids15.npy + calib15,
 #                            MANIFEST, and the first pieces) and STAGE/.g15_p01.. (pieces of <= PART_MIB MiB: the GGUF
 #                            first, then onnxruntime-gpu 1.31.1's wheel, found at ORT_WHL or cut from .gpu8b's parts)
+#   run_15b.sh refresh       (development machine) refreshes STAGE/.g15's code only, keeping the pieces
 #   run_15b.sh start         environment, wheels, then the pipeline in the background (from a copy of .g15 on the
 #                            roomiest disk, recorded in /root/g15_dir: later calls use /root/g15/gpu/run_15b.sh)
 #   run_15b.sh part DIR      moves DIR's pieces into the work dir (the pipeline goes on once MANIFEST's are there)
+#   run_15b.sh again         the tools again (STEPS, BUDGET_S...) on the FP32 model already rebuilt, in the background
 #   run_15b.sh wait SECS     follows the pipeline for at most SECS s; copies the results to $OUT
 # The pipeline: GGUF reassembled and its sha256 checked (a mismatch stops it), FP32 rebuilt and model.onnx.data's
 # sha256 compared with the development machine's (a mismatch is reported, the run goes on), then STEPS (default
-# "int4 ortrtn modelopt kquant") in that order within BUDGET_S (default 600 s after the rebuild). Without a GPU
-# (the local test) the calibration runs on the CPU and onnxruntime-gpu is neither waited for nor installed.
+# "int4 ortrtn modelopt"; "kquant" adds ORT's k_quant, numpy on the CPU, slow) in that order within BUDGET_S (default
+# 600 s after the rebuild). Without a GPU (the local test) the calibration runs on the CPU and onnxruntime-gpu is
+# neither waited for nor installed.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 G=${G:-$PWD/.g15}
@@ -57,6 +60,12 @@ stage)
     [ -n "${ORT_WHL:-}" ] || [ -n "${NO_ORT:-}" ] || rm -rf "$(dirname "$ort")"
     du -sh "$T" "$S"/.g15_p[0-9]* | tr '\n' ' '; echo
     ;;
+refresh)  # development machine: STAGE/.g15's code (src/onnxprec, gpu/, zoo/) from the working tree, pieces kept
+    T="${STAGE:-/work/main}/.g15"; rm -rf "$T/src/onnxprec" && cp -r src/onnxprec "$T/src/"
+    cp benchmarks/gpu/* "$T/gpu/" && cp zoo/_bigllm_venv.py "$T/zoo/"
+    find "$T/src" -name __pycache__ -prune -exec rm -rf {} +
+    du -sb "$T"  # at most 64 MiB less the repository's tracked files, in the first call
+    ;;
 start)
     has_gpu && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     df -hT 2>/dev/null | grep -v -E 'proc|sysfs|cgroup'; nproc; free -g
@@ -76,8 +85,13 @@ part)
     for f in "$2"/*; do cp "$f" "$W/parts/.$(basename "$f").tmp" && mv "$W/parts/.$(basename "$f").tmp" "$W/parts/$(basename "$f")"; done
     ls "$W/parts" | tr '\n' ' '; echo; tail -2 "$W/pipeline.log"
     ;;
-pipeline)
-    W=$(cat "$STATE"); cd "$W" || exit 1; G="$W/g"; R="$W/results"; mkdir -p "$W/tmp"
+again)  # the tools again in the background (after a failure, say), on the rebuilt FP32 model already there
+    W=$(cat "$STATE"); rm -f "$W/results/DONE"
+    setsid nohup bash "$W/g/gpu/run_15b.sh" tools >> "$W/pipeline.log" 2>&1 < /dev/null &
+    sleep 3; tail -3 "$W/pipeline.log"
+    ;;
+pipeline | tools)
+    W=$(cat "$STATE"); cd "$W" || exit 1; G="$W/g"; R="$W/results"; mkdir -p "$W/tmp" "$W/int4" "$W/ortrtn" "$W/mo" "$W/kq"
     export PYTHONPATH="$W/site:$G/src${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" PYTHONUNBUFFERED=1 TMPDIR="$W/tmp"
     step() {  # step NAME CAP_S [--phases SPEC] -- COMMAND...: measured, at most CAP_S s and never past the deadline
         local name=$1 cap=$2; shift 2
@@ -94,7 +108,7 @@ pipeline)
         $PY "$G/gpu/llm15.py" ppl "$G/data/ids15.npy" "$2" 2>&1 | tee -a "$R/ppl.log" | grep '^{' \
             | sed "s/^{/{\"name\": \"$1\", /" | tee -a "$R/ppl.jsonl"
     }
-    wants() { [[ " ${STEPS:-int4 ortrtn modelopt kquant} " == *" $1 "* ]]; }
+    wants() { [[ " ${STEPS:-int4 ortrtn modelopt} " == *" $1 "* ]]; }
     pieces() {  # pieces PREFIX: waits until MANIFEST's pieces of PREFIX are all there, then writes them to stdout
         echo "== waiting for the $1 pieces $(date -u +%T)" >&2
         while ! awk -v p="$1." -v d="$W/parts" 'index($1, p) == 1 {cmd = "stat -c %s " d "/" $1 " 2>/dev/null";
@@ -103,30 +117,36 @@ pipeline)
         for f in $(awk -v p="$1." 'index($1, p) == 1 {print $1}' "$G/MANIFEST"); do cat "$W/parts/$f"; rm "$W/parts/$f"; done
     }
     T0=$SECONDS
+    if [ "$1" = pipeline ]; then
     pieces gguf > "$W/$GGUF_NAME"
     echo "$GGUF_SHA  $W/$GGUF_NAME" | sha256sum -c - || { echo "== GGUF sha256 differs: stopped"; touch "$R/DONE"; exit 1; }
     echo "== gguf reassembled in $((SECONDS - T0)) s since the start"
     deadline=$((SECONDS + ${BUILD_S:-900}))
     step gguf2hf 600 -- $PY "$G/zoo/_bigllm_venv.py" gguf2hf "$W/$GGUF_NAME" "$W/hf" || { touch "$R/DONE"; exit 1; }
     rm -f "$W/$GGUF_NAME"
+    fi
     # onnxruntime-gpu 1.31.1 before the builder too: onnxruntime-genai 0.18 asks for onnxruntime >= 1.31 (the device
     # has 1.30); its pieces travel after the GGUF's, while gguf2hf runs
     eps=cpu; meps=cpu
     if has_gpu && [ -z "${NO_ORT:-}" ]; then
-        pieces ortw > "$W/$ORT_WHL_NAME"
-        $PY -m pip install -q --no-index --no-deps --no-compile --target "$W/ort" "$W/$ORT_WHL_NAME" && rm "$W/$ORT_WHL_NAME"
-        cp "$G/gpu/sitecustomize.py" "$W/ort/"
+        if [ ! -e "$W/ort/sitecustomize.py" ]; then
+            pieces ortw > "$W/$ORT_WHL_NAME"
+            $PY -m pip install -q --no-index --no-deps --no-compile --target "$W/ort" "$W/$ORT_WHL_NAME" && rm "$W/$ORT_WHL_NAME"
+            cp "$G/gpu/sitecustomize.py" "$W/ort/"
+        fi
         export PYTHONPATH="$W/ort:$PYTHONPATH" G8B_PRELOAD=1
         nv=$($PY -c "import glob, site; print(':'.join(glob.glob(site.getsitepackages()[0] + '/nvidia/*/lib') + glob.glob(site.getsitepackages()[0] + '/nvidia/*/*/lib')))")
         export LD_LIBRARY_PATH="$nv:${LD_LIBRARY_PATH:-}"
         $PY "$G/gpu/check_ort_cuda.py" && eps=cuda && meps=cuda:0,cpu || echo "== onnxruntime CUDA check failed: CPU calibration"
     fi
+    if [ "$1" = pipeline ]; then
     step builder 600 -- $PY -m onnxruntime_genai.models.builder -i "$W/hf" -o "$W/fp32" -p fp32 -e cpu -c "$W/cache" \
         || { touch "$R/DONE"; exit 1; }
     rm -rf "$W/hf" "$W/cache"
     sha=$(sha256sum "$W/fp32/model.onnx.data" | cut -d' ' -f1); echo "$sha" > "$R/fp32_data_sha256.txt"
     if [ "$sha" = "$DATA_SHA" ]; then echo "== model.onnx.data identical to the development machine's ($sha)"
     else echo "== model.onnx.data DIFFERS: $sha here, $DATA_SHA there (going on)"; fi
+    fi
     deadline=$((SECONDS + ${BUDGET_S:-600}))
     echo "== tools from $(date -u +%T), ${BUDGET_S:-600} s budget"
     ppl fp32 "$W/fp32/model.onnx"
@@ -135,22 +155,22 @@ pipeline)
             --onnx_path "$W/fp32/model.onnx" --output_path "$W/int4/model.onnx" --calibration_data "$G/data/calib15" \
             --calibration_eps $eps --log_level INFO --report_json "$R/int4_report.json" \
             && du -sb "$W/int4" > "$R/int4_size.txt" && ppl int4_default "$W/int4/model.onnx"
-        rm -rf "$W/int4"
+        rm -rf "$W/int4"/*
     fi
     if wants ortrtn; then
         step ort_rtn_b32 240 -- $PY "$G/zoo/_bigllm_venv.py" ort_int4 "$W/fp32/model.onnx" "$W/ortrtn/model.onnx" rtn \
             && du -sb "$W/ortrtn" > "$R/ortrtn_size.txt" && ppl ort_rtn_b32 "$W/ortrtn/model.onnx"
-        rm -rf "$W/ortrtn"
+        rm -rf "$W/ortrtn"/*
     fi
     if wants modelopt; then
         step modelopt_awq_lite 360 -- $PY "$G/gpu/llm15.py" modelopt "$W/fp32/model.onnx" "$W/mo/model.onnx" \
             "$G/data/ids15.npy" "$meps" && du -sb "$W/mo" > "$R/modelopt_size.txt" && ppl modelopt_awq_lite "$W/mo/model.onnx"
-        rm -rf "$W/mo"
+        rm -rf "$W/mo"/*
     fi
     if wants kquant; then
         step ort_k_quant_b32 600 -- $PY "$G/zoo/_bigllm_venv.py" ort_int4 "$W/fp32/model.onnx" "$W/kq/model.onnx" k_quant \
             && du -sb "$W/kq" > "$R/kquant_size.txt" && ppl ort_k_quant_b32 "$W/kq/model.onnx"
-        rm -rf "$W/kq"
+        rm -rf "$W/kq"/*
     fi
     echo "== done $(date -u +%T)"
     touch "$R/DONE"
