@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from onnxprec import metrics
+from onnxprec.accuracy._boxes import regions
 
 Outputs = Sequence[Mapping[str, np.ndarray]]
 Boxes = tuple[np.ndarray, np.ndarray]  # [K, 4] x1 y1 x2 y2, [K] class ids
@@ -165,37 +166,8 @@ def match(ref: Boxes, got: Boxes, threshold: float = 0.5) -> int:
 
 def components(mask: np.ndarray, min_area: int = 4) -> np.ndarray:
     """Bounding boxes [K, 4] of the 4-connected regions of a 2-D boolean mask with at least ``min_area`` pixels
-    (union-find over the runs of each row)."""
-    parent: list[int] = []
-    runs: list[tuple[int, int, int]] = []  # (row, start, end)
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    prev: list[int] = []
-    for y, row in enumerate(mask):
-        padded = np.concatenate([[False], row, [False]]).astype(np.int8)
-        edges = np.flatnonzero(np.diff(padded))
-        current = []
-        for s, e in zip(edges[::2], edges[1::2]):
-            idx = len(runs)
-            runs.append((y, int(s), int(e)))
-            parent.append(idx)
-            for p in prev:
-                _, ps, pe = runs[p]
-                if ps < e and s < pe:
-                    a, b = find(p), find(idx)
-                    parent[max(a, b)] = min(a, b)
-            current.append(idx)
-        prev = current
-    boxes: dict[int, list[int]] = {}
-    for i, (y, s, e) in enumerate(runs):
-        box = boxes.setdefault(find(i), [s, y, e, y + 1, 0])
-        box[:] = [min(box[0], s), min(box[1], y), max(box[2], e), max(box[3], y + 1), box[4] + e - s]
-    return np.asarray([v[:4] for v in boxes.values() if v[4] >= min_area], np.float64).reshape(-1, 4)
+    (the accuracy guard's :func:`onnxprec.accuracy._boxes.regions`)."""
+    return regions(mask, min_area)
 
 
 def _prob_map(outs: Mapping[str, np.ndarray], name: str | None, threshold: float = 0.3, channel: int = 0,

@@ -9,6 +9,10 @@ The check takes the worst of :data:`THRESHOLDS`, as the threshold is the user's.
 A check on a few images sees few boxes, and one that sees them all kept says little of a 5 % loss: with fewer than
 :data:`MIN_BOXES` boxes, :class:`ScoreMargins` predicts the share from how far each box's score is from the
 threshold, against how much the candidate moved the scores near it.
+
+A text detector's probability map (``[N, C, H, W]`` after a Sigmoid: DB, PP-OCR) is read the same way: its user cuts
+it at a threshold and takes each connected region's bounding box (:func:`regions`); :func:`region_counts` matches
+the float map's boxes with the candidate's at each of :data:`REGION_THRESHOLDS`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ MIN_BOXES = 60
 of ``3 / n`` is still likely (the rule of three, 95 % confidence), and ``3 / 60`` is 5 %. Fewer boxes are judged by
 the lower of the share seen and the share :class:`ScoreMargins` predicts (the result that set it:
 experiments/design_notes.md, "INT8 accuracy guard")."""
+REGION_THRESHOLDS = (0.3, 0.5)
+"""Probabilities a map is cut at into regions (0.3: DB's and PP-OCR's binarization; 0.5: the even odds)."""
+MIN_AREA = 4
+"""The fewest pixels of a region counted (smaller ones are noise a detector's post-processing drops)."""
 SCORE_FLOOR = 0.01
 """The lowest float score of an anchor whose score change counts (:class:`ScoreMargins`), and of a box below the
 threshold that could cross it; below it a Sigmoid's logit is the background's, far from any threshold."""
@@ -110,6 +118,52 @@ def _matched(want: tuple[np.ndarray, ...], got: tuple[np.ndarray, ...]) -> int:
         overlap[:, j] = 0
         matched += 1
     return matched
+
+
+def regions(mask: np.ndarray, min_area: int = MIN_AREA) -> np.ndarray:
+    """xyxy bounding boxes ``[K, 4]`` of the 4-connected regions of a 2-D boolean mask with at least ``min_area``
+    pixels (union-find over the runs of each row)."""
+    parent: list[int] = []
+    runs: list[tuple[int, int, int]] = []  # (row, start, end)
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    previous: list[int] = []
+    for y, row in enumerate(mask):
+        edges = np.flatnonzero(np.diff(np.concatenate([[False], row, [False]]).astype(np.int8)))
+        current = []
+        for start, end in zip(edges[::2].tolist(), edges[1::2].tolist()):
+            index = len(runs)
+            runs.append((y, start, end))
+            parent.append(index)
+            for p in previous:
+                _, p_start, p_end = runs[p]
+                if p_start < end and start < p_end:
+                    a, b = find(p), find(index)
+                    parent[max(a, b)] = min(a, b)
+            current.append(index)
+        previous = current
+    found: dict[int, list[int]] = {}
+    for i, (y, start, end) in enumerate(runs):
+        box = found.setdefault(find(i), [start, y, end, y + 1, 0])
+        box[:] = [min(box[0], start), min(box[1], y), max(box[2], end), max(box[3], y + 1), box[4] + end - start]
+    return np.asarray([v[:4] for v in found.values() if v[4] >= min_area], np.float64).reshape(-1, 4)
+
+
+def region_counts(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """Per threshold (:data:`REGION_THRESHOLDS`): [regions matched, regions of the side with more], summed over
+    every ``[H, W]`` map of ``[..., H, W]`` probability maps (same shapes)."""
+    counts = np.zeros((len(REGION_THRESHOLDS), 2), np.int64)
+    for r, c in zip(ref.reshape(-1, *ref.shape[-2:]), cand.reshape(-1, *cand.shape[-2:])):
+        for i, threshold in enumerate(REGION_THRESHOLDS):
+            want, got = regions(r > threshold), regions(c > threshold)
+            none_w, none_g = np.zeros(len(want), np.int64), np.zeros(len(got), np.int64)
+            counts[i] += (_matched((want, none_w), (got, none_g)), max(len(want), len(got)))
+    return counts
 
 
 def share_at_least(changes: np.ndarray, values: np.ndarray | float) -> np.ndarray:

@@ -2,7 +2,8 @@
 the output's shape, measured on a candidate's outputs against the float model's.
 
 The rules, per output (``C``: the size of the class axis; the producer is the op that writes the output, looked
-through ``Identity``, ``Cast`` and the ops that only reshape: ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``):
+through ``Identity``, ``Cast``, the ops that only reshape: ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``, and
+``Transpose``, past which a Softmax's axis is not followed):
 
 ============  ======================  ==========================================================================
 kind          metric                  when
@@ -29,21 +30,25 @@ positions     ``position_agreement``  Softmax/LogSoftmax over another axis (``[N
                                       share of positions whose argmax along that axis agrees.
 binary        ``decision_agreement``  from Sigmoid, rank <= 2 (``[N]``, ``[N, 1]``, ``[N, K]`` multi-label): the
                                       share of ``p >= 0.5`` decisions that agree.
-mask          ``mask_iou``            from Sigmoid, rank >= 3 (``[N, 1, H, W]``: text detection, matting;
-                                      ``[N, A, K]``: a detector's confidences): IoU of the ``p >= 0.5``
-                                      entries (1 when both are empty).
+regions       ``region_agreement``    from Sigmoid, rank 4 (``[N, C, H, W]``: a text detector's probability map):
+                                      the bounding boxes of the connected regions over each threshold of
+                                      :data:`~onnxprec.accuracy._boxes.REGION_THRESHOLDS`, matched at IoU >= 0.5
+                                      (:func:`~onnxprec.accuracy._boxes.region_counts`), at the worst threshold.
+mask          ``mask_iou``            from Sigmoid, rank 3 or over 4 (``[N, A, K]``: a detector's confidences):
+                                      IoU of the ``p >= 0.5`` entries (1 when both are empty).
 detections    ``box_agreement``       a rank-3 Concat of 4 box values (centre, size) then only scores (Sigmoid/Softmax),
                                       sizes known (a YOLOv8 head's ``[N, 4 + K, A]``): the boxes it decodes to
                                       (:mod:`onnxprec.accuracy._boxes`), matched, at the worst confidence threshold
                                       (under 60 boxes: or the share their score margins predict, if lower).
 values        ``part_cosine``         another Concat of scores beside other values, sizes known: the cosine of its
                                       worst part (the whole one hides the scores behind the other values' magnitude).
-signal        ``snr``                 a waveform: ``[N, T]`` or ``[N, 1, T]``, ``T >=`` :data:`MIN_SAMPLES`, not from
-                                      Gemm/MatMul, not a feature map flattened (a Flatten or Reshape that merges
-                                      axes) nor named like an embedding, whose float values move together from one
-                                      sample to the next as band-limited audio does (lag-1 autocorrelation >=
-                                      :data:`MIN_CORRELATION`; a feature vector or logits do not): the
-                                      signal-to-noise ratio in dB.
+signal        ``snr``                 log-scale features (a Log, then only elementwise arithmetic: a log-mel
+                                      spectrogram), or a waveform: ``[N, T]`` or ``[N, 1, T]``, ``T >=``
+                                      :data:`MIN_SAMPLES`, not from Gemm/MatMul, not a feature map flattened (a
+                                      Flatten or Reshape that merges axes) nor named like an embedding, whose float
+                                      values move together from one sample to the next as band-limited audio does
+                                      (lag-1 autocorrelation >= :data:`MIN_CORRELATION`; a feature vector or logits
+                                      do not): the signal-to-noise ratio in dB.
 values        ``cosine``              everything else: hidden states, embeddings, ``[N, 1]`` scores or
                                       regressions, boxes, images, audio.
 ============  ======================  ==========================================================================
@@ -67,7 +72,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, box_counts, share_at_least
+from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, box_counts, region_counts, share_at_least
 from onnxprec.metrics import ErrorStats
 
 if TYPE_CHECKING:
@@ -90,12 +95,15 @@ __all__ = [
     "task_metrics",
 ]
 
-Kind = Literal["labels", "classes", "sequence", "positions", "binary", "mask", "detections", "signal", "values"]
+Kind = Literal[
+    "labels", "classes", "sequence", "positions", "binary", "regions", "mask", "detections", "signal", "values"
+]
 
 _PASS_THROUGH = frozenset({"Identity", "Cast"})
-_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
 _DISTRIBUTIONS = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"Gemm", "MatMul", "FusedMatMul"})
+_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Max", "Min", "Neg"})
 _SCORES = re.compile(r"logit|prob|score|class|pred", re.IGNORECASE)
 _NOT_SCORES = re.compile(r"emb|feat|hidden|pool|vec|encod|latent|repr|proj|box|coord|landmark|offset|regress", re.I)
 BLANK_SHARE = 0.3
@@ -114,6 +122,7 @@ _LABELS = {
     "string_agreement": ("identical strings", "sequences"),
     "part_cosine": ("cosine of its worst part", "values"),
     "box_agreement": ("boxes matched", "boxes"),
+    "region_agreement": ("regions matched", "regions"),
     "snr": ("SNR", "samples"),
     "step_agreement": ("per-step agreement", "steps"),
     "position_agreement": ("per-position agreement", "positions"),
@@ -137,6 +146,7 @@ class Producer:
         parts: Concat (``axis``: its axis): each input's producer op and size along the axis, when all are known.
         merged: A Flatten or Reshape between it and the output merges axes that are not 1 after the first (a
             feature map flattened to ``[N, C * H * W]``; not a ``[N, 1, T]`` waveform reshaped to ``[N, T]``).
+        logged: It is elementwise arithmetic (:data:`_ARITHMETIC`) on a Log's output: features in a log scale.
     """
 
     op: str
@@ -144,22 +154,34 @@ class Producer:
     flattens: bool = False
     parts: tuple[tuple[str, int], ...] = ()
     merged: bool = False
+    logged: bool = False
 
 
-def _through(value: ir.Value) -> tuple[ir.Node | None, bool, bool]:
-    """The producer of ``value`` past Identity/Cast and reshapes, whether a reshape came between, and whether one
-    merged axes (:attr:`Producer.merged`)."""
-    reshaped = merged = False
+def _logged(node: ir.Node) -> bool:
+    """Whether ``node`` is elementwise arithmetic on a Log's output (following the first input that is computed)."""
+    while node.op_type in _ARITHMETIC:
+        computed = [v.producer() for v in node.inputs if v is not None and v.producer() is not None]
+        if not computed:
+            return False
+        node = computed[0]  # type: ignore[assignment]
+    return node.op_type == "Log"
+
+
+def _through(value: ir.Value) -> tuple[ir.Node | None, bool, bool, bool]:
+    """The producer of ``value`` past Identity/Cast and reshapes, whether a reshape came between, whether one
+    merged axes (:attr:`Producer.merged`), and whether a Transpose came between."""
+    reshaped = merged = permuted = False
     node = value.producer()
     while node is not None and (node.op_type in _PASS_THROUGH or node.op_type in _RESHAPES) and node.inputs:
         reshaped |= node.op_type in _RESHAPES
+        permuted |= node.op_type == "Transpose"
         source = node.inputs[0]
         if source is None:
             break
         if node.op_type in ("Flatten", "Reshape") and source.shape is not None:
             merged |= sum(1 for d in list(source.shape)[1:] if d != 1) >= 2
         node = source.producer()
-    return node, reshaped, merged
+    return node, reshaped, merged, permuted
 
 
 def _softmax_axis(node: ir.Node, opset: int, reshaped: bool) -> int | None:
@@ -185,9 +207,11 @@ def _softmax_axis(node: ir.Node, opset: int, reshaped: bool) -> int | None:
 
 
 def _producer(value: ir.Value, opset: int) -> Producer | None:
-    node, reshaped, merged = _through(value)
+    node, reshaped, merged, permuted = _through(value)
     if node is None:
         return None
+    if node.op_type in _DISTRIBUTIONS and permuted:  # the class axis moved: not followed
+        return Producer(node.op_type)
     if node.op_type in _DISTRIBUTIONS:
         axis = _softmax_axis(node, opset, reshaped)
         source = node.inputs[0] if node.inputs else None
@@ -202,7 +226,7 @@ def _producer(value: ir.Value, opset: int) -> Producer | None:
             feeder = None if source is None else source.producer()
             if feeder is not None and feeder.op_type in _LINEAR:
                 return Producer(feeder.op_type)
-    return Producer(node.op_type, merged=merged)
+    return Producer(node.op_type, merged=merged, logged=_logged(node))
 
 
 def _concat(node: ir.Node) -> Producer:
@@ -216,7 +240,7 @@ def _concat(node: ir.Node) -> Producer:
         size = shape[axis]
         if not isinstance(size, int):
             return Producer("Concat", axis)
-        feeder, _, _ = _through(source)
+        feeder, _, _, _ = _through(source)
         parts.append((feeder.op_type if feeder is not None else "none", size))
     return Producer("Concat", axis, parts=tuple(parts))
 
@@ -276,7 +300,11 @@ def kind_of(
     if op == "Sigmoid":
         if rank <= 2:
             return OutputKind("binary", "decision_agreement", why=f"Sigmoid, {list(shape)}")
+        if rank == 4:
+            return OutputKind("regions", "region_agreement", why=f"Sigmoid map, {list(shape)}")
         return OutputKind("mask", "mask_iou", why=f"Sigmoid map, {list(shape)}")
+    if producer is not None and producer.logged and rank:
+        return OutputKind("signal", "snr", why=f"{op} of a Log, {list(shape)}: log-scale features")
     if producer is not None and op == "Concat" and producer.parts and rank:
         parts = _score_parts(producer, shape)
         if parts:
@@ -531,6 +559,9 @@ class TaskMetrics:
             for i, (axis, start, stop) in enumerate(kind.parts if ref.shape == cand.shape else ()):
                 part = tuple(slice(start, stop) if d == axis else slice(None) for d in range(ref.ndim))
                 self._part_errors.setdefault((name, i), ErrorStats()).update(ref[part], cand[part].astype(np.float32))
+            if kind.kind == "regions":  # a candidate of another shape finds none of the float regions
+                found = region_counts(ref, cand) if ref.shape == cand.shape else region_counts(ref, ref) * [0, 1]
+                self._boxes[name] = self._boxes.get(name, 0) + found
             if kind.kind == "detections":
                 scores = tuple((start, stop) for _, start, stop in kind.parts if start >= 4)  # the box is [0:4]
                 counts = box_counts(ref, cand, kind.parts[0][0], scores) if ref.shape == cand.shape else None
@@ -558,7 +589,7 @@ class TaskMetrics:
                 rel_l2, cosine = errors.rel_l2, errors.cosine
             value: float | None
             count = self._seen[name]
-            if kind.kind == "detections":  # the worst threshold, counted in boxes
+            if kind.kind in ("detections", "regions"):  # the worst threshold, counted in boxes
                 shares = [float(m) / float(n) if n else 1.0 for m, n in self._boxes[name]]
                 worst = int(np.argmin(shares))
                 value, count = shares[worst], int(self._boxes[name][worst][1])

@@ -35,7 +35,9 @@ from onnxprec.accuracy import (
         ("y", [4, 1], Producer("Gemm"), "values", None),  # a [N, 1] output is not called top-1
         ("p", [4, 1], Producer("Sigmoid"), "binary", None),
         ("p", [4, 2], Producer("Sigmoid"), "binary", None),
-        ("maps", [1, 1, 64, 64], Producer("Sigmoid"), "mask", None),
+        ("maps", [1, 1, 64, 64], Producer("Sigmoid"), "regions", None),  # a text detector's probability map
+        ("confidences", [1, 300, 10], Producer("Sigmoid"), "mask", None),
+        ("output", [4, 1, 97, 32], Producer("Clip", logged=True), "signal", None),  # a log-mel spectrogram
         ("ctc", [2, 40, 97], Producer("Softmax", -1), "sequence", 2),
         ("logits", [2, 16, 500], Producer("MatMul"), "sequence", 2),  # an LM's logits
         ("last_hidden_state", [8, 14, 384], Producer("MatMul"), "values", None),
@@ -128,7 +130,7 @@ def test_agreements_are_counted_per_row_step_and_pixel() -> None:
     ctc[..., 0] = 1
     ctc_bad = ctc.copy()
     ctc_bad[1, :2] = [0, 1, 0]  # two steps of ten
-    mask = np.zeros((1, 1, 4, 4), np.float32)
+    mask = np.zeros((1, 4, 4), np.float32)  # rank 3: a mask (rank 4 is a map of regions)
     mask[..., :2, :2] = 0.9  # 4 pixels
     mask_bad = mask.copy()
     mask_bad[..., 0, 2] = 0.8  # a fifth: IoU 4/5
@@ -453,3 +455,47 @@ def test_an_objectness_score_multiplies_the_class_scores() -> None:
     metrics.update({"output": head}, {"output": cand})
     out = metrics.summary().outputs[0]
     assert (out.value, out.count) == (0.5, 2)
+
+
+def test_a_probability_map_is_judged_by_its_regions() -> None:
+    """Each connected region's box is matched at IoU >= 0.5 at each threshold; the worst threshold counts, over the
+    regions of the side with more."""
+    ref = np.zeros((1, 1, 32, 32), np.float32)
+    ref[0, 0, 2:6, 2:12] = 0.9  # a text line
+    ref[0, 0, 10:14, 2:20] = 0.9  # another
+    ref[0, 0, 20:24, 2:8] = 0.4  # a faint one: a region at 0.3 only
+    cand = ref.copy()
+    cand[0, 0, 10:14, 10:12] = 0.1  # the second line split in two halves, each under IoU 0.5 with it
+    metrics = TaskMetrics({"map": Producer("Sigmoid")})
+    metrics.update({"map": ref}, {"map": cand})
+    (out,) = metrics.summary().outputs
+    # at 0.3: 2 matched of 4 candidate regions (3 float ones); at 0.5, the worse: 1 of 3 (2 float ones)
+    assert (out.kind, out.value, out.count) == ("regions", pytest.approx(1 / 3), 3)
+    assert "map regions matched 33.3% of 3 regions" in metrics.summary().describe()
+
+
+def test_log_features_and_transposed_confidences_get_their_producers() -> None:
+    """A Log then elementwise arithmetic is log-scale features; a Transpose is looked through (a Sigmoid's
+    confidences), but a Softmax's axis is not followed past it."""
+    import onnx_ir as ir
+
+    from onnxprec.accuracy import output_producers
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 8, 4]))
+    log = ir.node("Log", [x])
+    scaled = ir.node("Mul", [log.outputs[0], log.outputs[0]])
+    clip = ir.node("Clip", [scaled.outputs[0]])
+    sigmoid = ir.node("Sigmoid", [x])
+    moved = ir.node("Transpose", [sigmoid.outputs[0]], attributes={"perm": [0, 2, 1]})
+    softmax = ir.node("Softmax", [x], attributes={"axis": -1})
+    turned = ir.node("Transpose", [softmax.outputs[0]], attributes={"perm": [0, 2, 1]})
+    outputs = [clip.outputs[0], moved.outputs[0], turned.outputs[0]]
+    for value, name in zip(outputs, ("features", "confidences", "turned")):
+        value.name = name
+    graph = ir.Graph([x], outputs, nodes=[log, scaled, clip, sigmoid, moved, softmax, turned], opset_imports={"": 17})
+    producers = output_producers(ir.Model(graph, ir_version=8))
+    assert producers["features"] == Producer("Clip", logged=True)
+    assert producers["confidences"] == Producer("Sigmoid")
+    assert producers["turned"] == Producer("Softmax")
+    assert kind_of("confidences", [1, 4, 8], True, producers["confidences"]).kind == "mask"
+    assert kind_of("turned", [1, 4, 8], True, producers["turned"]).kind == "values"

@@ -4,7 +4,7 @@ Every quantizer measures its result against the float model on the calibration i
 :meth:`onnxprec.calibration_data.CalibrationData.held_out`) and says it in its summary line and report, with the
 task metric that follows each output (:mod:`onnxprec.accuracy`'s :class:`~onnxprec.accuracy.TaskMetrics`: argmax
 agreement for class scores, decoded strings for ``[N, T, C]`` and ``[T, N, C]`` CTC sequences, decision agreement or
-mask IoU after a Sigmoid, cosine otherwise).
+regions or mask IoU after a Sigmoid, SNR for waveforms and log-scale features, cosine otherwise).
 
 INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS`):
 
@@ -16,12 +16,15 @@ INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS
   the strings they predict, on held-out runs nothing was;
 - positions (segmentation) and binary decisions (a VAD's speech probability): agreement >= 0.95 (a decision near 0.5
   flips with any error);
-- masks (a text detector's Sigmoid map): IoU >= 0.9;
+- regions (a text detector's Sigmoid map): >= 0.95 of the regions' boxes matched at the worst threshold (issue 24's
+  box bound);
+- masks (a detector's Sigmoid confidences): IoU >= 0.9;
 - detections (a YOLO head's Concat of 4 box values and scores): >= 0.95 of the boxes it decodes to matched at the
   worst of two confidence thresholds (issue 24's box bound); under 60 boxes seen, the share their score margins
   predict when lower (:data:`onnxprec.accuracy._boxes.MIN_BOXES`);
 - another Concat of scores beside other values: cosine >= 0.99 of each part;
-- signals (a vocoder's waveform): SNR >= 25 dB, rel L2 <= 0.056, the same bound (issue 24's vocoder bound);
+- signals (a vocoder's waveform, log-scale features such as a log-mel spectrogram): SNR >= 25 dB, rel L2 <= 0.056,
+  the same bound (issue 24's vocoder and speech-feature bound);
 - values (embeddings, boxes, hidden states, audio) and a language model's ``[N, T, vocab]`` logits (named like
   logits, not a Softmax: near-tied argmaxes flip while the cosine stays high): cosine >= 0.99 (issue 24's embedding
   bound).
@@ -66,6 +69,7 @@ DEFAULT_BOUNDS: dict[str, float] = {
     "sequence": 0.99,
     "positions": 0.95,
     "binary": 0.95,
+    "regions": 0.95,
     "mask": 0.90,
     "detections": 0.95,
     "signal": 25.0,

@@ -10,7 +10,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxprec._ort import create_session
 from onnxprec.errors import InvalidArgumentError
-from onnxprec.quantization.algorithms.qtypes import FP8, INT8, INT16, QTYPES, UINT8, UINT16, qtype
+from onnxprec.quantization.algorithms.qtypes import FP8, FP8_ACTIVATION, INT8, INT16, QTYPES, UINT8, UINT16, qtype
 
 _ONNX = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
          "uint16": TensorProto.UINT16, "fp8": TensorProto.FLOAT8E4M3FN}  # fmt: skip
@@ -73,5 +73,18 @@ def test_weights_per_channel_put_each_channels_largest_value_on_the_last_level()
         )
     with pytest.raises(InvalidArgumentError, match="weights are symmetric"):
         UINT8.quantize_weight(w, axis=1)
+
+
+def test_fp8_activations_leave_room_above_the_calibrated_range_on_the_same_relative_levels() -> None:
+    """The calibrated maximum goes on 448 / 16: 16 times it still passes, and every value of E4M3's normal range
+    rounds to the level it gets without the room, 16 times smaller (a power of 2 moves no rounding boundary)."""
+    scale, zero = FP8_ACTIVATION.scale_zero_point(-2.0, 1.0)
+    assert (scale, zero) == (2.0 * 16 / 448, 0)
+    x = np.linspace(-40.0, 40.0, 4001, dtype=np.float32)
+    roomy = FP8_ACTIVATION.fake(x, scale)
+    assert roomy.max() == pytest.approx(32.0) and roomy.min() == pytest.approx(-32.0)  # 16 x 2, the largest seen
+    plain = FP8.fake(x, FP8.scale_zero_point(-2.0, 1.0)[0])
+    normal = (np.abs(x) >= 2.0 * 16 / 448 * 2.0**-6) & (np.abs(x) <= 2.0)  # in range for both, normal with the room
+    assert np.array_equal(roomy[normal], plain[normal])
     with pytest.raises(InvalidArgumentError, match="Unknown quantization type 'int4'"):
         qtype("int4")

@@ -78,10 +78,11 @@ class Fp8Options(Int8Options):
 
     @property
     def activation_qtype(self) -> QType:
-        """FP8 E4M3FN, per tensor."""
-        from onnxprec.quantization.algorithms.qtypes import FP8
+        """FP8 E4M3FN, per tensor, with room above the calibrated range (:data:`~onnxprec.quantization.algorithms.
+        qtypes.FP8_ACTIVATION_HEADROOM`)."""
+        from onnxprec.quantization.algorithms.qtypes import FP8_ACTIVATION
 
-        return FP8
+        return FP8_ACTIVATION
 
     @property
     def weight_qtype(self) -> QType:
