@@ -14,6 +14,7 @@ import pytest
 
 from onnxprec._testing import run
 from onnxprec.autocast import convert_file, convert_to_mixed_precision
+from onnxprec.autocast.report import MOVES_ONLY
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.quantization._testing import tiny_cnn
 
@@ -45,6 +46,10 @@ def test_kept_in_fp32_the_result_runs_on_the_cpu_and_the_summary_gives_the_share
     assert f"; {kept} kept in FP32 without a bf16 kernel" in report.summary
     assert f"Converted {report.stats.low_nodes}/{report.stats.nodes} nodes" in report.summary
     assert report.to_json()["no_kernel_fp32"] == report.no_kernel
+    # the Pad between two FP32 Convs would only move data between casts: it stays FP32 and its casts go
+    moved = [node.name for node, decision in report.decisions.items() if decision.reason == MOVES_ONLY]
+    assert moved == ["/dw/Pad"] and "; 1 data-movement node left in FP32 between casts;" in report.summary
+    assert [n.op_type for n in onnx.load(out).graph.node].count("Cast") == report.stats.casts == 2
     # the output loads and runs on the CPU provider and matches FP32 (what stays BF16 only moves data)
     (expected,) = run(source, {"x": X})
     (actual,) = run(out, {"x": X})
@@ -78,7 +83,9 @@ def test_efficientnet_lite0_bf16_on_the_cpu(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError, match=r"no CPU BF16 kernel for 93 of the 132 nodes"):
         convert_file(source, tmp_path / "refused.onnx", low_precision_type="bf16")
     report = convert_file(source, tmp_path / "kept.onnx", low_precision_type="bf16", keep_unsupported_fp32=True)
-    assert sum(report.no_kernel.values()) == 93 and report.stats.low_nodes == 39
+    assert sum(report.no_kernel.values()) == 93
+    moved = sum(decision.reason == MOVES_ONLY for decision in report.decisions.values())  # the Pads between Convs
+    assert report.stats.low_nodes == 23 and moved == 16
     x = np.load(found.with_name("efficientnet_lite0_input.npy"))[:1].astype(np.float32)
     (expected,) = run(source, {"input": x})
     (actual,) = run(tmp_path / "kept.onnx", {"input": x})

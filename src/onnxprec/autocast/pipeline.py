@@ -37,7 +37,7 @@ from onnxprec.autocast._options import AutoCastOptions
 from onnxprec.autocast.classify import Decision, classify
 from onnxprec.autocast.convert import ConvertPrecisionPass, ConvertPrecisionResult
 from onnxprec.autocast.kernel_gaps import keep_kernel_gaps, node_keys, warn_cast_shared_kv
-from onnxprec.autocast.report import AutoCastReport, Details, first_sample, layer_errors
+from onnxprec.autocast.report import MOVES_ONLY, AutoCastReport, Details, first_sample, layer_errors
 from onnxprec.autocast.rules import (
     REDUCING_OPS,
     DataRangeRule,
@@ -60,6 +60,8 @@ from onnxprec.passes import (
     OpsetUpgradeError,
     RemoveRedundantCastsPass,
     UpgradeOpsetPass,
+    WidenMovementIslandsPass,
+    WidenMovementIslandsResult,
     WidenToFp32Pass,
     run_passes,
 )
@@ -388,7 +390,9 @@ def _convert_classified(run: Conversion) -> None:
     if options.report is not None:
         stats = run.reference.stats if run.reference else None
         report.details = _details(model, report.decisions, options, run.ctx.stats, stats, run.reference, run.clone)
-    converted = _convert(model, report.decisions, options, run.io_types)
+    converted, widened = _convert(model, report.decisions, options, run.io_types)
+    for node in widened:
+        report.decisions[node] = Decision(False, MOVES_ONLY)
     warn_cast_shared_kv(model)
     report.stats = converted.stats
     report.stats.casts = sum(1 for cast in converted.casts if cast.graph is not None)  # left after the cleanup
@@ -453,9 +457,14 @@ def _convert(
     decisions: Mapping[ir.Node, Decision],
     options: AutoCastOptions,
     io_types: Mapping[str, ir.DataType] | None,
-) -> ConvertPrecisionResult:
-    """Converts the classified model in place: precisions, casts, then the redundant casts and unused nodes go.
-    ``io_types``: the FP16/BF16 inputs and outputs of a widened model (:func:`_widen`), kept with keep_io_types."""
+) -> tuple[ConvertPrecisionResult, list[ir.Node]]:
+    """Converts the classified model in place: precisions, casts, then the redundant casts, the islands that only
+    move data between casts (:class:`WidenMovementIslandsPass`) and unused nodes go. ``io_types``: the FP16/BF16
+    inputs and outputs of a widened model (:func:`_widen`), kept with keep_io_types.
+
+    Returns:
+        The conversion's result (its low-node count without the islands) and the island nodes returned to FP32.
+    """
     convert = ConvertPrecisionPass(
         dict(decisions),
         options.low,
@@ -464,9 +473,10 @@ def _convert(
         io_types=io_types,
     )
     cleanup = RemoveRedundantCastsPass(options.init_conversion_max_bytes)
-    converted = run_passes(model, convert, cleanup, RemoveUnusedNodesPass())[0]
-    assert isinstance(converted, ConvertPrecisionResult)
-    return converted
+    converted, _, islands, _ = run_passes(model, convert, cleanup, WidenMovementIslandsPass(), RemoveUnusedNodesPass())
+    assert isinstance(converted, ConvertPrecisionResult) and isinstance(islands, WidenMovementIslandsResult)
+    converted.stats.low_nodes -= len(islands.widened)
+    return converted, islands.widened
 
 
 def _converted_clone(

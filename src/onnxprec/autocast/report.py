@@ -42,7 +42,16 @@ if TYPE_CHECKING:
     from onnxprec.autocast.target import TargetReport
     from onnxprec.validate import NumericReport
 
-__all__ = ["LOW_TYPES", "AutoCastReport", "Details", "command_line", "first_sample", "layer_errors", "suggestions"]
+__all__ = [
+    "LOW_TYPES",
+    "MOVES_ONLY",
+    "AutoCastReport",
+    "Details",
+    "command_line",
+    "first_sample",
+    "layer_errors",
+    "suggestions",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -333,6 +342,8 @@ def command_line(options: AutoCastOptions, onnx_path: str | Path | None, output_
 # The report
 
 LOW_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
+MOVES_ONLY = "only moves data between casts from and to FP32"
+"""The reason of the nodes :class:`onnxprec.passes.WidenMovementIslandsPass` returned to FP32 after conversion."""
 
 
 @dataclass
@@ -369,6 +380,9 @@ class AutoCastReport(TimedSteps):
         )
         if self.no_kernel:
             text += f"; {sum(self.no_kernel.values())} kept in FP32 without a {self.low_precision_type} kernel"
+        moves = sum(1 for d in self.decisions.values() if d.reason == MOVES_ONLY)
+        if moves:
+            text += f"; {moves} data-movement node{'s' * (moves > 1)} left in FP32 between casts"
         task = self.numeric.task if self.numeric is not None else None
         if task is not None:
             where = "no calibration data: checked on random data" if self.random_data else "checked on calibration data"

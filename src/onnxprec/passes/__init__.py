@@ -8,6 +8,7 @@ from onnxprec.passes.lift_float_constants import LiftFloatConstantsPass
 from onnxprec.passes.name_nodes import NameNodesPass
 from onnxprec.passes.remove_redundant_casts import RemoveRedundantCastsPass, RemoveRedundantCastsResult
 from onnxprec.passes.upgrade_opset import OpsetUpgradeError, UpgradeOpsetPass
+from onnxprec.passes.widen_movement_islands import WidenMovementIslandsPass, WidenMovementIslandsResult
 from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "RemoveRedundantCastsPass",
     "RemoveRedundantCastsResult",
     "UpgradeOpsetPass",
+    "WidenMovementIslandsPass",
+    "WidenMovementIslandsResult",
     "WidenToFp32Pass",
     "run_passes",
     "user_error",
