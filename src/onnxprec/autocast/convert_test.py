@@ -321,6 +321,26 @@ def test_graph_output_also_consumed_keeps_name() -> None:
         np.testing.assert_allclose(got, ref)
 
 
+def test_data_movement_between_fp32_nodes_stays_fp32_and_compute_between_them_converts() -> None:
+    nodes = [
+        helper.make_node("Exp", ["X"], ["e"], name="high_exp"),
+        helper.make_node("Transpose", ["e"], ["t"], perm=[1, 0], name="transpose"),  # alone between FP32 nodes
+        helper.make_node("Log", ["t"], ["l"], name="high_log"),
+        helper.make_node("Transpose", ["l"], ["t2"], perm=[1, 0], name="transpose2"),  # beside a low Relu
+        helper.make_node("Relu", ["t2"], ["r"], name="relu"),
+        helper.make_node("Neg", ["r"], ["Y"], name="high_neg"),
+    ]
+    model = make_model(nodes, [tensor_info("X", F, [2, 3])], [tensor_info("Y", F, [2, 3])])
+    out = convert_to_mixed_precision(model, nodes_to_exclude=["high_.*"], data_max=INF, keep_io_types=True)
+    _check(out)
+    order = [n.op_type for n in out.graph.node]
+    assert order == ["Exp", "Transpose", "Log", "Cast", "Transpose", "Relu", "Cast", "Neg"], order
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    (ref,) = run(model, {"X": x})
+    (got,) = run(out, {"X": x})
+    np.testing.assert_allclose(got, ref, rtol=1e-2, atol=1e-2)
+
+
 def test_redundant_user_casts_are_removed() -> None:
     nodes = [
         helper.make_node("Cast", ["X"], ["h"], to=F16, name="to16"),
