@@ -7,10 +7,15 @@
 # the held-out perplexity of each result (llm15.py ppl, CPU ONNX Runtime, windows 8-15 of ids15.npy).
 #
 #   run_15b.sh stage [GGUF]  (development machine, repository root; STAGE=/work/main by default) writes STAGE/.g15
-#                            (src/onnxprec, gpu/ = this folder, zoo/_bigllm_venv.py, whl/, data/ids15.npy + calib15,
+#                            (src/onnxprec, gpu/ = this folder, zoo/_bigllm_venv.py, whl/ = WHL's wheels: gguf,
+#                            onnxruntime-genai 0.18 (CPU, the builder), onnx_ir, ModelOpt 0.47 and what the device
+#                            lacks for it: lief, polygraphy, onnx_graphsurgeon, onnxslim, onnxconverter_common,
+#                            cppimport 26.4.17 (wheel built from PyPI's sdist) + mako 1.4.3 (ModelOpt's export
+#                            compiles its round-and-pack extension with them), data/ids15.npy + calib15,
 #                            MANIFEST, and the first pieces) and STAGE/.g15_p01.. (pieces of <= PART_MIB MiB: the GGUF
 #                            first, then onnxruntime-gpu 1.31.1's wheel, found at ORT_WHL or cut from .gpu8b's parts)
-#   run_15b.sh refresh       (development machine) refreshes STAGE/.g15's code only, keeping the pieces
+#   run_15b.sh refresh       (development machine) refreshes STAGE/.g15's code and whl/ (WHL's wheels added), keeping
+#                            the pieces
 #   run_15b.sh start         environment, wheels, then the pipeline in the background (from a copy of .g15 on the
 #                            roomiest disk, recorded in /root/g15_dir: later calls use /root/g15/gpu/run_15b.sh)
 #   run_15b.sh part DIR      moves DIR's pieces into the work dir (the pipeline goes on once MANIFEST's are there)
@@ -60,9 +65,10 @@ stage)
     [ -n "${ORT_WHL:-}" ] || [ -n "${NO_ORT:-}" ] || rm -rf "$(dirname "$ort")"
     du -sh "$T" "$S"/.g15_p[0-9]* | tr '\n' ' '; echo
     ;;
-refresh)  # development machine: STAGE/.g15's code (src/onnxprec, gpu/, zoo/) from the working tree, pieces kept
+refresh)  # development machine: STAGE/.g15's code (src/onnxprec, gpu/, zoo/) from the working tree and whl/, pieces kept
     T="${STAGE:-/work/main}/.g15"; rm -rf "$T/src/onnxprec" && cp -r src/onnxprec "$T/src/"
     cp benchmarks/gpu/* "$T/gpu/" && cp zoo/_bigllm_venv.py "$T/zoo/"
+    cp "${WHL:-$HOME/.cache/onnxprec/gpu/g15_whl}"/*.whl "$T/whl/"
     find "$T/src" -name __pycache__ -prune -exec rm -rf {} +
     du -sb "$T"  # at most 64 MiB less the repository's tracked files, in the first call
     ;;
@@ -77,6 +83,7 @@ start)
         $(ls "$W"/g/whl/*.whl | grep -v -E "${SKIP_WHL:-^$}")  # SKIP_WHL: the local test's Python 3.11 skips cp312
     export PYTHONPATH="$W/site:$W/g/src${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}"
     $PY -c "import sys, numpy, torch, transformers, onnx, onnx_ir, onnxruntime, gguf, onnxprec; print(sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'onnx', onnx.__version__, 'onnx_ir', onnx_ir.__version__, 'onnxruntime', onnxruntime.__version__, 'gguf', gguf.__version__ if hasattr(gguf, '__version__') else '?', onnxprec.__file__)"
+    $PY -c "import cppimport, mako" || echo "== cppimport or mako does not import: ModelOpt's export will fail"
     setsid nohup bash "$W/g/gpu/run_15b.sh" pipeline > "$W/pipeline.log" 2>&1 < /dev/null &
     sleep 3; ls "$W/parts"; tail -3 "$W/pipeline.log"
     ;;
