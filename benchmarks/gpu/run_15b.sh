@@ -8,7 +8,9 @@
 # STEPS=genai: FP16 and BF16 on onnxruntime-genai-cuda 0.18.0 (its own --target dir, W/gcuda, on the PYTHONPATH of
 # the generation step only: the builder keeps the CPU onnxruntime-genai of whl/): the builder's own -p fp16 / -p bf16
 # -e cuda (from the Hugging Face folder, before it is removed: the pipeline only) and onnxprec's AutoCast FP16 / BF16
-# of the rebuilt FP32 (`onnxprec autocast ... --genai_provider cuda`: config and tokenizer carried, provider cuda),
+# of the rebuilt FP32 (`onnxprec autocast ... --providers cuda --genai_provider cuda`: its reference run and check on
+# CUDA, which BF16 needs (ONNX Runtime's CPU has no BF16 MatMul: exit 2 there); config and tokenizer carried, provider
+# cuda),
 # then llm15.py genai: each model generates 128 tokens greedily after each of data/prompts15.npy's 2x256-token
 # prompts, a warm-up round then GENAI_ROUNDS (3): median prefill ms and decode tokens/s, first 20 ids.
 #
@@ -143,7 +145,7 @@ pipeline | tools)
         for t in ${GENAI_TYPES:-fp16 bf16}; do
             mkdir -p "$W/a_$t"; rm -f "$W/a_$t"/*
             step autocast_$t "${AUTOCAST_CAP:-120}" -- $PY -m onnxprec.cli autocast --onnx_path "$W/fp32/model.onnx" \
-                --output_path "$W/a_$t/model.onnx" --low_precision_type $t --genai_provider cuda --log_level INFO \
+                --output_path "$W/a_$t/model.onnx" --low_precision_type $t --providers $eps --genai_provider cuda --log_level INFO \
                 --report_json "$R/autocast_${t}_report.json" && du -sb "$W/a_$t" > "$R/autocast_${t}_size.txt"
         done
         for m in b_fp16 b_bf16 a_fp16 a_bf16; do
