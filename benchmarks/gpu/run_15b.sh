@@ -24,8 +24,9 @@
 #                            MANIFEST, and the first pieces) and STAGE/.g15_p01.. (pieces of <= PART_MIB MiB: the GGUF
 #                            first, then onnxruntime-gpu 1.31.1's wheel, found at ORT_WHL or cut from .gpu8b's parts)
 #   run_15b.sh refresh       (development machine) refreshes STAGE/.g15's code and whl/ (WHL's wheels added), keeping
-#                            the pieces; stage and refresh also write STAGE/.g15_genai: onnxruntime-genai-cuda 0.18.0's
-#                            wheel (GENAI_WHL, 16.7 MB: no room in .g15), one more `part` for STEPS=genai
+#                            the pieces; stage and refresh also write STAGE/.g15_pgenai: onnxruntime-genai-cuda
+#                            0.18.0's wheel (GENAI_WHL, 16.7 MB: no room in .g15; ignored as .g15_p*), one more `part`
+#                            for STEPS=genai (fits in one call with .g15_p24)
 #   run_15b.sh start         environment, wheels, then the pipeline in the background (from a copy of .g15 on the
 #                            roomiest disk, recorded in /root/g15_dir: later calls use /root/g15/gpu/run_15b.sh)
 #   run_15b.sh part DIR      moves DIR's pieces into the work dir (the pipeline goes on once MANIFEST's are there)
@@ -55,8 +56,8 @@ pick_dir() {  # the non-tmpfs file system with the most free space
         | sort -k2 -n | tail -1 | awk '{print $3}'
 }
 has_gpu() { command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; }
-stage_genai() {  # STAGE/.g15_genai: the genai-cuda wheel; prompts15.npy into .g15/data
-    local S=$1; rm -rf "$S/.g15_genai" && mkdir -p "$S/.g15_genai" && cp "$GENAI_WHL" "$S/.g15_genai/"
+stage_genai() {  # STAGE/.g15_pgenai: the genai-cuda wheel; prompts15.npy into .g15/data
+    local S=$1; rm -rf "$S/.g15_pgenai" && mkdir -p "$S/.g15_pgenai" && cp "$GENAI_WHL" "$S/.g15_pgenai/"
     cp "${PROMPTS:-/tmp/prompts15.npy}" "$S/.g15/data/prompts15.npy"
 }
 
@@ -87,7 +88,7 @@ refresh)  # development machine: STAGE/.g15's code (src/onnxprec, gpu/, zoo/) fr
     cp "${WHL:-$HOME/.cache/onnxprec/gpu/g15_whl}"/*.whl "$T/whl/"
     find "$T/src" -name __pycache__ -prune -exec rm -rf {} +
     stage_genai "${STAGE:-/work/main}"
-    du -sb "$T" "$T"_genai  # at most 64 MiB less the repository's tracked files, in the first call
+    du -sb "$T" "$T"_pgenai  # at most 64 MiB less the repository's tracked files, in the first call
     ;;
 start)
     has_gpu && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -135,10 +136,10 @@ pipeline | tools)
     wants() { [[ " ${STEPS:-int4 ortrtn modelopt} " == *" $1 "* ]]; }
     genai_step() {  # onnxruntime-genai-cuda, AutoCast FP16/BF16, then the generation of every model
         local whl end=$((SECONDS + ${GENAI_WAIT:-120})) models=()
-        if [ ! -d "$W/gcuda/onnxruntime_genai" ]; then  # the wheel comes with `part .g15_genai`
+        if [ ! -d "$W/gcuda/onnxruntime_genai" ]; then  # the wheel comes with `part .g15_pgenai`
             while [ -z "$(ls "$W"/parts/onnxruntime_genai_cuda-*.whl 2>/dev/null)" ] && [ $SECONDS -lt $end ]; do sleep 2; done
             whl=$(ls "$W"/parts/onnxruntime_genai_cuda-*.whl 2>/dev/null | head -1)
-            if [ -z "$whl" ]; then echo "== genai: no onnxruntime_genai_cuda wheel in $W/parts (part .g15_genai)"; return 1; fi
+            if [ -z "$whl" ]; then echo "== genai: no onnxruntime_genai_cuda wheel in $W/parts (part .g15_pgenai)"; return 1; fi
             $PY -m pip install -q --no-index --no-deps --no-compile --target "$W/gcuda" "$whl" || return 1
         fi
         echo "== genai $(date -u +%T): $(ls -d "$W"/gcuda/onnxruntime_genai*)"
