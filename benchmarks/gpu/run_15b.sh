@@ -5,12 +5,28 @@
 # builder, -p fp32 -e cpu). Then, each under measure.py (wall time, host peak RSS, GPU memory): onnxprec's calibrated
 # INT4 default on CUDA, ONNX Runtime's MatMulNBitsQuantizer RTN and k_quant (block 32), ModelOpt 0.47 awq_lite, and
 # the held-out perplexity of each result (llm15.py ppl, CPU ONNX Runtime, windows 8-15 of ids15.npy).
+# STEPS=genai: FP16 and BF16 on onnxruntime-genai-cuda 0.18.0 (its own --target dir, W/gcuda, on the PYTHONPATH of
+# the generation step only: the builder keeps the CPU onnxruntime-genai of whl/): the builder's own -p fp16 / -p bf16
+# -e cuda (from the Hugging Face folder, before it is removed: the pipeline only) and onnxprec's AutoCast FP16 / BF16
+# of the rebuilt FP32 (`onnxprec autocast ... --providers cuda --genai_provider cuda`: its reference run and check on
+# CUDA, which BF16 needs (ONNX Runtime's CPU has no BF16 MatMul: exit 2 there); config and tokenizer carried, provider
+# cuda),
+# then llm15.py genai: each model generates 128 tokens greedily after each of data/prompts15.npy's 2x256-token
+# prompts, a warm-up round then GENAI_ROUNDS (3): median prefill ms and decode tokens/s, first 20 ids.
 #
 #   run_15b.sh stage [GGUF]  (development machine, repository root; STAGE=/work/main by default) writes STAGE/.g15
-#                            (src/onnxprec, gpu/ = this folder, zoo/_bigllm_venv.py, whl/, data/ids15.npy + calib15,
+#                            (src/onnxprec, gpu/ = this folder, zoo/_bigllm_venv.py, whl/ = WHL's wheels: gguf,
+#                            onnxruntime-genai 0.18 (CPU, the builder), onnx_ir, ModelOpt 0.47 and what the device
+#                            lacks for it: lief, polygraphy, onnx_graphsurgeon, onnxslim, onnxconverter_common,
+#                            cppimport 26.4.17 (wheel built from PyPI's sdist) + mako 1.4.3 (ModelOpt's export
+#                            compiles its round-and-pack extension with them), data/ids15.npy + calib15 +
+#                            prompts15.npy (PROMPTS),
 #                            MANIFEST, and the first pieces) and STAGE/.g15_p01.. (pieces of <= PART_MIB MiB: the GGUF
 #                            first, then onnxruntime-gpu 1.31.1's wheel, found at ORT_WHL or cut from .gpu8b's parts)
-#   run_15b.sh refresh       (development machine) refreshes STAGE/.g15's code only, keeping the pieces
+#   run_15b.sh refresh       (development machine) refreshes STAGE/.g15's code and whl/ (WHL's wheels added), keeping
+#                            the pieces; stage and refresh also write STAGE/.g15_pgenai: onnxruntime-genai-cuda
+#                            0.18.0's wheel (GENAI_WHL, 16.7 MB: no room in .g15; ignored as .g15_p*), one more `part`
+#                            for STEPS=genai (fits in one call with .g15_p24)
 #   run_15b.sh start         environment, wheels, then the pipeline in the background (from a copy of .g15 on the
 #                            roomiest disk, recorded in /root/g15_dir: later calls use /root/g15/gpu/run_15b.sh)
 #   run_15b.sh part DIR      moves DIR's pieces into the work dir (the pipeline goes on once MANIFEST's are there)
@@ -33,12 +49,17 @@ GGUF_NAME=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 GGUF_SHA=${GGUF_SHA:-cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046}
 DATA_SHA=${DATA_SHA:-380880223315a1aeb75af8b5de58e845385aebb0e2d1f71cd5644c93c347d237}
 ORT_WHL_NAME=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+GENAI_WHL=${GENAI_WHL:-$HOME/.cache/onnxprec/gpu/onnxruntime_genai_cuda-0.18.0-cp312-cp312-manylinux_2_28_x86_64.whl}
 
 pick_dir() {  # the non-tmpfs file system with the most free space
     df -B1G --output=fstype,avail,target 2>/dev/null | tail -n +2 | grep -v -E '^(tmpfs|devtmpfs|proc|sysfs)' \
         | sort -k2 -n | tail -1 | awk '{print $3}'
 }
 has_gpu() { command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; }
+stage_genai() {  # STAGE/.g15_pgenai: the genai-cuda wheel; prompts15.npy into .g15/data
+    local S=$1; rm -rf "$S/.g15_pgenai" && mkdir -p "$S/.g15_pgenai" && cp "$GENAI_WHL" "$S/.g15_pgenai/"
+    cp "${PROMPTS:-/tmp/prompts15.npy}" "$S/.g15/data/prompts15.npy"
+}
 
 INT4_PHASES='load+select=^;written text=An LLM without layer options;calibration walk=Quantizing [0-9]+ weights'
 INT4_PHASES+=';after the walk=Reference run: [0-9]+ tensors;save=Model weights exceed|Saving weights|Writing weights'
@@ -58,13 +79,16 @@ stage)
     fi
     $PY "$HERE/cut15.py" "$T" "$S/.g15_p" $((PART_MIB << 20)) "gguf=$gguf" ${ort:+"ortw=$ort"}
     [ -n "${ORT_WHL:-}" ] || [ -n "${NO_ORT:-}" ] || rm -rf "$(dirname "$ort")"
+    stage_genai "$S"
     du -sh "$T" "$S"/.g15_p[0-9]* | tr '\n' ' '; echo
     ;;
-refresh)  # development machine: STAGE/.g15's code (src/onnxprec, gpu/, zoo/) from the working tree, pieces kept
+refresh)  # development machine: STAGE/.g15's code (src/onnxprec, gpu/, zoo/) from the working tree and whl/, pieces kept
     T="${STAGE:-/work/main}/.g15"; rm -rf "$T/src/onnxprec" && cp -r src/onnxprec "$T/src/"
     cp benchmarks/gpu/* "$T/gpu/" && cp zoo/_bigllm_venv.py "$T/zoo/"
+    cp "${WHL:-$HOME/.cache/onnxprec/gpu/g15_whl}"/*.whl "$T/whl/"
     find "$T/src" -name __pycache__ -prune -exec rm -rf {} +
-    du -sb "$T"  # at most 64 MiB less the repository's tracked files, in the first call
+    stage_genai "${STAGE:-/work/main}"
+    du -sb "$T" "$T"_pgenai  # at most 64 MiB less the repository's tracked files, in the first call
     ;;
 start)
     has_gpu && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -77,6 +101,7 @@ start)
         $(ls "$W"/g/whl/*.whl | grep -v -E "${SKIP_WHL:-^$}")  # SKIP_WHL: the local test's Python 3.11 skips cp312
     export PYTHONPATH="$W/site:$W/g/src${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}"
     $PY -c "import sys, numpy, torch, transformers, onnx, onnx_ir, onnxruntime, gguf, onnxprec; print(sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'onnx', onnx.__version__, 'onnx_ir', onnx_ir.__version__, 'onnxruntime', onnxruntime.__version__, 'gguf', gguf.__version__ if hasattr(gguf, '__version__') else '?', onnxprec.__file__)"
+    $PY -c "import cppimport, mako" || echo "== cppimport or mako does not import: ModelOpt's export will fail"
     setsid nohup bash "$W/g/gpu/run_15b.sh" pipeline > "$W/pipeline.log" 2>&1 < /dev/null &
     sleep 3; ls "$W/parts"; tail -3 "$W/pipeline.log"
     ;;
@@ -109,6 +134,27 @@ pipeline | tools)
             | sed "s/^{/{\"name\": \"$1\", /" | tee -a "$R/ppl.jsonl"
     }
     wants() { [[ " ${STEPS:-int4 ortrtn modelopt} " == *" $1 "* ]]; }
+    genai_step() {  # onnxruntime-genai-cuda, AutoCast FP16/BF16, then the generation of every model
+        local whl end=$((SECONDS + ${GENAI_WAIT:-120})) models=()
+        if [ ! -d "$W/gcuda/onnxruntime_genai" ]; then  # the wheel comes with `part .g15_pgenai`
+            while [ -z "$(ls "$W"/parts/onnxruntime_genai_cuda-*.whl 2>/dev/null)" ] && [ $SECONDS -lt $end ]; do sleep 2; done
+            whl=$(ls "$W"/parts/onnxruntime_genai_cuda-*.whl 2>/dev/null | head -1)
+            if [ -z "$whl" ]; then echo "== genai: no onnxruntime_genai_cuda wheel in $W/parts (part .g15_pgenai)"; return 1; fi
+            $PY -m pip install -q --no-index --no-deps --no-compile --target "$W/gcuda" "$whl" || return 1
+        fi
+        echo "== genai $(date -u +%T): $(ls -d "$W"/gcuda/onnxruntime_genai*)"
+        for t in ${GENAI_TYPES:-fp16 bf16}; do
+            mkdir -p "$W/a_$t"; rm -f "$W/a_$t"/*
+            step autocast_$t "${AUTOCAST_CAP:-120}" -- $PY -m onnxprec.cli autocast --onnx_path "$W/fp32/model.onnx" \
+                --output_path "$W/a_$t/model.onnx" --low_precision_type $t --providers $eps --genai_provider cuda --log_level INFO \
+                --report_json "$R/autocast_${t}_report.json" && du -sb "$W/a_$t" > "$R/autocast_${t}_size.txt"
+        done
+        for m in b_fp16 b_bf16 a_fp16 a_bf16; do
+            [ -e "$W/$m/model.onnx" ] && [ -e "$W/$m/genai_config.json" ] && models+=("$m=$W/$m/model.onnx")
+        done
+        step genai_cuda "${GENAI_CAP:-180}" -- env PYTHONPATH="$W/gcuda:$PYTHONPATH" $PY "$G/gpu/llm15.py" genai \
+            "$R/genai.json" "$G/data/prompts15.npy" "${GENAI_ROUNDS:-3}" "${GENAI_PROVIDER:-cuda}" "${models[@]}"
+    }
     pieces() {  # pieces PREFIX: waits until MANIFEST's pieces of PREFIX are all there, then writes them to stdout
         echo "== waiting for the $1 pieces $(date -u +%T)" >&2
         while ! awk -v p="$1." -v d="$W/parts" 'index($1, p) == 1 {cmd = "stat -c %s " d "/" $1 " 2>/dev/null";
@@ -142,6 +188,12 @@ pipeline | tools)
     if [ "$1" = pipeline ]; then
     step builder 600 -- $PY -m onnxruntime_genai.models.builder -i "$W/hf" -o "$W/fp32" -p fp32 -e cpu -c "$W/cache" \
         || { touch "$R/DONE"; exit 1; }
+    if wants genai; then  # the builder's own CUDA FP16 and BF16, from the same Hugging Face folder
+        for p in ${GENAI_TYPES:-fp16 bf16}; do
+            step builder_${p}_cuda 180 -- $PY -m onnxruntime_genai.models.builder -i "$W/hf" -o "$W/b_$p" -p $p \
+                -e cuda -c "$W/cache" && du -sb "$W/b_$p" > "$R/builder_${p}_size.txt"
+        done
+    fi
     rm -rf "$W/hf" "$W/cache"
     sha=$(sha256sum "$W/fp32/model.onnx.data" | cut -d' ' -f1); echo "$sha" > "$R/fp32_data_sha256.txt"
     if [ "$sha" = "$DATA_SHA" ]; then echo "== model.onnx.data identical to the development machine's ($sha)"
@@ -149,7 +201,7 @@ pipeline | tools)
     fi
     deadline=$((SECONDS + ${BUDGET_S:-600}))
     echo "== tools from $(date -u +%T), ${BUDGET_S:-600} s budget"
-    ppl fp32 "$W/fp32/model.onnx"
+    [ -n "${NO_FP32_PPL:-}" ] || ppl fp32 "$W/fp32/model.onnx"
     if wants int4; then
         step int4_default_$eps "${INT4_CAP:-300}" --phases "$INT4_PHASES" -- $PY -m onnxprec.quantization.int4 \
             --onnx_path "$W/fp32/model.onnx" --output_path "$W/int4/model.onnx" --calibration_data "$G/data/calib15" \
@@ -172,6 +224,9 @@ pipeline | tools)
             && du -sb "$W/kq" > "$R/kquant_size.txt" && ppl ort_k_quant_b32 "$W/kq/model.onnx"
         rm -rf "$W/kq"/*
     fi
+    if wants genai; then
+        genai_step
+    fi
     echo "== done $(date -u +%T)"
     touch "$R/DONE"
     ;;
@@ -186,5 +241,10 @@ wait)
     tail -c 15000000 "$OUT/r/steps.log" > "$OUT/r/steps_tail.log"; rm "$OUT/r/steps.log"
     cp "$W/results/ppl.jsonl" "$OUT/r/" 2>/dev/null
     grep -h -A8 '^{"name"' "$W/pipeline.log"; cat "$W/results/ppl.jsonl" 2>/dev/null
+    [ -e "$W/results/genai.json" ] && $PY -c 'import json, sys
+for k, v in json.load(open(sys.argv[1]))["models"].items():
+    print(k, {x: v.get(x) for x in ("prefill_ms_median", "decode_tokens_per_s_median", "prefill_ms",
+          "decode_tokens_per_s", "agreement_with_first", "first_divergence", "first_ids", "error") if x in v})' \
+        "$W/results/genai.json"
     ;;
 esac
