@@ -9,12 +9,15 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   (``session.intra_op.allow_spinning`` 0); the threads, the kernels and the results are the same.
 - Under ``pytest -n 2 --dist loadfile`` (CI), each test file is one unit of work given to one worker (so that
   module-scoped fixtures are built once), except the files of ``HEAVY_TEST_FILES``, which together are one unit:
-  they run one after another on one worker, never two at the same time on both workers. (A scheduler of its own:
+  they run one after another on one worker, never two at the same time on both workers, and they start first (the
+  longest unit: the other worker meanwhile takes the light files, one at a time, while its own memory is still
+  small). (A scheduler of its own:
   pytest-xdist 3.8's ``--dist loadgroup`` sets ``item._nodeid``, which pytest 9 no longer reads, so its groups
   are lost and every test is scheduled on its own.)
 """
 
 import os
+from collections import OrderedDict
 
 import pytest
 
@@ -59,7 +62,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    class _HeavyFirst(OrderedDict[str, dict[str, bool]]):
+        """xdist's queue of work units (taken with ``popitem(last=False)``): the heavy unit first."""
+
+        def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+            if not last and "heavy" in self:
+                return "heavy", self.pop("heavy")
+            return super().popitem(last)
+
     class _HeavyFilesTogether(LoadFileScheduling):
+        def __init__(self, config: pytest.Config, log: object) -> None:
+            super().__init__(config, log)
+            self.workqueue = _HeavyFirst()
+
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
             return "heavy" if path in HEAVY_TEST_FILES else path
