@@ -9,26 +9,30 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   (``session.intra_op.allow_spinning`` 0); the threads, the kernels and the results are the same.
 - Under ``pytest -n 2 --dist loadfile`` (CI), each test file is one unit of work given to one worker (so that
   module-scoped fixtures are built once), except the files of ``HEAVY_TEST_FILES``, which together are one unit:
-  they run one after another on one worker, never two at the same time on both workers. (A scheduler of its own:
+  they run one after another on one worker, never two at the same time on both workers, in the order written there,
+  and they start first (the longest unit: the other worker meanwhile takes the light files, one at a time, while its
+  own memory is still small). (A scheduler of its own:
   pytest-xdist 3.8's ``--dist loadgroup`` sets ``item._nodeid``, which pytest 9 no longer reads, so its groups
   are lost and every test is scheduled on its own.)
 """
 
 import os
+from collections import OrderedDict
 
 import pytest
 
-# Test files whose tests (or the processes they start) hold 0.9-1.9 GB: the run holds one of them at a time, not two.
-HEAVY_TEST_FILES = frozenset(
-    {
-        "experiments/llm_corpus/segments_test.py",
-        "src/onnxprec/quantization/fp8/modelopt_test.py",
-        "src/onnxprec/quantization/generated_test.py",
-        "src/onnxprec/quantization/int8/decide_test.py",
-        "tests/golden/golden_test.py",
-        "tests/inline_weights_test.py",
-        "tests/llm_data_test.py",
-    }
+# Test files whose tests (or the processes they start) hold 0.5-0.9 GB: the run holds one of them at a time, not two.
+# In the order they run: first those whose tests start a large process of their own (the Gemma-3 pieces, 0.87 GB;
+# the inline model's tools, 0.66; ModelOpt's FP8, 0.55), while the worker that starts them is still small; then
+# those that hold their models in the worker itself, the largest (SmolLM2's perplexity) last.
+HEAVY_TEST_FILES = (
+    "experiments/llm_corpus/segments_test.py",
+    "tests/inline_weights_test.py",
+    "src/onnxprec/quantization/fp8/modelopt_test.py",
+    "tests/golden/golden_test.py",
+    "src/onnxprec/quantization/int8/decide_test.py",
+    "src/onnxprec/quantization/generated_test.py",
+    "tests/llm_data_test.py",
 )
 
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -59,7 +63,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    class _HeavyFirst(OrderedDict[str, dict[str, bool]]):
+        """xdist's queue of work units (taken with ``popitem(last=False)``): the heavy unit first."""
+
+        def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+            if not last and "heavy" in self:  # its tests in the order of HEAVY_TEST_FILES (a worker runs them as sent)
+                unit = self.pop("heavy")
+                order = sorted(unit, key=lambda nodeid: HEAVY_TEST_FILES.index(nodeid.split("::")[0]))
+                return "heavy", {nodeid: unit[nodeid] for nodeid in order}
+            return super().popitem(last)
+
     class _HeavyFilesTogether(LoadFileScheduling):
+        def __init__(self, config: pytest.Config, log: object) -> None:
+            super().__init__(config, log)
+            self.workqueue = _HeavyFirst()
+
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
             return "heavy" if path in HEAVY_TEST_FILES else path

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from onnxprec._ort_profile import profile_kernels
-from onnxprec._testing import run, shared_path
+from onnxprec._testing import run, run_each, shared_path
 from onnxprec.quantization.int8 import quantize_file
 
 pytestmark = pytest.mark.slow
@@ -97,6 +97,6 @@ def test_efficientnet_a16w8_holds_rel_l2_003_on_images_it_did_not_see(tmp_path: 
     wide = types.count(onnx.TensorProto.UINT16)
     assert 0 < wide <= len(types) / 4 and types.count(onnx.TensorProto.UINT8) == len(types) - wide, types
     x = np.load(held_out)["input"]
-    ref = np.concatenate([run(source, {"input": x[i : i + 1]})[0] for i in range(len(x))])
-    got = np.concatenate([run(out, {"input": x[i : i + 1]})[0] for i in range(len(x))])
+    images = [{"input": x[i : i + 1]} for i in range(len(x))]
+    ref, got = (np.concatenate([outputs[0] for outputs in run_each(path, images)]) for path in (source, out))
     assert float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) <= 0.03

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,8 +24,14 @@ def test_ruff() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# mypy's incremental cache, shared by every clone (a module whose source hash matches its entry is not checked
+# again; mypy's own rule, whatever the path): a fresh clone's run takes ~0.3 CPU s instead of ~17.
+MYPY_CACHE = Path(os.environ.get("ONNXPREC_CACHE", Path.home() / ".cache" / "onnxprec")) / "mypy"
+
+
 @pytest.mark.slow
 def test_mypy() -> None:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
-    result = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    command = [sys.executable, "-m", "mypy", "--cache-dir", str(MYPY_CACHE)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -5,8 +5,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
+import pytest
 
+from onnxprec import _tensors
 from onnxprec._tensors import cast_array, converted_tensor, finite_max
+
+# Slices of 64 Ki elements in the tests that cast arrays of a few slices (the product's are 4 Mi).
+_SLICE = 1 << 16
 
 
 def test_finite_max_of_each_float_type() -> None:
@@ -26,8 +31,9 @@ def test_cast_clamps_to_the_finite_range_and_keeps_signs_and_nan() -> None:
     assert b.dtype == np.float32 and np.all(np.isfinite(b))
 
 
-def test_cast_of_large_arrays_goes_chunk_by_chunk_with_the_same_result() -> None:
-    x = np.random.default_rng(0).standard_normal(3_000_001).astype(np.float32) * 1e5
+def test_cast_of_large_arrays_goes_chunk_by_chunk_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_tensors, "_CHUNK_ELEMENTS", _SLICE)
+    x = np.random.default_rng(0).standard_normal(3 * _SLICE + 1).astype(np.float32) * 1e5
     assert np.array_equal(cast_array(x, ir.DataType.FLOAT16), np.clip(x, -65504, 65504).astype(np.float16))
 
 
@@ -53,13 +59,15 @@ def test_converted_tensor_converts_only_when_read() -> None:
     assert reads == [1] and values.dtype == ml_dtypes.bfloat16 and np.all(np.isfinite(values.astype(np.float32)))
 
 
-def test_a_faster_fp16_kernel_never_changes_the_result() -> None:
+def test_a_faster_fp16_kernel_never_changes_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
     # ONNX Runtime's hardware conversion is used where it gives no inf/NaN (then it is numpy's, bit for bit); slices
-    # with out-of-range values, infinities or NaN payloads are converted again the clamping way.
+    # with out-of-range values, infinities or NaN payloads are converted again the clamping way; the last slice (5
+    # elements) is numpy's.
     from onnxprec._ort import float_to_fp16
 
+    monkeypatch.setattr(_tensors, "_CHUNK_ELEMENTS", _SLICE)
     rng = np.random.default_rng(2)
-    n = 3 * (1 << 20) + 5
+    n = 3 * _SLICE + 5
     normal = (rng.standard_normal(n) * np.exp(rng.uniform(-20, 10, n))).astype(np.float32)
     bits = np.frombuffer(rng.integers(0, 2**32, n, dtype=np.uint32).tobytes(), np.float32)  # NaN payloads, inf, huge
     calls: list[int] = []

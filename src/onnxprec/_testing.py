@@ -9,7 +9,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxprec._ort import create_session
 
-__all__ = ["SHARED", "make_genai_folder", "make_model", "run", "run_cli", "shared_path", "tensor_info"]
+__all__ = ["SHARED", "make_genai_folder", "make_model", "run", "run_cli", "run_each", "shared_path", "tensor_info"]
 
 F = TensorProto.FLOAT
 F16 = TensorProto.FLOAT16
@@ -248,6 +248,12 @@ def run(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> li
     """Runs a model on ONNX Runtime CPU (default optimizations); float inputs are cast to the model's input
     types, and BF16/FP8 outputs come back as ml_dtypes arrays (see :class:`onnxprec._ort.Session`)."""
     return create_session(model, optimization="all", what="the test model").run(feeds)
+
+
+def run_each(model: onnx.ModelProto | str | Path, batches: Iterable[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    """:func:`run` on each of ``batches``, through one session."""
+    session = create_session(model, optimization="all", what="the test model")
+    return [session.run(feeds) for feeds in batches]
 
 
 def _byte_level_tokenizer() -> dict:

@@ -202,6 +202,7 @@ def test_a_mask_both_models_leave_empty_agrees() -> None:
     assert metrics.summary().outputs[0].value == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model_file", "data_file", "expected"),
     [

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -101,9 +102,16 @@ def _check_convertible(model: ir.Model) -> None:
         )
 
 
+@functools.cache
+def _onnx_op_types() -> frozenset[str]:
+    """The names of every ONNX op, of any opset."""
+    return frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
+
+
 def _check_op_types(model: ir.Model, options: AutoCastOptions) -> None:
-    known = {s.name for s in onnx.defs.get_all_schemas_with_history()}
-    known.update(n.op_type for n in model.graph.all_nodes())
+    if not (options.op_types_to_exclude or options.op_types_to_include):
+        return
+    known = _onnx_op_types() | {n.op_type for n in model.graph.all_nodes()}
     for what, names in (
         ("op_types_to_exclude", options.op_types_to_exclude),
         ("op_types_to_include", options.op_types_to_include),

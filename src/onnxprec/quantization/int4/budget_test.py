@@ -124,6 +124,16 @@ def test_a_budget_that_holds_every_weight_at_int8_measures_nothing(tmp_path: Pat
     assert "written text" not in free.seconds and free.budget.probes == size["real_runs"]
 
 
+@pytest.fixture
+def short_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LLM writes windows of 16 tokens, not 256 (a model without a KV cache re-runs its whole prefix for each
+    token it writes), for the tests of what a run chooses and does with its text, not of the text's length (the
+    first test below writes the full windows)."""
+    from onnxprec.quantization.int4 import _budget
+
+    monkeypatch.setattr(_budget, "WRITTEN_LENGTH", 16)
+
+
 def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) -> None:
     from onnxprec._io import load_model
     from onnxprec.quantization.generated import generated_token_windows
@@ -147,6 +157,7 @@ def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) ->
     assert given.calibration["written"] is False
 
 
+@pytest.mark.usefixtures("short_text")
 def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Path) -> None:
     from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD
 
@@ -160,6 +171,7 @@ def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("stats_memory_mb", "method"), [(1, "awq_lite"), (2, "awq_gptq")])
+@pytest.mark.usefixtures("short_text")
 def test_the_default_without_data_takes_awq_lite_when_gptqs_hessian_exceeds_the_stats_memory(
     tmp_path: Path, stats_memory_mb: int, method: str
 ) -> None:
@@ -173,6 +185,7 @@ def test_the_default_without_data_takes_awq_lite_when_gptqs_hessian_exceeds_the_
 
 
 @pytest.mark.parametrize(("device_mb", "method"), [(1, "awq_lite"), (1024, "awq_gptq")])
+@pytest.mark.usefixtures("short_text")
 def test_on_a_gpu_backend_the_no_data_choice_asks_where_the_hessian_would_live(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device_mb: int, method: str
 ) -> None:
@@ -190,6 +203,7 @@ def test_on_a_gpu_backend_the_no_data_choice_asks_where_the_hessian_would_live(
     assert report.method == method
 
 
+@pytest.mark.usefixtures("short_text")
 def test_the_run_resolves_a_plan_and_leaves_the_callers_options_as_given(tmp_path: Path) -> None:
     # An LLM without data and without layer options: the run takes the LLM defaults (block 32, MatMulNBits, the
     # embedding quantized) and the no-data method; the report names them, the caller's object keeps every attribute.

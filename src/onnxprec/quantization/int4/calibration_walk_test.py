@@ -1,5 +1,6 @@
 """INT4 calibration of a segmented model: one forward walk (each segment's session made once, whatever the depth),
-with the same output as one pass per chunk of statistics."""
+with the same output as one pass per chunk of statistics. The tests that quantize a decoder several times to compare
+the walks are slow (about a CPU second each)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def _weights(model: onnx.ModelProto) -> dict[str, bytes]:
     return {i.name: i.raw_data for i in model.graph.initializer}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["awq_lite", "gptq"])
 def test_each_segment_runs_once_and_the_output_equals_one_pass_per_chunk(
     method: str, monkeypatch: pytest.MonkeyPatch
@@ -68,6 +70,7 @@ def test_each_segment_runs_once_and_the_output_equals_one_pass_per_chunk(
     assert _weights(walked) == _weights(chunked)
 
 
+@pytest.mark.slow
 def test_segment_sessions_grow_linearly_with_depth(monkeypatch: pytest.MonkeyPatch) -> None:
     made = _segment_sessions(monkeypatch)
     counts = []
@@ -127,6 +130,7 @@ def test_segments_sized_by_provider_and_by_segment_mb() -> None:
     assert _ort.session_weight_bytes(["dml:1"], 7) == _ort.DEVICE_SESSION_BYTES
 
 
+@pytest.mark.slow
 def test_segment_sizes_and_spilled_gptq_results_write_byte_identical_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxprec._testing import run
+from onnxprec._testing import run_each
 from onnxprec.quantization._testing import correlated, mlp
 from onnxprec.quantization.int8 import Int8Options, quantize_file
 
@@ -36,8 +36,7 @@ def _activation_types(path: Path) -> collections.Counter[str]:
 
 
 def _rel(source: Path, out: Path, data: list[dict[str, np.ndarray]]) -> float:
-    ref = np.concatenate([run(source, batch)[0] for batch in data])
-    got = np.concatenate([run(out, batch)[0] for batch in data])
+    ref, got = (np.concatenate([outputs[0] for outputs in run_each(path, data)]) for path in (source, out))
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 

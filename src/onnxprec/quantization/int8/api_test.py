@@ -448,6 +448,7 @@ def test_dump_and_compare_work_on_the_results(tmp_path: Path, model: str) -> Non
     assert [n for n, _ in again.excluded] == [node]
 
 
+@pytest.mark.slow  # two processes
 def test_command_line(tmp_path: Path, mlp_file: Path) -> None:
     data = tmp_path / "data.npz"
     np.savez(data, X=correlated(32, 64).reshape(2, 16, 64))

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnxprec._testing import F, make_model, run, tensor_info
+from onnxprec._testing import F, make_model, run_each, tensor_info
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization.algorithms.int8 import quantize_weight
 from onnxprec.quantization.int8 import Int8Options, quantize_file
@@ -51,8 +51,7 @@ def test_more_damping_rounds_nearer_and_fits_the_calibration_data_less(tmp_path:
         report = quantize_file(source, out, calibration_data=data, gptq_damp=damp, **_COMMON)
         assert [e.info["rounding"] for e in report.layers] == ["gptq"]
         levels[damp] = _levels(out)
-        ref = np.concatenate([run(source, batch)[0] for batch in data])
-        got = np.concatenate([run(out, batch)[0] for batch in data])
+        ref, got = (np.concatenate([outputs[0] for outputs in run_each(path, data)]) for path in (source, out))
         errors[damp] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
     rtn, _ = quantize_weight(numpy_helper.to_array(onnx.load(source).graph.initializer[0]), axis=0)
     assert np.array_equal(levels[1e6], rtn)  # a Hessian that is all damping is rounding to nearest
