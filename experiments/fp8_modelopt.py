@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from onnxprec._ort import create_session
+from onnxprec.errors import AccuracyGuardError
 from onnxprec.quantization.fp8 import quantize_file
 from onnxprec.quantization.fp8.modelopt_test import EXPLAINED, _modelopt, placement
 
@@ -71,7 +72,11 @@ def compare(case: str, model: Path, feeds: dict[str, np.ndarray], heldout: list[
     data = work / f"{case}_calibration.npz"
     np.savez(data, **feeds)  # type: ignore[arg-type]
     ours = work / f"{case}.fp8.onnx"
-    report = quantize_file(model, ours, calibration_data=str(data))
+    refused = None
+    try:
+        report = quantize_file(model, ours, calibration_data=str(data))
+    except AccuracyGuardError as error:  # written for inspection: its placement and accuracy are still compared
+        report, refused = error.report, str(error).split(";")[0]  # type: ignore[assignment]
     guarded = sorted(entry.name for entry in report.layers if entry.mode == "float")
     theirs = _modelopt(model, feeds, data, work)
     a, b = placement(ours), placement(theirs)
@@ -90,6 +95,7 @@ def compare(case: str, model: Path, feeds: dict[str, np.ndarray], heldout: list[
         "quantized_both": sum(i["onnxprec"] and i["modelopt"] for i in inputs),
         "differences": [i for i in inputs if i["onnxprec"] != i["modelopt"]],
         "guard_float_layers": guarded,
+        "refused": refused,
         "heldout": {"onnxprec": accuracy(model, ours, heldout), "modelopt": accuracy(model, theirs, heldout)},
         "calibration": {"onnxprec": accuracy(model, ours, [feeds]), "modelopt": accuracy(model, theirs, [feeds])},
         "inputs": inputs,
@@ -119,7 +125,8 @@ def main() -> None:
         r = results[case]
         assert isinstance(r, dict)
         print(f"{case}: {r['node_inputs']} node inputs, {r['quantized_both']} quantized by both, "
-              f"{len(r['differences'])} differ; guard kept float: {r['guard_float_layers']}")  # fmt: skip
+              f"{len(r['differences'])} differ; guard kept float: {r['guard_float_layers']}; "
+              f"refused: {r['refused']}")  # fmt: skip
         for d in r["differences"]:
             print(f"  {d['node']} input {d['input']} ({d['op']}): onnxprec {d['onnxprec']}, ModelOpt {d['modelopt']}"
                   f" — {d['why']}")  # fmt: skip

@@ -69,7 +69,8 @@ def test_fp8_weights_per_channel_and_activations_per_tensor(tmp_path: Path, mlp_
         assert weight.data_type == FP8 and zeros.data_type == FP8 and scales.data_type == scale_type
         assert list(scales.dims) == [weight.dims[1]] and next(a.i for a in w_dq.attribute if a.name == "axis") == 1
         levels = onnx.numpy_helper.to_array(weight).astype(np.float32)
-        assert np.allclose(np.abs(levels).max(axis=0), 448.0)  # each channel's largest weight on FP8's largest value
+        top = np.abs(levels).max(axis=0)  # each channel's largest weight within FP8's top binade (aligned)
+        assert np.all((top > 224.0) & (top <= 448.0))
     x = _tokens(100, 1)[0]
     float_out = _run(mlp_file, x)
     got = _run(out, x)
