@@ -119,6 +119,7 @@ def generated_token_windows(
         model if writer is None else writer,
         providers=providers,
         optimization="all",
+        spinning=False,  # hundreds of short decoding steps
         what="the model writing calibration text",
     )
     ids = rng.integers(0, vocab, (windows, 1))

@@ -33,6 +33,7 @@ from onnxprec._ops import (
 from onnxprec._options import fields_in, log_level_during
 from onnxprec._progress import Progress
 from onnxprec._report import SUMMARY, Step, add_seconds, timed
+from onnxprec._tensors import release
 from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 from onnxprec.errors import AccuracyGuardError, UnsupportedModelError
 from onnxprec.passes import LiftFloatConstantsPass, NameNodesPass, UpgradeOpsetPass, user_error
@@ -515,6 +516,9 @@ def _text_writer(model: ir.Model, options: Int4Options) -> ir.Model | None:
             calibration_method="rtn", calibration_eps=options.calibration_eps, nodes_to_exclude=(),
             quantize_embeddings=True, block_size=WRITER_BLOCK_SIZE, output_format="matmulnbits",
         ))  # fmt: skip
+    for value in model.graph.initializers.values():  # pages of the float weights read so far stop counting
+        if value.const_value is not None:
+            release(value.const_value)
     return writer
 
 
