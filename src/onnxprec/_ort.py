@@ -352,6 +352,7 @@ def session_options(
     low_memory: bool = False,
     prepacking: bool | None = None,
     custom_op_libraries: Sequence[str] = (),
+    spinning: bool = True,
 ) -> Any:
     """Session options: quiet logs, the graph optimization level, and optional memory savings.
 
@@ -363,9 +364,13 @@ def session_options(
         prepacking: Pre-pack weights (None: unless ``low_memory``). MatMulNBits without its pre-packed weight
             dequantizes the whole weight to float32 on each run: a quantized model runs in less memory with it.
         custom_op_libraries: Shared libraries with custom op kernels to register.
+        spinning: Let idle intra-op threads spin between kernels (lower latency; off, a run of many kernels takes
+            fewer CPU seconds when other processes share the cores).
     """
     ort = import_onnxruntime()
     options = ort.SessionOptions()
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 4  # errors come as exceptions (one line each), not as log lines
     options.graph_optimization_level = {
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -519,6 +524,7 @@ def create_session(
     external_data_folder: str | os.PathLike | None = None,
     optimized_model_path: str | os.PathLike | None = None,
     profile_prefix: str | os.PathLike | None = None,
+    spinning: bool = True,
 ) -> Session:
     """Creates a session on ``providers`` (ModelOpt-style names, default cpu).
 
@@ -536,6 +542,8 @@ def create_session(
             initializer of 1 KiB or more in one external data file ``<name>.data`` beside it (so any size works).
         profile_prefix: Turn ONNX Runtime's profiler on; ``session.inner.end_profiling()`` writes its JSON to a file
             whose path starts with this prefix (:func:`onnxprec._ort_profile.profile_kernels` reads it).
+        spinning: Let idle intra-op threads spin (see :func:`session_options`); off for runs whose CPU seconds
+            matter more than their latency (reference runs, an LLM writing text).
 
     Raises:
         UnsupportedModelError: ONNX Runtime cannot load the model (the message has ORT's first line).
@@ -543,8 +551,9 @@ def create_session(
     ort = import_onnxruntime()
     provider_list = resolve_providers(providers, trt_plugins=trt_plugins)
     options = session_options(
-        optimization, low_memory=low_memory, prepacking=prepacking, custom_op_libraries=custom_op_libraries
-    )
+        optimization, low_memory=low_memory, prepacking=prepacking, custom_op_libraries=custom_op_libraries,
+        spinning=spinning,
+    )  # fmt: skip
     if optimized_model_path is not None:
         optimized = Path(optimized_model_path)
         options.optimized_model_filepath = str(optimized)

@@ -103,6 +103,12 @@ def test_large_in_memory_weights_go_through_a_temp_file(monkeypatch: pytest.Monk
     np.testing.assert_array_equal(y, np.full((1, 4), 6.0, np.float32))
 
 
+def test_spinning_turned_off() -> None:  # (conftest.py turns it off for every test session: the default is not seen)
+    assert _ort.session_options(spinning=False).get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    session = _ort.create_session(_identity(TensorProto.FLOAT), spinning=False)  # same results without spinning
+    np.testing.assert_array_equal(session.run({"x": np.arange(3, dtype=np.float32)})[0], [0, 1, 2])
+
+
 def test_load_failure_is_one_clear_line() -> None:
     bad = _identity(TensorProto.FLOAT)
     bad.graph.node[0].op_type = "NoSuchOp"

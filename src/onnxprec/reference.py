@@ -443,6 +443,7 @@ def _chunk_session(
             providers=providers,
             optimization="none",  # exact semantics, and session creation takes half the time
             low_memory=True,
+            spinning=False,  # batches of calibration data: CPU seconds, not latency
             external_data_folder=folder,
             what=what or "the model for the reference run",
         )

@@ -213,6 +213,7 @@ def run_segmented(
                     optimization="none",
                     low_memory=True,
                     prepacking=piece.index in plan.packed,
+                    spinning=False,
                     external_data_folder=folder,
                     what=f"segment {piece.index + 1}/{len(segments)} of {what or 'the model for the reference run'}",
                 )

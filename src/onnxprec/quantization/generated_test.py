@@ -56,3 +56,18 @@ def test_the_builder_model_writes_through_its_kv_cache() -> None:
     logp -= full[:, :-1].max(-1, keepdims=True)
     chosen = np.take_along_axis(logp, ids[:, 1:, None], axis=-1)
     assert float(chosen.mean()) > -np.log(49152)
+
+
+@pytest.mark.slow
+def test_the_in_place_cache_writes_the_same_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not BUILDER.exists():
+        pytest.skip(f"{BUILDER} is absent (build it with ../shared/zoo/genai/build.sh)")
+    from onnxprec.llm_inputs import LLMInputs
+    from onnxprec.quantization import generated
+
+    model = load_model(BUILDER)
+    llm = LLMInputs.of(model)
+    assert llm is not None and generated._shares_buffer(llm)  # the builder's GroupQueryAttention on every past
+    in_place = generated_token_windows(model, windows=3, length=40, seed=3)
+    monkeypatch.setattr(generated, "_shares_buffer", lambda llm: False)  # a past and a new present at each step
+    np.testing.assert_array_equal(in_place, generated_token_windows(model, windows=3, length=40, seed=3))

@@ -31,6 +31,10 @@ def test_a_large_model_writes_through_an_int4_copy_and_stays_as_it_was(monkeypat
     ops = [n.op_type for n in writer.graph]
     assert "MatMul" not in ops and ops.count("MatMulNBits") == sum(op == "MatMul" for op, _ in nodes)
     assert "GatherBlockQuantized" in ops  # the embedding too, as the LLM defaults write it
+    for node in writer.graph:  # every weight at 4 bits in blocks of WRITER_BLOCK_SIZE, the head included
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized"):
+            assert node.attributes.get_int("bits", 4) == 4
+            assert node.attributes.get_int("block_size") == _api.WRITER_BLOCK_SIZE
     assert [v.name for v in writer.graph.outputs] == [v.name for v in model.graph.outputs]  # the KV cache's presents
     # the model itself is unchanged: same nodes, same weights
     assert [(n.op_type, n.name) for n in model.graph] == nodes
