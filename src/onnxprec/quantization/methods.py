@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
 from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
+
+if TYPE_CHECKING:
+    from onnxprec.quantization.select import WeightGroup
 
 __all__ = [
     "ALIASES",
@@ -57,6 +61,7 @@ __all__ = [
     "SpilledWeight",
     "decide_group",
     "method_spec",
+    "read_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -338,6 +343,23 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: Arr
     return None
 
 
+def _error_stride(n: int) -> int:
+    """The step between the columns of an ``N``-column weight its output error is measured on (1: all of them):
+    at most :data:`~onnxprec.quantization.algorithms.awq.SEARCH_COLUMNS` columns."""
+    return 1 if n <= SEARCH_COLUMNS else -(-n // SEARCH_COLUMNS)
+
+
+def read_for(targets: Sequence[WeightGroup], method: str, awq_allowed: bool) -> list[np.ndarray]:
+    """The float32 weights :func:`decide_group` needs of ``targets``: whole, or for a method whose recipes are made
+    without the weight (no AWQ search, no GPTQ, no output clip) only the columns of their output error (every
+    :func:`_error_stride`-th): each column is quantized on its own, so the error on those alone is the same, and a
+    262k-column LLM head is never read whole."""
+    spec = METHODS[method]
+    if (spec.awq_scales and awq_allowed) or spec.gptq or spec.clip == "output":
+        return [target.read() for target in targets]
+    return [target.read_every(_error_stride(target.n)) for target in targets]
+
+
 def _error_columns(
     w: np.ndarray, recipe: Recipe, computed: QuantizedWeight | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -350,7 +372,7 @@ def _error_columns(
     n = w.shape[1]
     if n <= SEARCH_COLUMNS:
         return w, recipe.dequantized(computed if computed is not None else recipe.quantize(w))
-    columns = slice(None, None, -(-n // SEARCH_COLUMNS))
+    columns = slice(None, None, _error_stride(n))
     part = np.ascontiguousarray(w[:, columns])
     if recipe.result is not None:  # computed whole (GPTQ)
         qw = computed if computed is not None else recipe.quantize(w)

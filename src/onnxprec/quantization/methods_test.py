@@ -151,3 +151,32 @@ def test_gptq_decisions_leave_the_callers_weights_as_they_were(method: str) -> N
     (recipe,) = decide_group(weights, stats, method, QuantConfig(block_size=16)).recipes
     assert np.array_equal(weights[0], before[0]) and recipe.result is not None
     assert np.array_equal(recipe.quantize(weights[0]).q[2], np.zeros(40, np.int8))
+
+
+@pytest.mark.parametrize(("method", "awq_allowed"), [("rtn", True), ("kquant", True), ("awq_lite", False)])
+def test_a_method_without_weight_searches_reads_only_the_error_columns(
+    method: str, awq_allowed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx_ir as ir
+
+    from onnxprec.quantization import select
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+    from onnxprec.quantization.methods import read_for
+    from onnxprec.quantization.select import WeightGroup
+
+    rng = np.random.default_rng(5)
+    x = correlated(256, 64, seed=5)
+    w = rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)
+    weight = ir.Value(name="w", const_value=ir.Tensor(w))
+    target = WeightGroup(weight, [], k=64, n=w.shape[1])
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, tokens=256)
+    monkeypatch.setattr(select, "READ_BYTES", 4 * 64 * 100)  # ranges of 99 (a multiple of 3) or 98 columns
+    (read,) = read_for([target], method, awq_allowed)
+    assert np.array_equal(read, w[:, ::3])  # every 3rd column, read in ranges
+    assert np.array_equal(target.read_every(7), w[:, ::7])
+    config = QuantConfig(block_size=16)
+    (whole,) = decide_group([w], stats, method, config, awq_allowed=awq_allowed).recipes
+    (part,) = decide_group([read], stats, method, config, awq_allowed=awq_allowed).recipes
+    assert part.info == whole.info and "output_rel_error" in part.info  # the same error, bit for bit
+    (read,) = read_for([target], "gptq", awq_allowed)  # GPTQ's result needs the whole weight
+    assert read.shape == w.shape
