@@ -12,20 +12,28 @@ embedding's Gather and again for the head's MatMul; the same values come from:
   order than MLAS's float GEMM), its levels repacked ``[N, blocks, block / 2]``.
 
 Readers of any other kind keep the ``DequantizeLinear``. The file on disk is not changed.
+
+:func:`mapped_for_run` gives such a copy of a written model with its weights in a temporary file, memory-mapped: a
+model written as one protobuf otherwise holds all its weights in memory while it runs segment by segment.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import logging
 import math
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
-from onnxprec._io import trim_heap
+from onnxprec._io import load_model, trim_heap
 
-__all__ = ["packed_tables"]
+__all__ = ["mapped_for_run", "packed_tables"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +66,20 @@ def packed_tables(model: ir.Model, limit: int) -> int:
         trim_heap()  # the repacking's column ranges, freed in blocks the heap keeps
         logger.info("The run reads %d large 4-bit table reader(s) as GatherBlockQuantized / MatMulNBits", rewritten)
     return rewritten
+
+
+@contextlib.contextmanager
+def mapped_for_run(path: str | os.PathLike[str], limit: int) -> Iterator[ir.Model]:
+    """The model at ``path`` with its large tables read packed (:func:`packed_tables` at ``limit``) and every
+    weight of over 1 KiB in a temporary file, mapped on first access; the file goes when the block ends."""
+    model = load_model(str(path))
+    packed_tables(model, limit)
+    with tempfile.TemporaryDirectory(prefix="onnxprec-run-") as folder:
+        copy = Path(folder) / "model.onnx"
+        ir.save(model, copy, external_data="model.onnx.data", size_threshold_bytes=1024)
+        del model
+        trim_heap()  # the parsed file's weights
+        yield load_model(copy)
 
 
 def _table(node: ir.Node, limit: int) -> ir.Value | None:

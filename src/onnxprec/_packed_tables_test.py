@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -8,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._packed_tables import packed_tables
+from onnxprec._packed_tables import mapped_for_run, packed_tables
 
 K, N, T = 80, 96, 5  # K: one block of 64 and a shorter last one (at block 32: two and a half)
 
@@ -83,3 +85,15 @@ def test_packed_tables_leave_small_tables_and_other_readers() -> None:
     model = ir.serde.deserialize_model(proto)
     assert packed_tables(model, limit=0) == 1
     assert sorted(node.op_type for node in model.graph) == ["Add", "DequantizeLinear", "GatherBlockQuantized"]
+
+
+def test_mapped_for_run_maps_the_weights_of_a_copy(tmp_path: Path) -> None:
+    path = tmp_path / "tables.onnx"
+    onnx.save(_model(True, False, 64), path)
+    with mapped_for_run(path, limit=0) as model:
+        assert sorted(node.op_type for node in model.graph) == ["GatherBlockQuantized", "MatMulNBits"]
+        tensors = [value.const_value for value in model.graph.initializers.values()]
+        assert tensors and all(isinstance(t, ir.ExternalTensor) for t in tensors if t is not None and t.nbytes > 1024)
+        folder = next(t for t in tensors if isinstance(t, ir.ExternalTensor)).base_dir
+    assert not Path(folder).exists()  # the copy goes with the block
+    assert onnx.load(path).graph.node[0].op_type == "DequantizeLinear"  # the file is as it was
