@@ -20,9 +20,9 @@ model written as one protobuf otherwise holds all its weights in memory while it
 from __future__ import annotations
 
 import contextlib
-import os
 import logging
 import math
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
