@@ -48,6 +48,10 @@ from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
 if TYPE_CHECKING:
     from onnxprec.quantization.select import WeightGroup
 
+WIDE_BYTES = 64 << 20
+"""Float32 bytes above which one weight that GPTQ quantizes without AWQ scales is quantized a range of columns of
+about this size at a time (:func:`decide_targets`)."""
+
 __all__ = [
     "ALIASES",
     "METHODS",
@@ -60,6 +64,7 @@ __all__ = [
     "Spill",
     "SpilledWeight",
     "decide_group",
+    "decide_targets",
     "method_spec",
     "read_for",
 ]
@@ -539,3 +544,74 @@ def _recipe(
     if alpha is not None:
         recipe.info["awq_alpha"] = alpha
     return recipe
+
+
+def decide_targets(
+    targets: Sequence[WeightGroup],
+    stats: GroupStats,
+    method: str,
+    config: QuantConfig,
+    *,
+    awq_allowed: bool = True,
+    block_sizes: Sequence[int],
+) -> GroupDecision:
+    """:func:`decide_group` on the weights of ``targets``, read as it needs them (:func:`read_for`). A group of one
+    weight of over :data:`WIDE_BYTES` that GPTQ quantizes without AWQ scales (a tied LLM head) is quantized a range
+    of columns at a time instead: GPTQ treats output columns independently given the Hessian, so the levels are
+    those of the whole weight, and neither it nor GPTQ's ``[K, N]`` work arrays are ever all in memory."""
+    spec = METHODS[method]
+    (target, *others) = targets
+    wide = target.k * target.n * 4 > WIDE_BYTES and target.n % 2 == 0
+    if spec.gptq and not (spec.awq_scales and awq_allowed) and not others and wide:
+        return _gptq_in_ranges(target, stats, method, config, block_sizes[0])
+    weights = read_for(targets, method, awq_allowed)
+    return decide_group(weights, stats, method, config, awq_allowed=awq_allowed, block_sizes=block_sizes)
+
+
+def _gptq_in_ranges(
+    target: WeightGroup, stats: GroupStats, method: str, config: QuantConfig, block_size: int
+) -> GroupDecision:
+    """GPTQ of ``target`` (no AWQ scales) an even number of columns at a time, its levels packed as they come; the
+    output error on the columns :func:`_error_columns` measures (every :func:`_error_stride`-th)."""
+    k, n = target.k, target.n
+    grid, seconds = config.grid, {"gptq": 0.0}
+    step = max(2, WIDE_BYTES // (4 * k) // 2 * 2)
+    stride = _error_stride(n)
+    levels = np.empty((k, n // 2) if grid.bits == 4 else (k, n), np.uint8 if grid.bits == 4 else np.int8)
+    scales: list[np.ndarray] = []
+    zero_points: list[np.ndarray] = []
+    picked = []  # per range: (the error's float columns, their levels, scales, zero points)
+    qw = None
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        w = target.read(slice(start, stop))
+        with timed() as solving:
+            (qw,) = _gptq_by_block_size([w], stats, None, config, [block_size])
+        seconds["gptq"] += solving.seconds
+        if grid.bits == 4:
+            offset = -level_range(4, True)[0] if qw.symmetric else 0
+            levels[:, start // 2 : stop // 2] = pack_nibbles((qw.q.astype(np.int16) + offset).astype(np.uint8))
+        else:
+            levels[:, start:stop] = qw.q
+        scales.append(qw.scales)
+        if qw.zero_points is not None:
+            zero_points.append(qw.zero_points)
+        local = slice((-start) % stride, None, stride)
+        zp = None if qw.zero_points is None else qw.zero_points[:, local]
+        picked.append((w[:, local], qw.q[:, local], qw.scales[:, local], zp))
+        del w
+    assert qw is not None
+    joined = np.concatenate(zero_points, axis=1) if zero_points else None
+    recipe = Recipe(method, bits=grid.bits, block_size=block_size, symmetric=grid.symmetric,
+                    positive_scales=grid.positive_scales, backend=config.backend)  # fmt: skip
+    recipe.result = CompactWeight(levels, (k, n), np.concatenate(scales, axis=1), joined, qw.block_size, grid.bits)
+    columns = [np.concatenate(parts, axis=1) if parts[0] is not None else None for parts in zip(*picked)]
+    part, q, s, z = columns
+    assert part is not None and q is not None and s is not None
+    dq = np.ascontiguousarray(recipe.dequantized(QuantizedWeight(q, s, z, qw.block_size, grid.bits)))
+    with timed() as measuring:
+        error = _output_error(np.ascontiguousarray(part), dq, stats, config.backend)
+    seconds["output errors"] = measuring.seconds
+    if error is not None:
+        recipe.info["output_rel_error"] = error
+    return GroupDecision([recipe], None, None, seconds)

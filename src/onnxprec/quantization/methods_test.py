@@ -180,3 +180,35 @@ def test_a_method_without_weight_searches_reads_only_the_error_columns(
     assert part.info == whole.info and "output_rel_error" in part.info  # the same error, bit for bit
     (read,) = read_for([target], "gptq", awq_allowed)  # GPTQ's result needs the whole weight
     assert read.shape == w.shape
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_wide_gptq_weight_quantized_in_ranges_equals_the_whole(
+    symmetric: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx_ir as ir
+
+    from onnxprec.quantization import methods
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+    from onnxprec.quantization.select import WeightGroup
+
+    rng = np.random.default_rng(6)
+    x = correlated(256, 64, seed=6)
+    w = rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)
+    gram, tokens = hessian_from_tokens(x)
+    stats = GroupStats(gram=gram, tokens=tokens)
+    config = QuantConfig(block_size=16, symmetric=symmetric)
+    (whole,) = decide_group([w], stats, "gptq", config).recipes
+    target = WeightGroup(ir.Value(name="w", const_value=ir.Tensor(w)), [], k=64, n=w.shape[1])
+    monkeypatch.setattr(methods, "WIDE_BYTES", 4 * 64 * 100)  # ranges of 100 columns
+    decision = methods.decide_targets([target], stats, "gptq", config, block_sizes=[16])
+    (ranged,) = decision.recipes
+    assert ranged.result is not None and whole.result is not None
+    a, b = whole.quantize(w), ranged.quantize(w)
+    assert np.array_equal(a.q, b.q) and np.array_equal(a.scales, b.scales)
+    assert (a.zero_points is None) == symmetric and (b.zero_points is None) == symmetric
+    assert symmetric or np.array_equal(a.zero_points, b.zero_points)
+    assert ranged.info["output_rel_error"] == pytest.approx(whole.info["output_rel_error"], rel=1e-6)
+    monkeypatch.setattr(methods, "WIDE_BYTES", 1 << 30)  # a narrow weight: decide_group on the whole
+    (narrow,) = methods.decide_targets([target], stats, "gptq", config, block_sizes=[16]).recipes
+    assert narrow.info == whole.info
