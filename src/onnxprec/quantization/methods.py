@@ -178,6 +178,24 @@ class CompactWeight:
             q = (unsigned.astype(np.int16) - 8).astype(np.int8) if self.zero_points is None else unsigned
         return QuantizedWeight(q, self.scales, self.zero_points, self.block_size, self.bits)
 
+    def sliceable(self) -> bool:
+        """Whether :meth:`columns` takes any range of even bounds (4-bit levels pack whole rows when N is even)."""
+        return self.bits != 4 or self.shape[1] % 2 == 0
+
+    def columns(self, columns: slice) -> QuantizedWeight:
+        """Those columns (bounds even for 4 bits, :meth:`sliceable`) of :meth:`expand`, expanding only them."""
+        k, n = self.shape
+        start, stop, _ = columns.indices(n)
+        zero_points = None if self.zero_points is None else self.zero_points[:, start:stop]
+        if self.bits != 4:
+            q = self.levels[:, start:stop]
+        else:
+            unsigned = unpack_nibbles(self.levels.reshape(k, n // 2)[:, start // 2 : (stop + 1) // 2])[
+                :, : stop - start
+            ]
+            q = (unsigned.astype(np.int16) - 8).astype(np.int8) if self.zero_points is None else unsigned
+        return QuantizedWeight(q, self.scales[:, start:stop], zero_points, self.block_size, self.bits)
+
     @property
     def nbytes(self) -> int:
         zp = 0 if self.zero_points is None else self.zero_points.nbytes
@@ -222,6 +240,16 @@ class SpilledWeight:
     bits: int
 
     def expand(self) -> QuantizedWeight:
+        return self.compact().expand()
+
+    def sliceable(self) -> bool:
+        return self.bits != 4 or self.shape[1] % 2 == 0
+
+    def columns(self, columns: slice) -> QuantizedWeight:
+        return self.compact().columns(columns)
+
+    def compact(self) -> CompactWeight:
+        """The weight read back from the file."""
         arrays: list[np.ndarray | None] = []
         offset = self.offset
         for part in self.layout:
@@ -234,7 +262,7 @@ class SpilledWeight:
             offset += count * dtype.itemsize
         levels, scales, zero_points = arrays
         assert levels is not None and scales is not None
-        return CompactWeight(levels, self.shape, scales, zero_points, self.block_size, self.bits).expand()
+        return CompactWeight(levels, self.shape, scales, zero_points, self.block_size, self.bits)
 
 
 @dataclass
@@ -265,9 +293,11 @@ class Recipe:
         """The quantized form of ``w`` (the weight in the AWQ-scaled basis when ``awq_scales`` is set); ``columns``:
         ``w`` is those columns of the weight (every per-column setting is sliced to them; not with a ``result``)."""
         if self.result is not None:
-            if columns is not None:
-                raise ValueError("a recipe with a computed result quantizes the whole weight")
-            return self.result.expand()
+            if columns is None:
+                return self.result.expand()
+            if not self.result.sliceable():
+                raise ValueError("this computed result (4-bit levels, N odd) quantizes the whole weight")
+            return self.result.columns(columns)
         scaled = w if self.awq_scales is None else w * self.awq_scales[:, None]
         ratios = self.clip_ratios
         if columns is not None and ratios is not None and np.ndim(ratios) == 2:

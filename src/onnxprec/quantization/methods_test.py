@@ -212,3 +212,23 @@ def test_a_wide_gptq_weight_quantized_in_ranges_equals_the_whole(
     monkeypatch.setattr(methods, "WIDE_BYTES", 1 << 30)  # a narrow weight: decide_group on the whole
     (narrow,) = methods.decide_targets([target], stats, "gptq", config, block_sizes=[16]).recipes
     assert narrow.info == whole.info
+
+
+@pytest.mark.parametrize(("symmetric", "bits"), [(True, 4), (False, 4), (True, 8)])
+def test_the_columns_of_a_computed_result_are_those_of_the_whole(symmetric: bool, bits: int) -> None:
+    from onnxprec.quantization.methods import Recipe, Spill
+
+    rng = np.random.default_rng(7)
+    qw = quantize_rtn(rng.standard_normal((48, 40)).astype(np.float32), 16, symmetric=symmetric, bits=bits)
+    compact = CompactWeight.of(qw)
+    spill = Spill()
+    for result in (compact, compact.spill(spill)):
+        assert result.sliceable()
+        recipe = Recipe("gptq", bits=bits, symmetric=symmetric, block_size=16, result=result)
+        for columns in (slice(0, 12), slice(12, 40), slice(38, 40)):
+            part = recipe.quantize(qw.q[:, columns].astype(np.float32), columns)
+            assert np.array_equal(part.q, qw.q[:, columns]) and part.q.dtype == qw.q.dtype
+            assert np.array_equal(part.scales, qw.scales[:, columns])
+            assert symmetric or np.array_equal(part.zero_points, qw.zero_points[:, columns])
+    odd = CompactWeight.of(quantize_rtn(rng.standard_normal((48, 41)).astype(np.float32), 16, bits=4))
+    assert not odd.sliceable()
