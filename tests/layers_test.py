@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measure", ("onnxprec.calibration", "onnxprec.calibration_data", "onnxprec.llm_inputs",
                  "onnxprec._input_contracts", "onnxprec._pieces", "onnxprec.reference", "onnxprec.segments",
                  "onnxprec.reductions",
-                 "onnxprec.observers",
+                 "onnxprec._packed_tables", "onnxprec.observers",
                  "onnxprec.metrics", "onnxprec.validate", "onnxprec.sensitivity", "onnxprec.accuracy")),
     ("passes", ("onnxprec.passes",)),
     ("tools", ("onnxprec.autocast", "onnxprec.quantization", "onnxprec.debug", "onnxprec.evaluate",

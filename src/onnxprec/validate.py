@@ -25,9 +25,10 @@ from onnxprec._ops import (
     normalized_domain,
     opsets_by_domain,
 )
+from onnxprec._packed_tables import mapped_for_run
 from onnxprec._protobuf import proto_graphs, structure_proto
 from onnxprec.errors import ValidationError
-from onnxprec.reference import ReferenceResult, run_message, run_reference
+from onnxprec.reference import DEFAULT_SEGMENT_BYTES, ReferenceResult, run_message, run_reference
 
 if TYPE_CHECKING:
     from onnxprec.accuracy import TaskMetrics, TaskSummary
@@ -418,7 +419,9 @@ def task_check(
     """Runs the float ``reference`` and the written ``candidate`` on the first batch of ``source`` (any calibration
     source; None: realistic random data) and compares each output by its task metric
     (:func:`onnxprec.accuracy.task_metrics`); each model runs alone (segment by segment when large, in sessions of at
-    most ``segment_bytes`` of weights: None, the runner's default for ``providers``).
+    most ``segment_bytes`` of weights: None, the runner's default for ``providers``). The candidate's 4-bit tables
+    whose float32 form exceeds that are read packed, not expanded, and its weights mapped from a temporary copy
+    (:func:`onnxprec._packed_tables.mapped_for_run`).
 
     Returns:
         The task metrics and whether the batch was random data.
@@ -426,12 +429,15 @@ def task_check(
     from onnxprec.accuracy import batch_size, task_metrics
     from onnxprec.calibration_data import CalibrationArgs, CalibrationData
 
+    limit = segment_bytes or _ort.session_weight_bytes(providers, DEFAULT_SEGMENT_BYTES)
+
     def run(data: CalibrationData) -> tuple[TaskSummary, bool]:
         feeds = [data.first]
         ref = run_reference(reference, feeds, select=(), providers=providers, observe_inputs=False,
                             segment_bytes=segment_bytes, what="the float model")  # fmt: skip
-        got = run_reference(load_model(str(candidate)), feeds, select=(), providers=providers, observe_inputs=False,
-                            segment_bytes=segment_bytes, what="the result")  # fmt: skip
+        with mapped_for_run(candidate, limit) as written:
+            got = run_reference(written, feeds, select=(), providers=providers, observe_inputs=False,
+                                segment_bytes=segment_bytes, what="the result")  # fmt: skip
         summary = task_metrics(reference, [ref.first_outputs], [got.first_outputs], [batch_size(data.first)])
         return summary, data.random
 

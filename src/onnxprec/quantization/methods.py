@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,13 @@ from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
 from onnxprec.quantization.algorithms.rtn import QuantGrid, QuantizedWeight, level_range
 from onnxprec.quantization.algorithms.search import SEARCHES
 from onnxprec.quantization.packing import pack_nibbles, unpack_nibbles
+
+if TYPE_CHECKING:
+    from onnxprec.quantization.select import WeightGroup
+
+WIDE_BYTES = 64 << 20
+"""Float32 bytes above which one weight that GPTQ quantizes without AWQ scales is quantized a range of columns of
+about this size at a time (:func:`decide_targets`)."""
 
 __all__ = [
     "ALIASES",
@@ -56,7 +64,9 @@ __all__ = [
     "Spill",
     "SpilledWeight",
     "decide_group",
+    "decide_targets",
     "method_spec",
+    "read_for",
 ]
 
 logger = logging.getLogger(__name__)
@@ -168,6 +178,24 @@ class CompactWeight:
             q = (unsigned.astype(np.int16) - 8).astype(np.int8) if self.zero_points is None else unsigned
         return QuantizedWeight(q, self.scales, self.zero_points, self.block_size, self.bits)
 
+    def sliceable(self) -> bool:
+        """Whether :meth:`columns` takes any range of even bounds (4-bit levels pack whole rows when N is even)."""
+        return self.bits != 4 or self.shape[1] % 2 == 0
+
+    def columns(self, columns: slice) -> QuantizedWeight:
+        """Those columns (bounds even for 4 bits, :meth:`sliceable`) of :meth:`expand`, expanding only them."""
+        k, n = self.shape
+        start, stop, _ = columns.indices(n)
+        zero_points = None if self.zero_points is None else self.zero_points[:, start:stop]
+        if self.bits != 4:
+            q = self.levels[:, start:stop]
+        else:
+            unsigned = unpack_nibbles(self.levels.reshape(k, n // 2)[:, start // 2 : (stop + 1) // 2])[
+                :, : stop - start
+            ]
+            q = (unsigned.astype(np.int16) - 8).astype(np.int8) if self.zero_points is None else unsigned
+        return QuantizedWeight(q, self.scales[:, start:stop], zero_points, self.block_size, self.bits)
+
     @property
     def nbytes(self) -> int:
         zp = 0 if self.zero_points is None else self.zero_points.nbytes
@@ -212,6 +240,16 @@ class SpilledWeight:
     bits: int
 
     def expand(self) -> QuantizedWeight:
+        return self.compact().expand()
+
+    def sliceable(self) -> bool:
+        return self.bits != 4 or self.shape[1] % 2 == 0
+
+    def columns(self, columns: slice) -> QuantizedWeight:
+        return self.compact().columns(columns)
+
+    def compact(self) -> CompactWeight:
+        """The weight read back from the file."""
         arrays: list[np.ndarray | None] = []
         offset = self.offset
         for part in self.layout:
@@ -224,7 +262,7 @@ class SpilledWeight:
             offset += count * dtype.itemsize
         levels, scales, zero_points = arrays
         assert levels is not None and scales is not None
-        return CompactWeight(levels, self.shape, scales, zero_points, self.block_size, self.bits).expand()
+        return CompactWeight(levels, self.shape, scales, zero_points, self.block_size, self.bits)
 
 
 @dataclass
@@ -255,9 +293,11 @@ class Recipe:
         """The quantized form of ``w`` (the weight in the AWQ-scaled basis when ``awq_scales`` is set); ``columns``:
         ``w`` is those columns of the weight (every per-column setting is sliced to them; not with a ``result``)."""
         if self.result is not None:
-            if columns is not None:
-                raise ValueError("a recipe with a computed result quantizes the whole weight")
-            return self.result.expand()
+            if columns is None:
+                return self.result.expand()
+            if not self.result.sliceable():
+                raise ValueError("this computed result (4-bit levels, N odd) quantizes the whole weight")
+            return self.result.columns(columns)
         scaled = w if self.awq_scales is None else w * self.awq_scales[:, None]
         ratios = self.clip_ratios
         if columns is not None and ratios is not None and np.ndim(ratios) == 2:
@@ -338,6 +378,23 @@ def _output_error(w: np.ndarray, dq: np.ndarray, stats: GroupStats, backend: Arr
     return None
 
 
+def _error_stride(n: int) -> int:
+    """The step between the columns of an ``N``-column weight its output error is measured on (1: all of them):
+    at most :data:`~onnxprec.quantization.algorithms.awq.SEARCH_COLUMNS` columns."""
+    return 1 if n <= SEARCH_COLUMNS else -(-n // SEARCH_COLUMNS)
+
+
+def read_for(targets: Sequence[WeightGroup], method: str, awq_allowed: bool) -> list[np.ndarray]:
+    """The float32 weights :func:`decide_group` needs of ``targets``: whole, or for a method whose recipes are made
+    without the weight (no AWQ search, no GPTQ, no output clip) only the columns of their output error (every
+    :func:`_error_stride`-th): each column is quantized on its own, so the error on those alone is the same, and a
+    262k-column LLM head is never read whole."""
+    spec = METHODS[method]
+    if (spec.awq_scales and awq_allowed) or spec.gptq or spec.clip == "output":
+        return [target.read() for target in targets]
+    return [target.read_every(_error_stride(target.n)) for target in targets]
+
+
 def _error_columns(
     w: np.ndarray, recipe: Recipe, computed: QuantizedWeight | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -350,7 +407,7 @@ def _error_columns(
     n = w.shape[1]
     if n <= SEARCH_COLUMNS:
         return w, recipe.dequantized(computed if computed is not None else recipe.quantize(w))
-    columns = slice(None, None, -(-n // SEARCH_COLUMNS))
+    columns = slice(None, None, _error_stride(n))
     part = np.ascontiguousarray(w[:, columns])
     if recipe.result is not None:  # computed whole (GPTQ)
         qw = computed if computed is not None else recipe.quantize(w)
@@ -517,3 +574,74 @@ def _recipe(
     if alpha is not None:
         recipe.info["awq_alpha"] = alpha
     return recipe
+
+
+def decide_targets(
+    targets: Sequence[WeightGroup],
+    stats: GroupStats,
+    method: str,
+    config: QuantConfig,
+    *,
+    awq_allowed: bool = True,
+    block_sizes: Sequence[int],
+) -> GroupDecision:
+    """:func:`decide_group` on the weights of ``targets``, read as it needs them (:func:`read_for`). A group of one
+    weight of over :data:`WIDE_BYTES` that GPTQ quantizes without AWQ scales (a tied LLM head) is quantized a range
+    of columns at a time instead: GPTQ treats output columns independently given the Hessian, so the levels are
+    those of the whole weight, and neither it nor GPTQ's ``[K, N]`` work arrays are ever all in memory."""
+    spec = METHODS[method]
+    (target, *others) = targets
+    wide = target.k * target.n * 4 > WIDE_BYTES and target.n % 2 == 0
+    if spec.gptq and not (spec.awq_scales and awq_allowed) and not others and wide:
+        return _gptq_in_ranges(target, stats, method, config, block_sizes[0])
+    weights = read_for(targets, method, awq_allowed)
+    return decide_group(weights, stats, method, config, awq_allowed=awq_allowed, block_sizes=block_sizes)
+
+
+def _gptq_in_ranges(
+    target: WeightGroup, stats: GroupStats, method: str, config: QuantConfig, block_size: int
+) -> GroupDecision:
+    """GPTQ of ``target`` (no AWQ scales) an even number of columns at a time, its levels packed as they come; the
+    output error on the columns :func:`_error_columns` measures (every :func:`_error_stride`-th)."""
+    k, n = target.k, target.n
+    grid, seconds = config.grid, {"gptq": 0.0}
+    step = max(2, WIDE_BYTES // (4 * k) // 2 * 2)
+    stride = _error_stride(n)
+    levels = np.empty((k, n // 2) if grid.bits == 4 else (k, n), np.uint8 if grid.bits == 4 else np.int8)
+    scales: list[np.ndarray] = []
+    zero_points: list[np.ndarray] = []
+    picked = []  # per range: (the error's float columns, their levels, scales, zero points)
+    qw = None
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        w = target.read(slice(start, stop))
+        with timed() as solving:
+            (qw,) = _gptq_by_block_size([w], stats, None, config, [block_size])
+        seconds["gptq"] += solving.seconds
+        if grid.bits == 4:
+            offset = -level_range(4, True)[0] if qw.symmetric else 0
+            levels[:, start // 2 : stop // 2] = pack_nibbles((qw.q.astype(np.int16) + offset).astype(np.uint8))
+        else:
+            levels[:, start:stop] = qw.q
+        scales.append(qw.scales)
+        if qw.zero_points is not None:
+            zero_points.append(qw.zero_points)
+        local = slice((-start) % stride, None, stride)
+        zp = None if qw.zero_points is None else qw.zero_points[:, local]
+        picked.append((w[:, local], qw.q[:, local], qw.scales[:, local], zp))
+        del w
+    assert qw is not None
+    joined = np.concatenate(zero_points, axis=1) if zero_points else None
+    recipe = Recipe(method, bits=grid.bits, block_size=block_size, symmetric=grid.symmetric,
+                    positive_scales=grid.positive_scales, backend=config.backend)  # fmt: skip
+    recipe.result = CompactWeight(levels, (k, n), np.concatenate(scales, axis=1), joined, qw.block_size, grid.bits)
+    columns = [np.concatenate(parts, axis=1) if parts[0] is not None else None for parts in zip(*picked)]
+    part, q, s, z = columns
+    assert part is not None and q is not None and s is not None
+    dq = np.ascontiguousarray(recipe.dequantized(QuantizedWeight(q, s, z, qw.block_size, grid.bits)))
+    with timed() as measuring:
+        error = _output_error(np.ascontiguousarray(part), dq, stats, config.backend)
+    seconds["output errors"] = measuring.seconds
+    if error is not None:
+        recipe.info["output_rel_error"] = error
+    return GroupDecision([recipe], None, None, seconds)

@@ -151,3 +151,84 @@ def test_gptq_decisions_leave_the_callers_weights_as_they_were(method: str) -> N
     (recipe,) = decide_group(weights, stats, method, QuantConfig(block_size=16)).recipes
     assert np.array_equal(weights[0], before[0]) and recipe.result is not None
     assert np.array_equal(recipe.quantize(weights[0]).q[2], np.zeros(40, np.int8))
+
+
+@pytest.mark.parametrize(("method", "awq_allowed"), [("rtn", True), ("kquant", True), ("awq_lite", False)])
+def test_a_method_without_weight_searches_reads_only_the_error_columns(
+    method: str, awq_allowed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx_ir as ir
+
+    from onnxprec.quantization import select
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+    from onnxprec.quantization.methods import read_for
+    from onnxprec.quantization.select import WeightGroup
+
+    rng = np.random.default_rng(5)
+    x = correlated(256, 64, seed=5)
+    w = rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)
+    weight = ir.Value(name="w", const_value=ir.Tensor(w))
+    target = WeightGroup(weight, [], k=64, n=w.shape[1])
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, tokens=256)
+    monkeypatch.setattr(select, "READ_BYTES", 4 * 64 * 100)  # ranges of 99 (a multiple of 3) or 98 columns
+    (read,) = read_for([target], method, awq_allowed)
+    assert np.array_equal(read, w[:, ::3])  # every 3rd column, read in ranges
+    assert np.array_equal(target.read_every(7), w[:, ::7])
+    config = QuantConfig(block_size=16)
+    (whole,) = decide_group([w], stats, method, config, awq_allowed=awq_allowed).recipes
+    (part,) = decide_group([read], stats, method, config, awq_allowed=awq_allowed).recipes
+    assert part.info == whole.info and "output_rel_error" in part.info  # the same error, bit for bit
+    (read,) = read_for([target], "gptq", awq_allowed)  # GPTQ's result needs the whole weight
+    assert read.shape == w.shape
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_wide_gptq_weight_quantized_in_ranges_equals_the_whole(
+    symmetric: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx_ir as ir
+
+    from onnxprec.quantization import methods
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+    from onnxprec.quantization.select import WeightGroup
+
+    rng = np.random.default_rng(6)
+    x = correlated(256, 64, seed=6)
+    w = rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)
+    gram, tokens = hessian_from_tokens(x)
+    stats = GroupStats(gram=gram, tokens=tokens)
+    config = QuantConfig(block_size=16, symmetric=symmetric)
+    (whole,) = decide_group([w], stats, "gptq", config).recipes
+    target = WeightGroup(ir.Value(name="w", const_value=ir.Tensor(w)), [], k=64, n=w.shape[1])
+    monkeypatch.setattr(methods, "WIDE_BYTES", 4 * 64 * 100)  # ranges of 100 columns
+    decision = methods.decide_targets([target], stats, "gptq", config, block_sizes=[16])
+    (ranged,) = decision.recipes
+    assert ranged.result is not None and whole.result is not None
+    a, b = whole.quantize(w), ranged.quantize(w)
+    assert np.array_equal(a.q, b.q) and np.array_equal(a.scales, b.scales)
+    assert (a.zero_points is None) == symmetric and (b.zero_points is None) == symmetric
+    assert symmetric or np.array_equal(a.zero_points, b.zero_points)
+    assert ranged.info["output_rel_error"] == pytest.approx(whole.info["output_rel_error"], rel=1e-6)
+    monkeypatch.setattr(methods, "WIDE_BYTES", 1 << 30)  # a narrow weight: decide_group on the whole
+    (narrow,) = methods.decide_targets([target], stats, "gptq", config, block_sizes=[16]).recipes
+    assert narrow.info == whole.info
+
+
+@pytest.mark.parametrize(("symmetric", "bits"), [(True, 4), (False, 4), (True, 8)])
+def test_the_columns_of_a_computed_result_are_those_of_the_whole(symmetric: bool, bits: int) -> None:
+    from onnxprec.quantization.methods import Recipe, Spill
+
+    rng = np.random.default_rng(7)
+    qw = quantize_rtn(rng.standard_normal((48, 40)).astype(np.float32), 16, symmetric=symmetric, bits=bits)
+    compact = CompactWeight.of(qw)
+    spill = Spill()
+    for result in (compact, compact.spill(spill)):
+        assert result.sliceable()
+        recipe = Recipe("gptq", bits=bits, symmetric=symmetric, block_size=16, result=result)
+        for columns in (slice(0, 12), slice(12, 40), slice(38, 40)):
+            part = recipe.quantize(qw.q[:, columns].astype(np.float32), columns)
+            assert np.array_equal(part.q, qw.q[:, columns]) and part.q.dtype == qw.q.dtype
+            assert np.array_equal(part.scales, qw.scales[:, columns])
+            assert symmetric or np.array_equal(part.zero_points, qw.zero_points[:, columns])
+    odd = CompactWeight.of(quantize_rtn(rng.standard_normal((48, 41)).astype(np.float32), 16, bits=4))
+    assert not odd.sliceable()

@@ -65,6 +65,10 @@ class Layer:
         return self.node.name or str(self.node.outputs[0].name)
 
 
+READ_BYTES = 64 << 20
+"""Float32 bytes of columns :meth:`WeightGroup.read_every` reads at once."""
+
+
 @dataclass(eq=False)
 class WeightGroup:
     """One weight initializer to quantize, with every layer that reads it."""
@@ -86,6 +90,15 @@ class WeightGroup:
         tensor = self.weight.const_value
         assert tensor is not None
         return float32_copy(tensor, transposed=self.transposed, columns=columns)
+
+    def read_every(self, stride: int) -> np.ndarray:
+        """Every ``stride``-th column of the float32 ``[K, N]`` weight (from the first), read a range of about
+        :data:`READ_BYTES` at a time: a wide weight's file pages are never all mapped at once."""
+        if stride == 1:
+            return self.read()
+        step = max(stride, READ_BYTES // (4 * self.k) // stride * stride)  # a multiple of the stride
+        parts = [self.read(slice(start, start + step, stride)) for start in range(0, self.n, step)]
+        return np.concatenate(parts, axis=1)
 
     @property
     def gathers(self) -> list[Layer]:

@@ -74,7 +74,11 @@ class LazyQuantizedWeight:
         on_done, self._on_done = self._on_done, None
         k, n = self.shape
         step = max(1, CHUNK_BYTES // (4 * k))
-        if n <= step or self.recipe.result is not None or not isinstance(self.source, ir.ExternalTensor):
+        result = self.recipe.result
+        if result is not None:  # a computed result is read back a range of even bounds at a time
+            step = max(2, step // 2 * 2)
+        whole = result is not None and not result.sliceable()
+        if n <= step or whole or not isinstance(self.source, ir.ExternalTensor):
             with timed() as clock:
                 w = self.weight()
                 self.release()

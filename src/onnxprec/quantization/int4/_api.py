@@ -61,7 +61,7 @@ from onnxprec.quantization.int4._budget import (
 )
 from onnxprec.quantization.int4._options import DEFAULT_EXCLUDE, NO_DATA_LLM_METHOD, Int4Options, Int4Plan
 from onnxprec.quantization.int4._report import Int4Report, LayerReport
-from onnxprec.quantization.methods import METHODS, CompactWeight, GroupStats, QuantConfig, Recipe, Spill, decide_group
+from onnxprec.quantization.methods import CompactWeight, GroupStats, QuantConfig, Recipe, Spill, decide_targets
 from onnxprec.quantization.scaling import apply_input_scales
 from onnxprec.quantization.select import (
     FLOAT_WEIGHT_TYPES,
@@ -300,12 +300,10 @@ def _decide(
         allowed = _awq_allowed(group, targets, selection)
         if options.spec.awq_scales and not allowed:
             logger.info("No AWQ scaling for '%s': a weight it reads is shared with other inputs", group.name)
-        weights = [t.read() for t in targets]
-        decision = decide_group(
-            weights, stats, options.method, options.quant_config(), awq_allowed=allowed,
+        decision = decide_targets(
+            targets, stats, options.method, options.quant_config(), awq_allowed=allowed,
             block_sizes=[options.block_of(t) for t in targets],
         )  # fmt: skip
-        del weights
     for part, spent in decision.seconds.items():
         add_seconds(seconds, f"calibration: {part}", spent)
     share = clock.seconds / len(targets)
@@ -322,7 +320,7 @@ def _targets_of(group: InputGroup, selection: Selection) -> list[WeightGroup]:
 
 
 def _layer_entry(target: WeightGroup, method: str, options: Int4Options) -> LayerReport:
-    if (not target.matmuls and METHODS[method].needs_data) or target.bits == 8:
+    if (not target.matmuls and options.spec.needs_data) or target.bits == 8:
         method = "rtn"  # an embedding table has no input activations to calibrate on
     return LayerReport(
         weight=target.name,

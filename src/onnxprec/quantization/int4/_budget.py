@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnxprec._io import trim_heap
 from onnxprec._progress import Progress
 from onnxprec._protobuf import structure_proto
 from onnxprec._report import add_seconds, timed
@@ -516,6 +517,7 @@ def _measure_candidates(
                             candidates[target] = _candidates(target, gram, options)
                         del gram
                         bar.update()
+                    trim_heap(collect=False)  # the scoring's slices, freed in blocks the heap (of any thread) keeps
                 add_seconds(report.steps, "candidates", scoring.seconds)
 
             for chunk in chunks:
