@@ -66,7 +66,8 @@ def test_smollm2_rtn_and_awq_perplexity(tmp_path: Path) -> None:
         out = tmp_path / f"{method}.onnx"
         report = quantize_file(SMOLLM2, out, calibration_method=method, block_size=128,
                                calibration_data_reader=[{"input_ids": w[None]} for w in calibration])  # fmt: skip
-        assert len(report.excluded) == 1
-        assert abs(report.quantized_bytes / report.ideal_bytes - 1) < 0.02
+        assert not report.excluded  # an LLM's defaults quantize its head and embedding too
+        # the tied embedding/head is stored for its Gather and its MatMul: 8.3 % over the ideal 4-bit bytes
+        assert abs(report.quantized_bytes / report.ideal_bytes - 1) < 0.1
         results[method] = perplexity(out)
     assert fp32 < results["awq_lite"] < results["rtn"] < 2 * fp32, (fp32, results)
