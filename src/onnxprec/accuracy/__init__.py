@@ -23,6 +23,7 @@ Importing this package is cheap (numpy only): the options parse targets with it.
 from __future__ import annotations
 
 from onnxprec.accuracy._confirm import MAX_REAL_CHECKS, Verdict, confirm
+from onnxprec.accuracy._margins import StepMargins
 from onnxprec.accuracy._target import (
     METRICS,
     AccuracyTarget,
@@ -39,7 +40,6 @@ from onnxprec.accuracy._task import (
     OutputKind,
     OutputMetric,
     Producer,
-    StepMargins,
     TaskMetrics,
     TaskSummary,
     batch_size,

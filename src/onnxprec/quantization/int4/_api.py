@@ -47,7 +47,6 @@ from onnxprec.quantization.activation_stats import (
     streams,
 )
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight
-from onnxprec.quantization.budget import Precision, stored_bytes
 from onnxprec.quantization.formats import LazyQuantizedWeight, rewrite_matmulnbits, rewrite_qdq
 from onnxprec.quantization.formats.matmulnbits import DOMAIN as MS_DOMAIN
 from onnxprec.quantization.formats.qdq import MIN_OPSET
@@ -56,6 +55,7 @@ from onnxprec.quantization.int4._budget import (
     choose_precisions,
     holds_most_precise,
     logits_head,
+    target_sizes,
     writes_text,
     written_text,
 )
@@ -334,20 +334,6 @@ def _layer_entry(target: WeightGroup, method: str, options: Int4Options) -> Laye
     )
 
 
-def _sizes(target: WeightGroup, recipe: Recipe, output_format: str) -> tuple[int, int, int]:
-    """(float bytes, stored bytes, ideal bytes) of one target."""
-    precision = Precision(recipe.bits, recipe.block_size)
-    stored, ideal = stored_bytes(
-        target.k,
-        target.n,
-        int(target.dtype.itemsize),
-        precision,
-        symmetric=recipe.symmetric,
-        output_format=output_format,
-    )
-    return target.k * target.n * int(target.dtype.itemsize), stored, ideal
-
-
 def _llm_head_bits(model: ir.Model, selection: Selection) -> None:
     """An LLM's default: the weight of the MatMul that writes the logits at 8 bits, where 4 bits cost the most,
     unless the embedding shares it (a tied table at 8 bits would take about twice the bytes of onnxruntime-genai's
@@ -581,7 +567,9 @@ def _rewrite(run: Int4Run) -> None:
         for value in (target.weight, *target.duplicates):
             if not value.uses() and value.name in graph.initializers:
                 graph.initializers.pop(str(value.name))
-        float_bytes, stored, ideal = _sizes(target, recipe, options.format)
+        float_bytes, stored, ideal = target_sizes(
+            target, recipe.bits, recipe.block_size, recipe.symmetric, options.format
+        )
         report.float_bytes += float_bytes * (1 + len(target.duplicates))
         report.quantized_bytes += stored
         report.ideal_bytes += ideal

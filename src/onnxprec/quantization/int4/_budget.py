@@ -168,11 +168,18 @@ def _most_precise(selection: Selection, options: Int4Options) -> dict[WeightGrou
 
 def _stored(target: WeightGroup, precision: Precision, options: Int4Options) -> int:
     """Bytes of ``target`` written at ``precision`` in the run's output format."""
-    size, _ = stored_bytes(
-        target.k, target.n, int(target.dtype.itemsize), precision, symmetric=not options.use_zero_point,
-        output_format=options.format,
+    symmetric = not options.use_zero_point
+    return target_sizes(target, precision.bits, precision.block_size, symmetric, options.format)[1]
+
+
+def target_sizes(target: WeightGroup, bits: int, block_size: int, symmetric: bool, output_format: str
+                 ) -> tuple[int, int, int]:  # fmt: skip
+    """(float bytes, stored bytes, ideal bytes) of ``target`` written at ``bits`` in blocks of ``block_size``."""
+    stored, ideal = stored_bytes(
+        target.k, target.n, int(target.dtype.itemsize), Precision(bits, block_size), symmetric=symmetric,
+        output_format=output_format,
     )  # fmt: skip
-    return size
+    return target.k * target.n * int(target.dtype.itemsize), stored, ideal
 
 
 def _holds(fixed: int, ceiling: dict[WeightGroup, Candidate], budget: int) -> bool:
