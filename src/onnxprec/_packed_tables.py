@@ -32,6 +32,7 @@ import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
 from onnxprec._io import load_model, trim_heap
+from onnxprec.errors import ValidationError
 
 __all__ = ["mapped_for_run", "packed_tables"]
 
@@ -76,7 +77,13 @@ def mapped_for_run(path: str | os.PathLike[str], limit: int) -> Iterator[ir.Mode
     packed_tables(model, limit)
     with tempfile.TemporaryDirectory(prefix="onnxprec-run-") as folder:
         copy = Path(folder) / "model.onnx"
-        ir.save(model, copy, external_data="model.onnx.data", size_threshold_bytes=1024)
+        try:
+            ir.save(model, copy, external_data="model.onnx.data", size_threshold_bytes=1024)
+        except OSError as e:  # a full or read-only temporary directory
+            raise ValidationError(
+                f"cannot write the copy the result's check runs from in {folder}: {e.strerror or e}; set TMPDIR to "
+                "a folder with room for the model"
+            ) from e
         del model
         trim_heap()  # the parsed file's weights
         yield load_model(copy)

@@ -97,3 +97,17 @@ def test_mapped_for_run_maps_the_weights_of_a_copy(tmp_path: Path) -> None:
         folder = next(t for t in tensors if isinstance(t, ir.ExternalTensor)).base_dir
     assert not Path(folder).exists()  # the copy goes with the block
     assert onnx.load(path).graph.node[0].op_type == "DequantizeLinear"  # the file is as it was
+
+
+def test_mapped_for_run_says_when_the_copy_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxprec.errors import ValidationError
+
+    path = tmp_path / "tables.onnx"
+    onnx.save(_model(True, False, 64), path)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ir, "save", full)
+    with pytest.raises(ValidationError, match="No space left on device; set TMPDIR"), mapped_for_run(path, limit=0):
+        pass

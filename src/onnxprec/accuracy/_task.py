@@ -102,6 +102,7 @@ Kind = Literal[
 
 _PASS_THROUGH = frozenset({"Identity", "Cast"})
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
+_PROBABILITIES = frozenset({"Softmax", "Sigmoid"})
 _DISTRIBUTIONS = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"Gemm", "MatMul", "FusedMatMul"})
 _ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Max", "Min", "Neg"})
@@ -147,7 +148,9 @@ class Producer:
         parts: Concat (``axis``: its axis): each input's producer op and size along the axis, when all are known.
         merged: A Flatten or Reshape between it and the output merges axes that are not 1 after the first (a
             feature map flattened to ``[N, C * H * W]``; not a ``[N, 1, T]`` waveform reshaped to ``[N, T]``).
-        logged: It is elementwise arithmetic (:data:`_ARITHMETIC`) on a Log's output: features in a log scale.
+        logged: It is elementwise arithmetic (:data:`_ARITHMETIC`) on a Log's output: features in a log scale (not
+            the Log of a Softmax's or Sigmoid's probabilities).
+        permuted: A Transpose came between it and the output (a probability map's axes are not NCHW any more).
     """
 
     op: str
@@ -156,6 +159,7 @@ class Producer:
     parts: tuple[tuple[str, int], ...] = ()
     merged: bool = False
     logged: bool = False
+    permuted: bool = False
 
 
 def _logged(node: ir.Node) -> bool:
@@ -165,7 +169,10 @@ def _logged(node: ir.Node) -> bool:
         if not computed:
             return False
         node = computed[0]  # type: ignore[assignment]
-    return node.op_type == "Log"
+    if node.op_type != "Log":
+        return False
+    source = node.inputs[0].producer() if node.inputs and node.inputs[0] is not None else None
+    return source is None or source.op_type not in _PROBABILITIES  # a log-probability is no feature
 
 
 def _through(value: ir.Value) -> tuple[ir.Node | None, bool, bool, bool]:
@@ -227,7 +234,7 @@ def _producer(value: ir.Value, opset: int) -> Producer | None:
             feeder = None if source is None else source.producer()
             if feeder is not None and feeder.op_type in _LINEAR:
                 return Producer(feeder.op_type)
-    return Producer(node.op_type, merged=merged, logged=_logged(node))
+    return Producer(node.op_type, merged=merged, logged=_logged(node), permuted=permuted)
 
 
 def _concat(node: ir.Node) -> Producer:
@@ -301,7 +308,7 @@ def kind_of(
     if op == "Sigmoid":
         if rank <= 2:
             return OutputKind("binary", "decision_agreement", why=f"Sigmoid, {list(shape)}")
-        if rank == 4:
+        if rank == 4 and not (producer is not None and producer.permuted):
             return OutputKind("regions", "region_agreement", why=f"Sigmoid map, {list(shape)}")
         return OutputKind("mask", "mask_iou", why=f"Sigmoid map, {list(shape)}")
     if producer is not None and producer.logged and rank:

@@ -496,7 +496,27 @@ def test_log_features_and_transposed_confidences_get_their_producers() -> None:
     graph = ir.Graph([x], outputs, nodes=[log, scaled, clip, sigmoid, moved, softmax, turned], opset_imports={"": 17})
     producers = output_producers(ir.Model(graph, ir_version=8))
     assert producers["features"] == Producer("Clip", logged=True)
-    assert producers["confidences"] == Producer("Sigmoid")
+    assert producers["confidences"] == Producer("Sigmoid", permuted=True)
     assert producers["turned"] == Producer("Softmax")
     assert kind_of("confidences", [1, 4, 8], True, producers["confidences"]).kind == "mask"
     assert kind_of("turned", [1, 4, 8], True, producers["turned"]).kind == "values"
+
+
+def test_a_log_of_probabilities_is_no_log_feature_and_a_permuted_map_no_regions() -> None:
+    """Log(Softmax) gives log-probabilities, judged as scores, not as log-scale features by SNR; a Sigmoid map
+    transposed to NHWC is judged as a mask, not by regions cut along its NCHW planes."""
+    import onnx_ir as ir
+
+    from onnxprec.accuracy import output_producers
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 10]))
+    softmax = ir.node("Softmax", [x], attributes={"axis": -1})
+    log = ir.node("Log", [softmax.outputs[0]])
+    log.outputs[0].name = "logprob"
+    graph = ir.Graph([x], [log.outputs[0]], nodes=[softmax, log], opset_imports={"": 17})
+    producer = output_producers(ir.Model(graph, ir_version=8))["logprob"]
+    assert producer == Producer("Log")
+    assert kind_of("logprob", [1, 10], True, producer).metric == "top1"
+    nhwc = Producer("Sigmoid", permuted=True)
+    assert kind_of("map", [1, 64, 64, 1], True, nhwc).kind == "mask"
+    assert kind_of("map", [1, 1, 64, 64], True, Producer("Sigmoid")).kind == "regions"

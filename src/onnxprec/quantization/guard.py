@@ -161,7 +161,7 @@ def describe_bounds(summary: TaskSummary, held_out: bool = False, bounds: Mappin
 
 def short_of_defaults(summary: TaskSummary, bounds: Mapping[str, float]) -> str:
     """The outputs that keep a tool's own ``bounds`` (INT4's cosine >= 0.95 for plain values) but not INT8's
-    (:data:`DEFAULT_BOUNDS`: an embedding at cosine >= 0.99), e.g. ``461 cosine 0.95591 < 0.99``; empty when
+    (:data:`DEFAULT_BOUNDS`: an embedding at cosine >= 0.99), as ``<output> cosine <value> < 0.99``; empty when
     none."""
     parts = []
     for output in summary.outputs:

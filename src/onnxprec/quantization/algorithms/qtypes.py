@@ -149,8 +149,8 @@ FP8 = QType("fp8", np.dtype(ml_dtypes.float8_e4m3fn), -448.0, 448.0, True)
 FP8_ALIGNMENTS = tuple(2.0 ** (k / 16) for k in range(16))
 """Factors an FP8 weight channel's scale is tried at (``[1, 2)``: the largest magnitude stays representable, nothing
 is clipped): E4M3's levels are 8 to a binade, so where a channel's values fall between them depends on the scale,
-and the best of 16 alignments rounds the channel with less error than the largest magnitude on 448 alone (CRAFT's
-23 Convs: 6.5 % less squared error; docs/tools/fp8.md, "Weight alignment")."""
+and the best of 16 alignments rounds the channel with less error than the largest magnitude on 448 alone
+(measured: docs/tools/fp8.md, "Weight alignment")."""
 FP8_ACTIVATION_HEADROOM = 16.0
 """FP8 activations' calibrated maximum goes on 448 / 16 = 28: inputs up to 16 times the largest seen in calibration
 pass unclipped. A power of 2, so every value in E4M3's normal range rounds to the same relative level as without

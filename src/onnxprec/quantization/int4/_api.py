@@ -480,7 +480,7 @@ a session of the float model would hold all its weights at once."""
 
 WRITER_BLOCK_SIZE = 128
 """The block size of the INT4 copy that writes the text (every MatMul at 4 bits, the head included): block 32's scales
-and ONNX Runtime's pre-packed block sums would take about a third more memory than its 4-bit levels."""
+and ONNX Runtime's pre-packed block sums would take more memory than its 4-bit levels."""
 
 
 def _text_writer(model: ir.Model, options: Int4Options) -> ir.Model | None:
