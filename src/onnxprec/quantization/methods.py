@@ -594,8 +594,45 @@ def decide_targets(
     wide = target.k * target.n * 4 > WIDE_BYTES and target.n % 2 == 0
     if spec.gptq and not (spec.awq_scales and awq_allowed) and not others and wide:
         return _gptq_in_ranges(target, stats, method, config, block_sizes[0])
+    if spec.clip == "output" and not spec.gptq and not (spec.awq_scales and awq_allowed) and not others and wide:
+        return _clip_in_ranges(target, stats, method, config, block_sizes[0])
     weights = read_for(targets, method, awq_allowed)
     return decide_group(weights, stats, method, config, awq_allowed=awq_allowed, block_sizes=block_sizes)
+
+
+def _clip_in_ranges(
+    target: WeightGroup, stats: GroupStats, method: str, config: QuantConfig, block_size: int
+) -> GroupDecision:
+    """AWQ-clip's ratios of ``target`` (no AWQ scales) a range of columns at a time: each column's ratios depend on
+    its own values and the group's tokens only, so they are those of the whole weight, which is never all read. The
+    output error on the columns :func:`_error_columns` measures (every :func:`_error_stride`-th)."""
+    k, n = target.k, target.n
+    x = stats.tokens_f32()
+    assert x is not None
+    step = max(2, WIDE_BYTES // (4 * k) // 2 * 2)
+    stride = _error_stride(n)
+    ratios, picked, seconds = [], [], {"clip": 0.0}
+    for start in range(0, n, step):
+        w = target.read(slice(start, min(n, start + step)))
+        with timed() as searching:
+            ratios.append(awq_clip(w, x, block_size, config.grid, ratios=config.clip_ratios,
+                                   chunk_columns=config.clip_chunk_columns))  # fmt: skip
+        seconds["clip"] += searching.seconds
+        picked.append(np.array(w[:, (-start) % stride :: stride]))
+        del w
+    grid = config.grid
+    recipe = Recipe(method, bits=grid.bits, block_size=block_size, symmetric=grid.symmetric,
+                    positive_scales=grid.positive_scales, backend=config.backend)  # fmt: skip
+    recipe.clip_ratios = np.concatenate(ratios, axis=1)
+    recipe.info["clip_ratio_mean"] = float(recipe.clip_ratios.mean())
+    part = np.ascontiguousarray(np.concatenate(picked, axis=1))
+    columns = slice(None, None, stride)
+    with timed() as measuring:
+        error = _output_error(part, recipe.dequantized(recipe.quantize(part, columns)), stats, config.backend)
+    seconds["output errors"] = measuring.seconds
+    if error is not None:
+        recipe.info["output_rel_error"] = error
+    return GroupDecision([recipe], None, None, seconds)
 
 
 def _gptq_in_ranges(

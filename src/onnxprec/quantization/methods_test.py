@@ -214,6 +214,30 @@ def test_a_wide_gptq_weight_quantized_in_ranges_equals_the_whole(
     assert narrow.info == whole.info
 
 
+@pytest.mark.parametrize("method", ["awq_clip", "awq_full"])
+def test_a_wide_clip_weight_searched_in_ranges_equals_the_whole(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnx_ir as ir
+
+    from onnxprec.quantization import methods
+    from onnxprec.quantization.algorithms.awq import SEARCH_COLUMNS
+    from onnxprec.quantization.select import WeightGroup
+
+    rng = np.random.default_rng(8)
+    x = correlated(256, 64, seed=8)
+    w = rng.standard_normal((64, 2 * SEARCH_COLUMNS + 30)).astype(np.float32)
+    stats = GroupStats(absmean=np.abs(x).mean(0), sample=x, tokens=256)
+    config = QuantConfig(block_size=16)
+    (whole,) = decide_group([w], stats, method, config, awq_allowed=False).recipes  # a tied head: no AWQ scales
+    target = WeightGroup(ir.Value(name="w", const_value=ir.Tensor(w)), [], k=64, n=w.shape[1])
+    monkeypatch.setattr(methods, "WIDE_BYTES", 4 * 64 * 100)  # ranges of 100 columns
+    (ranged,) = methods.decide_targets([target], stats, method, config, awq_allowed=False, block_sizes=[16]).recipes
+    assert whole.clip_ratios is not None and ranged.clip_ratios is not None
+    assert np.array_equal(whole.clip_ratios, ranged.clip_ratios)
+    a, b = whole.quantize(w), ranged.quantize(w)
+    assert np.array_equal(a.q, b.q) and np.array_equal(a.scales, b.scales)
+    assert ranged.info["output_rel_error"] == pytest.approx(whole.info["output_rel_error"], rel=1e-6)
+
+
 @pytest.mark.parametrize(("symmetric", "bits"), [(True, 4), (False, 4), (True, 8)])
 def test_the_columns_of_a_computed_result_are_those_of_the_whole(symmetric: bool, bits: int) -> None:
     from onnxprec.quantization.methods import Recipe, Spill
