@@ -93,9 +93,10 @@ _TOOL_MODULES = (
 )
 
 
-def _forked_tool(module: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+def _forked_tool(module: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str, code: str) -> None:
     """The child of :func:`run_forked`: ``python -m <module> <args>`` in ``cwd`` with ``env``, stdout and stderr to
-    files (its exit code is the process's)."""
+    files, and its exit code, as the process's, to the file ``code`` too (the fork server's report of it can be lost:
+    multiprocessing then gives 255)."""
     import runpy
 
     os.chdir(cwd)
@@ -107,7 +108,16 @@ def _forked_tool(module: str, args: list[str], cwd: str, env: dict[str, str], ou
         os.close(target)
     sys.argv = [module, *args]
     sys.path[0] = cwd  # as ``python -m`` sets it
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    status = 1  # an exception other than SystemExit: multiprocessing's exit code for it
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        status = 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        raise
+    finally:
+        with open(code, "w") as f:
+            f.write(str(status))
 
 
 def run_forked(
@@ -125,8 +135,8 @@ def run_forked(
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(_TOOL_MODULES))
     with tempfile.TemporaryDirectory(prefix="onnxprec-forked-") as folder:
-        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        child = context.Process(target=_forked_tool, args=(module, list(args), str(cwd), env, out, err))
+        out, err, code = (os.path.join(folder, name) for name in ("stdout", "stderr", "code"))
+        child = context.Process(target=_forked_tool, args=(module, list(args), str(cwd), env, out, err, code))
         child.start()
         child.join(timeout)
         if child.exitcode is None:
@@ -135,7 +145,11 @@ def run_forked(
             raise subprocess.TimeoutExpired([module, *args], timeout)
         with open(out, encoding="utf-8", errors="replace") as o, open(err, encoding="utf-8", errors="replace") as e:
             stdout, stderr = o.read(), e.read()
-    return subprocess.CompletedProcess([sys.executable, "-m", module, *args], child.exitcode, stdout, stderr)
+        status = child.exitcode
+        if os.path.exists(code):
+            with open(code) as f:
+                status = int(f.read() or status)
+    return subprocess.CompletedProcess([sys.executable, "-m", module, *args], status, stdout, stderr)
 
 
 def tensor_info(name: str, elem_type: int = F, shape: Sequence[int | str | None] | None = None) -> onnx.ValueInfoProto:
