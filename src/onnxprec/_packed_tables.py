@@ -32,6 +32,7 @@ import onnx_ir as ir
 
 from onnxprec._graph import NameAllocator
 from onnxprec._io import load_model, trim_heap
+from onnxprec._tensors import pack_nibbles, unpack_nibbles
 from onnxprec.errors import ValidationError
 
 __all__ = ["mapped_for_run", "packed_tables"]
@@ -180,7 +181,7 @@ def _matmul(dq: ir.Node, reader: ir.Node, names: NameAllocator) -> ir.Node:
             points = np.ascontiguousarray(_nibbles(_bytes(zero.const_value), blocks, n).T) ^ np.uint8(flip)
         if blocks % 2:
             points = np.concatenate([points, np.full((n, 1), 8 if signed else 0, np.uint8)], axis=1)
-        inputs.append(_initializer(reader.graph, names, f"{data.name}_zero_points_packed", _pack(points)))
+        inputs.append(_initializer(reader.graph, names, f"{data.name}_zero_points_packed", pack_nibbles(points)))
     sizes = {"K": k, "N": n, "bits": 4, "block_size": block}
     attributes = [ir.AttrInt64(key, value) for key, value in sizes.items()]
     return ir.Node("com.microsoft", "MatMulNBits", inputs, attributes=attributes,
@@ -192,23 +193,14 @@ def _nibbles(raw: np.ndarray, rows: int, columns: int, start: int = 0, stop: int
     uint8 nibbles."""
     stop = columns if stop is None else stop
     if columns % 2:  # rows share bytes: unpack the whole tensor
-        flat = np.empty(raw.size * 2, dtype=np.uint8)
-        flat[0::2], flat[1::2] = raw & 0x0F, raw >> 4
-        return flat[: rows * columns].reshape(rows, columns)[:, start:stop]
+        return unpack_nibbles(raw)[: rows * columns].reshape(rows, columns)[:, start:stop]
     part = raw.reshape(rows, columns // 2)[:, start // 2 : (stop + 1) // 2]
-    out = np.empty((rows, part.shape[1] * 2), dtype=np.uint8)
-    out[:, 0::2], out[:, 1::2] = part & 0x0F, part >> 4
-    return out[:, : stop - start]
+    return unpack_nibbles(part)[:, : stop - start]
 
 
 def _bytes(tensor: ir.TensorProtocol | None) -> np.ndarray:
     assert tensor is not None
     return np.frombuffer(tensor.tobytes(), dtype=np.uint8)
-
-
-def _pack(values: np.ndarray) -> np.ndarray:
-    """uint8 nibbles packed two per byte along the last axis (even length), low nibble first."""
-    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
 
 
 def _repacked(tensor: ir.TensorProtocol, k: int, n: int, block: int, flip: int) -> np.ndarray:
@@ -222,7 +214,7 @@ def _repacked(tensor: ir.TensorProtocol, k: int, n: int, block: int, flip: int) 
         stop = min(n, start + step)
         unsigned = np.full((stop - start, blocks * block), 8, dtype=np.uint8)
         unsigned[:, :k] = _nibbles(raw, k, n, start, stop).T ^ flip
-        out[start:stop] = _pack(unsigned.reshape(stop - start, blocks, block))
+        out[start:stop] = pack_nibbles(unsigned.reshape(stop - start, blocks, block))
     return out
 
 

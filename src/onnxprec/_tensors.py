@@ -109,3 +109,17 @@ def converted_tensor(
         return ir.Tensor(result, dtype=to)
 
     return ir.LazyTensor(load, dtype=to, shape=ir.Shape(tensor.shape.numpy()), name=name or tensor.name)
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
+    """Packs uint8 values in ``[0, 15]`` along the last axis (even length) two per byte, low nibble first."""
+    pairs = values.reshape(*values.shape[:-1], -1, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack_nibbles`: ``[..., m] -> [..., 2m]`` uint8."""
+    out = np.empty((*packed.shape[:-1], packed.shape[-1], 2), dtype=np.uint8)
+    out[..., 0] = packed & 0x0F
+    out[..., 1] = packed >> 4
+    return out.reshape(*packed.shape[:-1], -1)

@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
+from onnxprec._tensors import pack_nibbles, unpack_nibbles
 from onnxprec.quantization.algorithms.rtn import QuantizedWeight, level_range
 
 __all__ = [
@@ -109,20 +110,6 @@ def matmulnbits_attributes(qw: QuantizedWeight) -> dict[str, int]:
     """
     k, n = qw.shape
     return {"K": k, "N": n, "bits": qw.bits, "block_size": matmulnbits_block_size(qw)}
-
-
-def pack_nibbles(values: np.ndarray) -> np.ndarray:
-    """Packs uint8 values in ``[0, 15]`` along the last axis (even length) two per byte, low nibble first."""
-    pairs = values.reshape(*values.shape[:-1], -1, 2)
-    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
-
-
-def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`pack_nibbles`: ``[..., m] -> [..., 2m]`` uint8."""
-    out = np.empty((*packed.shape[:-1], packed.shape[-1], 2), dtype=np.uint8)
-    out[..., 0] = packed & 0x0F
-    out[..., 1] = packed >> 4
-    return out.reshape(*packed.shape[:-1], -1)
 
 
 # Bytes of int16 levels widened at once while packing MatMulNBits' B.
