@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -600,25 +600,30 @@ def decide_targets(
     return decide_group(weights, stats, method, config, awq_allowed=awq_allowed, block_sizes=block_sizes)
 
 
+def _column_ranges(target: WeightGroup, stride: int) -> Iterator[tuple[int, np.ndarray, slice]]:
+    """``target``'s float32 columns read an even number at a time (:data:`WIDE_BYTES` of them): each range's first
+    column, its columns, and the slice of them that are every ``stride``-th column of the whole weight."""
+    step = max(2, WIDE_BYTES // (4 * target.k) // 2 * 2)
+    for start in range(0, target.n, step):
+        yield start, target.read(slice(start, min(target.n, start + step))), slice((-start) % stride, None, stride)
+
+
 def _clip_in_ranges(
     target: WeightGroup, stats: GroupStats, method: str, config: QuantConfig, block_size: int
 ) -> GroupDecision:
     """AWQ-clip's ratios of ``target`` (no AWQ scales) a range of columns at a time: each column's ratios depend on
     its own values and the group's tokens only, so they are those of the whole weight, which is never all read. The
     output error on the columns :func:`_error_columns` measures (every :func:`_error_stride`-th)."""
-    k, n = target.k, target.n
     x = stats.tokens_f32()
     assert x is not None
-    step = max(2, WIDE_BYTES // (4 * k) // 2 * 2)
-    stride = _error_stride(n)
+    stride = _error_stride(target.n)
     ratios, picked, seconds = [], [], {"clip": 0.0}
-    for start in range(0, n, step):
-        w = target.read(slice(start, min(n, start + step)))
+    for _, w, local in _column_ranges(target, stride):
         with timed() as searching:
             ratios.append(awq_clip(w, x, block_size, config.grid, ratios=config.clip_ratios,
                                    chunk_columns=config.clip_chunk_columns))  # fmt: skip
         seconds["clip"] += searching.seconds
-        picked.append(np.array(w[:, (-start) % stride :: stride]))
+        picked.append(np.array(w[:, local]))
         del w
     grid = config.grid
     recipe = Recipe(method, bits=grid.bits, block_size=block_size, symmetric=grid.symmetric,
@@ -642,16 +647,14 @@ def _gptq_in_ranges(
     output error on the columns :func:`_error_columns` measures (every :func:`_error_stride`-th)."""
     k, n = target.k, target.n
     grid, seconds = config.grid, {"gptq": 0.0}
-    step = max(2, WIDE_BYTES // (4 * k) // 2 * 2)
     stride = _error_stride(n)
     levels = np.empty((k, n // 2) if grid.bits == 4 else (k, n), np.uint8 if grid.bits == 4 else np.int8)
     scales: list[np.ndarray] = []
     zero_points: list[np.ndarray] = []
     picked = []  # per range: (the error's float columns, their levels, scales, zero points)
     qw = None
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        w = target.read(slice(start, stop))
+    for start, w, local in _column_ranges(target, stride):
+        stop = start + w.shape[1]
         with timed() as solving:
             (qw,) = _gptq_by_block_size([w], stats, None, config, [block_size])
         seconds["gptq"] += solving.seconds
@@ -663,7 +666,6 @@ def _gptq_in_ranges(
         scales.append(qw.scales)
         if qw.zero_points is not None:
             zero_points.append(qw.zero_points)
-        local = slice((-start) % stride, None, stride)
         zp = None if qw.zero_points is None else qw.zero_points[:, local]
         picked.append((w[:, local], qw.q[:, local], qw.scales[:, local], zp))
         del w
