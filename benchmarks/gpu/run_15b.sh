@@ -116,7 +116,7 @@ again)  # the tools again in the background (after a failure, say), on the rebui
     sleep 3; tail -3 "$W/pipeline.log"
     ;;
 pipeline | tools)
-    W=$(cat "$STATE"); cd "$W" || exit 1; G="$W/g"; R="$W/results"; mkdir -p "$W/tmp" "$W/int4" "$W/ortrtn" "$W/mo" "$W/kq"
+    W=$(cat "$STATE"); cd "$W" || exit 1; G="$W/g"; R="$W/results"; mkdir -p "$W/tmp" "$W/int4" "$W/ortrtn" "$W/mo" "$W/kquant"
     export PYTHONPATH="$W/site:$G/src${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" PYTHONUNBUFFERED=1 TMPDIR="$W/tmp"
     step() {  # step NAME CAP_S [--phases SPEC] -- COMMAND...: measured, at most CAP_S s and never past the deadline
         local name=$1 cap=$2; shift 2
@@ -209,10 +209,13 @@ pipeline | tools)
             && du -sb "$W/int4" > "$R/int4_size.txt" && ppl int4_default "$W/int4/model.onnx"
         rm -rf "$W/int4"/*
     fi
+    ort_int4() {  # ort_int4 NAME CAP DIR METHOD: ONNX Runtime's MatMulNBitsQuantizer, its size and perplexity
+        step "$1" "$2" -- $PY "$G/zoo/_bigllm_venv.py" ort_int4 "$W/fp32/model.onnx" "$W/$3/model.onnx" "$4" \
+            && du -sb "$W/$3" > "$R/$3_size.txt" && ppl "$1" "$W/$3/model.onnx"
+        rm -rf "$W/$3"/*
+    }
     if wants ortrtn; then
-        step ort_rtn_b32 240 -- $PY "$G/zoo/_bigllm_venv.py" ort_int4 "$W/fp32/model.onnx" "$W/ortrtn/model.onnx" rtn \
-            && du -sb "$W/ortrtn" > "$R/ortrtn_size.txt" && ppl ort_rtn_b32 "$W/ortrtn/model.onnx"
-        rm -rf "$W/ortrtn"/*
+        ort_int4 ort_rtn_b32 240 ortrtn rtn
     fi
     if wants modelopt; then
         step modelopt_awq_lite 360 -- $PY "$G/gpu/llm15.py" modelopt "$W/fp32/model.onnx" "$W/mo/model.onnx" \
@@ -220,9 +223,7 @@ pipeline | tools)
         rm -rf "$W/mo"/*
     fi
     if wants kquant; then
-        step ort_k_quant_b32 600 -- $PY "$G/zoo/_bigllm_venv.py" ort_int4 "$W/fp32/model.onnx" "$W/kq/model.onnx" k_quant \
-            && du -sb "$W/kq" > "$R/kquant_size.txt" && ppl ort_k_quant_b32 "$W/kq/model.onnx"
-        rm -rf "$W/kq"/*
+        ort_int4 ort_k_quant_b32 600 kquant k_quant
     fi
     if wants genai; then
         genai_step
