@@ -81,7 +81,7 @@ def _select(
     keep = np.flatnonzero(best >= threshold)
     keep = keep[np.argsort(-best[keep], kind="stable")][:MAX_BOXES]
     xyxy = np.concatenate([box[keep, :2] - box[keep, 2:] / 2, box[keep, :2] + box[keep, 2:] / 2], axis=1)
-    covers = (_iou(xyxy, xyxy) >= NMS_IOU) & (classes[keep][:, None] == classes[keep][None, :])
+    covers = (_iou(xyxy[:, None], xyxy[None]) >= NMS_IOU) & (classes[keep][:, None] == classes[keep][None, :])
     suppressed = np.zeros(len(keep), bool)
     kept: list[int] = []
     for i in range(len(keep)):  # each box kept suppresses the lower-scoring ones of its class it covers
@@ -97,32 +97,65 @@ def _decode(rows: np.ndarray, score_parts: tuple[tuple[int, int], ...], threshol
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of xyxy boxes."""
-    low = np.maximum(a[:, None, :2], b[None, :, :2])
-    high = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(high - low, 0, None), axis=2)
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
-    union = area_a[:, None] + area_b[None, :] - inter
+    """IoU of xyxy boxes ``[..., 4]``, broadcast over the leading axes (``a[:, None], b[None]``: every pair)."""
+    low = np.maximum(a[..., :2], b[..., :2])
+    high = np.minimum(a[..., 2:], b[..., 2:])
+    inter = np.prod(np.clip(high - low, 0, None), axis=-1)
+    area_a = np.prod(np.clip(a[..., 2:] - a[..., :2], 0, None), axis=-1)
+    area_b = np.prod(np.clip(b[..., 2:] - b[..., :2], 0, None), axis=-1)
+    union = area_a + area_b - inter
     return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def _near_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) of the boxes ``b[j]`` whose centre lies in ``a[i]`` widened by a quarter of its size on each side.
+
+    IoU >= 1/2 puts each box's centre inside the other (closed) box, so these pairs hold every pair at or above
+    :data:`MATCH_IOU`; the quarter covers rounding. ``b``'s centres are sorted along x and along y, and each ``a``
+    box takes its slice along the axis that cuts fewer of them: ``O((n + m) log m)`` plus the pairs listed.
+    """
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    centres = (b64[:, :2] + b64[:, 2:]) / 2
+    margin = (a64[:, 2:] - a64[:, :2]) / 4
+    low, high = a64[:, :2] - margin, a64[:, 2:] + margin
+    sweeps = []
+    for axis in (0, 1):
+        order = np.argsort(centres[:, axis], kind="stable")
+        start = np.searchsorted(centres[order, axis], low[:, axis], side="left")
+        stop = np.searchsorted(centres[order, axis], high[:, axis], side="right")
+        sweeps.append((order, start, np.maximum(stop - start, 0)))
+    along_y = sweeps[1][2] < sweeps[0][2]
+    pairs_i, pairs_j = [], []
+    for (order, start, count), rows in zip(sweeps, (np.flatnonzero(~along_y), np.flatnonzero(along_y))):
+        start, count = start[rows], count[rows]
+        pairs_i.append(np.repeat(rows, count))
+        pairs_j.append(order[np.repeat(start - np.cumsum(count) + count, count) + np.arange(int(count.sum()))])
+    return np.concatenate(pairs_i), np.concatenate(pairs_j)
 
 
 def _matched(want: tuple[np.ndarray, ...], got: tuple[np.ndarray, ...]) -> int:
     """Float boxes a distinct candidate box of the same class covers at IoU >= :data:`MATCH_IOU` (greedy, best
-    overlap first)."""
-    overlap = _iou(want[0], got[0]) * (want[1][:, None] == got[1][None, :])
+    overlap first, ties to the lower float then candidate index: the pairs at or above it taken in that order, each
+    box once; only pairs :func:`_near_pairs` lists can reach it)."""
+    if not len(want[0]) or not len(got[0]):
+        return 0
+    i, j = _near_pairs(want[0], got[0])
+    overlap = _iou(want[0][i], got[0][j]) * (want[1][i] == got[1][j])
+    keep = overlap >= MATCH_IOU
+    i, j, overlap = i[keep], j[keep], overlap[keep]
+    used_want, used_got = np.zeros(len(want[0]), bool), np.zeros(len(got[0]), bool)
     matched = 0
-    while overlap.size and overlap.max() >= MATCH_IOU:
-        i, j = np.unravel_index(int(overlap.argmax()), overlap.shape)
-        overlap[i, :] = 0
-        overlap[:, j] = 0
-        matched += 1
+    order = np.lexsort((j, i, -overlap))
+    for w, g in zip(i[order].tolist(), j[order].tolist()):
+        if not used_want[w] and not used_got[g]:
+            used_want[w] = used_got[g] = True
+            matched += 1
     return matched
 
 
 def regions(mask: np.ndarray, min_area: int = MIN_AREA) -> np.ndarray:
     """xyxy bounding boxes ``[K, 4]`` of the 4-connected regions of a 2-D boolean mask with at least ``min_area``
-    pixels (union-find over the runs of each row)."""
+    pixels (union-find over the runs of each row, each row's runs swept against the previous row's)."""
     parent: list[int] = []
     runs: list[tuple[int, int, int]] = []  # (row, start, end)
 
@@ -135,16 +168,18 @@ def regions(mask: np.ndarray, min_area: int = MIN_AREA) -> np.ndarray:
     previous: list[int] = []
     for y, row in enumerate(mask):
         edges = np.flatnonzero(np.diff(np.concatenate([[False], row, [False]]).astype(np.int8)))
-        current = []
+        current, first = [], 0
         for start, end in zip(edges[::2].tolist(), edges[1::2].tolist()):
             index = len(runs)
             runs.append((y, start, end))
             parent.append(index)
-            for p in previous:
-                _, p_start, p_end = runs[p]
-                if p_start < end and start < p_end:
-                    a, b = find(p), find(index)
-                    parent[max(a, b)] = min(a, b)
+            while first < len(previous) and runs[previous[first]][2] <= start:  # ends before this run
+                first += 1
+            touching = first  # the previous row's runs are sorted: those touching this one follow
+            while touching < len(previous) and runs[previous[touching]][1] < end:
+                a, b = find(previous[touching]), find(index)
+                parent[max(a, b)] = min(a, b)
+                touching += 1
             current.append(index)
         previous = current
     found: dict[int, list[int]] = {}
@@ -212,7 +247,8 @@ class ScoreMargins:
                 index, xyxy, cls = _select(r, score_parts, threshold)
                 self.kept[threshold].append(_logit(best[index]) - _logit(threshold))
                 under = best[low] < threshold
-                covered = (_iou(low_xyxy, xyxy) * (low_classes[:, None] == cls[None, :]) >= NMS_IOU).any(axis=1)
+                overlap = _iou(low_xyxy[:, None], xyxy[None]) * (low_classes[:, None] == cls[None, :])
+                covered = (overlap >= NMS_IOU).any(axis=1)
                 self.below[threshold].append(_logit(threshold) - _logit(best[low[under & ~covered]]))
 
     def predicted(self) -> float | None:
