@@ -643,12 +643,14 @@ def _clip_in_ranges(
 def _gptq_in_ranges(
     target: WeightGroup, stats: GroupStats, method: str, config: QuantConfig, block_size: int
 ) -> GroupDecision:
-    """GPTQ of ``target`` (no AWQ scales) an even number of columns at a time, its levels packed as they come; the
-    output error on the columns :func:`_error_columns` measures (every :func:`_error_stride`-th)."""
+    """GPTQ of ``target`` (no AWQ scales) an even number of columns at a time, its 4-bit levels (``config.grid``
+    is 4 bits) packed as they come; the output error on the columns :func:`_error_columns` measures (every
+    :func:`_error_stride`-th)."""
     k, n = target.k, target.n
     grid, seconds = config.grid, {"gptq": 0.0}
+    assert grid.bits == 4
     stride = _error_stride(n)
-    levels = np.empty((k, n // 2) if grid.bits == 4 else (k, n), np.uint8 if grid.bits == 4 else np.int8)
+    levels = np.empty((k, n // 2), np.uint8)
     scales: list[np.ndarray] = []
     zero_points: list[np.ndarray] = []
     picked = []  # per range: (the error's float columns, their levels, scales, zero points)
@@ -658,11 +660,8 @@ def _gptq_in_ranges(
         with timed() as solving:
             (qw,) = _gptq_by_block_size([w], stats, None, config, [block_size])
         seconds["gptq"] += solving.seconds
-        if grid.bits == 4:
-            offset = -level_range(4, True)[0] if qw.symmetric else 0
-            levels[:, start // 2 : stop // 2] = pack_nibbles((qw.q.astype(np.int16) + offset).astype(np.uint8))
-        else:
-            levels[:, start:stop] = qw.q
+        offset = -level_range(4, True)[0] if qw.symmetric else 0
+        levels[:, start // 2 : stop // 2] = pack_nibbles((qw.q.astype(np.int16) + offset).astype(np.uint8))
         scales.append(qw.scales)
         if qw.zero_points is not None:
             zero_points.append(qw.zero_points)
