@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -62,12 +62,24 @@ def packed_tables(model: ir.Model, limit: int) -> int:
                                                     list(replacement.outputs))  # fmt: skip
             rewritten += 1
         if not node.outputs[0].uses() and not node.outputs[0].is_graph_output():
+            inputs = list(node.inputs)
             graph.remove(node, safe=True)
+            _drop_unread(graph, inputs)
     if rewritten:
         model.opset_imports.setdefault("com.microsoft", 1)
         trim_heap()  # the repacking's column ranges, freed in blocks the heap keeps
         logger.info("The run reads %d large 4-bit table reader(s) as GatherBlockQuantized / MatMulNBits", rewritten)
     return rewritten
+
+
+def _drop_unread(graph: ir.Graph, values: Sequence[ir.Value | None]) -> None:
+    """Removes the initializers among ``values`` nothing reads any more (a table only MatMuls read: its levels and
+    scales live on repacked, and the run's copy would hold both)."""
+    for value in values:
+        if value is None or not value.is_initializer() or value.uses() or value.is_graph_output():
+            continue
+        if not value.is_graph_input() and value.name is not None:
+            graph.initializers.pop(value.name)
 
 
 @contextlib.contextmanager

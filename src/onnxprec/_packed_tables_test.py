@@ -87,6 +87,24 @@ def test_packed_tables_leave_small_tables_and_other_readers() -> None:
     assert sorted(node.op_type for node in model.graph) == ["Add", "DequantizeLinear", "GatherBlockQuantized"]
 
 
+def test_a_table_only_matmuls_read_leaves_no_float_levels_or_scales_behind() -> None:
+    """Only the MatMul reads the table: its levels and scales, repacked for MatMulNBits, leave the graph; read by a
+    Gather too, they stay (GatherBlockQuantized reads them as they are)."""
+    proto = _model(True, True, 16)
+    del proto.graph.node[1]
+    del proto.graph.output[0], proto.graph.input[0]
+    model = ir.serde.deserialize_model(proto)
+    assert packed_tables(model, limit=0) == 1
+    assert sorted(model.graph.initializers) == ["q_B", "q_zero_points_packed", "s_packed"]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, T, K)).astype(np.float32)
+    np.testing.assert_allclose(_run(ir.serde.serialize_model(model), {"x": x})[0], _run(proto, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    tied = ir.serde.deserialize_model(_model(True, True, 16))
+    packed_tables(tied, limit=0)
+    assert {"q", "s", "z"} <= set(tied.graph.initializers)
+
+
 def test_mapped_for_run_maps_the_weights_of_a_copy(tmp_path: Path) -> None:
     path = tmp_path / "tables.onnx"
     onnx.save(_model(True, False, 64), path)
