@@ -99,4 +99,4 @@ def test_autocast_fp16_output_folder_generates_like_fp32(tmp_path: Path) -> None
     generated = generate_models([source, out], num_prompts=1, max_new_tokens=12)
     assert [len(s) for s in generated.models[1].sequences] == [12]
     divergence = generated.models[1].first_divergence
-    assert divergence is not None and (divergence[0] is None or divergence[0] >= 8)  # measured: identical (32 tokens)
+    assert divergence is not None and (divergence[0] is None or divergence[0] >= 8)

@@ -90,9 +90,8 @@ def _logits(model: Path, ids: np.ndarray) -> np.ndarray:
 
 
 def test_gptq_statistics_are_right_on_granite(tmp_path: Path) -> None:
-    """Granite failed the sweep's GPTQ bound (0.51 > 0.38). Not a defect of its statistics: calibrated on the judged
-    windows themselves, GPTQ removes a fifth of RTN's logits error (0.422 -> 0.334); on held-out random-token
-    windows it cannot (RELIABILITY.md)."""
+    """Granite failed the sweep's GPTQ bound. Not a defect of its statistics: calibrated on the judged windows
+    themselves, GPTQ removes part of RTN's logits error; on held-out random-token windows it cannot (RELIABILITY.md)."""
     from onnxprec.metrics import rel_l2
 
     model = _model("granite/torch")

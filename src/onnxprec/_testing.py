@@ -126,7 +126,7 @@ def run_forked(
     """Runs ``python -m <module> <args>`` as a process of its own, forked from a server that has imported the tools.
 
     The process has its own exit code, stdout and stderr and runs the command line's code from its start (parsing,
-    logging, one-line errors); what it saves is the interpreter's start and the imports, about 0.6 s of CPU a case.
+    logging, one-line errors); what it saves is the interpreter's start and the imports, each case.
     For tests that run many command lines each in its own process.
     """
     import multiprocessing

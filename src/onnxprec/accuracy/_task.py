@@ -109,8 +109,8 @@ _ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Max", "Min", "Neg"
 _SCORES = re.compile(r"logit|prob|score|class|pred", re.IGNORECASE)
 _NOT_SCORES = re.compile(r"emb|feat|hidden|pool|vec|encod|latent|repr|proj|box|coord|landmark|offset|regress", re.I)
 BLANK_SHARE = 0.3
-"""A CTC head's blank is the argmax of most steps (the corpus's recognizers: 44-80 %; an LM's commonest next token
-is far rarer): the share of steps above which raw ``[., ., C]`` scores count as a CTC sequence."""
+"""A CTC head's blank is the argmax of most steps (an LM's commonest next token is far rarer): the share of steps
+above which raw ``[., ., C]`` scores count as a CTC sequence."""
 MIN_SAMPLES = 4096
 """The fewest samples of a waveform output (a quarter second at 16 kHz); an embedding is far shorter."""
 MIN_CORRELATION = 0.5

@@ -1,6 +1,6 @@
-"""A detection head judged on few boxes (issue 24: nudenet's INT8 result kept all 6 boxes of its calibration images
-and lost 2 of 9 held-out ones): under MIN_BOXES boxes the share the score margins predict counts too; with enough
-boxes the share seen stands. The heads run on ONNX Runtime; a candidate is the same head on logits with noise."""
+"""A detection head judged on few boxes (issue 24: nudenet's INT8 result kept every box of its calibration images
+and lost held-out ones; RELIABILITY.md): under MIN_BOXES boxes the share the score margins predict counts too; with
+enough boxes the share seen stands. The heads run on ONNX Runtime; a candidate is the same head on logits with noise."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _summary(value: float, observed: float | None, count: int) -> TaskSummary:
 
 def test_few_boxes_near_the_threshold_all_kept_are_judged_by_their_score_margins() -> None:
     """6 boxes just above 0.25 (and 0.5), every one kept: seen, 100 %; but the logits moved by 0.2 (nudenet's INT8
-    result moved its held-out scores by up to 1.2), a box 0.03 above the threshold is lost half the time: the
+    result moved its held-out scores more), a box 0.03 above the threshold is lost half the time: the
     predicted share misses the guard's 0.95."""
     scores = {10: 0.27, 50: 0.28, 90: 0.3, 130: 0.52, 170: 0.55, 210: 0.9}
     value, observed, count = _judge(scores, noise=0.2)

@@ -30,7 +30,7 @@ def test_gptq_beats_rtn_on_correlated_inputs(symmetric: bool, act_order: bool) -
     assert result.block_size == 32 and result.scales.shape == (8, 64) and result.q.dtype == rtn.q.dtype
     assert (result.zero_points is None) == symmetric
     mse_rtn, mse_gptq = _output_mse(x, w, rtn.dequantize()), _output_mse(x, w, result.dequantize())
-    assert mse_gptq < 0.9 * mse_rtn  # measured: about 0.5x
+    assert mse_gptq < 0.9 * mse_rtn
     assert (result.q != rtn.q).mean() > 0.1
     # GPTQ trades weight error for output error
     assert reconstruction_error(w, result) > reconstruction_error(w, rtn)

@@ -403,7 +403,7 @@ def test_a_decoder_with_a_kv_cache_is_w8a8_in_integer_kernels(tmp_path: Path, at
     ids = np.random.default_rng(0).integers(0, 64, (8, 12)).astype(np.int64)
     np.save(tmp_path / "calibration.npy", ids[:4])
     np.save(tmp_path / "evaluation.npy", ids[4:])
-    # a random-weight decoder's logits: cosine 0.984 on its 4 calibration windows, under the guard's 0.99
+    # a random-weight decoder's logits miss the guard's cosine 0.99 on its calibration windows: the guard is off
     report = quantize_file(source, out, calibration_data=tmp_path / "calibration.npy", accuracy_guard=False)
     assert report.count("dynamic") == matmuls and report.count("float") == 0
     result = evaluate_models([source, out], tmp_path / "evaluation.npy", latency_runs=0, profile_runs=1)

@@ -178,9 +178,9 @@ def test_a_waveform_is_held_to_its_snr_not_its_cosine(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_ocr_detector_of_the_corpus_is_not_left_destroyed(tmp_path: Path) -> None:
-    """PP-OCRv4's text detector (issue 24: INT8 gave cosine 0.63 on held-out photos, exit 0), on the corpus' 8 text
-    pages at half their size (320 x 320: the detector takes any size; a quarter of the compute), so that the guard
-    still holds out 2 of them."""
+    """PP-OCRv4's text detector (issue 24: its INT8 result was written with exit 0 and its held-out maps lost;
+    RELIABILITY.md), on the corpus' 8 text pages at half their size (320 x 320: the detector takes any size; a quarter
+    of the compute), so that the guard still holds out 2 of them."""
     from pathlib import Path as P
 
     cached = P.home() / ".cache/onnxprec/corpus/models/ppocrv4-det"
@@ -206,8 +206,8 @@ def test_the_ocr_detector_of_the_corpus_is_not_left_destroyed(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_the_ctc_recognizer_of_the_corpus_keeps_its_strings_or_is_refused(tmp_path: Path) -> None:
-    """PP-OCRv4's recognizer (issue 24: 91.7 % of its held-out strings identical, exit 0): judged by its decoded
-    strings, it is refused, or its held-out strings keep the corpus's bound."""
+    """PP-OCRv4's recognizer (issue 24: its INT8 result was written with exit 0 and held-out strings changed;
+    RELIABILITY.md): judged by its decoded strings, it is refused, or its held-out strings keep the corpus's bound."""
     from onnxprec._ort import create_session
     from onnxprec.accuracy import ctc_strings
 
