@@ -108,11 +108,13 @@ class Int4Report(QuantizationReportBase):
         block = "per channel" if self.block_size == -1 else f"block {self.block_size}"
         layers = sum(len(entry.layers) for entry in self.layers)
         eight = sum(1 for entry in self.layers if entry.bits == 8)
+        every8 = bool(self.layers) and eight == len(self.layers)  # a budget or the guard left no weight at 4 bits
+        how = "at 8 bits with " + "/".join(sorted({e.method for e in self.layers})) if every8 else f"with {self.method}"
         text = (
-            f"Quantized {len(self.layers)} weights ({layers} layers) with {self.method}, {block}, {zp}, "
+            f"Quantized {len(self.layers)} weights ({layers} layers) {how}, {block}, {zp}, "
             f"{self.output_format}: {self.float_bytes / 1e6:.1f} MB -> {self.quantized_bytes / 1e6:.1f} MB"
         )
-        if eight:
+        if eight and not every8:
             text += f"; {eight} at 8 bits"
         if self.excluded:
             text += f"; {len(self.excluded)} excluded"

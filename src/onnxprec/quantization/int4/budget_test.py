@@ -118,6 +118,8 @@ def test_a_budget_that_holds_every_weight_at_int8_measures_nothing(tmp_path: Pat
     assert size["real_runs"] == {"skipped": "the budget holds every weight at its most precise candidate"}
     assert size["seconds"] == {} and "calibration" not in report.seconds
     assert all(layer["sensitivity"] is None for layer in report.budget.layers.values())
+    assert report.summary.startswith("Quantized 3 weights (3 layers) at 8 bits with rtn, "), report.summary
+    assert report.method == "awq_lite" and "awq_lite" not in report.summary  # the method asked for, never applied
     # without data the LLM writes no calibration text either
     free = quantize_file(source, tmp_path / "free.onnx", size_budget_mb=budget)
     assert (tmp_path / "free.onnx").read_bytes() == everything8.read_bytes()
