@@ -105,6 +105,15 @@ _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"
 _PROBABILITIES = frozenset({"Softmax", "Sigmoid"})
 _DISTRIBUTIONS = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"Gemm", "MatMul", "FusedMatMul"})
+_STATE = re.compile(r"present")
+
+
+def is_state(name: str) -> bool:
+    """Whether output ``name`` is a decoder's ``present.*`` KV cache: state for the next step, measured but not
+    judged (the logits judge it) and left out of :meth:`TaskSummary.describe`'s line."""
+    return bool(_STATE.match(name))
+
+
 _ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Max", "Min", "Neg"})
 _SCORES = re.compile(r"logit|prob|score|class|pred", re.IGNORECASE)
 _NOT_SCORES = re.compile(r"emb|feat|hidden|pool|vec|encod|latent|repr|proj|box|coord|landmark|offset|regress", re.I)
@@ -486,18 +495,20 @@ class TaskSummary:
         return min(values) if values else None
 
     def describe(self, limit: int = 3) -> str:
-        """One line: the task metrics (worst first, at most ``limit``), then the float outputs' worst errors."""
+        """One line: the task metrics (worst first, at most ``limit``), then the float outputs' worst errors; a
+        decoder's KV cache outputs (:func:`is_state`) stay in :meth:`to_json` only, unless nothing else was compared."""
+        judged = TaskSummary(tuple(o for o in self.outputs if not is_state(o.name)))
+        judged = judged if judged.outputs else self
         tasks = sorted(
-            (o for o in self.outputs if o.metric != "cosine"),
+            (o for o in judged.outputs if o.metric != "cosine"),
             key=lambda o: (o.value is not None, 0.0 if o.value is None else o.value),
         )
         parts = [o.describe() for o in tasks[:limit]]
         if len(tasks) > limit:
             parts.append(f"{len(tasks) - limit} more")
-        if self.worst_rel_l2 is not None and self.worst_cosine is not None:
-            parts.append(
-                f"float outputs rel L2 <= {self.worst_rel_l2:.4g}, cosine >= {_cosine_text(self.worst_cosine)}"
-            )
+        rel_l2, cosine = judged.worst_rel_l2, judged.worst_cosine
+        if rel_l2 is not None and cosine is not None:
+            parts.append(f"float outputs rel L2 <= {rel_l2:.4g}, cosine >= {_cosine_text(cosine)}")
         return "; ".join(parts) or "no output compared"
 
     def to_json(self) -> dict[str, Any]:

@@ -520,3 +520,22 @@ def test_a_log_of_probabilities_is_no_log_feature_and_a_permuted_map_no_regions(
     nhwc = Producer("Sigmoid", permuted=True)
     assert kind_of("map", [1, 64, 64, 1], True, nhwc).kind == "mask"
     assert kind_of("map", [1, 1, 64, 64], True, Producer("Sigmoid")).kind == "regions"
+
+
+def test_kv_cache_outputs_stay_out_of_the_summary_line_and_in_the_report() -> None:
+    """A decoder's ``present.*`` outputs are state, not judged: the line's worst errors are the logits'; their own
+    errors stay in :meth:`TaskSummary.to_json`. A model whose only outputs are state still gets a line."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((1, 4, 16)).astype(np.float32)
+    cache = rng.standard_normal((1, 2, 4, 8)).astype(np.float32)
+    metrics = TaskMetrics({})
+    metrics.update({"logits": logits, "present.0.key": cache},
+                   {"logits": logits * 1.001, "present.0.key": cache + 0.5})  # fmt: skip
+    summary = metrics.summary()
+    line = summary.describe()
+    assert "float outputs rel L2 <= 0.001," in line and "present" not in line
+    cache_error = summary.to_json()["outputs"]["present.0.key"]["rel_l2"]
+    assert cache_error > 0.1 and summary.worst_rel_l2 == pytest.approx(cache_error)
+    only = TaskMetrics({})
+    only.update({"present.0.key": cache}, {"present.0.key": cache + 0.5})
+    assert only.summary().describe().startswith(f"float outputs rel L2 <= {cache_error:.4g}")

@@ -30,18 +30,26 @@ INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS
   bound).
 
 A decoder's ``present.*`` KV cache outputs are measured but not judged (state for the next step, judged through the
-logits). The results that set the bounds: experiments/design_notes.md, "INT8 accuracy guard".
+logits): :func:`~onnxprec.accuracy.is_state`; the summary line leaves them out, the report keeps them. The results
+that set the bounds: experiments/design_notes.md, "INT8 accuracy guard".
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnxprec._report import timed
-from onnxprec.accuracy import AccuracyTarget, Measurement, ReferenceOutputs, TaskMetrics, batch_size, measure_outputs
+from onnxprec.accuracy import (
+    AccuracyTarget,
+    Measurement,
+    ReferenceOutputs,
+    TaskMetrics,
+    batch_size,
+    is_state,
+    measure_outputs,
+)
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -85,8 +93,6 @@ RANKING = AccuracyTarget.parse("cosine>=-1")
 """The target the float fallback searches with under the guard: it always holds (the guard's verdict replaces it),
 and ranks layers by the smooth cosine of the outputs."""
 
-_STATE = re.compile(r"present")
-
 CHECK_BYTES = 256 * 1024 * 1024
 """The float outputs a check keeps (:class:`BoundedOutputs`): an LLM's logits are 50 MB a 256-token window."""
 
@@ -123,7 +129,7 @@ def bound_of(
 ) -> tuple[str, float] | None:
     """(metric, lowest value) the guard holds ``output`` to on the calibration runs (``held_out``: on held-out runs;
     ``bounds``: a tool's own bounds per output kind, e.g. INT4's), or None for an output it does not judge."""
-    if _STATE.match(output.name):
+    if is_state(output.name):
         return None
     if bounds is None:
         bounds = HELD_OUT_BOUNDS if held_out else DEFAULT_BOUNDS
