@@ -29,7 +29,9 @@
 #                            for STEPS=genai (fits in one call with .g15_p24)
 #   run_15b.sh start         environment, wheels, then the pipeline in the background (from a copy of .g15 on the
 #                            roomiest disk, recorded in /root/g15_dir: later calls use /root/g15/gpu/run_15b.sh)
-#   run_15b.sh part DIR      moves DIR's pieces into the work dir (the pipeline goes on once MANIFEST's are there)
+#   run_15b.sh part DIR      moves DIR's pieces into the work dir (the pipeline goes on once MANIFEST's are there;
+#                            it waits PIECES_WAIT_S s, default 1200, for each file's pieces, then names the missing
+#                            ones and stops)
 #   run_15b.sh again         the tools again (STEPS, BUDGET_S...) on the FP32 model already rebuilt, in the background
 #   run_15b.sh wait SECS     follows the pipeline for at most SECS s; copies the results to $OUT
 # The pipeline: GGUF reassembled and its sha256 checked (a mismatch stops it), FP32 rebuilt and model.onnx.data's
@@ -155,16 +157,28 @@ pipeline | tools)
         step genai_cuda "${GENAI_CAP:-180}" -- env PYTHONPATH="$W/gcuda:$PYTHONPATH" $PY "$G/gpu/llm15.py" genai \
             "$R/genai.json" "$G/data/prompts15.npy" "${GENAI_ROUNDS:-3}" "${GENAI_PROVIDER:-cuda}" "${models[@]}"
     }
-    pieces() {  # pieces PREFIX: waits until MANIFEST's pieces of PREFIX are all there, then writes them to stdout
-        echo "== waiting for the $1 pieces $(date -u +%T)" >&2
-        while ! awk -v p="$1." -v d="$W/parts" 'index($1, p) == 1 {cmd = "stat -c %s " d "/" $1 " 2>/dev/null";
-                 s = ""; cmd | getline s; close(cmd); if (s != $2) exit 1}' "$G/MANIFEST"; do sleep 1; done
+    missing() {  # missing PREFIX: MANIFEST's pieces of PREFIX not (yet) in the parts folder at their size
+        awk -v p="$1." -v d="$W/parts" 'index($1, p) == 1 {cmd = "stat -c %s " d "/" $1 " 2>/dev/null";
+             s = ""; cmd | getline s; close(cmd); if (s != $2) print $1}' "$G/MANIFEST" | tr '\n' ' '
+    }
+    pieces() {  # pieces PREFIX: waits until MANIFEST's pieces of PREFIX are all there, then writes them to stdout;
+                # after PIECES_WAIT_S s (default 1200) without them, names the missing ones and returns 1
+        local wait_s=${PIECES_WAIT_S:-1200} left; local end=$((SECONDS + wait_s))
+        echo "== waiting for the $1 pieces $(date -u +%T) (at most ${wait_s}s)" >&2
+        while left=$(missing "$1") && [ -n "$left" ]; do
+            if [ $SECONDS -ge $end ]; then
+                echo "== the $1 pieces did not all arrive within ${wait_s}s; missing: ${left}(\`run_15b.sh part" \
+                     "DIR\` brings them; PIECES_WAIT_S sets the wait)" >&2
+                return 1
+            fi
+            sleep 1
+        done
         echo "== $1 pieces complete $(date -u +%T)" >&2
         for f in $(awk -v p="$1." 'index($1, p) == 1 {print $1}' "$G/MANIFEST"); do cat "$W/parts/$f"; rm "$W/parts/$f"; done
     }
     T0=$SECONDS
     if [ "$1" = pipeline ]; then
-    pieces gguf > "$W/$GGUF_NAME"
+    pieces gguf > "$W/$GGUF_NAME" || { echo "== no GGUF: stopped"; rm -f "$W/$GGUF_NAME"; touch "$R/DONE"; exit 1; }
     echo "$GGUF_SHA  $W/$GGUF_NAME" | sha256sum -c - || { echo "== GGUF sha256 differs: stopped"; touch "$R/DONE"; exit 1; }
     echo "== gguf reassembled in $((SECONDS - T0)) s since the start"
     deadline=$((SECONDS + ${BUILD_S:-900}))
@@ -176,7 +190,8 @@ pipeline | tools)
     eps=cpu; meps=cpu
     if has_gpu && [ -z "${NO_ORT:-}" ]; then
         if [ ! -e "$W/ort/sitecustomize.py" ]; then
-            pieces ortw > "$W/$ORT_WHL_NAME"
+            pieces ortw > "$W/$ORT_WHL_NAME" || { echo "== no onnxruntime-gpu wheel (the builder needs onnxruntime" \
+                ">= 1.31): stopped"; rm -f "$W/$ORT_WHL_NAME"; touch "$R/DONE"; exit 1; }
             $PY -m pip install -q --no-index --no-deps --no-compile --target "$W/ort" "$W/$ORT_WHL_NAME" && rm "$W/$ORT_WHL_NAME"
             cp "$G/gpu/sitecustomize.py" "$W/ort/"
         fi
