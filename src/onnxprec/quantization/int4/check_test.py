@@ -1,7 +1,7 @@
 """INT4 measures its result against the float model (issue 24: nothing silent, nothing destroyed): the accuracy guard
 keeps the worst weights at 8 bits (then in float) until its bounds (INT8's task bounds, plain float outputs at
-cosine >= 0.95) hold, and refuses with exit 3 when they do not; off, or on a language model, the written result is
-checked on one batch and a miss is warned about."""
+cosine >= 0.95, an embedding raised to 0.99 within a size cost) hold, and refuses with exit 3 when they do not; off,
+or on a language model, the written result is checked on one batch and a miss is warned about."""
 
 from __future__ import annotations
 
