@@ -11,6 +11,13 @@ pipeline; then to float, within :data:`MAX_FLOAT_SHARE` of the quantized weights
 that keeps the bounds is the result; when none does, the last is, and the report's ``guard_failure`` line makes the
 tool raise :class:`~onnxprec.errors.AccuracyGuardError` once it is written (exit 3).
 
+A result that keeps :data:`BOUNDS` but leaves an embedding (a ``[N, D]`` float output judged by cosine: one vector a
+sample, as a sentence encoder's pooled output) under INT8's cosine >= 0.99 (:data:`EMBEDDING_BOUND`) is raised to it:
+the same search goes on from that result, each candidate adding at most :data:`MAX_RAISE_SHARE` of the float model's
+weight bytes; the summary says what the raise kept wider and what it cost. When no candidate within that cost reaches
+it, the tool refuses (``guard_failure``, exit 3) with the last candidate within the cost written for inspection.
+Hidden states (``[N, T, D]``, a token per row) keep INT4's 0.95.
+
 A language model, or a larger model, keeps the cheap check on the written result (:func:`check_written`: its first
 calibration batch, warn only): the guard would hold a second whole-model session and run the pipeline again.
 """
@@ -42,7 +49,16 @@ if TYPE_CHECKING:
     from onnxprec.quantization.int4._options import Int4Options
     from onnxprec.quantization.int4._report import Int4Report
 
-__all__ = ["BOUNDS", "MAX_FLOAT_SHARE", "MAX_GUARD_BYTES", "Pipeline", "check_written", "guarded"]
+__all__ = [
+    "BOUNDS",
+    "EMBEDDING_BOUND",
+    "MAX_FLOAT_SHARE",
+    "MAX_GUARD_BYTES",
+    "MAX_RAISE_SHARE",
+    "Pipeline",
+    "check_written",
+    "guarded",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +73,14 @@ BOUNDS: dict[str, float] = {**guard.DEFAULT_BOUNDS, "values": 0.95}
 outputs (an encoder's embedding, a hidden state), held to cosine >= 0.95 rather than 0.99: four-bit weights round
 about 16 times as coarsely as eight-bit ones. The measurement behind it: experiments/design_notes.md, "INT4 accuracy
 guard"."""
+
+EMBEDDING_BOUND = guard.DEFAULT_BOUNDS["values"]
+"""The cosine an embedding output is raised to (INT8's, issue 24's embedding bound; the module docstring)."""
+
+MAX_RAISE_SHARE = 1 / 16
+"""The most bytes the raise to :data:`EMBEDDING_BOUND` may add to the INT4 result, as a share of the float model's
+weight bytes: half of the 1/8 of a weight's float bytes that 8 bits add over 4, so the result stays nearer INT4's size
+than INT8's."""
 
 Pipeline = Callable[[ModelSource, "Int4Options", Mapping[str, int]], tuple["ir.Model", "Int4Report"]]
 """The INT4 pipeline with each named weight's precision (8 bits, or 0 for float) set."""
@@ -81,10 +105,29 @@ class _Search:
     kept: guard.BoundedOutputs
     producers: Mapping[str, Any]
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    last: _Result | None = None  # the last candidate built
+    last: _Result | None = None  # the last candidate built (within max_cost)
+    raised: tuple[str, ...] = ()  # the embedding outputs held to EMBEDDING_BOUND
+    base: Int4Report | None = None  # the result the cost of a candidate is counted from
+    max_cost: float | None = None  # the most bytes a candidate may add to ``base``, or None
 
     def measure(self, model: ir.Model) -> guard.Checked:
         return guard.measure_task(model, self.kept, self.producers, list(self.options.calibration_eps), bounds=BOUNDS)
+
+    def holds(self, checked: guard.Checked) -> bool:
+        """Whether ``checked`` keeps :data:`BOUNDS` and, raising, :data:`EMBEDDING_BOUND` on :attr:`raised`."""
+        return checked.ok and not _short(checked.summary, self.raised)
+
+    def embeddings(self) -> tuple[str, ...]:
+        """The float outputs that are embeddings (``[N, D]``, D > 1, judged by cosine: module docstring)."""
+        first = self.kept.outputs[0] if self.kept.outputs else {}
+        return tuple(name for name, array in first.items() if getattr(array, "ndim", 0) == 2 and array.shape[-1] > 1
+                     and array.dtype.kind == "f")  # fmt: skip
+
+    def over_cost(self, report: Int4Report) -> str:
+        """Why ``report``'s result adds more than :attr:`max_cost` bytes to :attr:`base`'s; empty when it does not."""
+        if self.base is None or self.max_cost is None or _cost(self.base, report) <= self.max_cost:
+            return ""
+        return f"+{_cost(self.base, report) / 1e6:.3g} MB, over the raise's {self.max_cost / 1e6:.3g} MB"
 
     def candidate(self, precisions: Mapping[str, int]) -> tuple[ir.Model, Int4Report, guard.Checked]:
         options = copy.copy(self.options)  # not dataclasses.replace: the data is read already
@@ -98,9 +141,15 @@ class _Search:
             logger.warning("INT4 accuracy guard: %d weights at 8 bits, %d in float: not built (%s)", len(eight),
                            len(floats), e)  # fmt: skip
             raise _CandidateFailed from e
+        over = self.over_cost(report)
+        if over:
+            self.steps.append({"8bit": eight, "float": floats, "metric": f"not measured: {over}", "ok": False})
+            logger.info("INT4 accuracy guard: %d weights at 8 bits, %d in float: %s", len(eight), len(floats), over)
+            raise _CandidateFailed
         checked = self.measure(model)
         self.last = (model, report, checked)
-        self.steps.append({"8bit": eight, "float": floats, "metric": checked.summary.describe(), "ok": checked.ok})
+        self.steps.append({"8bit": eight, "float": floats, "metric": checked.summary.describe(),
+                           "ok": self.holds(checked)})  # fmt: skip
         logger.info("INT4 accuracy guard: %d weights at 8 bits, %d in float: %s", len(eight), len(floats),
                     checked.summary.describe())  # fmt: skip
         return model, report, checked
@@ -135,16 +184,30 @@ def _guard(source: ModelSource, options: Int4Options, model: ir.Model, report: I
                   what="the float model")  # fmt: skip
     search = _Search(source, options, pipeline, data, kept, output_producers(float_model))
     checked = search.measure(model)
-    first = checked
+    first, base = checked, report
     if not checked.ok:
         model, report, checked = _fallback(search, model, report, checked)
+    short = _short(checked.summary, search.embeddings()) if checked.ok else ""
+    if short:
+        model, report, checked = _raise(search, base, (model, report, checked), _weight_bytes(float_model))
     _record(
         report,
         checked,
         data,
         [{"8bit": [], "float": [], "metric": first.summary.describe(), "ok": first.ok}, *search.steps],
+        search,
     )
-    if not checked.ok:
+    if short and search.holds(checked):
+        report.check["raised"] = _raised(base, report, _weight_bytes(float_model))
+    elif short:
+        assert search.max_cost is not None
+        report.guard_failure = (
+            f"INT4 result under INT8's guard bound ({short}): no candidate within the raise's "
+            f"+{search.max_cost / 1e6:.3g} MB ({MAX_RAISE_SHARE:.2%} of the float model's weights) reaches it; with "
+            f"{_held(search.steps, built=True)}: {checked.summary.describe()}; --layers_8bit or --nodes_to_exclude "
+            "keep layers wider, --no_accuracy_guard accepts the result"
+        )
+    elif not checked.ok:
         where = "synthetic inputs: pass representative inputs (--calibration_data)" if data.random else (
             "calibration data")  # fmt: skip
         report.guard_failure = (
@@ -163,6 +226,8 @@ def _fallback(search: _Search, model: ir.Model, report: Int4Report,
     ranked = [e.weight for e in sorted(four, key=lambda e: -float(e.info.get("weight_rel_error", 0.0)))]
     sizes = {e.weight: e.k * e.n for e in four}
     fixed = {e.weight: 8 for e in report.layers if e.bits == 8}  # the pipeline's own 8-bit choices stay
+    if search.base is not None:  # raising: the weights the search before kept in float stay there
+        fixed.update(dict.fromkeys({e.weight for e in search.base.layers} - {e.weight for e in report.layers}, 0))
     best = (model, report, checked)
     try:
         return _candidates(search, ranked, sizes, fixed, best)
@@ -176,16 +241,63 @@ def _candidates(
     """The fallback's candidates in order (:func:`_fallback`); the first that keeps the bounds, else the last."""
     for count in _counts(len(ranked)):
         best = search.candidate({**fixed, **dict.fromkeys(ranked[:count], 8)})
-        if best[2].ok:
+        if search.holds(best[2]):
             return best
     budget = MAX_FLOAT_SHARE * sum(sizes.values())
     for count in _counts(len(ranked)):
         if sum(sizes[name] for name in ranked[:count]) > budget:
             break
         best = search.candidate({**fixed, **dict.fromkeys(ranked, 8), **dict.fromkeys(ranked[:count], 0)})
-        if best[2].ok:
+        if search.holds(best[2]):
             return best
     return best
+
+
+def _raise(search: _Search, base: Int4Report, result: _Result, float_bytes: int) -> _Result:
+    """The search again from ``result`` (which keeps :data:`BOUNDS`) with the embeddings held to
+    :data:`EMBEDDING_BOUND`, each candidate within :data:`MAX_RAISE_SHARE` of ``float_bytes`` over ``base``: the first
+    that holds, else the last built within that cost (``result`` when none is)."""
+    model, report, checked = result
+    search.raised, search.base, search.max_cost = search.embeddings(), base, MAX_RAISE_SHARE * float_bytes
+    search.last = None
+    logger.info("INT4 accuracy guard: raising %s to INT8's cosine >= %g within +%.3g MB", ", ".join(search.raised),
+                EMBEDDING_BOUND, search.max_cost / 1e6)  # fmt: skip
+    return _fallback(search, model, report, checked)
+
+
+def _short(summary: TaskSummary, names: tuple[str, ...]) -> str:
+    """The outputs of ``names`` judged by cosine under :data:`EMBEDDING_BOUND`, as ``<output> cosine <value> < 0.99``;
+    empty when none is."""
+    return ", ".join(
+        f"{output.name} cosine {output.cosine:.5g} < {EMBEDDING_BOUND:g}"
+        for output in summary.outputs
+        if output.name in names and output.kind == "values" and output.metric == "cosine"
+        and output.cosine is not None and output.cosine < EMBEDDING_BOUND
+    )  # fmt: skip
+
+
+def _stored(report: Int4Report) -> int:
+    """The bytes the quantizable weights take in ``report``'s result: quantized, and those the guard kept in float."""
+    return report.quantized_bytes - report.float_bytes
+
+
+def _cost(base: Int4Report, report: Int4Report) -> int:
+    """The bytes ``report``'s result adds to ``base``'s."""
+    return _stored(report) - _stored(base)
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+
+
+def _raised(base: Int4Report, report: Int4Report, float_bytes: int) -> str:
+    """The summary's phrase for a result the guard raised to INT8's cosine bound: what it kept wider, what it cost."""
+    eight = sum(1 for e in report.layers if e.bits == 8) - sum(1 for e in base.layers if e.bits == 8)
+    floats = len(base.layers) - len(report.layers)
+    cost = _cost(base, report)
+    return (f"raised to INT8's cosine >= {EMBEDDING_BOUND:g}: the guard kept {eight} weights at 8 bits and "
+            f"{floats} in float, +{cost / 1e6:.3g} MB ({cost / float_bytes:.2%} of the float model's "
+            f"{float_bytes / 1e6:.3g} MB)")  # fmt: skip
 
 
 def _counts(total: int) -> list[int]:
@@ -197,7 +309,10 @@ def _counts(total: int) -> list[int]:
     return [*counts, total] if total else []
 
 
-def _held(steps: list[dict[str, Any]]) -> str:
+def _held(steps: list[dict[str, Any]], built: bool = False) -> str:
+    """The last step's weights at 8 bits and in float (``built``: the last step measured)."""
+    if built:
+        steps = [step for step in steps if not str(step["metric"]).startswith("not ")]
     last = steps[-1] if steps else {"8bit": [], "float": []}
     return f"{len(last['8bit'])} weights at 8 bits and {len(last['float'])} in float"
 
@@ -212,12 +327,16 @@ def _short_of_int8(summary: TaskSummary) -> dict[str, str]:
                              "8 bits)"}  # fmt: skip
 
 
-def _record(report: Int4Report, checked: guard.Checked, data: CalibrationData, steps: list[dict[str, Any]]) -> None:
+def _record(report: Int4Report, checked: guard.Checked, data: CalibrationData, steps: list[dict[str, Any]],
+            search: _Search) -> None:  # fmt: skip
+    bound = guard.describe_bounds(checked.summary, bounds=BOUNDS)
+    if search.raised:
+        bound += "; raised: " + ", ".join(f"{name} cosine >= {EMBEDDING_BOUND:g}" for name in search.raised)
     report.check = {
         "random_data": data.random,
         "guard": "on",
-        "bound": guard.describe_bounds(checked.summary, bounds=BOUNDS),
-        "passed": checked.ok,
+        "bound": bound,
+        "passed": search.holds(checked),
         "calibration": checked.to_json(),
         "held_out": None,
         "steps": steps,

@@ -122,6 +122,8 @@ class Int4Report(QuantizationReportBase):
             text += "; " + self.subgraph_text()
         if self.check:
             text += f"; {checked(self.check)}"
+        if self.check.get("raised"):  # the accuracy guard's raise to INT8's cosine bound, and its size cost
+            text += f"; {self.check['raised']}"
         return text
 
     def to_json(self) -> dict[str, Any]:
