@@ -16,10 +16,16 @@ class StepMargins:
     difference in the candidate's scores minus the margin. A step flips when its change is below minus its margin:
     with the changes of every step compared as the noise, a step of margin ``m`` keeps its argmax with probability
     ``P(change >= -m)``, and a string survives when every one of its steps does.
+
+    With a CTC ``blank``, only the steps whose flip to their runner-up changes the decoded string count
+    (:func:`string_steps`): a step on the edge of a letter's run that turns into the blank (or a blank beside a letter
+    that turns into that letter) moves the run's boundary and decodes the same. Those are the steps of the smallest
+    margins in a CTC head's output, the letter-to-blank transitions.
     """
 
-    def __init__(self) -> None:
-        self.margins: list[np.ndarray] = []  # per sequence: its steps' margins
+    def __init__(self, blank: int | None = None) -> None:
+        self.blank = blank
+        self.margins: list[np.ndarray] = []  # per sequence: the margins of the steps that can change its string
         self.changes: list[np.ndarray] = []
 
     def update(self, ref: np.ndarray, cand: np.ndarray, time: int) -> None:
@@ -27,10 +33,13 @@ class StepMargins:
         if time == 0:  # [T, N, C] -> [N, T, C]
             ref, cand = ref.transpose(1, 0, 2), cand.transpose(1, 0, 2)
         best = np.argmax(ref, axis=-1)[..., None]
-        margin = np.take_along_axis(ref, best, -1)[..., 0] - _runner_up(ref, best)
-        changed = np.take_along_axis(cand, best, -1)[..., 0] - _runner_up(cand, best)
-        self.margins.extend(margin)
+        second, runner_up = _runner_up(ref, best)
+        margin = np.take_along_axis(ref, best, -1)[..., 0] - runner_up
+        changed = np.take_along_axis(cand, best, -1)[..., 0] - _runner_up(cand, best)[1]
         self.changes.append((changed - margin).ravel())
+        if self.blank is not None:
+            margin = np.where(string_steps(best[..., 0], second, self.blank), margin, np.inf)
+        self.margins.extend(margin)
 
     def predicted(self) -> float | None:
         if not self.margins:
@@ -40,8 +49,29 @@ class StepMargins:
         return float(np.mean(survive))
 
 
-def _runner_up(scores: np.ndarray, best: np.ndarray) -> np.ndarray:
-    """The highest score other than the ``best`` class's, per step."""
+def string_steps(best: np.ndarray, second: np.ndarray, blank: int) -> np.ndarray:
+    """Per step of greedy CTC paths ``best`` ``[N, T]``: whether putting its ``second`` class in place of its own
+    changes the decoded string (repeats collapsed, the blank dropped).
+
+    A step's class decides only what it and the next step emit: itself unless it repeats the previous step's class or
+    is the blank, and the next step's class unless that repeats it or is the blank. The string stays the same when
+    those (one or two) letters are the same for both classes.
+    """
+    none = np.full((*best.shape[:-1], 1), -1, best.dtype)
+    before = np.concatenate([none, best[..., :-1]], axis=-1)
+    after = np.concatenate([best[..., 1:], none], axis=-1)
+
+    def emitted(own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        this = np.where((own != before) & (own != blank), own, -1)
+        following = np.where((after >= 0) & (after != own) & (after != blank), after, -1)
+        return np.where(this >= 0, this, following), np.where(this >= 0, following, -1)
+
+    (first, then), (first_2, then_2) = emitted(best), emitted(second)
+    return (first != first_2) | (then != then_2)
+
+
+def _runner_up(scores: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(class, score) of the highest score other than the ``best`` class's, per step."""
     others = scores.copy()
     np.put_along_axis(others, best, -np.inf, -1)
-    return others.max(axis=-1)
+    return others.argmax(axis=-1), others.max(axis=-1)

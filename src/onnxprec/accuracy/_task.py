@@ -590,7 +590,8 @@ class TaskMetrics:
                     self._box_margins.setdefault(name, ScoreMargins()).update(ref, cand, kind.parts[0][0], scores)
                 self._boxes[name] = self._boxes.get(name, 0) + counts
             if kind.time is not None and ref.shape == cand.shape and ref.ndim == 3:
-                self._margins.setdefault(name, StepMargins()).update(ref, cand, kind.time)
+                blank = kind.blank if kind.metric == "string_agreement" else None
+                self._margins.setdefault(name, StepMargins(blank)).update(ref, cand, kind.time)
             if kind.metric == "string_agreement" and kind.time is not None and kind.blank is not None and ref.ndim == 3:
                 spoken = sum(1 for string in ctc_strings(ref, kind.time, kind.blank) if string)
                 self._spoken[name] = self._spoken.get(name, 0) + spoken

@@ -9,11 +9,14 @@ regions or mask IoU after a Sigmoid, SNR for waveforms and log-scale features, c
 INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS`):
 
 - classes and labels: agreement >= 0.98 (issue 24's classification bound: top-1 agreement >= 98 %);
-- sequences (a CTC recognizer's ``[N, T, C]`` or ``[T, N, C]`` scores, Softmax or raw): >= 0.99 of the greedily
-  decoded strings identical, or predicted so by the steps' margins (:class:`onnxprec.accuracy.StepMargins`), on the
-  calibration runs; >= 0.98 on the held-out runs (:data:`HELD_OUT_BOUNDS`). Both sit above issue 24's 0.95 of
-  held-out strings by the room a prediction from margins needs: on the calibration runs the ranges were fitted to
-  the strings they predict, on held-out runs nothing was;
+- sequences (a CTC recognizer's ``[N, T, C]`` or ``[T, N, C]`` scores, Softmax or raw): >= 0.993 of the greedily
+  decoded strings identical, or predicted so by the margins of the steps whose flip can change a string
+  (:class:`onnxprec.accuracy.StepMargins`), on the calibration runs; >= 0.98 on the held-out runs
+  (:data:`HELD_OUT_BOUNDS`). Both sit above issue 24's 0.95 of held-out strings by the room a prediction from margins
+  needs: on the calibration runs the ranges were fitted to the strings they predict, on held-out runs nothing was.
+  At 0.993 the corpus recognizers' results that keep under 0.95 of their held-out strings are refused (all but one,
+  a string short of 0.95) while ddddocr's best INT8 results pass (experiments/int8_ctc_margins.py; design_notes.md,
+  "INT8 accuracy guard");
 - positions (segmentation) and binary decisions (a VAD's speech probability): agreement >= 0.95 (a decision near 0.5
   flips with any error);
 - regions (a text detector's Sigmoid map): >= 0.95 of the regions' boxes matched at the worst threshold (issue 24's
@@ -74,7 +77,7 @@ __all__ = [
 DEFAULT_BOUNDS: dict[str, float] = {
     "classes": 0.98,
     "labels": 0.98,
-    "sequence": 0.99,
+    "sequence": 0.993,
     "positions": 0.95,
     "binary": 0.95,
     "regions": 0.95,

@@ -58,12 +58,14 @@ def test_the_verdict_follows_each_outputs_kind() -> None:
 
 
 def test_a_ctc_sequence_is_held_to_identical_strings() -> None:
-    """PP-OCRv4's recognizer kept 99.1 % of its steps and 91.7 % of its strings: only the strings' bound refuses it."""
+    """PP-OCRv4's recognizer kept 99.1 % of its steps and 91.7 % of its strings: only the strings' bound refuses it.
+    ddddocr's, predicted 99.0 % on its calibration crops, kept 91.7 % of the held-out ones: refused too."""
     ctc = _output("softmax_11.tmp_0", "sequence", "string_agreement", 44 / 48, 0.998)
     assert not holds(TaskSummary((ctc,)))
-    assert describe_bounds(TaskSummary((ctc,))) == "softmax_11.tmp_0 string_agreement >= 0.99"
-    assert not holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.976, 0.999),)))
+    assert describe_bounds(TaskSummary((ctc,))) == "softmax_11.tmp_0 string_agreement >= 0.993"
+    assert not holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.99, 0.999),)))
     assert holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.995, 0.9),)))
+    assert holds(TaskSummary((_output("387", "sequence", "string_agreement", 0.99, 0.999),)), held_out=True)
 
 
 def test_detections_and_waveforms_are_held_to_the_task_bounds() -> None:
