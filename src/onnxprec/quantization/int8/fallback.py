@@ -6,14 +6,14 @@ the INT8 model for real (the decisions applied to a copy of the float model) and
 fusions, as the user will: what is measured is what is saved.
 
 1. The all-INT8 model is checked; if it meets the target, nothing changes.
-2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers
-   whose checks fit in :data:`ISOLATED_CPU_SECONDS`, how much the output error drops when that layer alone goes back to float (:func:`~onnxprec.sensitivity.
-   isolated_gains`: one check per layer; it sees the interactions that the error of a layer quantized alone
-   misses); with more, an estimate (:func:`estimated_sensitivity`): the layer's own output error on the
-   calibration sample where the channel decisions measured it, else the Hessian-weighted error of its INT8 weight
-   (:func:`~onnxprec.sensitivity.hessian_loss` with the ``XᵀX`` the observers collected, unweighted without it). With
-   ``max_float_compute``, only the most sensitive layers that fit in that share of the multiply-adds
-   (:func:`~onnxprec.sensitivity.within`).
+2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers whose
+   checks fit in :data:`ISOLATED_CPU_SECONDS`, how much the output error drops when that layer alone goes back to
+   float (:func:`~onnxprec.sensitivity.isolated_gains`: one check per layer; it sees the interactions that the error
+   of a layer quantized alone misses); with more, an estimate (:func:`estimated_sensitivity`): the layer's own output
+   error on the calibration sample where the channel decisions measured it, else the Hessian-weighted error of its
+   INT8 weight (:func:`~onnxprec.sensitivity.hessian_loss` with the ``XᵀX`` the observers collected, unweighted
+   without it). With ``max_float_compute``, only the most sensitive layers that fit in that share of the
+   multiply-adds (:func:`~onnxprec.sensitivity.within`).
 3. How many of the most sensitive layers go back to float (:func:`~onnxprec.sensitivity.fewest`): 1, 2, 4...
    until the target holds, then a bisection in between (about ``2 log2(count)`` checks) finds the fewest that
    meet it. Under the accuracy guard, which may go beyond ``max_float_compute``, all the layers within it are
