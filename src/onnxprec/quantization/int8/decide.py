@@ -74,9 +74,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEPTHWISE_MAX_NOISE = 0.008
-"""A depthwise Conv whose input would lose more than this relative RMS error to its integer grid (ort-cpu's UINT8,
-trt's and ort-cuda's symmetric INT8) on the calibration data stays float (:func:`noisy_depthwise`); the inputs it was
-set between: experiments/design_notes.md, "INT8 placement"."""
+"""A depthwise Conv whose input would lose more than this relative RMS error to its UINT8 grid (ort-cpu), or twice it
+to a symmetric INT8 grid (trt, ort-cuda: half its levels cover an activation's non-negative output), on the
+calibration data stays float (:func:`noisy_depthwise`); the inputs it was set between: experiments/design_notes.md,
+"INT8 placement"."""
 
 
 EQUALIZE_MIN_SPREAD = 16.0
@@ -283,11 +284,11 @@ def noisy_depthwise(
         if layer.dynamic or not depthwise(layer.node) or hist is None or name not in ranges:
             continue
         noise = quantization_noise(hist, *ranges[name], symmetric=symmetric)
-        if noise > DEPTHWISE_MAX_NOISE:
+        bound = DEPTHWISE_MAX_NOISE * (2 if symmetric else 1)  # half the levels cover an activation's output
+        if noise > bound:
             kept[layer.name] = (
                 f"a depthwise Conv whose input '{name}' would lose {noise:.3f} (relative RMS) to "
-                f"{'INT8' if symmetric else 'UINT8'} "
-                f"(> {DEPTHWISE_MAX_NOISE}): kept float (name it in nodes_to_quantize)"
+                f"{'INT8' if symmetric else 'UINT8'} (> {bound:g}): kept float (name it in nodes_to_quantize)"
             )
     return kept
 
