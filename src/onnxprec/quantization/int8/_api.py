@@ -414,7 +414,7 @@ def _decisions(run: Int8Run) -> None:
         run.decisions.calibrated_branches = frozenset(run.branches.calibrated())
         run.decisions.varying_branches = frozenset(run.branches.varying)
     run.cost = _costs(run.plan, run.stats)
-    if run.target is not None and len(run.plan.layers) > fallback.MAX_ISOLATED:
+    if run.target is not None:  # above MAX_ISOLATED layers, or where their isolated checks take too long
         run.proxy = estimated_sensitivity(run.plan.layers, _sample_errors(run.decisions), run.stats.hessians.hessians)
     run.stats = None
 
@@ -575,6 +575,7 @@ def _search(
             names, check, target, proxy, steps, cost, options.float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
             beyond=options.float_compute_extends,
+            isolated_cpu_seconds=None if emulated and not own else fallback.ISOLATED_CPU_SECONDS,
         )  # fmt: skip
     return float_layers
 

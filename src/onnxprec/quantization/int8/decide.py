@@ -74,7 +74,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEPTHWISE_MAX_NOISE = 0.008
-"""ort-cpu: a depthwise Conv whose input would lose more than this relative RMS error to its UINT8 grid on the
+"""A depthwise Conv whose input would lose more than this relative RMS error to its UINT8 grid (ort-cpu), or twice it
+to a symmetric INT8 grid (trt, ort-cuda: half its levels cover an activation's non-negative output), on the
 calibration data stays float (:func:`noisy_depthwise`); the inputs it was set between: experiments/design_notes.md,
 "INT8 placement"."""
 
@@ -213,8 +214,8 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         if wide is not None:
             decisions.wide[str(value.name)] = wide.scale_zero_point(*calibrated_range(hist, symmetric=wide.symmetric))
             decisions.noise[str(value.name)] = quantization_noise(hist, lo, hi, symmetric=qtype.symmetric)
-    if options.runtime == "ort-cpu" and not options.include_patterns:
-        decisions.kept_float = noisy_depthwise(plan, stats, ranges)
+    if not options.include_patterns and not qtype.is_float:
+        decisions.kept_float = noisy_depthwise(plan, stats, ranges, qtype.symmetric)
     if options.runtime == "ort-cpu" and qtype.bits == 8:
         decisions.equalized = equalized_inputs(plan, stats)
         for layer_name, factors in decisions.equalized.items():
@@ -266,9 +267,11 @@ def equalized_inputs(plan: Plan, stats: Statistics) -> dict[str, np.ndarray]:
     return found
 
 
-def noisy_depthwise(plan: Plan, stats: Statistics, ranges: dict[str, tuple[float, float]]) -> dict[str, str]:
-    """The static depthwise Convs whose input's UINT8 noise on the calibration data passes
-    :data:`DEPTHWISE_MAX_NOISE`, with the reason each stays float.
+def noisy_depthwise(
+    plan: Plan, stats: Statistics, ranges: dict[str, tuple[float, float]], symmetric: bool = False
+) -> dict[str, str]:
+    """The static depthwise Convs whose input's noise on its grid (UINT8; ``symmetric``: INT8) on the calibration
+    data passes :data:`DEPTHWISE_MAX_NOISE`, with the reason each stays float.
 
     A depthwise Conv has no sum over channels: its INT8 kernel saves little, but it quantizes two tensors (its
     input and output). After an unbounded activation (hardswish, as in PP-OCR's PP-LCNetV3) those tensors are heavy
@@ -280,11 +283,12 @@ def noisy_depthwise(plan: Plan, stats: Statistics, ranges: dict[str, tuple[float
         hist = stats.histograms.get(name)
         if layer.dynamic or not depthwise(layer.node) or hist is None or name not in ranges:
             continue
-        noise = quantization_noise(hist, *ranges[name])
-        if noise > DEPTHWISE_MAX_NOISE:
+        noise = quantization_noise(hist, *ranges[name], symmetric=symmetric)
+        bound = DEPTHWISE_MAX_NOISE * (2 if symmetric else 1)  # half the levels cover an activation's output
+        if noise > bound:
             kept[layer.name] = (
-                f"a depthwise Conv whose input '{name}' would lose {noise:.3f} (relative RMS) to UINT8 "
-                f"(> {DEPTHWISE_MAX_NOISE}): kept float (name it in nodes_to_quantize)"
+                f"a depthwise Conv whose input '{name}' would lose {noise:.3f} (relative RMS) to "
+                f"{'INT8' if symmetric else 'UINT8'} (> {bound:g}): kept float (name it in nodes_to_quantize)"
             )
     return kept
 

@@ -55,10 +55,12 @@ def _stem_depthwise_pointwise(activation: str, channels: int = 8, seed: int = 0)
     return make_model(nodes, [tensor_info("x", F, ["N", 3, 16, 16])], [tensor_info("y", F, ["N", c, 16, 16])], inits)
 
 
-def _quantized_error(activation: str, tmp_path: Path, **kwargs: Any) -> tuple[Int8Report, list[str], float]:
+def _quantized_error(
+    activation: str, tmp_path: Path, channels: int = 8, **kwargs: Any
+) -> tuple[Int8Report, list[str], float]:
     """The report, the op types ONNX Runtime runs and the output's relative L2 error on unseen inputs."""
     source, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
-    onnx.save(_stem_depthwise_pointwise(activation), source)
+    onnx.save(_stem_depthwise_pointwise(activation, channels), source)
     rng = np.random.default_rng(1)
     data = [{"x": (rng.standard_normal((2, 3, 16, 16)) * 1.5).astype(np.float32)} for _ in range(3)]
     report = quantize_file(source, out, calibration_data=data, **kwargs)
@@ -81,6 +83,17 @@ def test_a_depthwise_conv_with_a_heavy_tailed_input_stays_float(tmp_path: Path) 
     assert {entry.name: entry.mode for entry in forced.layers} == {"/dw/Conv": "static", "/pw/Conv": "static"}
     assert ops.count("QLinearConv") == 1
     assert error < forced_error
+
+
+def test_on_trt_a_depthwise_conv_with_a_heavy_tailed_input_stays_float_too(tmp_path: Path) -> None:
+    """The same rule on trt's symmetric INT8 grid (PP-OCR's direction classifier flipped a held-out row with its
+    depthwise Convs INT8), whose noise it measures; ``nodes_to_quantize`` overrides it there too."""
+    report, _, _ = _quantized_error("Exp", tmp_path, 32, runtime="trt")  # TensorRT's rule: Convs over 16 channels
+    entries = {entry.name: entry for entry in report.layers}
+    assert entries["/pw/Conv"].mode == "static" and entries["/dw/Conv"].mode == "float"
+    assert "to INT8 (>" in entries["/dw/Conv"].info["kept_float"]
+    forced, _, _ = _quantized_error("Exp", tmp_path, 32, runtime="trt", nodes_to_quantize=["^/(dw|pw)/"])
+    assert not any("kept_float" in entry.info for entry in forced.layers)
 
 
 def test_a_depthwise_conv_with_a_bounded_input_is_int8(tmp_path: Path) -> None:

@@ -6,17 +6,19 @@ the INT8 model for real (the decisions applied to a copy of the float model) and
 fusions, as the user will: what is measured is what is saved.
 
 1. The all-INT8 model is checked; if it meets the target, nothing changes.
-2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers,
-   how much the output error drops when that layer alone goes back to float (:func:`~onnxprec.sensitivity.
-   isolated_gains`: one check per layer; it sees the interactions that the error of a layer quantized alone
-   misses); with more, an estimate (:func:`estimated_sensitivity`): the layer's own output error on the
-   calibration sample where the channel decisions measured it, else the Hessian-weighted error of its INT8 weight
-   (:func:`~onnxprec.sensitivity.hessian_loss` with the ``XᵀX`` the observers collected, unweighted without it). With
-   ``max_float_compute``, only the most sensitive layers that fit in that share of the multiply-adds
-   (:func:`~onnxprec.sensitivity.within`).
+2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers whose
+   checks fit in :data:`ISOLATED_CPU_SECONDS`, how much the output error drops when that layer alone goes back to
+   float (:func:`~onnxprec.sensitivity.isolated_gains`: one check per layer; it sees the interactions that the error
+   of a layer quantized alone misses); with more, an estimate (:func:`estimated_sensitivity`): the layer's own output
+   error on the calibration sample where the channel decisions measured it, else the Hessian-weighted error of its
+   INT8 weight (:func:`~onnxprec.sensitivity.hessian_loss` with the ``XᵀX`` the observers collected, unweighted
+   without it). With ``max_float_compute``, only the most sensitive layers that fit in that share of the
+   multiply-adds (:func:`~onnxprec.sensitivity.within`).
 3. How many of the most sensitive layers go back to float (:func:`~onnxprec.sensitivity.fewest`): 1, 2, 4...
    until the target holds, then a bisection in between (about ``2 log2(count)`` checks) finds the fewest that
-   meet it.
+   meet it. Under the accuracy guard, which may go beyond ``max_float_compute``, all the layers within it are
+   checked first; when they miss, so do the most that may go back beyond it (every layer but one) before a
+   bisection between them: a guard that misses costs two checks, not a search.
 
 When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation session
 (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
@@ -36,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -56,10 +59,11 @@ from onnxprec.accuracy import (
 )
 from onnxprec.quantization.algorithms.int8 import dequantize_weight, quantize_weight
 from onnxprec.quantization.int8.place import Layer
-from onnxprec.sensitivity import fewest, hessian_energy, isolated_gains, rank, within
+from onnxprec.sensitivity import bisect_count, fewest, hessian_energy, isolated_gains, rank, within
 
 __all__ = [
     "EMULATION_MAX_BYTES",
+    "ISOLATED_CPU_SECONDS",
     "MAX_ISOLATED",
     "SearchWords",
     "emulates",
@@ -71,6 +75,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_ISOLATED = 64
+ISOLATED_CPU_SECONDS = 60.0
+"""The CPU seconds the isolated gains of a target search may take, estimated as the layers times the CPU seconds of
+the all-INT8 check; beyond it the proxy ranks the layers (as above :data:`MAX_ISOLATED`): a real check of a large
+image model runs for seconds, more where ONNX Runtime's CPU provider runs the Q/DQ unfused (``--runtime trt``)."""
 EMULATION_MAX_BYTES = 256 * 1024 * 1024
 """The float weight bytes of the quantized layers up to which the target search emulates (a small transformer's fit)."""
 
@@ -166,6 +174,7 @@ def search(
     miss_level: int = logging.WARNING,
     words: SearchWords | None = None,
     beyond: bool = False,
+    isolated_cpu_seconds: float | None = None,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -189,7 +198,10 @@ def search(
         words: What is promoted and how, in the steps and log lines (default: layers in float).
         beyond: When the layers within ``max_float_compute`` miss the target (real checks only), the search goes on
             over every ranked layer, most sensitive first, but never all of them (:func:`_beyond`): the accuracy
-            guard's bound before speed, while some layers stay INT8.
+            guard's bound before speed, while some layers stay INT8. The largest count of each part is checked
+            first (a guard that misses with them needs no search between), then a bisection finds the fewest.
+        isolated_cpu_seconds: The CPU seconds the isolated gains may take (layers times the all-INT8 check's); more:
+            ``proxy`` ranks the layers when it has them. None: no limit.
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
@@ -202,8 +214,16 @@ def search(
         return [], first
     emulated = checks.start_emulation(emulate, first) if emulate is not None else None
     metric = target.bounds[0].metric if target.bounds else "rel_l2"
+    isolate = len(layers) <= MAX_ISOLATED and not (
+        proxy and isolated_cpu_seconds is not None and len(layers) * checks.first_cpu > isolated_cpu_seconds
+    )
+    if len(layers) <= MAX_ISOLATED and not isolate:
+        logger.info(
+            "INT8 sensitivity estimated, not measured: %d layers' checks would take about %.0f CPU s (one took %.1f)",
+            len(layers), len(layers) * checks.first_cpu, checks.first_cpu,
+        )  # fmt: skip
     order, ranked = _order(
-        layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute
+        layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute, isolate
     )
     if not order:
         if beyond and checks.scale is None:
@@ -220,7 +240,14 @@ def search(
         checked[count] = checks.trial(order[:count], f"{count} most sensitive {w.promoted}")
         return checked[count].ok
 
-    high = fewest(holds, len(order))
+    go_beyond = beyond and checks.scale is None
+    if go_beyond and len(order) < len(ranked) and not holds(len(order)):  # all within the budget miss
+        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
+        if chosen is not None:
+            return chosen
+        high, go_beyond = len(order), False
+    else:
+        high = fewest(holds, len(order))
     if checks.scale is not None:  # the emulation's choice, checked for real
         if release is not None:
             release()
@@ -229,7 +256,7 @@ def search(
         )
     else:
         best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}")
-    if not best.ok and beyond and checks.scale is None:
+    if not best.ok and go_beyond:
         chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
         if chosen is not None:
             return chosen
@@ -263,10 +290,10 @@ def _beyond(
         checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, beyond {w.budget}")
         return checked[k].ok
 
-    high = shared + fewest(lambda extra: holds(shared + extra), len(order) - shared)
-    best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}, beyond {w.budget}")
-    if not best.ok:
+    if not holds(len(order)):  # the most that may go back miss: no count below them is searched
         return None
+    high = bisect_count(holds, len(order), shared)
+    best = checked[high]
     logger.info("%d %ss %s beyond %s %g for the accuracy guard", high, w.item, w.promoted, w.budget,
                 max_float_compute)  # fmt: skip
     return order[:high], best
@@ -286,6 +313,7 @@ class _Checks:
         self.check, self.target, self.steps, self.words = check, target, steps, words
         self.emulate: Callable[[Collection[str]], Measurement] | None = None
         self.scale: ErrorScale | None = None
+        self.first_cpu = 0.0  # the CPU seconds of the first real check (every thread of the process)
 
     def record(self, measurement: Measurement, floats: Collection[str], what: str, kind: str) -> Measurement:
         self.steps.append({"what": what, "kind": kind, "float_layers": len(floats), "ok": measurement.ok,
@@ -301,7 +329,11 @@ class _Checks:
         return measurement
 
     def real(self, floats: Collection[str], what: str) -> Measurement:
-        return self.record(self.check(floats), floats, what, "real")
+        start = time.process_time()
+        measurement = self.check(floats)
+        if not self.first_cpu:
+            self.first_cpu = time.process_time() - start
+        return self.record(measurement, floats, what, "real")
 
     def trial(self, floats: Collection[str], what: str) -> Measurement:
         """An emulated check once the emulation runs, else a real one."""
@@ -340,11 +372,12 @@ def _order(
     proxy: Mapping[str, float],
     cost: Mapping[str, float] | None,
     max_float_compute: float,
+    isolate: bool,
 ) -> tuple[list[str], list[str]]:
-    """The layers most sensitive first (the gain of each alone in float with at most :data:`MAX_ISOLATED` layers,
-    measured from ``baseline``, else ``proxy``), and the first of them that fit in ``max_float_compute``."""
+    """The layers most sensitive first (the gain of each alone in float when ``isolate``, measured from
+    ``baseline``, else ``proxy``), and the first of them that fit in ``max_float_compute``."""
     w = checks.words
-    if len(layers) <= MAX_ISOLATED:
+    if isolate:
         sensitivity = isolated_gains(
             layers, lambda name: _badness(checks.trial({name}, f"{name} alone {w.promoted}"), metric),
             _badness(baseline, metric), squared=metric in ("rel_l2", "max_abs"), progress="INT8 sensitivity",

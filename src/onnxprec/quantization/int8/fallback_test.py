@@ -78,3 +78,27 @@ def test_an_emulated_choice_that_misses_for_real_sends_more_layers_back() -> Non
     floats, final = fallback.search(list(errors), check, target, {}, [], emulate=emulated)
     assert calls == [0, 1, 2, 4][: 1 + MAX_REAL_CHECKS]  # all-INT8, the emulation's choice, then doubling
     assert final.ok == (MAX_REAL_CHECKS >= 3) and floats[0] == "l7"  # 3 are needed: 4 hold, 2 do not
+
+
+def test_the_proxy_ranks_the_layers_when_their_isolated_checks_would_take_too_long() -> None:
+    """Eight layers under MAX_ISOLATED: within the CPU budget each is checked alone in float; over it (the layers times
+    the all-INT8 check's CPU seconds), the proxy ranks them and the search finds the same layers without those
+    checks."""
+    errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}
+    target, real = _measured(errors, "rel_l2<=0.08")
+    tried: list[int] = []
+
+    def check(floats: Collection[str]) -> Measurement:
+        tried.append(len(floats))
+        np.linalg.svd(np.ones((300, 300)))  # CPU time to measure
+        return real(floats)
+
+    proxy = {name: e * e for name, e in errors.items()}
+    measured, _ = fallback.search(list(errors), check, target, proxy, [], isolated_cpu_seconds=1e9)
+    assert tried[1 : 1 + len(errors)] == [1] * len(errors)  # each layer alone
+    tried.clear()
+    steps: list[dict[str, Any]] = []
+    estimated, final = fallback.search(list(errors), check, target, proxy, steps, isolated_cpu_seconds=1e-9)
+    assert final.ok and estimated == measured == ["l7", "l6", "l5"]
+    assert tried == [0, 1, 2, 4, 3]  # the all-INT8 model, then 1, 2, 4 most sensitive and a bisection
+    assert not any(step["what"].startswith("gain of each layer") for step in steps)

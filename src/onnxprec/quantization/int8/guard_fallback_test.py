@@ -89,9 +89,9 @@ def test_the_guard_never_sends_every_layer_back(tmp_path: Path) -> None:
 
 
 def test_beyond_the_budget_the_search_goes_on_after_what_it_checked_within() -> None:
-    """l1 holds most of the compute: within 0.25 of it, l0, l2 and l3 in float miss; beyond it the search starts
-    after l0 (the first layer both orders share, already checked), never repeats a check, and never floats every
-    layer."""
+    """l1 holds most of the compute: within 0.25 of it, l0, l2 and l3 in float miss. The guard checks all that fit
+    first (no search below them when they miss), then the most that may go back beyond the budget (never every
+    layer), then bisects above l0 (the first layer both orders share)."""
     errors = {"l0": 0.05, "l1": 0.04, "l2": 0.01, "l3": 0.005}
     target = AccuracyTarget.parse("rel_l2<=0.02")
     tried: list[frozenset[str]] = []
@@ -104,11 +104,29 @@ def test_beyond_the_budget_the_search_goes_on_after_what_it_checked_within() -> 
     cost = {"l0": 1.0, "l1": 100.0, "l2": 1.0, "l3": 1.0}
     floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25)  # the budget as a limit
     assert not final.ok and "l1" not in floats
-    within = len(tried)
+    isolated = 1 + len(errors)  # the all-INT8 check, then each layer alone in float
+    assert tried[isolated:] == [{"l0"}, {"l0", "l2"}, {"l0", "l2", "l3"}]  # 1, 2, then all three
     tried.clear()
     floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25, beyond=True)
     assert final.ok and floats == ["l0", "l1"]
-    assert tried[within:] == [frozenset({"l0", "l1"})]  # one check beyond: {l0} missed within already
+    assert tried[isolated:] == [{"l0", "l2", "l3"}, {"l0", "l1", "l2"}, {"l0", "l1"}]
+
+
+def test_beyond_the_budget_nothing_is_searched_when_the_most_that_may_go_back_miss() -> None:
+    """Every layer but the last in float still misses: one check beyond the budget, and the guard refuses."""
+    errors = {"l0": 0.05, "l1": 0.04, "l2": 0.03}
+    target = AccuracyTarget.parse("rel_l2<=0.02")
+    tried: list[frozenset[str]] = []
+
+    def check(floats: Collection[str]) -> Measurement:
+        tried.append(frozenset(floats))
+        value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
+        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
+
+    cost = {"l0": 1.0, "l1": 100.0, "l2": 100.0}
+    floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25, beyond=True)
+    assert not final.ok and floats == ["l0"]
+    assert tried[1 + len(errors) :] == [{"l0"}, {"l0", "l1"}]
 
 
 def test_the_guards_line_says_when_the_fallback_went_beyond_the_budget(tmp_path: Path) -> None:
