@@ -116,3 +116,24 @@ def test_cached_models_match_the_manifest_and_their_splits_are_disjoint() -> Non
         with np.load(sorted((path.parent / "heldout").glob("*.npz"))[0]) as z:
             outs = _testing.run(path, {k: z[k] for k in z.files})
         assert all(np.isfinite(o).all() for o in outs if isinstance(o, np.ndarray) and o.dtype.kind == "f"), name
+
+
+@pytest.mark.slow
+def test_ctc_models_read_their_heldout_inputs() -> None:
+    """FP32 decodes each CTC model's held-out inputs into non-empty strings that differ from one another: a model
+    fed inputs it cannot read emits the same class at every step, and every tool then keeps its strings."""
+    from benchmarks.corpus_metrics import ctc_decode
+
+    manifest = _built()
+    names = [n for n in corpus.ready(manifest) if manifest["models"][n]["metric"] == "ctc"]
+    assert names, "no CTC model in the corpus"
+    for name in names:
+        m = manifest["models"][name]
+        path, opts = Path(m["path"]), m["metric_options"]
+        strings = []
+        for f in sorted((path.parent / "heldout").glob("*.npz")):
+            with np.load(f) as z:
+                out = _testing.run(path, {k: z[k] for k in z.files})[0]
+            strings += ctc_decode(out, opts.get("layout", "NTC"), opts.get("blank", 0))
+        assert sum(bool(s) for s in strings) >= 0.9 * len(strings), name
+        assert len(set(strings)) >= 0.5 * len(strings), (name, sorted(set(strings))[:5])
