@@ -7,6 +7,9 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   by the processes the tests start. A value the caller set is kept.
 - ONNX Runtime's sessions made in the test processes do not spin their intra-op threads
   (``session.intra_op.allow_spinning`` 0); the threads, the kernels and the results are the same.
+- After collection, the objects then alive (the imported modules of every test file, their constants) move to the
+  collector's permanent generation (``gc.freeze``): each later ``gc.collect`` (the tools call it through
+  ``onnxprec._io.trim_heap`` after every checked run) walks only what the tests made since, not the whole heap.
 - Under ``pytest -n 2 --dist loadfile`` (CI), each test file is one unit of work given to one worker (so that
   module-scoped fixtures are built once), except the files of ``HEAVY_TEST_FILES``, which together are one unit:
   they run one after another on one worker, never two at the same time on both workers, in the order written there,
@@ -16,6 +19,7 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   are lost and every test is scheduled on its own.)
 """
 
+import gc
 import os
 from collections import OrderedDict
 
@@ -54,6 +58,12 @@ def _sessions_without_spinning() -> None:
 
 
 _sessions_without_spinning()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Moves what collection made to the collector's permanent generation (the module docstring says why)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
