@@ -30,7 +30,8 @@ import pytest
 # Test files whose tests (or the processes they start) hold 0.5-1 GB: the run holds one of them at a time, not two.
 # In the order they run: first those whose tests start a large process of their own (the Gemma-3 pieces, 0.87 GB;
 # the inline model's tools, 0.66; ModelOpt's FP8, 0.55), while the worker that starts them is still small; then
-# those that hold their models in the worker itself (SmolLM2 in FP32, INT4 and FP16), the largest last.
+# those that hold their models in the worker itself (the corpus's models, EfficientNet's A16W8 search, SmolLM2's
+# perplexities), the largest last.
 HEAVY_TEST_FILES = (
     "experiments/llm_corpus/segments_test.py",
     "tests/inline_weights_test.py",
@@ -38,6 +39,8 @@ HEAVY_TEST_FILES = (
     "tests/golden/golden_test.py",
     "src/onnxprec/quantization/int8/decide_test.py",
     "src/onnxprec/quantization/generated_test.py",
+    "zoo/corpus_test.py",
+    "tests/int8_real_models_test.py",
     "tests/llm_data_test.py",
     "tests/int4_real_models_test.py",
     "tests/real_models_test.py",
