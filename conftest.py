@@ -7,6 +7,11 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   by the processes the tests start. A value the caller set is kept.
 - ONNX Runtime's sessions made in the test processes do not spin their intra-op threads
   (``session.intra_op.allow_spinning`` 0); the threads, the kernels and the results are the same.
+- After collection, the objects then alive (the imported modules of every test file, their constants) move to the
+  collector's permanent generation (``gc.freeze``): each later ``gc.collect`` (the tools call it through
+  ``onnxprec._io.trim_heap`` after every checked run) walks only what the tests made since, not the whole heap.
+- When a test file's last test ends, the C heap's free pages go back to the system (``onnxprec._io.trim_heap``): a
+  worker that runs hundreds of files does not keep at their peak the memory its earlier files freed.
 - Under ``pytest -n 2 --dist loadfile`` (CI), each test file is one unit of work given to one worker (so that
   module-scoped fixtures are built once), except the files of ``HEAVY_TEST_FILES``, which together are one unit:
   they run one after another on one worker, never two at the same time on both workers, in the order written there,
@@ -16,15 +21,17 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   are lost and every test is scheduled on its own.)
 """
 
+import gc
 import os
 from collections import OrderedDict
 
 import pytest
 
-# Test files whose tests (or the processes they start) hold 0.5-0.9 GB: the run holds one of them at a time, not two.
+# Test files whose tests (or the processes they start) hold 0.5-1 GB: the run holds one of them at a time, not two.
 # In the order they run: first those whose tests start a large process of their own (the Gemma-3 pieces, 0.87 GB;
 # the inline model's tools, 0.66; ModelOpt's FP8, 0.55), while the worker that starts them is still small; then
-# those that hold their models in the worker itself, the largest (SmolLM2's perplexity) last.
+# those that hold their models in the worker itself (the corpus's models, EfficientNet's A16W8 search, SmolLM2's
+# perplexities), the largest last.
 HEAVY_TEST_FILES = (
     "experiments/llm_corpus/segments_test.py",
     "tests/inline_weights_test.py",
@@ -32,7 +39,11 @@ HEAVY_TEST_FILES = (
     "tests/golden/golden_test.py",
     "src/onnxprec/quantization/int8/decide_test.py",
     "src/onnxprec/quantization/generated_test.py",
+    "zoo/corpus_test.py",
+    "tests/int8_real_models_test.py",
     "tests/llm_data_test.py",
+    "tests/int4_real_models_test.py",
+    "tests/real_models_test.py",
 )
 
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -54,6 +65,21 @@ def _sessions_without_spinning() -> None:
 
 
 _sessions_without_spinning()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Moves what collection made to the collector's permanent generation (the module docstring says why)."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(trylast=True)  # after the file's fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test of a file: the freed memory back to the system (the module docstring says why)."""
+    if nextitem is None or nextitem.path != item.path:
+        from onnxprec._io import trim_heap
+
+        trim_heap()
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist

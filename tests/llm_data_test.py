@@ -48,6 +48,7 @@ def _perplexity_by_hand(model: Path, ids: np.ndarray) -> float:
     return float(np.exp(nll / count))
 
 
+@pytest.mark.slow
 def test_int4_autocast_evaluate_dump_and_compare_on_token_ids(folder: Path) -> None:
     model, ids = folder / "model.onnx", folder / "ids.npz"
     report = quantize_file(

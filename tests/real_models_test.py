@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxprec._ort import create_session
+from onnxprec._ort import import_onnxruntime, session_options
 from onnxprec._testing import run, shared_path
 from onnxprec.autocast import convert_file, convert_to_mixed_precision
 from onnxprec.metrics import Perplexity, cosine, rel_l2
@@ -98,15 +98,19 @@ ZOO = Path(os.environ.get("ONNXPREC_ZOO", Path.home() / ".cache" / "onnxprec" / 
     reason="SmolLM2 not built: run `python -m zoo build smollm2_135m`",
 )
 def test_smollm2_fp16_perplexity_within_half_percent(tmp_path: Path) -> None:
+    """The FP16 SmolLM2's perplexity on the first 4 zoo windows (1,024 tokens) is within 0.5% of the FP32 model's,
+    17.472 (the FP32 model on the same windows, one a run, on ONNX Runtime CPU). The FP16 session runs a window at a
+    time without ONNX Runtime's memory arena and in low-memory order: its peak stays near 0.9 GB, not 1.6."""
     ids_path = shared_path("models", "smollm2_eval_input_ids.npy")
     assert ids_path is not None
-    ids = np.load(ids_path)
+    ids = np.load(ids_path)[:4]
     out = tmp_path / "s.onnx"
     convert_file(ZOO / "smollm2_135m.onnx", out, keep_io_types=True)
-    session = create_session(out, what="the FP16 SmolLM2")
+    options = session_options(low_memory=True, spinning=False)
+    options.enable_cpu_mem_arena = False
+    session = import_onnxruntime().InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
     ppl = Perplexity()
-    for start in range(0, len(ids), 2):
-        window = ids[start : start + 2]
-        (logits,) = session.run({"input_ids": window})
+    for window in np.split(ids, len(ids)):
+        (logits,) = session.run(["logits"], {"input_ids": window})
         ppl.update(logits, window)
-    assert abs(ppl.value / 18.99 - 1) < 0.005, ppl.value
+    assert abs(ppl.value / 17.472 - 1) < 0.005, ppl.value

@@ -344,6 +344,7 @@ def test_decide_group_with_a_device_gram_equals_numpy(method: str) -> None:
         _assert_same(got.quantize(w), expected.quantize(w))
 
 
+@pytest.mark.slow
 def test_an_int4_walk_on_a_fake_device_writes_the_numpy_walks_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxprec._testing import tiny_decoder
     from onnxprec.quantization import activation_stats

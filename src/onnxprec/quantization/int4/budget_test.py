@@ -136,6 +136,7 @@ def short_text(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_budget, "WRITTEN_LENGTH", 16)
 
 
+@pytest.mark.slow
 def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) -> None:
     from onnxprec._io import load_model
     from onnxprec.quantization.generated import generated_token_windows

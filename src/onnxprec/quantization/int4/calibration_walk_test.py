@@ -83,6 +83,7 @@ def test_segment_sessions_grow_linearly_with_depth(monkeypatch: pytest.MonkeyPat
     assert counts[1] <= 2 * counts[0] + 1 and counts[2] <= 2 * counts[1] + 1, counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("method", "kwargs"), [("awq_full", {}), ("rtn", {"use_zero_point": True})])
 def test_large_weights_quantized_in_column_chunks_equal_the_whole(
     method: str, kwargs: dict[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -153,6 +153,7 @@ def _vocoder(offset: float) -> onnx.ModelProto:
     return make_model(nodes, *io, {"w1": w1, "b1": b1, "w2": w2, "w3": w3})
 
 
+@pytest.mark.slow
 def test_a_waveform_is_held_to_its_snr_not_its_cosine(tmp_path: Path) -> None:
     """hifigan's INT8 result kept a cosine of 0.9947 at 19.8 dB SNR and left with exit 0: a waveform's bound is
     25 dB. An offset of 20 costs this vocoder 23.6 dB with a cosine of 0.998: refused within a --max_float_compute

@@ -57,6 +57,7 @@ def test_when_the_second_try_misses_too_the_first_result_stands(
     assert "second try with the layers that read the model input quantized missed too" in caplog.text
 
 
+@pytest.mark.slow
 def test_the_corpus_melspectrogram_passes_with_its_stft_convs_quantized(tmp_path: Path) -> None:
     """openWakeWord's melspectrogram: its STFT Convs read the audio and hold 97 % of the weights; its one other layer,
     the mel filterbank MatMul before a Log, misses the guard as INT8 and is every layer left in float. The second try
