@@ -17,6 +17,10 @@ fusions, as the user will: what is measured is what is saved.
 3. How many of the most sensitive layers go back to float (:func:`~onnxprec.sensitivity.fewest`): 1, 2, 4...
    until the target holds, then a bisection in between (about ``2 log2(count)`` checks) finds the fewest that
    meet it.
+4. Under the accuracy guard (``beyond``), when the layers within ``max_float_compute`` miss, the same ranking goes
+   on beyond it (never every layer); when that misses too, each layer's own error (it alone INT8, every other layer
+   float: one real check per layer) ranks them again and the same search runs on that order
+   (:func:`_alone_first`): a gain measured from the all-INT8 model hides the layers whose error the others drown.
 
 When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation session
 (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
@@ -43,6 +47,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec import _ort
+from onnxprec._progress import progress as counted
 from onnxprec._report import timed
 from onnxprec._tensors import float32_copy
 from onnxprec.accuracy import (
@@ -207,7 +212,8 @@ def search(
     )
     if not order:
         if beyond and checks.scale is None:
-            chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
+            chosen = _beyond(ranked, order, len(layers), checks, max_float_compute) or _alone_first(
+                layers, checks, metric, max_float_compute)  # fmt: skip
             if chosen is not None:
                 return chosen
         why = f"{w.budget} {max_float_compute:g} allows no {w.item} {w.promoted}" if ranked else (
@@ -230,7 +236,8 @@ def search(
     else:
         best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}")
     if not best.ok and beyond and checks.scale is None:
-        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
+        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute) or _alone_first(
+            layers, checks, metric, max_float_compute)  # fmt: skip
         if chosen is not None:
             return chosen
     if not best.ok:
@@ -243,7 +250,12 @@ def search(
 
 
 def _beyond(
-    ranked: Sequence[str], within_budget: Sequence[str], count: int, checks: _Checks, max_float_compute: float
+    ranked: Sequence[str],
+    within_budget: Sequence[str],
+    count: int,
+    checks: _Checks,
+    max_float_compute: float,
+    how: str = "",
 ) -> tuple[list[str], Measurement] | None:
     """The fewest of the ``ranked`` layers (most sensitive first, at most ``count - 1``: one layer at least stays
     INT8) in float that meet the target, when all the ones ``within_budget`` did not; None when none does. The
@@ -255,21 +267,47 @@ def _beyond(
         shared += 1
     if shared >= len(order):
         return None
-    logger.info("The %ss %s within %s %g miss the accuracy guard: more of the most sensitive go back",
-                w.item, w.promoted, w.budget, max_float_compute)  # fmt: skip
+    how = how or f"beyond {w.budget}"
+    if not how.startswith("by "):
+        logger.info("The %ss %s within %s %g miss the accuracy guard: more of the most sensitive go back",
+                    w.item, w.promoted, w.budget, max_float_compute)  # fmt: skip
     checked: dict[int, Measurement] = {}
 
     def holds(k: int) -> bool:
-        checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, beyond {w.budget}")
+        checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, {how}")
         return checked[k].ok
 
     high = shared + fewest(lambda extra: holds(shared + extra), len(order) - shared)
-    best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}, beyond {w.budget}")
+    best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}, {how}")
     if not best.ok:
         return None
     logger.info("%d %ss %s beyond %s %g for the accuracy guard", high, w.item, w.promoted, w.budget,
                 max_float_compute)  # fmt: skip
     return order[:high], best
+
+
+def _alone_first(
+    layers: Sequence[str], checks: _Checks, metric: str, max_float_compute: float
+) -> tuple[list[str], Measurement] | None:
+    """The fewest layers in float that meet the target, ranked by the error each makes alone in INT8 (every other
+    layer in float: one real check per layer), when the ranking by gains missed (:func:`_beyond` found nothing).
+
+    A gain measured from the all-INT8 model hides a layer whose error the others' drown: once the most sensitive
+    layer is back in float, the next ones each remove little, while several layers that each add a large error of
+    their own stay INT8 (a text detector's early, full-resolution layers). Each layer's own error sees them."""
+    w = checks.words
+    if len(layers) < 2:  # one layer: in float, none would stay INT8
+        return None
+    everything = set(layers)
+    logger.info("The %ss %s by their gains miss the accuracy guard: each %s's own INT8 error ranks them",
+                w.item, w.promoted, w.item)  # fmt: skip
+    own = {
+        name: _badness(checks.real(everything - {name}, f"{name} alone INT8"), metric)
+        for name in counted(layers, "INT8 error of each layer alone", w.item)
+    }
+    ranked = rank(own, layers, positive=True)
+    checks.steps.append({"what": f"{w.item}s by their own INT8 error ({metric})", "layers": ranked[:8]})
+    return _beyond(ranked, (), len(layers), checks, max_float_compute, f"by own error, beyond {w.budget}")
 
 
 class _Checks:
