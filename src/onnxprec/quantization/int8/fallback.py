@@ -19,8 +19,9 @@ fusions, as the user will: what is measured is what is saved.
    meet it.
 4. Under the accuracy guard (``beyond``), when the layers within ``max_float_compute`` miss, the same ranking goes
    on beyond it (never every layer); when that misses too, each layer's own error (it alone INT8, every other layer
-   float: one real check per layer) ranks them again and the same search runs on that order
-   (:func:`_alone_first`): a gain measured from the all-INT8 model hides the layers whose error the others drown.
+   float: one real check per layer, with at most :data:`MAX_ISOLATED` layers) ranks them again and the same search
+   runs on that order (:func:`_alone_first`): a gain measured from the all-INT8 model hides the layers whose error
+   the others drown.
 
 When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation session
 (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
@@ -296,7 +297,7 @@ def _alone_first(
     layer is back in float, the next ones each remove little, while several layers that each add a large error of
     their own stay INT8 (a text detector's early, full-resolution layers). Each layer's own error sees them."""
     w = checks.words
-    if len(layers) < 2:  # one layer: in float, none would stay INT8
+    if not 2 <= len(layers) <= MAX_ISOLATED:  # one layer: none would stay INT8; more: a check each costs too much
         return None
     everything = set(layers)
     logger.info("The %ss %s by their gains miss the accuracy guard: each %s's own INT8 error ranks them",
