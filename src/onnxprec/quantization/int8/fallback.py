@@ -172,6 +172,7 @@ def search(
     miss_level: int = logging.WARNING,
     words: SearchWords | None = None,
     beyond: bool = False,
+    own_errors: bool = False,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -196,6 +197,9 @@ def search(
         beyond: When the layers within ``max_float_compute`` miss the target (real checks only), the search goes on
             over every ranked layer, most sensitive first, but never all of them (:func:`_beyond`): the accuracy
             guard's bound before speed, while some layers stay INT8.
+        own_errors: With ``beyond``, when that misses too, rank the layers by their own INT8 error and search again
+            (:func:`_alone_first`): for outputs judged by regions (:func:`~onnxprec.quantization.guard.
+            judges_regions`).
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
@@ -213,8 +217,9 @@ def search(
     )
     if not order:
         if beyond and checks.scale is None:
-            chosen = _beyond(ranked, order, len(layers), checks, max_float_compute) or _alone_first(
-                layers, checks, metric, max_float_compute)  # fmt: skip
+            chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
+            if chosen is None and own_errors:
+                chosen = _alone_first(layers, checks, metric, max_float_compute)
             if chosen is not None:
                 return chosen
         why = f"{w.budget} {max_float_compute:g} allows no {w.item} {w.promoted}" if ranked else (
@@ -237,8 +242,9 @@ def search(
     else:
         best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}")
     if not best.ok and beyond and checks.scale is None:
-        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute) or _alone_first(
-            layers, checks, metric, max_float_compute)  # fmt: skip
+        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
+        if chosen is None and own_errors:
+            chosen = _alone_first(layers, checks, metric, max_float_compute)
         if chosen is not None:
             return chosen
     if not best.ok:
