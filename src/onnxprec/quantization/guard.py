@@ -43,6 +43,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from onnxprec._report import timed
 from onnxprec.accuracy import (
     AccuracyTarget,
@@ -51,6 +53,7 @@ from onnxprec.accuracy import (
     TaskMetrics,
     batch_size,
     is_state,
+    kind_of,
     measure_outputs,
 )
 
@@ -70,6 +73,7 @@ __all__ = [
     "bound_of",
     "describe_bounds",
     "holds",
+    "judges_regions",
     "measure_task",
     "short_of_defaults",
 ]
@@ -155,6 +159,19 @@ def holds(summary: TaskSummary, held_out: bool = False, bounds: Mapping[str, flo
         if value is not None and not value >= lowest:
             return False
     return True
+
+
+def judges_regions(kept: ReferenceOutputs, producers: Mapping[str, Producer | None]) -> bool:
+    """Whether an output is judged by its regions (a text detector's Sigmoid map, on the first kept run): the float
+    fallback ranks layers by their own INT8 error once its gains' ranking misses (:func:`onnxprec.quantization.int8.
+    fallback.search`'s ``own_errors``). A map cut into regions loses one where the largest error nears a boundary,
+    so a layer whose error another's hides in the output's cosine still loses regions."""
+    first = kept.outputs[0] if kept.outputs else {}
+    return any(
+        kind_of(name, value.shape, True, producers.get(name), value).kind == "regions"
+        for name, value in first.items()
+        if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
+    )
 
 
 def describe_bounds(summary: TaskSummary, held_out: bool = False, bounds: Mapping[str, float] | None = None) -> str:

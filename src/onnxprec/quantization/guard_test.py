@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxprec.accuracy import OutputMetric, TaskSummary
-from onnxprec.quantization.guard import BoundedOutputs, describe_bounds, holds, short_of_defaults
+from onnxprec.accuracy import OutputMetric, Producer, ReferenceOutputs, TaskSummary
+from onnxprec.quantization.guard import BoundedOutputs, describe_bounds, holds, judges_regions, short_of_defaults
 
 
 def test_bounded_outputs_keep_whole_runs_within_the_budget() -> None:
@@ -91,3 +91,17 @@ def test_held_out_strings_need_no_room_for_the_fit() -> None:
     for kind, metric in (("classes", "top1"), ("mask", "mask_iou"), ("values", "cosine")):  # only sequences differ
         other = TaskSummary((_output("y", kind, metric, 0.979, 0.979),))
         assert describe_bounds(other) == describe_bounds(other, held_out=True)
+
+
+def test_a_sigmoid_map_is_judged_by_regions_a_detection_head_is_not() -> None:
+    """The float fallback's own-error ranking is for region maps: a text detector's ``[N, 1, H, W]`` Sigmoid map,
+    not a ``[N, 1]`` score, nor a YOLO head's ``[N, 4 + K, A]`` Concat."""
+    rng = np.random.default_rng(0)
+    kept = ReferenceOutputs()
+    kept.outputs = [{"map": rng.random((1, 1, 32, 32), dtype=np.float32)}]
+    assert judges_regions(kept, {"map": Producer("Sigmoid")})
+    assert not judges_regions(kept, {"map": Producer("Conv")})  # values
+    kept.outputs = [{"score": rng.random((2, 1), dtype=np.float32), "head": rng.random((1, 6, 50), dtype=np.float32)}]
+    head = Producer("Concat", 1, parts=(("Mul", 4), ("Sigmoid", 2)))
+    assert not judges_regions(kept, {"score": Producer("Sigmoid"), "head": head})
+    assert not judges_regions(ReferenceOutputs(), {})  # nothing kept

@@ -574,7 +574,7 @@ def _search(
         float_layers, _ = search(
             names, check, target, proxy, steps, cost, options.float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
-            beyond=options.float_compute_extends,
+            beyond=options.float_compute_extends, own_errors=own and guard.judges_regions(keep, producers),
             isolated_cpu_seconds=None if emulated and not own else fallback.ISOLATED_CPU_SECONDS,
         )  # fmt: skip
     return float_layers

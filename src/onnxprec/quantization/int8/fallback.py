@@ -19,6 +19,10 @@ fusions, as the user will: what is measured is what is saved.
    meet it. Under the accuracy guard, which may go beyond ``max_float_compute``, all the layers within it are
    checked first; when they miss, so do the most that may go back beyond it (every layer but one) before a
    bisection between them: a guard that misses costs two checks, not a search.
+4. When that misses too and an output is judged by regions, each layer's own error (it alone INT8, every other
+   layer float: one real check per layer, with at most :data:`MAX_ISOLATED` layers) ranks them again and the same
+   search runs on that order (:func:`_alone_first`): a gain measured from the all-INT8 model hides the layers whose
+   error the others drown.
 
 When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation session
 (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
@@ -38,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -46,6 +49,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec import _ort
+from onnxprec._progress import progress as counted
 from onnxprec._report import timed
 from onnxprec._tensors import float32_copy
 from onnxprec.accuracy import (
@@ -175,6 +179,7 @@ def search(
     words: SearchWords | None = None,
     beyond: bool = False,
     isolated_cpu_seconds: float | None = None,
+    own_errors: bool = False,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
 
@@ -202,6 +207,9 @@ def search(
             first (a guard that misses with them needs no search between), then a bisection finds the fewest.
         isolated_cpu_seconds: The CPU seconds the isolated gains may take (layers times the all-INT8 check's); more:
             ``proxy`` ranks the layers when it has them. None: no limit.
+        own_errors: With ``beyond``, when that misses too, rank the layers by their own INT8 error and search again
+            (:func:`_alone_first`): for outputs judged by regions (:func:`~onnxprec.quantization.guard.
+            judges_regions`).
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
@@ -214,22 +222,14 @@ def search(
         return [], first
     emulated = checks.start_emulation(emulate, first) if emulate is not None else None
     metric = target.bounds[0].metric if target.bounds else "rel_l2"
-    isolate = len(layers) <= MAX_ISOLATED and not (
-        proxy and isolated_cpu_seconds is not None and len(layers) * checks.first_cpu > isolated_cpu_seconds
-    )
-    if len(layers) <= MAX_ISOLATED and not isolate:
-        logger.info(
-            "INT8 sensitivity estimated, not measured: %d layers' checks would take about %.0f CPU s (one took %.1f)",
-            len(layers), len(layers) * checks.first_cpu, checks.first_cpu,
-        )  # fmt: skip
+    isolate = _isolate(len(layers), checks.first_cpu, bool(proxy), isolated_cpu_seconds)
     order, ranked = _order(
         layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute, isolate
     )
     if not order:
-        if beyond and checks.scale is None:
-            chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
-            if chosen is not None:
-                return chosen
+        if beyond and checks.scale is None and (chosen := _further(ranked, order, layers, checks, metric,
+                                                                   max_float_compute, own_errors)):  # fmt: skip
+            return chosen
         why = f"{w.budget} {max_float_compute:g} allows no {w.item} {w.promoted}" if ranked else (
             "no layer's float form helps")  # fmt: skip
         logger.log(miss_level, "The accuracy target %s is not met (%s) and %s", target, first.summary(), why)
@@ -242,8 +242,7 @@ def search(
 
     go_beyond = beyond and checks.scale is None
     if go_beyond and len(order) < len(ranked) and not holds(len(order)):  # all within the budget miss
-        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
-        if chosen is not None:
+        if chosen := _further(ranked, order, layers, checks, metric, max_float_compute, own_errors):
             return chosen
         high, go_beyond = len(order), False
     else:
@@ -256,10 +255,10 @@ def search(
         )
     else:
         best = checked.get(high) or checks.real(order[:high], f"{high} most sensitive {w.promoted}")
-    if not best.ok and go_beyond:
-        chosen = _beyond(ranked, order, len(layers), checks, max_float_compute)
-        if chosen is not None:
-            return chosen
+    further = _further(ranked, order, layers, checks, metric, max_float_compute, own_errors) if (
+        not best.ok and go_beyond) else None  # fmt: skip
+    if further is not None:
+        return further
     if not best.ok:
         logger.log(
             miss_level,
@@ -270,7 +269,12 @@ def search(
 
 
 def _beyond(
-    ranked: Sequence[str], within_budget: Sequence[str], count: int, checks: _Checks, max_float_compute: float
+    ranked: Sequence[str],
+    within_budget: Sequence[str],
+    count: int,
+    checks: _Checks,
+    max_float_compute: float,
+    how: str = "",
 ) -> tuple[list[str], Measurement] | None:
     """The fewest of the ``ranked`` layers (most sensitive first, at most ``count - 1``: one layer at least stays
     INT8) in float that meet the target, when all the ones ``within_budget`` did not; None when none does. The
@@ -282,12 +286,14 @@ def _beyond(
         shared += 1
     if shared >= len(order):
         return None
-    logger.info("The %ss %s within %s %g miss the accuracy guard: more of the most sensitive go back",
-                w.item, w.promoted, w.budget, max_float_compute)  # fmt: skip
+    how = how or f"beyond {w.budget}"
+    if not how.startswith("by "):
+        logger.info("The %ss %s within %s %g miss the accuracy guard: more of the most sensitive go back",
+                    w.item, w.promoted, w.budget, max_float_compute)  # fmt: skip
     checked: dict[int, Measurement] = {}
 
     def holds(k: int) -> bool:
-        checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, beyond {w.budget}")
+        checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, {how}")
         return checked[k].ok
 
     if not holds(len(order)):  # the most that may go back miss: no count below them is searched
@@ -297,6 +303,60 @@ def _beyond(
     logger.info("%d %ss %s beyond %s %g for the accuracy guard", high, w.item, w.promoted, w.budget,
                 max_float_compute)  # fmt: skip
     return order[:high], best
+
+
+def _isolate(count: int, check_cpu: float, estimate: bool, isolated_cpu_seconds: float | None) -> bool:
+    """Whether each of ``count`` layers gets its own check (:func:`~onnxprec.sensitivity.isolated_gains`): at most
+    :data:`MAX_ISOLATED`, and, with an estimate to fall back on, checks of ``check_cpu`` each within
+    ``isolated_cpu_seconds``."""
+    if count > MAX_ISOLATED:
+        return False
+    if estimate and isolated_cpu_seconds is not None and count * check_cpu > isolated_cpu_seconds:
+        logger.info("INT8 sensitivity estimated, not measured: %d layers' checks would take about %.0f CPU s "
+                    "(one took %.1f)", count, count * check_cpu, check_cpu)  # fmt: skip
+        return False
+    return True
+
+
+def _further(
+    ranked: Sequence[str],
+    within_budget: Sequence[str],
+    layers: Sequence[str],
+    checks: _Checks,
+    metric: str,
+    max_float_compute: float,
+    own_errors: bool,
+) -> tuple[list[str], Measurement] | None:
+    """Under the guard, when the layers within the budget miss: the ranking by gains beyond it (:func:`_beyond`),
+    then, with ``own_errors``, the ranking by each layer's own error (:func:`_alone_first`); None when both miss."""
+    chosen = _beyond(ranked, within_budget, len(layers), checks, max_float_compute)
+    if chosen is None and own_errors:
+        chosen = _alone_first(layers, checks, metric, max_float_compute)
+    return chosen
+
+
+def _alone_first(
+    layers: Sequence[str], checks: _Checks, metric: str, max_float_compute: float
+) -> tuple[list[str], Measurement] | None:
+    """The fewest layers in float that meet the target, ranked by the error each makes alone in INT8 (every other
+    layer in float: one real check per layer), when the ranking by gains missed (:func:`_beyond` found nothing).
+
+    A gain measured from the all-INT8 model hides a layer whose error the others' drown: once the most sensitive
+    layer is back in float, the next ones each remove little, while several layers that each add a large error of
+    their own stay INT8 (a text detector's early, full-resolution layers). Each layer's own error sees them."""
+    w = checks.words
+    if not 2 <= len(layers) <= MAX_ISOLATED:  # one layer: none would stay INT8; more: a check each costs too much
+        return None
+    everything = set(layers)
+    logger.info("The %ss %s by their gains miss the accuracy guard: each %s's own INT8 error ranks them",
+                w.item, w.promoted, w.item)  # fmt: skip
+    own = {
+        name: _badness(checks.real(everything - {name}, f"{name} alone INT8"), metric)
+        for name in counted(layers, "INT8 error of each layer alone", w.item)
+    }
+    ranked = rank(own, layers, positive=True)
+    checks.steps.append({"what": f"{w.item}s by their own INT8 error ({metric})", "layers": ranked[:8]})
+    return _beyond(ranked, (), len(layers), checks, max_float_compute, f"by own error, beyond {w.budget}")
 
 
 class _Checks:
@@ -329,10 +389,10 @@ class _Checks:
         return measurement
 
     def real(self, floats: Collection[str], what: str) -> Measurement:
-        start = time.process_time()
-        measurement = self.check(floats)
+        with timed() as timer:
+            measurement = self.check(floats)
         if not self.first_cpu:
-            self.first_cpu = time.process_time() - start
+            self.first_cpu = timer.cpu_seconds
         return self.record(measurement, floats, what, "real")
 
     def trial(self, floats: Collection[str], what: str) -> Measurement:

@@ -145,3 +145,27 @@ def test_the_guards_line_says_when_the_fallback_went_beyond_the_budget(tmp_path:
     floats = report.count("float")
     noun = "layer" if floats == 1 else "layers"
     assert f"{floats} {noun} in float within --max_float_compute did not meet it, nor {max(beyond)} beyond it" in line
+
+
+def test_when_gains_hide_the_layers_that_carry_the_error_their_own_errors_rank_them() -> None:
+    """The worst layer's error dominates the output (a map cut into regions: the largest error decides): from every
+    layer INT8, only l0 in float gains anything, and l0 alone in float misses. For a region map (``own_errors``) each
+    layer's own error (it alone INT8) ranks l1 and l2 next, and the search keeps the fewest in float that meet the
+    bound: l3 stays INT8."""
+    errors = {"l3": 0.01, "l0": 0.3, "l2": 0.08, "l1": 0.1}
+    target = AccuracyTarget.parse("rel_l2<=0.02")
+
+    def check(floats: Collection[str]) -> Measurement:
+        value = max((e for name, e in errors.items() if name not in floats), default=0.0)
+        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
+
+    steps: list[dict[str, object]] = []
+    floats, final = fallback.search(list(errors), check, target, {}, steps, dict.fromkeys(errors, 1.0), 0.25)
+    assert not final.ok  # a limit the user gives: the gains' ranking only
+    floats, final = fallback.search(list(errors), check, target, {}, steps, dict.fromkeys(errors, 1.0), 0.25,
+                                    beyond=True)  # fmt: skip
+    assert not final.ok  # the gains' ranking only: for outputs not judged by regions
+    floats, final = fallback.search(list(errors), check, target, {}, steps, dict.fromkeys(errors, 1.0), 0.25,
+                                    beyond=True, own_errors=True)  # fmt: skip
+    assert final.ok and floats == ["l0", "l1", "l2"]
+    assert any(s.get("what") == "layers by their own INT8 error (rel_l2)" for s in steps)
