@@ -142,6 +142,7 @@ def test_mask_iou() -> None:
     assert cm.mask_iou(_outs(ref), _outs(got))["value"] == 0.5
 
 
+@pytest.mark.slow
 def test_judge_reports_bound_and_worst_float_output() -> None:
     ref = [{"scores": np.eye(3, dtype=np.float32), "ids": np.arange(3)}]
     got = [{"scores": np.eye(3, dtype=np.float32) * 2, "ids": np.arange(3)}]

@@ -102,6 +102,7 @@ def test_section_replaces_itself_and_keeps_the_rest() -> None:
     assert report_corpus.render(once, lines) == once  # regenerating replaces the section, nothing else
 
 
+@pytest.mark.slow
 def test_merge_takes_later_cells_and_cites_each_run(tmp_path: Path) -> None:
     first, second = _results(), _results()
     second["models"]["b"]["cells"] = {"int8": dict(second["models"]["b"]["cells"]["int8"], outcome="pass")}

@@ -124,6 +124,7 @@ def test_merge_keeps_the_newest_and_marks_cross_run_ratios() -> None:
     assert "†" in report_autocast.cost_table(merged, ["chain_24"])
 
 
+@pytest.mark.slow
 def test_benchmarks_md_regenerates_from_the_stored_results() -> None:
     """BENCHMARKS.md and experiments/STUDIES.md are exactly what `python -m benchmarks report` renders."""
     results, studies = report.split(report.record(harness.RESULTS_DIR))
@@ -133,6 +134,7 @@ def test_benchmarks_md_regenerates_from_the_stored_results() -> None:
     assert not re.search(r"issue \d", results)
 
 
+@pytest.mark.slow
 def test_split_keeps_every_section_once() -> None:
     """Every section of the record lands in exactly one of the two documents; each kept one names its runs."""
     full = report.record(harness.RESULTS_DIR)

@@ -71,6 +71,7 @@ def test_end_to_end_on_a_tiny_stack(tiny_stack: Path, tmp_path: Path) -> None:
     assert not list(tmp_path.glob("onnxprec-int4-*"))
 
 
+@pytest.mark.slow
 def test_storage_of_a_quantized_model_matches_its_tensors(tiny_stack: Path, tmp_path: Path) -> None:
     from onnxprec.quantization.int4 import quantize_file
 
@@ -232,6 +233,7 @@ def test_report_fp16_frontier_and_the_decode_goal_at_the_same_size(tmp_path: Pat
     assert lines[4].startswith("| onnxprec `awq_gptq:budget113.6` |")
 
 
+@pytest.mark.slow
 def test_report_gpu_decode_columns_from_a_decode_only_run(tmp_path: Path) -> None:
     budget = "onnxprec:awq_gptq:budget86.5:matmulnbits"
     cpu = {"decode_tokens_per_s": 50.0, "rounds": [50.0], "prefill_ms": 700.0, "prefill_rounds": [700.0]}

@@ -71,6 +71,7 @@ def test_table_rows_and_failures() -> None:
     assert t["notes"] == [[f"- `{k}`: `{v['command']}`" for k, v in block["tools"].items()]]
 
 
+@pytest.mark.slow
 def test_effnet_table_shows_top1_per_set() -> None:
     acc = {"calibration 7": {"rel_l2": 0.0389, "worst_rel_l2": 0.05, "top1": 7, "n": 7, "cosine": 0.999}}
     acc["held out 29"] = {"rel_l2": 0.0459, "worst_rel_l2": 0.058, "top1": 28, "n": 29, "cosine": 0.998}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from benchmarks import report_autocast
 from benchmarks.report_common import Merged
 from benchmarks.targets import Goal, evaluate, targets_table
@@ -59,6 +61,7 @@ def test_autocast_targets_name_known_metrics_and_tools() -> None:
     assert any(r.target == "chain_8: nodes in low precision ≥ ModelOpt's" and r.reached for r in rows)
 
 
+@pytest.mark.slow
 def test_accuracy_target_metrics() -> None:
     """Issue 11: the target's own error against its bound; low nodes against the default only where it meets it."""
     structure = {"nodes": 10, "float_nodes": 10, "low_nodes": 8, "fp32_nodes": 2, "casts": 2}

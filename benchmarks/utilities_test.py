@@ -137,6 +137,7 @@ def test_report_renders_tables_the_sentence_and_the_side_by_side(tmp_path: Path)
     assert load_results(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_report_is_empty_without_utilities_results(tmp_path: Path) -> None:
     assert report_utilities.sections(tmp_path) == []
     (tmp_path / "int4-2026-11-26.json").write_text(json.dumps({"kind": "int4", "models": {}}))

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import zoo
 from experiments import gpu_latency, gpu_prepare
 
 
+@pytest.mark.slow
 def test_gpu_bundles_round_trip_and_cpu_timing(tmp_path: Path) -> None:
     tiny_zoo = tmp_path / "zoo"
     zoo.build_model("chain_24", tiny_zoo)

@@ -97,6 +97,7 @@ def test_judge_tolerance_nan_and_integers() -> None:
     assert node_sweep.compare(seq[:1], seq, seq, tol)
 
 
+@pytest.mark.slow
 def test_table_groups_causes() -> None:
     results = [
         node_sweep.CaseResult("test_a", "ok", low_nodes=2, nodes=3),

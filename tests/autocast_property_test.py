@@ -166,6 +166,7 @@ def test_conversion_on_random_data_is_valid_and_runs(case: tuple[onnx.ModelProto
     assert all(np.asarray(o).dtype == np.float32 for o in outputs)
 
 
+@pytest.mark.slow
 def test_the_strategy_builds_valid_models() -> None:
     @SETTINGS
     @hypothesis.given(case=graphs())

@@ -372,6 +372,7 @@ def test_api_errors_keep_their_cause() -> None:
         convert_file("m.onnx", options=AutoCastOptions(), data_max=3.0)
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_summary_shows_once_and_a_log_keeps_it(model_path: Path, tmp_path: Path) -> None:
     """The summary printed on stdout is not logged again on the terminal (stdout and stderr both a terminal); when
     stderr is not a terminal (a log), the summary lines stay in it."""

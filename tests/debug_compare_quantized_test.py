@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxprec._testing import F, make_model, tensor_info
@@ -169,6 +170,7 @@ def _nhwc_cnn() -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("x", F, [2, 3, 8, 8])], [tensor_info("logits", F, [2, 10])], inits)
 
 
+@pytest.mark.slow
 def test_advice_names_the_conv_the_quantizer_owns_and_applied_to_int8_it_changes_the_output(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Issue 24: on a QDQ model whose activation is quantized before a Transpose (as ONNX Runtime's quantize_static
     propagates it), the first divergent node is the Transpose computing on INT8 values; the advice used to name it,

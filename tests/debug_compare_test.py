@@ -140,6 +140,7 @@ def test_in_memory_models_and_verify_of_an_in_memory_reference() -> None:
     assert report.reference is None and report.candidate is None
 
 
+@pytest.mark.slow
 def test_streaming_in_chunks_gives_the_same_rows() -> None:
     candidate = _perturbed_fp16("/layer2/Add", 0.25)
     data = _inputs(batches=2, rows=64)
@@ -150,6 +151,7 @@ def test_streaming_in_chunks_gives_the_same_rows() -> None:
     assert chunked.first_divergence == "/layer2/Add"
 
 
+@pytest.mark.slow
 def test_a_one_shot_reader_is_replayed_for_both_models() -> None:
     class Reader:  # ONNX Runtime's CalibrationDataReader protocol
         def __init__(self) -> None:

@@ -168,6 +168,7 @@ TOOLS: dict[str, Callable[[Path, Path, dict[str, np.ndarray]], None]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_outputs_of_mapped_inline_models_own_their_data(
     tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

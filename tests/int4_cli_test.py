@@ -37,6 +37,7 @@ def test_help_lists_the_flags() -> None:
         assert flag in text, flag
 
 
+@pytest.mark.slow
 def test_default_output_report_and_console_script(model_path: Path, tmp_path: Path) -> None:
     calib = tmp_path / "calib.npz"
     np.savez(calib, X=np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32))
@@ -115,6 +116,7 @@ def test_bad_input_gives_one_line_exit_2_and_no_output(
     assert after == before  # no output, no stray temporary file
 
 
+@pytest.mark.slow
 def test_the_command_line_applies_the_llm_defaults(tmp_path: Path) -> None:
     """The CLI leaves unsaid what the user left unsaid (it once re-validated its resolved options, so an LLM lost its
     defaults): an LLM without layer options gets MatMulNBits at block 32, its embedding quantized, its head at 8 bits;

@@ -68,6 +68,7 @@ def test_int4_autocast_evaluate_dump_and_compare_on_token_ids(folder: Path) -> N
     assert compared.batches == 4 and compared.first_divergence is None
 
 
+@pytest.mark.slow
 def test_no_data_and_the_data_flag_of_evaluate(folder: Path) -> None:
     """AutoCast's default (random data) runs on random ids inside the vocabulary; evaluate reads an .npy of ids."""
     config = {"model": {"context_length": 16, "vocab_size": VOCAB, "decoder": {"head_size": 16}}}

@@ -135,6 +135,7 @@ def _outputs_equal(a: Path | onnx.ModelProto, b: Path | onnx.ModelProto, feeds: 
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_conv_bn_relu_agrees_with_onnxruntime(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = _save(_conv_bn_relu(), tmp_path / "cbr.onnx")
     theirs = _ort_pre_process(source, tmp_path / "ort.onnx")
@@ -153,6 +154,7 @@ def test_conv_bn_relu_agrees_with_onnxruntime(tmp_path: Path, caplog: pytest.Log
     assert json.dumps(report.to_json())  # JSON-ready
 
 
+@pytest.mark.slow
 def test_if_subgraph_model(tmp_path: Path) -> None:
     source = _save(_if_model(), tmp_path / "if.onnx")
     quant_pre_process(source, tmp_path / "ours.onnx")
@@ -165,6 +167,7 @@ def test_if_subgraph_model(tmp_path: Path) -> None:
     _assert_same_as_ort(ours, _ort_pre_process(source, tmp_path / "ort.onnx"))
 
 
+@pytest.mark.slow
 def test_contrib_ops_where_onnxruntime_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -187,6 +190,7 @@ def test_contrib_ops_where_onnxruntime_fails(
     _outputs_equal(source, ours, {"x": RNG.standard_normal((3, 4)).astype(np.float32)})
 
 
+@pytest.mark.slow
 def test_symbolic_shape_inference_crash_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxruntime.tools import symbolic_shape_infer
 
@@ -200,6 +204,7 @@ def test_symbolic_shape_inference_crash_is_a_warning(tmp_path: Path, monkeypatch
     assert _shapes(onnx.load(tmp_path / "ours.onnx"))["y"] == ["N", 2048]  # ONNX shape inference still ran
 
 
+@pytest.mark.slow
 def test_external_data_input_and_output(tmp_path: Path) -> None:
     source = _save(
         _big_weights_model(), tmp_path / "in.onnx", save_as_external_data=True, location="in.weights", size_threshold=0
@@ -219,6 +224,7 @@ def test_external_data_input_and_output(tmp_path: Path) -> None:
     _outputs_equal(source, out, {"x": RNG.standard_normal((2, 128)).astype(np.float32)})
 
 
+@pytest.mark.slow
 def test_one_file_per_tensor_as_onnx_does(tmp_path: Path) -> None:
     source = _save(_big_weights_model(), tmp_path / "in.onnx")
     out = tmp_path / "out" / "model.onnx"
@@ -229,6 +235,7 @@ def test_one_file_per_tensor_as_onnx_does(tmp_path: Path) -> None:
     _outputs_equal(source, out, {"x": RNG.standard_normal((2, 128)).astype(np.float32)})
 
 
+@pytest.mark.slow
 def test_above_the_protobuf_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -245,6 +252,7 @@ def test_above_the_protobuf_limit(
     _outputs_equal(source, out, {"x": RNG.standard_normal((2, 128)).astype(np.float32)})
 
 
+@pytest.mark.slow
 def test_opset_upgrade_verified(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = _save(_conv_bn_relu(), tmp_path / "cbr.onnx")
     with caplog.at_level(logging.INFO, logger="onnxprec"):
@@ -277,6 +285,7 @@ def test_opset_upgrade_that_changes_outputs_is_an_error(tmp_path: Path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cbr.onnx"]  # no output, no temporary folder
 
 
+@pytest.mark.slow
 def test_old_opset_upsample_keeps_its_sampling(tmp_path: Path) -> None:
     """Opset <= 10 becomes 11 as in ORT, but Resize keeps Upsample's asymmetric/floor sampling (ORT's does not)."""
     nodes = [helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest", name="up")]
@@ -321,6 +330,7 @@ def test_in_memory_model_proto(tmp_path: Path) -> None:
     assert _op_counts(onnx.load(tmp_path / "out.onnx")) == {"Conv": 1, "Relu": 1, "Reshape": 1}
 
 
+@pytest.mark.slow
 def test_same_signature_as_onnxruntime() -> None:
     ours = inspect.signature(quant_pre_process).parameters
     theirs = inspect.signature(ort_shape_inference.quant_pre_process).parameters
@@ -331,6 +341,7 @@ def test_same_signature_as_onnxruntime() -> None:
     assert signature_mismatches(quant_pre_process, PreprocessOptions, skip=skip) == []
 
 
+@pytest.mark.slow
 def test_onnxruntime_keyword_names(tmp_path: Path) -> None:
     source = _save(_conv_bn_relu(), tmp_path / "cbr.onnx")
     quant_pre_process(input_model=source, output_model_path=tmp_path / "a.onnx", skip_symbolic_shape=True)
@@ -347,6 +358,7 @@ def _registered(words: str) -> bool:
     return any(name == words for name, _, _ in cli.TOOLS)
 
 
+@pytest.mark.slow
 def test_command_line_flags_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
@@ -373,6 +385,7 @@ def test_command_line_flags_and_report(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--save_as_external_data" in parser.format_help() and "--opset" in parser.format_help()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _registered("preprocess"), reason="'preprocess' is not yet registered in onnxprec.cli.TOOLS")
 def test_subcommand(tmp_path: Path) -> None:
     source = _save(_conv_bn_relu(), tmp_path / "cbr.onnx")
@@ -423,6 +436,7 @@ def test_minilm_where_onnxruntime_fails(tmp_path: Path, monkeypatch: pytest.Monk
     _outputs_equal(MINILM, ours, feeds)
 
 
+@pytest.mark.slow
 def test_the_result_is_checked_against_the_input_and_the_summary_says_so(tmp_path: Path) -> None:
     """Issue 24, nothing silent: the output is run against the input on random data; the summary and the report
     say how (the flattened [N, 2048] output after a Relu is values: cosine and relative L2)."""
@@ -434,6 +448,7 @@ def test_the_result_is_checked_against_the_input_and_the_summary_says_so(tmp_pat
     assert report.to_json()["accuracy_check"] == report.check
 
 
+@pytest.mark.slow
 def test_a_model_that_runs_on_no_random_inputs_is_written_and_its_check_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -35,6 +35,7 @@ def test_assemble_concatenates_parts_in_order_and_checks_sha256(tmp_path: Path) 
     assert sorted(p.name for p in gguf.parent.iterdir()) == [gguf.name]
 
 
+@pytest.mark.slow
 def test_every_variant_has_its_folder_and_the_pins_are_complete() -> None:
     for key, model in bigllm.MODELS.items():
         assert len(model.gguf_sha256) == 64 and all(len(s) == 64 for s in model.wheel_sha256)

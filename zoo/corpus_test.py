@@ -77,6 +77,7 @@ def test_entries_are_well_formed() -> None:
                 corpus.entry(v[1:])  # the model it needs is in the corpus
 
 
+@pytest.mark.slow
 def test_committed_manifest_lists_metadata_only() -> None:
     committed = json.loads(corpus.COMMITTED_MANIFEST.read_text())
     for name, m in committed["models"].items():

@@ -118,6 +118,7 @@ def test_zoo_refuses_a_folder_inside_the_repo() -> None:
         zoo.model_path("chain_500", zoo_dir=zoo.REPO_ROOT / "out", build=False)
 
 
+@pytest.mark.slow
 def test_unknown_name_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown zoo model"):
         zoo.model_path("resnet9000", zoo_dir=tmp_path)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 MEASURE = Path(__file__).with_name("measure.py")
 
 CHILD = """
@@ -21,6 +23,7 @@ print("Saving weights", flush=True); time.sleep(0.8)
 """
 
 
+@pytest.mark.slow
 def test_phases_get_their_wall_time_and_peak_rss(tmp_path: Path) -> None:
     phases = "load=^;walk=Quantizing [0-9]+ weights;save=Saving weights;never=no such line"
     run = subprocess.run(
@@ -40,6 +43,7 @@ def test_phases_get_their_wall_time_and_peak_rss(tmp_path: Path) -> None:
     assert (tmp_path / "step.rss.tsv").read_text().startswith("seconds\trss_mib")
 
 
+@pytest.mark.slow
 def test_a_phase_marked_after_the_previous_one_waits_for_it() -> None:
     import importlib.util
 

@@ -200,6 +200,7 @@ def test_compare_with_gold() -> None:
         ),
     ],
 )
+@pytest.mark.slow
 def test_missing_bf16_kernel_is_a_skip(message: str, op: str) -> None:
     with pytest.raises(sample.StageSkipped, match=rf"has no bf16 kernel for {re.escape(op)}"):
         sample._skip_if_no_bf16_kernel(RuntimeError(message), "CUDAExecutionProvider", "bf16")

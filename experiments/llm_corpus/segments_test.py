@@ -60,6 +60,7 @@ def _check_pieces_equal_whole(path: Path, segment_bytes: int | None = 1, cache: 
     return pieces.segments
 
 
+@pytest.mark.slow
 def test_the_torch_free_decoder_in_pieces_equals_the_whole(tmp_path: Path) -> None:
     path = tmp_path / "model.onnx"
     build_kv_decoder(path)

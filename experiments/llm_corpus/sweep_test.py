@@ -134,6 +134,7 @@ def test_model_bounds_raise_autocast_to_twice_the_architectures_own_error() -> N
     assert sweep.rejudge([row | {"model": "llama/torch"}], doc)[0]["verdict"] == "fail"
 
 
+@pytest.mark.slow
 def test_a_float_model_ort_cannot_run_makes_its_cases_skips(tmp_path: Path) -> None:
     """The float model fails in ORT (here a Reshape that cannot fit the window): its tools' outputs that fail the
     same way, and the tools without a model output, are skips saying why; a missing output is a failure."""

@@ -142,6 +142,7 @@ def test_another_models_config_in_the_output_folder_is_kept(folder: Path, tmp_pa
     assert after == before
 
 
+@pytest.mark.slow
 def test_a_rerun_replaces_its_own_config(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

@@ -128,6 +128,7 @@ def _anonymous_rss_kib() -> int:
     raise AssertionError("no RssAnon")
 
 
+@pytest.mark.slow
 def test_trim_heap_returns_freed_small_blocks_to_the_system() -> None:
     from onnxprec import _io
 

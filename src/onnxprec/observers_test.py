@@ -44,6 +44,7 @@ def test_observers_ignore_names_they_were_not_given() -> None:
     np.testing.assert_array_equal(first.arrays["a"], np.zeros(2))
 
 
+@pytest.mark.slow
 def test_token_reservoir_is_bounded_uniform_and_aligned() -> None:
     observer = TokenSampleObserver(max_tokens=16, seed=3)
     tokens = []

@@ -137,6 +137,7 @@ def test_autocast_proves_contrib_ops_by_its_run_and_never_waves_them_through(
     assert "ONNX Runtime loads the output: its 2 nodes" in caplog.text
 
 
+@pytest.mark.slow
 def test_int4_output_with_contrib_ops_is_loaded_in_onnx_runtime(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -224,6 +225,7 @@ def test_a_wrong_declared_output_shape_passes_as_onnx_runtime_loads_it_and_types
         check_structure(load_model(_declared_rank_2(opset=14, output_type=F16)))  # a declared FP16 output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int4", "fp8"])
 def test_quantizers_upgrading_the_opset_keep_a_model_whose_declared_output_rank_is_wrong(
     tmp_path: Path, mode: str

@@ -36,6 +36,7 @@ def _moved(rng: np.random.Generator, boxes: np.ndarray, grid: bool) -> np.ndarra
     return (boxes + step).astype(boxes.dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grid", [True, False])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_the_sweep_matches_as_many_boxes_as_the_brute_force(grid: bool, dtype: type) -> None:

@@ -175,6 +175,7 @@ def test_parameter_inputs_get_values_their_op_accepts() -> None:
     assert {"log", "acos"} <= _low_nodes(out)  # in-domain data: no NaN counted as "above data_max"
 
 
+@pytest.mark.slow
 def test_unnamed_dim_sizes_are_searched_before_giving_up() -> None:
     """Width is dynamic and named; the height has no name and must be 32 for the MatMul: random data finds it."""
     w = RNG.standard_normal((32, 8)).astype(np.float32)

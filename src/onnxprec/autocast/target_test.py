@@ -88,6 +88,7 @@ def test_upward_converts_what_data_max_kept_while_the_target_holds() -> None:
     assert report.decisions[next(n for n in report.decisions if n.name == "layer0/add")].low
 
 
+@pytest.mark.slow
 def test_a_target_the_default_meets_never_converts_fewer_nodes() -> None:
     model, feeds = _mlp(scale=250.0)
     _, default = _convert(model, feeds)

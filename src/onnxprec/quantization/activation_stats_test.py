@@ -100,6 +100,7 @@ def test_pruned_copy_runs_only_what_the_inputs_need() -> None:
     assert [str(v.name) for v in copy.graph.outputs] == ["xn"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["awq_lite", "gptq"])
 def test_calibration_reader_and_npz_sources(tmp_path, method: str) -> None:  # type: ignore[no-untyped-def]
     class Reader:  # an ONNX Runtime CalibrationDataReader
@@ -149,6 +150,7 @@ def _parallel_block() -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("X", F, ["B", "T", 64])], [tensor_info("Y", F, ["B", "T", 64])], inits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["awq_lite", "gptq"])
 def test_side_by_side_branches_are_all_observed(method: str) -> None:
     """A group input that the deepest one does not depend on (Phi's last attention output beside its MLP) is

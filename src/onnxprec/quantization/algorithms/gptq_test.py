@@ -20,6 +20,7 @@ def _output_mse(x: np.ndarray, w: np.ndarray, deq: np.ndarray) -> float:
     return float(np.mean((x @ w - x @ deq) ** 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("symmetric", "act_order"), [(True, False), (False, False), (True, True)])
 def test_gptq_beats_rtn_on_correlated_inputs(symmetric: bool, act_order: bool) -> None:
     x = _correlated(2048, 256, seed=0)

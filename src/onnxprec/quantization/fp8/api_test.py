@@ -45,6 +45,7 @@ def mlp_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remainder", ["fp16", "fp32"])
 def test_fp8_weights_per_channel_and_activations_per_tensor(tmp_path: Path, mlp_file: Path, remainder: str) -> None:
     out = tmp_path / "fp8.onnx"
@@ -99,6 +100,7 @@ def test_modelopts_fp8_conv_rules(tmp_path: Path) -> None:
     assert _rel(_run(source, x), _run(out, x)) < 0.05
 
 
+@pytest.mark.slow
 def test_modelopt_entry_point_and_command_line(tmp_path: Path, mlp_file: Path) -> None:
     report = quantize(str(mlp_file), quantize_mode="fp8", calibration_data=_tokens(0), output_path=tmp_path / "a.onnx")
     assert report.TOOL == "quantize fp8" and report.to_json()["tool"] == "quantize fp8"

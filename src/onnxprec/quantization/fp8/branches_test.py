@@ -77,6 +77,7 @@ def _fp8_zero_point(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
     return any(i.name == node.input[2] and i.data_type == FP8 for i in graph.initializer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", [True, False])
 def test_the_gemm_of_the_branch_the_data_takes_gets_fp8_qdq(tmp_path: Path, flag: bool) -> None:
     source, output = tmp_path / "if.onnx", tmp_path / "fp8.onnx"
@@ -105,6 +106,7 @@ def test_the_gemm_of_the_branch_the_data_takes_gets_fp8_qdq(tmp_path: Path, flag
         assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 0.08
 
 
+@pytest.mark.slow
 def test_gemvs_in_a_branch_stay_float_unless_named(tmp_path: Path) -> None:
     """One row per run: every Gemm is a GEMV, which TensorRT runs better in float (ModelOpt's GEMV rule)."""
     source = tmp_path / "gemv.onnx"

@@ -178,6 +178,7 @@ def _chain(k: int = 64) -> onnx.ModelProto:
     return make_model(nodes, [tensor_info("X", shape=["T", k])], [tensor_info("Y", shape=["T", k])], inits)
 
 
+@pytest.mark.slow
 def test_awq_never_folds_into_a_quantized_parent() -> None:
     # ModelOpt folds 1/s into the parent MatMul's float weight and then replaces that weight by its quantized
     # form, which silently loses the compensation. Here the scales go into an explicit Mul.
@@ -225,6 +226,7 @@ def test_gptq_beats_rtn_in_onnxruntime_on_correlated_inputs() -> None:
     assert not np.allclose(outputs["gptq"], outputs["rtn"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["rtn_clip", "awq_clip", "awq_full", "awq_gptq", "rtn_dq", "awq_clip_trt"])
 def test_every_method_runs_and_beats_or_matches_rtn(method: str) -> None:
     model = mlp(head=False)
@@ -317,6 +319,7 @@ def test_default_method_is_kquant_without_data_and_awq_lite_with_it(caplog: pyte
     assert {layer["method"] for layer in layers.values()} == {"awq_lite"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["gptq", "awq_gptq"])
 def test_sequential_gptq_calibrates_each_layer_on_the_quantized_layers_before_it(
     method: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

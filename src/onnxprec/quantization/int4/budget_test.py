@@ -27,6 +27,7 @@ def _files(path: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output_format", ["qdq", "matmulnbits"])
 def test_the_output_fits_the_budget_and_the_report_says_why(tmp_path: Path, output_format: str) -> None:
     source, data = _lm(tmp_path)
@@ -96,6 +97,7 @@ def test_explicit_exclusions_still_apply_and_tiny_weights_may_stay_float(tmp_pat
     assert weights["Wbig"].bits == 8
 
 
+@pytest.mark.slow
 def test_a_budget_that_holds_every_weight_at_int8_measures_nothing(tmp_path: Path) -> None:
     # Nothing to choose: the output is the all-INT8 one, without statistics or real runs (a 1.5B LLM's budget at the
     # builder's k_quant_mixed size is above its all-INT8 size).
@@ -160,6 +162,7 @@ def test_without_data_an_llm_calibrates_on_the_text_it_writes(tmp_path: Path) ->
     assert given.calibration["written"] is False
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("short_text")
 def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Path) -> None:
     from onnxprec.quantization.int4._options import NO_DATA_LLM_METHOD
@@ -173,6 +176,7 @@ def test_the_default_without_data_calibrates_an_llm_on_its_own_text(tmp_path: Pa
     assert same.method == NO_DATA_LLM_METHOD
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("stats_memory_mb", "method"), [(1, "awq_lite"), (2, "awq_gptq")])
 @pytest.mark.usefixtures("short_text")
 def test_the_default_without_data_takes_awq_lite_when_gptqs_hessian_exceeds_the_stats_memory(
@@ -187,6 +191,7 @@ def test_the_default_without_data_takes_awq_lite_when_gptqs_hessian_exceeds_the_
     assert {layer.method for layer in report.layers if layer.bits == 4} == {method}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("device_mb", "method"), [(1, "awq_lite"), (1024, "awq_gptq")])
 @pytest.mark.usefixtures("short_text")
 def test_on_a_gpu_backend_the_no_data_choice_asks_where_the_hessian_would_live(

@@ -170,6 +170,7 @@ def test_segment_sizes_and_spilled_gptq_results_write_byte_identical_files(
     assert written["whole"] == written["segments"] == written["spilled"]
 
 
+@pytest.mark.slow
 def test_the_report_says_where_a_walks_time_went(tmp_path: Path) -> None:
     src = tmp_path / "m.onnx"
     onnx.save(_decoder(3), src, save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=1024)

@@ -186,6 +186,7 @@ def _encoder_data() -> list[dict[str, np.ndarray]]:
     return [{"X": np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)}]
 
 
+@pytest.mark.slow
 def test_an_embedding_under_int8s_bound_is_raised_to_it_and_the_summary_says_what_it_cost(tmp_path: Path) -> None:
     from onnxprec.quantization.int4 import _guard
 
@@ -228,6 +229,7 @@ def _api_int4_bytes(source: Path) -> int:
     return _api._pipeline(source, options, {}).report.quantized_bytes
 
 
+@pytest.mark.slow
 def test_an_embedding_that_int8s_bound_would_cost_too_much_for_is_refused_in_one_line(tmp_path: Path) -> None:
     source = tmp_path / "m.onnx"
     line, out = _refused(_encoder(8), _encoder_data()[0]["X"], tmp_path)

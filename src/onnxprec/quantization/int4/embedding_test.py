@@ -32,6 +32,7 @@ def _reference(weights: dict[str, np.ndarray], ids: np.ndarray, quantized: dict[
 @pytest.mark.parametrize(
     ("block_size", "symmetric", "eight"), [(16, True, False), (32, False, False), (32, True, True)]
 )
+@pytest.mark.slow
 def test_embedding_and_lm_head_match_numpy(
     form: str, output_format: str, block_size: int, symmetric: bool, eight: bool
 ) -> None:

@@ -47,6 +47,7 @@ def source(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_tensors_8_bits_cost_most_go_to_16(tmp_path: Path, source: Path) -> None:
     data = _data()
     eight, mixed = tmp_path / "a8.onnx", tmp_path / "mixed.onnx"

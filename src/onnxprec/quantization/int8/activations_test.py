@@ -95,6 +95,7 @@ def test_a_silu_input_range_gives_its_levels_to_the_steep_side() -> None:
     assert error((lo, hi)) < 0.7 * error(plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["silu", "hardswish"])
 def test_int8_after_a_saturating_activation_is_closer_to_float(kind: str, tmp_path: Path) -> None:
     """End to end through ONNX Runtime: the model with the activation-aware range against the plain MSE range

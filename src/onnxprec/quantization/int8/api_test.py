@@ -47,6 +47,7 @@ def test_transformer_layers_are_dynamic_and_fuse(tmp_path: Path, mlp_file: Path)
     assert all(layer["bias_corrected"] for layer in data["layers"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("float_linear_outputs", [True, False])
 def test_convolutions_are_static_and_every_conv_fuses(tmp_path: Path, float_linear_outputs: bool) -> None:
     """Convs static (QLinearConv), the classifier Gemm dynamic (its own range each run: a pooled feature of an unseen
@@ -103,6 +104,7 @@ def _two_blocks(path: Path) -> None:
     onnx.save(make_model(nodes, [tensor_info("x", F, shape)], [tensor_info("out", F, shape)], inits), path)
 
 
+@pytest.mark.slow
 def test_a_pointwise_conv_that_only_an_int8_conv_reads_keeps_a_quantized_output(tmp_path: Path) -> None:
     """A project Conv with no residual Add after it (a single-block stage) is read only by the next Conv, which
     quantizes it either way: it stays QLinearConv (no MatMulIntegerToFloat, no QuantizeLinear of its own); the
@@ -173,6 +175,7 @@ def test_the_residual_stream_stays_float_between_pointwise_convs(tmp_path: Path)
     assert _rel(ref, got) < 0.03
 
 
+@pytest.mark.slow
 def test_two_int8_parts_for_pointwise_convs_too_few_rows_for_gptq(tmp_path: Path) -> None:
     """Calibrated on one 2x2 image (4 rows, fewer than the project Convs' 8 and 16 inputs): their weights are rounded
     to nearest, and with two_part_weights the rounding error gets a second INT8 part: the weight the two
@@ -229,6 +232,7 @@ def test_a_layer_kept_in_float_stays_float_in_onnx_runtime(tmp_path: Path) -> No
     assert ops.count("FusedConv") + ops.count("Conv") == 1
 
 
+@pytest.mark.slow
 def test_the_target_sends_the_most_sensitive_layers_back_to_float(tmp_path: Path, mlp_file: Path) -> None:
     plain = quantize_file(mlp_file, tmp_path / "a.onnx", calibration_data=_tokens(0), target_accuracy="rel_l2<=1")
     assert plain.count("float") == 0 and plain.accuracy["rel_l2"] > 1e-4
@@ -268,6 +272,7 @@ def test_tensorrt_placement_is_symmetric_qdq_on_layer_inputs(tmp_path: Path, mlp
         assert onnx.numpy_helper.to_array(inits[node.input[2]]) == 0
 
 
+@pytest.mark.slow
 def test_a_float16_remainder_by_autocast(tmp_path: Path, mlp_file: Path) -> None:
     out = tmp_path / "fp16.onnx"
     report = quantize_file(mlp_file, out, calibration_data=_tokens(0), high_precision_dtype="fp16")
@@ -287,6 +292,7 @@ def test_modelopt_entry_point_and_its_int4_mode(tmp_path: Path, mlp_file: Path) 
     assert report4.TOOL == "quantize int4" and (tmp_path / "4.onnx").exists()
 
 
+@pytest.mark.slow
 def test_quantize_static_takes_onnx_runtime_arguments(tmp_path: Path, mlp_file: Path) -> None:
     from onnxruntime.quantization import CalibrationDataReader
     from onnxruntime.quantization import CalibrationMethod as OrtMethod
@@ -346,6 +352,7 @@ def test_quantize_static_refusals_and_extra_options(tmp_path: Path, mlp_file: Pa
     assert _rel(ref, got) < 0.1
 
 
+@pytest.mark.slow
 def test_quantize_static_writes_qdq_only(tmp_path: Path) -> None:
     """ONNX Runtime's QuantFormat.QDQ: the project Conv stays a QDQ Conv (QLinearConv), no contrib op, where the
     quantizer's default writes MatMulIntegerToFloat (the report says which)."""
@@ -361,6 +368,7 @@ def test_quantize_static_writes_qdq_only(tmp_path: Path) -> None:
     assert default.layers[0].info["output"] == "float (MatMulIntegerToFloat)"
 
 
+@pytest.mark.slow
 def test_ort_cuda_placement_is_tensorrt_style_with_an_fp16_remainder(tmp_path: Path, mlp_file: Path) -> None:
     """--runtime ort-cuda: the TensorRT-style symmetric Q/DQ on layer inputs, the remainder FP16 by AutoCast (as
     ModelOpt), but the Q/DQ nodes themselves in FP32 (ONNX Runtime 1.32 mis-runs FP16 Q/DQ); the interface FP32."""
@@ -390,6 +398,7 @@ def test_ort_cuda_placement_is_tensorrt_style_with_an_fp16_remainder(tmp_path: P
     assert _rel(ref, got.astype(np.float32)) < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["gqa", "concat"])
 def test_a_decoder_with_a_kv_cache_is_w8a8_in_integer_kernels(tmp_path: Path, attention: str) -> None:
     """An LLM laid out as onnxruntime-genai's builder writes it (GroupQueryAttention, KV cache inputs), calibrated
@@ -414,6 +423,7 @@ def test_a_decoder_with_a_kv_cache_is_w8a8_in_integer_kernels(tmp_path: Path, at
     assert agreement is not None and agreement["cosine"] > 0.99 and agreement["top1"] >= 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_dump_and_compare_work_on_the_results(tmp_path: Path, model: str) -> None:
     """dump writes the quantized nodes of an INT8 result (dynamic or static), compare matches its tensors to the float
@@ -493,6 +503,7 @@ def test_a_dead_channel_keeps_its_bias(tmp_path: Path) -> None:
     assert _rel(ref, got) < 0.05
 
 
+@pytest.mark.slow
 def test_a_layer_reading_the_model_input_stays_float(tmp_path: Path) -> None:
     """The first Conv reads the float image (through a Pad): quantizing its input to UINT8 adds noise of one input
     step, and a 3-channel Conv gains nothing from INT8 kernels; it stays float unless nodes_to_quantize names it, and
@@ -525,6 +536,7 @@ def _producer(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
     return next((n for n in graph.node if name in n.output), None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("channels", [16, 8])
 def test_tensorrt_placement_has_modelopts_shape(tmp_path: Path, channels: int) -> None:
     """--runtime trt writes the Q/DQ graph ModelOpt 0.47's quantize(quantize_mode="int8") writes for the same model
@@ -603,6 +615,7 @@ def _shaped(proto: onnx.ModelProto) -> set[str]:
     return {info.name for info in proto.graph.value_info if info.type.tensor_type.HasField("shape")}
 
 
+@pytest.mark.slow
 def test_output_declares_no_intermediate_shapes_on_ort_cpu(tmp_path: Path, mlp_file: Path) -> None:
     """Shape inference's ``unk__N`` names, written out, steer ONNX Runtime's fusions (MiniLM: every residual Add +
     LayerNormalization became a SkipLayerNormalization 4x slower on CPU): on ort-cpu the output declares no shape
@@ -622,6 +635,7 @@ def test_output_declares_no_intermediate_shapes_on_ort_cpu(tmp_path: Path, mlp_f
     assert "s" in _shaped(onnx.load(out))
 
 
+@pytest.mark.slow
 def test_layers_sharing_an_input_merge_into_one_with_the_same_values(
     tmp_path: Path, mlp_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -655,6 +669,7 @@ def test_layers_sharing_an_input_merge_into_one_with_the_same_values(
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_smoothing_folds_into_the_norm_weight_that_only_the_group_reads(
     tmp_path: Path, mlp_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -722,6 +737,7 @@ def _attention(seed: int = 0, heads: int = 4, head_size: int = 16) -> onnx.Model
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_context_smoothing_folds_into_the_value_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The attention context's SmoothQuant ``1/s`` goes into V's weight columns and bias (the heads mix tokens, not
     channels): no Mul before the output layer's quantizer, the same outputs as the explicit Mul, the tensors on the

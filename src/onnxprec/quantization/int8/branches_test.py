@@ -76,6 +76,7 @@ def _strictly_checked(path: Path) -> onnx.ModelProto:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", [True, False])
 def test_the_branch_the_data_takes_gets_qdq_inside_and_matches_onnx_runtime(tmp_path: Path, flag: bool) -> None:
     source, output = tmp_path / "if.onnx", tmp_path / "q.onnx"

@@ -69,6 +69,7 @@ def _quantized_error(
     return report, optimized_ops(out, tmp_path), float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
+@pytest.mark.slow
 def test_a_depthwise_conv_with_a_heavy_tailed_input_stays_float(tmp_path: Path) -> None:
     """After Exp (log-normal: a tail far above the bulk) the depthwise Conv's input would lose more than the bound to
     UINT8 noise: it stays float, the report says why, the pointwise Conv after it is still INT8, and the output is
@@ -85,6 +86,7 @@ def test_a_depthwise_conv_with_a_heavy_tailed_input_stays_float(tmp_path: Path) 
     assert error < forced_error
 
 
+@pytest.mark.slow
 def test_on_trt_a_depthwise_conv_with_a_heavy_tailed_input_stays_float_too(tmp_path: Path) -> None:
     """The same rule on trt's symmetric INT8 grid (PP-OCR's direction classifier flipped a held-out row with its
     depthwise Convs INT8), whose noise it measures; ``nodes_to_quantize`` overrides it there too."""

@@ -100,6 +100,7 @@ def test_one_switch_changes_only_what_that_layer_reaches(tmp_path: Path) -> None
         assert not np.array_equal(one_int8[name], expected) and not np.array_equal(one_int8[name], all_int8[name])
 
 
+@pytest.mark.slow
 def test_the_search_checks_its_emulated_choice_for_real(tmp_path: Path) -> None:
     source = tmp_path / "mlp.onnx"
     onnx.save(mlp(), source)
@@ -142,6 +143,7 @@ def test_the_emulation_is_not_built_when_the_all_int8_model_meets_the_target(
     assert [step["kind"] for step in report.fallback_steps] == ["real"]
 
 
+@pytest.mark.slow
 def test_static_layers_keep_real_checks(tmp_path: Path) -> None:
     source = tmp_path / "cnn.onnx"
     onnx.save(tiny_cnn(), source)
@@ -151,6 +153,7 @@ def test_static_layers_keep_real_checks(tmp_path: Path) -> None:
     assert kinds == {"real"} and len(report.fallback_steps) > 2
 
 
+@pytest.mark.slow
 def test_layers_over_the_emulation_memory_limit_keep_real_checks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,6 +50,7 @@ def _error(source: Path, output: Path) -> float:
     return float(np.max(errors))
 
 
+@pytest.mark.slow
 def test_the_channels_of_a_float_written_conv_input_are_equalized(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

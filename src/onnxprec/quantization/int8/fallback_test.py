@@ -17,6 +17,7 @@ from onnxprec.quantization._testing import tiny_cnn
 from onnxprec.quantization.int8 import fallback, quantize_file
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["ort-cpu", "trt"])
 def test_the_estimate_finds_the_layers_to_keep_in_float_without_a_check_per_layer(
     tmp_path: Path, runtime: str, monkeypatch: pytest.MonkeyPatch
@@ -80,6 +81,7 @@ def test_an_emulated_choice_that_misses_for_real_sends_more_layers_back() -> Non
     assert final.ok == (MAX_REAL_CHECKS >= 3) and floats[0] == "l7"  # 3 are needed: 4 hold, 2 do not
 
 
+@pytest.mark.slow
 def test_the_proxy_ranks_the_layers_when_their_isolated_checks_would_take_too_long() -> None:
     """Eight layers under MAX_ISOLATED: within the CPU budget each is checked alone in float; over it (the layers times
     the all-INT8 check's CPU seconds), the proxy ranks them and the search finds the same layers without those

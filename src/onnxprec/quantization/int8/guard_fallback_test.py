@@ -66,6 +66,7 @@ def test_the_guards_search_holds_the_held_out_runs_too(tmp_path: Path) -> None:
     assert first["what"] == "every layer INT8" and not first["ok"] and first["cosine"] >= 0.99  # calibration holds
 
 
+@pytest.mark.slow
 def test_the_guard_goes_beyond_max_float_compute_when_its_default_misses(tmp_path: Path) -> None:
     source = tmp_path / "m.onnx"
     onnx.save(_stem_body(head=4, offset=1e4), source)
@@ -129,6 +130,7 @@ def test_beyond_the_budget_nothing_is_searched_when_the_most_that_may_go_back_mi
     assert tried[1 + len(errors) :] == [{"l0"}, {"l0", "l1"}]
 
 
+@pytest.mark.slow
 def test_the_guards_line_says_when_the_fallback_went_beyond_the_budget(tmp_path: Path) -> None:
     """The body's range is lost to the stem's offset channel and the held-out runs are 8x louder than the ones the
     head's range was fitted to: the cheap head in float (within 0.25 of the compute) misses, and so does the body

@@ -46,6 +46,7 @@ def _data(folder: Path, runs: int, shape: tuple[int, ...] = (2, 3, 16, 16)) -> P
     return folder
 
 
+@pytest.mark.slow
 def test_a_destroyed_result_exits_3_with_one_line_and_is_written(tmp_path: Path) -> None:
     source, out, report = tmp_path / "m.onnx", tmp_path / "m.int8.onnx", tmp_path / "r.json"
     onnx.save(_destroyed(), source)
@@ -96,6 +97,7 @@ def test_the_api_raises_an_error_that_carries_the_report(tmp_path: Path, caplog:
     assert "INT8 result misses the accuracy guard" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_result_that_meets_the_bound_is_not_refused_and_says_how_it_was_checked(tmp_path: Path) -> None:
     source = tmp_path / "cnn.onnx"
     onnx.save(tiny_cnn(), source)

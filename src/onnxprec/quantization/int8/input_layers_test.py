@@ -30,6 +30,7 @@ def test_a_small_first_conv_gets_no_second_try(tmp_path: Path) -> None:
     assert report.input_layers == [] and [name for name, _ in report.skipped] == ["/stem/Conv"]
 
 
+@pytest.mark.slow
 def test_when_the_second_try_misses_too_the_first_result_stands(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -70,6 +70,7 @@ def test_quantize_dynamic_writes_a_result_that_misses_the_guard_and_warns_as_onn
     assert any("misses the accuracy guard" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation_type", ["QInt16", "QUInt16"])
 def test_quantize_static_16_bit_activations_as_onnx_runtimes_own(tmp_path: Path, activation_type: str) -> None:
     """``activation_type=QuantType.QInt16`` (or ``QUInt16``) gives 16-bit activations with INT8 weights, as ONNX

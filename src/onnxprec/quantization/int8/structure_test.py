@@ -23,6 +23,7 @@ def test_unfused_qdq_counts_what_onnx_runtime_leaves_by_the_op_beside_it(tmp_pat
     assert unfused_qdq(path) == {"input": 1, "output": 1}
 
 
+@pytest.mark.slow
 def test_an_nhwc_cnn_is_quantized_with_its_transposes_and_batchnorms_folded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
