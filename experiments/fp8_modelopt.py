@@ -132,9 +132,12 @@ def main() -> None:
     effnet = {effnet_input: np.load(MODELS / "efficientnet_lite0_input.npy")}
     images = np.load(args.effnet_heldout)
     build = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    results: dict[str, object] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                                  "build": build.strip(), "command": "python -m experiments.fp8_modelopt " +
-                                  " ".join(sys.argv[1:])}  # fmt: skip
+    results: dict[str, object] = {
+        "kind": "note",  # not a table's run (benchmarks/report_common.load_results)
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "build": build.strip(),
+        "command": "python -m experiments.fp8_modelopt " + " ".join(sys.argv[1:]),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         results["minilm"] = compare("minilm", MODELS / "minilm_l6_v2_bert.onnx", minilm,
                                     minilm_heldout(args.minilm_heldout), Path(tmp))  # fmt: skip
