@@ -11,7 +11,8 @@ off (docs/tools/fp8.md says why), the float model with them on.
 Per node input (node, input index) the results file says whether each model reads it through a DequantizeLinear,
 and for each difference why: ``fp8/modelopt_test.py``'s ``EXPLAINED``, or the layers onnxprec's guard kept float.
 Accuracy per model on the held-out set: relative L2 of the first output (all rows), the cosine of each row (min and
-mean: a sentence's hidden states, an image's logits) and top-1 agreement (EfficientNet-Lite0).
+mean: a sentence's hidden states, an image's logits) and top-1 agreement (EfficientNet-Lite0); for MiniLM also the
+cosine over each sentence's real tokens (its padding, which no reader uses, left out) and of its mean-pooled embedding.
 
     ~/.cache/onnxprec/torch-venv/bin/python experiments/int8_effnet.py images effnet_heldout.npy
     python -m experiments.fp8_modelopt --effnet-heldout effnet_heldout.npy
@@ -22,6 +23,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -52,19 +55,33 @@ def minilm_heldout(folder: Path) -> list[dict[str, np.ndarray]]:
 
 
 def accuracy(reference: Path, model: Path, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
-    """First output against the float model's over every batch: rel L2, cosine per row (min, mean), top-1."""
+    """First output against the float model's over every batch: rel L2, cosine per row (min, mean), top-1. With an
+    ``attention_mask`` also the cosine of each sentence's real tokens (its padding left out: no reader uses it) and
+    of its mean-pooled embedding (sentence-transformers' pooling, over the real tokens)."""
     float_session = create_session(str(reference), optimization="all")
     fp8_session = create_session(str(model), optimization="none")
-    refs, gots = [], []
+    refs, gots, tokens, pooled = [], [], [], []
     for feeds in batches:
         ref = np.asarray(float_session.run(feeds)[0], np.float64)
+        got = np.asarray(fp8_session.run(feeds)[0], np.float64)
         refs.append(ref.reshape(len(ref), -1))
-        gots.append(np.asarray(fp8_session.run(feeds)[0], np.float64).reshape(refs[-1].shape))
+        gots.append(got.reshape(refs[-1].shape))
+        for i, mask in enumerate(np.asarray(feeds.get("attention_mask", []), bool)):
+            tokens.append(_cosine(ref[i][mask].ravel(), got[i][mask].ravel()))
+            pooled.append(_cosine(ref[i][mask].mean(0), got[i][mask].mean(0)))
     a, b = np.concatenate(refs), np.concatenate(gots)
     cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-    return {"rows": len(a), "rel_l2": float(np.linalg.norm(a - b) / np.linalg.norm(a)),
-            "cosine_min": float(cosine.min()), "cosine_mean": float(cosine.mean()),
-            "top1": float(np.mean(a.argmax(1) == b.argmax(1)))}  # fmt: skip
+    out = {"rows": len(a), "rel_l2": float(np.linalg.norm(a - b) / np.linalg.norm(a)),
+           "cosine_min": float(cosine.min()), "cosine_mean": float(cosine.mean()),
+           "top1": float(np.mean(a.argmax(1) == b.argmax(1)))}  # fmt: skip
+    if tokens:
+        out.update(tokens_cosine_min=min(tokens), tokens_cosine_mean=float(np.mean(tokens)),
+                   pooled_cosine_min=min(pooled), pooled_cosine_mean=float(np.mean(pooled)))  # fmt: skip
+    return out
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 def compare(case: str, model: Path, feeds: dict[str, np.ndarray], heldout: list[dict[str, np.ndarray]],
@@ -114,7 +131,13 @@ def main() -> None:
     effnet_input = onnx.load(str(effnet_model), load_external_data=False).graph.input[0].name
     effnet = {effnet_input: np.load(MODELS / "efficientnet_lite0_input.npy")}
     images = np.load(args.effnet_heldout)
-    results: dict[str, object] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    build = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    results: dict[str, object] = {
+        "kind": "note",  # not a table's run (benchmarks/report_common.load_results)
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "build": build.strip(),
+        "command": "python -m experiments.fp8_modelopt " + " ".join(sys.argv[1:]),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         results["minilm"] = compare("minilm", MODELS / "minilm_l6_v2_bert.onnx", minilm,
                                     minilm_heldout(args.minilm_heldout), Path(tmp))  # fmt: skip
@@ -133,8 +156,10 @@ def main() -> None:
         for split in ("calibration", "heldout"):
             for tool in ("onnxprec", "modelopt"):
                 m = r[split][tool]
+                tokens = "".join(f" {k} {m[f'{k}_cosine_min']:.5f}/{m[f'{k}_cosine_mean']:.5f}"
+                                 for k in ("tokens", "pooled") if f"{k}_cosine_min" in m)  # fmt: skip
                 print(f"  {split} {tool}: rows {m['rows']} rel L2 {m['rel_l2']:.4f} cosine min {m['cosine_min']:.5f} "
-                      f"mean {m['cosine_mean']:.5f} top1 {m['top1']:.3f}")  # fmt: skip
+                      f"mean {m['cosine_mean']:.5f} top1 {m['top1']:.3f}{tokens}")  # fmt: skip
     print("wrote", args.out)
 
 

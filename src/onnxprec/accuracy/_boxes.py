@@ -206,7 +206,18 @@ def share_at_least(changes: np.ndarray, values: np.ndarray | float) -> np.ndarra
     return 1.0 - np.searchsorted(changes, values, side="left") / changes.size
 
 
-def _logit(p: np.ndarray | float) -> np.ndarray:
+def expected_share(changes: np.ndarray, margins: np.ndarray, below: np.ndarray) -> float:
+    """The share of float items (boxes, mask entries) expected kept over the float items plus those expected to
+    appear: an item over the threshold by ``margins`` stays when its change is at least ``-margin``, one under it by
+    ``below`` appears when its change reaches that (``changes``: sorted). With no float item, 1 minus the chances
+    that one appears (at most their sum)."""
+    appear = float(share_at_least(changes, below).sum())
+    if not margins.size:
+        return max(0.0, 1.0 - appear)
+    return float(share_at_least(changes, -margins).sum()) / (margins.size + appear)
+
+
+def logit(p: np.ndarray | float) -> np.ndarray:
     q = np.clip(np.asarray(p, np.float64), 1e-7, 1 - 1e-7)
     return np.log(q / (1 - q))
 
@@ -241,15 +252,15 @@ class ScoreMargins:
             best, classes = scores.max(axis=1), scores.argmax(axis=1)
             moved = np.take_along_axis(_scores(c, score_parts), classes[:, None], 1)[:, 0]
             near = (best >= SCORE_FLOOR) | (moved >= SCORE_FLOOR)
-            self.changes.append(_logit(moved[near]) - _logit(best[near]))
+            self.changes.append(logit(moved[near]) - logit(best[near]))
             low, low_xyxy, low_classes = _select(r, score_parts, SCORE_FLOOR)
             for threshold in THRESHOLDS:
                 index, xyxy, cls = _select(r, score_parts, threshold)
-                self.kept[threshold].append(_logit(best[index]) - _logit(threshold))
+                self.kept[threshold].append(logit(best[index]) - logit(threshold))
                 under = best[low] < threshold
                 overlap = _iou(low_xyxy[:, None], xyxy[None]) * (low_classes[:, None] == cls[None, :])
                 covered = (overlap >= NMS_IOU).any(axis=1)
-                self.below[threshold].append(_logit(threshold) - _logit(best[low[under & ~covered]]))
+                self.below[threshold].append(logit(threshold) - logit(best[low[under & ~covered]]))
 
     def predicted(self) -> float | None:
         """The predicted share at the worse threshold; None before any batch."""
@@ -258,13 +269,7 @@ class ScoreMargins:
         changes = np.sort(np.concatenate(self.changes))
         if not changes.size:
             return 1.0
-        shares = []
-        for threshold in THRESHOLDS:
-            margins, below = np.concatenate(self.kept[threshold]), np.concatenate(self.below[threshold])
-            survive = share_at_least(changes, -margins)  # lost: < -m
-            appear = share_at_least(changes, below)
-            if margins.size:
-                shares.append(float(survive.sum()) / (margins.size + float(appear.sum())))
-            else:  # no float box: the share is 1 unless one appears (at most the sum of their chances)
-                shares.append(max(0.0, 1.0 - float(appear.sum())))
+        shares = [
+            expected_share(changes, np.concatenate(self.kept[t]), np.concatenate(self.below[t])) for t in self.kept
+        ]
         return min(shares)

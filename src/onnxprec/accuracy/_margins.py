@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxprec.accuracy._boxes import share_at_least
+from onnxprec.accuracy._boxes import SCORE_FLOOR, ScoreMargins, logit, share_at_least
 
 
 class StepMargins:
@@ -75,3 +75,29 @@ def _runner_up(scores: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.nda
     others = scores.copy()
     np.put_along_axis(others, best, -np.inf, -1)
     return others.argmax(axis=-1), others.max(axis=-1)
+
+
+class MaskMargins(ScoreMargins):
+    """The mask IoU a Sigmoid map's score margins predict (``[N, A, K]``: a detector's per-anchor class confidences,
+    cut at 0.5), the way :class:`~onnxprec.accuracy._boxes.ScoreMargins` predicts a detection head's boxes, at the
+    one threshold 0.5 and without boxes: every entry counts.
+
+    The entries over 0.5 cluster by object (the anchors that cover one object, the classes it is confused with), so
+    their count overstates what the seen IoU shows: a few objects near the threshold make or break the boxes a user
+    decodes. Scores change in logit units: an entry over 0.5 by margin ``m`` (its float logit) stays with probability
+    ``P(change >= -m)``, one under it by ``d`` (float score at least :data:`~onnxprec.accuracy._boxes.SCORE_FLOOR`)
+    joins with probability ``P(change >= d)``, the changes of every entry either model scores at least the floor
+    being the noise. The IoU predicted is the entries expected kept over the float ones plus those expected to join.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept, self.below = {0.5: []}, {0.5: []}
+
+    def update_map(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        """Adds a batch of the float map and the candidate's (same shapes)."""
+        ref, cand = ref.astype(np.float32).ravel(), cand.astype(np.float32).ravel()
+        near = (ref >= SCORE_FLOOR) | (cand >= SCORE_FLOOR)
+        self.changes.append(logit(cand[near]) - logit(ref[near]))
+        self.kept[0.5].append(logit(ref[ref >= 0.5]))
+        self.below[0.5].append(-logit(ref[(ref < 0.5) & (ref >= SCORE_FLOOR)]))

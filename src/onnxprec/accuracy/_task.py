@@ -35,7 +35,9 @@ regions       ``region_agreement``    from Sigmoid, rank 4 (``[N, C, H, W]``: a 
                                       :data:`~onnxprec.accuracy._boxes.REGION_THRESHOLDS`, matched at IoU >= 0.5
                                       (:func:`~onnxprec.accuracy._boxes.region_counts`), at the worst threshold.
 mask          ``mask_iou``            from Sigmoid, rank 3 or over 4 (``[N, A, K]``: a detector's confidences):
-                                      IoU of the ``p >= 0.5`` entries (1 when both are empty).
+                                      IoU of the ``p >= 0.5`` entries (1 when both are empty), or the IoU their
+                                      score margins predict (:class:`~onnxprec.accuracy._margins.MaskMargins`),
+                                      if lower.
 detections    ``box_agreement``       a rank-3 Concat of 4 box values (centre, size) then only scores (Sigmoid/Softmax),
                                       sizes known (a YOLOv8 head's ``[N, 4 + K, A]``): the boxes it decodes to
                                       (:mod:`onnxprec.accuracy._boxes`), matched, at the worst confidence threshold
@@ -73,7 +75,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, box_counts, region_counts
-from onnxprec.accuracy._margins import StepMargins
+from onnxprec.accuracy._margins import MaskMargins, StepMargins
 from onnxprec.metrics import ErrorStats
 
 if TYPE_CHECKING:
@@ -461,7 +463,7 @@ class OutputMetric:
             shown = f"{self.value:.4f}" if self.metric == "mask_iou" else f"{100 * self.value:.1f}%"
         empty = " (every FP32 string empty: nothing read)" if self.empty else ""
         if self.observed is not None:
-            margins = "score" if self.metric == "box_agreement" else "step"
+            margins = "score" if self.metric in ("box_agreement", "mask_iou") else "step"
             return f"{self.name} {label} {shown} of {self.count} {unit} predicted from {margins} margins " \
                    f"({100 * self.observed:.1f}% seen){empty}"  # fmt: skip
         return f"{self.name} {label} {shown} of {self.count} {unit}{empty}"
@@ -552,6 +554,7 @@ class TaskMetrics:
         self._part_errors: dict[tuple[str, int], ErrorStats] = {}
         self._boxes: dict[str, np.ndarray] = {}  # per threshold: [matched, compared]
         self._box_margins: dict[str, ScoreMargins] = {}
+        self._mask_margins: dict[str, MaskMargins] = {}
         self._spoken: dict[str, int] = {}  # decoded sequences: the float strings that are not empty
 
     @classmethod
@@ -589,6 +592,8 @@ class TaskMetrics:
                 else:
                     self._box_margins.setdefault(name, ScoreMargins()).update(ref, cand, kind.parts[0][0], scores)
                 self._boxes[name] = self._boxes.get(name, 0) + counts
+            if kind.kind == "mask" and ref.shape == cand.shape:
+                self._mask_margins.setdefault(name, MaskMargins()).update_map(ref, cand)
             if kind.time is not None and ref.shape == cand.shape and ref.ndim == 3:
                 blank = kind.blank if kind.metric == "string_agreement" else None
                 self._margins.setdefault(name, StepMargins(blank)).update(ref, cand, kind.time)
@@ -627,6 +632,8 @@ class TaskMetrics:
             predicted = self._margins[name].predicted() if name in self._margins else None
             if name in self._box_margins and count < MIN_BOXES:  # few boxes seen: their score margins too
                 predicted = self._box_margins[name].predicted()
+            if name in self._mask_margins:
+                predicted = self._mask_margins[name].predicted()
             if value is not None and predicted is not None and predicted < value:
                 value, observed = predicted, value
             empty = name in self._spoken and not self._spoken[name]

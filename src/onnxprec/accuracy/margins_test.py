@@ -66,3 +66,42 @@ def test_a_letter_run_edge_that_turns_blank_keeps_the_string_but_a_single_letter
     blank_second = np.array([[3, 0, 0, 3]])
     assert string_steps(run, blank_second, 0).tolist() == [[False, False, False, False]]
     assert string_steps(lone, blank_second, 0).tolist() == [[False, True, False, True]]  # 0 3 0 3 reads "33"
+
+
+def test_mask_margins_predict_the_iou_of_a_noisy_map() -> None:
+    """Confidences moved by logit noise: on a large map the IoU the margins predict is the IoU seen; on a map of few
+    entries near 0.5 that all kept their side, the prediction still counts the chances that some flip."""
+    from onnxprec.accuracy._margins import MaskMargins
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(-3.0, 2.0, (4, 2000, 10))
+    ref = 1 / (1 + np.exp(-logits))
+    cand = 1 / (1 + np.exp(-(logits + rng.normal(0, 0.3, logits.shape))))
+    margins = MaskMargins()
+    margins.update_map(ref, cand)
+    r, c = ref >= 0.5, cand >= 0.5
+    seen = (r & c).sum() / (r | c).sum()
+    assert margins.predicted() == pytest.approx(seen, abs=0.01)
+    few = MaskMargins()  # 4 entries just over 0.5 that kept it, beside a noisy background
+    few_ref, few_cand = ref.copy(), cand.copy()
+    few_ref[0, :4, 0], few_cand[0, :4, 0] = 0.55, 0.56
+    few_ref[ref >= 0.5], few_cand[ref >= 0.5] = 0.0, 0.0
+    few_ref[0, :4, 0], few_cand[0, :4, 0] = 0.55, 0.56
+    few.update_map(few_ref, few_cand)
+    predicted = few.predicted()
+    assert predicted is not None and predicted < 0.9
+
+
+def test_a_mask_judged_by_its_margins_reports_the_iou_seen_too() -> None:
+    """TaskMetrics takes the lower of the IoU seen and the one predicted, and says both."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(-3.0, 2.0, (1, 300, 10)).astype(np.float32)
+    ref = 1 / (1 + np.exp(-logits))
+    ref[0, :3, 0] = 0.52  # three entries just over 0.5 that the candidate keeps by luck
+    cand = 1 / (1 + np.exp(-(logits + rng.normal(0, 0.5, logits.shape).astype(np.float32))))
+    cand[0, :3, 0] = 0.53
+    metrics = TaskMetrics({"confidences": Producer("Sigmoid")})
+    metrics.update({"confidences": ref}, {"confidences": cand})
+    (out,) = metrics.summary().outputs
+    assert out.kind == "mask" and out.observed is not None and out.value is not None and out.value < out.observed
+    assert "predicted from score margins" in out.describe()

@@ -21,7 +21,8 @@ INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS
   flips with any error);
 - regions (a text detector's Sigmoid map): >= 0.95 of the regions' boxes matched at the worst threshold (issue 24's
   box bound);
-- masks (a detector's Sigmoid confidences): IoU >= 0.9;
+- masks (a detector's Sigmoid confidences): IoU >= 0.9, or predicted so by their score margins when lower
+  (:class:`onnxprec.accuracy._margins.MaskMargins`);
 - detections (a YOLO head's Concat of 4 box values and scores): >= 0.95 of the boxes it decodes to matched at the
   worst of two confidence thresholds (issue 24's box bound); under 60 boxes seen, the share their score margins
   predict when lower (:data:`onnxprec.accuracy._boxes.MIN_BOXES`);

@@ -14,7 +14,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from onnxprec.quantization.algorithms.qtypes import QType
 
 __all__ = [
     "QMAX",
@@ -101,9 +106,14 @@ GPTQ_BLOCK = 128
 
 
 def gptq_per_channel(
-    w: np.ndarray, hessian: np.ndarray, *, damp: float = 0.01, scales: np.ndarray | None = None
+    w: np.ndarray,
+    hessian: np.ndarray,
+    *,
+    damp: float = 0.01,
+    scales: np.ndarray | None = None,
+    qtype: QType | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """GPTQ with per-output-channel symmetric INT8 scales, for ``G`` independent problems at once.
+    """GPTQ with per-output-channel symmetric INT8 (or FP8) scales, for ``G`` independent problems at once.
 
     Args:
         w: ``[G, K, N]`` float weights (``Y_g = X_g @ W_g``).
@@ -111,11 +121,13 @@ def gptq_per_channel(
         damp: Added to the diagonal, as a fraction of its mean (per group).
         scales: ``[G, N]`` the grid of each column; None: RTN's (``max|W| / 127`` per column). A finer grid clips
             the largest weights, and their clipping error is pushed onto the rows not yet rounded as any other.
+        qtype: The levels rounded to: None for INT8's -127..127; a float one (FP8 E4M3FN) rounds to its levels
+            (:meth:`QType.quantize`), with ``scales`` given.
 
     Returns:
-        ``(q [G, K, N] int8 in -127..127, scales [G, N] float32)``: GPTQ only chooses the roundings, each input
-        row's error pushed onto the rows not yet rounded. An input that never fired (zero diagonal) keeps its
-        weights, rounded to nearest: calibration data that misses a channel says nothing about it.
+        ``(q [G, K, N] int8 in -127..127 or qtype's levels, scales [G, N] float32)``: GPTQ only chooses the
+        roundings, each input row's error pushed onto the rows not yet rounded. An input that never fired (zero
+        diagonal) keeps its weights, rounded to nearest: calibration data that misses a channel says nothing about it.
     """
     weight = np.array(w, dtype=np.float64)
     h = np.array(hessian, dtype=np.float64)
@@ -132,15 +144,19 @@ def gptq_per_channel(
     h[:, index, index] = diagonal
     inverse = np.linalg.inv(h)
     upper = np.linalg.cholesky(inverse).transpose(0, 2, 1)  # U with Uᵀ U = H⁻¹
-    q = np.empty(weight.shape, dtype=np.int8)
+    q = np.empty(weight.shape, dtype=np.int8 if qtype is None else qtype.dtype)
     for start in range(0, k, GPTQ_BLOCK):  # GPTQ's lazy batches: the rows after a block get its errors at once
         stop = min(start + GPTQ_BLOCK, k)
         block = weight[:, start:stop, :]
         errors = np.empty(block.shape, dtype=np.float64)
         for i in range(stop - start):
             row = start + i
-            levels = np.clip(np.rint(block[:, i, :] / scales), -QMAX, QMAX)
-            q[:, row, :] = levels
+            if qtype is None:
+                levels = np.clip(np.rint(block[:, i, :] / scales), -QMAX, QMAX)
+                q[:, row, :] = levels
+            else:
+                q[:, row, :] = qtype.quantize(block[:, i, :], scales)
+                levels = q[:, row, :].astype(np.float64)
             errors[:, i, :] = (block[:, i, :] - levels * scales) / upper[:, row, row][:, None]
             block[:, i + 1 :, :] -= upper[:, row, row + 1 : stop][:, :, None] * errors[:, i, None, :]
         if stop < k:

@@ -20,6 +20,7 @@ from onnxprec.quantization.algorithms.int8 import (
     gptq_per_channel,
     quantize_weight,
 )
+from onnxprec.quantization.algorithms.qtypes import FP8
 from onnxprec.quantization.algorithms.ranges import calibrated_range, scale_zero_point
 from onnxprec.quantization.algorithms.smoothquant import RunSample, decide_channels, smooth_scales
 
@@ -222,3 +223,20 @@ def test_gptq_on_a_given_grid_keeps_it_and_carries_the_clipped_error_onward() ->
     ref = x @ w[0]
     gptq_error = np.linalg.norm(x @ (q[0] * grid[0]) - ref)
     assert gptq_error < 0.9 * np.linalg.norm(x @ rtn - ref)
+
+
+def test_gptq_on_fp8_levels_keeps_the_grid_and_lowers_the_held_out_error() -> None:
+    rng = np.random.default_rng(13)
+    mixing = rng.standard_normal((48, 48))
+    x = np.maximum(rng.standard_normal((3000, 48)) @ mixing, 0.0)  # correlated, non-negative (after a ReLU)
+    w = rng.standard_normal((48, 8))
+    levels, grid = FP8.quantize_weight(w, axis=1)  # round to nearest, each channel's aligned scale
+    q, scales = gptq_per_channel(w[None], (x.T @ x)[None], scales=grid[None], qtype=FP8)
+    assert q.dtype == FP8.dtype and np.array_equal(scales[0], grid)
+    assert np.abs(q.astype(np.float32)).max() <= FP8.qmax
+    assert np.array_equal(q[0].astype(np.float32).astype(FP8.dtype), q[0])  # E4M3FN levels, nothing else
+    held_out = np.maximum(rng.standard_normal((1000, 48)) @ mixing, 0.0)
+    ref = held_out @ w
+    gptq_error = np.linalg.norm(held_out @ FP8.dequantize(q[0], grid) - ref)
+    rtn_error = np.linalg.norm(held_out @ FP8.dequantize(levels, grid) - ref)
+    assert gptq_error < 0.9 * rtn_error  # measured 0.79

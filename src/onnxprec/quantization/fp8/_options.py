@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from onnxprec._options import option
 from onnxprec.errors import InvalidArgumentError
-from onnxprec.quantization.int8 import CALIBRATION_METHODS, Int8Options
+from onnxprec.quantization.int8 import CALIBRATION_METHODS, WEIGHT_ROUNDINGS, Int8Options
 
 if TYPE_CHECKING:
     from onnxprec._ort import Optimization
@@ -27,8 +27,9 @@ class Fp8Options(Int8Options):
     """All FP8 settings: INT8's options with FP8 E4M3FN weights (per channel) and activations (per tensor).
 
     The placement is TensorRT's (``runtime`` trt or ort-cuda), activation ranges are calibrated with INT8's range
-    methods (default ``max``: FP8's relative precision has no use for clipping), weights are rounded to nearest
-    (GPTQ's INT8 grid does not apply), the float remainder is FP16 unless ``high_precision_dtype`` says otherwise.
+    methods (default ``max``: FP8's relative precision has no use for clipping), weights rounded by GPTQ on FP8's
+    levels as INT8's are on its own (``weight_rounding``: Convs by default), the float remainder is FP16 unless
+    ``high_precision_dtype`` says otherwise.
     The dynamic-INT8 settings (``activations``, ``smoothquant``, ``outlier_channels``, ``float_linear_outputs``,
     ``two_part_weights``) do not apply: every FP8 layer is static; nor do INT8's ``activation_type`` and
     ``max_wide_tensors`` (refused, ignored).
@@ -50,6 +51,15 @@ class Fp8Options(Int8Options):
         help="Correct each layer's bias for the mean output shift of its FP8 weight on the calibration data (default: "
         "off, as ModelOpt: FP8's relative rounding errors have no mean to cancel).",
     )
+    weight_rounding: str = option(
+        "auto",
+        choices=WEIGHT_ROUNDINGS,
+        group="onnxprec extras",
+        help="How FP8 weights are rounded to E4M3's levels (each channel's scale that of rounding to nearest): rtn (to "
+        "nearest, as ModelOpt), gptq (GPTQ on the layer's input Hessian from the calibration data, for layers whose "
+        "calibration saw at least as many input rows as the layer has inputs), auto (gptq for Conv layers, rtn for "
+        "MatMul/Gemm).",
+    )
     runtime: str = option(
         "trt",
         choices=FP8_RUNTIMES,
@@ -63,8 +73,6 @@ class Fp8Options(Int8Options):
                 f"FP8 runs on {' or '.join(FP8_RUNTIMES)} (runtime {self.runtime!r}): ONNX Runtime's CPU provider has "
                 "no FP8 kernels; use quantize_mode int8 there."
             )
-        if self.weight_rounding == "gptq":
-            raise InvalidArgumentError("weight_rounding='gptq' is for INT8: FP8 weights are rounded to nearest.")
         if self.activation_type is not None:
             raise InvalidArgumentError(
                 f"activation_type {self.activation_type!r} is for INT8 (A16W8): FP8's activations are FP8; drop it."

@@ -100,6 +100,35 @@ def test_modelopts_fp8_conv_rules(tmp_path: Path) -> None:
     assert _rel(_run(source, x), _run(out, x)) < 0.05
 
 
+def test_conv_weights_rounded_by_gptq_on_fp8_levels(tmp_path: Path) -> None:
+    """``weight_rounding`` auto (the default): a Conv's FP8 weights are GPTQ's roundings on the grid rounding to
+    nearest has (the same scales), and its output on the calibration data is closer to the float one."""
+    source = tmp_path / "cnn.onnx"
+    onnx.save(tiny_cnn(channels=32), source)
+    rng = np.random.default_rng(1)
+    data = [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    written = {}
+    for rounding in ("auto", "rtn"):
+        out = tmp_path / f"{rounding}.onnx"
+        report = quantize_file(source, out, calibration_data=data, accuracy_guard=False, weight_rounding=rounding,
+                               high_precision_dtype="fp32")  # fmt: skip
+        (entry,) = report.layers
+        assert entry.name == "/project/Conv" and entry.info["rounding"] == ("gptq" if rounding == "auto" else "rtn")
+        model = onnx.load(str(out))
+        onnx.checker.check_model(model, full_check=True)
+        inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+        conv = next(n for n in model.graph.node if n.name == "/project/Conv")
+        dq = _producers(model.graph)[conv.input[1]]
+        written[rounding] = inits[dq.input[0]], inits[dq.input[1]], out
+    (gptq, gptq_scales, gptq_file), (rtn, rtn_scales, rtn_file) = written["auto"], written["rtn"]
+    assert gptq.dtype == rtn.dtype == ml_dtypes.float8_e4m3fn and np.array_equal(gptq_scales, rtn_scales)
+    assert not np.array_equal(gptq.astype(np.float32), rtn.astype(np.float32))
+    errors = {}
+    for name, path in (("gptq", gptq_file), ("rtn", rtn_file)):
+        errors[name] = np.mean([_rel(_run(source, feeds), _run(path, feeds)) for feeds in data])
+    assert errors["gptq"] < errors["rtn"]
+
+
 @pytest.mark.slow
 def test_modelopt_entry_point_and_command_line(tmp_path: Path, mlp_file: Path) -> None:
     report = quantize(str(mlp_file), quantize_mode="fp8", calibration_data=_tokens(0), output_path=tmp_path / "a.onnx")
@@ -117,13 +146,11 @@ def test_modelopt_entry_point_and_command_line(tmp_path: Path, mlp_file: Path) -
 def test_refusals_are_one_line(tmp_path: Path, mlp_file: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="ONNX Runtime's CPU provider has no FP8 kernels"):
         Fp8Options(runtime="ort-cpu")
-    with pytest.raises(InvalidArgumentError, match="FP8 weights are rounded to nearest"):
-        Fp8Options(weight_rounding="gptq")
     with pytest.raises(InvalidArgumentError, match="FP8's activations are FP8"):
         Fp8Options(activation_type="int16")
     result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--runtime", "ort-cpu")
     assert result.returncode == 2 and "invalid choice: 'ort-cpu'" in result.stderr
-    result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--weight_rounding", "gptq")
+    result = run_cli("quantize", "fp8", "--onnx_path", str(mlp_file), "--activation_type", "int16")
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()]
 
 

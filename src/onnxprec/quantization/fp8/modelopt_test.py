@@ -149,7 +149,7 @@ def test_placement_and_accuracy_against_modelopt(tmp_path: Path, case: str) -> N
     print(f"{case}: ours rel L2 {rel:.4f} cosine min {low:.5f} mean {mean:.5f} top1 {top1:.3f}; "
           f"ModelOpt {rel_mo:.4f} {low_mo:.5f} {mean_mo:.5f} {top1_mo:.3f}")  # fmt: skip
     # on the calibration inputs themselves: FP8_ACTIVATION_HEADROOM trades a little precision here for inputs beyond
-    # the calibrated range (held-out comparison: experiments/results/2026-11-29-fp8-modelopt.json)
+    # the calibrated range (held-out comparison: benchmarks/results/2026-11-29-fp8-gptq-modelopt.json)
     assert rel <= 1.01 * rel_mo and mean >= mean_mo - 1e-3
     if case == "minilm":
         assert low >= 0.99

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onnxprec.quantization.int8._api import default_output_path, quantize_file, quantize_model
-    from onnxprec.quantization.int8._options import CALIBRATION_METHODS, Int8Options
+    from onnxprec.quantization.int8._options import CALIBRATION_METHODS, WEIGHT_ROUNDINGS, Int8Options
     from onnxprec.quantization.int8._report import Int8Report
     from onnxprec.quantization.int8.ort_compat import (
         CalibrationMethod,
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "CALIBRATION_METHODS": "_options",
     "Int8Options": "_options",
+    "WEIGHT_ROUNDINGS": "_options",
     "Int8Report": "_report",
     "default_output_path": "_api",
     "quantize_file": "_api",
@@ -39,6 +40,7 @@ _HOMES = {
 }
 __all__ = [
     "CALIBRATION_METHODS",
+    "WEIGHT_ROUNDINGS",
     "CalibrationMethod",
     "Int8Options",
     "Int8Report",

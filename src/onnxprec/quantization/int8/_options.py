@@ -40,9 +40,9 @@ __all__ = [
     "activation_type_name",
 ]
 
-CALIBRATION_METHODS = ("max", "entropy", "percentile", "mse")
+CALIBRATION_METHODS: tuple[str, ...] = ("max", "entropy", "percentile", "mse")
 RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
-WEIGHT_ROUNDINGS = ("auto", "rtn", "gptq")
+WEIGHT_ROUNDINGS: tuple[str, ...] = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
 ACTIVATION_TYPES = ("int8", "uint8", "int16", "uint16")

@@ -28,6 +28,7 @@ from onnxprec.quantization.algorithms.int8 import (
     gptq_per_channel,
     quantize_weight,
 )
+from onnxprec.quantization.algorithms.qtypes import QType
 from onnxprec.quantization.algorithms.ranges import activation_range, calibrated_range, quantization_noise
 from onnxprec.quantization.algorithms.smoothquant import ChannelDecision, RunSample, decide_channels
 from onnxprec.quantization.int8._options import Int8Options
@@ -340,15 +341,19 @@ def _decide_group(
     del weights
 
 
-def _gptq(weight: np.ndarray, hessian: np.ndarray, conv: bool, damp: float) -> tuple[np.ndarray, np.ndarray]:
-    """GPTQ levels and scales of a Conv ``[M, C/g, kh, kw]`` (``g`` Hessians) or MatMul ``[K, N]`` weight."""
-    groups = hessian.shape[0]
+def _gptq(
+    weight: np.ndarray, hessian: np.ndarray, conv: bool, damp: float, qtype: QType
+) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ levels and scales of a Conv ``[M, C/g, kh, kw]`` (``g`` Hessians) or MatMul ``[K, N]`` weight; FP8's on
+    the grid of each channel's round-to-nearest scale (:meth:`QType.quantize_weight`, aligned)."""
+    groups, m = hessian.shape[0], weight.shape[0 if conv else 1]
+    fp8 = qtype if qtype.is_float else None
+    grid = None if fp8 is None else qtype.quantize_weight(weight, axis=0 if conv else 1)[1].reshape(groups, -1)
     if not conv:
-        q, scales = gptq_per_channel(weight[None], hessian, damp=damp)
+        q, scales = gptq_per_channel(weight[None], hessian, damp=damp, scales=grid, qtype=fp8)
         return q[0], scales[0]
-    m = weight.shape[0]
     per_group = weight.reshape(groups, m // groups, -1).transpose(0, 2, 1)  # [G, K, M/G]
-    q, scales = gptq_per_channel(per_group, hessian, damp=damp)
+    q, scales = gptq_per_channel(per_group, hessian, damp=damp, scales=grid, qtype=fp8)
     return q.transpose(0, 2, 1).reshape(weight.shape), scales.reshape(m)
 
 
@@ -369,9 +374,9 @@ def _decide_static(layer: Layer, stats: Statistics, options: Int8Options, decisi
     groups_match = hessian is not None and (not conv or hessian.shape[0] * k == weight[0].size * _groups(layer.node))
     entry = _entry(layer, weight.shape)
     qtype = options.weight_qtype
-    gptq = qtype.name == "int8" and hessian is not None and groups_match
+    gptq = qtype.name in ("int8", "fp8") and hessian is not None and groups_match
     if gptq and stats.hessians.sampled[name] >= k:
-        q, scales = _gptq(weight, hessian, conv, options.damp)  # type: ignore[arg-type]
+        q, scales = _gptq(weight, hessian, conv, options.damp, qtype)  # type: ignore[arg-type]
         levels: np.ndarray | None = q.T if gemm and layer.transposed else q
         entry.info["rounding"] = "gptq"
     else:
