@@ -341,13 +341,11 @@ def _decide_group(
     del weights
 
 
-def _gptq(
-    weight: np.ndarray, hessian: np.ndarray, conv: bool, damp: float, qtype: QType
-) -> tuple[np.ndarray, np.ndarray]:
+def _gptq(weight: np.ndarray, hessian: np.ndarray, conv: bool, damp: float,
+          qtype: QType) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """GPTQ levels and scales of a Conv ``[M, C/g, kh, kw]`` (``g`` Hessians) or MatMul ``[K, N]`` weight; FP8's on
     the grid of each channel's round-to-nearest scale (:meth:`QType.quantize_weight`, aligned)."""
-    groups, m = hessian.shape[0], weight.shape[0 if conv else 1]
-    fp8 = qtype if qtype.is_float else None
+    groups, m, fp8 = hessian.shape[0], weight.shape[0 if conv else 1], (qtype if qtype.is_float else None)
     grid = None if fp8 is None else qtype.quantize_weight(weight, axis=0 if conv else 1)[1].reshape(groups, -1)
     if not conv:
         q, scales = gptq_per_channel(weight[None], hessian, damp=damp, scales=grid, qtype=fp8)
