@@ -135,7 +135,6 @@ def _outputs_equal(a: Path | onnx.ModelProto, b: Path | onnx.ModelProto, feeds: 
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
 def test_conv_bn_relu_agrees_with_onnxruntime(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = _save(_conv_bn_relu(), tmp_path / "cbr.onnx")
     theirs = _ort_pre_process(source, tmp_path / "ort.onnx")

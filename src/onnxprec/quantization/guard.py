@@ -13,10 +13,8 @@ INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS
   decoded strings identical, or predicted so by the margins of the steps whose flip can change a string
   (:class:`onnxprec.accuracy.StepMargins`), on the calibration runs; >= 0.98 on the held-out runs
   (:data:`HELD_OUT_BOUNDS`). Both sit above issue 24's 0.95 of held-out strings by the room a prediction from margins
-  needs: on the calibration runs the ranges were fitted to the strings they predict, on held-out runs nothing was.
-  At 0.993 the corpus recognizers' results that keep under 0.95 of their held-out strings are refused (all but one,
-  a string short of 0.95) while ddddocr's best INT8 results pass (experiments/int8_ctc_margins.py; design_notes.md,
-  "INT8 accuracy guard");
+  needs: on the calibration runs the ranges were fitted to the strings they predict, on held-out runs nothing was
+  (the evidence for 0.993: experiments/int8_ctc_margins.py; design_notes.md, "INT8 accuracy guard");
 - positions (segmentation) and binary decisions (a VAD's speech probability): agreement >= 0.95 (a decision near 0.5
   flips with any error);
 - regions (a text detector's Sigmoid map): >= 0.95 of the regions' boxes matched at the worst threshold (issue 24's

@@ -186,7 +186,6 @@ def _encoder_data() -> list[dict[str, np.ndarray]]:
     return [{"X": np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)}]
 
 
-@pytest.mark.slow
 def test_an_embedding_under_int8s_bound_is_raised_to_it_and_the_summary_says_what_it_cost(tmp_path: Path) -> None:
     from onnxprec.quantization.int4 import _guard
 

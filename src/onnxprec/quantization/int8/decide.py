@@ -215,7 +215,7 @@ def decide(model: ir.Model, plan: Plan, stats: Statistics, options: Int8Options)
         if wide is not None:
             decisions.wide[str(value.name)] = wide.scale_zero_point(*calibrated_range(hist, symmetric=wide.symmetric))
             decisions.noise[str(value.name)] = quantization_noise(hist, lo, hi, symmetric=qtype.symmetric)
-    if not options.include_patterns and not qtype.is_float:
+    if not options.include_patterns and not qtype.is_float and qtype.bits == 8:  # the noise is the 8-bit grid's
         decisions.kept_float = noisy_depthwise(plan, stats, ranges, qtype.symmetric)
     if options.runtime == "ort-cpu" and qtype.bits == 8:
         decisions.equalized = equalized_inputs(plan, stats)

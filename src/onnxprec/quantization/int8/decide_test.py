@@ -86,7 +86,6 @@ def test_a_depthwise_conv_with_a_heavy_tailed_input_stays_float(tmp_path: Path) 
     assert error < forced_error
 
 
-@pytest.mark.slow
 def test_on_trt_a_depthwise_conv_with_a_heavy_tailed_input_stays_float_too(tmp_path: Path) -> None:
     """The same rule on trt's symmetric INT8 grid (PP-OCR's direction classifier flipped a held-out row with its
     depthwise Convs INT8), whose noise it measures; ``nodes_to_quantize`` overrides it there too."""

@@ -81,7 +81,6 @@ def test_an_emulated_choice_that_misses_for_real_sends_more_layers_back() -> Non
     assert final.ok == (MAX_REAL_CHECKS >= 3) and floats[0] == "l7"  # 3 are needed: 4 hold, 2 do not
 
 
-@pytest.mark.slow
 def test_the_proxy_ranks_the_layers_when_their_isolated_checks_would_take_too_long() -> None:
     """Eight layers under MAX_ISOLATED: within the CPU budget each is checked alone in float; over it (the layers times
     the all-INT8 check's CPU seconds), the proxy ranks them and the search finds the same layers without those
