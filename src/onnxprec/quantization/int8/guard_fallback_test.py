@@ -4,7 +4,7 @@ every layer); a --max_float_compute the user gives stays a limit."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import numpy as np
@@ -96,11 +96,7 @@ def test_beyond_the_budget_the_search_goes_on_after_what_it_checked_within() -> 
     errors = {"l0": 0.05, "l1": 0.04, "l2": 0.01, "l3": 0.005}
     target = AccuracyTarget.parse("rel_l2<=0.02")
     tried: list[frozenset[str]] = []
-
-    def check(floats: Collection[str]) -> Measurement:
-        tried.append(frozenset(floats))
-        value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
-        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
+    check = _independent_errors(errors, target, tried)
 
     cost = {"l0": 1.0, "l1": 100.0, "l2": 1.0, "l3": 1.0}
     floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25)  # the budget as a limit
@@ -118,11 +114,7 @@ def test_beyond_the_budget_nothing_is_searched_when_the_most_that_may_go_back_mi
     errors = {"l0": 0.05, "l1": 0.04, "l2": 0.03}
     target = AccuracyTarget.parse("rel_l2<=0.02")
     tried: list[frozenset[str]] = []
-
-    def check(floats: Collection[str]) -> Measurement:
-        tried.append(frozenset(floats))
-        value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
-        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
+    check = _independent_errors(errors, target, tried)
 
     cost = {"l0": 1.0, "l1": 100.0, "l2": 100.0}
     floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25, beyond=True)
@@ -171,3 +163,16 @@ def test_when_gains_hide_the_layers_that_carry_the_error_their_own_errors_rank_t
                                     beyond=True, own_errors=True)  # fmt: skip
     assert final.ok and floats == ["l0", "l1", "l2"]
     assert any(s.get("what") == "layers by their own INT8 error (rel_l2)" for s in steps)
+
+
+def _independent_errors(
+    errors: dict[str, float], target: AccuracyTarget, tried: list[frozenset[str]]
+) -> Callable[[Collection[str]], Measurement]:
+    """A check whose rel L2 adds the INT8 layers' independent ``errors`` in quadrature; records each float set."""
+
+    def check(floats: Collection[str]) -> Measurement:
+        tried.append(frozenset(floats))
+        value = float(np.sqrt(sum(e * e for name, e in errors.items() if name not in floats)))
+        return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
+
+    return check
