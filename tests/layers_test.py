@@ -22,7 +22,7 @@ PACKAGE = SRC / "onnxprec"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("onnxprec", "onnxprec.errors", "onnxprec._graph", "onnxprec._ops", "onnxprec._options",
               "onnxprec._arg_groups",
-              "onnxprec._lazy_sympy", "onnxprec._progress",
+              "onnxprec._lazy_sympy", "onnxprec._exports", "onnxprec._progress",
               "onnxprec._html", "onnxprec._array")),
     ("I/O", ("onnxprec._io", "onnxprec._protobuf", "onnxprec._tensors", "onnxprec._report", "onnxprec._genai",
              "onnxprec._tool")),

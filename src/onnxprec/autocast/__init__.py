@@ -12,8 +12,9 @@ or above 2 GB) and returns a report. The implementation lives in ``_api``; it is
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxprec._exports import lazy_exports
 
 if TYPE_CHECKING:
     from onnxprec.autocast._api import (
@@ -37,11 +38,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("onnxprec.autocast._api"), name)
-    raise AttributeError(f"module 'onnxprec.autocast' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, __all__, "onnxprec.autocast._api")

@@ -10,8 +10,9 @@ imported on first use, so ``python -m onnxprec.debug`` can print ``--help`` with
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxprec._exports import lazy_exports
 
 if TYPE_CHECKING:
     from onnxprec.debug._options import CompareOptions, DumpOptions
@@ -38,11 +39,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module(_HOMES.get(name, "onnxprec.debug.compare")), name)
-    raise AttributeError(f"module 'onnxprec.debug' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, __all__, "onnxprec.debug.compare", _HOMES)

@@ -10,8 +10,9 @@ imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxprec._exports import lazy_exports
 
 if TYPE_CHECKING:
     from onnxprec.evaluate._api import EvaluateOptions, EvaluationReport, ModelResult, evaluate_models
@@ -29,13 +30,6 @@ __all__ = [
 _GENERATION = {"GenerationReport", "GenerationResult", "generate_models"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _GENERATION:
-        return getattr(importlib.import_module("onnxprec.evaluate._generate"), name)
-    if name in __all__:
-        return getattr(importlib.import_module("onnxprec.evaluate._api"), name)
-    raise AttributeError(f"module 'onnxprec.evaluate' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(
+    __name__, __all__, "onnxprec.evaluate._api", dict.fromkeys(_GENERATION, "onnxprec.evaluate._generate")
+)

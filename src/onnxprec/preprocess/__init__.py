@@ -9,8 +9,9 @@ imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxprec._exports import lazy_exports
 
 if TYPE_CHECKING:
     from onnxprec.preprocess._api import PreprocessOptions, default_output_path, preprocess_file, quant_pre_process
@@ -26,11 +27,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("onnxprec.preprocess._api"), name)
-    raise AttributeError(f"module 'onnxprec.preprocess' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, __all__, "onnxprec.preprocess._api")

@@ -7,8 +7,9 @@ FP8 rules for Convs), an FP16 remainder. The implementation lives in ``_api``; i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxprec._exports import lazy_exports
 
 if TYPE_CHECKING:
     from onnxprec.quantization.fp8._api import (
@@ -22,11 +23,4 @@ if TYPE_CHECKING:
 __all__ = ["Fp8Options", "Fp8Report", "default_output_path", "quantize_file", "quantize_model"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("onnxprec.quantization.fp8._api"), name)
-    raise AttributeError(f"module 'onnxprec.quantization.fp8' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, __all__, "onnxprec.quantization.fp8._api")

@@ -12,8 +12,9 @@ and returns a report. The implementation lives in ``_api`` and is imported on fi
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxprec._exports import lazy_exports
 
 if TYPE_CHECKING:
     from onnxprec.quantization.int4._api import (
@@ -28,11 +29,4 @@ if TYPE_CHECKING:
 __all__ = ["Int4Options", "Int4Report", "default_output_path", "quantize", "quantize_file", "quantize_model"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("onnxprec.quantization.int4._api"), name)
-    raise AttributeError(f"module 'onnxprec.quantization.int4' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, __all__, "onnxprec.quantization.int4._api")

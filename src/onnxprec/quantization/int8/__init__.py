@@ -9,8 +9,9 @@ first use, so ``python -m onnxprec.quantization.int8 --help`` stays fast; what a
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxprec._exports import lazy_exports
 
 if TYPE_CHECKING:
     from onnxprec.quantization.int8._api import default_output_path, quantize_file, quantize_model
@@ -25,18 +26,18 @@ if TYPE_CHECKING:
     )
 
 _HOMES = {
-    "CALIBRATION_METHODS": "_options",
-    "Int8Options": "_options",
-    "WEIGHT_ROUNDINGS": "_options",
-    "Int8Report": "_report",
-    "default_output_path": "_api",
-    "quantize_file": "_api",
-    "quantize_model": "_api",
-    "CalibrationMethod": "ort_compat",
-    "QuantFormat": "ort_compat",
-    "QuantType": "ort_compat",
-    "quantize_dynamic": "ort_compat",
-    "quantize_static": "ort_compat",
+    "CALIBRATION_METHODS": "onnxprec.quantization.int8._options",
+    "Int8Options": "onnxprec.quantization.int8._options",
+    "WEIGHT_ROUNDINGS": "onnxprec.quantization.int8._options",
+    "Int8Report": "onnxprec.quantization.int8._report",
+    "default_output_path": "onnxprec.quantization.int8._api",
+    "quantize_file": "onnxprec.quantization.int8._api",
+    "quantize_model": "onnxprec.quantization.int8._api",
+    "CalibrationMethod": "onnxprec.quantization.int8.ort_compat",
+    "QuantFormat": "onnxprec.quantization.int8.ort_compat",
+    "QuantType": "onnxprec.quantization.int8.ort_compat",
+    "quantize_dynamic": "onnxprec.quantization.int8.ort_compat",
+    "quantize_static": "onnxprec.quantization.int8.ort_compat",
 }
 __all__ = [
     "CALIBRATION_METHODS",
@@ -54,11 +55,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"onnxprec.quantization.int8.{_HOMES[name]}"), name)
-    raise AttributeError(f"module 'onnxprec.quantization.int8' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, __all__, homes=_HOMES)
