@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -19,7 +20,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxprec._ort import create_session
 
-__all__ = ["SHARED", "make_genai_folder", "make_model", "run", "run_cli", "run_each", "shared_path", "tensor_info"]
+__all__ = [
+    "REFERENCE_CACHE",
+    "SHARED",
+    "make_genai_folder",
+    "make_model",
+    "reference_perplexity",
+    "run",
+    "run_cli",
+    "run_each",
+    "shared_path",
+    "tensor_info",
+]
 
 F = TensorProto.FLOAT
 F16 = TensorProto.FLOAT16
@@ -27,6 +39,11 @@ BF16 = TensorProto.BFLOAT16
 
 # ../shared beside the project root (tests skip when it is absent, e.g. on a fresh clone)
 SHARED = Path(os.environ.get("ONNXPREC_SHARED", Path(__file__).resolve().parents[3] / "shared"))
+
+# Reference results measured once from the files they name (e.g. a float LLM's perplexity), reused while those hold
+REFERENCE_CACHE = Path(
+    os.environ.get("ONNXPREC_REFERENCE_CACHE", Path.home() / ".cache" / "onnxprec" / "reference-outputs")
+)
 
 
 def shared_path(*parts: str) -> Path | None:
@@ -262,6 +279,36 @@ def run(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> li
     """Runs a model on ONNX Runtime CPU (default optimizations); float inputs are cast to the model's input
     types, and BF16/FP8 outputs come back as ml_dtypes arrays (see :class:`onnxprec._ort.Session`)."""
     return create_session(model, optimization="all", what="the test model").run(feeds)
+
+
+def reference_perplexity(model: Path, windows: np.ndarray) -> float:
+    """The perplexity of the float LLM ``model`` on ``windows`` (``[W, T]`` token ids, one window a run, ONNX Runtime
+    CPU), measured once in a child process (its session does not stay in the test's process) and cached under
+    :data:`REFERENCE_CACHE`, keyed by the ids and by the size and modification time of the model's files."""
+    digest = hashlib.sha256(np.ascontiguousarray(windows).tobytes())
+    for file in sorted(model.parent.glob(f"{model.name}*")):  # the model and its external data
+        digest.update(f"{file.name}:{file.stat().st_size}:{file.stat().st_mtime_ns}".encode())
+    cached = REFERENCE_CACHE / f"{model.stem}-perplexity-{digest.hexdigest()[:16]}.json"
+    if not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        ids = cached.with_suffix(".ids.npy")
+        np.save(ids, windows)
+        code = "import sys; from onnxprec._testing import _write_perplexity; _write_perplexity(*sys.argv[1:])"
+        subprocess.run([sys.executable, "-c", code, str(model), str(ids), str(cached)], check=True)
+        ids.unlink()
+    return float(json.loads(cached.read_text())["perplexity"])
+
+
+def _write_perplexity(model: str, ids: str, out: str) -> None:
+    """:func:`reference_perplexity`'s child: the perplexity written atomically to ``out``."""
+    from onnxprec.metrics import Perplexity
+
+    session, perplexity = create_session(Path(model), optimization="all", what="the reference model"), Perplexity()
+    for window in np.load(ids):
+        perplexity.update(session.run({"input_ids": window[None]})[0], window[None])
+    partial = Path(out).with_suffix(".part")
+    partial.write_text(json.dumps({"model": model, "windows": len(np.load(ids)), "perplexity": perplexity.value}))
+    partial.replace(out)
 
 
 def run_each(model: onnx.ModelProto | str | Path, batches: Iterable[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
