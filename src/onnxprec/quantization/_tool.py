@@ -70,6 +70,7 @@ __all__ = [
     "nodes_to_exclude_option",
     "nothing_to_quantize",
     "sample_tokens_option",
+    "weight_rounding_option",
 ]
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,26 @@ def calibration_batch_size_option(default: int | None, note: str) -> Any:
 def sample_tokens_option(what: str) -> Any:
     """Token rows sampled per layer input for the tool's decisions (``what``: which inputs, for what)."""
     return option(512, flags=("--sample_tokens",), group=EXTRAS, metavar="N", help=f"Tokens sampled per {what}.")
+
+
+WEIGHT_ROUNDINGS: tuple[str, ...] = ("auto", "rtn", "gptq")
+
+
+def weight_rounding_option(how: str, nearest: str) -> Any:
+    """How a quantizer that rounds weights with GPTQ rounds them (INT8's and FP8's ``--weight_rounding``).
+
+    Args:
+        how: What is rounded to what, e.g. "INT8 weights are rounded".
+        nearest: What rtn is, e.g. "to nearest".
+    """
+    return option(
+        "auto",
+        choices=WEIGHT_ROUNDINGS,
+        group=EXTRAS,
+        help=f"How {how}: rtn ({nearest}), gptq (GPTQ on the layer's input Hessian from the calibration data, for "
+        "layers whose calibration saw at least as many input rows as the layer has inputs), auto (gptq for Conv "
+        "layers, rtn for MatMul/Gemm).",
+    )
 
 
 def gptq_damp_option(default: float | None, default_doc: str, *, group: str | None = None) -> Any:

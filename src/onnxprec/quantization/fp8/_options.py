@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from onnxprec._options import option
 from onnxprec.errors import InvalidArgumentError
-from onnxprec.quantization.int8 import CALIBRATION_METHODS, WEIGHT_ROUNDINGS, Int8Options
+from onnxprec.quantization import _tool
+from onnxprec.quantization.int8 import CALIBRATION_METHODS, Int8Options
 
 if TYPE_CHECKING:
     from onnxprec._ort import Optimization
@@ -51,14 +52,9 @@ class Fp8Options(Int8Options):
         help="Correct each layer's bias for the mean output shift of its FP8 weight on the calibration data (default: "
         "off, as ModelOpt: FP8's relative rounding errors have no mean to cancel).",
     )
-    weight_rounding: str = option(
-        "auto",
-        choices=WEIGHT_ROUNDINGS,
-        group="onnxprec extras",
-        help="How FP8 weights are rounded to E4M3's levels (each channel's scale that of rounding to nearest): rtn (to "
-        "nearest, as ModelOpt), gptq (GPTQ on the layer's input Hessian from the calibration data, for layers whose "
-        "calibration saw at least as many input rows as the layer has inputs), auto (gptq for Conv layers, rtn for "
-        "MatMul/Gemm).",
+    weight_rounding: str = _tool.weight_rounding_option(
+        "FP8 weights are rounded to E4M3's levels (each channel's scale that of rounding to nearest)",
+        "to nearest, as ModelOpt",
     )
     runtime: str = option(
         "trt",

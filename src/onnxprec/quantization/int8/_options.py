@@ -19,7 +19,7 @@ from onnxprec._arg_groups import (
 from onnxprec._options import compile_patterns, option
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.quantization import _tool
-from onnxprec.quantization._tool import EXTRAS
+from onnxprec.quantization._tool import EXTRAS, WEIGHT_ROUNDINGS
 
 if TYPE_CHECKING:
     from onnxprec._ort import Optimization
@@ -42,7 +42,6 @@ __all__ = [
 
 CALIBRATION_METHODS: tuple[str, ...] = ("max", "entropy", "percentile", "mse")
 RUNTIMES = ("ort-cpu", "ort-cuda", "trt")
-WEIGHT_ROUNDINGS: tuple[str, ...] = ("auto", "rtn", "gptq")
 ACTIVATION_MODES = ("auto", "static", "dynamic")
 HIGH_PRECISION_TYPES = ("fp32", "fp16", "bf16")
 ACTIVATION_TYPES = ("int8", "uint8", "int16", "uint16")
@@ -240,14 +239,7 @@ class Int8Options(_tool.QuantizationOptions):
         "weights is itself rounded to INT8 and computed by a second MatMulIntegerToFloat, w = s q + s_r q_r; more "
         "accurate, and slower on CPU).",
     )
-    weight_rounding: str = option(
-        "auto",
-        choices=WEIGHT_ROUNDINGS,
-        group=EXTRAS,
-        help="How INT8 weights are rounded: rtn (to nearest), gptq (GPTQ on the layer's input Hessian from the "
-        "calibration data, for layers whose calibration saw at least as many input rows as the layer has inputs), "
-        "auto (gptq for Conv layers, rtn for MatMul/Gemm).",
-    )
+    weight_rounding: str = _tool.weight_rounding_option("INT8 weights are rounded", "to nearest")
     gptq_damp: float | None = _tool.gptq_damp_option(
         None,
         "default: 1 with a 16-bit --activation_type, where the weights carry most of the error and a rounding fitted "
