@@ -39,7 +39,7 @@ that set the bounds: experiments/design_notes.md, "INT8 accuracy guard".
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -184,12 +184,14 @@ def describe_bounds(summary: TaskSummary, held_out: bool = False, bounds: Mappin
     return ", ".join(parts[:4]) + (f" and {len(parts) - 4} more" if len(parts) > 4 else "")
 
 
-def short_of_defaults(summary: TaskSummary, bounds: Mapping[str, float]) -> str:
-    """The outputs that keep a tool's own ``bounds`` (INT4's cosine >= 0.95 for plain values) but not INT8's
-    (:data:`DEFAULT_BOUNDS`: an embedding at cosine >= 0.99), as ``<output> cosine <value> < 0.99``; empty when
-    none."""
+def short_of_defaults(summary: TaskSummary, bounds: Mapping[str, float], names: Collection[str] | None = None) -> str:
+    """The outputs (of ``names``, or all) that keep a tool's own ``bounds`` (INT4's cosine >= 0.95 for plain values)
+    but not INT8's (:data:`DEFAULT_BOUNDS`: an embedding at cosine >= 0.99), as ``<output> cosine <value> < 0.99``;
+    empty when none."""
     parts = []
     for output in summary.outputs:
+        if names is not None and output.name not in names:
+            continue
         own, default = bound_of(output, bounds=bounds), bound_of(output)
         if own is None or default is None or own[1] >= default[1]:
             continue

@@ -115,7 +115,7 @@ class _Search:
 
     def holds(self, checked: guard.Checked) -> bool:
         """Whether ``checked`` keeps :data:`BOUNDS` and, raising, :data:`EMBEDDING_BOUND` on :attr:`raised`."""
-        return checked.ok and not _short(checked.summary, self.raised)
+        return checked.ok and not guard.short_of_defaults(checked.summary, BOUNDS, self.raised)
 
     def embeddings(self) -> tuple[str, ...]:
         """The float outputs that are embeddings (``[N, D]``, D > 1, judged by cosine: module docstring)."""
@@ -187,7 +187,7 @@ def _guard(source: ModelSource, options: Int4Options, model: ir.Model, report: I
     first, base = checked, report
     if not checked.ok:
         model, report, checked = _fallback(search, model, report, checked)
-    short = _short(checked.summary, search.embeddings()) if checked.ok else ""
+    short = guard.short_of_defaults(checked.summary, BOUNDS, search.embeddings()) if checked.ok else ""
     if short:
         model, report, checked = _raise(search, base, (model, report, checked), _weight_bytes(float_model))
     _record(
@@ -263,17 +263,6 @@ def _raise(search: _Search, base: Int4Report, result: _Result, float_bytes: int)
     logger.info("INT4 accuracy guard: raising %s to INT8's cosine >= %g within +%.3g MB", ", ".join(search.raised),
                 EMBEDDING_BOUND, search.max_cost / 1e6)  # fmt: skip
     return _fallback(search, model, report, checked)
-
-
-def _short(summary: TaskSummary, names: tuple[str, ...]) -> str:
-    """The outputs of ``names`` judged by cosine under :data:`EMBEDDING_BOUND`, as ``<output> cosine <value> < 0.99``;
-    empty when none is."""
-    return ", ".join(
-        f"{output.name} cosine {output.cosine:.5g} < {EMBEDDING_BOUND:g}"
-        for output in summary.outputs
-        if output.name in names and output.kind == "values" and output.metric == "cosine"
-        and output.cosine is not None and output.cosine < EMBEDDING_BOUND
-    )  # fmt: skip
 
 
 def _stored(report: Int4Report) -> int:
