@@ -266,7 +266,8 @@ def _raise(search: _Search, base: Int4Report, result: _Result, float_bytes: int)
 
 
 def _stored(report: Int4Report) -> int:
-    """The bytes the quantizable weights take in ``report``'s result: quantized, and those the guard kept in float."""
+    """The bytes the quantizable weights take in ``report``'s result (quantized, and those the guard kept in float)
+    less their float bytes, a constant of the model: only the difference of two results' values means anything."""
     return report.quantized_bytes - report.float_bytes
 
 
