@@ -304,10 +304,11 @@ def _write_perplexity(model: str, ids: str, out: str) -> None:
     from onnxprec.metrics import Perplexity
 
     session, perplexity = create_session(Path(model), optimization="all", what="the reference model"), Perplexity()
-    for window in np.load(ids):
+    windows = np.load(ids)
+    for window in windows:
         perplexity.update(session.run({"input_ids": window[None]})[0], window[None])
     partial = Path(out).with_suffix(".part")
-    partial.write_text(json.dumps({"model": model, "windows": len(np.load(ids)), "perplexity": perplexity.value}))
+    partial.write_text(json.dumps({"model": model, "windows": len(windows), "perplexity": perplexity.value}))
     partial.replace(out)
 
 
