@@ -5,7 +5,6 @@ is built (``python -m experiments.llm_corpus build``; skipped otherwise), the to
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -14,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 
 from experiments.llm_corpus import build
 from experiments.llm_corpus.synthetic import build_kv_decoder
 from onnxprec._io import load_model
+from onnxprec._testing import reference_path
 from onnxprec.calibration_data import CalibrationData
 from onnxprec.reference import run_reference
 
@@ -82,7 +81,6 @@ def test_every_corpus_model_in_pieces_equals_the_whole(path: Path) -> None:
     assert _check_pieces_equal_whole(path) > 2
 
 
-WHOLE_OUTPUTS_CACHE = Path("~/.cache/onnxprec/reference-outputs").expanduser()
 GEMMA3_270M = Path(os.environ.get("ONNXPREC_GEMMA3_270M", "~/.cache/onnxprec/gemma/fp32/model.onnx")).expanduser()
 
 
@@ -98,13 +96,7 @@ def test_gemma3_270m_in_pieces_equals_the_whole() -> None:
     run's own process then never holds on top of what earlier tests left resident."""
     data = GEMMA3_270M.parent / "model.onnx.data"
     assert GEMMA3_270M.stat().st_size + data.stat().st_size > 1 << 30
-    key = hashlib.sha256(
-        repr(
-            [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in (GEMMA3_270M, data)]
-            + [TOKENS, ort.__version__, np.__version__]
-        ).encode()
-    ).hexdigest()[:16]
-    cache = WHOLE_OUTPUTS_CACHE / f"gemma3-270m-{key}.npz"
+    cache = reference_path("gemma3-270m", [GEMMA3_270M, data], TOKENS, suffix="npz")
     code = (
         "import sys; from pathlib import Path; from experiments.llm_corpus import segments_test as t;"
         " print(t._check_pieces_equal_whole(Path(sys.argv[1]), segment_bytes=None, cache=Path(sys.argv[2])))"

@@ -18,13 +18,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._ort import create_session
+from onnxprec._ort import create_session, import_onnxruntime
 
 __all__ = [
     "REFERENCE_CACHE",
     "SHARED",
     "make_genai_folder",
     "make_model",
+    "reference_path",
     "reference_perplexity",
     "run",
     "run_cli",
@@ -281,14 +282,23 @@ def run(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> li
     return create_session(model, optimization="all", what="the test model").run(feeds)
 
 
+def reference_path(name: str, files: Sequence[Path], *inputs: object, suffix: str = "json") -> Path:
+    """Where a reference result measured from ``files`` (a float model and its external data) on ``inputs`` is kept:
+    under :data:`REFERENCE_CACHE`, keyed by the files' names, sizes and modification times, ``inputs`` and the
+    versions of onnxruntime and numpy."""
+    stats = [(file.name, file.stat().st_size, file.stat().st_mtime_ns) for file in files]
+    versions = [import_onnxruntime().__version__, np.__version__]
+    key = hashlib.sha256(repr([*stats, *inputs, *versions]).encode()).hexdigest()[:16]
+    return REFERENCE_CACHE / f"{name}-{key}.{suffix}"
+
+
 def reference_perplexity(model: Path, windows: np.ndarray) -> float:
     """The perplexity of the float LLM ``model`` on ``windows`` (``[W, T]`` token ids, one window a run, ONNX Runtime
-    CPU), measured once in a child process (its session does not stay in the test's process) and cached under
-    :data:`REFERENCE_CACHE`, keyed by the ids and by the size and modification time of the model's files."""
-    digest = hashlib.sha256(np.ascontiguousarray(windows).tobytes())
-    for file in sorted(model.parent.glob(f"{model.name}*")):  # the model and its external data
-        digest.update(f"{file.name}:{file.stat().st_size}:{file.stat().st_mtime_ns}".encode())
-    cached = REFERENCE_CACHE / f"{model.stem}-perplexity-{digest.hexdigest()[:16]}.json"
+    CPU), measured once in a child process (its session does not stay in the test's process) and kept at
+    :func:`reference_path`."""
+    ids_digest = hashlib.sha256(np.ascontiguousarray(windows).tobytes()).hexdigest()
+    files = sorted(model.parent.glob(f"{model.name}*"))  # the model and its external data
+    cached = reference_path(f"{model.stem}-perplexity", files, ids_digest)
     if not cached.exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         ids = cached.with_suffix(".ids.npy")
