@@ -575,7 +575,8 @@ def _search(
             names, check, target, proxy, steps, cost, options.float_compute,
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
             beyond=options.float_compute_extends, own_errors=own and guard.judges_regions(keep, producers),
-            isolated_cpu_seconds=None if emulated and not own else fallback.ISOLATED_CPU_SECONDS,
+            isolated_multiply_adds=None if emulated and not own else fallback.ISOLATED_MULTIPLY_ADDS,
+            node_work=fallback.node_runs(model, len(keep.outputs)),
         )  # fmt: skip
     return float_layers
 

@@ -7,7 +7,7 @@ fusions, as the user will: what is measured is what is saved.
 
 1. The all-INT8 model is checked; if it meets the target, nothing changes.
 2. Sensitivity (the sensitivity engine, :mod:`onnxprec.sensitivity`): with at most :data:`MAX_ISOLATED` layers whose
-   checks fit in :data:`ISOLATED_CPU_SECONDS`, how much the output error drops when that layer alone goes back to
+   checks fit in :data:`ISOLATED_MULTIPLY_ADDS`, how much the output error drops when that layer alone goes back to
    float (:func:`~onnxprec.sensitivity.isolated_gains`: one check per layer; it sees the interactions that the error
    of a layer quantized alone misses); with more, an estimate (:func:`estimated_sensitivity`): the layer's own output
    error on the calibration sample where the channel decisions measured it, else the Hessian-weighted error of its
@@ -20,7 +20,7 @@ fusions, as the user will: what is measured is what is saved.
    checked first; when they miss, so do the most that may go back beyond it (every layer but one) before a
    bisection between them: a guard that misses costs two checks, not a search.
 4. When that misses too and an output is judged by regions, each layer's own error (it alone INT8, every other
-   layer float: one real check per layer, with at most :data:`MAX_ISOLATED` layers) ranks them again and the same
+   layer float: one real check per layer, within the same limits) ranks them again and the same
    search runs on that order (:func:`_alone_first`): a gain measured from the all-INT8 model hides the layers whose
    error the others drown.
 
@@ -49,6 +49,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxprec import _ort
+from onnxprec._graph import all_graphs
 from onnxprec._progress import progress as counted
 from onnxprec._report import timed
 from onnxprec._tensors import float32_copy
@@ -67,22 +68,28 @@ from onnxprec.sensitivity import bisect_count, fewest, hessian_energy, isolated_
 
 __all__ = [
     "EMULATION_MAX_BYTES",
-    "ISOLATED_CPU_SECONDS",
+    "ISOLATED_MULTIPLY_ADDS",
     "MAX_ISOLATED",
+    "NODE_RUN_MULTIPLY_ADDS",
     "SearchWords",
     "emulates",
     "estimated_sensitivity",
     "measure",
+    "node_runs",
     "search",
 ]
 
 logger = logging.getLogger(__name__)
 
 MAX_ISOLATED = 64
-ISOLATED_CPU_SECONDS = 60.0
-"""The CPU seconds the isolated gains of a target search may take, estimated as the layers times the CPU seconds of
-the all-INT8 check; beyond it the proxy ranks the layers (as above :data:`MAX_ISOLATED`): a real check of a large
-image model runs for seconds, more where ONNX Runtime's CPU provider runs the Q/DQ unfused (``--runtime trt``)."""
+ISOLATED_MULTIPLY_ADDS = 2.4e12
+"""The work the isolated gains of a target search may take: the layers times the work of one check (every quantized
+layer's multiply-adds on the calibration data, plus :data:`NODE_RUN_MULTIPLY_ADDS` per node and batch); beyond it the
+proxy ranks the layers (as above :data:`MAX_ISOLATED`). A count, not a clock: the same model, data and flags make the
+same choice on any machine and under any load."""
+NODE_RUN_MULTIPLY_ADDS = 8e6
+"""What one node run on one batch counts as, in multiply-adds, in a check's work (ONNX Runtime's cost per node: a
+model of many small layers runs slower per multiply-add than one of a few large ones)."""
 EMULATION_MAX_BYTES = 256 * 1024 * 1024
 """The float weight bytes of the quantized layers up to which the target search emulates (a small transformer's fit)."""
 
@@ -111,6 +118,12 @@ def measure(
             target, calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
         )
     return dataclasses.replace(measurement, seconds=clock.seconds)
+
+
+def node_runs(model: ir.Model, batches: int) -> float:
+    """A check's work beyond its layers' multiply-adds: the nodes of ``model`` (its subgraphs' included) run on each
+    of ``batches`` batches, times :data:`NODE_RUN_MULTIPLY_ADDS`."""
+    return NODE_RUN_MULTIPLY_ADDS * batches * sum(len(graph) for graph in all_graphs(model.graph))
 
 
 def estimated_sensitivity(
@@ -178,7 +191,8 @@ def search(
     miss_level: int = logging.WARNING,
     words: SearchWords | None = None,
     beyond: bool = False,
-    isolated_cpu_seconds: float | None = None,
+    isolated_multiply_adds: float | None = None,
+    node_work: float = 0.0,
     own_errors: bool = False,
 ) -> tuple[list[str], Measurement]:
     """The fewest layers to keep in float so that ``check`` meets ``target``.
@@ -205,11 +219,13 @@ def search(
             over every ranked layer, most sensitive first, but never all of them (:func:`_beyond`): the accuracy
             guard's bound before speed, while some layers stay INT8. The largest count of each part is checked
             first (a guard that misses with them needs no search between), then a bisection finds the fewest.
-        isolated_cpu_seconds: The CPU seconds the isolated gains may take (layers times the all-INT8 check's); more:
-            ``proxy`` ranks the layers when it has them. None: no limit.
+        isolated_multiply_adds: The work the isolated gains may take: the layers times one check's (the sum of
+            ``cost`` over ``layers`` plus ``node_work``); more: ``proxy`` ranks the layers when it has them. None: no
+            limit.
+        node_work: A check's work beyond its layers' multiply-adds (:func:`node_runs`).
         own_errors: With ``beyond``, when that misses too, rank the layers by their own INT8 error and search again
-            (:func:`_alone_first`): for outputs judged by regions (:func:`~onnxprec.quantization.guard.
-            judges_regions`).
+            (:func:`_alone_first`, one real check per layer: only within ``isolated_multiply_adds``): for outputs
+            judged by regions (:func:`~onnxprec.quantization.guard.judges_regions`).
 
     Returns:
         The layers kept in float (most sensitive first) and the final (real) measurement.
@@ -222,7 +238,8 @@ def search(
         return [], first
     emulated = checks.start_emulation(emulate, first) if emulate is not None else None
     metric = target.bounds[0].metric if target.bounds else "rel_l2"
-    isolate = _isolate(len(layers), checks.first_cpu, bool(proxy), isolated_cpu_seconds)
+    work = _Work(len(layers), sum((cost or {}).get(name, 0.0) for name in layers) + node_work, isolated_multiply_adds)
+    isolate, own_errors = work.isolates(bool(proxy)), own_errors and work.fits()  # own errors: a check per layer too
     order, ranked = _order(
         layers, checks, first if emulated is None else emulated, metric, proxy, cost, max_float_compute, isolate
     )
@@ -305,17 +322,31 @@ def _beyond(
     return order[:high], best
 
 
-def _isolate(count: int, check_cpu: float, estimate: bool, isolated_cpu_seconds: float | None) -> bool:
-    """Whether each of ``count`` layers gets its own check (:func:`~onnxprec.sensitivity.isolated_gains`): at most
-    :data:`MAX_ISOLATED`, and, with an estimate to fall back on, checks of ``check_cpu`` each within
-    ``isolated_cpu_seconds``."""
-    if count > MAX_ISOLATED:
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    """What one real check per layer costs: ``count`` checks of ``multiply_adds`` each (the quantized layers' on the
+    calibration data and the node runs'), against ``budget`` (None: no limit). Counted from the model and the data,
+    never timed."""
+
+    count: int
+    multiply_adds: float
+    budget: float | None
+
+    def fits(self) -> bool:
+        """Whether a check per layer is allowed: at most :data:`MAX_ISOLATED` layers, their checks within budget."""
+        if self.count > MAX_ISOLATED:
+            return False
+        return self.budget is None or self.count * self.multiply_adds <= self.budget
+
+    def isolates(self, estimate: bool) -> bool:
+        """Whether each layer gets its own check (:func:`~onnxprec.sensitivity.isolated_gains`): :meth:`fits`, or,
+        with no estimate to fall back on, at most :data:`MAX_ISOLATED` layers."""
+        if self.fits() or (not estimate and self.count <= MAX_ISOLATED):
+            return True
+        if self.count <= MAX_ISOLATED:
+            logger.info("INT8 sensitivity estimated, not measured: %d layers' checks would take %.3g multiply-adds "
+                        "(over %.3g)", self.count, self.count * self.multiply_adds, self.budget)  # fmt: skip
         return False
-    if estimate and isolated_cpu_seconds is not None and count * check_cpu > isolated_cpu_seconds:
-        logger.info("INT8 sensitivity estimated, not measured: %d layers' checks would take about %.0f CPU s "
-                    "(one took %.1f)", count, count * check_cpu, check_cpu)  # fmt: skip
-        return False
-    return True
 
 
 def _further(
@@ -345,7 +376,7 @@ def _alone_first(
     layer is back in float, the next ones each remove little, while several layers that each add a large error of
     their own stay INT8 (a text detector's early, full-resolution layers). Each layer's own error sees them."""
     w = checks.words
-    if not 2 <= len(layers) <= MAX_ISOLATED:  # one layer: none would stay INT8; more: a check each costs too much
+    if len(layers) < 2:  # one layer: none would stay INT8 (the caller keeps the count within MAX_ISOLATED)
         return None
     everything = set(layers)
     logger.info("The %ss %s by their gains miss the accuracy guard: each %s's own INT8 error ranks them",
@@ -373,7 +404,6 @@ class _Checks:
         self.check, self.target, self.steps, self.words = check, target, steps, words
         self.emulate: Callable[[Collection[str]], Measurement] | None = None
         self.scale: ErrorScale | None = None
-        self.first_cpu = 0.0  # the CPU seconds of the first real check (every thread of the process)
 
     def record(self, measurement: Measurement, floats: Collection[str], what: str, kind: str) -> Measurement:
         self.steps.append({"what": what, "kind": kind, "float_layers": len(floats), "ok": measurement.ok,
@@ -389,10 +419,7 @@ class _Checks:
         return measurement
 
     def real(self, floats: Collection[str], what: str) -> Measurement:
-        with timed() as timer:
-            measurement = self.check(floats)
-        if not self.first_cpu:
-            self.first_cpu = timer.cpu_seconds
+        measurement = self.check(floats)
         return self.record(measurement, floats, what, "real")
 
     def trial(self, floats: Collection[str], what: str) -> Measurement:

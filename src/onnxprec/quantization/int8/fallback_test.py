@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 
 from onnxprec.accuracy import MAX_REAL_CHECKS, AccuracyTarget, Measurement
@@ -81,25 +82,34 @@ def test_an_emulated_choice_that_misses_for_real_sends_more_layers_back() -> Non
     assert final.ok == (MAX_REAL_CHECKS >= 3) and floats[0] == "l7"  # 3 are needed: 4 hold, 2 do not
 
 
-def test_the_proxy_ranks_the_layers_when_their_isolated_checks_would_take_too_long() -> None:
-    """Eight layers under MAX_ISOLATED: within the CPU budget each is checked alone in float; over it (the layers times
-    the all-INT8 check's CPU seconds), the proxy ranks them and the search finds the same layers without those
-    checks."""
+@pytest.mark.parametrize("spin", [0, 300])
+def test_the_proxy_ranks_the_layers_when_their_isolated_checks_would_cost_too_much(spin: int) -> None:
+    """Eight layers under MAX_ISOLATED: when the layers times one check's multiply-adds (the sum of ``cost``) fit in
+    the budget each is checked alone in float; over it, the proxy ranks them and the search finds the same layers
+    without those checks. The choice is counted, not timed: a check that burns CPU (``spin``) changes nothing."""
     errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}
     target, real = _measured(errors, "rel_l2<=0.08")
     tried: list[int] = []
 
     def check(floats: Collection[str]) -> Measurement:
         tried.append(len(floats))
-        np.linalg.svd(np.ones((300, 300)))  # CPU time to measure
+        if spin:
+            np.linalg.svd(np.ones((spin, spin)))  # CPU time the old clock-based choice would have counted
         return real(floats)
 
     proxy = {name: e * e for name, e in errors.items()}
-    measured, _ = fallback.search(list(errors), check, target, proxy, [], isolated_cpu_seconds=1e9)
+    cost = dict.fromkeys(errors, 1e6)  # one check: 8e6 multiply-adds, all eight: 6.4e7
+    measured, _ = fallback.search(list(errors), check, target, proxy, [], cost, isolated_multiply_adds=6.4e7)
     assert tried[1 : 1 + len(errors)] == [1] * len(errors)  # each layer alone
     tried.clear()
     steps: list[dict[str, Any]] = []
-    estimated, final = fallback.search(list(errors), check, target, proxy, steps, isolated_cpu_seconds=1e-9)
+    estimated, final = fallback.search(list(errors), check, target, proxy, steps, cost, isolated_multiply_adds=6.3e7)
     assert final.ok and estimated == measured == ["l7", "l6", "l5"]
     assert tried == [0, 1, 2, 4, 3]  # the all-INT8 model, then 1, 2, 4 most sensitive and a bisection
     assert not any(step["what"].startswith("gain of each layer") for step in steps)
+
+
+def test_a_checks_node_work_counts_every_node_on_every_batch() -> None:
+    model = ir.serde.deserialize_model(tiny_cnn())
+    nodes = sum(1 for _ in model.graph)
+    assert fallback.node_runs(model, 3) == fallback.NODE_RUN_MULTIPLY_ADDS * 3 * nodes

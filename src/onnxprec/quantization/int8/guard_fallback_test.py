@@ -163,6 +163,10 @@ def test_when_gains_hide_the_layers_that_carry_the_error_their_own_errors_rank_t
                                     beyond=True, own_errors=True)  # fmt: skip
     assert final.ok and floats == ["l0", "l1", "l2"]
     assert any(s.get("what") == "layers by their own INT8 error (rel_l2)" for s in steps)
+    steps.clear()  # a check per layer over the work budget (4 layers x 4 multiply-adds > 15): no own-error ranking
+    floats, final = fallback.search(list(errors), check, target, {}, steps, dict.fromkeys(errors, 1.0), 0.25,
+                                    beyond=True, own_errors=True, isolated_multiply_adds=15)  # fmt: skip
+    assert not final.ok and not any("own INT8 error" in str(s.get("what")) for s in steps)
 
 
 def _independent_errors(
