@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     from onnxprec.quantization.int8 import _api, fallback
     from onnxprec.quantization.int8._options import Int8Options
     from onnxprec.quantization.int8._report import Int8Report
+    from onnxprec.quantization.int8.accuracy_steps import apply_decisions
     from onnxprec.quantization.int8.decide import decide, plan_for
     from onnxprec.quantization.int8.emulation import Int8Emulator
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         return 1 - value if args.metric == "cosine" else value
 
     def real(floats: list[str]) -> Any:
-        candidate, _ = _api._apply(model, options, decisions, floats)
+        candidate, _ = apply_decisions(model, options, decisions, floats)
         return fallback.measure(candidate, target, keep)
 
     result: dict[str, Any] = {"model": args.onnx_path, "layers": len(names), "metric": args.metric}

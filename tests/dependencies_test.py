@@ -48,7 +48,7 @@ class _TransposeRelu(pattern.PatternBase):
 
 
 def test_a_list_attribute_in_a_pattern_matches_the_tuple_onnx_ir_reads() -> None:
-    # as int8/decide's attention-value match (_MergedHeads) writes its Transposes' perm
+    # as int8/fold_values's attention-value match (_MergedHeads) writes its Transposes' perm
     x = helper.make_tensor_value_info("x", 1, [1, 2, 3, 4])
     y = helper.make_tensor_value_info("y", 1, None)
     nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]), helper.make_node("Relu", ["t"], ["y"])]

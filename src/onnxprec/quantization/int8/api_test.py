@@ -742,7 +742,7 @@ def test_context_smoothing_folds_into_the_value_layer(tmp_path: Path, monkeypatc
     """The attention context's SmoothQuant ``1/s`` goes into V's weight columns and bias (the heads mix tokens, not
     channels): no Mul before the output layer's quantizer, the same outputs as the explicit Mul, the tensors on the
     way renamed."""
-    from onnxprec.quantization.int8 import decide
+    from onnxprec.quantization.int8 import fold_values
 
     source = tmp_path / "attention.onnx"
     onnx.save(_attention(), source)
@@ -750,7 +750,7 @@ def test_context_smoothing_folds_into_the_value_layer(tmp_path: Path, monkeypatc
     folded, explicit = tmp_path / "folded.onnx", tmp_path / "explicit.onnx"
     report = quantize_file(source, folded, calibration_data=runs, outlier_channels=0)
     assert next(layer.alpha for layer in report.layers if layer.name == "/attn/o/MatMul") is not None
-    monkeypatch.setattr(decide, "_attention_values", lambda *args: None)
+    monkeypatch.setattr(fold_values, "attention_values", lambda *args: None)
     quantize_file(source, explicit, calibration_data=runs, outlier_channels=0)
     graph, other = onnx.load(folded).graph, onnx.load(explicit).graph
     producers = {out: n for n in graph.node for out in n.output}

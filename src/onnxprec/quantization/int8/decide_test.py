@@ -18,7 +18,7 @@ from onnxprec._testing import F, make_model, run, tensor_info
 from onnxprec.observers import Histogram
 from onnxprec.quantization._testing import optimized_ops
 from onnxprec.quantization.algorithms.ranges import quantization_noise
-from onnxprec.quantization.int8 import Int8Report, decide, quantize_file
+from onnxprec.quantization.int8 import Int8Report, fold_values, quantize_file
 from onnxprec.quantization.int8.api_test import _attention
 from onnxprec.quantization.int8.decide import DEPTHWISE_MAX_NOISE
 
@@ -138,6 +138,6 @@ def test_attention_values_are_v_unless_a_value_on_the_way_has_another_reader(als
     model = ir.serde.deserialize_model(proto)
     ir.passes.common.ShapeInferencePass()(model)
     context = next(node for node in model.graph if node.name == "/attn/merge").outputs[0]
-    values = decide._attention_values(context, 64)
+    values = fold_values.attention_values(context, 64)
     assert (values.name if values is not None else None) == ("va" if also_read is None else None)
-    assert decide._attention_values(context, 60) is None  # 60 is no multiple of the head size 16
+    assert fold_values.attention_values(context, 60) is None  # 60 is no multiple of the head size 16
