@@ -4,7 +4,7 @@
     python -m benchmarks int4 [--plan smollm2|synthetic|genai|all] [--tools ...]   (INT4: benchmarks/int4.py)
     python -m benchmarks utilities [--models ...] [--tools ...]   (issue 10's tools: benchmarks/utilities.py)
     python -m benchmarks int8 [--models ...] [--tools ...]   (INT8 with the anchors: benchmarks/int8.py)
-    python -m benchmarks corpus [--models ...] [--tools ...] [--jobs 1] [--report-only]   (benchmarks/corpus.py)
+    python -m benchmarks corpus [--models ...] [--tools ...] [--table] [--report-only]   (benchmarks/corpus.py)
     python -m benchmarks report
     python -m benchmarks tools
 
@@ -68,13 +68,25 @@ def _parser() -> argparse.ArgumentParser:
             r.add_argument("--plan", default="all", choices=sorted(int4.PLANS), help="which models (default: all)")
             r.add_argument("--decode-from", type=Path, help="only time genai decode of outputs in DIR/<model>/<tool>/")
             r.add_argument("--providers", default="cpu", help="the genai decode timing's provider: cpu or cuda")
-    c = sub.add_parser("corpus", help="every tool on every corpus model, then RELIABILITY.md (benchmarks/corpus.py)")
+    c = sub.add_parser(
+        "corpus",
+        help="every tool on every corpus model, then RELIABILITY.md (benchmarks/corpus.py)",
+        description="Runs the tools on the corpus models. A run of every model and tool writes "
+        "corpus-<date>.json and RELIABILITY.md's table; with --models or --tools only the results file "
+        "(corpus-<date>-part-...json in --results-dir), unless --table asks for the table too.",
+    )
     c.add_argument("--models", nargs="*", help="corpus models, comma or space separated (default: all with inputs)")
     c.add_argument("--tools", nargs="*", help=f"tool ids (default: all): {', '.join(corpus.TOOLS)}")
     c.add_argument("--jobs", type=int, default=1, help="models run in parallel (default 1; latency needs 1)")
     c.add_argument("--timeout", type=float, default=600.0, help="seconds per tool run (default 600)")
     c.add_argument("--results-dir", type=Path, default=harness.RESULTS_DIR)
     c.add_argument("--report-only", action="store_true", help="only regenerate RELIABILITY.md's corpus section")
+    c.add_argument(
+        "--table",
+        action="store_true",
+        help="with --models or --tools, render RELIABILITY.md's table from this run too (default: only the "
+        "results file; a run of every model and tool always renders it)",
+    )
     c.add_argument(
         "--results",
         type=Path,
@@ -132,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results_dir=a.results_dir,
                 command="python -m benchmarks " + shlex.join(argv),
             )
-            print(corpus.run(config, a.jobs))
+            print(corpus.run(config, a.jobs, table=True if a.table else None))
             return 0
         if a.cmd != "report":
             print(PARTS[a.cmd][1](_config(a, argv)))

@@ -1,6 +1,6 @@
 """The corpus part: every tool on every corpus model (``zoo.corpus``), as a user runs it, judged by its task metric.
 
-    python -m benchmarks corpus [--models M,...] [--tools T,...] [--jobs 1] [--timeout 600] [--report-only]
+    python -m benchmarks corpus [--models M,...] [--tools T,...] [--jobs 1] [--timeout 600] [--table] [--report-only]
 
 Every tool of :data:`TOOLS` runs as its own process through onnxprec's command line (the anchors through their own
 entry points in the anchors venv, on a copy of the model) with a timeout, on the corpus model and its calibration
@@ -14,8 +14,10 @@ Each cell (exit code, the tool's one-line message when it failed, the metric, pa
 cached in ``<corpus>/cells/<model>/<tool>/<key>/cell.json``, the key made of the model's sha256, its inputs, the
 command and the onnxprec sources (their hash) or the anchors' versions: a rerun only redoes what changed, and runs
 of different sources keep their cells side by side. A run first reports every model's current cached cells.
-The run writes ``benchmarks/results/corpus-<date>.json`` and regenerates RELIABILITY.md's first section
-(:mod:`benchmarks.report_corpus`).
+A run of every model and tool writes ``benchmarks/results/corpus-<date>.json`` and regenerates RELIABILITY.md's first
+section (:mod:`benchmarks.report_corpus`). A run of some (``--models`` or ``--tools``) writes only its results file,
+``corpus-<date>-part-<models>-<tools>.json`` (which ``--report-only`` does not take as the newest), and leaves
+RELIABILITY.md alone: its table of one model would replace the merged one. ``--table`` renders it all the same.
 """
 
 from __future__ import annotations
@@ -343,8 +345,21 @@ def run_model(config: RunConfig, name: str, rec: dict[str, Any], tools: Sequence
     return block
 
 
-def run(config: RunConfig, jobs: int = 1) -> Path:
-    """Every tool on every corpus model with inputs; writes the results file and RELIABILITY.md's section."""
+def results_name(models: Sequence[str], tools: Sequence[str]) -> str:
+    """The results file's name: ``corpus-<date>.json`` for every model and tool, else ``corpus-<date>-part-<models>-
+    <tools>.json`` (one's name, or how many)."""
+    date = f"{dt.date.today():%Y-%m-%d}"
+    if not models and not tools:
+        return f"corpus-{date}.json"
+    part = [names[0] if len(names) == 1 else f"{len(names)}{what}" if names else f"all{what}"
+            for names, what in ((models, "models"), (tools, "tools"))]  # fmt: skip
+    return f"corpus-{date}-part-{'-'.join(part).replace(':', '_')}.json"
+
+
+def run(config: RunConfig, jobs: int = 1, table: bool | None = None) -> Path:
+    """Every tool (``config.tools``, default all) on every corpus model with inputs (``config.models``, default all);
+    writes the results file and, with ``table`` (None: when the run covers every model and tool), RELIABILITY.md's
+    section."""
     manifest = zcorpus.load_manifest()
     models = config.models or zcorpus.ready(manifest)
     if unknown := [m for m in models if m not in manifest["models"]]:
@@ -357,7 +372,7 @@ def run(config: RunConfig, jobs: int = 1) -> Path:
     versions = {"project": f"src {onnxprec_source_hash()}",
                 "anchors": json.dumps(data["versions"]["anchors"], sort_keys=True)}  # fmt: skip
     data.update(git=_git("rev-parse", "--short=10", "HEAD"), corpus=manifest["corpus"], tools=list(TOOLS), models={})
-    path = config.results_dir / f"corpus-{dt.date.today():%Y-%m-%d}.json"
+    path = config.results_dir / results_name(config.models or [], config.tools or [])
     for m in models:  # first every model's current cached cells, so that a stopped run still reports them
         data["models"][m] = run_model(config, m, manifest["models"][m], (), versions)
     _write(path, data)
@@ -371,7 +386,10 @@ def run(config: RunConfig, jobs: int = 1) -> Path:
                 data["models"][m] = {"error": f"{type(e).__name__}: {e}"[:300], **_meta(manifest["models"][m])}
             data["finished"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
             _write(path, data)
-    report_corpus.write(path)
+    if table if table is not None else not (config.models or config.tools):
+        report_corpus.write(path)
+    else:
+        logger.info("RELIABILITY.md left as it is (a run of some models or tools; --table renders it): %s", path)
     return path
 
 

@@ -129,3 +129,42 @@ def test_merge_takes_later_cells_and_cites_each_run(tmp_path: Path) -> None:
     text = "\n".join(report_corpus.section(merged, "benchmarks/results/corpus-merged.json"))
     assert "Merged from 2 runs" in text and "--tools int8" in text and "columns run here: `fp8`, `int8`" in text
     assert "| `fp8` |" in text  # its column
+
+
+@pytest.mark.parametrize(("models", "tools", "table", "renders"), [
+    (["m"], ["int8:trt"], None, False),  # one model: its results file only, RELIABILITY.md untouched
+    ([], ["int8"], None, False),  # one tool on every model: the same
+    (["m"], [], True, True),  # --table asks for it
+    ([], [], None, True),  # every model and tool: the table
+])  # fmt: skip
+def test_a_run_of_some_models_or_tools_leaves_the_table_alone(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    models: list[str],
+    tools: list[str],
+    table: bool | None,
+    renders: bool,
+) -> None:
+    rec = {"kind": "image", "package": "p==1", "metric": "top1", "bound": 0.99, "total_bytes": 1}
+    monkeypatch.setattr(corpus.zcorpus, "load_manifest", lambda: {"corpus": "c", "models": {"m": rec}})
+    monkeypatch.setattr(corpus.zcorpus, "ready", lambda manifest: ["m"])
+    ran: list[tuple[str, ...]] = []
+    monkeypatch.setattr(corpus, "run_model", lambda config, name, rec, tools, versions: ran.append(tuple(tools))
+                        or {"kind": rec["kind"], "cells": {}})  # fmt: skip
+    rendered: list[Path] = []
+    monkeypatch.setattr(corpus.report_corpus, "write", rendered.append)
+    config = corpus.RunConfig(models=models, tools=tools, results_dir=tmp_path)
+    path = corpus.run(config, table=table)
+    assert json.loads(path.read_text())["models"]["m"] == {"kind": "image", "cells": {}}
+    assert rendered == ([path] if renders else [])
+    assert ("-part-" in path.name) == bool(models or tools)
+    assert ran[-1] == tuple(tools or corpus.TOOLS)
+
+
+def test_newest_skips_the_results_of_a_run_of_some(tmp_path: Path) -> None:
+    full = tmp_path / "corpus-2026-01-01.json"
+    full.write_text("{}")
+    (tmp_path / "corpus-2026-01-02-part-m-int8.json").write_text("{}")  # written later
+    assert report_corpus.newest(tmp_path) == full
+    assert corpus.results_name(["a", "b"], ["int8:trt"]).endswith("-part-2models-int8_trt.json")
+    assert corpus.results_name([], ["int8", "fp8"]).endswith("-part-allmodels-2tools.json")

@@ -29,7 +29,9 @@ SHORT = {"pass": "✓", "destroyed": "✗", "unloadable": "✗ no load", "refuse
 
 
 def newest(results_dir: Path = RESULTS_DIR) -> Path:
-    files = sorted(results_dir.glob("corpus-*.json"), key=lambda p: p.stat().st_mtime)
+    """The newest corpus results file, not counting a run of some models or tools (``corpus-<date>-part-*``)."""
+    files = [p for p in results_dir.glob("corpus-*.json") if "-part-" not in p.name]
+    files.sort(key=lambda p: p.stat().st_mtime)
     if not files:
         raise FileNotFoundError(f"no corpus-*.json in {results_dir}: run `python -m benchmarks corpus` first")
     return files[-1]
