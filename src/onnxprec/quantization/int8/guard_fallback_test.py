@@ -180,3 +180,33 @@ def _independent_errors(
         return Measurement({"y": {"rel_l2": value, "nonfinite": 0}}, target.bounds[0].holds(value))
 
     return check
+
+
+def _cancelling(tmp_path: Path) -> tuple[Path, list[dict[str, np.ndarray]]]:
+    """A float MatMul whose weights are 300 plus small terms, on inputs whose halves cancel (``[a, -a]``: the 300s
+    add to zero), then an INT8 MatMul. In FP16 the weights' small terms round away (300's step is 0.25): the float
+    remainder in FP16 destroys the output, in FP32 it is exact."""
+    rng = np.random.default_rng(0)
+    weights = {"w2": (300 + rng.standard_normal((16, 16)) / 100).astype(np.float32),
+               "w1": (rng.standard_normal((16, 16)) / 4).astype(np.float32)}  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w2"], ["h"], name="cancel"),
+             helper.make_node("MatMul", ["h", "w1"], ["y"], name="mm")]  # fmt: skip
+    source = tmp_path / "m.onnx"
+    onnx.save(make_model(nodes, [tensor_info("x", F, [4, 16])], [tensor_info("y", F, [4, 16])], weights), source)
+    halves = [rng.standard_normal((4, 8)).astype(np.float32) for _ in range(8)]
+    return source, [{"x": np.concatenate([a, -a], axis=1)} for a in halves]
+
+
+def test_a_float_remainder_that_misses_the_guard_in_fp16_stays_fp32(tmp_path: Path) -> None:
+    """On trt the float remainder goes to FP16 after the target search, which measured it in FP32: when FP16 misses
+    the guard and FP32 meets it, the result keeps FP32 and says why; an FP16 the user asked for is kept, refused."""
+    source, runs = _cancelling(tmp_path)
+    common = {"calibration_data": runs, "runtime": "trt", "nodes_to_exclude": ["cancel"]}
+    report = quantize_file(source, tmp_path / "q.onnx", **common)
+    assert report.check["passed"] and report.float_type == "fp32" and report.autocast is None
+    assert report.fp32_remainder == "fp16 missed the accuracy guard, y top1 >= 0.98"
+    assert report.to_json()["fp32_remainder"] == report.fp32_remainder and "float remainder fp32" in report.summary
+    written = onnx.load(tmp_path / "q.onnx").graph
+    assert {i.name: i.data_type for i in written.initializer}["w2"] == onnx.TensorProto.FLOAT
+    with pytest.raises(AccuracyGuardError, match="misses the accuracy guard"):
+        quantize_file(source, tmp_path / "fp16.onnx", high_precision_dtype="fp16", **common)
