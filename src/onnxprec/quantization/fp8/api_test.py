@@ -205,3 +205,53 @@ def test_without_data_fp8_refuses_in_one_line_as_int8_does(tmp_path: Path) -> No
     with pytest.raises(CalibrationDataError, match=r"^No calibration data: FP8.s activation ranges .* pass"):
         quantize_file(source, tmp_path / "out.onnx")
     assert not (tmp_path / "out.onnx").exists()
+
+
+def _gemv_model() -> onnx.ModelProto:
+    """One row a run (a wake-word head): every Gemm is a GEMV, which TensorRT's FP8 rules keep float."""
+    rng = np.random.default_rng(3)
+    h = onnx.helper
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.2, name)
+             for name, shape in (("W1", (64, 32)), ("B1", (32,)), ("W2", (32, 1)), ("B2", (1,)))]  # fmt: skip
+    nodes = [
+        h.make_node("Gemm", ["X", "W1", "B1"], ["h"], name="Gemm_0"),
+        h.make_node("Relu", ["h"], ["r"]),
+        h.make_node("Gemm", ["r", "W2", "B2"], ["z"], name="Gemm_1"),
+        h.make_node("Sigmoid", ["z"], ["Y"]),
+    ]
+    graph = h.make_graph(nodes, "gemv", [h.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [1, 64])],
+                         [h.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [1, 1])], inits)  # fmt: skip
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+
+
+def test_every_layer_kept_fp16_by_tensorrts_rules_writes_the_fp16_remainder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As ModelOpt: no layer for FP8 (GEMVs) -> the model written without Q/DQ, its remainder FP16, one WARNING,
+    judged by the guard as any result; INT8's TensorRT placement still refuses it."""
+    from onnxprec.errors import UnsupportedModelError
+    from onnxprec.quantization.int8 import quantize_file as int8_quantize_file
+
+    source, out = tmp_path / "gemv.onnx", tmp_path / "fp8.onnx"
+    onnx.save(_gemv_model(), source)
+    rng = np.random.default_rng(4)
+    data = [{"X": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(16)]
+    with caplog.at_level("WARNING"):
+        report = quantize_file(source, out, calibration_data=data)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("FP8 quantizes none of the 2 candidate layers ('Gemm_0'")
+    assert "TensorRT: a GEMV (one output row) stays float" in warnings[0]
+    assert report.summary.startswith("FP8 for trt: 0/0 layers quantized")
+    assert "none quantized: the placement rules skipped all 2 candidates" in report.summary
+    assert report.check["passed"] and report.check["guard"] == "on" and report.autocast
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops and ops.count("Cast") == 2  # FP32 I/O
+    assert {i.data_type for i in model.graph.initializer} == {onnx.TensorProto.FLOAT16}
+    for seed in range(3):
+        feeds = {"X": np.random.default_rng(10 + seed).standard_normal((1, 64)).astype(np.float32)}
+        assert _rel(_run(source, feeds), _run(out, feeds)) < 1e-2
+    with pytest.raises(UnsupportedModelError, match=r"Nothing to quantize.*TensorRT: a GEMV"):
+        int8_quantize_file(source, tmp_path / "int8.onnx", calibration_data=data, runtime="trt")
+    assert not (tmp_path / "int8.onnx").exists()

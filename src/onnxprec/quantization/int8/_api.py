@@ -48,7 +48,13 @@ from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass, 
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
 from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 from onnxprec.quantization import guard
-from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
+from onnxprec.quantization._tool import (
+    QuantizationTool,
+    check_float_model,
+    check_selection,
+    nothing_to_quantize,
+    remainder_only,
+)
 from onnxprec.quantization.activation_stats import pruned_copy, quiet_onnx_ir
 from onnxprec.quantization.int8 import fallback, input_layers
 from onnxprec.quantization.int8._options import Int8Options
@@ -305,14 +311,10 @@ def _forget_inferred_shapes(model: ir.Model, declared: Collection[str]) -> int:
     return dropped
 
 
-def _copy(model: ir.Model) -> ir.Model:
-    return pruned_copy(model, [])
-
-
 def _apply(
     model: ir.Model, options: Int8Options, decisions: Decisions, float_layers: Collection[str] = ()
 ) -> tuple[ir.Model, Plan]:
-    copy = _copy(model)
+    copy = pruned_copy(model, [])
     plan = build(copy, options, decisions, float_layers)
     return copy, plan
 
@@ -366,7 +368,7 @@ def _load_and_place(run: Int8Run) -> None:
     )
     report.excluded, report.skipped = plan.excluded, plan.skipped
     report.in_subgraphs = dict(plan.in_subgraphs)
-    if not plan.layers:
+    if not plan.layers and not remainder_only(options, plan.skipped, plan.excluded or plan.in_subgraphs):
         excluded_by = "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
         skipped = f"{len(plan.skipped)} skipped"
         if plan.in_subgraphs:
