@@ -278,13 +278,7 @@ def _sample_errors(decisions: Decisions) -> dict[str, float | None]:
 
 def _declared_shapes(model: ir.Model) -> set[str]:
     """Names of the intermediate values whose shape the model itself declares (its value_info)."""
-    return {
-        str(node_output.name)
-        for graph in all_graphs(model.graph)
-        for node in graph
-        for node_output in node.outputs
-        if node_output.shape is not None
-    }
+    return {str(v.name) for g in all_graphs(model.graph) for node in g for v in node.outputs if v.shape is not None}
 
 
 def _forget_inferred_shapes(model: ir.Model, declared: Collection[str]) -> int:
@@ -432,7 +426,7 @@ def _target_search(run: Int8Run) -> None:
     """The float fallback: the fewest most sensitive layers in float for the target."""
     assert run.target is not None
     run.float_layers = _search(run.model, run.options, run.plan, run.decisions, run.target, run.producers, run.keep,
-                               run.held_out, run.proxy, run.cost, run.report)  # fmt: skip
+                               run.held_out, run.proxy, run.cost, run.report, run.data)  # fmt: skip
 
 
 def _build(run: Int8Run) -> None:
@@ -544,9 +538,10 @@ def _search(
     proxy: dict[str, float],
     cost: dict[str, float],
     report: Int8Report,
+    data: CalibrationData | None = None,
 ) -> list[str]:
     """The float fallback: the fewest most sensitive layers in float for ``target`` (the user's, or the guard's,
-    whose verdict is the task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
+    whose verdict is the task metric of each output: :func:`onnxprec.quantization.guard.holds`), confirmed as saved."""
     names = [
         layer.name for layer in plan.layers if layer.name in decisions.layers and layer.name not in decisions.kept_float
     ]
@@ -555,6 +550,10 @@ def _search(
 
     def check(floats: Collection[str]) -> Measurement:
         return _measure(_apply(model, options, decisions, floats)[0], options, target, producers, keep, held_out)
+
+    def saved(floats: Collection[str]) -> Measurement:  # as _build writes it: the remainder converted on ``data``
+        candidate = _autocast(_apply(model, options, decisions, floats)[0], options, report, data)
+        return _measure(candidate, options, target, producers, keep, held_out)
 
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
         emulators: list[Int8Emulator] = []
@@ -578,6 +577,7 @@ def _search(
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
             beyond=options.float_compute_extends, own_errors=own and guard.judges_regions(keep, producers),
             isolated_cpu_seconds=None if emulated and not own else fallback.ISOLATED_CPU_SECONDS,
+            saved=saved if options.float_type != "fp32" else None,
         )  # fmt: skip
     return float_layers
 

@@ -103,3 +103,26 @@ def test_the_proxy_ranks_the_layers_when_their_isolated_checks_would_take_too_lo
     assert final.ok and estimated == measured == ["l7", "l6", "l5"]
     assert tried == [0, 1, 2, 4, 3]  # the all-INT8 model, then 1, 2, 4 most sensitive and a bisection
     assert not any(step["what"].startswith("gain of each layer") for step in steps)
+
+
+def test_a_choice_that_misses_as_saved_sends_the_next_ranked_layers_back() -> None:
+    """Checked with an FP32 remainder, 3 layers in float hold; the model as saved (an FP16 remainder, here an extra
+    error of 0.04) needs 4: the next ranked one goes back, checked as saved. Holding there, the choice stays."""
+    errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}
+    target, real = _measured(errors, "rel_l2<=0.08")
+    _, remainder = _measured({**errors, "fp16": 0.04}, "rel_l2<=0.08")  # the remainder's error never goes back
+    saved: list[int] = []
+
+    def as_saved(floats: Collection[str]) -> Measurement:
+        saved.append(len(floats))
+        return remainder(floats)
+
+    steps: list[dict[str, Any]] = []
+    floats, final = fallback.search(list(errors), real, target, {}, steps, saved=as_saved)
+    assert final.ok and floats == ["l7", "l6", "l5", "l4"]  # with l4 INT8 too: sqrt(0.0055 + 0.0016) = 0.084
+    assert saved == [3, 6, 4]  # the search's choice, galloping to twice as many, then bisecting
+    assert [s["kind"] for s in steps if "kind" in s].count("as saved") == len(saved)
+    assert remainder(floats).ok and not remainder(floats[:3]).ok
+    quiet: list[int] = []
+    floats, final = fallback.search(list(errors), real, target, {}, [], saved=lambda f: quiet.append(1) or real(f))
+    assert final.ok and floats == ["l7", "l6", "l5"] and quiet == [1]  # holding as saved: one check, no change
