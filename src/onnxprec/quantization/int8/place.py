@@ -477,7 +477,8 @@ def _residual_adds(nodes: Sequence[ir.Node], plan: Plan, allowed: Callable[[ir.N
         if len(inputs) != 2 or any(v.dtype not in _FLOAT for v in inputs):
             continue
         writers = [writer(v) for v in inputs]
-        if all(w is None for w in writers) or _computed_from(*inputs, layers) or _computed_from(*inputs[::-1], layers):
+        a, b = inputs
+        if all(w is None for w in writers) or _computed_from(a, b, layers) or _computed_from(b, a, layers):
             continue
         fused = next((v for v, w in zip(inputs, writers) if w is not None and w.op_type == "Conv"), None)
         for value in inputs:
