@@ -309,8 +309,7 @@ def _apply(
     model: ir.Model, options: Int8Options, decisions: Decisions, float_layers: Collection[str] = ()
 ) -> tuple[ir.Model, Plan]:
     copy = pruned_copy(model, [])
-    plan = build(copy, options, decisions, float_layers)
-    return copy, plan
+    return copy, build(copy, options, decisions, float_layers)
 
 
 @dataclasses.dataclass
@@ -411,7 +410,8 @@ def _decisions(run: Int8Run) -> None:
         run.decisions.varying_branches = frozenset(run.branches.varying)
     run.cost = _costs(run.plan, run.stats)
     if run.target is not None:  # above MAX_ISOLATED layers, or where their isolated checks take too long
-        run.proxy = estimated_sensitivity(run.plan.layers, _sample_errors(run.decisions), run.stats.hessians.hessians)
+        run.proxy = estimated_sensitivity(run.plan.layers, _sample_errors(run.decisions), run.stats.hessians.hessians,
+                                          run.options.weight_qtype)  # fmt: skip
     run.stats = None
 
 

@@ -62,6 +62,7 @@ from onnxprec.accuracy import (
     measure_outputs,
 )
 from onnxprec.quantization.algorithms.int8 import dequantize_weight, quantize_weight
+from onnxprec.quantization.algorithms.qtypes import QType
 from onnxprec.quantization.int8.place import Layer
 from onnxprec.sensitivity import bisect_count, fewest, hessian_energy, isolated_gains, rank, within
 
@@ -114,12 +115,16 @@ def measure(
 
 
 def estimated_sensitivity(
-    layers: Sequence[Layer], measured: Mapping[str, float | None], hessians: Mapping[str, np.ndarray]
+    layers: Sequence[Layer],
+    measured: Mapping[str, float | None],
+    hessians: Mapping[str, np.ndarray],
+    qtype: QType | None = None,
 ) -> dict[str, float]:
     """Each layer's relative squared output error from INT8, estimated without a run (the proxy above
     :data:`MAX_ISOLATED` layers): ``measured`` (the output error on the calibration sample) where given, else
-    ``tr(ΔWᵀ H ΔW) / tr(Wᵀ H W)`` of its per-channel INT8 weight with ``H`` the ``XᵀX`` of its input (per group for a
-    Conv: its patches') from ``hessians``, or the identity where none was collected."""
+    ``tr(ΔWᵀ H ΔW) / tr(Wᵀ H W)`` of its per-channel weight rounded to ``qtype``'s levels (INT8's by default, FP8's
+    for FP8) with ``H`` the ``XᵀX`` of its input (per group for a Conv: its patches') from ``hessians``, or the
+    identity where none was collected."""
     result = {}
     for layer in layers:
         value = measured.get(layer.name)
@@ -132,7 +137,7 @@ def estimated_sensitivity(
         conv = layer.node.op_type == "Conv"
         w = float32_copy(tensor, transposed=layer.transposed)  # [K, N]; a Conv's [M, C/g, kh, kw]
         matrix = w.reshape(w.shape[0], -1).T if conv else w  # [K', M] or [K, N]: output channels last
-        q, scales = quantize_weight(matrix, axis=1)
+        q, scales = quantize_weight(matrix, axis=1) if qtype is None else qtype.quantize_weight(matrix, axis=1)
         delta = matrix - dequantize_weight(q, scales, axis=1)
         gram = hessians.get(str(layer.activation.name))
         if gram is None or gram.shape[1:] != (matrix.shape[0],) * 2 or matrix.shape[1] % gram.shape[0]:
