@@ -392,15 +392,32 @@ def nothing_to_quantize(
     for name, reason in reasons:
         logger.debug("Skipped '%s': %s", name, reason)
     if reasons:
-        counts = Counter(reason for _, reason in reasons)
-        reason, count = counts.most_common(1)[0]
-        name = next(n for n, r in reasons if r == reason)
-        more = f" and {count - 1} more" if count > 1 else ""
-        skipped += f"; '{name}'{more}: {reason}"
+        skipped += f"; {_most_common(reasons)}"
     hint = f" (all excluded by {excluded_by})" if excluded_by else ""
     return UnsupportedModelError(
         f"Nothing to quantize{hint}: the model has no {layers} ({skipped}; see --log_level DEBUG)."
     )
+
+
+def _most_common(reasons: Sequence[tuple[str, str]]) -> str:
+    """``'Gemm_1' and 2 more: <reason>``: the most frequent reason of ``(node name, reason)`` pairs."""
+    reason, count = Counter(reason for _, reason in reasons).most_common(1)[0]
+    name = next(n for n, r in reasons if r == reason)
+    return f"'{name}'{f' and {count - 1} more' if count > 1 else ''}: {reason}"
+
+
+def remainder_only(options: Any, skipped: Sequence[tuple[str, str]], excluded: object) -> bool:
+    """Whether a run with no layer left goes on and writes the model without Q/DQ, its float remainder converted
+    (``options.float_type``), as ModelOpt's FP8 does: only for options whose ``WRITES_REMAINDER`` says so, where a
+    placement rule skipped every candidate layer (``skipped``; none ``excluded`` by the user's options nor inside a
+    subgraph). One WARNING says how many layers are quantized (none) and why."""
+    if not getattr(options, "WRITES_REMAINDER", False) or not skipped or excluded:
+        return False
+    logger.warning(
+        "%s quantizes none of the %d candidate layers (%s): the model is written without Q/DQ, its float remainder "
+        "in %s, and judged as any result", options.TOOL, len(skipped), _most_common(skipped), options.float_type,
+    )  # fmt: skip
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ Imports nothing heavy, so the command line can print ``--help`` without loading 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from onnxprec._options import option
 from onnxprec.errors import InvalidArgumentError
@@ -39,6 +39,9 @@ class Fp8Options(Int8Options):
     TITLE = "FP8 options (ModelOpt names)"
     TOOL = "FP8"
     OUTPUT_SUFFIX = ".quant"
+    WRITES_REMAINDER: ClassVar[bool] = True
+    """As ModelOpt: where TensorRT's FP8 rules keep every layer FP16, the model is written with its FP16 remainder
+    and no Q/DQ (exit 0, one WARNING), judged by the guard as any result."""
 
     calibration_method: str | None = option(
         None,

@@ -205,3 +205,105 @@ def test_without_data_fp8_refuses_in_one_line_as_int8_does(tmp_path: Path) -> No
     with pytest.raises(CalibrationDataError, match=r"^No calibration data: FP8.s activation ranges .* pass"):
         quantize_file(source, tmp_path / "out.onnx")
     assert not (tmp_path / "out.onnx").exists()
+
+
+def _gemv_model() -> onnx.ModelProto:
+    """One row a run (a wake-word head): every Gemm is a GEMV, which TensorRT's FP8 rules keep float."""
+    rng = np.random.default_rng(3)
+    h = onnx.helper
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.2, name)
+             for name, shape in (("W1", (64, 32)), ("B1", (32,)), ("W2", (32, 1)), ("B2", (1,)))]  # fmt: skip
+    nodes = [
+        h.make_node("Gemm", ["X", "W1", "B1"], ["h"], name="Gemm_0"),
+        h.make_node("Relu", ["h"], ["r"]),
+        h.make_node("Gemm", ["r", "W2", "B2"], ["z"], name="Gemm_1"),
+        h.make_node("Sigmoid", ["z"], ["Y"]),
+    ]
+    graph = h.make_graph(nodes, "gemv", [h.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [1, 64])],
+                         [h.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [1, 1])], inits)  # fmt: skip
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+
+
+def test_every_layer_kept_fp16_by_tensorrts_rules_writes_the_fp16_remainder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As ModelOpt: no layer for FP8 (GEMVs) -> the model written without Q/DQ, its remainder FP16, one WARNING,
+    judged by the guard as any result; INT8's TensorRT placement still refuses it."""
+    from onnxprec.errors import UnsupportedModelError
+    from onnxprec.quantization.int8 import quantize_file as int8_quantize_file
+
+    source, out = tmp_path / "gemv.onnx", tmp_path / "fp8.onnx"
+    onnx.save(_gemv_model(), source)
+    rng = np.random.default_rng(4)
+    data = [{"X": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(16)]
+    with caplog.at_level("WARNING"):
+        report = quantize_file(source, out, calibration_data=data)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("FP8 quantizes none of the 2 candidate layers ('Gemm_0'")
+    assert "TensorRT: a GEMV (one output row) stays float" in warnings[0]
+    assert report.summary.startswith("FP8 for trt: 0/0 layers quantized")
+    assert "none quantized: the placement rules skipped all 2 candidates" in report.summary
+    assert report.check["passed"] and report.check["guard"] == "on" and report.autocast
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops and ops.count("Cast") == 2  # FP32 I/O
+    assert {i.data_type for i in model.graph.initializer} == {onnx.TensorProto.FLOAT16}
+    for seed in range(3):
+        feeds = {"X": np.random.default_rng(10 + seed).standard_normal((1, 64)).astype(np.float32)}
+        assert _rel(_run(source, feeds), _run(out, feeds)) < 1e-2
+    with pytest.raises(UnsupportedModelError, match=r"Nothing to quantize.*TensorRT: a GEMV"):
+        int8_quantize_file(source, tmp_path / "int8.onnx", calibration_data=data, runtime="trt")
+    assert not (tmp_path / "int8.onnx").exists()
+
+
+def _gelu_block() -> onnx.ModelProto:
+    """MatMul + bias, a tanh GELU written out (``x + 0.044715 x³`` is an Add of ``x`` and a function of it), MatMul +
+    bias, and a residual Add of the block's input."""
+    rng = np.random.default_rng(5)
+    h = onnx.helper
+    inits = [onnx.numpy_helper.from_array(np.asarray(value, np.float32), name) for name, value in (
+        ("W1", rng.standard_normal((64, 64)) * 0.15), ("B1", rng.standard_normal(64) * 0.1),
+        ("W2", rng.standard_normal((64, 64)) * 0.15), ("B2", rng.standard_normal(64) * 0.1),
+        ("c", 0.044715), ("k", 0.7978846), ("one", 1.0), ("half", 0.5))]  # fmt: skip
+    nodes = [
+        h.make_node("MatMul", ["X", "W1"], ["m1"], name="up/MatMul"),
+        h.make_node("Add", ["m1", "B1"], ["x"], name="up/bias"),
+        h.make_node("Mul", ["x", "x"], ["x2"], name="gelu/Mul"),
+        h.make_node("Mul", ["x2", "x"], ["x3"], name="gelu/Mul_1"),
+        h.make_node("Mul", ["x3", "c"], ["cx3"], name="gelu/Mul_2"),
+        h.make_node("Add", ["x", "cx3"], ["inner"], name="gelu/Add"),
+        h.make_node("Mul", ["inner", "k"], ["scaled"], name="gelu/Mul_3"),
+        h.make_node("Tanh", ["scaled"], ["t"], name="gelu/Tanh"),
+        h.make_node("Add", ["t", "one"], ["t1"], name="gelu/Add_1"),
+        h.make_node("Mul", ["x", "t1"], ["xt"], name="gelu/Mul_4"),
+        h.make_node("Mul", ["xt", "half"], ["g"], name="gelu/Mul_5"),
+        h.make_node("MatMul", ["g", "W2"], ["m2"], name="down/MatMul"),
+        h.make_node("Add", ["m2", "B2"], ["y"], name="down/bias"),
+        h.make_node("Add", ["y", "X"], ["Y"], name="residual/Add"),
+    ]
+    value = onnx.helper.make_tensor_value_info
+    graph = h.make_graph(nodes, "gelu", [value("X", onnx.TensorProto.FLOAT, [2, 16, 64])],
+                         [value("Y", onnx.TensorProto.FLOAT, [2, 16, 64])], inits)  # fmt: skip
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_the_add_inside_a_tanh_gelu_stays_float_the_residual_add_gets_qdq(tmp_path: Path) -> None:
+    """As ModelOpt: ``x + 0.044715 x³`` is part of the activation (no Q/DQ on its inputs, nor on ``x`` for the
+    GELU's Muls); the residual Add of the block's output and input reads FP8 Q/DQ on both."""
+    source, out = tmp_path / "gelu.onnx", tmp_path / "fp8.onnx"
+    onnx.save(_gelu_block(), source)
+    data = _tokens(0)
+    quantize_file(source, out, calibration_data=data, accuracy_guard=False, high_precision_dtype="fp32")
+    graph = onnx.load(str(out)).graph
+    producers = _producers(graph)
+
+    def reads_dq(name: str) -> list[bool]:
+        node = next(n for n in graph.node if n.name == name)
+        return [name_ in producers and producers[name_].op_type == "DequantizeLinear" for name_ in node.input]
+
+    assert reads_dq("gelu/Add") == [False, False] and reads_dq("gelu/Mul") == [False, False]
+    assert reads_dq("residual/Add") == [True, True]
+    assert reads_dq("up/MatMul") == reads_dq("down/MatMul") == [True, True]
+    feeds = _tokens(50, 1)[0]
+    assert _rel(_run(source, feeds), _run(out, feeds)) < 0.1

@@ -13,7 +13,6 @@ from onnx import helper
 
 from onnxprec._ort import create_session
 from onnxprec._testing import F, make_model, tensor_info
-from onnxprec.errors import UnsupportedModelError
 from onnxprec.quantization.fp8 import quantize_file
 
 FP8 = onnx.TensorProto.FLOAT8E4M3FN
@@ -111,8 +110,10 @@ def test_gemvs_in_a_branch_stay_float_unless_named(tmp_path: Path) -> None:
     """One row per run: every Gemm is a GEMV, which TensorRT runs better in float (ModelOpt's GEMV rule)."""
     source = tmp_path / "gemv.onnx"
     onnx.save(_model(rows=1), source)
-    with pytest.raises(UnsupportedModelError, match=r"Nothing to quantize.*and 2 more: TensorRT: a GEMV"):
-        quantize_file(source, tmp_path / "refused.onnx", calibration_data=_data(True, rows=1))
+    unquantized = tmp_path / "fp16.onnx"  # as ModelOpt: no FP8 layer, the model written with its FP16 remainder
+    report = quantize_file(source, unquantized, calibration_data=_data(True, rows=1))
+    assert "none quantized: the placement rules skipped all 3 candidates" in report.summary
+    assert not any(_fp8_weights(branch) for branch in _branches(onnx.load(unquantized).graph).values())
     output = tmp_path / "fp8.onnx"
     data = _data(True, rows=1, n=32)  # one row a run: enough runs for the activation ranges
     report = quantize_file(source, output, calibration_data=data, nodes_to_quantize=[".*/Gemm"])

@@ -46,7 +46,13 @@ from onnxprec.passes.fold_affine_into_weights import FoldAffineIntoWeightsPass, 
 from onnxprec.passes.fold_pad_into_conv import FoldPadIntoConvPass
 from onnxprec.passes.widen_to_fp32 import WidenToFp32Pass
 from onnxprec.quantization import guard
-from onnxprec.quantization._tool import QuantizationTool, check_float_model, check_selection, nothing_to_quantize
+from onnxprec.quantization._tool import (
+    QuantizationTool,
+    check_float_model,
+    check_selection,
+    nothing_to_quantize,
+    remainder_only,
+)
 from onnxprec.quantization.activation_stats import quiet_onnx_ir
 from onnxprec.quantization.int8 import input_layers
 from onnxprec.quantization.int8._options import Int8Options
@@ -352,7 +358,7 @@ def _load_and_place(run: Int8Run) -> None:
     )
     report.excluded, report.skipped = plan.excluded, plan.skipped
     report.in_subgraphs = dict(plan.in_subgraphs)
-    if not plan.layers:
+    if not plan.layers and not remainder_only(options, plan.skipped, plan.excluded or plan.in_subgraphs):
         excluded_by = "nodes_to_exclude or op_types_to_exclude" if plan.excluded else None
         skipped = f"{len(plan.skipped)} skipped"
         if plan.in_subgraphs:
@@ -401,7 +407,8 @@ def _decisions(run: Int8Run) -> None:
         run.decisions.varying_branches = frozenset(run.branches.varying)
     run.cost = _costs(run.plan, run.stats)
     if run.target is not None:  # above MAX_ISOLATED layers, or where their isolated checks take too long
-        run.proxy = estimated_sensitivity(run.plan.layers, _sample_errors(run.decisions), run.stats.hessians.hessians)
+        run.proxy = estimated_sensitivity(run.plan.layers, _sample_errors(run.decisions), run.stats.hessians.hessians,
+                                          run.options.weight_qtype)  # fmt: skip
     run.stats = None
 
 
@@ -415,8 +422,14 @@ def _widen_step(run: Int8Run) -> None:
 def _target_search(run: Int8Run) -> None:
     """The float fallback: the fewest most sensitive layers in float for the target."""
     assert run.target is not None
-    run.float_layers = search_float_layers(run.model, run.options, run.plan, run.decisions, run.target, run.producers,
-                                           run.keep, run.held_out, run.proxy, run.cost, run.report)  # fmt: skip
+    options, report, data = run.options, run.report, run.data
+
+    def as_saved(candidate: ir.Model) -> ir.Model:  # as _build writes it: the remainder converted on the data read
+        return _autocast(candidate, options, report, data)
+
+    run.float_layers = search_float_layers(run.model, options, run.plan, run.decisions, run.target, run.producers,
+                                           run.keep, run.held_out, run.proxy, run.cost, report,
+                                           as_saved if options.float_type != "fp32" else None)  # fmt: skip
 
 
 def _build(run: Int8Run) -> None:

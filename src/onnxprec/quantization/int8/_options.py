@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from onnxprec._arg_groups import (
     calibration_data_option,
@@ -70,6 +70,9 @@ class Int8Options(_tool.QuantizationOptions):
     TITLE = "INT8 options (ModelOpt names)"
     TOOL = "INT8"
     OUTPUT_SUFFIX = ".quant"
+    WRITES_REMAINDER: ClassVar[bool] = False
+    """Whether a model whose every candidate layer a placement rule skips is written without Q/DQ (its float
+    remainder converted) rather than refused (:func:`onnxprec.quantization._tool.remainder_only`)."""
 
     calibration_data: Any = calibration_data_option(
         "Calibration inputs",

@@ -112,6 +112,8 @@ class Int8Report(QuantizationReportBase):
             f"{self.FORMAT} for {self.runtime}: {quantized}/{len(self.layers)} layers quantized "
             f"({self.count('dynamic')} dynamic, {self.count('static')} static), {self.static_tensors} static tensors"
         )
+        if not self.layers and self.skipped:  # written without Q/DQ (Int8Options.WRITES_REMAINDER)
+            text += f"; none quantized: the placement rules skipped all {len(self.skipped)} candidates"
         split = sum(1 for entry in self.layers if entry.outlier_channels)
         smoothed = sum(1 for entry in self.layers if entry.alpha is not None)
         if split or smoothed:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
@@ -79,9 +79,11 @@ def search_float_layers(
     proxy: dict[str, float],
     cost: dict[str, float],
     report: Int8Report,
+    as_saved: Callable[[ir.Model], ir.Model] | None = None,
 ) -> list[str]:
     """The float fallback: the fewest most sensitive layers in float for ``target`` (the user's, or the guard's,
-    whose verdict is the task metric of each output: :func:`onnxprec.quantization.guard.holds`)."""
+    whose verdict is the task metric of each output: :func:`onnxprec.quantization.guard.holds`), confirmed on the
+    candidate as saved where ``as_saved`` converts it (the float remainder to FP16/BF16)."""
     names = [
         layer.name for layer in plan.layers if layer.name in decisions.layers and layer.name not in decisions.kept_float
     ]
@@ -90,6 +92,11 @@ def search_float_layers(
 
     def check(floats: Collection[str]) -> Measurement:
         candidate, _ = apply_decisions(model, options, decisions, floats)
+        return _measure(candidate, options, target, producers, keep, held_out)
+
+    def saved(floats: Collection[str]) -> Measurement:
+        assert as_saved is not None
+        candidate = as_saved(apply_decisions(model, options, decisions, floats)[0])
         return _measure(candidate, options, target, producers, keep, held_out)
 
     with contextlib.ExitStack() as stack, Progress("INT8 float fallback search", "check", count=lambda: len(steps)):
@@ -114,7 +121,7 @@ def search_float_layers(
             emulate if emulated and not own else None, release, miss_level=logging.INFO if own else logging.WARNING,
             beyond=options.float_compute_extends, own_errors=own and guard.judges_regions(keep, producers),
             isolated_multiply_adds=None if emulated and not own else fallback.ISOLATED_MULTIPLY_ADDS,
-            node_work=fallback.node_runs(model, len(keep.outputs)),
+            node_work=fallback.node_runs(model, len(keep.outputs)), saved=saved if as_saved is not None else None,
         )  # fmt: skip
     return float_layers
 

@@ -643,7 +643,7 @@ def test_layers_sharing_an_input_merge_into_one_with_the_same_values(
     one outlier product, then a Split: each output is what its own layer computed, and keeps its name."""
     import functools
 
-    from onnxprec.quantization.int8 import _api
+    from onnxprec.quantization.int8 import accuracy_steps
     from onnxprec.quantization.int8.decide import build
 
     def tokens(seed: int, batches: int) -> list[dict[str, np.ndarray]]:
@@ -655,7 +655,7 @@ def test_layers_sharing_an_input_merge_into_one_with_the_same_values(
     merged, separate = tmp_path / "merged.onnx", tmp_path / "separate.onnx"
     report = quantize_file(mlp_file, merged, calibration_data=tokens(0, 4), outlier_channels=4)
     assert any(layer.outlier_channels for layer in report.layers if "q_proj" in layer.name)
-    monkeypatch.setattr(_api, "build", functools.partial(build, merge_groups=False))
+    monkeypatch.setattr(accuracy_steps, "build", functools.partial(build, merge_groups=False))
     quantize_file(mlp_file, separate, calibration_data=tokens(0, 4), outlier_channels=4)
     graph = onnx.load(merged).graph
     split = next(n for n in graph.node if n.op_type == "Split")

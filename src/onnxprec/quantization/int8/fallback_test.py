@@ -113,3 +113,53 @@ def test_a_checks_node_work_counts_every_node_on_every_batch() -> None:
     model = ir.serde.deserialize_model(tiny_cnn())
     nodes = sum(1 for _ in model.graph)
     assert fallback.node_runs(model, 3) == fallback.NODE_RUN_MULTIPLY_ADDS * 3 * nodes
+
+
+def test_a_choice_that_misses_as_saved_sends_the_next_ranked_layers_back() -> None:
+    """Checked with an FP32 remainder, 3 layers in float hold; the model as saved (an FP16 remainder, here an extra
+    error of 0.04) needs 4: the next ranked one goes back, checked as saved. Holding there, the choice stays."""
+    errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}
+    target, real = _measured(errors, "rel_l2<=0.08")
+    _, remainder = _measured({**errors, "fp16": 0.04}, "rel_l2<=0.08")  # the remainder's error never goes back
+    saved: list[int] = []
+
+    def as_saved(floats: Collection[str]) -> Measurement:
+        saved.append(len(floats))
+        return remainder(floats)
+
+    steps: list[dict[str, Any]] = []
+    floats, final = fallback.search(list(errors), real, target, {}, steps, saved=as_saved)
+    assert final.ok and floats == ["l7", "l6", "l5", "l4"]  # with l4 INT8 too: sqrt(0.0055 + 0.0016) = 0.084
+    assert saved == [3, 6, 4]  # the search's choice, galloping to twice as many, then bisecting
+    assert [s["kind"] for s in steps if "kind" in s].count("as saved") == len(saved)
+    assert remainder(floats).ok and not remainder(floats[:3]).ok
+    quiet: list[int] = []
+    floats, final = fallback.search(list(errors), real, target, {}, [], saved=lambda f: quiet.append(1) or real(f))
+    assert final.ok and floats == ["l7", "l6", "l5"] and quiet == [1]  # holding as saved: one check, no change
+
+
+def test_the_estimate_rounds_each_weight_to_the_tools_levels() -> None:
+    """The proxy's weight error is that of the format the layers get: FP8's levels for FP8 (relative, about the same
+    on every channel), INT8's by default (largest on a channel with an outlier)."""
+    import onnx_ir as ir
+
+    from onnxprec.quantization._testing import mlp
+    from onnxprec.quantization.algorithms.int8 import dequantize_weight
+    from onnxprec.quantization.algorithms.qtypes import FP8
+    from onnxprec.quantization.fp8 import Fp8Options
+    from onnxprec.quantization.int8.decide import plan_for
+
+    proto = mlp()
+    weight = next(i for i in proto.graph.initializer if i.name == "Wo")
+    w = onnx.numpy_helper.to_array(weight).copy()
+    w[0, 0] = 40 * np.abs(w).max()  # one outlier: INT8 rounds its channel 40 times coarser, FP8 as finely
+    weight.CopyFrom(onnx.numpy_helper.from_array(w, "Wo"))
+    model = ir.serde.deserialize_model(proto)
+    layers = plan_for(model, Fp8Options(calibration_data=[{"X": np.zeros((2, 16, 64), np.float32)}])).layers
+    fp8 = fallback.estimated_sensitivity(layers, {}, {}, FP8)
+    int8 = fallback.estimated_sensitivity(layers, {}, {})
+    (name,) = [layer.name for layer in layers if layer.weight.name == "Wo"]
+    q, scales = FP8.quantize_weight(w, axis=1)
+    expected = np.sum((w - dequantize_weight(q, scales, axis=1)) ** 2) / np.sum(w**2)
+    assert fp8[name] == pytest.approx(expected, rel=1e-4)
+    assert int8[name] > 3 * fp8[name]  # 5.7 times here

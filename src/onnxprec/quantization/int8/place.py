@@ -456,7 +456,9 @@ def place(
 def _residual_adds(nodes: Sequence[ir.Node], plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
     """TensorRT-style: the inputs of an Add of two computed tensors, one of them written by a quantized layer (or its
     bias Add), get Q/DQ too, as ModelOpt places them: both for a transformer's residual Add, all but one Conv branch
-    where a Conv writes one (TensorRT fuses the Add into that Conv)."""
+    where a Conv writes one (TensorRT fuses the Add into that Conv). An Add of ``x`` and a pointwise function of
+    ``x`` (:func:`_computed_from`: a tanh GELU's ``x + 0.044715 x³``) is part of an activation, not a residual Add,
+    and stays float, as ModelOpt leaves it."""
     layers = {layer.node for layer in plan.layers}
     static = set(plan.static_tensors)
 
@@ -475,13 +477,32 @@ def _residual_adds(nodes: Sequence[ir.Node], plan: Plan, allowed: Callable[[ir.N
         if len(inputs) != 2 or any(v.dtype not in _FLOAT for v in inputs):
             continue
         writers = [writer(v) for v in inputs]
-        if all(w is None for w in writers):
+        a, b = inputs
+        if all(w is None for w in writers) or _computed_from(a, b, layers) or _computed_from(b, a, layers):
             continue
         fused = next((v for v, w in zip(inputs, writers) if w is not None and w.op_type == "Conv"), None)
         for value in inputs:
             if value is not fused and value not in static:
                 static.add(value)
                 plan.static_tensors.append(value)
+
+
+def _computed_from(value: ir.Value, source: ir.Value, layers: Collection[ir.Node], limit: int = 16) -> bool:
+    """Whether ``value`` is computed from ``source`` by ops that are not ``layers`` nor Conv, MatMul or Gemm (within
+    ``limit`` of them, walking back from ``value``): ``source + value`` is then ``x + f(x)`` with ``f`` pointwise,
+    not a residual Add, whose branch passes through a layer."""
+    frontier, seen = [value], 0
+    while frontier and seen < limit:
+        node = frontier.pop().producer()
+        if node is None or node in layers or node.op_type in WEIGHT_OPS:
+            continue
+        seen += 1
+        for computed in node.inputs:
+            if computed is source:
+                return True
+            if computed is not None and computed.const_value is None:
+                frontier.append(computed)
+    return False
 
 
 def _static_region(nodes: Sequence[ir.Node], plan: Plan, allowed: Callable[[ir.Node], bool]) -> None:
