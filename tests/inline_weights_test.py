@@ -8,7 +8,6 @@ it measures."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -208,14 +207,14 @@ def test_the_streamed_model_is_the_one_onnx_save_writes(tmp_path: Path) -> None:
     assert (tmp_path / "saved.onnx").read_bytes() == (tmp_path / "streamed.onnx").read_bytes()
 
 
-def _peak_rss(*args: str) -> int:
-    """Runs ``python <this file> <args>`` and returns its peak resident memory in bytes (Linux: wait4's rusage)."""
-    with subprocess.Popen([sys.executable, __file__, *args], stderr=subprocess.PIPE, text=True) as process:
-        errors = process.stderr.read() if process.stderr else ""
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-    assert process.returncode == 0, errors[-3000:]
-    return usage.ru_maxrss * 1024
+def _tool_in_a_process(tool: str, source: Path, output: Path, data: Path, elsewhere: Path) -> int:
+    """Runs ``python <this file> <tool> ...``: the tool, then the check that its output owns its data (from a copy in
+    ``elsewhere``, ONNX Runtime in little memory). Returns the tool's peak resident memory in bytes (Linux: the
+    process's rusage, read when the tool has written its output, before the check)."""
+    args = [str(a) for a in (tool, source, output, data, elsewhere)]
+    process = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False)
+    assert process.returncode == 0, process.stderr[-3000:]
+    return int(next(line for line in process.stdout.splitlines()[::-1] if line.startswith("peak ")).split()[1])
 
 
 @pytest.mark.slow
@@ -223,9 +222,10 @@ def _peak_rss(*args: str) -> int:
 def test_a_real_inline_model_above_half_a_gib(tmp_path: Path) -> None:
     """~0.54 GB of weights inside one .onnx file (64 blocks of 4096 x 256 and 256 x 4096 MatMuls, each with a 1 KiB
     bias): AutoCast and INT4 RTN in both formats, each in a process of its own, write outputs that own their data
-    (checked in another process), and none holds the model twice (a process's own ~0.25 GiB is well below one more
-    copy). The file is written one tensor at a time, so this process never holds it either. INT4 runs as for a model
-    above the accuracy guard's 1 GiB (its check on the first batch, no second pipeline run)."""
+    (checked by that process once the tool is done, from a copy in another folder), and none holds the model twice
+    (a process's own ~0.25 GiB is well below one more copy). The file is written one tensor at a time, so this
+    process never holds it either. INT4 runs as for a model above the accuracy guard's 1 GiB (its check on the first
+    batch, no second pipeline run)."""
     src = tmp_path / "model.onnx"
     feeds = _write_inline_model_streaming(src, hidden=4096, layers=64)
     size = src.stat().st_size
@@ -234,23 +234,24 @@ def test_a_real_inline_model_above_half_a_gib(tmp_path: Path) -> None:
     for tool in ("autocast", "int4_rtn_qdq", "int4_rtn_matmulnbits"):
         out_dir = tmp_path / tool
         out_dir.mkdir()
-        output = out_dir / "model.onnx"
-        peak = _peak_rss("tool", tool, str(src), str(output), str(tmp_path / "feeds.npz"))
+        elsewhere = tmp_path / f"{tool}_elsewhere"
+        peak = _tool_in_a_process(tool, src, out_dir / "model.onnx", tmp_path / "feeds.npz", elsewhere)
         assert peak < 2 * size, f"{tool} held {peak / 2**30:.2f} GiB for a {size / 2**30:.2f} GiB model"
-        _peak_rss("owns", str(output), str(src), str(tmp_path / "feeds.npz"), str(tmp_path / f"{tool}_elsewhere"))
         shutil.rmtree(out_dir)
-        shutil.rmtree(tmp_path / f"{tool}_elsewhere")
+        shutil.rmtree(elsewhere)
     src.unlink()  # pytest keeps the folders of its last runs: not 0.54 GB each
 
 
 if __name__ == "__main__":  # the processes of test_a_real_inline_model_above_half_a_gib
-    action, *paths = sys.argv[1:]
-    if action == "tool":
-        from onnxprec.quantization.int4 import _guard
+    import resource
 
-        _guard.MAX_GUARD_BYTES = 0  # the model stands for one above the guard's 1 GiB, as its mapping does
-        tool, source, output, data = paths
-        TOOLS[tool](Path(source), Path(output), dict(np.load(data)))
-    else:
-        output, source, data, elsewhere = paths
-        _owns_its_data(Path(output), Path(source), dict(np.load(data)), Path(elsewhere), _run_in_little_memory)
+    from onnxprec._io import trim_heap
+    from onnxprec.quantization.int4 import _guard
+
+    _guard.MAX_GUARD_BYTES = 0  # the model stands for one above the guard's 1 GiB, as its mapping does
+    tool, source, output, data, elsewhere = sys.argv[1:]
+    feeds = dict(np.load(data))
+    TOOLS[tool](Path(source), Path(output), feeds)
+    print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, flush=True)
+    trim_heap()
+    _owns_its_data(Path(output), Path(source), feeds, Path(elsewhere), _run_in_little_memory)
