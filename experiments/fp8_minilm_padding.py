@@ -11,8 +11,9 @@ Models: onnxprec's default and ModelOpt's default (``entropy`` ranges); ModelOpt
 single-lever edits of onnxprec's model: calibrated on all 8 sentences (no accuracy guard, which holds the last quarter
 out), the activation maxima on E4M3's 36 as ModelOpt places them (instead of 28), ModelOpt's activation ranges, the
 FP32 remainder, and a replica of ModelOpt's ``max`` model (onnxprec's graph with ModelOpt's activation scales and FP8
-weight levels). Also: each activation's calibrated maximum in both tools against the float model's, the float model's
-own sensitivity per position (1 % multiplicative noise after layer 1), and the cosine after each layer at the worst
+weight levels); and ModelOpt's ``max`` model with its dequantized weights rounded to FP16, as onnxprec's are in ONNX
+Runtime. Also: each activation's calibrated maximum in both tools against the float model's, the float model's own
+sensitivity per position (1 % multiplicative noise after layer 1), and the cosine after each layer at the worst
 sentence's worst positions.
 
     python -m experiments.fp8_minilm_padding
@@ -167,6 +168,29 @@ def with_weights_of(src: Path, dst: Path, other: Path) -> Path:
     return _edited(src, dst, edit)
 
 
+def with_fp16_weights(src: Path, dst: Path) -> Path:
+    """ModelOpt's ``src`` with each weight's QuantizeLinear -> DequantizeLinear replaced by its dequantized FP8 weight
+    rounded to FP16, read directly: what onnxprec's weight DequantizeLinear (FP8 levels, FP16 scale and output) gives
+    in ORT's CPU provider, where ModelOpt's reaches the MatMul in FP32."""
+
+    def edit(model: onnx.ModelProto) -> None:
+        graph, consts = model.graph, _consts(model.graph)
+        for (name, index), (q, _) in qdq_inputs(src).items():
+            if q.input[0] not in consts:
+                continue  # an activation
+            weight, scale, zero = (numpy_helper.to_array(consts[x]) for x in q.input)
+            axis = next((a.i for a in q.attribute if a.name == "axis"), 1)
+            shape = [1] * weight.ndim
+            shape[axis] = -1
+            levels = _quantize(weight, scale, zero, axis).astype(np.float32)
+            value = (levels * scale.astype(np.float32).reshape(shape)).astype(np.float16)
+            node = next(n for n in graph.node if n.name == name)
+            graph.initializer.append(numpy_helper.from_array(value, f"{node.input[index]}_fp16"))
+            node.input[index] = f"{node.input[index]}_fp16"
+
+    return _edited(src, dst, edit)
+
+
 def _quantize(weight: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int) -> np.ndarray:
     """ONNX Runtime's FP8 QuantizeLinear of ``weight``."""
     helper, proto = onnx.helper, onnx.TensorProto
@@ -293,6 +317,7 @@ def main() -> None:
         their_max = activation_scales(m["modelopt_max"])
         replica = with_activation_scales(m["onnxprec_all8"], work / "replica_a.onnx", lambda k, _: their_max[k])
         m["replica_of_modelopt_max"] = with_weights_of(replica, work / "replica.onnx", m["modelopt_max"])
+        m["modelopt_max_fp16_weights"] = with_fp16_weights(m["modelopt_max"], work / "mo_fp16w.onnx")
 
         results["readings_heldout"] = readings(m, heldout)
         results["readings_calibration"] = readings(m, [feeds])
