@@ -119,6 +119,17 @@ def compare(case: str, model: Path, feeds: dict[str, np.ndarray], heldout: list[
     }
 
 
+def note_header(module: str) -> dict[str, object]:
+    """The head of a results note: its kind, date, build (git HEAD) and command line (``python -m module ...``)."""
+    build = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    return {
+        "kind": "note",  # not a table's run (benchmarks/report_common.load_results)
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "build": build.strip(),
+        "command": f"python -m {module} " + " ".join(sys.argv[1:]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--effnet-heldout", type=Path, required=True, help="experiments/int8_effnet.py images' output")
@@ -131,13 +142,7 @@ def main() -> None:
     effnet_input = onnx.load(str(effnet_model), load_external_data=False).graph.input[0].name
     effnet = {effnet_input: np.load(MODELS / "efficientnet_lite0_input.npy")}
     images = np.load(args.effnet_heldout)
-    build = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    results: dict[str, object] = {
-        "kind": "note",  # not a table's run (benchmarks/report_common.load_results)
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "build": build.strip(),
-        "command": "python -m experiments.fp8_modelopt " + " ".join(sys.argv[1:]),
-    }
+    results = note_header("experiments.fp8_modelopt")
     with tempfile.TemporaryDirectory() as tmp:
         results["minilm"] = compare("minilm", MODELS / "minilm_l6_v2_bert.onnx", minilm,
                                     minilm_heldout(args.minilm_heldout), Path(tmp))  # fmt: skip

@@ -45,12 +45,11 @@ EXPLAINED: dict[str, dict[tuple[str, int], str]] = {
 besides these, the inputs of the layers onnxprec's accuracy guard sent back to float (its report lists them)."""
 
 
-def placement(path: Path) -> dict[tuple[str, int], bool]:
-    """Whether each node input (node name, index) reads a DequantizeLinear (through Casts); Q/DQ and Cast nodes
-    themselves left out."""
-    graph = onnx.load(str(path), load_external_data=False).graph
+def dequantized_inputs(graph: onnx.GraphProto) -> dict[tuple[str, int], onnx.NodeProto | None]:
+    """Each node input (node name, index): the DequantizeLinear it reads (through Casts), or None; Q/DQ and Cast
+    nodes themselves left out."""
     producers = {o: n for n in graph.node for o in n.output}
-    read: dict[tuple[str, int], bool] = {}
+    read: dict[tuple[str, int], onnx.NodeProto | None] = {}
     for node in graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear", "Cast"):
             continue
@@ -58,8 +57,17 @@ def placement(path: Path) -> dict[tuple[str, int], bool]:
             producer = producers.get(name)
             while producer is not None and producer.op_type == "Cast":
                 producer = producers.get(producer.input[0])
-            read[node.name, index] = producer is not None and producer.op_type == "DequantizeLinear"
+            read[node.name, index] = (
+                producer if producer is not None and producer.op_type == "DequantizeLinear" else None
+            )
     return read
+
+
+def placement(path: Path) -> dict[tuple[str, int], bool]:
+    """Whether each node input (node name, index) reads a DequantizeLinear (through Casts); Q/DQ and Cast nodes
+    themselves left out."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {key: dq is not None for key, dq in dequantized_inputs(graph).items()}
 
 
 def differences(ours: Path, theirs: Path) -> dict[tuple[str, int], str]:
@@ -81,11 +89,13 @@ def _anchor_key(model: Path, feeds: dict[str, np.ndarray], command: list[str]) -
     return digest.hexdigest()[:32]
 
 
-def _modelopt(model: Path, feeds: dict[str, np.ndarray], data: Path, tmp_path: Path) -> Path:
-    """ModelOpt 0.47's FP8 result, run on a writable copy (it rewrites its input in place); kept in the cache
-    (``$ONNXPREC_CACHE/anchor-results``) under :func:`_anchor_key`, so a later run reuses it instead of running
-    ModelOpt again (about two minutes on MiniLM)."""
-    flags = ["--quantize_mode", "fp8", "--calibration_eps", "cpu"]
+def _modelopt(
+    model: Path, feeds: dict[str, np.ndarray], data: Path, tmp_path: Path, extra: tuple[str, ...] = ()
+) -> Path:
+    """ModelOpt 0.47's FP8 result (its defaults, then the flags ``extra``), run on a writable copy (it rewrites its
+    input in place); kept in the cache (``$ONNXPREC_CACHE/anchor-results``) under :func:`_anchor_key`, so a later run
+    reuses it instead of running ModelOpt again (about two minutes on MiniLM)."""
+    flags = ["--quantize_mode", "fp8", "--calibration_eps", "cpu", *extra]
     cached = ANCHOR_RESULTS / f"modelopt_fp8_{_anchor_key(model, feeds, flags)}.onnx"
     if cached.is_file():
         return cached
