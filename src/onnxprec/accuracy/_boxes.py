@@ -61,6 +61,17 @@ def box_counts(ref: np.ndarray, cand: np.ndarray, axis: int, score_parts: tuple[
     return counts
 
 
+def tally(
+    ref: np.ndarray, cand: np.ndarray, axis: int, score_parts: tuple[tuple[int, int], ...], margins: ScoreMargins
+) -> np.ndarray:
+    """:func:`box_counts` of a candidate's head against the float one's (of another shape: every float box lost),
+    its score changes added to ``margins``."""
+    if ref.shape != cand.shape:
+        return box_counts(ref, ref, axis, score_parts) * [0, 1]
+    margins.update(ref, cand, axis, score_parts)
+    return box_counts(ref, cand, axis, score_parts)
+
+
 def _scores(rows: np.ndarray, score_parts: tuple[tuple[int, int], ...]) -> np.ndarray:
     """``[A, K]`` class scores of ``[A, 4 + K]`` rows (an objectness first multiplies the class scores)."""
     first = score_parts[0][0]

@@ -101,3 +101,16 @@ class MaskMargins(ScoreMargins):
         self.changes.append(logit(cand[near]) - logit(ref[near]))
         self.kept[0.5].append(logit(ref[ref >= 0.5]))
         self.below[0.5].append(-logit(ref[(ref < 0.5) & (ref >= SCORE_FLOOR)]))
+
+
+def ctc_strings(scores: np.ndarray, time: int, blank: int) -> list[tuple[int, ...]]:
+    """Greedy CTC decoding of ``[N, T, C]`` (``time`` 1) or ``[T, N, C]`` (``time`` 0) scores: per sequence the argmax
+    of each step, repeats collapsed, the blank dropped."""
+    best = np.argmax(scores, axis=-1)
+    rows = best.T if time == 0 else best
+    strings = []
+    for row in rows:
+        keep = np.ones(row.shape, bool)
+        keep[1:] = row[1:] != row[:-1]
+        strings.append(tuple(int(c) for c in row[keep] if c != blank))
+    return strings

@@ -39,7 +39,9 @@ mask          ``mask_iou``            from Sigmoid, rank 3 or over 4 (``[N, A, K
                                       score margins predict (:class:`~onnxprec.accuracy._margins.MaskMargins`),
                                       if lower.
 detections    ``box_agreement``       a rank-3 Concat of 4 box values (centre, size) then only scores (Sigmoid/Softmax),
-                                      sizes known (a YOLOv8 head's ``[N, 4 + K, A]``): the boxes it decodes to
+                                      sizes known (a YOLOv8 head's ``[N, 4 + K, A]``), or a GFL head's score and box
+                                      distribution outputs (:mod:`onnxprec.accuracy._heads`: judged together, under
+                                      the first score output's name): the boxes it decodes to
                                       (:mod:`onnxprec.accuracy._boxes`), matched, at the worst confidence threshold
                                       (under 60 boxes: or the share their score margins predict, if lower).
 values        ``part_cosine``         another Concat of scores beside other values, sizes known: the cosine of its
@@ -66,6 +68,7 @@ graph gives the producer, the array its shape.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -74,8 +77,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, box_counts, region_counts
-from onnxprec.accuracy._margins import MaskMargins, StepMargins
+from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, region_counts, tally
+from onnxprec.accuracy._heads import SplitHead, split_heads
+from onnxprec.accuracy._margins import MaskMargins, StepMargins, ctc_strings
 from onnxprec.metrics import ErrorStats
 
 if TYPE_CHECKING:
@@ -162,6 +166,7 @@ class Producer:
         logged: It is elementwise arithmetic (:data:`_ARITHMETIC`) on a Log's output: features in a log scale (not
             the Log of a Softmax's or Sigmoid's probabilities).
         permuted: A Transpose came between it and the output (a probability map's axes are not NCHW any more).
+        head: The split detection head the output is one of (:class:`~onnxprec.accuracy._heads.SplitHead`).
     """
 
     op: str
@@ -171,6 +176,7 @@ class Producer:
     merged: bool = False
     logged: bool = False
     permuted: bool = False
+    head: SplitHead | None = None
 
 
 def _logged(node: ir.Node) -> bool:
@@ -267,7 +273,12 @@ def _concat(node: ir.Node) -> Producer:
 def output_producers(model: ir.Model) -> dict[str, Producer | None]:
     """Each graph output's :class:`Producer` (None for an output that is a graph input or an initializer)."""
     opset = model.opset_imports.get("", 0)
-    return {str(value.name): _producer(value, opset) for value in model.graph.outputs}
+    producers = {str(value.name): _producer(value, opset) for value in model.graph.outputs}
+    transposed = {name: p.op == "Sigmoid" for name, p in producers.items() if p is not None and p.permuted}
+    for head in split_heads(model, transposed):
+        for name in head.members:
+            producers[name] = dataclasses.replace(producers[name], head=head)  # type: ignore[type-var]
+    return producers
 
 
 @dataclass(frozen=True)
@@ -305,6 +316,8 @@ def kind_of(
         return OutputKind("labels", "label_agreement", why="not a float output")
     rank = len(shape)
     op = producer.op if producer is not None else "none"
+    if producer is not None and producer.head is not None:
+        return OutputKind("detections", "box_agreement", why=producer.head.why)
     if producer is not None and op in _DISTRIBUTIONS and producer.axis is not None and rank:
         axis = producer.axis % rank if -rank <= producer.axis < rank else None
         if axis is not None and producer.flattens and any(d != 1 for d in shape[axis + 1 :]):
@@ -400,19 +413,6 @@ def _sequence(shape: Sequence[int], sample: np.ndarray | None, batch: int | None
         blank = int(np.bincount(np.argmax(sample, axis=-1).ravel()).argmax())
     layout = "[T, N, C]" if time == 0 else "[N, T, C]"
     return OutputKind("sequence", "string_agreement", 2, f"{why}; {layout}, blank {blank}", time, blank)
-
-
-def ctc_strings(scores: np.ndarray, time: int, blank: int) -> list[tuple[int, ...]]:
-    """Greedy CTC decoding of ``[N, T, C]`` (``time`` 1) or ``[T, N, C]`` (``time`` 0) scores: per sequence the argmax
-    of each step, repeats collapsed, the blank dropped."""
-    best = np.argmax(scores, axis=-1)
-    rows = best.T if time == 0 else best
-    strings = []
-    for row in rows:
-        keep = np.ones(row.shape, bool)
-        keep[1:] = row[1:] != row[:-1]
-        strings.append(tuple(int(c) for c in row[keep] if c != blank))
-    return strings
 
 
 def batch_size(feeds: Mapping[str, Any]) -> int | None:
@@ -556,6 +556,8 @@ class TaskMetrics:
         self._box_margins: dict[str, ScoreMargins] = {}
         self._mask_margins: dict[str, MaskMargins] = {}
         self._spoken: dict[str, int] = {}  # decoded sequences: the float strings that are not empty
+        self._heads = {p.head.name: p.head for p in self.producers.values() if p is not None and p.head is not None}
+        self._head_of = {member: head.name for head in self._heads.values() for member in head.members}
 
     @classmethod
     def of(cls, model: ir.Model) -> TaskMetrics:
@@ -584,14 +586,10 @@ class TaskMetrics:
             if kind.kind == "regions":  # a candidate of another shape finds none of the float regions
                 found = region_counts(ref, cand) if ref.shape == cand.shape else region_counts(ref, ref) * [0, 1]
                 self._boxes[name] = self._boxes.get(name, 0) + found
-            if kind.kind == "detections":
+            if kind.kind == "detections" and name not in self._head_of:
                 scores = tuple((start, stop) for _, start, stop in kind.parts if start >= 4)  # the box is [0:4]
-                counts = box_counts(ref, cand, kind.parts[0][0], scores) if ref.shape == cand.shape else None
-                if counts is None:  # nothing matched: every float box is lost
-                    counts = box_counts(ref, ref, kind.parts[0][0], scores) * [0, 1]
-                else:
-                    self._box_margins.setdefault(name, ScoreMargins()).update(ref, cand, kind.parts[0][0], scores)
-                self._boxes[name] = self._boxes.get(name, 0) + counts
+                margins = self._box_margins.setdefault(name, ScoreMargins())
+                self._boxes[name] = self._boxes.get(name, 0) + tally(ref, cand, kind.parts[0][0], scores, margins)
             if kind.kind == "mask" and ref.shape == cand.shape:
                 self._mask_margins.setdefault(name, MaskMargins()).update_map(ref, cand)
             if kind.time is not None and ref.shape == cand.shape and ref.ndim == 3:
@@ -604,17 +602,26 @@ class TaskMetrics:
             self._hits[name] = self._hits.get(name, 0) + hits
             self._counts[name] = self._counts.get(name, 0) + count
             self._seen[name] = self._seen.get(name, 0) + _positions(kind, ref)
+        for name, head in self._heads.items():  # a split head's boxes, decoded from all its outputs
+            ref_rows, cand_rows = head.rows(reference), head.rows(candidate)
+            if ref_rows is not None:
+                cand_rows = ref_rows[:0] if cand_rows is None else cand_rows  # another shape: every float box lost
+                margins = self._box_margins.setdefault(name, ScoreMargins())
+                counts = tally(ref_rows, cand_rows, 2, ((4, ref_rows.shape[2]),), margins)
+                self._boxes[name] = self._boxes.get(name, 0) + counts
 
     def summary(self) -> TaskSummary:
         outputs = []
         for name, kind in self.kinds.items():
-            errors = self._errors.get(name)
-            rel_l2 = cosine = None
-            if errors is not None:
-                rel_l2, cosine = errors.rel_l2, errors.cosine
+            if self._head_of.get(name, name) != name:
+                continue  # a split head's other outputs: judged with it, their errors in its own
+            errors = [self._errors[n] for n in self._heads[name].members if n in self._errors] if (
+                name in self._heads) else [self._errors[name]] if name in self._errors else []  # fmt: skip
+            rel_l2 = max((e.rel_l2 for e in errors), default=None)
+            cosine = min((e.cosine for e in errors), default=None)
             value: float | None
             count = self._seen[name]
-            if kind.kind in ("detections", "regions"):  # the worst threshold, counted in boxes
+            if kind.kind in ("detections", "regions") and name in self._boxes:  # the worst threshold, in boxes
                 shares = [float(m) / float(n) if n else 1.0 for m, n in self._boxes[name]]
                 worst = int(np.argmin(shares))
                 value, count = shares[worst], int(self._boxes[name][worst][1])
