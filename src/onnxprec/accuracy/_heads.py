@@ -89,8 +89,9 @@ class SplitHead:
 def _image_size(model: ir.Model) -> tuple[int, int] | None:
     for value in model.graph.inputs:
         dims = list(value.shape) if value.shape is not None else []
-        if len(dims) == 4 and all(isinstance(d, int) and d > 1 for d in dims[2:]):
-            return int(dims[2]), int(dims[3])
+        size = [d for d in dims[2:] if isinstance(d, int) and d > 1]
+        if len(dims) == 4 and len(size) == 2:
+            return size[0], size[1]
     return None
 
 
@@ -114,9 +115,10 @@ def split_heads(model: ir.Model, sigmoid: Mapping[str, bool]) -> list[SplitHead]
     boxes: dict[int, list[str]] = {}
     for value in model.graph.outputs:
         name, dims = str(value.name), list(value.shape) if value.shape is not None else []
-        if name not in sigmoid or len(dims) != 3 or not all(isinstance(d, int) for d in dims[1:]):
+        known = [d for d in dims[1:] if isinstance(d, int)]
+        if name not in sigmoid or len(dims) != 3 or len(known) != 2:
             continue
-        anchors, width = int(dims[1]), int(dims[2])
+        anchors, width = known
         if sigmoid[name]:
             scores.setdefault(anchors, []).append(name)
         elif width % 4 == 0 and width >= 8:
