@@ -36,6 +36,10 @@ REGION_THRESHOLDS = (0.3, 0.5)
 """Probabilities a map is cut at into regions (0.3: DB's and PP-OCR's binarization; 0.5: the even odds)."""
 MIN_AREA = 4
 """The fewest pixels of a region counted (smaller ones are noise a detector's post-processing drops)."""
+LEVEL_SHARES = ((16, 4, 1), (64, 16, 4, 1))
+"""The anchors of a feature pyramid's levels, finest first, in proportion (strides 8, 16, 32, and 8 to 64 with a
+P6 level, on an image whose sides the coarsest stride divides): a head of ``A`` anchors, ``A`` a multiple of their
+sum, is split so (:func:`level_sizes`)."""
 SCORE_FLOOR = 0.01
 """The lowest float score of an anchor whose score change counts (:class:`ScoreMargins`), and of a box below the
 threshold that could cross it; below it a Sigmoid's logit is the background's, far from any threshold."""
@@ -62,14 +66,27 @@ def box_counts(ref: np.ndarray, cand: np.ndarray, axis: int, score_parts: tuple[
 
 
 def tally(
-    ref: np.ndarray, cand: np.ndarray, axis: int, score_parts: tuple[tuple[int, int], ...], margins: ScoreMargins
+    ref: np.ndarray,
+    cand: np.ndarray,
+    axis: int,
+    score_parts: tuple[tuple[int, int], ...],
+    margins: ScoreMargins,
+    levels: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """:func:`box_counts` of a candidate's head against the float one's (of another shape: every float box lost),
-    its score changes added to ``margins``."""
+    its score changes added to ``margins`` (``levels``: as :meth:`ScoreMargins.update`)."""
     if ref.shape != cand.shape:
         return box_counts(ref, ref, axis, score_parts) * [0, 1]
-    margins.update(ref, cand, axis, score_parts)
+    margins.update(ref, cand, axis, score_parts, levels)
     return box_counts(ref, cand, axis, score_parts)
+
+
+def level_sizes(anchors: int) -> tuple[int, ...]:
+    """The anchors of each pyramid level of a head of ``anchors`` (:data:`LEVEL_SHARES`; one level otherwise)."""
+    for shares in LEVEL_SHARES:
+        if anchors % sum(shares) == 0:
+            return tuple(anchors // sum(shares) * share for share in shares)
+    return (anchors,)
 
 
 def _scores(rows: np.ndarray, score_parts: tuple[tuple[int, int], ...]) -> np.ndarray:
@@ -217,15 +234,23 @@ def share_at_least(changes: np.ndarray, values: np.ndarray | float) -> np.ndarra
     return 1.0 - np.searchsorted(changes, values, side="left") / changes.size
 
 
-def expected_share(changes: np.ndarray, margins: np.ndarray, below: np.ndarray) -> float:
+def expected_share(changes: np.ndarray, margins: np.ndarray, below: np.ndarray, levels: tuple[np.ndarray, ...] = (
+    np.zeros(0, np.int64),) * 3) -> float:  # fmt: skip
     """The share of float items (boxes, mask entries) expected kept over the float items plus those expected to
     appear: an item over the threshold by ``margins`` stays when its change is at least ``-margin``, one under it by
-    ``below`` appears when its change reaches that (``changes``: sorted). With no float item, 1 minus the chances
-    that one appears (at most their sum)."""
-    appear = float(share_at_least(changes, below).sum())
+    ``below`` appears when its change reaches that, each by the ``changes`` of its own level (``levels``: the level
+    of each change, margin and distance; none: one level). With no float item, 1 minus the chances that one appears
+    (at most their sum)."""
+    of_change, of_margin, of_below = (lv if lv.size else np.zeros(a.size, np.int64) for lv, a in zip(
+        levels, (changes, margins, below)))  # fmt: skip
+    kept = appear = 0.0
+    for level in np.unique(of_change):
+        noise = np.sort(changes[of_change == level])
+        kept += float(share_at_least(noise, -margins[of_margin == level]).sum())
+        appear += float(share_at_least(noise, below[of_below == level]).sum())
     if not margins.size:
         return max(0.0, 1.0 - appear)
-    return float(share_at_least(changes, -margins).sum()) / (margins.size + appear)
+    return kept / (margins.size + appear)
 
 
 def logit(p: np.ndarray | float) -> np.ndarray:
@@ -245,17 +270,33 @@ class ScoreMargins:
     below the threshold by ``d`` that NMS would keep (no float box of its class covers it at IoU >= :data:`NMS_IOU`)
     appears with probability ``P(change >= d)``. The share is the boxes expected kept over the float boxes plus the
     ones expected to appear (without a float box: 1 minus the chances that one appears).
+
+    The levels of a feature pyramid change alike within themselves, not across them (a coarse level's anchors, few,
+    move more when a layer of its own branch is quantized): each box and anchor below is judged by the changes of
+    its own level's anchors (:func:`level_sizes`).
     """
 
     def __init__(self) -> None:
         self.changes: list[np.ndarray] = []
         self.kept: dict[float, list[np.ndarray]] = {t: [] for t in THRESHOLDS}  # float boxes' margins
         self.below: dict[float, list[np.ndarray]] = {t: [] for t in THRESHOLDS}  # distances of anchors below
+        self.levels: dict[str, list[np.ndarray]] = {"changes": []}  # the level of each, keyed as above
 
-    def update(self, ref: np.ndarray, cand: np.ndarray, axis: int, score_parts: tuple[tuple[int, int], ...]) -> None:
-        """Adds a batch of the float head and the candidate's (same shapes; as :func:`box_counts`)."""
+    def update(
+        self,
+        ref: np.ndarray,
+        cand: np.ndarray,
+        axis: int,
+        score_parts: tuple[tuple[int, int], ...],
+        levels: tuple[int, ...] | None = None,
+    ) -> None:
+        """Adds a batch of the float head and the candidate's (same shapes; as :func:`box_counts`); ``levels``: the
+        anchors of each level in order (default: :func:`level_sizes` of the anchors)."""
         ref_rows, cand_rows = np.moveaxis(ref, axis, -1), np.moveaxis(cand, axis, -1)
         width = ref_rows.shape[-1]
+        anchors = int(np.prod(ref_rows.shape[1:-1]))
+        sizes = levels if levels is not None and sum(levels) == anchors else level_sizes(anchors)
+        level_of = np.repeat(np.arange(len(sizes)), sizes)
         for r, c in zip(ref_rows.reshape(ref_rows.shape[0], -1, width), cand_rows.reshape(
             cand_rows.shape[0], -1, width)):  # fmt: skip
             r, c = r.astype(np.float32), c.astype(np.float32)
@@ -264,23 +305,28 @@ class ScoreMargins:
             moved = np.take_along_axis(_scores(c, score_parts), classes[:, None], 1)[:, 0]
             near = (best >= SCORE_FLOOR) | (moved >= SCORE_FLOOR)
             self.changes.append(logit(moved[near]) - logit(best[near]))
+            self.levels["changes"].append(level_of[near])
             low, low_xyxy, low_classes = _select(r, score_parts, SCORE_FLOOR)
             for threshold in THRESHOLDS:
                 index, xyxy, cls = _select(r, score_parts, threshold)
                 self.kept[threshold].append(logit(best[index]) - logit(threshold))
+                self.levels.setdefault(f"kept {threshold}", []).append(level_of[index])
                 under = best[low] < threshold
                 overlap = _iou(low_xyxy[:, None], xyxy[None]) * (low_classes[:, None] == cls[None, :])
                 covered = (overlap >= NMS_IOU).any(axis=1)
                 self.below[threshold].append(logit(threshold) - logit(best[low[under & ~covered]]))
+                self.levels.setdefault(f"below {threshold}", []).append(level_of[low[under & ~covered]])
 
     def predicted(self) -> float | None:
         """The predicted share at the worse threshold; None before any batch."""
         if not self.changes:
             return None
-        changes = np.sort(np.concatenate(self.changes))
+        changes = np.concatenate(self.changes)
         if not changes.size:
             return 1.0
-        shares = [
-            expected_share(changes, np.concatenate(self.kept[t]), np.concatenate(self.below[t])) for t in self.kept
-        ]
+        shares = []
+        for t in self.kept:
+            keys = ("changes", f"kept {t}", f"below {t}")
+            levels = tuple(np.concatenate(self.levels.get(k) or [np.zeros(0, np.int64)]) for k in keys)
+            shares.append(expected_share(changes, np.concatenate(self.kept[t]), np.concatenate(self.below[t]), levels))
         return min(shares)

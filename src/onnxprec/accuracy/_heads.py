@@ -59,6 +59,11 @@ class SplitHead:
         return tuple(o for level in self.levels for o in (level.scores, level.boxes))
 
     @property
+    def sizes(self) -> tuple[int, ...]:
+        """The anchors of each level, in the order :meth:`rows` writes them."""
+        return tuple(level.grid[0] * level.grid[1] for level in self.levels)
+
+    @property
     def why(self) -> str:
         strides = ", ".join(f"{level.scores} + {level.boxes} at stride {level.stride}" for level in self.levels)
         return f"GFL head of {len(self.levels)} levels decoded together: {strides}"

@@ -607,7 +607,7 @@ class TaskMetrics:
             if ref_rows is not None:
                 cand_rows = ref_rows[:0] if cand_rows is None else cand_rows  # another shape: every float box lost
                 margins = self._box_margins.setdefault(name, ScoreMargins())
-                counts = tally(ref_rows, cand_rows, 2, ((4, ref_rows.shape[2]),), margins)
+                counts = tally(ref_rows, cand_rows, 2, ((4, ref_rows.shape[2]),), margins, head.sizes)
                 self._boxes[name] = self._boxes.get(name, 0) + counts
 
     def summary(self) -> TaskSummary:
