@@ -196,23 +196,10 @@ class Int8Report(QuantizationReportBase):
             text += f"; the error is carried most by {', '.join(repr(n) for n in ranked[:4])}"
         beyond = [s["float_layers"] for s in self.fallback_steps if "beyond" in str(s.get("what", ""))]
         within = f"{floats} {'layer' if floats == 1 else 'layers'} in float within --max_float_compute"
-        if remainder := self._met_before_remainder(floats):
-            text += remainder
-        elif beyond:  # the fallback went past --max_float_compute (the guard's default budget) and missed too
+        if beyond:  # the fallback went past --max_float_compute (the guard's default budget) and missed too
             text += f"; {within} did not meet it, nor {max(beyond)} beyond it"
         elif floats:
             text += f"; {within} did not meet it"
         if self.calibration.get("random"):
             text += "; measured on synthetic inputs: pass representative inputs (--calibration_data)"
         return text + "; --nodes_to_exclude keeps layers in float, --no_accuracy_guard accepts the result"
-
-    def _met_before_remainder(self, floats: int) -> str:
-        """The guard line's part saying that the fallback's layers in float met the bound in its search, which checks
-        the float remainder FP32, and the remainder AutoCast converted is what missed; empty otherwise."""
-        if not self.autocast or not any(s.get("ok") and s.get("float_layers") == floats for s in self.fallback_steps):
-            return ""
-        noun = "layer" if floats == 1 else "layers"
-        return (
-            f"; {floats} {noun} in float met it with the float remainder FP32, before it was made "
-            f"{self.float_type} (--high_precision_dtype fp32 keeps it FP32)"
-        )
