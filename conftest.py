@@ -16,7 +16,9 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   module-scoped fixtures are built once), except the files of ``HEAVY_TEST_FILES``, which together are one unit:
   they run one after another on one worker, never two at the same time on both workers, in the order written there,
   and they start first (the longest unit: the other worker meanwhile takes the light files, one at a time, while its
-  own memory is still small). (A scheduler of its own:
+  own memory is still small). The light files of ``FIRST_LIGHT_FILES`` (0.4-0.6 GB) come first on the other worker,
+  in that order, so that they run beside the heavy unit's first files, not beside its last (the largest). (A
+  scheduler of its own:
   pytest-xdist 3.8's ``--dist loadgroup`` sets ``item._nodeid``, which pytest 9 no longer reads, so its groups
   are lost and every test is scheduled on its own.)
 """
@@ -27,23 +29,32 @@ from collections import OrderedDict
 
 import pytest
 
-# Test files whose tests (or the processes they start) hold 0.5-1 GB: the run holds one of them at a time, not two.
-# In the order they run: first those whose tests start a large process of their own (the Gemma-3 pieces, 0.87 GB;
-# the inline model's tools, 0.66; ModelOpt's FP8, 0.55), while the worker that starts them is still small; then
-# those that hold their models in the worker itself (the corpus's models, EfficientNet's A16W8 search, SmolLM2's
-# perplexities), the largest last.
+# Test files whose tests (or the processes they start) hold 0.6-1.3 GB: the run holds one of them at a time, not two.
+# In the order they run: first those under 0.9 GB (the inline model's tools, the PP-OCRv4 detector, EfficientNet's
+# A16W8 search, the corpus's models), beside the other worker's largest light files (FIRST_LIGHT_FILES); then those
+# of 1-1.3 GB (the Gemma-3 pieces, the golden tools, the written KV cache, SmolLM2's perplexities), the largest last,
+# when the other worker runs the smallest files.
 HEAVY_TEST_FILES = (
-    "experiments/llm_corpus/segments_test.py",
     "tests/inline_weights_test.py",
-    "src/onnxprec/quantization/fp8/modelopt_test.py",
-    "tests/golden/golden_test.py",
     "src/onnxprec/quantization/int8/decide_test.py",
-    "src/onnxprec/quantization/generated_test.py",
-    "zoo/corpus_test.py",
     "tests/int8_real_models_test.py",
+    "zoo/corpus_test.py",
+    "experiments/llm_corpus/segments_test.py",
+    "tests/golden/golden_test.py",
+    "src/onnxprec/quantization/generated_test.py",
+    "tests/real_models_test.py",
     "tests/llm_data_test.py",
     "tests/int4_real_models_test.py",
-    "tests/real_models_test.py",
+)
+
+# Light test files whose process holds 0.4-0.6 GB, the largest first: the other worker starts with them, beside the
+# heavy unit's smaller files.
+FIRST_LIGHT_FILES = (
+    "tests/debug_real_models_test.py",
+    "src/onnxprec/quantization/int8/guard_test.py",
+    "tests/preprocess_api_test.py",
+    "src/onnxprec/accuracy/task_test.py",
+    "src/onnxprec/quantization/fp8/modelopt_test.py",
 )
 
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -90,14 +101,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadFileScheduling
 
     class _HeavyFirst(OrderedDict[str, dict[str, bool]]):
-        """xdist's queue of work units (taken with ``popitem(last=False)``): the heavy unit first."""
+        """xdist's queue of work units (taken with ``popitem(last=False)``): the heavy unit first, then the files of
+        FIRST_LIGHT_FILES."""
 
         def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
             if not last and "heavy" in self:  # its tests in the order of HEAVY_TEST_FILES (a worker runs them as sent)
                 unit = self.pop("heavy")
                 order = sorted(unit, key=lambda nodeid: HEAVY_TEST_FILES.index(nodeid.split("::")[0]))
                 return "heavy", {nodeid: unit[nodeid] for nodeid in order}
-            return super().popitem(last)
+            first = next((path for path in FIRST_LIGHT_FILES if path in self), None) if not last else None
+            return (first, self.pop(first)) if first is not None else super().popitem(last)
 
     class _HeavyFilesTogether(LoadFileScheduling):
         def __init__(self, config: pytest.Config, log: object) -> None:
