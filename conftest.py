@@ -16,7 +16,10 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   module-scoped fixtures are built once), except the files of ``HEAVY_TEST_FILES``, which together are one unit:
   they run one after another on one worker, never two at the same time on both workers, in the order written there,
   and they start first (the longest unit: the other worker meanwhile takes the light files, one at a time, while its
-  own memory is still small). (A scheduler of its own:
+  own memory is still small). The light files of ``FIRST_LIGHT_FILES`` (0.55-0.8 GB) come first on the other
+  worker, in that order, beside the heavy unit's smaller first files. The files of ``ALONE_TEST_FILES`` (1.1-1.3 GB)
+  are the last unit, sent when the other worker has no more than the one test it holds, and that worker then stops:
+  they run alone. (A scheduler of its own:
   pytest-xdist 3.8's ``--dist loadgroup`` sets ``item._nodeid``, which pytest 9 no longer reads, so its groups
   are lost and every test is scheduled on its own.)
 """
@@ -24,26 +27,42 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
 import gc
 import os
 from collections import OrderedDict
+from typing import Any
 
 import pytest
 
-# Test files whose tests (or the processes they start) hold 0.5-1 GB: the run holds one of them at a time, not two.
-# In the order they run: first those whose tests start a large process of their own (the Gemma-3 pieces, 0.87 GB;
-# the inline model's tools, 0.66; ModelOpt's FP8, 0.55), while the worker that starts them is still small; then
-# those that hold their models in the worker itself (the corpus's models, EfficientNet's A16W8 search, SmolLM2's
-# perplexities), the largest last.
+# Test files whose tests (or the processes they start) hold 0.6-1.1 GB: the run holds one of them at a time, not two.
+# In the order they run: first those under 0.9 GB (the inline model's tools, the PP-OCRv4 detector, EfficientNet's
+# A16W8 search, the corpus's models), beside the other worker's largest light files (FIRST_LIGHT_FILES); then those
+# of about 1 GB (the Gemma-3 pieces, the golden tools, the written KV cache, SmolLM2's INT4 perplexities).
 HEAVY_TEST_FILES = (
-    "experiments/llm_corpus/segments_test.py",
     "tests/inline_weights_test.py",
-    "src/onnxprec/quantization/fp8/modelopt_test.py",
-    "tests/golden/golden_test.py",
     "src/onnxprec/quantization/int8/decide_test.py",
-    "src/onnxprec/quantization/generated_test.py",
-    "zoo/corpus_test.py",
     "tests/int8_real_models_test.py",
-    "tests/llm_data_test.py",
+    "zoo/corpus_test.py",
+    "experiments/llm_corpus/segments_test.py",
+    "tests/golden/golden_test.py",
+    "src/onnxprec/quantization/generated_test.py",
     "tests/int4_real_models_test.py",
+)
+
+# Test files whose worker holds 1.1-1.3 GB (SmolLM2's FP16 and builder perplexities, about 30 CPU s together): one
+# unit, the last, which starts when the other worker has finished its work, and runs alone.
+ALONE_TEST_FILES = (
     "tests/real_models_test.py",
+    "tests/llm_data_test.py",
+)
+
+# Light test files whose process (with the processes it starts) holds 0.55-0.8 GB, the largest first: the other
+# worker starts with them, beside the heavy unit's smaller files.
+FIRST_LIGHT_FILES = (
+    "tests/bad_input_corpus_test.py",
+    "tests/evaluate_api_test.py",
+    "src/onnxprec/accuracy/task_test.py",
+    "tests/preprocess_api_test.py",
+    "tests/debug_real_models_test.py",
+    "src/onnxprec/quantization/int8/guard_test.py",
+    "src/onnxprec/quantization/fp8/modelopt_test.py",
 )
 
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -84,20 +103,28 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under ``--dist loadfile``: each file one unit of work, the files of ``HEAVY_TEST_FILES`` together one unit."""
+    """Under ``--dist loadfile``: each file one unit of work, the files of ``HEAVY_TEST_FILES`` together one unit,
+    those of ``ALONE_TEST_FILES`` another, the last (the module docstring says in which order)."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    _ORDERS = {"heavy": HEAVY_TEST_FILES, "alone": ALONE_TEST_FILES}
+
     class _HeavyFirst(OrderedDict[str, dict[str, bool]]):
-        """xdist's queue of work units (taken with ``popitem(last=False)``): the heavy unit first."""
+        """xdist's queue of work units (taken with ``popitem(last=False)``): the heavy unit first, then the files of
+        FIRST_LIGHT_FILES, the others, and the unit of ALONE_TEST_FILES last."""
 
         def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
-            if not last and "heavy" in self:  # its tests in the order of HEAVY_TEST_FILES (a worker runs them as sent)
-                unit = self.pop("heavy")
-                order = sorted(unit, key=lambda nodeid: HEAVY_TEST_FILES.index(nodeid.split("::")[0]))
-                return "heavy", {nodeid: unit[nodeid] for nodeid in order}
-            return super().popitem(last)
+            if last:
+                return super().popitem(last)
+            first = next((key for key in ("heavy", *FIRST_LIGHT_FILES) if key in self), None)
+            first = first or next((key for key in self if key != "alone"), "alone")
+            unit = self.pop(first)
+            if first in _ORDERS:  # its tests in the order of its files (a worker runs them as sent)
+                order = sorted(unit, key=lambda nodeid: _ORDERS[first].index(nodeid.split("::")[0]))
+                unit = {nodeid: unit[nodeid] for nodeid in order}
+            return first, unit
 
     class _HeavyFilesTogether(LoadFileScheduling):
         def __init__(self, config: pytest.Config, log: object) -> None:
@@ -106,6 +133,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return "heavy" if path in HEAVY_TEST_FILES else path
+            return next((key for key, files in _ORDERS.items() if path in files), path)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            """The unit of ALONE_TEST_FILES waits while another worker has tests to run (a worker holds its last one
+            until it is sent more work or told to stop); once it is sent, the other workers stop."""
+            if list(self.workqueue) != ["alone"]:
+                return super()._assign_work_unit(node)
+            others = [other for other in self.assigned_work if other is not node]
+            if any(self._pending_of(self.assigned_work[other]) >= 2 for other in others):
+                return None
+            super()._assign_work_unit(node)
+            for other in others:
+                other.shutdown()
+            return None
 
     return _HeavyFilesTogether(config, log)

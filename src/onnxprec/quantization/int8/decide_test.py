@@ -116,14 +116,17 @@ def _cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
 @pytest.mark.slow
 def test_ocr_detector_keeps_its_probability_map(tmp_path: Path) -> None:
     """PP-OCRv4's text detector calibrated on two photos: its 14 depthwise Convs (inputs after hardswish) stay float
-    and the probability map keeps cosine >= 0.99 on held-out photos (0.98 median, 0.91 worst with them INT8)."""
+    and, by that rule alone, the probability map keeps cosine >= 0.99 on held-out photos (0.98 median, 0.91 worst
+    with them INT8). The accuracy guard is off: its float fallback (guard_test's corpus detector test) would send
+    more layers back to float, and the cosine would no longer be the rule's."""
     paths = [OCR_CACHE / name for name in ("det.onnx", "det_calib.npz", "det_hold.npz")]
     if not all(path.exists() for path in paths):
         pytest.skip(f"the OCR models and inputs are not in {OCR_CACHE} (experiments/int8_ocr.py prepare, with Pillow)")
     model, calib, hold = paths
     out = tmp_path / "det.int8.onnx"
-    report = quantize_file(model, out, calibration_data=str(calib))
+    report = quantize_file(model, out, calibration_data=str(calib), accuracy_guard=False)
     assert sum(1 for entry in report.layers if "kept_float" in entry.info) == 14
+    assert sum(1 for entry in report.layers if entry.mode == "float") == 14
     x = np.load(hold)["x"][:4]
     (ref,), (got,) = run(model, {"x": x}), run(out, {"x": x})
     assert np.median(_cosines(ref, got)) >= 0.99
