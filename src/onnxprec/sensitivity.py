@@ -28,6 +28,7 @@ fallback are built on it.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -49,12 +50,53 @@ __all__ = [
     "hessian_energy",
     "hessian_loss",
     "isolated_gains",
+    "multiply_adds",
     "rank",
     "structural",
     "within",
 ]
 
 Key = TypeVar("Key", bound=Hashable)
+
+
+# --------------------------------------------------------------------------------------------------
+# Work
+
+
+def multiply_adds(graph: ir.Graph, shapes: Mapping[str, Sequence[int]]) -> float:
+    """The multiply-adds of one run of ``graph``'s MatMul, Gemm and Conv nodes (its subgraphs' left out): each
+    output element of a node costs the length of its reduction, read from the second input's shape (a MatMul's
+    ``K``, a Gemm's ``K``, a Conv's ``C/group x kernel``). Shapes come from ``shapes`` (by value name: measured on a
+    batch), else from the static shapes the graph declares; a node with either shape unknown counts nothing."""
+    total = 0.0
+    for node in graph:
+        if node.op_type not in ("MatMul", "Gemm", "Conv") or len(node.inputs) < 2 or not node.outputs:
+            continue
+        out, weight = _shape(node.outputs[0], shapes), _shape(node.inputs[1], shapes)
+        if out is None or not weight:
+            continue
+        if node.op_type == "Conv":
+            reduction = math.prod(weight) // max(weight[0], 1)
+        elif node.op_type == "Gemm":
+            trans_b = node.attributes.get_int("transB", 0)
+            reduction = weight[-1] if trans_b and len(weight) > 1 else weight[0]
+        else:
+            reduction = weight[-2] if len(weight) > 1 else weight[0]
+        total += float(math.prod(out)) * float(reduction)
+    return total
+
+
+def _shape(value: ir.Value | None, shapes: Mapping[str, Sequence[int]]) -> tuple[int, ...] | None:
+    """``value``'s shape from ``shapes``, else its declared static shape (None: unknown)."""
+    if value is None:
+        return None
+    known = shapes.get(str(value.name))
+    if known is not None:
+        return tuple(int(d) for d in known)
+    if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return tuple(int(d) for d in value.shape)  # type: ignore[arg-type]
+
 
 # --------------------------------------------------------------------------------------------------
 # Estimates

@@ -17,6 +17,7 @@ from onnxprec.sensitivity import (
     fewest,
     hessian_loss,
     isolated_gains,
+    multiply_adds,
     rank,
     structural,
     within,
@@ -147,3 +148,24 @@ def test_structural_ranks_a_residual_stream_near_the_output_highest() -> None:
     graph = ir.Graph([x], [d.outputs[0]], nodes=[a, b, c, d], opset_imports={"": 21})
     score = structural(ir.Model(graph, ir_version=10))
     assert score == pytest.approx({a: 2 / 4, b: 1 / 3, c: 1 / 2, d: 1.0})
+
+
+def test_multiply_adds_count_each_output_element_times_its_reduction() -> None:
+    def value(name: str, shape: list[int | str]) -> ir.Value:
+        return ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(shape))
+
+    x, w, k = value("x", [1, 3, 8, 8]), value("w", [16, 3, 3, 3]), value("k", [16, 10])
+    conv = ir.node("Conv", [x, w], name="conv", attributes={"group": 1})
+    conv.outputs[0].name, conv.outputs[0].shape = "c", ir.Shape([1, 16, 6, 6])
+    flat = ir.node("Flatten", [conv.outputs[0]], name="flat")  # counts nothing
+    flat.outputs[0].name = "f"
+    gemm = ir.node("Gemm", [value("g", [2, 16]), k], name="gemm")
+    gemm.outputs[0].name, gemm.outputs[0].shape = "y", ir.Shape([2, 10])
+    gemm_t = ir.node("Gemm", [value("g2", [2, 16]), value("kt", [10, 16])], name="gemm_t", attributes={"transB": 1})
+    gemm_t.outputs[0].name = "yt"  # its shape is unknown unless measured
+    matmul = ir.node("MatMul", [value("a", ["n", 4, 5]), value("b", [5, 7])], name="matmul")
+    matmul.outputs[0].name, matmul.outputs[0].shape = "m", ir.Shape(["n", 4, 7])  # symbolic: measured below
+    graph = ir.Graph([x], [flat.outputs[0]], nodes=[conv, flat, gemm, gemm_t, matmul], opset_imports={"": 21})
+    conv_work, gemm_work = 16 * 6 * 6 * 3 * 3 * 3, 2 * 10 * 16
+    assert multiply_adds(graph, {}) == conv_work + gemm_work
+    assert multiply_adds(graph, {"yt": (2, 10), "m": (3, 4, 7)}) == conv_work + 2 * gemm_work + 3 * 4 * 7 * 5

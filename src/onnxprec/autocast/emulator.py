@@ -184,6 +184,7 @@ class Emulator:
             self.switches = result.switches
             self.fetch = result.fetch
             edges = result.rounded_edges
+            self.nodes = sum(1 for _ in clone.graph.all_nodes())  # the emulation model's, its Casts included
             self._stack = contextlib.ExitStack()
             payload, folder = self._stack.enter_context(_ort.ort_model(clone))
             del clone, result

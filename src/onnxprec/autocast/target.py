@@ -27,7 +27,8 @@ The reference run keeps the FP32 outputs of every batch (:class:`ReferenceOutput
    every node and ranks poorly; the numbers are in BENCHMARKS.md. Least sensitive first upward, most sensitive
    first downward (:func:`~onnxprec.sensitivity.rank`); a bisection on how many nodes to move
    (:func:`~onnxprec.sensitivity.bisect_count`, ``log2(candidates)`` runs), then greedy steps on chunks
-   of the rest while runs are cheap (:data:`REFINE_RUNS`).
+   of the rest within :data:`REFINE_RUNS` and :data:`REFINE_MULTIPLY_ADDS` (:func:`refine_runs`: a count of work, not
+   a clock).
 6. **Check**: the choice is converted in memory and run for real on every batch; if it misses, the bisection goes
    on with real checks (at most :data:`~onnxprec.accuracy.MAX_REAL_CHECKS`, :func:`onnxprec.accuracy.confirm`).
 
@@ -58,7 +59,7 @@ from onnxprec.autocast.emulator import Emulator, float_values
 from onnxprec.autocast.rules import DataRangeRule, DepthOfReductionRule, Rule, RuleContext
 from onnxprec.errors import UnsupportedModelError
 from onnxprec.observers import TensorStats
-from onnxprec.sensitivity import bisect_count, rank, structural
+from onnxprec.sensitivity import bisect_count, multiply_adds, rank, structural
 from onnxprec.validate import NumericReport
 
 if TYPE_CHECKING:
@@ -69,9 +70,14 @@ __all__ = ["Problem", "TargetReport", "search"]
 logger = logging.getLogger(__name__)
 
 _F = ir.DataType.FLOAT
-# Greedy steps after the bisection: at most this many emulated runs, and no more once they took this long.
 REFINE_RUNS = 6
-REFINE_SECONDS = 6.0
+"""Greedy steps after the bisection: at most this many emulated runs."""
+REFINE_MULTIPLY_ADDS = 2.4e10
+"""The work the greedy steps may take in all: an emulated run counts the model's MatMul, Gemm and Conv multiply-adds
+plus :data:`EMULATED_NODE_MULTIPLY_ADDS` per node of the emulation model, on every batch (:func:`refine_runs`). A
+count, not a clock: the same model, data and flags make the same choice on any machine and under any load."""
+EMULATED_NODE_MULTIPLY_ADDS = 1e5
+"""What one node run of the emulation model (mostly Casts and small elementwise nodes) on one batch counts as."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -371,23 +377,32 @@ def _bisect(
     good = bisect_count(lambda k: holds(set(range(k)), f"{verb} {k} of {n}"), *((0, n) if upward else (n, 0)))
     # Greedy steps: the ranking is a proxy, so try chunks of the other side too, while runs are cheap.
     moved = set(range(good))
-    runs, spent = 0, 0.0
+    runs, allowed = 0, refine_runs(problem, emulator.nodes)
     tried: set[frozenset[int]] = set()
     for parts in (4, 8):
         others = sorted(set(range(n)) - moved) if upward else sorted(moved)
         for chunk in np.array_split(np.array(others, dtype=np.int64), parts):
             step = frozenset(chunk.tolist())
-            if not step or step in tried or runs >= REFINE_RUNS or spent >= REFINE_SECONDS:
+            if not step or step in tried or runs >= allowed:
                 continue
             tried.add(step)
-            with timed() as trial_time:
-                trial = moved | step if upward else moved - step
-                if holds(trial, f"{'convert' if upward else 'convert back'} {len(step)} more"):
-                    moved = trial
-            runs, spent = runs + 1, spent + trial_time.seconds
+            trial = moved | step if upward else moved - step
+            if holds(trial, f"{'convert' if upward else 'convert back'} {len(step)} more"):
+                moved = trial
+            runs += 1
     first = sorted(moved)
     emulated_ok = upward or good < n  # downward: some k < n held in the emulation (n itself is not run)
     return [ranked[i] for i in first] + [ranked[i] for i in range(n) if i not in moved], len(first), emulated_ok
+
+
+def refine_runs(problem: Problem, emulation_nodes: int) -> int:
+    """How many greedy steps the search takes after the bisection: :data:`REFINE_RUNS`, fewer where that many
+    emulated runs of the model (``emulation_nodes`` nodes, on every calibration batch) exceed
+    :data:`REFINE_MULTIPLY_ADDS`. Shapes are the measured ones where the statistics have them."""
+    shapes = {name: s.shape for name, s in (problem.stats or {}).items()}
+    per_batch = multiply_adds(problem.model.graph, shapes) + EMULATED_NODE_MULTIPLY_ADDS * emulation_nodes
+    per_run = per_batch * max(len(problem.reference.outputs), 1)
+    return min(REFINE_RUNS, int(REFINE_MULTIPLY_ADDS // per_run))
 
 
 def _confirm_for_real(

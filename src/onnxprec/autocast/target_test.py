@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import onnx
 import pytest
@@ -10,7 +12,7 @@ from onnx import helper
 
 from onnxprec._ort import create_session
 from onnxprec._testing import F, make_model, run, tensor_info
-from onnxprec.autocast import AutoCastOptions, convert_model, convert_to_mixed_precision
+from onnxprec.autocast import AutoCastOptions, convert_model, convert_to_mixed_precision, target
 from onnxprec.errors import InvalidArgumentError
 from onnxprec.metrics import rel_l2
 
@@ -131,3 +133,40 @@ def test_a_target_needs_a_runtime_that_runs_the_low_type() -> None:
     model, feeds = _mlp()
     with pytest.raises(UnsupportedModelError, match=r"--target_accuracy measures.*--providers cuda:0"):
         _convert(model, feeds, target_accuracy="rel_l2<=1e-2", low_precision_type="bf16")
+
+
+def _trace(report) -> list[tuple[str, str, int, bool]]:  # type: ignore[no-untyped-def]
+    """What the search tried, in order, without the times."""
+    return [(s.kind, s.what, s.low_nodes, s.ok) for s in report.target_search.steps]
+
+
+def test_the_search_is_the_same_whatever_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, feeds = _mlp()
+    _, report = _convert(model, feeds, target_accuracy="rel_l2<=2e-4")
+    assert sum(" more" in what for _, what, _, _ in _trace(report)) == target.REFINE_RUNS  # greedy steps ran
+    ticks = iter(range(0, 10**9, 1000))  # every reading of the clock 1000 s after the last: each run looks slow
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks)))
+    _, slow = _convert(model, feeds, target_accuracy="rel_l2<=2e-4")
+    assert _trace(slow) == _trace(report)
+    assert {n.name: d.low for n, d in slow.decisions.items()} == {n.name: d.low for n, d in report.decisions.items()}
+
+
+def test_the_greedy_steps_stop_at_the_work_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, feeds = _mlp()
+    # one emulated run of the MLP: its multiply-adds on the ROWS rows plus a node cost per node of the emulation model
+    macs = ROWS * WIDTH * WIDTH * LAYERS + ROWS * WIDTH * 8
+    runs = []
+    refine_runs = target.refine_runs
+
+    def spy(problem: target.Problem, nodes: int) -> int:
+        runs.append(refine_runs(problem, nodes))
+        per_run = macs + target.EMULATED_NODE_MULTIPLY_ADDS * nodes
+        assert target.REFINE_MULTIPLY_ADDS // per_run == runs[-1]
+        return runs[-1]
+
+    monkeypatch.setattr(target, "refine_runs", spy)
+    monkeypatch.setattr(target, "REFINE_MULTIPLY_ADDS", 2.5 * (macs + target.EMULATED_NODE_MULTIPLY_ADDS * 80))
+    _, report = _convert(model, feeds, target_accuracy="rel_l2<=2e-4")
+    assert runs and runs[0] < target.REFINE_RUNS
+    assert sum(" more" in what for _, what, _, _ in _trace(report)) == runs[0]
+    assert report.target_search.reached
