@@ -45,8 +45,14 @@ SCORE_FLOOR = 0.01
 threshold that could cross it; below it a Sigmoid's logit is the background's, far from any threshold."""
 
 
-def box_counts(ref: np.ndarray, cand: np.ndarray, axis: int, score_parts: tuple[tuple[int, int], ...]) -> np.ndarray:
-    """Per threshold (:data:`THRESHOLDS`): [boxes matched, boxes of the side with more], summed over the batch.
+def box_counts(
+    ref: np.ndarray,
+    cand: np.ndarray,
+    axis: int,
+    score_parts: tuple[tuple[int, int], ...],
+    thresholds: tuple[float, ...] = THRESHOLDS,
+) -> np.ndarray:
+    """Per threshold (``thresholds``): [boxes matched, boxes of the side with more], summed over the batch.
 
     Args:
         ref: The float model's head, ``[N, 4 + K, A]`` or ``[N, A, 4 + K]`` (``axis`` is the channel axis).
@@ -54,11 +60,11 @@ def box_counts(ref: np.ndarray, cand: np.ndarray, axis: int, score_parts: tuple[
         axis: The axis of the box values and scores.
         score_parts: (start, stop) of each score part along ``axis``; the box is the 4 values before the first.
     """
-    counts = np.zeros((len(THRESHOLDS), 2), np.int64)
+    counts = np.zeros((len(thresholds), 2), np.int64)
     ref_rows, cand_rows = np.moveaxis(ref, axis, -1), np.moveaxis(cand, axis, -1)
     for r, c in zip(ref_rows.reshape(ref_rows.shape[0], -1, ref_rows.shape[-1]), cand_rows.reshape(
         cand_rows.shape[0], -1, cand_rows.shape[-1])):  # fmt: skip
-        for i, threshold in enumerate(THRESHOLDS):
+        for i, threshold in enumerate(thresholds):
             want = _decode(r.astype(np.float32), score_parts, threshold)
             got = _decode(c.astype(np.float32), score_parts, threshold)
             counts[i] += (_matched(want, got), max(len(want[0]), len(got[0])))
@@ -73,12 +79,12 @@ def tally(
     margins: ScoreMargins,
     levels: tuple[int, ...] | None = None,
 ) -> np.ndarray:
-    """:func:`box_counts` of a candidate's head against the float one's (of another shape: every float box lost),
-    its score changes added to ``margins`` (``levels``: as :meth:`ScoreMargins.update`)."""
+    """:func:`box_counts` of a candidate's head against the float one's (of another shape: every float box lost) at
+    ``margins``' thresholds, its score changes added to ``margins`` (``levels``: as :meth:`ScoreMargins.update`)."""
     if ref.shape != cand.shape:
-        return box_counts(ref, ref, axis, score_parts) * [0, 1]
+        return box_counts(ref, ref, axis, score_parts, margins.thresholds) * [0, 1]
     margins.update(ref, cand, axis, score_parts, levels)
-    return box_counts(ref, cand, axis, score_parts)
+    return box_counts(ref, cand, axis, score_parts, margins.thresholds)
 
 
 def level_sizes(anchors: int) -> tuple[int, ...]:
@@ -259,8 +265,8 @@ def logit(p: np.ndarray | float) -> np.ndarray:
 
 
 class ScoreMargins:
-    """The share of boxes matched that a detection head's score margins predict, at the worse of :data:`THRESHOLDS`,
-    for checks on few boxes (:data:`MIN_BOXES`).
+    """The share of boxes matched that a detection head's score margins predict, at the worst of ``thresholds``
+    (default :data:`THRESHOLDS`), for checks on few boxes (:data:`MIN_BOXES`).
 
     A float box is lost when its score falls below the threshold, and a box appears when an anchor below it rises
     past it. Scores change in logit units (a Sigmoid's input, where the error is alike at every score): each box's
@@ -276,10 +282,11 @@ class ScoreMargins:
     its own level's anchors (:func:`level_sizes`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, thresholds: tuple[float, ...] = THRESHOLDS) -> None:
+        self.thresholds = thresholds
         self.changes: list[np.ndarray] = []
-        self.kept: dict[float, list[np.ndarray]] = {t: [] for t in THRESHOLDS}  # float boxes' margins
-        self.below: dict[float, list[np.ndarray]] = {t: [] for t in THRESHOLDS}  # distances of anchors below
+        self.kept: dict[float, list[np.ndarray]] = {t: [] for t in thresholds}  # float boxes' margins
+        self.below: dict[float, list[np.ndarray]] = {t: [] for t in thresholds}  # distances of anchors below
         self.levels: dict[str, list[np.ndarray]] = {"changes": []}  # the level of each, keyed as above
 
     def update(
@@ -307,7 +314,7 @@ class ScoreMargins:
             self.changes.append(logit(moved[near]) - logit(best[near]))
             self.levels["changes"].append(level_of[near])
             low, low_xyxy, low_classes = _select(r, score_parts, SCORE_FLOOR)
-            for threshold in THRESHOLDS:
+            for threshold in self.thresholds:
                 index, xyxy, cls = _select(r, score_parts, threshold)
                 self.kept[threshold].append(logit(best[index]) - logit(threshold))
                 self.levels.setdefault(f"kept {threshold}", []).append(level_of[index])

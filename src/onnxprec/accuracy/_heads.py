@@ -14,6 +14,13 @@ number of anchors ``A`` and ``4 * B`` values (``B >= 2``) from no Sigmoid, trans
 model's image input (its first rank-4 input with a static height and width) at the power-of-2 stride that gives
 ``A`` cells (``ceil(H / s) * ceil(W / s)``, as strided convolutions pad). Heads on an image of unknown size are not
 found.
+
+A YOLOX head (:class:`YoloxHead`) is one output ``[N, A, 5 + K]`` of raw box offsets beside scores: per level a Concat
+over channels of 4 box values, then an objectness and ``K`` class scores from Sigmoids (``[N, 5 + K, H, W]``),
+flattened, the levels concatenated over anchors and transposed. Its user decodes each anchor of an ``H x W`` level at
+stride ``s`` (the power-of-2 stride giving that grid) into a box centred at ``(offset + cell) * s`` of size
+``exp(log size) * s``, scores it by objectness times its best class, and keeps those at or above a threshold after
+NMS (:data:`YOLOX_THRESHOLDS`).
 """
 
 from __future__ import annotations
@@ -25,10 +32,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from onnxprec.accuracy._boxes import THRESHOLDS
+
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["Level", "SplitHead", "split_heads"]
+__all__ = ["Head", "Level", "SplitHead", "YoloxHead", "heads", "split_heads", "yolox_heads"]
+
+YOLOX_THRESHOLDS = (0.3,)
+"""The score a YOLOX head's boxes are compared at: 0.3, YOLOX's demo default (a dense image's many boxes near a
+second, stricter threshold would each be a coin toss under any quantization)."""
+MAX_LOG_SIZE = 10.0
+"""The largest log size (in strides) decoded: ``exp`` of more would overflow float32 boxes."""
 
 MAX_STRIDE_LOG2 = 8
 """The coarsest stride looked for: 2 ** 8 = 256 pixels per cell."""
@@ -62,6 +77,12 @@ class SplitHead:
     def sizes(self) -> tuple[int, ...]:
         """The anchors of each level, in the order :meth:`rows` writes them."""
         return tuple(level.grid[0] * level.grid[1] for level in self.levels)
+
+    thresholds = THRESHOLDS
+
+    def score_parts(self, width: int) -> tuple[tuple[int, int], ...]:
+        """The scores' (start, stop) in :meth:`rows`' ``width`` values per anchor."""
+        return ((4, width),)
 
     @property
     def why(self) -> str:
@@ -136,3 +157,110 @@ def split_heads(model: ir.Model, sigmoid: Mapping[str, bool]) -> list[SplitHead]
         levels.append(Level(names[0], boxes[anchors][0], found[0], found[1]))
     levels.sort(key=lambda level: level.stride)
     return [SplitHead(tuple(levels))] if levels else []
+
+
+@dataclass(frozen=True)
+class YoloxHead:
+    """A YOLOX head: output ``name``, ``[N, A, 5 + K]`` raw, and each level's grid ``(height, width)`` and stride, in
+    the order of its anchors."""
+
+    name: str
+    grids: tuple[tuple[int, int], ...]
+    strides: tuple[int, ...]
+    thresholds = YOLOX_THRESHOLDS
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(h * w for h, w in self.grids)
+
+    @property
+    def why(self) -> str:
+        levels = ", ".join(f"{h}x{w} at stride {s}" for (h, w), s in zip(self.grids, self.strides))
+        return f"YOLOX head decoded to boxes (objectness x class score): {levels}"
+
+    def score_parts(self, width: int) -> tuple[tuple[int, int], ...]:
+        """The objectness, then the class scores, in :meth:`rows`' ``width`` values per anchor."""
+        return ((4, 5), (5, width))
+
+    def rows(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """``[N, A, 5 + K]``: each anchor's decoded box (centre x, centre y, width, height, in pixels), objectness and
+        class scores; None when the output is missing or not of the head's anchors."""
+        raw = outputs.get(self.name)
+        if raw is None or raw.ndim != 3 or raw.shape[1] != sum(self.sizes) or raw.shape[2] < 6:
+            return None
+        cells, steps = [], []
+        for (height, width), stride in zip(self.grids, self.strides):
+            y, x = np.divmod(np.arange(height * width), width)
+            cells.append(np.stack([x, y], axis=1))
+            steps.append(np.full((height * width, 1), stride))
+        cell, step = np.concatenate(cells), np.concatenate(steps)
+        values = raw.astype(np.float64)
+        centre = (values[..., :2] + cell) * step
+        size = np.exp(np.clip(values[..., 2:4], -MAX_LOG_SIZE, MAX_LOG_SIZE)) * step
+        return np.concatenate([centre, size, values[..., 4:]], axis=-1).astype(np.float32)
+
+
+Head = SplitHead | YoloxHead
+
+_PASS = frozenset({"Identity", "Cast"})
+_MOVES = _PASS | {"Reshape", "Flatten", "Transpose"}
+
+
+def _past(value: ir.Value | None, ops: frozenset[str]) -> ir.Node | None:
+    """The producer of ``value`` past the ops in ``ops``."""
+    node = None if value is None else value.producer()
+    while node is not None and node.op_type in ops and node.inputs and node.inputs[0] is not None:
+        node = node.inputs[0].producer()
+    return node
+
+
+def _yolox_level(value: ir.Value | None, classes: int) -> tuple[int, int] | None:
+    """The grid ``(height, width)`` of a level: a rank-4 Concat over channels of 4 values (no Sigmoid's), then an
+    objectness and ``classes`` scores from Sigmoids, all sizes known; None for anything else."""
+    node = _past(value, _MOVES)
+    if node is None or node.op_type != "Concat" or node.attributes.get_int("axis", 0) not in (1, -3):
+        return None
+    shape = node.outputs[0].shape
+    dims = [d if isinstance(d, int) else -1 for d in shape] if shape is not None and len(shape) == 4 else []
+    if not dims or min(dims[1:]) < 1 or dims[1] != 5 + classes:
+        return None
+    sizes = [None if v is None or v.shape is None or len(v.shape) != 4 else v.shape[1] for v in node.inputs]
+    sigmoid = [(p := _past(v, _PASS)) is not None and p.op_type == "Sigmoid" for v in node.inputs]
+    if sizes[:1] == [4] and not sigmoid[0] and all(sigmoid[1:]) and sum(s or 0 for s in sizes) == dims[1]:
+        return dims[2], dims[3]
+    return None
+
+
+def yolox_heads(model: ir.Model) -> list[YoloxHead]:
+    """The YOLOX heads among ``model``'s outputs: a rank-3 ``[N, A, 5 + K]`` output, sizes known, from a Concat over
+    anchors (past reshapes and a Transpose) of levels :func:`_yolox_level` finds, each at the power-of-2 stride that
+    gives its grid over the image input (:func:`_image_size`)."""
+    image = _image_size(model)
+    found = []
+    for value in model.graph.outputs:
+        dims = [d if isinstance(d, int) else -1 for d in value.shape] if value.shape is not None else []
+        node = _past(value, _MOVES)
+        if image is None or len(dims) != 3 or min(dims[1:]) < 1 or dims[2] < 6:
+            continue
+        if node is None or node.op_type != "Concat":
+            continue
+        levels = []
+        for source in node.inputs:
+            grid = _yolox_level(source, dims[2] - 5)
+            stride = None if grid is None else _grid(image, grid[0] * grid[1])
+            if grid is None or stride is None or stride[0] != grid:
+                break
+            levels.append((grid, stride[1]))
+        if levels and len(levels) == len(node.inputs) and sum(g[0] * g[1] for g, _ in levels) == dims[1]:
+            found.append(YoloxHead(str(value.name), tuple(g for g, _ in levels), tuple(s for _, s in levels)))
+    return found
+
+
+def heads(model: ir.Model, sigmoid: Mapping[str, bool]) -> list[Head]:
+    """The detection heads judged by decoded boxes: :func:`split_heads` (``sigmoid`` as it takes) and
+    :func:`yolox_heads`."""
+    return [*split_heads(model, sigmoid), *yolox_heads(model)]

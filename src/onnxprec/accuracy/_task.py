@@ -40,8 +40,8 @@ mask          ``mask_iou``            from Sigmoid, rank 3 or over 4 (``[N, A, K
                                       if lower.
 detections    ``box_agreement``       a rank-3 Concat of 4 box values (centre, size) then only scores (Sigmoid/Softmax),
                                       sizes known (a YOLOv8 head's ``[N, 4 + K, A]``), or a GFL head's score and box
-                                      distribution outputs (:mod:`onnxprec.accuracy._heads`: judged together, under
-                                      the first score output's name): the boxes it decodes to
+                                      distribution outputs, or a YOLOX head's raw ``[N, A, 5 + K]`` (:mod:`onnxprec.
+                                      accuracy._heads`; a GFL head's judged under its first score output's name): boxes
                                       (:mod:`onnxprec.accuracy._boxes`), matched, at the worst confidence threshold
                                       (under 60 boxes: or the share their score margins predict, if lower).
 values        ``part_cosine``         another Concat of scores beside other values, sizes known: the cosine of its
@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, region_counts, tally
-from onnxprec.accuracy._heads import SplitHead, split_heads
+from onnxprec.accuracy._heads import Head, heads
 from onnxprec.accuracy._margins import MaskMargins, StepMargins, ctc_strings
 from onnxprec.metrics import ErrorStats
 
@@ -166,7 +166,7 @@ class Producer:
         logged: It is elementwise arithmetic (:data:`_ARITHMETIC`) on a Log's output: features in a log scale (not
             the Log of a Softmax's or Sigmoid's probabilities).
         permuted: A Transpose came between it and the output (a probability map's axes are not NCHW any more).
-        head: The split detection head the output is one of (:class:`~onnxprec.accuracy._heads.SplitHead`).
+        head: The detection head the output is one of (:class:`~onnxprec.accuracy._heads.SplitHead`, ``YoloxHead``).
     """
 
     op: str
@@ -176,7 +176,7 @@ class Producer:
     merged: bool = False
     logged: bool = False
     permuted: bool = False
-    head: SplitHead | None = None
+    head: Head | None = None
 
 
 def _logged(node: ir.Node) -> bool:
@@ -275,7 +275,7 @@ def output_producers(model: ir.Model) -> dict[str, Producer | None]:
     opset = model.opset_imports.get("", 0)
     producers = {str(value.name): _producer(value, opset) for value in model.graph.outputs}
     transposed = {name: p.op == "Sigmoid" for name, p in producers.items() if p is not None and p.permuted}
-    for head in split_heads(model, transposed):
+    for head in heads(model, transposed):
         for name in head.members:
             producers[name] = dataclasses.replace(producers[name], head=head)  # type: ignore[type-var]
     return producers
@@ -606,8 +606,8 @@ class TaskMetrics:
             ref_rows, cand_rows = head.rows(reference), head.rows(candidate)
             if ref_rows is not None:
                 cand_rows = ref_rows[:0] if cand_rows is None else cand_rows  # another shape: every float box lost
-                margins = self._box_margins.setdefault(name, ScoreMargins())
-                counts = tally(ref_rows, cand_rows, 2, ((4, ref_rows.shape[2]),), margins, head.sizes)
+                margins = self._box_margins.setdefault(name, ScoreMargins(head.thresholds))
+                counts = tally(ref_rows, cand_rows, 2, head.score_parts(ref_rows.shape[2]), margins, head.sizes)
                 self._boxes[name] = self._boxes.get(name, 0) + counts
 
     def summary(self) -> TaskSummary:
