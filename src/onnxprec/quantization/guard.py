@@ -22,9 +22,10 @@ INT8's guard holds each judged output to its kind's bound (:data:`DEFAULT_BOUNDS
 - masks (a detector's Sigmoid confidences): IoU >= 0.9, or predicted so by their score margins when lower
   (:class:`onnxprec.accuracy._margins.MaskMargins`);
 - detections (a YOLO head's Concat of 4 box values and scores; a GFL/PicoDet head's score and box-distribution
-  outputs, judged together: :mod:`onnxprec.accuracy._heads`): >= 0.95 of the boxes it decodes to matched at the
-  worst of two confidence thresholds (issue 24's box bound); under 60 boxes seen, the share their score margins
-  predict when lower (:data:`onnxprec.accuracy._boxes.MIN_BOXES`), each box by its own pyramid level's score changes;
+  outputs, judged together, and a YOLOX head's raw output: :mod:`onnxprec.accuracy._heads`): >= 0.95 of the boxes
+  it decodes to matched at the worst of its confidence thresholds (issue 24's box bound); under 60 boxes seen, the
+  share their score margins predict when lower (:data:`onnxprec.accuracy._boxes.MIN_BOXES`), each box by its own
+  pyramid level's score changes;
 - another Concat of scores beside other values: cosine >= 0.99 of each part;
 - signals (a vocoder's waveform, log-scale features such as a log-mel spectrogram): SNR >= 25 dB, rel L2 <= 0.056,
   the same bound (issue 24's vocoder and speech-feature bound);
