@@ -419,7 +419,7 @@ def _digest(value: Any) -> str:
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """The small record of one run kept in the snapshot (see the module docstring)."""
-    report = _stable(result.get("report") or next(iter(result.get("json_files", {}).values()), None))
+    report = result.get("report") or next(iter(result.get("json_files", {}).values()), None)
     summary = report.get("summary") if isinstance(report, dict) else None
     files = result["files"]
     if len(files) > _MAX_FILES:
@@ -445,20 +445,6 @@ def snapshot(models: Path, only: str | None = None) -> dict[str, Any]:
             print(f"  {name}", file=sys.__stderr__, flush=True)
             results[name] = summarize(case())
     return results
-
-
-def _stable(value: Any) -> Any:
-    """Without what depends on the machine's speed: the target search's greedy steps after its bisection stop
-    after ``target.REFINE_SECONDS``, so their number (and ``runs``) varies with the load; its decisions do not."""
-    if isinstance(value, dict):
-        out = {k: _stable(v) for k, v in value.items()}
-        if "steps" in out and "runs" in out:
-            out.pop("runs")
-            out["steps"] = [s for s in out["steps"] if not (s.get("kind") == "emulated" and " more" in s.get("what"))]
-        return out
-    if isinstance(value, list):
-        return [_stable(v) for v in value]
-    return value
 
 
 def differences(golden: dict[str, Any], results: dict[str, Any]) -> list[str]:
