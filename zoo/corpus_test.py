@@ -108,7 +108,7 @@ def test_cached_models_match_the_manifest_and_their_splits_are_disjoint() -> Non
         m = manifest["models"][name]
         path = Path(m["path"])
         assert hashlib.sha256(path.read_bytes()).hexdigest() == m["sha256"], name
-        digests = {}
+        digests: dict[str, set[str]] = {}
         for split in ("calib", "heldout"):
             files = sorted((path.parent / split).glob("*.npz"))
             assert len(files) == m["data"][split]["files"], (name, split)
