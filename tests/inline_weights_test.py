@@ -207,51 +207,63 @@ def test_the_streamed_model_is_the_one_onnx_save_writes(tmp_path: Path) -> None:
     assert (tmp_path / "saved.onnx").read_bytes() == (tmp_path / "streamed.onnx").read_bytes()
 
 
-def _tool_in_a_process(tool: str, source: Path, output: Path, data: Path, elsewhere: Path) -> int:
-    """Runs ``python <this file> <tool> ...``: the tool, then the check that its output owns its data (from a copy in
-    ``elsewhere``, ONNX Runtime in little memory). Returns the tool's peak resident memory in bytes (Linux: the
-    process's rusage, read when the tool has written its output, before the check)."""
-    args = [str(a) for a in (tool, source, output, data, elsewhere)]
+def _tools_in_a_process(tools: list[str], source: Path, data: Path, work: Path) -> dict[str, int]:
+    """Runs ``python <this file> <tools> ...``: each tool in turn, then the check that its output owns its data (from a
+    copy in another folder, ONNX Runtime in little memory). Returns each tool's peak resident memory in bytes (Linux:
+    the process's high-water mark, reset before the tool and read when it has written its output, before the check;
+    what the process still holds from before counts too)."""
+    args = [",".join(tools), str(source), str(data), str(work)]
     process = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False)
     assert process.returncode == 0, process.stderr[-3000:]
-    return int(next(line for line in process.stdout.splitlines()[::-1] if line.startswith("peak ")).split()[1])
+    peaks = [line.split() for line in process.stdout.splitlines() if line.startswith("peak ")]
+    return {tool: int(peak) for _, tool, peak in peaks}
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory is read from Linux's rusage")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory is read from Linux's /proc")
 def test_a_real_inline_model_above_half_a_gib(tmp_path: Path) -> None:
     """~0.54 GB of weights inside one .onnx file (64 blocks of 4096 x 256 and 256 x 4096 MatMuls, each with a 1 KiB
-    bias): AutoCast and INT4 RTN in both formats, each in a process of its own, write outputs that own their data
-    (checked by that process once the tool is done, from a copy in another folder), and none holds the model twice
-    (a process's own ~0.25 GiB is well below one more copy). The file is written one tensor at a time, so this
-    process never holds it either. INT4 runs as for a model above the accuracy guard's 1 GiB (its check on the first
-    batch, no second pipeline run)."""
+    bias): AutoCast and INT4 RTN in both formats, one after another in a process of their own, write outputs that
+    own their data (checked by that process once each tool is done, from a copy in another folder), and none holds
+    the model twice (a process's own ~0.25 GiB is well below one more copy). The file is written one tensor at a
+    time, so this process never holds it either. INT4 runs as for a model above the accuracy guard's 1 GiB (its
+    check on the first batch, no second pipeline run)."""
     src = tmp_path / "model.onnx"
     feeds = _write_inline_model_streaming(src, hidden=4096, layers=64)
     size = src.stat().st_size
     assert size > 2**29 and size >= io_module._MAP_FILE_BYTES
     np.savez(tmp_path / "feeds.npz", **feeds)
-    for tool in ("autocast", "int4_rtn_qdq", "int4_rtn_matmulnbits"):
-        out_dir = tmp_path / tool
-        out_dir.mkdir()
-        elsewhere = tmp_path / f"{tool}_elsewhere"
-        peak = _tool_in_a_process(tool, src, out_dir / "model.onnx", tmp_path / "feeds.npz", elsewhere)
+    tools = ["autocast", "int4_rtn_qdq", "int4_rtn_matmulnbits"]
+    peaks = _tools_in_a_process(tools, src, tmp_path / "feeds.npz", tmp_path)
+    assert list(peaks) == tools
+    for tool, peak in peaks.items():
         assert peak < 2 * size, f"{tool} held {peak / 2**30:.2f} GiB for a {size / 2**30:.2f} GiB model"
-        shutil.rmtree(out_dir)
-        shutil.rmtree(elsewhere)
     src.unlink()  # pytest keeps the folders of its last runs: not 0.54 GB each
 
 
-if __name__ == "__main__":  # the processes of test_a_real_inline_model_above_half_a_gib
-    import resource
+def _high_water_mark(reset: bool = False) -> int:
+    """This process's peak resident memory in bytes since the last reset (``reset``: set it to the current)."""
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
 
+
+if __name__ == "__main__":  # the process of test_a_real_inline_model_above_half_a_gib
     from onnxprec._io import trim_heap
     from onnxprec.quantization.int4 import _guard
 
     _guard.MAX_GUARD_BYTES = 0  # the model stands for one above the guard's 1 GiB, as its mapping does
-    tool, source, output, data, elsewhere = sys.argv[1:]
+    names, source, data, work = sys.argv[1:]
     feeds = dict(np.load(data))
-    TOOLS[tool](Path(source), Path(output), feeds)
-    print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, flush=True)
-    trim_heap()
-    _owns_its_data(Path(output), Path(source), feeds, Path(elsewhere), _run_in_little_memory)
+    for tool in names.split(","):
+        out_dir, elsewhere = Path(work) / tool, Path(work) / f"{tool}_elsewhere"
+        out_dir.mkdir()
+        trim_heap()
+        _high_water_mark(reset=True)
+        TOOLS[tool](Path(source), out_dir / "model.onnx", feeds)
+        print("peak", tool, _high_water_mark(), flush=True)
+        trim_heap()
+        _owns_its_data(out_dir / "model.onnx", Path(source), feeds, elsewhere, _run_in_little_memory)
+        shutil.rmtree(out_dir)
+        shutil.rmtree(elsewhere)

@@ -87,6 +87,11 @@ def test_committed_manifest_lists_metadata_only() -> None:
         assert len(m["sha256"]) == 64
 
 
+def _feeds(file: Path) -> dict[str, np.ndarray]:
+    with np.load(file) as z:
+        return {k: z[k] for k in z.files}
+
+
 def _built() -> dict:
     try:
         return corpus.load_manifest()
@@ -103,19 +108,16 @@ def test_cached_models_match_the_manifest_and_their_splits_are_disjoint() -> Non
         m = manifest["models"][name]
         path = Path(m["path"])
         assert hashlib.sha256(path.read_bytes()).hexdigest() == m["sha256"], name
-        digests = {}
+        digests: dict[str, set[str]] = {}
         for split in ("calib", "heldout"):
             files = sorted((path.parent / split).glob("*.npz"))
             assert len(files) == m["data"][split]["files"], (name, split)
             digests[split] = set()
             for f in files:
-                with np.load(f) as z:
-                    feeds = {k: z[k] for k in z.files}
-                main = feeds[m["inputs"][0]["name"]]
+                main = _feeds(f)[m["inputs"][0]["name"]]
                 digests[split] |= {hashlib.sha256(row.tobytes()).hexdigest() for row in main.reshape(len(main), -1)}
         assert not digests["calib"] & digests["heldout"], f"{name}: a sample is in both splits"
-        with np.load(sorted((path.parent / "heldout").glob("*.npz"))[0]) as z:
-            outs = _testing.run(path, {k: z[k] for k in z.files})
+        outs = _testing.run(path, _feeds(sorted((path.parent / "heldout").glob("*.npz"))[0]))
         assert all(np.isfinite(o).all() for o in outs if isinstance(o, np.ndarray) and o.dtype.kind == "f"), name
 
 
@@ -132,9 +134,7 @@ def test_ctc_models_read_their_heldout_inputs() -> None:
         m = manifest["models"][name]
         path, opts = Path(m["path"]), m["metric_options"]
         strings = []
-        for f in sorted((path.parent / "heldout").glob("*.npz")):
-            with np.load(f) as z:
-                out = _testing.run(path, {k: z[k] for k in z.files})[0]
-            strings += ctc_decode(out, opts.get("layout", "NTC"), opts.get("blank", 0))
+        for outputs in _testing.run_each(path, map(_feeds, sorted((path.parent / "heldout").glob("*.npz")))):
+            strings += ctc_decode(outputs[0], opts.get("layout", "NTC"), opts.get("blank", 0))
         assert sum(bool(s) for s in strings) >= 0.9 * len(strings), name
         assert len(set(strings)) >= 0.5 * len(strings), (name, sorted(set(strings))[:5])
