@@ -194,6 +194,7 @@ class Emulator:
                 optimization="basic",
                 external_data_folder=folder,
                 what="the emulation model",
+                spinning=False,  # many short runs: CPU seconds, not latency
             )
         self.runs = 0
         self.sessions = 1

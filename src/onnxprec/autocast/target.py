@@ -446,7 +446,12 @@ def _measure_real(problem: Problem, converted: ir.Model) -> Measurement:
     """
     try:
         session = _ort.create_session(
-            converted, providers=problem.providers, optimization="none", low_memory=True, what="the converted model"
+            converted,
+            providers=problem.providers,
+            optimization="none",
+            low_memory=True,
+            what="the converted model",
+            spinning=False,
         )
         return measure_outputs(
             problem.target, problem.reference, lambda batch: dict(zip(session.output_names, session.run(batch)))

@@ -244,7 +244,8 @@ def measure_task(
         return outputs
 
     with timed() as clock:
-        session = _ort.create_session(model, providers=providers, optimization=optimization, what="the quantized model")
+        session = _ort.create_session(model, providers=providers, optimization=optimization, what="the quantized model",
+                                      spinning=False)  # fmt: skip
         measurement = measure_outputs(target, kept, run)
     measurement = dataclasses.replace(measurement, seconds=clock.seconds)
     return Checked(measurement, metrics.summary(), len(kept.outputs), bounds=bounds)

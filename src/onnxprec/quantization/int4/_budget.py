@@ -247,7 +247,8 @@ def _logits(model: ir.Model, data: CalibrationData, options: Int4Options) -> Gen
     at a time as ``[positions, vocabulary]``; the probe session computes no output but the logits."""
     from onnxprec._ort import create_session
 
-    session = create_session(model, providers=options.calibration_eps, optimization="basic", what="the probe model")
+    session = create_session(model, providers=options.calibration_eps, optimization="basic", what="the probe model",
+                             spinning=False)  # fmt: skip
     try:
         positions = 0
         for feeds in data:

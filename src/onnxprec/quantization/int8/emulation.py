@@ -105,7 +105,7 @@ class Int8Emulator:
             del clone
             self.session = _ort.create_session(
                 payload, providers=providers, optimization="basic", external_data_folder=folder,
-                what="the INT8 emulation model",
+                what="the INT8 emulation model", spinning=False,
             )  # fmt: skip
         self.runs = 0
         logger.info(

@@ -114,7 +114,8 @@ def measure(
     """Runs ``model`` (optimized as ONNX Runtime will run it, or at ``optimization``) on every calibration batch
     against the kept outputs."""
     with timed() as clock:
-        session = _ort.create_session(model, providers=providers, optimization=optimization, what="the INT8 model")
+        session = _ort.create_session(model, providers=providers, optimization=optimization, what="the INT8 model",
+                                      spinning=False)  # fmt: skip
         measurement = measure_outputs(
             target, calibration, lambda batch: dict(zip(session.output_names, session.run(batch)))
         )
