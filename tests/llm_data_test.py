@@ -87,8 +87,8 @@ BUILDER = Path(os.environ.get("ONNXPREC_ZOO", Path.home() / ".cache" / "onnxprec
 @pytest.mark.slow
 def test_builder_smollm2_perplexity_from_token_ids_only(tmp_path: Path) -> None:
     """onnxruntime-genai's builder SmolLM2 (KV inputs with a symbolic head size), windows 8-11 of the zoo ids:
-    ../shared/zoo/genai/ppl.py, which fills the KV inputs by hand, measures 22.131 on them (its windows 8-15 read
-    ``[8:12]``; on 8-15 it measures 19.762)."""
+    ../shared/zoo/genai/ppl.py, which fills the KV inputs by hand, measures 22.131 on them (with its window slice set
+    to ``[8:12]``; on its own windows 8-15 it measures 19.762)."""
     ids = shared_path("models", "smollm2_eval_input_ids.npy")
     if not (BUILDER / "model.onnx").exists() or ids is None:
         pytest.skip("the builder's SmolLM2 (../shared/zoo/genai/build.sh) or the zoo ids are absent")

@@ -402,7 +402,7 @@ def refine_runs(problem: Problem, emulation_nodes: int) -> int:
     shapes = {name: s.shape for name, s in (problem.stats or {}).items()}
     per_batch = multiply_adds(problem.model.graph, shapes) + EMULATED_NODE_MULTIPLY_ADDS * emulation_nodes
     per_run = per_batch * max(len(problem.reference.outputs), 1)
-    return min(REFINE_RUNS, int(REFINE_MULTIPLY_ADDS // per_run))
+    return min(REFINE_RUNS, int(REFINE_MULTIPLY_ADDS // max(per_run, 1.0)))
 
 
 def _confirm_for_real(

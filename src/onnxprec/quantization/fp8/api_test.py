@@ -257,6 +257,28 @@ def test_every_layer_kept_fp16_by_tensorrts_rules_writes_the_fp16_remainder(
     assert not (tmp_path / "int8.onnx").exists()
 
 
+def test_a_remainder_only_result_that_misses_the_guard_is_refused_not_written_as_the_input(tmp_path: Path) -> None:
+    """No layer for FP8 and the FP16 remainder loses the output (weights of 300 + d whose d, below FP16's spacing
+    there, is all the output carries): refused, not the FP32 remainder, which would be the input model."""
+    from onnxprec.errors import AccuracyGuardError
+
+    rng = np.random.default_rng(5)
+    h = onnx.helper
+    w = (300 + rng.standard_normal((64, 1)) * 0.05).astype(np.float32)
+    nodes = [h.make_node("Gemm", ["X", "W"], ["Y"], name="Gemm_0")]
+    graph = h.make_graph(nodes, "cancel", [h.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [1, 64])],
+                         [h.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [1, 1])],
+                         [onnx.numpy_helper.from_array(w, "W")])  # fmt: skip
+    source = tmp_path / "cancel.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]), source)
+    data = []
+    for _ in range(16):
+        a = rng.standard_normal((1, 32)).astype(np.float32)
+        data.append({"X": np.concatenate([a, -a], axis=1)})  # the 300s cancel
+    with pytest.raises(AccuracyGuardError):
+        quantize_file(source, tmp_path / "fp8.onnx", calibration_data=data)
+
+
 def _gelu_block() -> onnx.ModelProto:
     """MatMul + bias, a tanh GELU written out (``x + 0.044715 x³`` is an Add of ``x`` and a function of it), MatMul +
     bias, and a residual Add of the block's input."""

@@ -463,10 +463,12 @@ def _build(run: Int8Run) -> None:
 def _accuracy_check(run: Int8Run) -> None:
     """The result measured as it will be saved (see :func:`~onnxprec.quantization.int8.accuracy_steps.check_result`);
     when it misses the guard with the FP16/BF16 float remainder its runtime chose (no ``high_precision_dtype`` given),
-    the result with the remainder in FP32 if that holds (:func:`_fp32_remainder`)."""
+    the result with the remainder in FP32 if that holds (:func:`_fp32_remainder`) — not when no layer is quantized:
+    that would be the input model itself."""
     check_result(run.result, run.options, run.producers, run.keep, run.held_out, run.report)
     options = run.options
-    if run.report.guard_failure and options.float_type != "fp32" and options.high_precision_dtype is None:
+    retry = options.float_type != "fp32" and options.high_precision_dtype is None and bool(run.plan.layers)
+    if run.report.guard_failure and retry:
         _fp32_remainder(run)
 
 
@@ -487,6 +489,7 @@ def _fp32_remainder(run: Int8Run) -> None:
     report.fp32_remainder = f"{report.float_type} missed the accuracy guard, {missed[1]['bound']}"
     logger.warning("The float remainder stays FP32: %s", report.fp32_remainder)
     report.float_type, report.autocast = "fp32", None
+    report.seconds.pop("autocast", None)  # the discarded conversion's
     report.ort_only = check_structure(result)
     run.result = result
 

@@ -292,7 +292,7 @@ def search(
             "The accuracy target %s is not met (%s) with the %d most sensitive %ss %s, all that %s %g allows",
             target, best.summary(), high, w.item, w.promoted, w.budget, max_float_compute,
         )  # fmt: skip
-    return _as_saved((order[:high], best), checks, layers, saved)
+    return _as_saved((order[:high], best), checks, layers, saved, None if beyond else order)
 
 
 def _as_saved(
@@ -300,18 +300,19 @@ def _as_saved(
     checks: _Checks,
     layers: Sequence[str],
     saved: Callable[[Collection[str]], Measurement] | None,
+    allowed: Sequence[str] | None = None,
 ) -> tuple[list[str], Measurement]:
     """The search's choice measured as the model will be saved (``saved``: its float remainder converted to FP16)
     when it held as checked: the rounding of the remainder adds its own error, which can take a task metric that
-    held just above its bound below it (captcha-crnn's CTC strings predicted from step margins under FP8: 99.25%
-    for 99.3%). When it misses there, the layers the search ranked next (most sensitive first, never all: one stays
-    quantized) go back too, galloping then bisecting (:func:`~onnxprec.accuracy.confirm`); the choice is returned
-    unchanged when even the most of them miss (the final check says so)."""
+    held just above its bound below it. When it misses there, the layers the search ranked next (most sensitive
+    first, never all: one stays quantized; only those of ``allowed``, the ones within ``max_float_compute``, where
+    the search may not go beyond it) go back too, galloping then bisecting (:func:`~onnxprec.accuracy.confirm`);
+    the choice is returned unchanged when even the most of them miss (the final check says so)."""
     floats, best = chosen
     if saved is None or not floats or not best.ok:
         return chosen
     w = checks.words
-    rest = [name for name in checks.ranked if name not in set(floats)]
+    rest = [name for name in (checks.ranked if allowed is None else allowed) if name not in set(floats)]
     order = [*floats, *rest][: len(layers) - 1]
 
     def as_saved(k: int) -> Measurement:
@@ -426,7 +427,7 @@ def _alone_first(
         name: _badness(checks.real(everything - {name}, f"{name} alone INT8"), metric)
         for name in counted(layers, "INT8 error of each layer alone", w.item)
     }
-    ranked = rank(own, layers, positive=True)
+    ranked = checks.ranked = rank(own, layers, positive=True)
     checks.steps.append({"what": f"{w.item}s by their own INT8 error ({metric})", "layers": ranked[:8]})
     return _beyond(ranked, (), len(layers), checks, max_float_compute, f"by own error, beyond {w.budget}")
 

@@ -138,6 +138,19 @@ def test_a_choice_that_misses_as_saved_sends_the_next_ranked_layers_back() -> No
     assert final.ok and floats == ["l7", "l6", "l5"] and quiet == [1]  # holding as saved: one check, no change
 
 
+def test_the_check_as_saved_keeps_within_the_users_float_compute_budget() -> None:
+    """With ``max_float_compute`` and no going beyond it, the layers the as-saved check sends back are only those
+    within the budget: here none beyond the search's 3, so the choice stays and misses as saved."""
+    errors = {f"l{i}": 0.01 * (i + 1) for i in range(8)}
+    target, real = _measured(errors, "rel_l2<=0.08")
+    _, remainder = _measured({**errors, "fp16": 0.04}, "rel_l2<=0.08")
+    cost = dict.fromkeys(errors, 1.0)
+    floats, _ = fallback.search(list(errors), real, target, {}, [], cost, 3 / 8, saved=remainder)
+    assert floats == ["l7", "l6", "l5"] and not remainder(floats).ok
+    floats, _ = fallback.search(list(errors), real, target, {}, [], cost, 3 / 8, saved=remainder, beyond=True)
+    assert floats == ["l7", "l6", "l5", "l4"] and remainder(floats).ok  # the guard's search may go beyond it
+
+
 def test_the_estimate_rounds_each_weight_to_the_tools_levels() -> None:
     """The proxy's weight error is that of the format the layers get: FP8's levels for FP8 (relative, about the same
     on every channel), INT8's by default (largest on a channel with an outlier)."""
