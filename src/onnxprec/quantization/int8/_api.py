@@ -463,11 +463,13 @@ def _build(run: Int8Run) -> None:
 def _accuracy_check(run: Int8Run) -> None:
     """The result measured as it will be saved (see :func:`~onnxprec.quantization.int8.accuracy_steps.check_result`);
     when it misses the guard with the FP16/BF16 float remainder its runtime chose (no ``high_precision_dtype`` given),
-    the result with the remainder in FP32 if that holds (:func:`_fp32_remainder`) — not when no layer is quantized:
-    that would be the input model itself."""
+    the result with the remainder in FP32 if that holds (:func:`_fp32_remainder`), for options whose
+    ``RETRIES_FP32_REMAINDER`` says so (INT8, not FP8) — not when no layer is quantized: that would be the input
+    model itself."""
     check_result(run.result, run.options, run.producers, run.keep, run.held_out, run.report)
     options = run.options
-    retry = options.float_type != "fp32" and options.high_precision_dtype is None and bool(run.plan.layers)
+    retry = options.RETRIES_FP32_REMAINDER and options.float_type != "fp32" and options.high_precision_dtype is None
+    retry = retry and bool(run.plan.layers)
     if run.report.guard_failure and retry:
         _fp32_remainder(run)
 
