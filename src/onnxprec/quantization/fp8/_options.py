@@ -42,9 +42,6 @@ class Fp8Options(Int8Options):
     WRITES_REMAINDER: ClassVar[bool] = True
     """As ModelOpt: where TensorRT's FP8 rules keep every layer FP16, the model is written with its FP16 remainder
     and no Q/DQ (exit 0, one WARNING), judged by the guard as any result."""
-    RETRIES_FP32_REMAINDER: ClassVar[bool] = False
-    """FP8 keeps ModelOpt's FP16 remainder (issue 29's format): a result that misses the guard with it is refused,
-    not rebuilt with an FP32 remainder; ``high_precision_dtype="fp32"`` asks for that remainder."""
 
     calibration_method: str | None = option(
         None,

@@ -461,39 +461,10 @@ def _build(run: Int8Run) -> None:
 
 
 def _accuracy_check(run: Int8Run) -> None:
-    """The result measured as it will be saved (see :func:`~onnxprec.quantization.int8.accuracy_steps.check_result`);
-    when it misses the guard with the FP16/BF16 float remainder its runtime chose (no ``high_precision_dtype`` given),
-    the result with the remainder in FP32 if that holds (:func:`_fp32_remainder`), for options whose
-    ``RETRIES_FP32_REMAINDER`` says so (INT8, not FP8) — not when no layer is quantized: that would be the input
-    model itself."""
+    """The result measured as it will be saved (see :func:`~onnxprec.quantization.int8.accuracy_steps.check_result`),
+    its float remainder as the runtime has it: a result that misses the guard only in FP16/BF16 is refused, not
+    rebuilt with an FP32 remainder (``high_precision_dtype="fp32"`` asks for that)."""
     check_result(run.result, run.options, run.producers, run.keep, run.held_out, run.report)
-    options = run.options
-    retry = options.RETRIES_FP32_REMAINDER and options.float_type != "fp32" and options.high_precision_dtype is None
-    retry = retry and bool(run.plan.layers)
-    if run.report.guard_failure and retry:
-        _fp32_remainder(run)
-
-
-def _fp32_remainder(run: Int8Run) -> None:
-    """The result built again with its float remainder in FP32, in place of the FP16/BF16 one that missed the guard,
-    when it meets the guard; else the FP16/BF16 result and its failure stay. The target search measures its
-    candidates with the remainder in FP32, so the conversion after it can undo what the fallback bought (the float
-    layers' weights and a recurrent cell's gates rounded to FP16)."""
-    report = run.report
-    missed = report.accuracy, report.check, report.guard_failure
-    result, _ = apply_decisions(run.model, run.options, run.decisions, run.float_layers)
-    _forget_inferred_shapes(result, run.declared)
-    report.guard_failure = None
-    check_result(result, run.options, run.producers, run.keep, run.held_out, report)
-    if report.guard_failure:
-        report.accuracy, report.check, report.guard_failure = missed
-        return
-    report.fp32_remainder = f"{report.float_type} missed the accuracy guard, {missed[1]['bound']}"
-    logger.warning("The float remainder stays FP32: %s", report.fp32_remainder)
-    report.float_type, report.autocast = "fp32", None
-    report.seconds.pop("autocast", None)  # the discarded conversion's
-    report.ort_only = check_structure(result)
-    run.result = result
 
 
 STEPS: tuple[Step[Int8Run], ...] = (

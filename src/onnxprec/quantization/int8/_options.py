@@ -73,9 +73,6 @@ class Int8Options(_tool.QuantizationOptions):
     WRITES_REMAINDER: ClassVar[bool] = False
     """Whether a model whose every candidate layer a placement rule skips is written without Q/DQ (its float
     remainder converted) rather than refused (:func:`onnxprec.quantization._tool.remainder_only`)."""
-    RETRIES_FP32_REMAINDER: ClassVar[bool] = True
-    """Whether a result that misses the accuracy guard with the FP16/BF16 remainder its runtime chose (no
-    ``high_precision_dtype`` given) is built again with the remainder in FP32 and kept if that holds."""
 
     calibration_data: Any = calibration_data_option(
         "Calibration inputs",

@@ -96,7 +96,6 @@ class Int8Report(QuantizationReportBase):
     """A16W8: each configuration the 16-bit search tried."""
     in_branches: int = 0
     """Layers placed inside the If branches the calibration data takes (calibrated on a copy with them inlined)."""
-    fp32_remainder: str | None = None
     """Why the float remainder stayed FP32 where the runtime's default (FP16/BF16) missed the accuracy guard."""
     input_layers: list[str] = field(default_factory=list)
     """ort-cpu: the layers reading the model input quantized on a second try, the guard having missed with them in
@@ -132,8 +131,6 @@ class Int8Report(QuantizationReportBase):
             text += f"; on calibration data {shown}"
         if self.autocast:
             text += f"; float remainder {self.float_type}"
-        if self.fp32_remainder:
-            text += f"; float remainder fp32 ({self.fp32_remainder})"
         if self.input_layers:
             text += f"; {len(self.input_layers)} reading the model input quantized too (the guard missed without them)"
         if self.in_branches:
@@ -172,7 +169,6 @@ class Int8Report(QuantizationReportBase):
             "wide_tensors": list(self.wide_tensors),
             "wide_steps": [json_number(step) for step in self.wide_steps],
             **({"input_layers": list(self.input_layers)} if self.input_layers else {}),
-            **({"fp32_remainder": self.fp32_remainder} if self.fp32_remainder else {}),
             "calibration": json_number(self.calibration),
             "seconds": {step: round(seconds, 4) for step, seconds in self.seconds.items()},
             "autocast": self.autocast,
