@@ -403,9 +403,26 @@ def _further(
     """Under the guard, when the layers within the budget miss: the ranking by gains beyond it (:func:`_beyond`),
     then, with ``own_errors``, the ranking by each layer's own error (:func:`_alone_first`); None when both miss."""
     chosen = _beyond(ranked, within_budget, len(layers), checks, max_float_compute)
+    if chosen is None:
+        chosen = _left_first(ranked, layers, checks, max_float_compute)
     if chosen is None and own_errors:
         chosen = _alone_first(layers, checks, metric, max_float_compute)
     return chosen
+
+
+def _left_first(
+    ranked: Sequence[str], layers: Sequence[str], checks: _Checks, max_float_compute: float
+) -> tuple[list[str], Measurement] | None:
+    """When the most layers :func:`_beyond` may send back (all but one) miss, the one or two it left quantized
+    break the result on their own (ranked last, or not ranked: an estimate can miss an activation's error): the
+    fewest in float with them first (:func:`_beyond` again, one check of the most, then a bisection); None when
+    more are left or that misses too."""
+    kept = set(ranked[: max(len(layers) - 1, 0)])
+    left = [name for name in layers if name not in kept]
+    if not left or len(left) > 2 or len(left) >= len(layers):
+        return None
+    reordered = [*left, *(name for name in ranked if name not in set(left))]
+    return _beyond(reordered, (), len(layers), checks, max_float_compute, "by the last ranked first")
 
 
 def _alone_first(

@@ -151,6 +151,20 @@ def test_the_check_as_saved_keeps_within_the_users_float_compute_budget() -> Non
     assert floats == ["l7", "l6", "l5", "l4"] and remainder(floats).ok  # the guard's search may go beyond it
 
 
+def test_a_layer_that_breaks_the_result_alone_but_is_ranked_last_goes_first() -> None:
+    """The estimate ranks l0 last (it misses its activation error), yet l0 alone in INT8 misses the target: every
+    layer but l0 in float misses, so l0 goes first and the fewest after it are searched."""
+    errors = {**{f"l{i}": 0.01 for i in range(1, 8)}, "l0": 0.5}
+    target, real = _measured(errors, "rel_l2<=0.05")
+    proxy = {f"l{i}": float(i) for i in range(8)}  # l0 least sensitive by the estimate
+    steps: list[dict[str, Any]] = []
+    floats, final = fallback.search(list(errors), real, target, proxy, steps, dict.fromkeys(errors, 1.0), 0.25,
+                                    beyond=True, isolated_multiply_adds=0.0)  # fmt: skip
+    assert final.ok and floats[0] == "l0" and len(floats) < len(errors)
+    assert real(floats).ok and not real(floats[1:]).ok
+    assert any("by the last ranked first" in step["what"] for step in steps if "what" in step)
+
+
 def test_the_estimate_rounds_each_weight_to_the_tools_levels() -> None:
     """The proxy's weight error is that of the format the layers get: FP8's levels for FP8 (relative, about the same
     on every channel), INT8's by default (largest on a channel with an outlier)."""
