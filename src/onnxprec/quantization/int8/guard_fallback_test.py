@@ -110,7 +110,8 @@ def test_beyond_the_budget_the_search_goes_on_after_what_it_checked_within() -> 
 
 
 def test_beyond_the_budget_nothing_is_searched_when_the_most_that_may_go_back_miss() -> None:
-    """Every layer but the last in float still misses: one check beyond the budget, and the guard refuses."""
+    """Every layer but the last in float still misses: one check beyond the budget, one with the layer it left INT8
+    first (:func:`fallback._left_first`: l2 and l0 in float, l1 INT8, misses too), and the guard refuses."""
     errors = {"l0": 0.05, "l1": 0.04, "l2": 0.03}
     target = AccuracyTarget.parse("rel_l2<=0.02")
     tried: list[frozenset[str]] = []
@@ -119,7 +120,7 @@ def test_beyond_the_budget_nothing_is_searched_when_the_most_that_may_go_back_mi
     cost = {"l0": 1.0, "l1": 100.0, "l2": 100.0}
     floats, final = fallback.search(list(errors), check, target, {}, [], cost, 0.25, beyond=True)
     assert not final.ok and floats == ["l0"]
-    assert tried[1 + len(errors) :] == [{"l0"}, {"l0", "l1"}]
+    assert tried[1 + len(errors) :] == [{"l0"}, {"l0", "l1"}, {"l2", "l0"}]
 
 
 @pytest.mark.slow
