@@ -401,12 +401,13 @@ def _further(
     own_errors: bool,
 ) -> tuple[list[str], Measurement] | None:
     """Under the guard, when the layers within the budget miss: the ranking by gains beyond it (:func:`_beyond`),
-    then, with ``own_errors``, the ranking by each layer's own error (:func:`_alone_first`); None when both miss."""
+    then, with ``own_errors``, the ranking by each layer's own error (:func:`_alone_first`), then the layers the
+    first left quantized first (:func:`_left_first`); None when all miss."""
     chosen = _beyond(ranked, within_budget, len(layers), checks, max_float_compute)
-    if chosen is None:
-        chosen = _left_first(ranked, layers, checks, max_float_compute)
     if chosen is None and own_errors:
         chosen = _alone_first(layers, checks, metric, max_float_compute)
+    if chosen is None:
+        chosen = _left_first(ranked, layers, checks, max_float_compute)
     return chosen
 
 
