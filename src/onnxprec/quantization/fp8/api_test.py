@@ -277,6 +277,8 @@ def test_a_remainder_only_result_that_misses_the_guard_is_refused_not_written_as
         data.append({"X": np.concatenate([a, -a], axis=1)})  # the 300s cancel
     with pytest.raises(AccuracyGuardError):
         quantize_file(source, tmp_path / "fp8.onnx", calibration_data=data)
+    written = onnx.load(str(tmp_path / "fp8.onnx"))  # for inspection: the FP16 remainder, not the input model
+    assert {i.name: i.data_type for i in written.graph.initializer}["W"] == onnx.TensorProto.FLOAT16
 
 
 def test_fp8_keeps_modelopts_fp16_remainder_and_refuses_when_it_misses(tmp_path: Path) -> None:

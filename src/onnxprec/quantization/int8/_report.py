@@ -96,7 +96,6 @@ class Int8Report(QuantizationReportBase):
     """A16W8: each configuration the 16-bit search tried."""
     in_branches: int = 0
     """Layers placed inside the If branches the calibration data takes (calibrated on a copy with them inlined)."""
-    """Why the float remainder stayed FP32 where the runtime's default (FP16/BF16) missed the accuracy guard."""
     input_layers: list[str] = field(default_factory=list)
     """ort-cpu: the layers reading the model input quantized on a second try, the guard having missed with them in
     float (:mod:`onnxprec.quantization.int8.input_layers`)."""

@@ -23,6 +23,9 @@ fusions, as the user will: what is measured is what is saved.
    layer float: one real check per layer, within the same limits) ranks them again and the same
    search runs on that order (:func:`_alone_first`): a gain measured from the all-INT8 model hides the layers whose
    error the others drown.
+5. When every layer but one in float still misses (and the own errors did not rank them, which checks those sets
+   already), the one or two layers left quantized break the result alone, which an estimate that counts weight
+   error only can rank last: they go first and the same search runs on that order (:func:`_left_first`).
 
 When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation session
 (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
@@ -401,12 +404,12 @@ def _further(
     own_errors: bool,
 ) -> tuple[list[str], Measurement] | None:
     """Under the guard, when the layers within the budget miss: the ranking by gains beyond it (:func:`_beyond`),
-    then, with ``own_errors``, the ranking by each layer's own error (:func:`_alone_first`), then the layers the
+    then, with ``own_errors``, the ranking by each layer's own error (:func:`_alone_first`), else the layers the
     first left quantized first (:func:`_left_first`); None when all miss."""
     chosen = _beyond(ranked, within_budget, len(layers), checks, max_float_compute)
     if chosen is None and own_errors:
         chosen = _alone_first(layers, checks, metric, max_float_compute)
-    if chosen is None:
+    if chosen is None and not own_errors:  # the own errors' checks include every 'all but one' set
         chosen = _left_first(ranked, layers, checks, max_float_compute)
     return chosen
 
@@ -423,7 +426,12 @@ def _left_first(
     if not left or len(left) > 2 or len(left) >= len(layers):
         return None
     reordered = [*left, *(name for name in ranked if name not in set(left))]
-    return _beyond(reordered, (), len(layers), checks, max_float_compute, "by the last ranked first")
+    logger.info("Every %s but %s %s misses: %s first", checks.words.item, ", ".join(left), checks.words.promoted,
+                ", ".join(left))  # fmt: skip
+    chosen = _beyond(reordered, (), len(layers), checks, max_float_compute, "by the last ranked first")
+    if chosen is not None:
+        checks.ranked = reordered  # the as-saved check extends the order that chose
+    return chosen
 
 
 def _alone_first(

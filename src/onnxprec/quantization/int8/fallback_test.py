@@ -152,8 +152,8 @@ def test_the_check_as_saved_keeps_within_the_users_float_compute_budget() -> Non
 
 
 def test_a_layer_that_breaks_the_result_alone_but_is_ranked_last_goes_first() -> None:
-    """The estimate ranks l0 last (it misses its activation error), yet l0 alone in INT8 misses the target: every
-    layer but l0 in float misses, so l0 goes first and the fewest after it are searched."""
+    """The estimate leaves l0 unranked (0: it misses its activation error), yet l0 alone in INT8 misses the target:
+    every layer but l0 in float misses, so l0 goes first and the fewest after it are searched."""
     errors = {**{f"l{i}": 0.01 for i in range(1, 8)}, "l0": 0.5}
     target, real = _measured(errors, "rel_l2<=0.05")
     proxy = {f"l{i}": float(i) for i in range(8)}  # l0 least sensitive by the estimate
