@@ -77,19 +77,12 @@ S = TypeVar("S")
 
 
 class Timer:
-    """A stopwatch, started when made: ``seconds`` is the wall time since, until :meth:`stop`, ``cpu_seconds`` the
-    process's CPU time (the one timer of the tools' logs and reports: no hand-written timing pairs)."""
+    """A stopwatch, started when made: ``seconds`` is the wall time since, until :meth:`stop` (the one timer of the
+    tools' logs and reports: no hand-written timing pairs)."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.end: float | None = None
-        self.cpu_start = time.process_time()
-        self.cpu_end: float | None = None
-
-    @property
-    def cpu_seconds(self) -> float:
-        """The process's CPU seconds (every thread) from the start to the stop, or to now while it runs."""
-        return (time.process_time() if self.cpu_end is None else self.cpu_end) - self.cpu_start
 
     @property
     def seconds(self) -> float:
@@ -100,7 +93,6 @@ class Timer:
         """Stops the watch (once) and returns its seconds."""
         if self.end is None:
             self.end = time.perf_counter()
-            self.cpu_end = time.process_time()
         return self.seconds
 
 

@@ -416,7 +416,7 @@ def _widen_step(run: Int8Run) -> None:
     """A16W8: 16 bits where 8 cost the most (:func:`~onnxprec.quantization.int8.accuracy_steps.widen`)."""
     assert run.target is not None
     run.decisions = widen(run.model, run.options, run.plan, run.decisions, run.target, run.producers, run.keep,
-                           run.held_out, run.report)  # fmt: skip
+                          run.held_out, run.report)  # fmt: skip
 
 
 def _target_search(run: Int8Run) -> None:

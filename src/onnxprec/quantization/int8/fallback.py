@@ -315,7 +315,8 @@ def _as_saved(
     if saved is None or not floats or not best.ok:
         return chosen
     w = checks.words
-    rest = [name for name in (checks.ranked if allowed is None else allowed) if name not in set(floats)]
+    chosen_set = set(floats)
+    rest = [name for name in (checks.ranked if allowed is None else allowed) if name not in chosen_set]
     order = [*floats, *rest][: len(layers) - 1]
 
     def as_saved(k: int) -> Measurement:
@@ -408,9 +409,9 @@ def _further(
     first left quantized first (:func:`_left_first`); None when all miss."""
     chosen = _beyond(ranked, within_budget, len(layers), checks, max_float_compute)
     if chosen is None and own_errors:
-        chosen = _alone_first(layers, checks, metric, max_float_compute)
-    if chosen is None and not own_errors:  # the own errors' checks include every 'all but one' set
-        chosen = _left_first(ranked, layers, checks, max_float_compute)
+        return _alone_first(layers, checks, metric, max_float_compute)
+    if chosen is None:  # (the own errors' checks include every 'all but one' set: not after them)
+        return _left_first(ranked, layers, checks, max_float_compute)
     return chosen
 
 
@@ -421,11 +422,12 @@ def _left_first(
     break the result on their own (ranked last, or not ranked: an estimate can miss an activation's error): the
     fewest in float with them first (:func:`_beyond` again, one check of the most, then a bisection); None when
     more are left or that misses too."""
-    kept = set(ranked[: max(len(layers) - 1, 0)])
+    sent_back = ranked[: max(len(layers) - 1, 0)]  # what _beyond's largest check had in float
+    kept = set(sent_back)
     left = [name for name in layers if name not in kept]
     if not left or len(left) > 2 or len(left) >= len(layers):
         return None
-    reordered = [*left, *(name for name in ranked if name not in set(left))]
+    reordered = [*left, *sent_back]
     logger.info("Every %s but %s %s misses: %s first", checks.words.item, ", ".join(left), checks.words.promoted,
                 ", ".join(left))  # fmt: skip
     chosen = _beyond(reordered, (), len(layers), checks, max_float_compute, "by the last ranked first")
@@ -488,8 +490,7 @@ class _Checks:
         return measurement
 
     def real(self, floats: Collection[str], what: str) -> Measurement:
-        measurement = self.check(floats)
-        return self.record(measurement, floats, what, "real")
+        return self.record(self.check(floats), floats, what, "real")
 
     def trial(self, floats: Collection[str], what: str) -> Measurement:
         """An emulated check once the emulation runs, else a real one."""
