@@ -119,6 +119,23 @@ def mlp(k: int = 64, h: int = 96, n: int = 48, *, seed: int = 0, head: bool = Tr
     )
 
 
+def cancelling(path: Path, shape: tuple[int, ...], *, scale: float, opset: int = 17) -> list[dict[str, np.ndarray]]:
+    """Writes to ``path`` a float MatMul ``cancel`` whose weights are 300 plus small terms, on inputs whose halves
+    cancel (``[a, -a]``: the 300s add to zero), then a MatMul ``mm`` (weights ``N(0, 1) * scale``), input ``x`` and
+    output ``y`` of ``shape`` (its last axis even); returns 8 such runs. In FP16 the weights' small terms round away
+    (300's step is 0.25): a float remainder in FP16 destroys the output, in FP32 it is exact."""
+    rng = np.random.default_rng(0)
+    width = shape[-1]
+    weights = {"w2": (300 + rng.standard_normal((width, width)) / 100).astype(np.float32),
+               "w1": (rng.standard_normal((width, width)) * scale).astype(np.float32)}  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w2"], ["h"], name="cancel"),
+             helper.make_node("MatMul", ["h", "w1"], ["y"], name="mm")]  # fmt: skip
+    value = [tensor_info("x", F, list(shape))], [tensor_info("y", F, list(shape))]
+    onnx.save(make_model(nodes, *value, weights, opset=opset), path)
+    halves = [rng.standard_normal((*shape[:-1], width // 2)).astype(np.float32) for _ in range(8)]
+    return [{"x": np.concatenate([a, -a], axis=-1)} for a in halves]
+
+
 def optimized_ops(path: Path, tmp_path: Path) -> list[str]:
     """The op types ONNX Runtime's CPU provider runs after its fusions."""
     optimized = tmp_path / "optimized.onnx"

@@ -285,24 +285,11 @@ def test_fp8_keeps_modelopts_fp16_remainder_and_refuses_when_it_misses(tmp_path:
     """A float MatMul whose weights (300 plus small terms, on inputs whose halves cancel) lose the output in FP16, then
     an FP8 MatMul: refused with FP8's FP16 remainder; with ``high_precision_dtype`` fp32 asked for, it holds."""
     from onnxprec.errors import AccuracyGuardError
+    from onnxprec.quantization._testing import cancelling
 
-    rng = np.random.default_rng(0)
-    h = onnx.helper
-    inits = [onnx.numpy_helper.from_array((300 + rng.standard_normal((64, 64)) / 100).astype(np.float32), "w2"),
-             onnx.numpy_helper.from_array((rng.standard_normal((64, 64)) / 8).astype(np.float32), "w1")]  # fmt: skip
-    nodes = [
-        h.make_node("MatMul", ["x", "w2"], ["h"], name="cancel"),
-        h.make_node("MatMul", ["h", "w1"], ["y"], name="mm"),
-    ]
-    graph = h.make_graph(nodes, "cancel", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 32, 64])],
-                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 32, 64])], inits)  # fmt: skip
     source = tmp_path / "m.onnx"
-    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]), source)
-    halves = [rng.standard_normal((1, 32, 32)).astype(np.float32) for _ in range(8)]
-    common = {
-        "calibration_data": [{"x": np.concatenate([a, -a], axis=2)} for a in halves],
-        "nodes_to_exclude": ["cancel"],
-    }
+    runs = cancelling(source, (1, 32, 64), scale=1 / 8, opset=13)
+    common = {"calibration_data": runs, "nodes_to_exclude": ["cancel"]}
     with pytest.raises(AccuracyGuardError, match="misses the accuracy guard"):
         quantize_file(source, tmp_path / "fp16.onnx", **common)
     report = quantize_file(source, tmp_path / "fp32.onnx", high_precision_dtype="fp32", **common)

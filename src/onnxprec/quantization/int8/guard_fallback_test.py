@@ -15,6 +15,7 @@ from onnx import helper
 from onnxprec._testing import F, make_model, tensor_info
 from onnxprec.accuracy import AccuracyTarget, Measurement
 from onnxprec.errors import AccuracyGuardError
+from onnxprec.quantization._testing import cancelling
 from onnxprec.quantization.int8 import Int8Report, fallback, quantize_file
 
 
@@ -183,27 +184,13 @@ def _independent_errors(
     return check
 
 
-def _cancelling(tmp_path: Path) -> tuple[Path, list[dict[str, np.ndarray]]]:
-    """A float MatMul whose weights are 300 plus small terms, on inputs whose halves cancel (``[a, -a]``: the 300s
-    add to zero), then an INT8 MatMul. In FP16 the weights' small terms round away (300's step is 0.25): the float
-    remainder in FP16 destroys the output, in FP32 it is exact."""
-    rng = np.random.default_rng(0)
-    weights = {"w2": (300 + rng.standard_normal((16, 16)) / 100).astype(np.float32),
-               "w1": (rng.standard_normal((16, 16)) / 4).astype(np.float32)}  # fmt: skip
-    nodes = [helper.make_node("MatMul", ["x", "w2"], ["h"], name="cancel"),
-             helper.make_node("MatMul", ["h", "w1"], ["y"], name="mm")]  # fmt: skip
-    source = tmp_path / "m.onnx"
-    onnx.save(make_model(nodes, [tensor_info("x", F, [4, 16])], [tensor_info("y", F, [4, 16])], weights), source)
-    halves = [rng.standard_normal((4, 8)).astype(np.float32) for _ in range(8)]
-    return source, [{"x": np.concatenate([a, -a], axis=1)} for a in halves]
-
-
 def test_a_float_remainder_that_misses_the_guard_in_fp16_is_refused_and_holds_in_fp32_when_asked(
     tmp_path: Path,
 ) -> None:
     """On trt the float remainder goes to FP16 after the target search, which measured it in FP32: when FP16 misses
     the guard the result is refused (not rebuilt with FP32 behind the user's back); with FP32 asked for, it holds."""
-    source, runs = _cancelling(tmp_path)
+    source = tmp_path / "m.onnx"
+    runs = cancelling(source, (4, 16), scale=1 / 4)
     common = {"calibration_data": runs, "runtime": "trt", "nodes_to_exclude": ["cancel"]}
     with pytest.raises(AccuracyGuardError, match="misses the accuracy guard"):
         quantize_file(source, tmp_path / "fp16.onnx", **common)
