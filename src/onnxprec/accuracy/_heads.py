@@ -37,7 +37,18 @@ from onnxprec.accuracy._boxes import THRESHOLDS
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["Head", "Level", "SplitHead", "YoloxHead", "heads", "split_heads", "yolox_heads"]
+__all__ = [
+    "PASS_THROUGH",
+    "RESHAPES",
+    "Head",
+    "Level",
+    "SplitHead",
+    "YoloxHead",
+    "heads",
+    "split_heads",
+    "through",
+    "yolox_heads",
+]
 
 YOLOX_THRESHOLDS = (0.3,)
 """The score a YOLOX head's boxes are compared at: 0.3, YOLOX's demo default (a dense image's many boxes near a
@@ -206,22 +217,37 @@ class YoloxHead:
 
 Head = SplitHead | YoloxHead
 
-_PASS = frozenset({"Identity", "Cast"})
-_MOVES = _PASS | {"Reshape", "Flatten", "Transpose"}
+PASS_THROUGH = frozenset({"Identity", "Cast"})
+"""The ops an output's meaning passes through unchanged."""
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
+"""The ops that only reshape."""
+_MOVES = PASS_THROUGH | {"Reshape", "Flatten", "Transpose"}
 
 
-def _past(value: ir.Value | None, ops: frozenset[str]) -> ir.Node | None:
-    """The producer of ``value`` past the ops in ``ops``."""
+def through(
+    value: ir.Value | None, ops: frozenset[str] = PASS_THROUGH | RESHAPES
+) -> tuple[ir.Node | None, bool, bool, bool]:
+    """The producer of ``value`` past the ops in ``ops`` (Identity/Cast and reshapes by default), whether a reshape
+    came between, whether one merged axes (:attr:`onnxprec.accuracy.Producer.merged`), and whether a Transpose came
+    between."""
+    reshaped = merged = permuted = False
     node = None if value is None else value.producer()
-    while node is not None and node.op_type in ops and node.inputs and node.inputs[0] is not None:
-        node = node.inputs[0].producer()
-    return node
+    while node is not None and node.op_type in ops and node.inputs:
+        reshaped |= node.op_type in RESHAPES
+        permuted |= node.op_type == "Transpose"
+        source = node.inputs[0]
+        if source is None:
+            break
+        if node.op_type in ("Flatten", "Reshape") and source.shape is not None:
+            merged |= sum(1 for d in list(source.shape)[1:] if d != 1) >= 2
+        node = source.producer()
+    return node, reshaped, merged, permuted
 
 
 def _yolox_level(value: ir.Value | None, classes: int) -> tuple[int, int] | None:
     """The grid ``(height, width)`` of a level: a rank-4 Concat over channels of 4 values (no Sigmoid's), then an
     objectness and ``classes`` scores from Sigmoids, all sizes known; None for anything else."""
-    node = _past(value, _MOVES)
+    node = through(value, _MOVES)[0]
     if node is None or node.op_type != "Concat" or node.attributes.get_int("axis", 0) not in (1, -3):
         return None
     shape = node.outputs[0].shape
@@ -229,7 +255,7 @@ def _yolox_level(value: ir.Value | None, classes: int) -> tuple[int, int] | None
     if not dims or min(dims[1:]) < 1 or dims[1] != 5 + classes:
         return None
     sizes = [None if v is None or v.shape is None or len(v.shape) != 4 else v.shape[1] for v in node.inputs]
-    sigmoid = [(p := _past(v, _PASS)) is not None and p.op_type == "Sigmoid" for v in node.inputs]
+    sigmoid = [(p := through(v, PASS_THROUGH)[0]) is not None and p.op_type == "Sigmoid" for v in node.inputs]
     if sizes[:1] == [4] and not sigmoid[0] and all(sigmoid[1:]) and sum(s or 0 for s in sizes) == dims[1]:
         return dims[2], dims[3]
     return None
@@ -243,7 +269,7 @@ def yolox_heads(model: ir.Model) -> list[YoloxHead]:
     found = []
     for value in model.graph.outputs:
         dims = [d if isinstance(d, int) else -1 for d in value.shape] if value.shape is not None else []
-        node = _past(value, _MOVES)
+        node = through(value, _MOVES)[0]
         if image is None or len(dims) != 3 or min(dims[1:]) < 1 or dims[2] < 6:
             continue
         if node is None or node.op_type != "Concat":

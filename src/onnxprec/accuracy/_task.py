@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, region_counts, tally
-from onnxprec.accuracy._heads import Head, heads
+from onnxprec.accuracy._heads import Head, heads, through
 from onnxprec.accuracy._margins import MaskMargins, StepMargins, ctc_strings
 from onnxprec.metrics import ErrorStats
 
@@ -106,8 +106,6 @@ Kind = Literal[
     "labels", "classes", "sequence", "positions", "binary", "regions", "mask", "detections", "signal", "values"
 ]
 
-_PASS_THROUGH = frozenset({"Identity", "Cast"})
-_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
 _PROBABILITIES = frozenset({"Softmax", "Sigmoid"})
 _DISTRIBUTIONS = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"Gemm", "MatMul", "FusedMatMul"})
@@ -192,23 +190,6 @@ def _logged(node: ir.Node) -> bool:
     return source is None or source.op_type not in _PROBABILITIES  # a log-probability is no feature
 
 
-def _through(value: ir.Value) -> tuple[ir.Node | None, bool, bool, bool]:
-    """The producer of ``value`` past Identity/Cast and reshapes, whether a reshape came between, whether one
-    merged axes (:attr:`Producer.merged`), and whether a Transpose came between."""
-    reshaped = merged = permuted = False
-    node = value.producer()
-    while node is not None and (node.op_type in _PASS_THROUGH or node.op_type in _RESHAPES) and node.inputs:
-        reshaped |= node.op_type in _RESHAPES
-        permuted |= node.op_type == "Transpose"
-        source = node.inputs[0]
-        if source is None:
-            break
-        if node.op_type in ("Flatten", "Reshape") and source.shape is not None:
-            merged |= sum(1 for d in list(source.shape)[1:] if d != 1) >= 2
-        node = source.producer()
-    return node, reshaped, merged, permuted
-
-
 def _softmax_axis(node: ir.Node, opset: int, reshaped: bool) -> int | None:
     """The class axis of a Softmax/LogSoftmax's output as seen past the reshapes after it (see :class:`Producer`;
     an opset < 13 Softmax of unknown rank, not reshaped, gives its ``axis`` and :attr:`Producer.flattens`)."""
@@ -232,7 +213,7 @@ def _softmax_axis(node: ir.Node, opset: int, reshaped: bool) -> int | None:
 
 
 def _producer(value: ir.Value, opset: int) -> Producer | None:
-    node, reshaped, merged, permuted = _through(value)
+    node, reshaped, merged, permuted = through(value)
     if node is None:
         return None
     if node.op_type in _DISTRIBUTIONS and permuted:  # the class axis moved: not followed
@@ -265,7 +246,7 @@ def _concat(node: ir.Node) -> Producer:
         size = shape[axis]
         if not isinstance(size, int):
             return Producer("Concat", axis)
-        feeder, _, _, _ = _through(source)
+        feeder, _, _, _ = through(source)
         parts.append((feeder.op_type if feeder is not None else "none", size))
     return Producer("Concat", axis, parts=tuple(parts))
 
