@@ -61,14 +61,16 @@ Before opset 13 a Softmax normalizes over ``axis`` and every axis after it, flat
 the rank, its axis counts as the class axis only if the runtime shape has nothing but ones after it.
 
 A ``[N, 1]`` output is never called top-1 (an argmax over one value always agrees): from Sigmoid it is binary,
-otherwise values. A sequence of maps (ZipMap's probabilities) is skipped. Every float output also gets its relative
-L2 error and cosine, and the summary the worst of each. The kind is decided on the first batch's float output: the
-graph gives the producer, the array its shape.
+otherwise values. A detection head whose float outputs do not decode to boxes (a runtime shape the graph does not
+declare) is judged output by output, as if none had been found. A sequence of maps (ZipMap's probabilities) is
+skipped. Every float output also gets its relative L2 error and cosine, and the summary the worst of each. The kind
+is decided on the first batch's float output: the graph gives the producer, the array its shape.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -110,6 +112,8 @@ _PROBABILITIES = frozenset({"Softmax", "Sigmoid"})
 _DISTRIBUTIONS = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"Gemm", "MatMul", "FusedMatMul"})
 _STATE = re.compile(r"present")
+logger = logging.getLogger(__name__)
+_UNDECODED: set[str] = set()  # the heads said not to decode (once per process: the guard measures many candidates)
 
 
 def is_state(name: str) -> bool:
@@ -549,6 +553,7 @@ class TaskMetrics:
     ) -> None:
         """Adds one batch: output name -> array, for the float model and the candidate (missing ones skipped);
         ``batch``, the inputs' batch size (:func:`batch_size`), tells a sequence's time axis."""
+        decoded = self._decode(reference)
         for name, ref in reference.items():
             if name not in candidate:
                 continue
@@ -583,13 +588,30 @@ class TaskMetrics:
             self._hits[name] = self._hits.get(name, 0) + hits
             self._counts[name] = self._counts.get(name, 0) + count
             self._seen[name] = self._seen.get(name, 0) + _positions(kind, ref)
-        for name, head in self._heads.items():  # a split head's boxes, decoded from all its outputs
-            ref_rows, cand_rows = head.rows(reference), head.rows(candidate)
-            if ref_rows is not None:
-                cand_rows = ref_rows[:0] if cand_rows is None else cand_rows  # another shape: every float box lost
-                margins = self._box_margins.setdefault(name, ScoreMargins(head.thresholds))
-                counts = tally(ref_rows, cand_rows, 2, head.score_parts(ref_rows.shape[2]), margins, head.sizes)
-                self._boxes[name] = self._boxes.get(name, 0) + counts
+        for name, ref_rows in decoded.items():  # a split head's boxes, decoded from all its outputs
+            head, cand_rows = self._heads[name], self._heads[name].rows(candidate)
+            cand_rows = ref_rows[:0] if cand_rows is None else cand_rows  # another shape: every float box lost
+            margins = self._box_margins.setdefault(name, ScoreMargins(head.thresholds))
+            counts = tally(ref_rows, cand_rows, 2, head.score_parts(ref_rows.shape[2]), margins, head.sizes)
+            self._boxes[name] = self._boxes.get(name, 0) + counts
+
+    def _decode(self, reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each head's float rows; a head whose float outputs do not decode on the first batch that has them is
+        dropped (one WARNING): each of its outputs is judged by its own kind, as if no head had been found."""
+        decoded = {name: rows for name, head in self._heads.items() if (rows := head.rows(reference)) is not None}
+        for name, head in list(self._heads.items()):
+            shapes = ", ".join(f"{m} {list(np.shape(reference[m]))}" for m in head.members if m in reference)
+            if name in decoded or not shapes or any(m in self.kinds for m in head.members):
+                continue
+            del self._heads[name]
+            self._head_of = {member: owner for member, owner in self._head_of.items() if owner != name}
+            self.producers.update({m: dataclasses.replace(p, head=None) for m in head.members if (
+                p := self.producers.get(m)) is not None})  # fmt: skip
+            line = f"{head.why}: the float outputs ({shapes}) do not decode to its boxes; each output is judged alone"
+            if line not in _UNDECODED:
+                _UNDECODED.add(line)
+                logger.warning("%s", line)
+        return decoded
 
     def summary(self) -> TaskSummary:
         outputs = []

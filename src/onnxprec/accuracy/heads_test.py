@@ -188,3 +188,23 @@ def test_a_box_on_a_noisy_level_is_judged_by_that_level_s_changes() -> None:
     by_level.update(ref, cand, 1, ((4, 6),))
     assert pooled.predicted() is not None and pooled.predicted() >= 0.95  # type: ignore[operator]
     assert by_level.predicted() is not None and by_level.predicted() < 0.95  # type: ignore[operator]
+
+
+def test_a_head_whose_float_outputs_do_not_decode_is_judged_output_by_output(caplog: pytest.LogCaptureFixture) -> None:
+    """The float run's level-1 outputs have one anchor fewer than the graph's grid (a runtime shape the graph does not
+    declare): no boxes decode, so each output is judged by its own kind (the score maps by mask IoU, the
+    distributions by cosine), with one WARNING, and a destroyed candidate misses the guard (judged by nothing, it
+    had passed)."""
+    model, rng = _head_model(), np.random.default_rng(4)
+    ref = _outputs(rng)
+    ref["scores1"], ref["boxes1"] = ref["scores1"][:, 1:], ref["boxes1"][:, 1:]
+    destroyed = {name: np.zeros_like(value) for name, value in ref.items()}
+    with caplog.at_level("WARNING", logger="onnxprec.accuracy._task"):
+        summary = _judge(model, ref, destroyed, split=True)
+        again = _judge(model, ref, ref, split=True)
+    assert not holds(summary), summary.describe()
+    judged = {o.name: (o.metric, o.value) for o in summary.outputs}
+    assert set(judged) == set(ref) and judged["scores0"] == ("mask_iou", 0.0) and judged["boxes0"][0] == "cosine"
+    assert holds(again) and {o.name: o.metric for o in again.outputs} == {n: m for n, (m, _) in judged.items()}
+    (line,) = [r.getMessage() for r in caplog.records if "do not decode" in r.getMessage()]
+    assert "scores0" in line and "scores1 [1, 255, 3]" in line
