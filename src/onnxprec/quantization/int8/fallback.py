@@ -25,7 +25,8 @@ fusions, as the user will: what is measured is what is saved.
    error the others drown.
 5. When every layer but one in float still misses (and the own errors did not rank them, which checks those sets
    already), the one or two layers left quantized break the result alone, which an estimate that counts weight
-   error only can rank last: they go first and the same search runs on that order (:func:`_left_first`).
+   error only can rank last: they go first and the same search runs on that order (:func:`_left_first`; two are
+   ranked by their own errors first, and one that holds alone goes last).
 
 When every layer is dynamic (ort-cpu's MatMulInteger layers: transformers), steps 2 and 3 run in one emulation session
 (:class:`~onnxprec.quantization.int8.emulation.Int8Emulator`, a configuration is a set of boolean inputs, trying one is
@@ -338,10 +339,12 @@ def _beyond(
     checks: _Checks,
     max_float_compute: float,
     how: str = "",
+    known: Mapping[int, Measurement] | None = None,
 ) -> tuple[list[str], Measurement] | None:
     """The fewest of the ``ranked`` layers (most sensitive first, at most ``count - 1``: one layer at least stays
     INT8) in float that meet the target, when all the ones ``within_budget`` did not; None when none does. The
-    search starts after the first layers the two orders share (those counts missed already)."""
+    search starts after the first layers the two orders share (those counts missed already); ``known``: the
+    measurements of counts already checked."""
     w = checks.words
     order = list(ranked[: max(count - 1, 0)])
     shared = 0
@@ -353,10 +356,11 @@ def _beyond(
     if not how.startswith("by "):
         logger.info("The %ss %s within %s %g miss the accuracy guard: more of the most sensitive go back",
                     w.item, w.promoted, w.budget, max_float_compute)  # fmt: skip
-    checked: dict[int, Measurement] = {}
+    checked: dict[int, Measurement] = dict(known or {})
 
     def holds(k: int) -> bool:
-        checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, {how}")
+        if k not in checked:
+            checked[k] = checks.real(order[:k], f"{k} most sensitive {w.promoted}, {how}")
         return checked[k].ok
 
     if not holds(len(order)):  # the most that may go back miss: no count below them is searched
@@ -411,26 +415,36 @@ def _further(
     if chosen is None and own_errors:
         return _alone_first(layers, checks, metric, max_float_compute)
     if chosen is None:  # (the own errors' checks include every 'all but one' set: not after them)
-        return _left_first(ranked, layers, checks, max_float_compute)
+        return _left_first(ranked, layers, checks, metric, max_float_compute)
     return chosen
 
 
 def _left_first(
-    ranked: Sequence[str], layers: Sequence[str], checks: _Checks, max_float_compute: float
+    ranked: Sequence[str], layers: Sequence[str], checks: _Checks, metric: str, max_float_compute: float
 ) -> tuple[list[str], Measurement] | None:
     """When the most layers :func:`_beyond` may send back (all but one) miss, the one or two it left quantized
     break the result on their own (ranked last, or not ranked: an estimate can miss an activation's error): the
     fewest in float with them first (:func:`_beyond` again, one check of the most, then a bisection); None when
-    more are left or that misses too."""
+    more are left or that misses too. Two left are ranked by their own errors (each alone quantized, every other
+    layer in float: one check each): one that misses goes first, one that holds goes last (never in float, and its
+    check is the most :func:`_beyond` checks), the worse first in each."""
+    w = checks.words
     sent_back = ranked[: max(len(layers) - 1, 0)]  # what _beyond's largest check had in float
     kept = set(sent_back)
     left = [name for name in layers if name not in kept]
     if not left or len(left) > 2 or len(left) >= len(layers):
         return None
-    reordered = [*left, *sent_back]
-    logger.info("Every %s but %s %s misses: %s first", checks.words.item, ", ".join(left), checks.words.promoted,
-                ", ".join(left))  # fmt: skip
-    chosen = _beyond(reordered, (), len(layers), checks, max_float_compute, "by the last ranked first")
+    own = {name: checks.real([n for n in layers if n != name], f"every {w.item} but {name} {w.promoted}")
+           for name in left} if len(left) == 2 else {}  # fmt: skip
+    left = sorted(left, key=lambda name: _badness(own[name], metric), reverse=True) if own else left
+    alone = {name for name, measured in own.items() if measured.ok}  # each holds with only itself quantized
+    first, last = [name for name in left if name not in alone], [name for name in left if name in alone]
+    reordered = [*first, *sent_back, *last]
+    said = f", {' and '.join(last)} last (each holds alone)" if last else ""
+    logger.info("Every %s but %s %s misses: %s first%s", w.item, " and ".join(left), w.promoted,
+                ", ".join(first) or "the ranked ones", said)  # fmt: skip
+    known = {len(layers) - 1: own[last[-1]]} if last else None  # the largest check: all but the last one
+    chosen = _beyond(reordered, (), len(layers), checks, max_float_compute, "by the last ranked first", known)
     if chosen is not None:
         checks.ranked = reordered  # the as-saved check extends the order that chose
     return chosen

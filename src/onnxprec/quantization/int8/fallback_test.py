@@ -165,6 +165,26 @@ def test_a_layer_that_breaks_the_result_alone_but_is_ranked_last_goes_first() ->
     assert any("by the last ranked first" in step["what"] for step in steps if "what" in step)
 
 
+def test_of_two_layers_left_quantized_the_one_that_breaks_the_result_alone_goes_first() -> None:
+    """The estimate leaves quiet and loud unranked; quiet comes first in graph order but only loud breaks the
+    result. Every layer but those two in float misses; each one's own error (it alone quantized, the rest in float)
+    ranks loud first and quiet last (it holds alone): loud alone in float meets the target and quiet stays
+    quantized, where graph order kept both in float. No float set is checked twice."""
+    errors = {"quiet": 0.001, "loud": 0.5, **{f"l{i}": 0.01 for i in range(1, 5)}}
+    target, measure = _measured(errors, "rel_l2<=0.05")
+    tried: list[frozenset[str]] = []
+
+    def real(floats: Collection[str]) -> Measurement:
+        tried.append(frozenset(floats))
+        return measure(floats)
+
+    proxy = {"quiet": 0.0, "loud": 0.0, **{f"l{i}": float(i) for i in range(1, 5)}}
+    floats, final = fallback.search(list(errors), real, target, proxy, [], dict.fromkeys(errors, 1.0), 0.25,
+                                    beyond=True, isolated_multiply_adds=0.0)  # fmt: skip
+    assert final.ok and floats == ["loud"]
+    assert len(set(tried)) == len(tried)
+
+
 def test_the_estimate_rounds_each_weight_to_the_tools_levels() -> None:
     """The proxy's weight error is that of the format the layers get: FP8's levels for FP8 (relative, about the same
     on every channel), INT8's by default (largest on a channel with an outlier)."""
