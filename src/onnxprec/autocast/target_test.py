@@ -151,6 +151,22 @@ def test_the_search_is_the_same_whatever_the_clock(monkeypatch: pytest.MonkeyPat
     assert {n.name: d.low for n, d in slow.decisions.items()} == {n.name: d.low for n, d in report.decisions.items()}
 
 
+def test_a_model_with_no_work_to_count_gets_every_greedy_step() -> None:
+    """One run's work divides the greedy steps' budget: a graph with no MatMul, Gemm or Conv, no calibration output
+    kept and an emulation of no nodes counts none, and every step is allowed (:data:`target.REFINE_RUNS`), not a
+    division by zero."""
+    import onnx_ir as ir
+
+    from onnxprec.accuracy import AccuracyTarget, ReferenceOutputs
+
+    proto = make_model([helper.make_node("Relu", ["X"], ["Y"])], [tensor_info("X", F, ["n", 4])],
+                       [tensor_info("Y", F, ["n", 4])], {})  # fmt: skip
+    model = ir.from_proto(proto)
+    problem = target.Problem(model, {}, {}, None, ReferenceOutputs(), AccuracyTarget.parse("rel_l2<=0.01"),
+                             ir.DataType.FLOAT16, True, None, lambda decisions: model)  # fmt: skip
+    assert target.refine_runs(problem, 0) == target.REFINE_RUNS
+
+
 def test_the_greedy_steps_stop_at_the_work_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     model, feeds = _mlp()
     # one emulated run of the MLP: its multiply-adds on the ROWS rows plus a node cost per node of the emulation model
