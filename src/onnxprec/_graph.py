@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -135,6 +136,17 @@ def all_values(graph: ir.Graph) -> Iterator[ir.Value]:
         yield from g.initializers.values()
         for node in g:
             yield from node.outputs
+
+
+def clone_model(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` that a pass may change in place without changing ``model``: onnx_ir's clone (new graphs,
+    nodes and values; the weights shared, never copied), each value with a type of its own (a clone's values share
+    their type objects with the original's, and setting a value's ``dtype`` changes its type object)."""
+    clone = model.clone()
+    for value in all_values(clone.graph):
+        if value.type is not None:
+            value.type = copy.deepcopy(value.type)
+    return clone
 
 
 def unique_name(base: str, used: set[str], *, fold_case: bool = False) -> str:

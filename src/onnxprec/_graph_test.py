@@ -14,6 +14,7 @@ from onnxprec._graph import (
     all_graphs,
     all_values,
     cast_graph_output,
+    clone_model,
     insert_cast,
     original_name,
     rename_value,
@@ -62,6 +63,18 @@ def test_all_graphs_lists_nested_bodies_in_onnx_irs_subgraphs_order() -> None:
     expected = ["main", "outer_then", "inner_then", "inner_else", "outer_else", "second_then", "second_else"]
     assert [g.name for g in all_graphs(graph)] == expected
     assert list(all_graphs(graph)) == [graph, *graph.subgraphs()]
+
+
+def test_a_clone_model_changed_in_place_leaves_the_model_as_it_was() -> None:
+    model = _model()
+    before = ir.serde.serialize_model(model).SerializeToString()
+    clone = clone_model(model)
+    for value in all_values(clone.graph):  # a dtype set in place (AutoCast's way) and a weight replaced
+        if value.dtype == ir.DataType.FLOAT:
+            value.dtype = ir.DataType.FLOAT16
+    clone.graph.initializers["w"].const_value = ir.tensor(np.array([3.0, 4.0], np.float16))
+    assert ir.serde.serialize_model(model).SerializeToString() == before
+    assert clone.graph.initializers["w"].const_value is not model.graph.initializers["w"].const_value
 
 
 def test_unique_names_never_collide_and_fold_case_for_files() -> None:

@@ -204,6 +204,10 @@ def kl_divergence(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(value) if value is not None else 0.0
 
 
+_NLL_CHUNK = 1 << 21
+"""The most float64 values :func:`nll_sum` holds at once (16 MiB: a few dozen positions of an LLM's vocabulary)."""
+
+
 def nll_sum(logits: np.ndarray, ids: np.ndarray, attention_mask: np.ndarray | None = None) -> tuple[float, int]:
     """(sum of next-token negative log-likelihoods, predicted tokens): ``logits[:, :-1]`` predict ``ids[:, 1:]``.
 
@@ -212,21 +216,26 @@ def nll_sum(logits: np.ndarray, ids: np.ndarray, attention_mask: np.ndarray | No
         ids: ``[B, S]`` token ids.
         attention_mask: ``[B, S]``; positions whose target is masked (0) are not counted.
 
-    Stable log-softmax in float64, one sequence at a time to bound memory.
+    Stable log-softmax in float64, a few positions at a time (at most :data:`_NLL_CHUNK` values) to bound memory.
     """
     logits = np.asarray(logits)
     ids = np.asarray(ids)
     if logits.ndim != 3 or ids.shape != logits.shape[:2]:
         raise ValueError(f"logits {logits.shape} and ids {ids.shape} do not match as [B,S,V] and [B,S]")
     total, count = 0.0, 0
+    rows = max(1, _NLL_CHUNK // max(logits.shape[2], 1))
     for b in range(logits.shape[0]):
-        x = logits[b, :-1].astype(np.float64)
         target = ids[b, 1:]
         keep = np.ones(target.shape, dtype=bool) if attention_mask is None else np.asarray(attention_mask)[b, 1:] > 0
-        top = x.max(axis=-1, keepdims=True)
-        log_z = np.log(np.exp(x - top).sum(axis=-1)) + top[:, 0]
-        picked = x[np.arange(x.shape[0]), target]
-        total += float((log_z - picked)[keep].sum())
+        nll = np.empty(target.shape, dtype=np.float64)
+        for start in range(0, target.shape[0], rows):
+            stop = min(start + rows, target.shape[0])
+            x = logits[b, start:stop].astype(np.float64)
+            picked = x[np.arange(stop - start), target[start:stop]]
+            top = x.max(axis=-1, keepdims=True)
+            np.exp(np.subtract(x, top, out=x), out=x)
+            nll[start:stop] = np.log(x.sum(axis=-1)) + top[:, 0] - picked
+        total += float(nll[keep].sum())
         count += int(keep.sum())
     return total, count
 

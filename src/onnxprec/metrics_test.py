@@ -73,6 +73,19 @@ def test_perplexity_of_a_uniform_and_a_perfect_model() -> None:
         metrics.nll_sum(uniform, ids[:, :3])
 
 
+def test_nll_sum_in_chunks_of_positions_equals_the_whole_sequence_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    logits = (4 * rng.standard_normal((2, 9, 13))).astype(np.float32)
+    ids, mask = rng.integers(0, 13, (2, 9)), rng.integers(0, 2, (2, 9))
+    x = logits[:, :-1].astype(np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    nll = np.log(np.exp(x - top).sum(axis=-1)) + top[..., 0] - np.take_along_axis(x, ids[:, 1:, None], -1)[..., 0]
+    whole = sum(float(nll[b][mask[b, 1:] > 0].sum()) for b in range(2))
+    for chunk in (13, 3 * 13, 1 << 21):  # one position, three, and the whole sequence at a time
+        monkeypatch.setattr(metrics, "_NLL_CHUNK", chunk)
+        assert metrics.nll_sum(logits, ids, mask) == (whole, int((mask[:, 1:] > 0).sum()))
+
+
 def test_kl_divergence_matches_numpy_and_streams() -> None:
     rng = np.random.default_rng(1)
     ref = (3 * rng.standard_normal((4, 6, 11))).astype(np.float32)

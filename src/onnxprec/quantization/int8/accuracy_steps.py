@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
+from onnxprec._graph import clone_model
 from onnxprec._progress import Progress
 from onnxprec.accuracy import ReferenceOutputs
 from onnxprec.quantization import guard
-from onnxprec.quantization.activation_stats import pruned_copy
 from onnxprec.quantization.int8 import fallback
 from onnxprec.quantization.int8._options import Int8Options
 from onnxprec.quantization.int8._report import Int8Report
@@ -38,7 +38,7 @@ def apply_decisions(
 ) -> tuple[ir.Model, Plan]:
     """A copy of ``model`` with the decisions applied (:func:`~onnxprec.quantization.int8.decide.build`),
     ``float_layers`` left in float, and the placement it applied."""
-    copy = pruned_copy(model, [])
+    copy = clone_model(model)  # the weights shared: a build adds initializers and never changes a tensor
     plan = build(copy, options, decisions, float_layers)
     return copy, plan
 

@@ -137,9 +137,14 @@ def value_like(value: ir.Value, name: str) -> ir.Value:
     )
 
 
+_IR_TENSORS = (ir.Tensor, ir.LazyTensor, ir.ExternalTensor)
+
+
 def add_initializer(graph: ir.Graph, name: str, array: np.ndarray | ir.TensorProtocol) -> ir.Value:
     """Registers a new initializer (a numpy array or a tensor) under ``name``."""
-    if not isinstance(array, ir.TensorProtocol):
+    # numpy and onnx_ir's own tensors first: an isinstance against a Protocol checks each of its attributes (slow
+    # over the Q/DQ of a model, built once per check of a target search)
+    if isinstance(array, (np.ndarray, np.generic)) or not isinstance(array, (*_IR_TENSORS, ir.TensorProtocol)):
         array = np.asarray(array)
         array = ir.Tensor(array if array.flags.c_contiguous else array.copy(order="C"))  # keeps 0-d scalars 0-d
     tensor = array
