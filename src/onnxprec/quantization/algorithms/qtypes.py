@@ -101,8 +101,14 @@ class QType:
         return (shifted * np.asarray(scale, dtype=np.float32)).astype(np.float32)
 
     def fake(self, x: np.ndarray, scale: float, zero_point: int = 0) -> np.ndarray:
-        """``DequantizeLinear(QuantizeLinear(x))`` with one scale and zero point."""
-        return self.dequantize(self.quantize(x, scale, zero_point), scale, zero_point)
+        """``DequantizeLinear(QuantizeLinear(x))`` with one scale and zero point; FP8's levels are rounded in float32
+        (:func:`_round_e4m3fn`, the values ``ml_dtypes`` gives, without converting to FP8 and back)."""
+        if not self.is_float:
+            return self.dequantize(self.quantize(x, scale, zero_point), scale, zero_point)
+        levels = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
+        levels = _round_e4m3fn(np.clip(levels, self.qmin, self.qmax, out=levels))
+        shifted = levels - np.asarray(zero_point, dtype=np.float32)
+        return (shifted * np.asarray(scale, dtype=np.float32)).astype(np.float32)
 
     def quantize_weight(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel symmetric levels along ``axis`` (the output channels): ``(levels, scales float32)``, each
@@ -139,6 +145,20 @@ class QType:
     def zero(self, zero_point: int = 0) -> np.ndarray:
         """The zero point as a 0-d array of :attr:`dtype`."""
         return np.array(zero_point, dtype=np.float32).astype(self.dtype)
+
+
+def _round_e4m3fn(values: np.ndarray) -> np.ndarray:
+    """``values`` (float32, within +-448) rounded to the nearest FP8 E4M3FN value, ties to even, in place: each
+    value scaled by a power of 2 to its binade's level spacing (``2**(e - 4)``, or ``2**-9`` below the normal
+    range), rounded to an integer, scaled back; every step exact but the rounding, so the result is the float32
+    value of ``values.astype(float8_e4m3fn)``."""
+    _, exponent = np.frexp(values)
+    np.maximum(exponent, -5, out=exponent)
+    np.subtract(4, exponent, out=exponent)
+    np.ldexp(values, exponent, out=values)
+    np.rint(values, out=values)
+    np.negative(exponent, out=exponent)
+    return np.ldexp(values, exponent, out=values)
 
 
 INT8 = QType("int8", np.dtype(np.int8), -127, 127, True)

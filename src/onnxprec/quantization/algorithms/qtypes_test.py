@@ -106,3 +106,24 @@ def test_fp8_weight_scales_are_aligned_for_the_least_rounding_error() -> None:
     error = np.square(FP8.dequantize(levels, scales.reshape(-1, 1, 1, 1)) - w).reshape(64, -1).sum(axis=1)
     error_plain = np.square(FP8.fake(w, plain.reshape(-1, 1, 1, 1)) - w).reshape(64, -1).sum(axis=1)
     assert np.all(error <= error_plain) and error.sum() < 0.95 * error_plain.sum()
+
+
+def test_fp8_fake_quantization_is_the_round_trip_through_fp8_bit_for_bit() -> None:
+    """FP8's fake quantization rounds in float32: the same bits as converting to FP8 and back, on every FP8 value,
+    every midpoint between two of them (ties to even) and the float32 values next to each, subnormals included,
+    random bit patterns, and a scale and zero point applied as DequantizeLinear does."""
+    values = np.arange(256, dtype=np.uint8).view(FP8.dtype).astype(np.float32)
+    values = np.unique(values[np.isfinite(values)])
+    midpoints = ((values[1:].astype(np.float64) + values[:-1]) / 2).astype(np.float32)
+    ratios = [values, midpoints]
+    for points in (values, midpoints):
+        ratios += [np.nextafter(points, np.float32(np.inf)), np.nextafter(points, np.float32(-np.inf))]
+    bits = np.random.default_rng(3).integers(0, 0x43E00001, 200_000, dtype=np.uint32).view(np.float32)
+    x = np.clip(np.concatenate([*ratios, bits, -bits]), -448, 448).astype(np.float32)
+    for scale in (np.float32(1.0), np.float32(0.0123)):
+        expected = FP8.dequantize(FP8.quantize(x * scale, scale), scale)
+        assert np.array_equal(FP8.fake(x * scale, scale).view(np.uint32), expected.view(np.uint32))
+    channels = np.random.default_rng(4).standard_normal((16, 40)).astype(np.float32)
+    scales = np.abs(channels).max(axis=1, keepdims=True) / np.float32(300.0)  # values beyond 448: clipped
+    expected = FP8.dequantize(FP8.quantize(channels, scales), scales)
+    assert np.array_equal(FP8.fake(channels, scales).view(np.uint32), expected.view(np.uint32))
