@@ -103,12 +103,14 @@ class QType:
     def fake(self, x: np.ndarray, scale: float, zero_point: int = 0) -> np.ndarray:
         """``DequantizeLinear(QuantizeLinear(x))`` with one scale and zero point; FP8's levels are rounded in float32
         (:func:`_round_e4m3fn`, the values ``ml_dtypes`` gives, without converting to FP8 and back)."""
-        if not self.is_float:
+        levels = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32) if self.is_float else None
+        if levels is None or levels.ndim == 0:
             return self.dequantize(self.quantize(x, scale, zero_point), scale, zero_point)
-        levels = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
         levels = _round_e4m3fn(np.clip(levels, self.qmin, self.qmax, out=levels))
-        shifted = levels - np.asarray(zero_point, dtype=np.float32)
-        return (shifted * np.asarray(scale, dtype=np.float32)).astype(np.float32)
+        if np.any(zero_point):  # subtracting a zero point of 0 changes no value
+            levels -= np.asarray(zero_point, dtype=np.float32)
+        levels *= np.asarray(scale, dtype=np.float32)
+        return levels
 
     def quantize_weight(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-channel symmetric levels along ``axis`` (the output channels): ``(levels, scales float32)``, each
@@ -134,7 +136,9 @@ class QType:
         best, errors = scales, None
         for factor in FP8_ALIGNMENTS:
             candidate = (scales * np.float32(factor)).astype(np.float32)
-            error = np.square(self.fake(weight, candidate.reshape(shape)) - weight).sum(axis=others)
+            error = self.fake(weight, candidate.reshape(shape))
+            error -= weight
+            error = np.square(error, out=error).sum(axis=others)
             if errors is None:
                 best, errors = candidate, error
                 continue

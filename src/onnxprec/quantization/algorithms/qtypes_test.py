@@ -127,3 +127,4 @@ def test_fp8_fake_quantization_is_the_round_trip_through_fp8_bit_for_bit() -> No
     scales = np.abs(channels).max(axis=1, keepdims=True) / np.float32(300.0)  # values beyond 448: clipped
     expected = FP8.dequantize(FP8.quantize(channels, scales), scales)
     assert np.array_equal(FP8.fake(channels, scales).view(np.uint32), expected.view(np.uint32))
+    assert FP8.fake(np.float32(3.3), np.float32(0.1)) == FP8.dequantize(FP8.quantize(np.float32(3.3), 0.1), 0.1)
