@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 from onnx import helper
 
-from onnxprec._testing import F, make_model, run_cli, tensor_info
+from onnxprec._ort import create_session
+from onnxprec._testing import F, make_model, reference_path, run_cli, tensor_info
 from onnxprec.errors import ACCURACY_GUARD_EXIT, AccuracyGuardError, CalibrationDataError
 from onnxprec.quantization._testing import tiny_cnn
 from onnxprec.quantization.int8 import quantize_file
@@ -44,6 +48,29 @@ def _data(folder: Path, runs: int, shape: tuple[int, ...] = (2, 3, 16, 16)) -> P
     for i in range(runs):
         np.savez(folder / f"{i}.npz", x=rng.standard_normal(shape).astype(np.float32))
     return folder
+
+
+def _float_held_out(model: Path, what: str, decode: Callable[[np.ndarray], Any] | None = None) -> list[Any]:
+    """The float corpus ``model``'s first output on each of its held-out batches (through ``decode`` into JSON, or
+    the arrays), run once and kept at :func:`reference_path` (keyed by the model's and the batches' files and the
+    onnxruntime and numpy versions), as the other reference results of the tests are."""
+    batches = sorted((model.parent / "heldout").glob("*.npz"))
+    cache = reference_path(f"{model.parent.name}-{what}", [model, *batches], suffix="json" if decode else "npz")
+    if not cache.exists():
+        session = create_session(onnx.load(model))
+        outputs = [session.run(dict(np.load(batch)))[0] for batch in batches]
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        with partial.open("wb") as f:
+            if decode is None:
+                np.savez(f, *outputs)
+            else:
+                f.write(json.dumps([decode(output) for output in outputs]).encode())
+        partial.replace(cache)
+    if decode is not None:
+        return list(json.loads(cache.read_text()))
+    with np.load(cache) as saved:
+        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 
 
 @pytest.mark.slow
@@ -222,7 +249,6 @@ def test_the_ctc_recognizers_of_the_corpus_keep_their_strings_or_are_refused(
     ddddocr's (``[T, N, C]``), refused at the sequence bound of 0.99 with every step's margin counted, is accepted
     with its held-out strings kept. Each with the layers the guard's float fallback search keeps in float (``floats``,
     its choice on the corpus's calibration folder), given without the search (a minute of CPU for the two)."""
-    from onnxprec._ort import create_session
     from onnxprec.accuracy import ctc_strings
 
     cached = Path.home() / f".cache/onnxprec/corpus/models/{name}"
@@ -238,13 +264,12 @@ def test_the_ctc_recognizers_of_the_corpus_keep_their_strings_or_are_refused(
         assert refusable and "misses the accuracy guard" in str(e) and "string_agreement" in str(e)
         return
     assert report.check["calibration"]["outputs"][output]["metric"] == "string_agreement"
-    reference, candidate = create_session(onnx.load(source)), create_session(onnx.load(tmp_path / "rec.int8.onnx"))
+    references = _float_held_out(cached / "model.onnx", "strings", lambda scores: ctc_strings(scores, time, 0))
+    candidate = create_session(onnx.load(tmp_path / "rec.int8.onnx"))
     same = total = 0
-    for batch in sorted((cached / "heldout").glob("*.npz")):
-        feeds = dict(np.load(batch))
-        pairs = zip(ctc_strings(reference.run(feeds)[0], time, 0), ctc_strings(candidate.run(feeds)[0], time, 0))
-        for ref, got in pairs:
-            same, total = same + (ref == got), total + 1
+    for batch, strings in zip(sorted((cached / "heldout").glob("*.npz")), references, strict=True):
+        for ref, got in zip(strings, ctc_strings(candidate.run(dict(np.load(batch)))[0], time, 0), strict=True):
+            same, total = same + (tuple(ref) == got), total + 1
     assert same / total >= 0.95
 
 
@@ -255,7 +280,6 @@ def test_the_corpus_detector_seeing_few_boxes_is_refused(tmp_path: Path) -> None
     held-out runs 2, under MIN_BOXES, so their score margins judge, and the guard refuses that result in one line."""
     import onnx_ir as ir
 
-    from onnxprec._ort import create_session
     from onnxprec.accuracy import TaskMetrics, output_producers
 
     cached = Path.home() / ".cache/onnxprec/corpus/models/nudenet-320n"
@@ -272,10 +296,10 @@ def test_the_corpus_detector_seeing_few_boxes_is_refused(tmp_path: Path) -> None
     check = raised.value.report.check  # type: ignore[attr-defined]
     assert check["calibration"]["outputs"]["output0"]["count"] < 60
     # the refusal is right: the corpus's 32 held-out photos lose boxes
-    reference, candidate = create_session(onnx.load(source)), create_session(onnx.load(tmp_path / "det.int8.onnx"))
+    references = _float_held_out(cached / "model.onnx", "output0")
+    candidate = create_session(onnx.load(tmp_path / "det.int8.onnx"))
     metrics = TaskMetrics(output_producers(ir.load(str(source))))
-    for batch in sorted((cached / "heldout").glob("*.npz")):
-        feeds = dict(np.load(batch))
-        metrics.update({"output0": reference.run(feeds)[0]}, {"output0": candidate.run(feeds)[0]})
+    for batch, reference in zip(sorted((cached / "heldout").glob("*.npz")), references, strict=True):
+        metrics.update({"output0": reference}, {"output0": candidate.run(dict(np.load(batch)))[0]})
     held = metrics.summary().outputs[0]
     assert held.value is not None and held.value < 0.95
