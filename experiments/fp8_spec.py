@@ -7,7 +7,10 @@ QuantizeLinear -> DequantizeLinear with FP16 scale) in FP32 end to end, so its d
 FP16, while onnxprec's (FP8 initializer -> DequantizeLinear with FP16 scale) leave the DequantizeLinear in FP16, as the
 spec says (its output takes the scale's type). Under the spec both layouts round. The ``modelopt*_fp16w`` models are
 ModelOpt's with each weight's Q -> DQ replaced by its dequantized value rounded to FP16
-(``experiments/fp8_minilm_padding.py``'s ``with_fp16_weights``): what the spec gives, evaluated by ORT.
+(``experiments/fp8_minilm_padding.py``'s ``with_fp16_weights``): what the spec gives, evaluated by ORT. The
+``onnxprec_fp32scale`` models are onnxprec's with each FP8 weight's DequantizeLinear given an FP32 scale and followed
+by a Cast to FP16 (``with_fp32_scales``): a layout ORT's CPU provider does not round, with the same values under the
+spec.
 
 Engines: ``ort`` (CPU provider, optimizations off); ``spec`` (``onnx.reference`` as shipped: each op in its declared
 type with numpy; numpy's FP16 matmul accumulates in FP32, and its FP16 QuantizeLinear divides in FP16 since opset 19
@@ -167,6 +170,40 @@ def minilm_readings(ref: list[np.ndarray], got: list[np.ndarray], masks: list[np
 ENGINES = ("ort", "spec", "spec_fp32")
 
 
+def with_fp32_scales(src: Path, dst: Path) -> Path:
+    """onnxprec's ``src`` with each FP8 weight's DequantizeLinear given its scale in FP32 (so an FP32 output) and an
+    explicit Cast to FP16 after it: the same values under the spec, and a layout whose Cast ORT's CPU provider drops
+    before its FP32 MatMul (so the dequantized weights are not rounded to FP16 there)."""
+    model = onnx.load(str(src))
+    graph, inits = model.graph, {i.name: i for i in model.graph.initializer}
+    nodes, changed = [], set()
+    for node in graph.node:
+        nodes.append(node)
+        weight, scale = (inits.get(x) for x in node.input[:2]) if node.op_type == "DequantizeLinear" else (None, None)
+        if weight is None or scale is None or scale.data_type != onnx.TensorProto.FLOAT16:
+            continue
+        wide = onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(scale).astype(np.float32), scale.name + "_fp32")
+        graph.initializer.append(wide)
+        out = node.output[0]
+        node.input[1], node.output[0] = wide.name, out + "_fp32"
+        nodes.append(onnx.helper.make_node("Cast", [out + "_fp32"], [out], to=onnx.TensorProto.FLOAT16))
+        changed.add(out)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [v for v in graph.value_info if v.name not in changed]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def _skipped(name: str, engine: str) -> bool:
+    """Under the spec ModelOpt's models already round their weights to FP16, and onnxprec's FP32-scale layout gives
+    the values of its FP16 one (checked under ``spec_fp32``)."""
+    return (engine != "ort" and name.endswith("_fp16w")) or (engine == "spec" and name.endswith("_fp32scale"))
+
+
 def magika(work: Path, log: Callable[[str], None]) -> dict[str, object]:
     folder = CORPUS / "magika-v3.3"
     model, calib, heldout = folder / "model.onnx", folder / "calib", batches(folder / "heldout")
@@ -176,10 +213,13 @@ def magika(work: Path, log: Callable[[str], None]) -> dict[str, object]:
     models = {"onnxprec": work / "magika.fp8.onnx", "modelopt": _modelopt(model, feeds, data, work)}
     quantize_file(model, models["onnxprec"], calibration_data=str(calib))
     models["modelopt_fp16w"] = with_fp16_weights(models["modelopt"], work / "magika_mo_fp16w.onnx")
+    models["onnxprec_fp32scale"] = with_fp32_scales(models["onnxprec"], work / "magika_fp32scale.onnx")
     ref = run_outputs(model, heldout)
     out: dict[str, object] = {"float_spec_vs_ort": magika_readings(ref, outputs(model, heldout, "spec"))}
     for engine in ENGINES:
         for name, path in models.items():
+            if _skipped(name, engine):
+                continue
             start = time.perf_counter()
             out[f"{name}/{engine}"] = magika_readings(ref, outputs(path, heldout, engine))
             log(f"magika {name}/{engine} {out[f'{name}/{engine}']} ({time.perf_counter() - start:.0f} s)")
@@ -197,6 +237,7 @@ def minilm(work: Path, log: Callable[[str], None], spec_batches: int) -> dict[st
     quantize_file(MINILM, models["onnxprec"], calibration_data=str(data))
     models["modelopt_fp16w"] = with_fp16_weights(models["modelopt"], work / "minilm_mo_fp16w.onnx")
     models["modelopt_max_fp16w"] = with_fp16_weights(models["modelopt_max"], work / "minilm_mo_max_fp16w.onnx")
+    models["onnxprec_fp32scale"] = with_fp32_scales(models["onnxprec"], work / "minilm_fp32scale.onnx")
     ref = [o["last_hidden_state"] for o in run_outputs(MINILM, heldout)]
     masks = [f["attention_mask"] for f in heldout]
     out: dict[str, object] = {"spec_batches": spec_batches, "sentences": sum(len(m) for m in masks)}
@@ -204,8 +245,8 @@ def minilm(work: Path, log: Callable[[str], None], spec_batches: int) -> dict[st
         sub = heldout if engine == "ort" else heldout[:spec_batches]
         n = len(sub)
         for name, path in models.items():
-            if engine != "ort" and name.endswith("_fp16w"):
-                continue  # under the spec the unedited models already round their weights to FP16
+            if _skipped(name, engine):
+                continue
             start = time.perf_counter()
             got = [o["last_hidden_state"] for o in outputs(path, sub, engine)]
             out[f"{name}/{engine}"] = minilm_readings(ref[:n], got, masks[:n])
