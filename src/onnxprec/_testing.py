@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxprec._ort import create_session, import_onnxruntime
+from onnxprec._ort import Session, create_session, import_onnxruntime
 
 __all__ = [
     "REFERENCE_CACHE",
@@ -277,9 +277,14 @@ def dynamic_int8_matmuls(count: int, seed: int = 0) -> onnx.ModelProto:
 
 
 def run(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Runs a model on ONNX Runtime CPU (default optimizations); float inputs are cast to the model's input
-    types, and BF16/FP8 outputs come back as ml_dtypes arrays (see :class:`onnxprec._ort.Session`)."""
-    return create_session(model, optimization="all", what="the test model").run(feeds)
+    """Runs a model on ONNX Runtime CPU (default optimizations, idle threads not spinning: a test's CPU seconds, not
+    its latency); float inputs are cast to the model's input types, and BF16/FP8 outputs come back as ml_dtypes
+    arrays (see :class:`onnxprec._ort.Session`)."""
+    return _test_session(model).run(feeds)
+
+
+def _test_session(model: onnx.ModelProto | str | Path) -> Session:
+    return create_session(model, optimization="all", what="the test model", spinning=False)
 
 
 def reference_path(name: str, files: Sequence[Path], *inputs: object, suffix: str = "json") -> Path:
@@ -313,7 +318,8 @@ def _write_perplexity(model: str, ids: str, out: str) -> None:
     """:func:`reference_perplexity`'s child: the perplexity written atomically to ``out``."""
     from onnxprec.metrics import Perplexity
 
-    session, perplexity = create_session(Path(model), optimization="all", what="the reference model"), Perplexity()
+    session = create_session(Path(model), optimization="all", what="the reference model", spinning=False)
+    perplexity = Perplexity()
     windows = np.load(ids)
     for window in windows:
         perplexity.update(session.run({"input_ids": window[None]})[0], window[None])
@@ -324,7 +330,7 @@ def _write_perplexity(model: str, ids: str, out: str) -> None:
 
 def run_each(model: onnx.ModelProto | str | Path, batches: Iterable[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
     """:func:`run` on each of ``batches``, through one session."""
-    session = create_session(model, optimization="all", what="the test model")
+    session = _test_session(model)
     return [session.run(feeds) for feeds in batches]
 
 
