@@ -223,7 +223,9 @@ def nonzero_scales(scales: np.ndarray) -> np.ndarray:
 
 def _block_sq_error(blocks: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
     """Squared reconstruction error per block and column of symmetric quantization with ``scales``."""
-    diff = blocks - quantize_levels(blocks, scales, None, bits=bits) * scales[..., None, :]
+    diff = quantize_levels(blocks, scales, None, bits=bits)
+    diff *= scales[..., None, :]
+    diff = namespace(diff).subtract(blocks, diff, out=diff)  # in place: no second temporary of the blocks' size
     return namespace(diff).einsum("...kn,...kn->...n", diff, diff)
 
 
