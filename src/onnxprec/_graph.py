@@ -144,8 +144,9 @@ def clone_model(model: ir.Model) -> ir.Model:
     their type objects with the original's, and setting a value's ``dtype`` changes its type object)."""
     clone = model.clone()
     for value in all_values(clone.graph):
-        if value.type is not None:
-            value.type = copy.deepcopy(value.type)
+        kind = value.type
+        if kind is not None:  # a sequence's or an optional's element type is an object of its own too
+            value.type = copy.copy(kind) if isinstance(kind, ir.TensorType) else copy.deepcopy(kind)
     return clone
 
 

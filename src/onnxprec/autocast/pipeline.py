@@ -11,7 +11,6 @@ written output and the retry after a kernel gap are the public functions' (:mod:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import functools
@@ -27,7 +26,7 @@ from onnx_ir.passes.common import (
     TopologicalSortPass,
 )
 
-from onnxprec._graph import FLOAT_TYPES, LOW_FLOAT_TYPES, all_values, tensor_dtype
+from onnxprec._graph import FLOAT_TYPES, LOW_FLOAT_TYPES, clone_model, tensor_dtype
 from onnxprec._io import ModelSource, load_model
 from onnxprec._ops import default_opset, is_standard_op, normalized_domain, opsets_by_domain
 from onnxprec._options import check_op_types, check_patterns
@@ -494,10 +493,7 @@ def _converted_clone(
     io_types: Mapping[str, ir.DataType] | None = None,
 ) -> ir.Model:
     """A converted copy of the classified model (weights shared until converted); the model is unchanged."""
-    clone = model.clone()
-    for value in all_values(clone.graph):
-        if value.type is not None:
-            value.type = copy.copy(value.type)  # clones share type objects, and retyping mutates them
+    clone = clone_model(model)
     nodes = dict(zip(model.graph.all_nodes(), clone.graph.all_nodes()))
     _convert(clone, {nodes[node]: decision for node, decision in decisions.items()}, options, io_types)
     return clone
