@@ -17,9 +17,8 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
   they run one after another on one worker, never two at the same time on both workers, in the order written there,
   and they start first (the longest unit: the other worker meanwhile takes the light files, one at a time, while its
   own memory is still small). The light files of ``FIRST_LIGHT_FILES`` (0.55-0.8 GB) come first on the other
-  worker, in that order, beside the heavy unit's smaller first files. The files of ``ALONE_TEST_FILES`` (1.1-1.3 GB)
-  are the last unit, sent when the other worker has no more than the one test it holds, and that worker then stops:
-  they run alone. (A scheduler of its own:
+  worker, in that order, beside the heavy unit's smaller first files; the heavy unit's last files run beside the
+  other worker's last light files, the smallest. (A scheduler of its own:
   pytest-xdist 3.8's ``--dist loadgroup`` sets ``item._nodeid``, which pytest 9 no longer reads, so its groups
   are lost and every test is scheduled on its own.)
 """
@@ -27,14 +26,14 @@ waits costs CPU time without making a test faster, the more so on 2 cores shared
 import gc
 import os
 from collections import OrderedDict
-from typing import Any
 
 import pytest
 
 # Test files whose tests (or the processes they start) hold 0.6-1.1 GB: the run holds one of them at a time, not two.
 # In the order they run: first those under 0.9 GB (the inline model's tools, the PP-OCRv4 detector, EfficientNet's
 # A16W8 search, the corpus's models), beside the other worker's largest light files (FIRST_LIGHT_FILES); then those
-# of about 1 GB (the Gemma-3 pieces, the golden tools, the written KV cache, SmolLM2's INT4 perplexities).
+# of 0.8-1 GB (the Gemma-3 pieces, the golden tools, the written KV cache, SmolLM2's INT4, FP16 and builder
+# perplexities).
 HEAVY_TEST_FILES = (
     "tests/inline_weights_test.py",
     "src/onnxprec/quantization/int8/decide_test.py",
@@ -44,11 +43,6 @@ HEAVY_TEST_FILES = (
     "tests/golden/golden_test.py",
     "src/onnxprec/quantization/generated_test.py",
     "tests/int4_real_models_test.py",
-)
-
-# Test files whose worker holds 1.1-1.3 GB (SmolLM2's FP16 and builder perplexities, about 30 CPU s together): one
-# unit, the last, which starts when the other worker has finished its work, and runs alone.
-ALONE_TEST_FILES = (
     "tests/real_models_test.py",
     "tests/llm_data_test.py",
 )
@@ -103,26 +97,23 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under ``--dist loadfile``: each file one unit of work, the files of ``HEAVY_TEST_FILES`` together one unit,
-    those of ``ALONE_TEST_FILES`` another, the last (the module docstring says in which order)."""
+    """Under ``--dist loadfile``: each file one unit of work, the files of ``HEAVY_TEST_FILES`` together one unit
+    (the module docstring says in which order)."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    _ORDERS = {"heavy": HEAVY_TEST_FILES, "alone": ALONE_TEST_FILES}
-
     class _HeavyFirst(OrderedDict[str, dict[str, bool]]):
         """xdist's queue of work units (taken with ``popitem(last=False)``): the heavy unit first, then the files of
-        FIRST_LIGHT_FILES, the others, and the unit of ALONE_TEST_FILES last."""
+        FIRST_LIGHT_FILES, then the others."""
 
         def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
             if last:
                 return super().popitem(last)
-            first = next((key for key in ("heavy", *FIRST_LIGHT_FILES) if key in self), None)
-            first = first or next((key for key in self if key != "alone"), "alone")
+            first = next((key for key in ("heavy", *FIRST_LIGHT_FILES) if key in self), next(iter(self)))
             unit = self.pop(first)
-            if first in _ORDERS:  # its tests in the order of its files (a worker runs them as sent)
-                order = sorted(unit, key=lambda nodeid: _ORDERS[first].index(nodeid.split("::")[0]))
+            if first == "heavy":  # its tests in the order of its files (a worker runs them as sent)
+                order = sorted(unit, key=lambda nodeid: HEAVY_TEST_FILES.index(nodeid.split("::")[0]))
                 unit = {nodeid: unit[nodeid] for nodeid in order}
             return first, unit
 
@@ -133,19 +124,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return next((key for key, files in _ORDERS.items() if path in files), path)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            """The unit of ALONE_TEST_FILES waits while another worker has tests to run (a worker holds its last one
-            until it is sent more work or told to stop); once it is sent, the other workers stop."""
-            if list(self.workqueue) != ["alone"]:
-                return super()._assign_work_unit(node)
-            others = [other for other in self.assigned_work if other is not node]
-            if any(self._pending_of(self.assigned_work[other]) >= 2 for other in others):
-                return None
-            super()._assign_work_unit(node)
-            for other in others:
-                other.shutdown()
-            return None
+            return "heavy" if path in HEAVY_TEST_FILES else path
 
     return _HeavyFilesTogether(config, log)
