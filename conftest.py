@@ -110,7 +110,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
             if last:
                 return super().popitem(last)
-            first = next((key for key in ("heavy", *FIRST_LIGHT_FILES) if key in self), next(iter(self)))
+            first = next((key for key in ("heavy", *FIRST_LIGHT_FILES) if key in self), None) or next(iter(self))
             unit = self.pop(first)
             if first == "heavy":  # its tests in the order of its files (a worker runs them as sent)
                 order = sorted(unit, key=lambda nodeid: HEAVY_TEST_FILES.index(nodeid.split("::")[0]))

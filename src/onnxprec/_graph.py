@@ -139,9 +139,11 @@ def all_values(graph: ir.Graph) -> Iterator[ir.Value]:
 
 
 def clone_model(model: ir.Model) -> ir.Model:
-    """A copy of ``model`` that a pass may change in place without changing ``model``: onnx_ir's clone (new graphs,
-    nodes and values; the weights shared, never copied), each value with a type of its own (a clone's values share
-    their type objects with the original's, and setting a value's ``dtype`` changes its type object)."""
+    """A copy of ``model`` whose graph a pass may rewire and retype in place without changing ``model``: onnx_ir's
+    clone (new graphs, nodes and values), each graph value with a type of its own (a clone's values share their type
+    objects with the original's, and setting a value's ``dtype`` changes its type object). Shared with ``model``, so
+    not to be changed in place: the weights and Constant attribute tensors (never copied), the values of
+    ``model.functions`` (their types too) and the ``meta`` entries (copied shallowly)."""
     clone = model.clone()
     for value in all_values(clone.graph):
         kind = value.type

@@ -25,9 +25,10 @@ NMS (:data:`YOLOX_THRESHOLDS`).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,6 +37,8 @@ from onnxprec.accuracy._boxes import THRESHOLDS
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "PASS_THROUGH",
@@ -46,6 +49,7 @@ __all__ = [
     "YoloxHead",
     "heads",
     "split_heads",
+    "tell",
     "through",
     "yolox_heads",
 ]
@@ -75,6 +79,8 @@ class SplitHead:
     """A detection head whose levels (:class:`Level`) are separate outputs; named by its first score output."""
 
     levels: tuple[Level, ...]
+    told: list[str] = field(default_factory=list, compare=False, repr=False)
+    """What was logged about this head: one WARNING each per run (every candidate the guard checks shares it)."""
 
     @property
     def name(self) -> str:
@@ -178,6 +184,8 @@ class YoloxHead:
     name: str
     grids: tuple[tuple[int, int], ...]
     strides: tuple[int, ...]
+    told: list[str] = field(default_factory=list, compare=False, repr=False)
+    """What was logged about this head: one WARNING each per run (every candidate the guard checks shares it)."""
     thresholds = YOLOX_THRESHOLDS
 
     @property
@@ -216,6 +224,14 @@ class YoloxHead:
 
 
 Head = SplitHead | YoloxHead
+
+
+def tell(head: Head, line: str) -> None:
+    """Logs ``line`` as a WARNING, once per run of ``head`` (its ``told``: every candidate checked shares the head)."""
+    if line not in head.told:
+        head.told.append(line)
+        logger.warning("%s", line)
+
 
 PASS_THROUGH = frozenset({"Identity", "Cast"})
 """The ops an output's meaning passes through unchanged."""

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from onnxprec.accuracy._boxes import MIN_BOXES, ScoreMargins, region_counts, tally
-from onnxprec.accuracy._heads import Head, heads, through
+from onnxprec.accuracy._heads import Head, heads, tell, through
 from onnxprec.accuracy._margins import MaskMargins, StepMargins, ctc_strings
 from onnxprec.metrics import ErrorStats
 
@@ -113,7 +113,6 @@ _DISTRIBUTIONS = frozenset({"Softmax", "LogSoftmax"})
 _LINEAR = frozenset({"Gemm", "MatMul", "FusedMatMul"})
 _STATE = re.compile(r"present")
 logger = logging.getLogger(__name__)
-_UNDECODED: set[str] = set()  # the heads said not to decode (once per process: the guard measures many candidates)
 
 
 def is_state(name: str) -> bool:
@@ -597,20 +596,21 @@ class TaskMetrics:
 
     def _decode(self, reference: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Each head's float rows; a head whose float outputs do not decode on the first batch that has them is
-        dropped (one WARNING): each of its outputs is judged by its own kind, as if no head had been found."""
+        dropped (one WARNING): each of its outputs is judged by its own kind, as if no head had been found. A later
+        batch that does not decode is not judged by the head's boxes (one WARNING)."""
         decoded = {name: rows for name, head in self._heads.items() if (rows := head.rows(reference)) is not None}
         for name, head in list(self._heads.items()):
             shapes = ", ".join(f"{m} {list(np.shape(reference[m]))}" for m in head.members if m in reference)
-            if name in decoded or not shapes or any(m in self.kinds for m in head.members):
+            if name in decoded or not shapes:
+                continue
+            if any(m in self.kinds for m in head.members):
+                tell(head, f"{head.why}: a batch's float outputs ({shapes}) do not decode; its boxes are not judged")
                 continue
             del self._heads[name]
             self._head_of = {member: owner for member, owner in self._head_of.items() if owner != name}
             self.producers.update({m: dataclasses.replace(p, head=None) for m in head.members if (
                 p := self.producers.get(m)) is not None})  # fmt: skip
-            line = f"{head.why}: the float outputs ({shapes}) do not decode to its boxes; each output is judged alone"
-            if line not in _UNDECODED:
-                _UNDECODED.add(line)
-                logger.warning("%s", line)
+            tell(head, f"{head.why}: the float outputs ({shapes}) do not decode; each output is judged alone")
         return decoded
 
     def summary(self) -> TaskSummary:

@@ -199,12 +199,34 @@ def test_a_head_whose_float_outputs_do_not_decode_is_judged_output_by_output(cap
     ref = _outputs(rng)
     ref["scores1"], ref["boxes1"] = ref["scores1"][:, 1:], ref["boxes1"][:, 1:]
     destroyed = {name: np.zeros_like(value) for name, value in ref.items()}
-    with caplog.at_level("WARNING", logger="onnxprec.accuracy._task"):
-        summary = _judge(model, ref, destroyed, split=True)
-        again = _judge(model, ref, ref, split=True)
+    producers = output_producers(model)  # one run's: the guard measures every candidate with the same heads
+    with caplog.at_level("WARNING", logger="onnxprec.accuracy._heads"):
+        summaries = []
+        for candidate in (destroyed, ref):
+            metrics = TaskMetrics(producers)
+            metrics.update(ref, candidate, 1)
+            summaries.append(metrics.summary())
+    summary, again = summaries
     assert not holds(summary), summary.describe()
     judged = {o.name: (o.metric, o.value) for o in summary.outputs}
     assert set(judged) == set(ref) and judged["scores0"] == ("mask_iou", 0.0) and judged["boxes0"][0] == "cosine"
     assert holds(again) and {o.name: o.metric for o in again.outputs} == {n: m for n, (m, _) in judged.items()}
-    (line,) = [r.getMessage() for r in caplog.records if "do not decode" in r.getMessage()]
+    (line,) = [r.getMessage() for r in caplog.records if "do not decode" in r.getMessage()]  # once in the run
     assert "scores0" in line and "scores1 [1, 255, 3]" in line
+
+
+def test_a_later_batch_that_does_not_decode_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A head that decoded on the first batch keeps judging by boxes; a later batch whose float outputs do not decode
+    adds no boxes, with one WARNING for the run (not one per candidate)."""
+    model, rng = _head_model(), np.random.default_rng(4)
+    first, later = _outputs(rng), _outputs(rng)
+    later["scores1"], later["boxes1"] = later["scores1"][:, 1:], later["boxes1"][:, 1:]
+    producers = output_producers(model)
+    with caplog.at_level("WARNING", logger="onnxprec.accuracy._heads"):
+        for _ in range(2):
+            metrics = TaskMetrics(producers)
+            metrics.update(first, first, 1)
+            metrics.update(later, later, 1)
+            assert holds(metrics.summary()) and metrics.summary().outputs[0].metric == "box_agreement"
+    lines = [r.getMessage() for r in caplog.records if "do not decode" in r.getMessage()]
+    assert len(lines) == 1 and "its boxes are not judged" in lines[0], lines

@@ -102,13 +102,14 @@ class QType:
 
     def fake(self, x: np.ndarray, scale: float, zero_point: int = 0) -> np.ndarray:
         """``DequantizeLinear(QuantizeLinear(x))`` with one scale and zero point; FP8's levels are rounded in float32
-        (:func:`_round_e4m3fn`, the values ``ml_dtypes`` gives, without converting to FP8 and back)."""
+        (:func:`_round_e4m3fn`, the values ``ml_dtypes`` gives, without converting to FP8 and back; a NaN keeps its
+        payload where the round trip gives the canonical NaN)."""
         levels = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32) if self.is_float else None
         if levels is None or levels.ndim == 0:
             return self.dequantize(self.quantize(x, scale, zero_point), scale, zero_point)
         levels = _round_e4m3fn(np.clip(levels, self.qmin, self.qmax, out=levels))
         if np.any(zero_point):  # subtracting a zero point of 0 changes no value
-            levels -= np.asarray(zero_point, dtype=np.float32)
+            levels = levels - np.asarray(zero_point, dtype=np.float32)  # a zero point may broadcast wider
         levels *= np.asarray(scale, dtype=np.float32)
         return levels
 

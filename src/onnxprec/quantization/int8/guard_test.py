@@ -4,6 +4,7 @@ says so, the CLI exits 3 and the API raises :class:`AccuracyGuardError` carrying
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from onnx import helper
 
 from onnxprec._ort import create_session
 from onnxprec._testing import F, make_model, reference_path, run_cli, tensor_info
+from onnxprec.accuracy import ctc_strings
 from onnxprec.errors import ACCURACY_GUARD_EXIT, AccuracyGuardError, CalibrationDataError
 from onnxprec.quantization._testing import tiny_cnn
 from onnxprec.quantization.int8 import quantize_file
@@ -52,10 +54,12 @@ def _data(folder: Path, runs: int, shape: tuple[int, ...] = (2, 3, 16, 16)) -> P
 
 def _float_held_out(model: Path, what: str, decode: Callable[[np.ndarray], Any] | None = None) -> list[Any]:
     """The float corpus ``model``'s first output on each of its held-out batches (through ``decode`` into JSON, or
-    the arrays), run once and kept at :func:`reference_path` (keyed by the model's and the batches' files and the
-    onnxruntime and numpy versions), as the other reference results of the tests are."""
+    the arrays), run once and kept at :func:`reference_path` (keyed by the model's and the batches' files, where
+    ``decode`` is given the files of its code (this module and ``ctc_strings``'), and the onnxruntime and numpy
+    versions), as the other reference results of the tests are."""
     batches = sorted((model.parent / "heldout").glob("*.npz"))
-    cache = reference_path(f"{model.parent.name}-{what}", [model, *batches], suffix="json" if decode else "npz")
+    code = [Path(__file__), Path(inspect.getfile(ctc_strings))] if decode else []
+    cache = reference_path(f"{model.parent.name}-{what}", [model, *batches, *code], suffix="json" if decode else "npz")
     if not cache.exists():
         session = create_session(onnx.load(model))
         outputs = [session.run(dict(np.load(batch)))[0] for batch in batches]
@@ -249,7 +253,6 @@ def test_the_ctc_recognizers_of_the_corpus_keep_their_strings_or_are_refused(
     ddddocr's (``[T, N, C]``), refused at the sequence bound of 0.99 with every step's margin counted, is accepted
     with its held-out strings kept. Each with the layers the guard's float fallback search keeps in float (``floats``,
     its choice on the corpus's calibration folder), given without the search (a minute of CPU for the two)."""
-    from onnxprec.accuracy import ctc_strings
 
     cached = Path.home() / f".cache/onnxprec/corpus/models/{name}"
     if not (cached / "model.onnx").is_file():
