@@ -74,7 +74,18 @@ def test_a_clone_model_changed_in_place_leaves_the_model_as_it_was() -> None:
             value.dtype = ir.DataType.FLOAT16
     clone.graph.initializers["w"].const_value = ir.tensor(np.array([3.0, 4.0], np.float16))
     assert ir.serde.serialize_model(model).SerializeToString() == before
-    assert clone.graph.initializers["w"].const_value is not model.graph.initializers["w"].const_value
+
+
+def test_a_sequence_retyped_on_the_clone_keeps_its_element_type_in_the_model() -> None:
+    """A sequence's element type is an object of its own: setting the clone's ``dtype`` leaves the model's."""
+    model = ir.serde.deserialize_model(
+        onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 17]>
+        g (float[2] x) => (seq(float[2]) s) { s = SequenceConstruct (x, x) }""")
+    )
+    clone = clone_model(model)
+    clone.graph.outputs[0].dtype = ir.DataType.FLOAT16
+    assert clone.graph.outputs[0].type == ir.SequenceType(ir.TensorType(ir.DataType.FLOAT16))
+    assert model.graph.outputs[0].type == ir.SequenceType(ir.TensorType(ir.DataType.FLOAT))
 
 
 def test_unique_names_never_collide_and_fold_case_for_files() -> None:
