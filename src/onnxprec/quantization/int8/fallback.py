@@ -434,8 +434,7 @@ def _left_first(
     left = [name for name in layers if name not in kept]
     if not left or len(left) > 2 or len(left) >= len(layers):
         return None
-    own = {name: checks.real([n for n in layers if n != name], f"every {w.item} but {name} {w.promoted}")
-           for name in left} if len(left) == 2 else {}  # fmt: skip
+    own = {name: _alone(checks, layers, name) for name in left} if len(left) == 2 else {}
     left = sorted(left, key=lambda name: _badness(own[name], metric), reverse=True) if own else left
     alone = {name for name, measured in own.items() if measured.ok}  # each holds with only itself quantized
     first, last = [name for name in left if name not in alone], [name for name in left if name in alone]
@@ -450,6 +449,12 @@ def _left_first(
     return chosen
 
 
+def _alone(checks: _Checks, layers: Sequence[str], name: str) -> Measurement:
+    """The real check with ``name`` alone quantized (every other of ``layers`` promoted): the error it makes alone."""
+    w = checks.words
+    return checks.real([n for n in layers if n != name], f"every {w.item} but {name} {w.promoted}")
+
+
 def _alone_first(
     layers: Sequence[str], checks: _Checks, metric: str, max_float_compute: float
 ) -> tuple[list[str], Measurement] | None:
@@ -462,13 +467,10 @@ def _alone_first(
     w = checks.words
     if len(layers) < 2:  # one layer: none would stay INT8 (the caller keeps the count within MAX_ISOLATED)
         return None
-    everything = set(layers)
     logger.info("The %ss %s by their gains miss the accuracy guard: each %s's own INT8 error ranks them",
                 w.item, w.promoted, w.item)  # fmt: skip
-    own = {
-        name: _badness(checks.real(everything - {name}, f"{name} alone INT8"), metric)
-        for name in counted(layers, "INT8 error of each layer alone", w.item)
-    }
+    own = {name: _badness(_alone(checks, layers, name), metric) for name in counted(
+        layers, "INT8 error of each layer alone", w.item)}  # fmt: skip
     ranked = checks.ranked = rank(own, layers, positive=True)
     checks.steps.append({"what": f"{w.item}s by their own INT8 error ({metric})", "layers": ranked[:8]})
     return _beyond(ranked, (), len(layers), checks, max_float_compute, f"by own error, beyond {w.budget}")
