@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ import onnx
 import pytest
 from onnx import helper
 
+from onnxprec._io import atomic_path
 from onnxprec._ort import create_session
 from onnxprec._testing import F, make_model, reference_path, run_cli, tensor_info
 from onnxprec.accuracy import ctc_strings
@@ -64,13 +64,11 @@ def _float_held_out(model: Path, what: str, decode: Callable[[np.ndarray], Any] 
         session = create_session(onnx.load(model))
         outputs = [session.run(dict(np.load(batch)))[0] for batch in batches]
         cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        with partial.open("wb") as f:
+        with atomic_path(cache) as partial, partial.open("wb") as f:
             if decode is None:
                 np.savez(f, *outputs)
             else:
                 f.write(json.dumps([decode(output) for output in outputs]).encode())
-        partial.replace(cache)
     if decode is not None:
         return list(json.loads(cache.read_text()))
     with np.load(cache) as saved:
