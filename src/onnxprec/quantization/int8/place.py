@@ -29,11 +29,12 @@ The placement depends on the runtime that will run the model:
   output either way. The measurements behind each rule: experiments/design_notes.md, "INT8 placement".
 - ``trt`` and ``ort-cuda`` (TensorRT-style): symmetric INT8 Q/DQ on the activation and weight inputs of Conv, MatMul
   and Gemm only, as ModelOpt 0.47 places them: per-tensor activations, per-channel weights, float biases, the layers
-  TensorRT's INT8 kernels do not suit left float (fewer than 16 channels or K/N, with ModelOpt's exceptions; a GEMV
-  where the output's row count is known), the inputs of an Add fed by a quantized layer (a transformer's residual
-  Add; all but one Conv branch, which TensorRT fuses), and on ``trt`` Q/DQ reading and writing the FP16/BF16
-  remainder directly (opset 19), so that a DequantizeLinear feeds its layer with no Cast between; TensorRT chooses
-  its own fusions.
+  TensorRT's INT8 kernels do not suit left float (fewer than 16 channels or K/N, with ModelOpt's exceptions; a GEMV:
+  a MatMul or Gemm whose output at batch 1 has fewer than 3 axes, one of them 1, as ModelOpt's check finds it, so a
+  classifier head on a dynamic batch), the inputs of an Add fed by a quantized layer (a transformer's residual Add;
+  all but one Conv branch, which TensorRT fuses), and on ``trt`` Q/DQ reading and writing the FP16/BF16 remainder
+  directly (opset 19), so that a DequantizeLinear feeds its layer with no Cast between; TensorRT chooses its own
+  fusions.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from onnxprec._graph import bodies_of, subgraph_nodes
 from onnxprec._ops import is_default_domain
 from onnxprec._options import first_match
+from onnxprec._protobuf import structure_proto
 from onnxprec.passes.fold_pad_into_conv import constant_value
 
 __all__ = ["RUNTIMES", "STATIC_PASSTHROUGH_OPS", "WEIGHT_OPS", "Layer", "Plan", "depthwise", "pattern_names", "place"]
@@ -241,9 +244,50 @@ def _fp8_conv_unsupported(out_channels: int, in_channels: int, kernel: list[int]
     return None
 
 
-def _trt_unsupported(node: ir.Node, weight: ir.Value, axis: int, fp8: bool = False) -> str | None:
+Dims = tuple[int | None, ...]
+
+
+def batch_one_shapes(model: ir.Model, names: Collection[str]) -> dict[str, Dims]:
+    """The shapes of the main graph's values ``names`` when every graph input's dynamic first dimension is 1 (ONNX
+    shape inference on the weight-stripped graph; an unknown dimension is None, a value it cannot infer is left
+    out). ModelOpt 0.47's GEMV check sees these: it runs its first calibration step with the inputs' dynamic
+    dimensions set to 1 (``get_input_shapes``) and splits the data along the first axis only."""
+    wanted = set(names)
+    if not wanted:
+        return {}
+    proto = structure_proto(model)
+    inputs = {v.name for v in model.graph.inputs}
+    for info in proto.graph.input:
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
+        if info.name in inputs and len(dims) and not dims[0].HasField("dim_value"):
+            dims[0].Clear()
+            dims[0].dim_value = 1
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:  # best effort: the graph's own shapes decide instead
+        logger.debug("Shape inference at batch 1 failed (%s)", str(e).splitlines()[0][:200])
+        return {}
+    found: dict[str, Dims] = {}
+    for info in (*inferred.graph.value_info, *inferred.graph.output):
+        tensor = info.type.tensor_type if info.type.HasField("tensor_type") else None
+        if info.name in wanted and tensor is not None and tensor.HasField("shape"):
+            found[info.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+    return found
+
+
+def _gemv(node: ir.Node, at_batch_one: Dims | None) -> bool:
+    """ModelOpt 0.47's GEMV rule for a layer with a constant weight: its output, at batch 1, has fewer than 3 axes and
+    one of them is 1 (a classifier head on a dynamic batch). Without that shape: the graph's own output has one row."""
+    if at_batch_one is not None:
+        return len(at_batch_one) < 3 and 1 in at_batch_one
+    return _static_dim(node.outputs[0], -2) == 1
+
+
+def _trt_unsupported(
+    node: ir.Node, weight: ir.Value, axis: int, fp8: bool = False, at_batch_one: Dims | None = None
+) -> str | None:
     """Why TensorRT runs this layer better in float, as ModelOpt 0.47's INT8 (``fp8``: FP8) placement decides it
-    (None: quantized)."""
+    (None: quantized); ``at_batch_one``: the layer's output shape at batch 1 (:func:`batch_one_shapes`)."""
     assert weight.const_value is not None
     shape = [int(d) for d in weight.const_value.shape.numpy()]
     if node.op_type == "Conv" and fp8:
@@ -265,8 +309,8 @@ def _trt_unsupported(node: ir.Node, weight: ir.Value, axis: int, fp8: bool = Fal
     k, n = (shape[1], shape[0]) if axis == 0 else (shape[0], shape[1])
     if k < TRT_MIN_DIM or n < TRT_MIN_DIM:
         return f"TensorRT: a GEMM with K={k}, N={n} (< {TRT_MIN_DIM}) stays float"
-    if _static_dim(node.outputs[0], -2) == 1:
-        return "TensorRT: a GEMV (one output row) stays float"
+    if _gemv(node, at_batch_one):
+        return "TensorRT: a GEMV (one output row at batch 1) stays float"
     return None
 
 
@@ -418,6 +462,8 @@ def place(
 
     float_outputs: set[ir.Value] = set()  # outputs of the layers the two float rules keep in float
     nodes = list(_placed_nodes(model.graph, plan, calibrated, varying))
+    heads = [n.outputs[0].name for n in nodes if n.op_type in ("MatMul", "Gemm") and n.graph is model.graph]
+    at_batch_one = {} if cpu or nodes_to_quantize else batch_one_shapes(model, [h for h in heads if h])
     for node in nodes:
         if node.op_type not in WEIGHT_OPS or not is_default_domain(node.domain):
             continue
@@ -428,7 +474,11 @@ def place(
         if not allowed(node):
             continue
         dynamic = node.op_type in ("MatMul", "Gemm") and (activations == "dynamic" or (activations == "auto" and cpu))
-        unsupported = _trt_unsupported(node, weight, axis, fp8) if not cpu and not nodes_to_quantize else None
+        unsupported = (
+            _trt_unsupported(node, weight, axis, fp8, at_batch_one.get(str(node.outputs[0].name)))
+            if not cpu and not nodes_to_quantize
+            else None
+        )
         if unsupported is not None:
             plan.skipped.append((str(node.name), f"{unsupported} (name it in nodes_to_quantize)"))
             continue
