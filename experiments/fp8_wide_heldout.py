@@ -16,7 +16,8 @@ near tie) that ModelOpt's does not, and three of MiniLM's minima are below Model
   the pooled embedding, of the real tokens, of all positions; their minimum, 1st percentile and mean, the share under
   0.99, and the sentences where one tool is closer (sign test).
 
-Both in ORT's CPU provider with optimizations off, as the corpus judges FP8. Writes
+Both in ORT's CPU provider with optimizations off, as the corpus judges FP8; ``onnxprec_fp32`` is onnxprec's FP8 with
+an FP32 remainder (``--high_precision_dtype fp32``), beside its default FP16 one. Writes
 ``experiments/results/<date>-fp8-wide-heldout.json``; the note beside it says what the numbers mean.
 """
 
@@ -103,6 +104,8 @@ def magika(work: Path, log: Callable[[str], None], files: int, per_type: int) ->
     heldout = [{name: x[i : i + 64]} for i in range(0, len(x), 64)]
     models = {"onnxprec": work / "magika.fp8.onnx", "modelopt": _modelopt(model, feeds, data, work)}
     quantize_file(model, models["onnxprec"], calibration_data=str(calib))
+    models["onnxprec_fp32"] = work / "magika.fp8_fp32.onnx"
+    quantize_file(model, models["onnxprec_fp32"], calibration_data=str(calib), high_precision_dtype="fp32")
     ref = np.concatenate([next(iter(o.values())) for o in run_outputs(model, heldout)]).astype(np.float64)
     top = ref.argmax(-1)
     out: dict[str, object] = {"samples": len(x), "classes_float_top1": len(set(top.tolist()))}
@@ -119,7 +122,7 @@ def magika(work: Path, log: Callable[[str], None], files: int, per_type: int) ->
     only_ours = int((keeps["onnxprec"] & ~keeps["modelopt"]).sum())
     only_mo = int((keeps["modelopt"] & ~keeps["onnxprec"]).sum())
     out["only_onnxprec"], out["only_modelopt"] = only_ours, only_mo
-    out["mcnemar_p"] = round(_mcnemar(only_ours, only_mo), 4)
+    out["mcnemar_p"] = float(f"{_mcnemar(only_ours, only_mo):.2g}")
     return out
 
 
@@ -176,6 +179,8 @@ def minilm(work: Path, log: Callable[[str], None], n: int) -> dict[str, object]:
     models = {"onnxprec": work / "minilm.fp8.onnx", "modelopt": _modelopt(MINILM, feeds, data, work),
               "modelopt_max": _modelopt(MINILM, feeds, data, work, ("--calibration_method", "max"))}  # fmt: skip
     quantize_file(MINILM, models["onnxprec"], calibration_data=str(data))
+    models["onnxprec_fp32"] = work / "minilm.fp8_fp32.onnx"
+    quantize_file(MINILM, models["onnxprec_fp32"], calibration_data=str(data), high_precision_dtype="fp32")
     ref = np.concatenate([o["last_hidden_state"] for o in run_outputs(MINILM, heldout)]).astype(np.float64)
     mask = np.concatenate([f["attention_mask"] for f in heldout])
     out: dict[str, object] = {"sentences": len(ref)}
@@ -192,7 +197,14 @@ def minilm(work: Path, log: Callable[[str], None], n: int) -> dict[str, object]:
             ours, theirs = cos["onnxprec"][kind], cos[anchor][kind]
             closer, further = int((ours > theirs).sum()), int((ours < theirs).sum())
             out[f"closer_than_{anchor}/{kind}"] = {"onnxprec": closer, anchor: further,
-                                                   "sign_p": round(_mcnemar(closer, further), 4)}  # fmt: skip
+                                                   "sign_p": float(f"{_mcnemar(closer, further):.2g}")}  # fmt: skip
+    texts = sentences(n)
+    for kind in ("tokens", "all"):  # each tool's lowest sentence: its length in tokens and its start
+        out[f"lowest/{kind}"] = {
+            tool: {"sentence": texts[int(i)][:60], "tokens": int(mask[i].sum()), "cosine": round(float(c[kind][i]), 5)}
+            for tool, c in cos.items()
+            for i in [int(np.argmin(c[kind]))]
+        }
     return out
 
 
