@@ -208,9 +208,40 @@ def minilm(work: Path, log: Callable[[str], None], n: int) -> dict[str, object]:
     return out
 
 
+def minilm_spec(work: Path, log: Callable[[str], None], n: int) -> dict[str, object]:
+    """onnxprec's and ModelOpt's default FP8 MiniLM on the same sentences under ``onnx.reference`` (``spec`` of
+    ``experiments/fp8_spec.py``: the golden the issue names), against the float model in ORT."""
+    from experiments.fp8_spec import outputs
+
+    with np.load(MODELS / "minilm_l6_v2_bert_inputs.npz") as z:
+        feeds = {k: z[k] for k in z.files}
+    data = work / "minilm_calibration.npz"
+    np.savez(data, **feeds)
+    heldout = minilm_batches(sentences(n))
+    models = {"onnxprec": work / "minilm.fp8.onnx", "modelopt": _modelopt(MINILM, feeds, data, work)}
+    quantize_file(MINILM, models["onnxprec"], calibration_data=str(data))
+    ref = np.concatenate([o["last_hidden_state"] for o in run_outputs(MINILM, heldout)]).astype(np.float64)
+    mask = np.concatenate([f["attention_mask"] for f in heldout])
+    out: dict[str, object] = {"sentences": len(ref), "engine": "spec"}
+    cos = {}
+    for tool, path in models.items():
+        got = np.concatenate([o["last_hidden_state"] for o in outputs(path, heldout, "spec")])
+        cos[tool] = minilm_cosines(ref, got.astype(np.float64), mask)
+        out[tool] = {k: {"min": round(float(v.min()), 5), "p1": round(float(np.percentile(v, 1)), 5),
+                         "mean": round(float(v.mean()), 5), "under_0.99": int((v < 0.99).sum())}
+                     for k, v in cos[tool].items()}  # fmt: skip
+        log(f"minilm spec {tool} {out[tool]}")
+    for kind in ("pooled", "tokens", "all"):
+        ours, theirs = cos["onnxprec"][kind], cos["modelopt"][kind]
+        closer, further = int((ours > theirs).sum()), int((ours < theirs).sum())
+        out[f"closer_than_modelopt/{kind}"] = {"onnxprec": closer, "modelopt": further,
+                                               "sign_p": float(f"{_mcnemar(closer, further):.2g}")}  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="magika,minilm")
+    ap.add_argument("--models", default="magika,minilm", help="magika, minilm, minilm_spec (slow: about 25 min)")
     ap.add_argument("--files", type=int, default=3000, help="magika: files read (before duplicates are dropped)")
     ap.add_argument("--per-type", type=int, default=80, help="magika: files per suffix at most")
     ap.add_argument("--sentences", type=int, default=2048, help="MiniLM: held-out sentences")
@@ -223,6 +254,8 @@ def main() -> None:
             results["magika"] = magika(Path(tmp), print, args.files, args.per_type)
         if "minilm" in wanted:
             results["minilm"] = minilm(Path(tmp), print, args.sentences)
+        if "minilm_spec" in wanted:
+            results["minilm_spec"] = minilm_spec(Path(tmp), print, args.sentences)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print("wrote", args.out)
 
