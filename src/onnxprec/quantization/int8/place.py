@@ -314,6 +314,18 @@ def _trt_unsupported(
     return None
 
 
+def _trt_rules(model: ir.Model, nodes: Sequence[ir.Node], fp8: bool) -> Callable[[ir.Node, ir.Value, int], str | None]:
+    """:func:`_trt_unsupported` for ``nodes``, each main-graph MatMul/Gemm judged on its output shape at batch 1
+    (:func:`batch_one_shapes`, run once)."""
+    heads = [str(n.outputs[0].name) for n in nodes if n.op_type in ("MatMul", "Gemm") and n.graph is model.graph]
+    shapes = batch_one_shapes(model, heads)
+
+    def rule(node: ir.Node, weight: ir.Value, axis: int) -> str | None:
+        return _trt_unsupported(node, weight, axis, fp8, shapes.get(str(node.outputs[0].name)))
+
+    return rule
+
+
 def depthwise(node: ir.Node) -> bool:
     """A Conv with one input channel per group."""
     weight = node.inputs[1]
@@ -462,8 +474,7 @@ def place(
 
     float_outputs: set[ir.Value] = set()  # outputs of the layers the two float rules keep in float
     nodes = list(_placed_nodes(model.graph, plan, calibrated, varying))
-    heads = [n.outputs[0].name for n in nodes if n.op_type in ("MatMul", "Gemm") and n.graph is model.graph]
-    at_batch_one = {} if cpu or nodes_to_quantize else batch_one_shapes(model, [h for h in heads if h])
+    trt_rule = None if cpu or nodes_to_quantize else _trt_rules(model, nodes, fp8)
     for node in nodes:
         if node.op_type not in WEIGHT_OPS or not is_default_domain(node.domain):
             continue
@@ -474,12 +485,7 @@ def place(
         if not allowed(node):
             continue
         dynamic = node.op_type in ("MatMul", "Gemm") and (activations == "dynamic" or (activations == "auto" and cpu))
-        unsupported = (
-            _trt_unsupported(node, weight, axis, fp8, at_batch_one.get(str(node.outputs[0].name)))
-            if not cpu and not nodes_to_quantize
-            else None
-        )
-        if unsupported is not None:
+        if trt_rule is not None and (unsupported := trt_rule(node, weight, axis)) is not None:
             plan.skipped.append((str(node.name), f"{unsupported} (name it in nodes_to_quantize)"))
             continue
         kept = _kept_float(node, float_outputs) if cpu and not dynamic and not nodes_to_quantize else None
