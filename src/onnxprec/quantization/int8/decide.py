@@ -110,6 +110,7 @@ def plan_for(
         fp8=options.weight_qtype.is_float,
         calibrated=calibrated,
         varying=varying,
+        input_shapes=options.input_shapes,
     )
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,7 +54,17 @@ from onnxprec._options import first_match
 from onnxprec._protobuf import structure_proto
 from onnxprec.passes.fold_pad_into_conv import constant_value
 
-__all__ = ["RUNTIMES", "STATIC_PASSTHROUGH_OPS", "WEIGHT_OPS", "Layer", "Plan", "depthwise", "pattern_names", "place"]
+__all__ = [
+    "RUNTIMES",
+    "STATIC_PASSTHROUGH_OPS",
+    "WEIGHT_OPS",
+    "Layer",
+    "Plan",
+    "batch_one_shapes",
+    "depthwise",
+    "pattern_names",
+    "place",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -222,13 +232,6 @@ smaller layers float (``find_nodes_from_convs_to_exclude``, ``find_nodes_from_ma
 exceptions :func:`_trt_unsupported` copies."""
 
 
-def _static_dim(value: ir.Value | None, axis: int) -> int | None:
-    if value is None or value.shape is None or len(value.shape) < abs(axis):
-        return None
-    dim = value.shape[axis]
-    return dim if isinstance(dim, int) else None
-
-
 FP8_MAX_FILTER = 32
 """ModelOpt 0.47 leaves a Conv whose filter has more than this many taps (7x7) float in FP8."""
 
@@ -245,42 +248,75 @@ def _fp8_conv_unsupported(out_channels: int, in_channels: int, kernel: list[int]
 
 
 Dims = tuple[int | None, ...]
+_SHAPES_KEY = "onnxprec.batch_one_shapes"
 
 
-def batch_one_shapes(model: ir.Model, names: Collection[str]) -> dict[str, Dims]:
-    """The shapes of the main graph's values ``names`` when every graph input's dynamic first dimension is 1 (ONNX
-    shape inference on the weight-stripped graph; an unknown dimension is None, a value it cannot infer is left
-    out). ModelOpt 0.47's GEMV check sees these: it runs its first calibration step with the inputs' dynamic
-    dimensions set to 1 (``get_input_shapes``) and splits the data along the first axis only."""
+def batch_one_shapes(
+    model: ir.Model, names: Collection[str], input_shapes: str | Mapping[str, Sequence[int]] | None = None
+) -> dict[str, Dims]:
+    """The shapes of the main graph's values ``names`` as ModelOpt 0.47's GEMV check sees them (ONNX shape inference
+    on the weight-stripped graph; a value it cannot infer is left out).
+
+    Without ``input_shapes`` ModelOpt runs its first calibration step with each graph input's dynamic dimensions at 1
+    (``get_input_shapes``) and splits the data along the first axis only, so the first dimension is 1 and the others
+    keep the data's sizes (unknown here). With them (its ``calibration_shapes``) it sets every dynamic dimension to 1,
+    then the given shapes. A dimension inference cannot follow is None, unless the graph declares it with the name of
+    a graph input's dynamic first dimension (the batch): then it is 1 too.
+    """
+    from onnxprec.calibration import parse_input_shapes
+
     wanted = set(names)
     if not wanted:
         return {}
+    given = parse_input_shapes(input_shapes)
     proto = structure_proto(model)
-    inputs = {v.name for v in model.graph.inputs}
+    inputs = {v.name for v in model.graph.inputs if not v.is_initializer()}
+    batch_names: set[str] = set()
     for info in proto.graph.input:
         dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
-        if info.name in inputs and len(dims) and not dims[0].HasField("dim_value"):
-            dims[0].Clear()
-            dims[0].dim_value = 1
+        if info.name not in inputs:
+            continue
+        shape = given.get(info.name)
+        for axis, dim in enumerate(dims):
+            if shape is not None and len(shape) == len(dims):
+                dim.Clear()
+                dim.dim_value = shape[axis]
+            elif not dim.HasField("dim_value") and (axis == 0 or given):
+                batch_names.update([dim.dim_param] if axis == 0 and dim.dim_param else [])
+                dim.Clear()
+                dim.dim_value = 1
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:  # best effort: the graph's own shapes decide instead
-        logger.debug("Shape inference at batch 1 failed (%s)", str(e).splitlines()[0][:200])
+        logger.info("TensorRT GEMV rule: shape inference at batch 1 failed (%s)", str(e).splitlines()[0][:200])
         return {}
+    declared = {str(o.name): o.shape for n in model.graph for o in n.outputs if o.name in wanted}
     found: dict[str, Dims] = {}
     for info in (*inferred.graph.value_info, *inferred.graph.output):
         tensor = info.type.tensor_type if info.type.HasField("tensor_type") else None
         if info.name in wanted and tensor is not None and tensor.HasField("shape"):
-            found[info.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+            own = declared.get(info.name)
+            found[info.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else 1 if _named(own, axis, batch_names) else None
+                for axis, d in enumerate(tensor.shape.dim)
+            )
     return found
 
 
+def _named(shape: ir.Shape | None, axis: int, names: Collection[str]) -> bool:
+    """Whether ``shape`` declares ``axis`` by one of ``names``."""
+    dim = shape[axis] if shape is not None and axis < len(shape) else None
+    return isinstance(dim, ir.SymbolicDim) and dim.value is not None and dim.value in names
+
+
 def _gemv(node: ir.Node, at_batch_one: Dims | None) -> bool:
-    """ModelOpt 0.47's GEMV rule for a layer with a constant weight: its output, at batch 1, has fewer than 3 axes and
-    one of them is 1 (a classifier head on a dynamic batch). Without that shape: the graph's own output has one row."""
-    if at_batch_one is not None:
-        return len(at_batch_one) < 3 and 1 in at_batch_one
-    return _static_dim(node.outputs[0], -2) == 1
+    """ModelOpt 0.47's GEMV rule for a layer with a constant weight: its output at batch 1 has fewer than 3 axes and
+    one of them is 1 (a classifier head on a dynamic batch). Without that shape, the same rule on the shape the graph
+    declares."""
+    if at_batch_one is None:
+        shape = node.outputs[0].shape
+        at_batch_one = None if shape is None else tuple(d if isinstance(d, int) else None for d in shape)
+    return at_batch_one is not None and len(at_batch_one) < 3 and 1 in at_batch_one
 
 
 def _trt_unsupported(
@@ -310,15 +346,31 @@ def _trt_unsupported(
     if k < TRT_MIN_DIM or n < TRT_MIN_DIM:
         return f"TensorRT: a GEMM with K={k}, N={n} (< {TRT_MIN_DIM}) stays float"
     if _gemv(node, at_batch_one):
-        return "TensorRT: a GEMV (one output row at batch 1) stays float"
+        return "TensorRT: a GEMV at batch 1 (an output of 1 or 2 axes, one of them 1) stays float"
     return None
 
 
-def _trt_rules(model: ir.Model, nodes: Sequence[ir.Node], fp8: bool) -> Callable[[ir.Node, ir.Value, int], str | None]:
+def _trt_rules(
+    model: ir.Model, nodes: Sequence[ir.Node], fp8: bool, input_shapes: str | Mapping[str, Sequence[int]] | None
+) -> Callable[[ir.Node, ir.Value, int], str | None]:
     """:func:`_trt_unsupported` for ``nodes``, each main-graph MatMul/Gemm judged on its output shape at batch 1
-    (:func:`batch_one_shapes`, run once)."""
-    heads = [str(n.outputs[0].name) for n in nodes if n.op_type in ("MatMul", "Gemm") and n.graph is model.graph]
-    shapes = batch_one_shapes(model, heads)
+    (:func:`batch_one_shapes`: found once per model, names and shapes, and kept in ``model.meta``)."""
+    heads = sorted(str(n.outputs[0].name) for n in nodes if n.op_type in ("MatMul", "Gemm") and n.graph is model.graph)
+    key = (tuple(heads), repr(input_shapes))
+    cached = model.meta.get(_SHAPES_KEY)
+    if cached is not None and cached[0] == key:
+        shapes = cached[1]
+    else:
+        shapes = batch_one_shapes(model, heads, input_shapes)
+        model.meta[_SHAPES_KEY] = (key, shapes)
+        unknown = sum(1 for h in heads if h not in shapes or None in shapes[h])
+        if unknown:
+            logger.info(
+                "TensorRT GEMV rule: %d of %d MatMul/Gemm outputs have no full shape at batch 1; the shapes the graph "
+                "declares decide for them",
+                unknown,
+                len(heads),
+            )
 
     def rule(node: ir.Node, weight: ir.Value, axis: int) -> str | None:
         return _trt_unsupported(node, weight, axis, fp8, shapes.get(str(node.outputs[0].name)))
@@ -434,6 +486,7 @@ def place(
     fp8: bool = False,
     calibrated: Collection[tuple[str, str]] | None = None,
     varying: Collection[str] = (),
+    input_shapes: str | Mapping[str, Sequence[int]] | None = None,
 ) -> Plan:
     """The INT8 placement of ``model`` for ``runtime`` (see the module docstring).
 
@@ -454,6 +507,7 @@ def place(
             is read).
         varying: The If nodes whose condition changes across the calibration data (the reason their layers stay
             float).
+        input_shapes: ModelOpt's ``calibration_shapes``, for the TensorRT GEMV rule (:func:`batch_one_shapes`).
     """
     plan = Plan()
     wanted_types = set(op_types_to_quantize) if op_types_to_quantize else None
@@ -474,7 +528,7 @@ def place(
 
     float_outputs: set[ir.Value] = set()  # outputs of the layers the two float rules keep in float
     nodes = list(_placed_nodes(model.graph, plan, calibrated, varying))
-    trt_rule = None if cpu or nodes_to_quantize else _trt_rules(model, nodes, fp8)
+    trt_rule = None if cpu or nodes_to_quantize else _trt_rules(model, nodes, fp8, input_shapes)
     for node in nodes:
         if node.op_type not in WEIGHT_OPS or not is_default_domain(node.domain):
             continue
