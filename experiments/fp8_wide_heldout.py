@@ -1,9 +1,8 @@
-"""FP8 against ModelOpt 0.47 on magika-v3.3 and MiniLM-L6 on held-out sets 30 times the corpus's, in ONNX Runtime.
+"""FP8 against ModelOpt 0.47 on magika-v3.3 and MiniLM-L6 on held-out sets larger than the corpus's, in ONNX Runtime.
 
-The corpus judges each model on 63 magika files and 64 sentences. There, onnxprec's FP8 magika flips one sample (a
-near tie) that ModelOpt's does not, and three of MiniLM's minima are below ModelOpt's by at most 0.006. A minimum over
-64 sentences and one flip in 63 are single draws; this study measures the same models (both tools' defaults, as
-``experiments/fp8_spec.py`` builds them) on wider held-out sets, paired sample by sample:
+The corpus judges magika on 63 files and MiniLM on 64 sentences, where one flip or one sentence's minimum is a single
+draw. This study measures the same models (both tools' defaults, as ``experiments/fp8_spec.py`` builds them) on
+larger held-out sets, paired sample by sample:
 
 - magika: the features of up to ``--files`` files of this machine (``/usr``, ``/etc``, the project's venv: sources,
   texts, shared libraries, executables, images, archives, ...), at most ``--per-type`` per file suffix, none whose
@@ -11,14 +10,15 @@ near tie) that ModelOpt's does not, and three of MiniLM's minima are below Model
   keeps (McNemar's exact two-sided p), rel L2 of the probabilities, and the KL divergence from the float
   probabilities (mean, 99th percentile).
 - MiniLM: the distinct docstring sentences of CPython's standard library (the corpus's held-out half first, then the
-  other half; MiniLM calibrates on the 8 sentences of ``../shared/models``), tokenized as the corpus does (padded
-  to 32). Readings per sentence: cosine of
-  the pooled embedding, of the real tokens, of all positions; their minimum, 1st percentile and mean, the share under
-  0.99, and the sentences where one tool is closer (sign test).
+  other half), tokenized as the corpus does (padded to 32), none equal to one of the 8 calibration sentences of
+  ``../shared/models``. Readings per sentence: cosine of the pooled embedding, of the real tokens, of all positions;
+  their minimum, 1st percentile and mean, the count under 0.99, the sentences where one tool is closer (sign test,
+  ties counted apart), and each tool's lowest sentence with every tool's cosine on it.
 
 Both in ORT's CPU provider with optimizations off, as the corpus judges FP8; ``onnxprec_fp32`` is onnxprec's FP8 with
-an FP32 remainder (``--high_precision_dtype fp32``), beside its default FP16 one. Writes
-``experiments/results/<date>-fp8-wide-heldout.json``; the note beside it says what the numbers mean.
+an FP32 remainder (``--high_precision_dtype fp32``), beside its default FP16 one. ``minilm_spec`` runs onnxprec's and
+ModelOpt's default MiniLM under ``onnx.reference`` instead. Each mode's results are merged into ``--out`` (the other
+modes' results there are kept); the note beside it says what the numbers mean.
 """
 
 from __future__ import annotations
@@ -144,7 +144,11 @@ def sentences(limit: int) -> list[str]:
     return list(dict.fromkeys(out))[:limit]
 
 
-def minilm_batches(texts: list[str], length: int = 32, step: int = 64) -> list[Feeds]:
+def minilm_batches(
+    texts: list[str], calibration: Feeds, length: int = 32, step: int = 64
+) -> tuple[list[Feeds], list[str]]:
+    """``texts`` tokenized as the corpus does, those equal to a calibration row left out, in batches of ``step``; and
+    the texts kept."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(CORPUS.parent / "resources" / "tokenizer.json"))
@@ -153,8 +157,12 @@ def minilm_batches(texts: list[str], length: int = 32, step: int = 64) -> list[F
     enc = tok.encode_batch(texts)
     ids = np.asarray([e.ids for e in enc], np.int64)
     mask = np.asarray([e.attention_mask for e in enc], np.int64)
-    return [{"input_ids": ids[i : i + step], "attention_mask": mask[i : i + step],
-             "token_type_ids": np.zeros_like(ids[i : i + step])} for i in range(0, len(ids), step)]  # fmt: skip
+    seen = {tuple(int(t) for t in row[row != 0]) for row in calibration["input_ids"]}
+    keep = np.asarray([tuple(int(t) for t in row[row != 0]) not in seen for row in ids])
+    ids, mask = ids[keep], mask[keep]
+    batches = [{"input_ids": ids[i : i + step], "attention_mask": mask[i : i + step],
+                "token_type_ids": np.zeros_like(ids[i : i + step])} for i in range(0, len(ids), step)]  # fmt: skip
+    return batches, [t for t, k in zip(texts, keep) if k]
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -170,73 +178,79 @@ def minilm_cosines(ref: np.ndarray, got: np.ndarray, mask: np.ndarray) -> dict[s
     return {"pooled": pooled, "tokens": tokens, "all": every}
 
 
-def minilm(work: Path, log: Callable[[str], None], n: int) -> dict[str, object]:
+def _minilm_setup(work: Path, n: int, anchors: tuple[str, ...]) -> tuple[dict[str, Path], list[Feeds], list[str]]:
+    """The FP8 models (onnxprec's default, ModelOpt's ``anchors``: ``modelopt`` its default, ``modelopt_max``), the
+    held-out batches and their sentences; the calibration data is ``work / "minilm_calibration.npz"``."""
     with np.load(MODELS / "minilm_l6_v2_bert_inputs.npz") as z:
         feeds = {k: z[k] for k in z.files}
     data = work / "minilm_calibration.npz"
     np.savez(data, **feeds)
-    heldout = minilm_batches(sentences(n))
-    models = {"onnxprec": work / "minilm.fp8.onnx", "modelopt": _modelopt(MINILM, feeds, data, work),
-              "modelopt_max": _modelopt(MINILM, feeds, data, work, ("--calibration_method", "max"))}  # fmt: skip
+    heldout, texts = minilm_batches(sentences(n), feeds)
+    extra = {"modelopt": (), "modelopt_max": ("--calibration_method", "max")}
+    models = {"onnxprec": work / "minilm.fp8.onnx"} | {
+        a: _modelopt(MINILM, feeds, data, work, extra[a]) for a in anchors
+    }
     quantize_file(MINILM, models["onnxprec"], calibration_data=str(data))
-    models["onnxprec_fp32"] = work / "minilm.fp8_fp32.onnx"
-    quantize_file(MINILM, models["onnxprec_fp32"], calibration_data=str(data), high_precision_dtype="fp32")
+    return models, heldout, texts
+
+
+def _summary(values: np.ndarray) -> dict[str, float | int]:
+    return {"min": round(float(values.min()), 5), "p1": round(float(np.percentile(values, 1)), 5),
+            "mean": round(float(values.mean()), 5), "under_0.99": int((values < 0.99).sum())}  # fmt: skip
+
+
+def _signs(ours: np.ndarray, theirs: np.ndarray, anchor: str) -> dict[str, float | int]:
+    """Sentences where onnxprec's cosine is higher, lower and equal; the sign test's p over the first two."""
+    closer, further = int((ours > theirs).sum()), int((ours < theirs).sum())
+    return {"onnxprec": closer, anchor: further, "ties": int(len(ours) - closer - further),
+            "sign_p": float(f"{_mcnemar(closer, further):.2g}")}  # fmt: skip
+
+
+def _minilm_readings(
+    models: dict[str, Path], heldout: list[Feeds], texts: list[str], engine: str, log: Callable[[str], None]
+) -> dict[str, object]:
+    """Each model's cosines under ``engine`` (``ort``: ORT's CPU provider, optimizations off; ``spec``:
+    ``onnx.reference``) against the float model in ORT, their summaries, signs and lowest sentences."""
+    from experiments.fp8_spec import outputs
+
     ref = np.concatenate([o["last_hidden_state"] for o in run_outputs(MINILM, heldout)]).astype(np.float64)
     mask = np.concatenate([f["attention_mask"] for f in heldout])
-    out: dict[str, object] = {"sentences": len(ref)}
+    out: dict[str, object] = {"sentences": len(ref), "engine": engine}
     cos = {}
     for tool, path in models.items():
-        got = np.concatenate([o["last_hidden_state"] for o in run_outputs(path, heldout, optimize=False)])
+        got = np.concatenate([o["last_hidden_state"] for o in outputs(path, heldout, engine)])
         cos[tool] = minilm_cosines(ref, got.astype(np.float64), mask)
-        out[tool] = {k: {"min": round(float(v.min()), 5), "p1": round(float(np.percentile(v, 1)), 5),
-                         "mean": round(float(v.mean()), 5), "under_0.99": int((v < 0.99).sum())}
-                     for k, v in cos[tool].items()}  # fmt: skip
-        log(f"minilm {tool} {out[tool]}")
-    for anchor in ("modelopt", "modelopt_max"):
+        out[tool] = {k: _summary(v) for k, v in cos[tool].items()}
+        log(f"minilm {engine} {tool} {out[tool]}")
+    for anchor in (a for a in ("modelopt", "modelopt_max") if a in cos):
         for kind in ("pooled", "tokens", "all"):
-            ours, theirs = cos["onnxprec"][kind], cos[anchor][kind]
-            closer, further = int((ours > theirs).sum()), int((ours < theirs).sum())
-            out[f"closer_than_{anchor}/{kind}"] = {"onnxprec": closer, anchor: further,
-                                                   "sign_p": float(f"{_mcnemar(closer, further):.2g}")}  # fmt: skip
-    texts = sentences(n)
-    for kind in ("tokens", "all"):  # each tool's lowest sentence: its length in tokens and its start
+            out[f"closer_than_{anchor}/{kind}"] = _signs(cos["onnxprec"][kind], cos[anchor][kind], anchor)
+    for kind in ("tokens", "all"):  # each tool's lowest sentence, and every tool's cosine on it
         out[f"lowest/{kind}"] = {
-            tool: {"sentence": texts[int(i)][:60], "tokens": int(mask[i].sum()), "cosine": round(float(c[kind][i]), 5)}
-            for tool, c in cos.items()
-            for i in [int(np.argmin(c[kind]))]
+            tool: {
+                "sentence": texts[i][:60],
+                "tokens": int(mask[i].sum()),
+                "cosines": {t: round(float(c[kind][i]), 5) for t, c in cos.items()},
+            }
+            for tool, cs in cos.items()
+            for i in [int(np.argmin(cs[kind]))]
         }
     return out
+
+
+def minilm(work: Path, log: Callable[[str], None], n: int) -> dict[str, object]:
+    models, heldout, texts = _minilm_setup(work, n, ("modelopt", "modelopt_max"))
+    models["onnxprec_fp32"] = work / "minilm.fp8_fp32.onnx"
+    data = str(work / "minilm_calibration.npz")
+    quantize_file(MINILM, models["onnxprec_fp32"], calibration_data=data, high_precision_dtype="fp32")
+    return _minilm_readings(models, heldout, texts, "ort", log)
 
 
 def minilm_spec(work: Path, log: Callable[[str], None], n: int) -> dict[str, object]:
     """onnxprec's and ModelOpt's default FP8 MiniLM on the same sentences under ``onnx.reference`` (``spec`` of
     ``experiments/fp8_spec.py``: the golden the issue names), against the float model in ORT."""
-    from experiments.fp8_spec import outputs
-
-    with np.load(MODELS / "minilm_l6_v2_bert_inputs.npz") as z:
-        feeds = {k: z[k] for k in z.files}
-    data = work / "minilm_calibration.npz"
-    np.savez(data, **feeds)
-    heldout = minilm_batches(sentences(n))
-    models = {"onnxprec": work / "minilm.fp8.onnx", "modelopt": _modelopt(MINILM, feeds, data, work)}
-    quantize_file(MINILM, models["onnxprec"], calibration_data=str(data))
-    ref = np.concatenate([o["last_hidden_state"] for o in run_outputs(MINILM, heldout)]).astype(np.float64)
-    mask = np.concatenate([f["attention_mask"] for f in heldout])
-    out: dict[str, object] = {"sentences": len(ref), "engine": "spec"}
-    cos = {}
-    for tool, path in models.items():
-        got = np.concatenate([o["last_hidden_state"] for o in outputs(path, heldout, "spec")])
-        cos[tool] = minilm_cosines(ref, got.astype(np.float64), mask)
-        out[tool] = {k: {"min": round(float(v.min()), 5), "p1": round(float(np.percentile(v, 1)), 5),
-                         "mean": round(float(v.mean()), 5), "under_0.99": int((v < 0.99).sum())}
-                     for k, v in cos[tool].items()}  # fmt: skip
-        log(f"minilm spec {tool} {out[tool]}")
-    for kind in ("pooled", "tokens", "all"):
-        ours, theirs = cos["onnxprec"][kind], cos["modelopt"][kind]
-        closer, further = int((ours > theirs).sum()), int((ours < theirs).sum())
-        out[f"closer_than_modelopt/{kind}"] = {"onnxprec": closer, "modelopt": further,
-                                               "sign_p": float(f"{_mcnemar(closer, further):.2g}")}  # fmt: skip
-    return out
+    models, heldout, texts = _minilm_setup(work, n, ("modelopt",))
+    return _minilm_readings(models, heldout, texts, "spec", log)
 
 
 def main() -> None:
@@ -245,10 +259,14 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=3000, help="magika: files read (before duplicates are dropped)")
     ap.add_argument("--per-type", type=int, default=80, help="magika: files per suffix at most")
     ap.add_argument("--sentences", type=int, default=2048, help="MiniLM: held-out sentences")
-    ap.add_argument("--out", type=Path, default=RESULTS / f"{dt.date.today():%Y-%m-%d}-fp8-wide-heldout.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / f"{dt.date.today():%Y-%m-%d}-fp8-wide-heldout.json",
+                    help="results file: each mode's results replace its own there, the others are kept")  # fmt: skip
     args = ap.parse_args()
-    results = note_header("experiments.fp8_wide_heldout")
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
     wanted = args.models.split(",")
+    header = note_header("experiments.fp8_wide_heldout")
+    results |= header  # the last run's; each mode also keeps its own build and command
+    results |= {f"note/{mode}": header for mode in wanted}
     with tempfile.TemporaryDirectory() as tmp:
         if "magika" in wanted:
             results["magika"] = magika(Path(tmp), print, args.files, args.per_type)
