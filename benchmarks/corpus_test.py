@@ -108,8 +108,8 @@ def test_merge_takes_later_cells_and_cites_each_run(tmp_path: Path) -> None:
     second["models"]["b"]["cells"] = {"int8": dict(second["models"]["b"]["cells"]["int8"], outcome="pass")}
     first["tools"], second["tools"] = ["int4", "int8"], ["int8", "fp8"]
     second["models"]["b"]["cells"]["fp8"] = {"outcome": "refused", "rc": 2, "message": "error: no"}
-    for name in ("a", "c"):
-        second["models"][name]["cells"]["int4"]["cached"] = True  # reported, not run, by the second run
+    assert second["models"]["a"]["cells"]["int4"]["outcome"] == "n/a"  # written by every run: not a column it ran
+    second["models"]["c"]["cells"]["int4"]["cached"] = True  # reported, not run, by the second run
     second["command"] = "python -m benchmarks corpus --tools int8"
     paths = []
     for i, data in enumerate((first, second)):

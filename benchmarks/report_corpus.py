@@ -195,7 +195,7 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
             t
             for b in data["models"].values()
             for t, c in b.get("cells", {}).items()
-            if not c.get("cached") and c.get("outcome") != "skipped"
+            if not c.get("cached") and c.get("outcome") not in ("skipped", "n/a")  # n/a: written by every run
         }
         runs.append({k: v for k, v in data.items() if k != "models"} | {"file": file, "contributed": sorted(ran)})
         if not merged:
