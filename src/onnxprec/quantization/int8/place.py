@@ -363,13 +363,15 @@ def _trt_rules(
     else:
         shapes = batch_one_shapes(model, heads, input_shapes)
         model.meta[_SHAPES_KEY] = (key, shapes)
-        unknown = sum(1 for h in heads if h not in shapes or None in shapes[h])
-        if unknown:
+        missing = sum(1 for h in heads if h not in shapes)
+        open_rows = sum(1 for d in map(shapes.get, heads) if d is not None and len(d) < 3 and None in d and 1 not in d)
+        if missing or open_rows:
             logger.info(
-                "TensorRT GEMV rule: %d of %d MatMul/Gemm outputs have no full shape at batch 1; the shapes the graph "
-                "declares decide for them",
-                unknown,
+                "TensorRT GEMV rule, of %d MatMul/Gemm outputs: %d without a shape at batch 1 (their declared shapes "
+                "decide), %d of 1 or 2 axes with an unknown axis (taken as not 1)",
                 len(heads),
+                missing,
+                open_rows,
             )
 
     def rule(node: ir.Node, weight: ir.Value, axis: int) -> str | None:
